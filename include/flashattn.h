@@ -1,0 +1,250 @@
+/**
+ * @file flashattn.h
+ * @brief flashattn: exact attention on CPUs, computed the FlashAttention way.
+ *
+ * This is the whole public API. Everything is prefixed `fa_`.
+ *
+ * Semantics follow Dao-AILab/flash-attention v2.x `flash_attn_func`:
+ *
+ *   - Q `[batch][seqlen_q][heads][d]`, K `[batch][seqlen_k][heads_k][d]`,
+ *     V `[batch][seqlen_k][heads_k][d_v]`, O `[batch][seqlen_q][heads][d_v]`,
+ *     LSE `[batch][heads][seqlen_q]`. Any strides are accepted (BHSD too).
+ *   - GQA/MQA: `heads % heads_k == 0`; query head h reads kv head
+ *     `h / (heads / heads_k)`.
+ *   - `s = scale * (q . k)`; softcap `s = c * tanh(s / c)`; ALiBi
+ *     `s -= slope * |i + seqlen_k - seqlen_q - j|`; then the mask; then softmax.
+ *   - Masks are aligned to the bottom-right corner: key j is visible to query i
+ *     iff `j >= i + seqlen_k - seqlen_q - window_left` (unless window_left < 0)
+ *     and `j <= i + seqlen_k - seqlen_q + window_right` (unless window_right < 0).
+ *     `causal` means window_right = 0.
+ *   - A query row with no visible key gets O = 0 and LSE = -inf.
+ *
+ * Errors are values: every function returns an ::fa_status; a message naming
+ * the problem is available from fa_last_error() on the calling thread.
+ * The library never prints and never exits.
+ */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @brief Library version string, "MAJOR.MINOR.PATCH". */
+#define FA_VERSION "0.1.0"
+
+/** @brief Status codes returned by every fallible function. */
+typedef enum fa_status {
+    FA_OK = 0,              /**< Success. */
+    FA_ERR_NULL_ARG,        /**< A required pointer argument was NULL. */
+    FA_ERR_DTYPE,           /**< Unsupported or disallowed element type. */
+    FA_ERR_SHAPE,           /**< Tensor shapes are inconsistent with each other or invalid. */
+    FA_ERR_HEADS,           /**< heads is not a multiple of heads_k. */
+    FA_ERR_STRIDE,          /**< A stride is invalid (e.g. negative, or outputs overlap). */
+    FA_ERR_OPTION,          /**< An option is out of range (window, softcap, scale, threads, ...). */
+    FA_ERR_ALIBI,           /**< ALiBi slopes have the wrong shape or type. */
+    FA_ERR_IMPL,            /**< Unknown implementation requested. */
+    FA_ERR_NOMEM,           /**< Memory allocation failed. */
+    FA_ERR_TOO_LARGE,       /**< The request exceeds a configured memory cap (standard path). */
+    FA_ERR_ISA,             /**< A forced instruction set is unknown or not supported by this CPU. */
+    FA_ERR_IO,              /**< File could not be opened, read, or written. */
+    FA_ERR_FORMAT,          /**< A file is malformed (bad .npy header, truncated, ...). */
+    FA_ERR_NONFINITE,       /**< NaN or Inf where finite values are required. */
+    FA_STATUS_COUNT         /**< Number of status codes (not a status). */
+} fa_status;
+
+/** @brief Element types of tensors. */
+typedef enum fa_dtype {
+    FA_F32 = 0, /**< IEEE binary32. */
+    FA_F64,     /**< IEEE binary64. */
+    FA_F16,     /**< IEEE binary16 (half). */
+    FA_BF16,    /**< bfloat16 (upper 16 bits of a binary32). */
+    FA_DTYPE_COUNT /**< Number of dtypes (not a dtype). */
+} fa_dtype;
+
+/** @brief Maximum rank of a tensor descriptor. */
+#define FA_MAX_RANK 4
+
+/**
+ * @brief A strided view of a dense array; the library never owns `data`.
+ *
+ * Strides are in elements, not bytes. A stride array of all zeros in
+ * fa_tensor_make() means "C-contiguous". Attention tensors are rank 4
+ * (Q, K, V, O) or rank 3 (LSE); ALiBi slopes are rank 1 `[heads]` or
+ * rank 2 `[batch][heads]`.
+ */
+typedef struct fa_tensor {
+    void *data;                     /**< First element. */
+    fa_dtype dtype;                 /**< Element type. */
+    int rank;                       /**< Number of dimensions, 1..FA_MAX_RANK. */
+    int64_t shape[FA_MAX_RANK];     /**< Extent of each dimension. */
+    int64_t stride[FA_MAX_RANK];    /**< Stride of each dimension, in elements. */
+} fa_tensor;
+
+/** @brief Implementations, all behind the same API and semantics. */
+typedef enum fa_impl {
+    FA_IMPL_FLASH = 0,  /**< Tiled online-softmax forward pass, SIMD + OpenMP; O(block) memory. */
+    FA_IMPL_REFERENCE,  /**< Plain loops, float64 accumulation: the trusted result. */
+    FA_IMPL_STANDARD,   /**< Textbook float32 path materializing S and P per head; memory-capped. */
+    FA_IMPL_COUNT       /**< Number of implementations (not an implementation). */
+} fa_impl;
+
+/**
+ * @brief Attention options. Initialize with fa_options_default().
+ */
+typedef struct fa_options {
+    double scale;             /**< Softmax scale; 0 selects the default 1/sqrt(d). Must be finite. */
+    int causal;               /**< Non-zero: causal mask (sets window_right = 0). */
+    int64_t window_left;      /**< Keys to the left of the diagonal; < 0 means unbounded. */
+    int64_t window_right;     /**< Keys to the right of the diagonal; < 0 means unbounded. */
+    double softcap;           /**< > 0 enables s = softcap * tanh(s / softcap); 0 disables. */
+    const fa_tensor *alibi_slopes; /**< NULL, or float32/float64 slopes `[heads]` or `[batch][heads]`. */
+    fa_impl impl;             /**< Which implementation runs. */
+    int num_threads;          /**< OpenMP threads; 0 uses the OpenMP default. */
+    int block_q;              /**< Flash row block Br; 0 derives it from the cache sizes. */
+    int block_k;              /**< Flash column block Bc; 0 derives it from the cache sizes. */
+    size_t standard_max_bytes;/**< Cap on the standard path's S/P scratch; 0 = default (1 GiB). */
+} fa_options;
+
+/** @brief Default cap on the standard path's materialized S and P, in bytes. */
+#define FA_STANDARD_DEFAULT_MAX_BYTES ((size_t)1 << 30)
+
+/** @brief Returns options with every field at its default (non-causal, no window, flash). */
+fa_options fa_options_default(void);
+
+/**
+ * @brief Fill a tensor descriptor.
+ * @param t       Descriptor to fill.
+ * @param data    Element storage (not copied, not owned).
+ * @param dtype   Element type.
+ * @param rank    Number of dimensions (1..FA_MAX_RANK).
+ * @param shape   `rank` extents.
+ * @param stride  `rank` strides in elements, or NULL for C-contiguous.
+ * @return FA_OK, or FA_ERR_NULL_ARG / FA_ERR_SHAPE / FA_ERR_DTYPE.
+ */
+fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
+                         const int64_t *shape, const int64_t *stride);
+
+/** @brief Number of elements of a tensor (product of its shape). */
+int64_t fa_tensor_numel(const fa_tensor *t);
+
+/** @brief Size in bytes of one element of `dtype` (0 for an invalid dtype). */
+size_t fa_dtype_size(fa_dtype dtype);
+
+/** @brief Short name of a dtype: "f32", "f64", "f16", "bf16". */
+const char *fa_dtype_name(fa_dtype dtype);
+
+/**
+ * @brief Exact attention forward pass: O = softmax(mask(scale Q K^T)) V.
+ *
+ * @param q    Query  `[batch][seqlen_q][heads][d]`, any dtype.
+ * @param k    Key    `[batch][seqlen_k][heads_k][d]`, any dtype.
+ * @param v    Value  `[batch][seqlen_k][heads_k][d_v]`, any dtype.
+ * @param o    Output `[batch][seqlen_q][heads][d_v]`, written; float32, float64,
+ *             float16 or bfloat16 (rounded to nearest even on store).
+ * @param lse  Optional log-sum-exp `[batch][heads][seqlen_q]`, float32 or float64
+ *             (natural log; -inf for rows with no visible key). May be NULL.
+ * @param opt  Options, or NULL for fa_options_default().
+ * @return FA_OK or an error status (see fa_last_error()).
+ *
+ * Inputs may contain NaN or Inf; the computation does not crash, and a NaN in
+ * a key or value row reaches only the query rows that see it.
+ */
+fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                     fa_tensor *o, fa_tensor *lse, const fa_options *opt);
+
+/** @brief Human-readable name of a status code. */
+const char *fa_status_string(fa_status status);
+
+/**
+ * @brief Detailed message for the most recent error on the calling thread.
+ *
+ * Names the argument and the problem, e.g. "q: heads (6) is not a multiple of
+ * k heads (4)". Empty string after a success.
+ */
+const char *fa_last_error(void);
+
+/** @brief Name of an implementation: "flash", "reference", "standard". */
+const char *fa_impl_name(fa_impl impl);
+
+/**
+ * @brief Parse an implementation name.
+ * @return FA_OK, or FA_ERR_IMPL if `name` is not one of the known names.
+ */
+fa_status fa_impl_from_name(const char *name, fa_impl *impl);
+
+/** @brief Cache sizes the flash path plans for. */
+typedef struct fa_cpu_info {
+    size_t l1d_bytes;        /**< L1 data cache per core. */
+    size_t l2_bytes;         /**< L2 cache per core. */
+    size_t l3_bytes;         /**< Last-level cache (shared), 0 if unknown. */
+    size_t line_bytes;       /**< Cache line size. */
+    int cache_source;        /**< 0 = fallback defaults, 1 = sysconf/sysfs, 2 = CPUID. */
+    const char *isa;         /**< Kernel ISA in use: "scalar", "avx2", "avx512", "neon". */
+    int simd_width;          /**< float32 lanes of the chosen kernel. */
+    int max_threads;         /**< OpenMP default thread count (1 without OpenMP). */
+} fa_cpu_info;
+
+/** @brief Detected cache geometry, chosen ISA and thread count. */
+fa_status fa_get_cpu_info(fa_cpu_info *info);
+
+/**
+ * @brief Block sizes the flash path will use for head dims d and d_v.
+ *
+ * The rule (documented in docs/): M = L2 bytes / 4 floats;
+ * Bc = M / (4 * max(d, d_v)), rounded down to a multiple of the SIMD width
+ * and clamped to [16, 512]; Br = min(Bc, max(d, 16)) rounded down to a multiple
+ * of the kernel's row block, clamped to [1, 128]. `opt->block_q`/`block_k`
+ * (when non-zero) and the environment variables FA_BLOCK_Q / FA_BLOCK_K
+ * override the derived values.
+ *
+ * @param d        Head dimension of Q and K.
+ * @param d_v      Head dimension of V and O.
+ * @param opt      Options (may be NULL).
+ * @param block_q  Receives Br.
+ * @param block_k  Receives Bc.
+ */
+fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt,
+                         int *block_q, int *block_k);
+
+/**
+ * @brief Bytes of scratch memory the chosen implementation will allocate.
+ *
+ * For FA_IMPL_STANDARD this is proportional to seqlen_q x seqlen_k; for
+ * FA_IMPL_FLASH it is O(threads x block); for FA_IMPL_REFERENCE O(threads x seqlen_k).
+ */
+fa_status fa_workspace_bytes(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                             const fa_options *opt, size_t *bytes);
+
+
+/**
+ * @brief Scratch-memory accounting of the library's own allocations.
+ *
+ * Every buffer the library allocates goes through one counting allocator, so
+ * tests can assert memory ceilings (the flash path allocates O(threads x block),
+ * never O(seqlen_q x seqlen_k)).
+ */
+typedef struct fa_alloc_stats {
+    size_t current_bytes;   /**< Bytes allocated now. */
+    size_t peak_bytes;      /**< High-water mark since the last fa_alloc_stats_reset(). */
+    size_t total_allocs;    /**< Number of allocations since the last reset. */
+} fa_alloc_stats;
+
+/** @brief Read the allocation counters. */
+void fa_alloc_stats_get(fa_alloc_stats *stats);
+
+/** @brief Reset peak_bytes to current_bytes and total_allocs to 0. */
+void fa_alloc_stats_reset(void);
+
+/* ---- validation (flashattn check) API: see issue 4 ---- */
+
+/* ---- backward pass API ---- */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_H */

@@ -1,0 +1,100 @@
+/*
+ * dispatch.c — the one place that chooses a kernel table.
+ *
+ * Order of preference: avx512 > avx2 > scalar on x86-64 (CPUID, including the
+ * OS's XSAVE support, via the compiler's __builtin_cpu_supports), neon >
+ * scalar on AArch64 (every AArch64 CPU has Advanced SIMD; HWCAP confirms).
+ * FA_ISA=scalar|avx2|avx512|neon forces a choice; forcing one this build or
+ * this CPU lacks is an error (FA_ERR_ISA), never a silent fallback.
+ * The choice is made once and cached.
+ */
+#include "kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1 << 1)
+#endif
+#endif
+
+static int cpu_has(const char *isa)
+{
+    if (strcmp(isa, "scalar") == 0) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (strcmp(isa, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    if (strcmp(isa, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+#endif
+#if defined(__aarch64__)
+    if (strcmp(isa, "neon") == 0) {
+#if defined(__linux__)
+        return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+#else
+        return 1;
+#endif
+    }
+#endif
+    return 0;
+}
+
+static const fa_kernels *compiled(const char *name)
+{
+    if (strcmp(name, "scalar") == 0) return &fa_kernels_scalar;
+#if defined(FA_HAVE_AVX2)
+    if (strcmp(name, "avx2") == 0) return &fa_kernels_avx2;
+#endif
+#if defined(FA_HAVE_AVX512)
+    if (strcmp(name, "avx512") == 0) return &fa_kernels_avx512;
+#endif
+#if defined(FA_HAVE_NEON)
+    if (strcmp(name, "neon") == 0) return &fa_kernels_neon;
+#endif
+    return NULL;
+}
+
+const fa_kernels *fa_kernels_by_name(const char *name)
+{
+    const fa_kernels *k = compiled(name);
+    return (k && cpu_has(name)) ? k : NULL;
+}
+
+const fa_kernels *fa_kernels_get(fa_status *status)
+{
+    static const fa_kernels *chosen; /* benign race: every thread computes the same */
+    *status = FA_OK;
+    if (chosen) return chosen;
+    const char *forced = getenv("FA_ISA");
+    if (forced && *forced) {
+        if (strcmp(forced, "scalar") && strcmp(forced, "avx2") && strcmp(forced, "avx512") &&
+            strcmp(forced, "neon")) {
+            *status = fa_fail(FA_ERR_ISA, "FA_ISA=%s: unknown ISA (expected scalar, avx2, avx512 or neon)", forced);
+            return NULL;
+        }
+        if (!compiled(forced)) {
+            *status = fa_fail(FA_ERR_ISA, "FA_ISA=%s: this build has no %s kernels", forced, forced);
+            return NULL;
+        }
+        if (!cpu_has(forced)) {
+            *status = fa_fail(FA_ERR_ISA, "FA_ISA=%s: this CPU does not support %s", forced, forced);
+            return NULL;
+        }
+        chosen = compiled(forced);
+        return chosen;
+    }
+    static const char *const order[] = {"avx512", "avx2", "neon", "scalar"};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        const fa_kernels *k = fa_kernels_by_name(order[i]);
+        if (k) { chosen = k; return k; }
+    }
+    chosen = &fa_kernels_scalar;
+    return chosen;
+}

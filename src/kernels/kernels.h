@@ -1,0 +1,82 @@
+/*
+ * kernels.h — the one micro-kernel interface of the flash path.
+ *
+ * The flash driver (src/flash.c) owns the loops, the masks, the packing and
+ * the threads; it never sees an intrinsic. It asks dispatch.c once for the
+ * table of the CPU it runs on and calls three micro-kernels per tile:
+ *
+ *   1. qk:      S = Q_i K_j^T            (Q_i already multiplied by the scale)
+ *   2. softmax: online-softmax update of S in place into P, per row:
+ *               m_new = max(m, max_j S), alpha = exp(m - m_new),
+ *               P = exp(S - m_new), l = alpha * l + sum_j P, m = m_new
+ *   3. pv:      O_i = alpha * O_i + P V_j
+ *
+ * Packed layouts the driver prepares (all float32, rows 64-byte aligned):
+ *   Q_i : [br][ldq]   row-major, ldq >= d
+ *   Kt  : [d][ldk]    K_j TRANSPOSED, ldk >= bc, a multiple of 16; columns
+ *                     bc..ldk-1 are zero
+ *   S/P : [br][lds]   lds >= bc, a multiple of 16
+ *   V_j : [bc][ldv]   row-major, ldv >= dv
+ *   O_i : [br][ldo]   float32 accumulator, ldo >= dv
+ *
+ * Masked scores arrive as -INFINITY. A row whose running max is still -inf
+ * (nothing visible yet) must keep alpha = 1, P = 0, l unchanged — never NaN.
+ *
+ * `src/kernels/scalar.c` is the specification; every ISA file implements the
+ * same functions and must match it within the bound stated in its tests.
+ */
+#ifndef FA_KERNELS_H
+#define FA_KERNELS_H
+
+#include <stddef.h>
+
+typedef struct fa_kernels {
+    const char *name;       /* "scalar", "avx2", "avx512", "neon" */
+    int simd_width;         /* float32 lanes */
+    int row_block;          /* preferred multiple for Br (register-block rows) */
+
+    /* S[i][j] = sum_c Q[i][c] * Kt[c][j]   for i < br, j < bc */
+    void (*qk)(int br, int bc, int d,
+               const float *q, size_t ldq,
+               const float *kt, size_t ldk,
+               float *s, size_t lds);
+
+    /* Online-softmax update; see the header comment. m, l, alpha: [br]. */
+    void (*softmax)(int br, int bc, float *s, size_t lds,
+                    float *m, float *l, float *alpha);
+
+    /* O[i][c] = alpha[i] * O[i][c] + sum_j P[i][j] * V[j][c]  for i < br, c < dv */
+    void (*pv)(int br, int bc, int dv,
+               const float *p, size_t ldp,
+               const float *v, size_t ldv,
+               const float *alpha,
+               float *o, size_t ldo);
+
+    /* y[i] = exp(x[i]) for n elements; exp(-inf) = 0 exactly. */
+    void (*vexp)(int n, const float *x, float *y);
+} fa_kernels;
+
+/* The tables each ISA file defines (only those compiled in exist). */
+extern const fa_kernels fa_kernels_scalar;
+#if defined(FA_HAVE_AVX2)
+extern const fa_kernels fa_kernels_avx2;
+#endif
+#if defined(FA_HAVE_AVX512)
+extern const fa_kernels fa_kernels_avx512;
+#endif
+#if defined(FA_HAVE_NEON)
+extern const fa_kernels fa_kernels_neon;
+#endif
+
+/*
+ * The kernel table for this CPU, chosen once (dispatch.c): the best ISA the
+ * CPU supports, or the one FA_ISA names. Returns NULL and sets *status if
+ * FA_ISA names an unknown ISA or one this CPU or build lacks.
+ */
+#include "flashattn.h"
+const fa_kernels *fa_kernels_get(fa_status *status);
+
+/* Table for a named ISA if compiled in and supported by this CPU, else NULL. */
+const fa_kernels *fa_kernels_by_name(const char *name);
+
+#endif /* FA_KERNELS_H */

@@ -1,0 +1,77 @@
+/*
+ * scalar.c — the micro-kernels written as the specification.
+ *
+ * Plain C, no intrinsics, no cleverness: every ISA kernel (avx2.c, avx512.c,
+ * neon.c) must match these within the bound its tests state. The loops are
+ * ordered so a compiler can still vectorize them (j innermost in qk, c
+ * innermost in pv), which keeps the scalar table usable, not only correct.
+ */
+#include "kernels.h"
+
+#include <math.h>
+
+static void qk_scalar(int br, int bc, int d, const float *q, size_t ldq,
+                      const float *kt, size_t ldk, float *s, size_t lds)
+{
+    for (int i = 0; i < br; i++) {
+        float *srow = s + (size_t)i * lds;
+        for (int j = 0; j < bc; j++) srow[j] = 0.0f;
+        for (int c = 0; c < d; c++) {
+            const float qic = q[(size_t)i * ldq + c];
+            const float *krow = kt + (size_t)c * ldk;
+            for (int j = 0; j < bc; j++) srow[j] += qic * krow[j];
+        }
+    }
+}
+
+static void vexp_scalar(int n, const float *x, float *y)
+{
+    for (int i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+static void softmax_scalar(int br, int bc, float *s, size_t lds, float *m, float *l, float *alpha)
+{
+    for (int i = 0; i < br; i++) {
+        float *row = s + (size_t)i * lds;
+        float mx = m[i];
+        for (int j = 0; j < bc; j++) mx = row[j] > mx ? row[j] : mx;
+        if (mx == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
+            for (int j = 0; j < bc; j++) row[j] = 0.0f;
+            alpha[i] = 1.0f;
+            continue;
+        }
+        alpha[i] = expf(m[i] - mx); /* exp(-inf) = 0 when m was -inf */
+        float sum = 0.0f;
+        for (int j = 0; j < bc; j++) {
+            row[j] = expf(row[j] - mx);
+            sum += row[j];
+        }
+        l[i] = alpha[i] * l[i] + sum;
+        m[i] = mx;
+    }
+}
+
+static void pv_scalar(int br, int bc, int dv, const float *p, size_t ldp,
+                      const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    for (int i = 0; i < br; i++) {
+        float *orow = o + (size_t)i * ldo;
+        const float a = alpha[i];
+        for (int c = 0; c < dv; c++) orow[c] *= a;
+        for (int j = 0; j < bc; j++) {
+            const float pij = p[(size_t)i * ldp + j];
+            const float *vrow = v + (size_t)j * ldv;
+            for (int c = 0; c < dv; c++) orow[c] += pij * vrow[c];
+        }
+    }
+}
+
+const fa_kernels fa_kernels_scalar = {
+    .name = "scalar",
+    .simd_width = 1,
+    .row_block = 1,
+    .qk = qk_scalar,
+    .softmax = softmax_scalar,
+    .pv = pv_scalar,
+    .vexp = vexp_scalar,
+};

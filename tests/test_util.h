@@ -1,0 +1,60 @@
+/*
+ * test_util.h — shared helpers for the CMocka suites.
+ *
+ * Seeded random data (a fresh seed per run unless FA_TEST_SEED is set; the
+ * seed is printed so a failure can be replayed), tensors that own their
+ * storage, output poisoning (so every element is proven written), and
+ * comparison against the float64 reference.
+ */
+#ifndef FA_TEST_UTIL_H
+#define FA_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "flashattn.h"
+
+/* Base seed for this process: $FA_TEST_SEED, else time-derived; printed once. */
+uint64_t tu_seed(void);
+/* splitmix64 step. */
+uint64_t tu_next(uint64_t *state);
+/* Uniform in [lo, hi). */
+double tu_uniform(uint64_t *state, double lo, double hi);
+
+/* A tensor that owns its storage. */
+typedef struct tu_tensor {
+    fa_tensor t;
+    void *mem;
+    size_t bytes;
+} tu_tensor;
+
+/*
+ * Allocate a rank-4 tensor of logical shape [d0][d1][d2][d3] (BSHD for
+ * attention tensors). With `bhsd` non-zero the memory is laid out as
+ * [d0][d2][d1][d3] and strides describe that (a BHSD view of BSHD indices).
+ */
+tu_tensor tu_alloc4(fa_dtype dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3, int bhsd);
+/* Rank-1..3 contiguous tensor. */
+tu_tensor tu_alloc(fa_dtype dtype, int rank, const int64_t *shape);
+void tu_free(tu_tensor *t);
+
+/* Fill with uniform values in [lo, hi) (rounded to the dtype). */
+void tu_fill(tu_tensor *t, uint64_t *state, double lo, double hi);
+/* Fill every byte of the storage with a NaN pattern (poison). */
+void tu_poison(tu_tensor *t);
+/* Element at logical index (rank-4 or rank-3/2/1; unused trailing idx ignored). */
+double tu_get(const tu_tensor *t, const int64_t *idx);
+/* Number of NaN elements in the logical view (poison left behind = unwritten). */
+int64_t tu_count_nan(const tu_tensor *t);
+
+/*
+ * Max |a - b| over all elements of two same-shaped tensors; -inf == -inf
+ * and +inf == +inf count as equal (error 0); inf vs finite or NaN anywhere
+ * gives +INFINITY. *where receives the flat logical index of the worst one.
+ */
+double tu_max_abs_diff(const tu_tensor *a, const tu_tensor *b, int64_t *where);
+
+#endif /* FA_TEST_UTIL_H */
