@@ -1,0 +1,185 @@
+"""ref_numpy.py -- an independent float64 model of FlashAttention's forward pass.
+
+Written from docs (/work/shared/DESIGN.md, "Semantics"), not from the C code,
+so that the C implementations can be checked against something that did not
+share their mistakes. Everything is float64 and deliberately plain: one
+(batch, head) at a time, the whole score matrix materialized.
+
+The contract, in the order it is applied to each logit s_ij:
+
+    s = scale * (q_i . k_j)                       scale defaults to 1/sqrt(d)
+    s = softcap * tanh(s / softcap)               only when softcap > 0
+    s = s - slope * |i + Sk - Sq - j|             ALiBi, after the cap, not capped
+    keep j iff  j >= i + Sk - Sq - window_left    (unless window_left < 0)
+           and  j <= i + Sk - Sq + window_right   (unless window_right < 0)
+                                                  causal means window_right = 0
+    P = softmax over the kept keys, O_i = sum_j P_ij v_j
+    LSE_i = ln sum_j exp(s_ij) over the kept keys (natural log)
+
+A query row with no kept key has O_i = 0 and LSE_i = -inf.
+GQA/MQA: query head h reads kv head h // (heads // heads_k).
+
+Shapes: q [B, Sq, H, d], k [B, Sk, Hk, d], v [B, Sk, Hk, dv],
+        o [B, Sq, H, dv], lse [B, H, Sq]; alibi slopes [H] or [B, H].
+"""
+
+import numpy as np
+
+
+def bf16_bits_to_float64(bits):
+    """bfloat16 stored as uint16 bit patterns -> float64 values."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def float_to_bf16_bits(x):
+    """Round float values to bfloat16 (nearest even) and return uint16 bits."""
+    f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    u = f.view(np.uint32).astype(np.uint64)
+    nan = np.isnan(f)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    out = rounded.astype(np.uint16)
+    out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return out
+
+
+def visible_mask(seqlen_q, seqlen_k, window_left=-1, window_right=-1, causal=False):
+    """Boolean [Sq, Sk]: True where key j is visible to query i (bottom-right aligned)."""
+    if causal:
+        window_right = 0
+    i = np.arange(seqlen_q, dtype=np.int64)[:, None]
+    j = np.arange(seqlen_k, dtype=np.int64)[None, :]
+    diag = i + seqlen_k - seqlen_q
+    keep = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    if window_left >= 0:
+        keep &= j >= diag - window_left
+    if window_right >= 0:
+        keep &= j <= diag + window_right
+    return keep
+
+
+def _slope(alibi, b, h):
+    if alibi is None:
+        return 0.0
+    alibi = np.asarray(alibi, dtype=np.float64)
+    if alibi.ndim == 1:
+        return float(alibi[h])
+    return float(alibi[b, h])
+
+
+def attention_forward(q, k, v, scale=None, causal=False, window=(-1, -1),
+                      softcap=0.0, alibi=None):
+    """Return (o, lse) in float64 for the FlashAttention forward contract.
+
+    q, k, v are array-likes of any float dtype (already decoded from bf16 if
+    needed); window is (left, right) with negative meaning unbounded.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    B, Sq, H, d = q.shape
+    Bk, Sk, Hk, dk = k.shape
+    Bv, Skv, Hkv, dv = v.shape
+    assert (Bk, dk) == (B, d) and (Bv, Skv, Hkv) == (B, Sk, Hk), "inconsistent shapes"
+    assert Hk > 0 and H % Hk == 0, "heads must be a multiple of heads_k"
+    if scale is None or scale == 0:
+        scale = 1.0 / np.sqrt(d)
+    group = H // Hk
+    window_left, window_right = window
+    keep = visible_mask(Sq, Sk, window_left, window_right, causal)
+    rel = np.abs(np.arange(Sq)[:, None] + Sk - Sq - np.arange(Sk)[None, :]).astype(np.float64)
+
+    o = np.zeros((B, Sq, H, dv), dtype=np.float64)
+    lse = np.full((B, H, Sq), -np.inf, dtype=np.float64)
+    for b in range(B):
+        for h in range(H):
+            hk = h // group
+            s = scale * (q[b, :, h, :] @ k[b, :, hk, :].T)            # [Sq, Sk]
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            slope = _slope(alibi, b, h)
+            if slope != 0.0:
+                s = s - slope * rel
+            for i in range(Sq):
+                cols = np.nonzero(keep[i])[0]
+                if cols.size == 0:
+                    continue                                          # O = 0, LSE = -inf
+                row = s[i, cols]
+                m = np.max(row)
+                if np.isnan(m):
+                    o[b, i, h, :] = np.nan
+                    lse[b, h, i] = np.nan
+                    continue
+                if np.isinf(m):
+                    # +inf logit: softmax mass on the +inf keys; -inf everywhere: no mass.
+                    w = (row == m).astype(np.float64)
+                    lse[b, h, i] = m
+                else:
+                    w = np.exp(row - m)
+                    lse[b, h, i] = m + np.log(np.sum(w))
+                total = np.sum(w)
+                if total == 0:
+                    continue
+                o[b, i, h, :] = (w / total) @ v[b, cols, hk, :]
+    return o, lse
+
+
+def attention_forward_rows(q, k, v, rows, **opts):
+    """Like attention_forward but only for the query rows listed (cheap checks at large N).
+
+    Returns (o_rows [B, len(rows), H, dv], lse_rows [B, H, len(rows)]). The
+    mask still uses the full seqlen_q, so the rows mean the same as in the full problem.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    Sq = q.shape[1]
+    Sk = np.asarray(k).shape[1]
+    rows = np.asarray(rows, dtype=np.int64)
+    causal = opts.pop("causal", False)
+    wl, wr = opts.pop("window", (-1, -1))
+    if causal:
+        wr = 0
+    # Each row is solved on its own with its own diagonal i + Sk - Sq, which is
+    # all the mask and the ALiBi distance depend on.
+    outs, lses = [], []
+    for i in rows:
+        diag = int(i) + Sk - Sq
+        o1, l1 = _single_row(q[:, i:i + 1], k, v, diag, wl, wr, **opts)
+        outs.append(o1)
+        lses.append(l1)
+    return np.concatenate(outs, axis=1), np.concatenate(lses, axis=2)
+
+
+def _single_row(q1, k, v, diag, wl, wr, scale=None, softcap=0.0, alibi=None):
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    B, _, H, d = q1.shape
+    Sk, Hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    if scale is None or scale == 0:
+        scale = 1.0 / np.sqrt(d)
+    group = H // Hk
+    j = np.arange(Sk)
+    keep = np.ones(Sk, dtype=bool)
+    if wl >= 0:
+        keep &= j >= diag - wl
+    if wr >= 0:
+        keep &= j <= diag + wr
+    rel = np.abs(diag - j).astype(np.float64)
+    o = np.zeros((B, 1, H, dv))
+    lse = np.full((B, H, 1), -np.inf)
+    cols = np.nonzero(keep)[0]
+    if cols.size == 0:
+        return o, lse
+    for b in range(B):
+        for h in range(H):
+            hk = h // group
+            s = scale * (k[b, cols, hk, :] @ q1[b, 0, h, :])
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            slope = _slope(alibi, b, h)
+            if slope != 0.0:
+                s = s - slope * rel[cols]
+            m = np.max(s)
+            w = np.exp(s - m)
+            lse[b, h, 0] = m + np.log(np.sum(w))
+            o[b, 0, h, :] = (w / np.sum(w)) @ v[b, cols, hk, :]
+    return o, lse
