@@ -182,7 +182,7 @@ typedef struct fa_cpu_info {
     size_t l2_bytes;         /**< L2 cache per core. */
     size_t l3_bytes;         /**< Last-level cache (shared), 0 if unknown. */
     size_t line_bytes;       /**< Cache line size. */
-    int cache_source;        /**< 0 = fallback defaults, 1 = sysconf/sysfs, 2 = CPUID. */
+    int cache_source;        /**< 0 = fallback defaults, 1 = sysconf/sysfs, 3 = FA_L1D_BYTES/FA_L2_BYTES. */
     const char *isa;         /**< Kernel ISA in use: "scalar", "avx2", "avx512", "neon". */
     int simd_width;          /**< float32 lanes of the chosen kernel. */
     int max_threads;         /**< OpenMP default thread count (1 without OpenMP). */
@@ -240,6 +240,181 @@ void fa_alloc_stats_get(fa_alloc_stats *stats);
 void fa_alloc_stats_reset(void);
 
 /* ---- validation (flashattn check) API: see issue 4 ---- */
+
+/**
+ * @defgroup check Validating an attention output (flashattn check)
+ *
+ * fa_check() compares a tested attention output — typically from a GPU kernel
+ * in bf16 or fp16 — against the float64 reference, under one tolerance model
+ * shared by the CLI (`flashattn check`), python/flashattn.py, the tests and the
+ * CUDA harness. See docs/validation.md.
+ *
+ * **Default rule (FlashAttention's own test rule, reproduced on the CPU).**
+ * For the precision the tested kernel ran in (fa_check_options::dtype), the
+ * checker also computes a plain attention the way a low-precision
+ * implementation would: inputs rounded to the dtype, scores accumulated in
+ * float32, P = softmax rounded to the dtype before P·V (accumulated in
+ * float32), the output rounded to the dtype. Its max abs error against the
+ * float64 reference is the *emulation error* e_emu. The tested output passes
+ * iff its max abs error e_test <= 2 * e_emu + atol, with the small
+ * atol = u * max|O_ref| (u = unit roundoff of the dtype: 2^-8 bf16, 2^-11 f16,
+ * 2^-24 f32). Every element with |O_test - O_ref| above that bound counts as
+ * out of tolerance.
+ *
+ * **Explicit rule.** With fa_check_options::use_tolerance set, an element is
+ * out of tolerance iff |O_test - O_ref| > atol + rtol * |O_ref| (numpy's
+ * allclose), and the check passes iff no element is.
+ *
+ * NaN or Inf anywhere in the checked part of the tested output always fails.
+ *
+ * **LSE** (optional, `[batch][heads][seqlen_q]`, f32 or f64): a row with no
+ * visible key must be -inf or +inf (FlashAttention 3/4 and 2 conventions);
+ * other rows must be finite and within 2 * (emulated LSE error) +
+ * 1e-4 * max(1, max|LSE_ref|) (default rule) or atol + rtol * |LSE_ref|
+ * (explicit rule). Under causal masking with ALiBi, FlashAttention-2 reports
+ * an LSE higher by slope * (i + seqlen_k - seqlen_q); the checker accepts that
+ * convention too when it fits better, and says so in the report.
+ *
+ * **Row sampling.** fa_check_options::sample_rows = K > 0 checks K distinct
+ * query rows per (batch, head), chosen by a seeded generator, exactly, in
+ * O(K * seqlen_k * d) per (batch, head). Each sampled row is computed with the
+ * full problem geometry (bottom-right mask alignment uses seqlen_q), so the
+ * result for a row is the same as in a full check.
+ * @{
+ */
+
+/** @brief fa_check_options::dtype value: infer the precision from the tensors. */
+#define FA_CHECK_DTYPE_AUTO FA_DTYPE_COUNT
+
+/** @brief How many failing rows a report lists (the first in (batch, row, head) order). */
+#define FA_CHECK_MAX_FAIL_ROWS 8
+
+/** @brief Options of fa_check(). Initialize with fa_check_options_default(). */
+typedef struct fa_check_options {
+    /** Precision the tested kernel ran in: FA_BF16, FA_F16 or FA_F32 (FA_F64 is
+     *  checked with the f32 rule). FA_CHECK_DTYPE_AUTO (the default) takes the
+     *  lowest precision among the dtypes of q, k, v and the tested output. */
+    fa_dtype dtype;
+    int use_tolerance;   /**< Non-zero: atol/rtol below replace the emulation rule. */
+    double atol;         /**< Absolute tolerance of the explicit rule (>= 0). */
+    double rtol;         /**< Relative tolerance of the explicit rule (>= 0). */
+    int64_t sample_rows; /**< K > 0: check K random query rows per (batch, head); 0: all rows. */
+    uint64_t seed;       /**< Seed of the row sampler. */
+    int num_threads;     /**< OpenMP threads; 0 uses the OpenMP default. */
+    /** Names used in error messages and the report (e.g. file names); NULL
+     *  selects "q", "k", "v", "out", "lse". */
+    const char *q_name, *k_name, *v_name, *out_name, *lse_name;
+} fa_check_options;
+
+/** @brief One failing query row in a report. */
+typedef struct fa_check_row {
+    int64_t batch, row, head;  /**< Where the row is. */
+    int64_t n_fail;            /**< Elements of the row out of tolerance (NaN/Inf included). */
+    int64_t worst_col;         /**< Column of the row's largest error. */
+    double max_abs_err;        /**< Largest |O_test - O_ref| in the row (+inf for NaN/Inf). */
+} fa_check_row;
+
+/**
+ * @brief What fa_check() found. Release with fa_check_report_free().
+ *
+ * Indices are logical: (batch, row, head, col) of O `[batch][seqlen_q][heads][d_v]`.
+ */
+typedef struct fa_check_report {
+    int pass;                  /**< 1: the output (and the LSE, when given) is within tolerance. */
+    int out_pass;              /**< 1: the output is within tolerance. */
+    int lse_pass;              /**< 1: the LSE is within tolerance (1 when no LSE was given). */
+    fa_dtype dtype;            /**< Precision rule applied (FA_BF16, FA_F16 or FA_F32). */
+    int use_tolerance;         /**< 1: explicit atol/rtol rule; 0: emulation rule. */
+    double atol;               /**< atol in force (emulation rule: u * max|O_ref|). */
+    double rtol;               /**< rtol in force (0 under the emulation rule). */
+    double bound;              /**< Emulation rule: 2 * emu_max_abs_err + atol; explicit: atol. */
+
+    int64_t batch, seqlen_q, seqlen_k, heads, heads_k, d, dv; /**< Problem geometry. */
+    int64_t rows_checked;      /**< Query rows compared (batch * heads * rows per head). */
+    int64_t rows_total;        /**< batch * heads * seqlen_q. */
+    int64_t elements_checked;  /**< rows_checked * dv. */
+    int64_t sample_rows;       /**< Rows per (batch, head) when sampling, else 0. */
+    uint64_t seed;             /**< Sampler seed used. */
+
+    double max_abs_err;        /**< max |O_test - O_ref| (+inf if any NaN/Inf). */
+    double mean_abs_err;       /**< Mean over finite elements. */
+    double max_rel_err;        /**< max |O_test - O_ref| / max(|O_ref|, 1e-3 * max|O_ref|). */
+    double mean_rel_err;       /**< Mean of the same. */
+    double max_abs_ref;        /**< max |O_ref| over the checked rows. */
+    double emu_max_abs_err;    /**< Max abs error of the low-precision emulation vs the reference. */
+    double emu_mean_abs_err;   /**< Mean abs error of the emulation. */
+    double ratio;              /**< max_abs_err / emu_max_abs_err (inf if the latter is 0). */
+
+    int64_t n_fail;            /**< Elements out of tolerance (NaN/Inf included). */
+    double fail_fraction;      /**< n_fail / elements_checked. */
+    int64_t n_nonfinite;       /**< NaN or Inf elements in the checked tested output. */
+    int64_t rows_failed;       /**< Rows with at least one element out of tolerance. */
+
+    int64_t worst_batch, worst_row, worst_head, worst_col; /**< Element of max_abs_err (-1 if none). */
+    double worst_test;         /**< Tested value there. */
+    double worst_ref;          /**< Reference value there. */
+    double worst_emu;          /**< Emulated value there. */
+
+    int n_fail_rows;           /**< Entries used in fail_rows. */
+    fa_check_row fail_rows[FA_CHECK_MAX_FAIL_ROWS]; /**< First failing rows in (batch, row, head) order. */
+
+    int64_t n_heads;           /**< Length of the per-head arrays (= heads). */
+    int64_t *head_fail;        /**< [heads] elements out of tolerance per query head (all batches). */
+    double *head_max_abs_err;  /**< [heads] max abs error per query head. */
+
+    int lse_checked;           /**< 1 if a tested LSE was given. */
+    double lse_max_abs_err;    /**< max |LSE_test - LSE_ref| over rows with visible keys. */
+    double lse_emu_max_abs_err;/**< Same for the float32 emulation. */
+    double lse_bound;          /**< Tolerance the LSE max error was held to (max over rows under the explicit rule). */
+    int64_t lse_n_fail;        /**< Rows whose LSE is out of tolerance. */
+    int64_t lse_n_empty;       /**< Rows with no visible key (either infinity accepted). */
+    int lse_fa2_alibi_offset;  /**< 1: the LSE follows FlashAttention-2's causal-ALiBi offset. */
+    int64_t lse_worst_batch, lse_worst_head, lse_worst_row; /**< Row of the largest LSE error (-1 if none). */
+    double lse_worst_test;     /**< Tested LSE there. */
+    double lse_worst_ref;      /**< Reference LSE there (with the offset when it applies). */
+} fa_check_report;
+
+/** @brief Default check options: dtype auto, emulation rule, all rows, seed 0. */
+fa_check_options fa_check_options_default(void);
+
+/**
+ * @brief Check a tested attention output (and optionally its LSE) against the
+ *        float64 reference.
+ *
+ * @param q        Query  `[batch][seqlen_q][heads][d]`, any dtype; must be finite.
+ * @param k        Key    `[batch][seqlen_k][heads_k][d]`; must be finite.
+ * @param v        Value  `[batch][seqlen_k][heads_k][d_v]`; must be finite.
+ * @param out      Tested output `[batch][seqlen_q][heads][d_v]`, any dtype.
+ * @param lse      Tested LSE `[batch][heads][seqlen_q]`, f32 or f64; NULL to skip.
+ * @param attn     The attention options the tested kernel ran with (mask, scale,
+ *                 softcap, ALiBi); impl, threads and blocks are ignored. NULL: defaults.
+ * @param copt     Check options, NULL for fa_check_options_default().
+ * @param report   Receives the findings (zeroed first); free with fa_check_report_free().
+ * @return FA_OK when the comparison ran — the verdict is report->pass, not the
+ *         status — or an error status for bad arguments (shape mismatch,
+ *         non-finite inputs: FA_ERR_NONFINITE, ...) with a message naming the
+ *         tensor by its name from @p copt.
+ */
+fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                   const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
+                   const fa_check_options *copt, fa_check_report *report);
+
+/** @brief Free the arrays a report owns and zero it. Safe on a zeroed report. */
+void fa_check_report_free(fa_check_report *report);
+
+/**
+ * @brief Write the human-readable report (what `flashattn check` prints).
+ *
+ * snprintf-like: writes at most @p size bytes including the terminating NUL
+ * and returns the length the full text needs (excluding the NUL).
+ */
+size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t size);
+
+/** @brief sizeof(fa_check_report) etc., for bindings that mirror the structs:
+ *         0 = fa_tensor, 1 = fa_options, 2 = fa_check_options, 3 = fa_check_report. */
+size_t fa_check_abi_size(int which);
+
+/** @} */
 
 /* ---- backward pass API ---- */
 

@@ -179,7 +179,7 @@ static inline float fa_load_f32(const fa_tensor *t, int64_t off)
     }
 }
 
-static inline void fa_store_f64(fa_tensor *t, int64_t off, double x)
+static inline void fa_store_f64(const fa_tensor *t, int64_t off, double x)
 {
     switch (t->dtype) {
     case FA_F32: ((float *)t->data)[off] = (float)x; break;

@@ -1,0 +1,306 @@
+/*
+ * flash.c — the tiled forward pass with online softmax (FlashAttention-2 order).
+ *
+ * The memory hierarchy, CPU edition: DRAM is the slow tier ("HBM"), the
+ * per-core L2 (and L1) the fast tier ("SRAM") of size M. Q is cut into row
+ * blocks of Br rows, K and V into column blocks of Bc keys. One task owns one
+ * (batch, head, Q block): it loads Q_i once, streams every K_j/V_j block past
+ * it, and writes O_i and LSE_i once. The Sq x Sk score matrix never exists;
+ * only one Br x Bc tile of it, which lives in cache.
+ *
+ * ---- the online softmax (teacher comment) --------------------------------
+ *
+ * For one query row with scores s_1..s_N, softmax needs the max m and the sum
+ * ℓ = Σ exp(s_j - m) over ALL keys before any output can be normalized. The
+ * trick is to carry a running max and a running sum and repair them when the
+ * max grows. After seeing key blocks 1..j, keep
+ *
+ *     m^(j) = max over seen keys of s          (running max)
+ *     ℓ^(j) = Σ over seen keys of exp(s - m^(j))   (running sum)
+ *     Õ^(j) = Σ over seen keys of exp(s - m^(j)) v  (unnormalized output)
+ *
+ * When block j+1 arrives with scores S (a row of the tile):
+ *
+ *     m_new  = max(m^(j), max S)
+ *     α      = exp(m^(j) - m_new)          rescales everything seen so far
+ *     P      = exp(S - m_new)
+ *     ℓ^(j+1) = α ℓ^(j) + Σ P
+ *     Õ^(j+1) = α Õ^(j) + P V_j
+ *
+ * and at the end O = Õ / ℓ, LSE = m + ln ℓ. Every exp argument is <= 0, so
+ * nothing overflows, and the result is exact (not an approximation): it is
+ * the same sum, reassociated. FlashAttention-2's order — Q block outer, K/V
+ * inner, divide by ℓ once at the end — keeps Õ, m, ℓ in cache for the whole
+ * sweep and writes O exactly once.
+ * --------------------------------------------------------------------------
+ *
+ * Masks. Each row's visible keys form one interval [lo_i, hi_i) (causal and
+ * windows are bands aligned to the bottom-right corner), and lo_i, hi_i grow
+ * with i. So the keys any row of a Q block can see form one interval, tiles
+ * outside it are skipped without being computed, and only tiles that cut
+ * through some row's interval need a per-element mask.
+ *
+ * Layouts (float32, per thread, 64-byte aligned):
+ *   Qi  [Br][ldq]   rows of Q for this block, pre-multiplied by the scale
+ *   Kt  [d][ldk]    K_j transposed (ldk = Bc rounded up to 16, zero-padded)
+ *   Vj  [Bc][ldv]   V_j row-major (or a direct view of V when it is float32
+ *                   with unit column stride — no copy needed)
+ *   S   [Br][lds]   score tile, overwritten by P
+ *   Oa  [Br][ldo]   unnormalized output accumulator Õ
+ *   m, l, alpha [Br]
+ *
+ * Determinism: a task is computed by one thread in a fixed order, so the
+ * result is bit-for-bit identical for any thread count and schedule.
+ */
+#include "internal.h"
+
+#include <assert.h>
+#include <stdlib.h>
+
+#include "kernels/kernels.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+/* Per-thread scratch, laid out in one allocation. */
+typedef struct flash_scratch {
+    float *qi;    /* [Br][ldq] */
+    float *kt;    /* [d][ldk] */
+    float *vj;    /* [Bc][ldv] */
+    float *s;     /* [Br][lds] */
+    float *oa;    /* [Br][ldo] */
+    float *m, *l, *alpha; /* [Br] each */
+    int64_t *lo, *hi;     /* [Br] each: visible key interval per row */
+    void *base;
+} flash_scratch;
+
+typedef struct flash_dims {
+    int br, bc;
+    size_t ldq, ldk, ldv, lds, ldo;
+} flash_dims;
+
+static flash_dims flash_layout(const fa_problem *p)
+{
+    flash_dims g;
+    g.br = p->block_q;
+    g.bc = p->block_k;
+    g.ldq = round16((size_t)p->d);
+    g.ldk = round16((size_t)g.bc);
+    g.ldv = round16((size_t)p->dv);
+    g.lds = g.ldk;
+    g.ldo = round16((size_t)p->dv);
+    return g;
+}
+
+static size_t scratch_floats(const fa_problem *p, const flash_dims *g)
+{
+    return (size_t)g->br * g->ldq + (size_t)p->d * g->ldk + (size_t)g->bc * g->ldv +
+           (size_t)g->br * g->lds + (size_t)g->br * g->ldo + 3 * round16((size_t)g->br) +
+           4 * round16((size_t)g->br) /* lo, hi as int64 = 2 floats each */ + 64;
+}
+
+size_t fa_flash_workspace(const fa_problem *p)
+{
+    flash_dims g = flash_layout(p);
+    return (size_t)p->num_threads * scratch_floats(p, &g) * sizeof(float);
+}
+
+static int scratch_alloc(const fa_problem *p, const flash_dims *g, flash_scratch *sc)
+{
+    float *base = fa_malloc(scratch_floats(p, g) * sizeof(float));
+    if (!base) return 0;
+    float *cur = base;
+    sc->base = base;
+    sc->qi = cur; cur += (size_t)g->br * g->ldq;
+    sc->kt = cur; cur += (size_t)p->d * g->ldk;
+    sc->vj = cur; cur += (size_t)g->bc * g->ldv;
+    sc->s = cur;  cur += (size_t)g->br * g->lds;
+    sc->oa = cur; cur += (size_t)g->br * g->ldo;
+    sc->m = cur;  cur += round16((size_t)g->br);
+    sc->l = cur;  cur += round16((size_t)g->br);
+    sc->alpha = cur; cur += round16((size_t)g->br);
+    sc->lo = (int64_t *)cur; cur += 2 * round16((size_t)g->br);
+    sc->hi = (int64_t *)cur;
+    /* the padding columns of Kt must be zero: kernels may compute them */
+    memset(sc->kt, 0, (size_t)p->d * g->ldk * sizeof(float));
+    return 1;
+}
+
+/* Kt[c][j] = K[b][j0 + j][hk][c] for c < d, j < bc; columns bc..round16(bc) zeroed. */
+static void pack_kt(const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int bc,
+                    const flash_dims *g, float *kt)
+{
+    const int64_t d = p->d;
+    const fa_tensor *K = &p->k;
+    if (K->dtype == FA_F32 && K->stride[3] == 1) {
+        for (int j = 0; j < bc; j++) {
+            const float *krow = (const float *)K->data + fa_off4(K, b, j0 + j, hk, 0);
+            for (int64_t c = 0; c < d; c++) kt[(size_t)c * g->ldk + (size_t)j] = krow[c];
+        }
+    } else {
+        for (int j = 0; j < bc; j++)
+            for (int64_t c = 0; c < d; c++)
+                kt[(size_t)c * g->ldk + (size_t)j] = fa_load_f32(K, fa_off4(K, b, j0 + j, hk, c));
+    }
+    const int pad = (int)round16((size_t)bc);
+    for (int64_t c = 0; c < d; c++)
+        for (int j = bc; j < pad; j++) kt[(size_t)c * g->ldk + (size_t)j] = 0.0f;
+}
+
+/*
+ * Apply softcap, ALiBi and the mask to the score tile S (rows i0.., keys j0..).
+ * Rows whose interval covers the whole tile need no mask; softcap/ALiBi touch
+ * every visible element.
+ */
+static void transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, int bc,
+                           double slope, const flash_scratch *sc, size_t lds)
+{
+    const int transform = p->softcap > 0.0 || slope != 0.0;
+    const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
+    for (int r = 0; r < br; r++) {
+        float *row = sc->s + (size_t)r * lds;
+        const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
+        const int full = lo <= 0 && hi >= bc;
+        if (!full) {
+            for (int j = 0; j < bc; j++)
+                if (j < lo || j >= hi) row[j] = -INFINITY;
+        }
+        if (!transform) continue;
+        const int64_t i = i0 + r;
+        const int jlo = lo > 0 ? (int)lo : 0, jhi = hi < bc ? (int)hi : bc;
+        for (int j = jlo; j < jhi; j++) {
+            float s = row[j];
+            if (cap > 0.0f) s = cap * tanhf(s * inv_cap);
+            if (slope != 0.0) {
+                int64_t rel = i + p->seqlen_k - p->seqlen_q - (j0 + j);
+                s -= (float)(slope * (double)(rel < 0 ? -rel : rel));
+            }
+            row[j] = s;
+        }
+    }
+}
+
+/* One task: (batch b, head h, Q block starting at row i0 with br rows). */
+static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_dims *g,
+                       flash_scratch *sc, int64_t b, int64_t h, int64_t i0, int br)
+{
+    const int64_t hk = fa_kv_head(p, h);
+    const double slope = fa_alibi_slope(p, b, h);
+    const float scale = (float)p->scale;
+    const int64_t d = p->d, dv = p->dv;
+
+    /* load Q_i (scaled) and the visible interval of each row */
+    int64_t jmin = p->seqlen_k, jmax = 0;
+    for (int r = 0; r < br; r++) {
+        float *qrow = sc->qi + (size_t)r * g->ldq;
+        fa_gather_f32(&p->q, fa_off4(&p->q, b, i0 + r, h, 0), p->q.stride[3], d, qrow);
+        for (int64_t c = 0; c < d; c++) qrow[c] *= scale;
+        fa_key_range(p, i0 + r, &sc->lo[r], &sc->hi[r]);
+        if (sc->lo[r] < sc->hi[r]) {
+            if (sc->lo[r] < jmin) jmin = sc->lo[r];
+            if (sc->hi[r] > jmax) jmax = sc->hi[r];
+        }
+        sc->m[r] = -INFINITY;
+        sc->l[r] = 0.0f;
+        memset(sc->oa + (size_t)r * g->ldo, 0, (size_t)dv * sizeof(float));
+    }
+
+    /* stream the K/V tiles that some row can see; the rest are skipped */
+    if (jmin < jmax) {
+        const int64_t kb0 = jmin / g->bc, kb1 = (jmax + g->bc - 1) / g->bc;
+        const int v_direct = p->v.dtype == FA_F32 && p->v.stride[3] == 1;
+        for (int64_t kb = kb0; kb < kb1; kb++) {
+            const int64_t j0 = kb * g->bc;
+            const int bc = (int)(p->seqlen_k - j0 < g->bc ? p->seqlen_k - j0 : g->bc);
+
+            pack_kt(p, b, hk, j0, bc, g, sc->kt);
+            const float *vj;
+            size_t ldv;
+            if (v_direct) {
+                vj = (const float *)p->v.data + fa_off4(&p->v, b, j0, hk, 0);
+                ldv = (size_t)p->v.stride[1];
+            } else {
+                for (int j = 0; j < bc; j++)
+                    fa_gather_f32(&p->v, fa_off4(&p->v, b, j0 + j, hk, 0), p->v.stride[3], dv,
+                                  sc->vj + (size_t)j * g->ldv);
+                vj = sc->vj;
+                ldv = g->ldv;
+            }
+
+            kern->qk(br, bc, (int)d, sc->qi, g->ldq, sc->kt, g->ldk, sc->s, g->lds);
+            transform_tile(p, i0, br, j0, bc, slope, sc, g->lds);
+            kern->softmax(br, bc, sc->s, g->lds, sc->m, sc->l, sc->alpha);
+            kern->pv(br, bc, (int)dv, sc->s, g->lds, vj, ldv, sc->alpha, sc->oa, g->ldo);
+        }
+    }
+
+    /* normalize once, write O_i and LSE_i */
+    for (int r = 0; r < br; r++) {
+        const int64_t i = i0 + r;
+        const float *orow = sc->oa + (size_t)r * g->ldo;
+        const float l = sc->l[r];
+        const int empty = sc->m[r] == -INFINITY;
+        const float inv = empty ? 0.0f : 1.0f / l;
+        if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
+            float *dst = (float *)p->o.data + fa_off4(&p->o, b, i, h, 0);
+            for (int64_t c = 0; c < dv; c++) dst[c] = empty ? 0.0f : orow[c] * inv;
+        } else {
+            for (int64_t c = 0; c < dv; c++)
+                fa_store_f64(&p->o, fa_off4(&p->o, b, i, h, c), empty ? 0.0 : (double)(orow[c] * inv));
+        }
+        if (p->lse.data)
+            fa_store_f64(&p->lse,
+                         b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2],
+                         empty ? -INFINITY : (double)sc->m[r] + log((double)l));
+    }
+}
+
+fa_status fa_flash_forward(const fa_problem *p)
+{
+    fa_status st;
+    const fa_kernels *kern = fa_kernels_get(&st);
+    if (!kern) return st;
+    const flash_dims g = flash_layout(p);
+    assert(g.br >= 1 && g.bc >= 1);
+
+    const int64_t nqb = (p->seqlen_q + g.br - 1) / g.br;
+    const int64_t ntasks = p->batch * p->heads * nqb;
+    int failed = 0;
+
+#ifdef _OPENMP
+#pragma omp parallel num_threads(p->num_threads)
+#endif
+    {
+        flash_scratch sc;
+        memset(&sc, 0, sizeof sc);
+        if (!scratch_alloc(p, &g, &sc)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+            sc.base = NULL;
+        }
+#ifdef _OPENMP
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < ntasks; t++) {
+            if (failed) continue;
+            /* causal work grows with the block index: hand out the big ones first */
+            const int64_t qb = nqb - 1 - t % nqb;
+            const int64_t h = (t / nqb) % p->heads;
+            const int64_t b = t / (nqb * p->heads);
+            const int64_t i0 = qb * g.br;
+            const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
+            flash_task(p, kern, &g, &sc, b, h, i0, br);
+        }
+        fa_free(sc.base);
+    }
+    if (failed)
+        return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes of per-thread scratch",
+                       fa_flash_workspace(p));
+    return FA_OK;
+}

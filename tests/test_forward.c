@@ -1,0 +1,379 @@
+/*
+ * test_forward.c — flash and standard against the float64 reference.
+ *
+ * Every case draws fresh random inputs (seed printed; FA_TEST_SEED replays),
+ * poisons the outputs with NaN so an unwritten element cannot hide, runs the
+ * implementation under test and the reference, and requires
+ *   max |O - O_ref| <= 5e-5  and  max |LSE - LSE_ref| <= 5e-5,
+ * with -inf LSE and zero O matched exactly on rows with no visible key.
+ * 5e-5 is the acceptance bound of the core-library issue: float32 storage and
+ * accumulation over up to 1000 keys and d = 256 stay well inside it.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define TOL 5e-5
+
+typedef struct tcase {
+    int64_t B, Sq, Sk, H, Hk, d, dv;
+    int causal;
+    int64_t wl, wr;    /* < 0: unbounded */
+    double softcap;
+    int alibi;         /* 0 off, 1 per head, 2 per batch x head */
+    fa_dtype in_dtype;
+    fa_dtype out_dtype;
+    int bhsd;          /* strided BHSD layout for q, k, v, o */
+    int bq, bk;        /* block overrides (0 = derived) */
+    double range;      /* inputs uniform in [-range, range) */
+    double scale;      /* 0 = default */
+} tcase;
+
+static tcase base_case(int64_t Sq, int64_t Sk, int64_t d)
+{
+    tcase c;
+    memset(&c, 0, sizeof c);
+    c.B = 1; c.Sq = Sq; c.Sk = Sk; c.H = 2; c.Hk = 2; c.d = d; c.dv = d;
+    c.wl = -1; c.wr = -1;
+    c.in_dtype = FA_F32; c.out_dtype = FA_F32;
+    c.range = 1.0;
+    return c;
+}
+
+static void describe(const tcase *c, fa_impl impl, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "%s B=%lld Sq=%lld Sk=%lld H=%lld Hk=%lld d=%lld dv=%lld causal=%d window=(%lld,%lld) "
+             "softcap=%g alibi=%d in=%s out=%s bhsd=%d blocks=(%d,%d) range=%g",
+             fa_impl_name(impl), (long long)c->B, (long long)c->Sq, (long long)c->Sk, (long long)c->H,
+             (long long)c->Hk, (long long)c->d, (long long)c->dv, c->causal, (long long)c->wl,
+             (long long)c->wr, c->softcap, c->alibi, fa_dtype_name(c->in_dtype),
+             fa_dtype_name(c->out_dtype), c->bhsd, c->bq, c->bk, c->range);
+}
+
+/* Run one case for `impl` and compare against the reference; returns max error. */
+static double run_case(const tcase *c, fa_impl impl)
+{
+    static uint64_t counter;
+    uint64_t rng = tu_seed() + 7919 * ++counter;
+    tu_tensor q = tu_alloc4(c->in_dtype, c->B, c->Sq, c->H, c->d, c->bhsd);
+    tu_tensor k = tu_alloc4(c->in_dtype, c->B, c->Sk, c->Hk, c->d, c->bhsd);
+    tu_tensor v = tu_alloc4(c->in_dtype, c->B, c->Sk, c->Hk, c->dv, c->bhsd);
+    tu_tensor o = tu_alloc4(c->out_dtype, c->B, c->Sq, c->H, c->dv, c->bhsd);
+    tu_tensor o_ref = tu_alloc4(FA_F64, c->B, c->Sq, c->H, c->dv, 0);
+    int64_t lse_shape[3] = {c->B, c->H, c->Sq};
+    tu_tensor lse = tu_alloc(FA_F32, 3, lse_shape);
+    tu_tensor lse_ref = tu_alloc(FA_F64, 3, lse_shape);
+    tu_fill(&q, &rng, -c->range, c->range);
+    tu_fill(&k, &rng, -c->range, c->range);
+    tu_fill(&v, &rng, -1.0, 1.0);
+    tu_poison(&o); tu_poison(&o_ref); tu_poison(&lse); tu_poison(&lse_ref);
+
+    tu_tensor slopes = {0};
+    fa_options opt = fa_options_default();
+    opt.causal = c->causal;
+    opt.window_left = c->wl;
+    opt.window_right = c->wr;
+    opt.softcap = c->softcap;
+    opt.scale = c->scale;
+    opt.block_q = c->bq;
+    opt.block_k = c->bk;
+    if (c->alibi) {
+        int64_t shape[2] = {c->B, c->H};
+        slopes = c->alibi == 1 ? tu_alloc(FA_F32, 1, shape + 1) : tu_alloc(FA_F32, 2, shape);
+        tu_fill(&slopes, &rng, 0.0, 0.5);
+        opt.alibi_slopes = &slopes.t;
+    }
+
+    char what[512];
+    describe(c, impl, what, sizeof what);
+
+    opt.impl = FA_IMPL_REFERENCE;
+    fa_status st = fa_forward(&q.t, &k.t, &v.t, &o_ref.t, &lse_ref.t, &opt);
+    if (st != FA_OK) fail_msg("reference failed: %s (%s)", fa_last_error(), what);
+    opt.impl = impl;
+    st = fa_forward(&q.t, &k.t, &v.t, &o.t, &lse.t, &opt);
+    if (st != FA_OK) fail_msg("%s failed: %s (%s)", fa_impl_name(impl), fa_last_error(), what);
+
+    /* every element written: poison (NaN) must be gone everywhere */
+    if (tu_count_nan(&o) != 0 || tu_count_nan(&lse) != 0)
+        fail_msg("unwritten (NaN) outputs: O %lld, LSE %lld (%s)", (long long)tu_count_nan(&o),
+                 (long long)tu_count_nan(&lse), what);
+
+    double tol = TOL;
+    if (c->out_dtype == FA_F16) tol += 1.0 / 1024; /* half of 2^-10 relative on |O| <= 1, twice */
+    if (c->out_dtype == FA_BF16) tol += 1.0 / 128;
+    int64_t where;
+    double eo = tu_max_abs_diff(&o, &o_ref, &where);
+    if (eo > tol) fail_msg("O error %.3g at flat index %lld exceeds %.3g (%s)", eo, (long long)where, tol, what);
+    double el = tu_max_abs_diff(&lse, &lse_ref, &where);
+    if (el > TOL) fail_msg("LSE error %.3g at flat index %lld exceeds %.3g (%s)", el, (long long)where, TOL, what);
+
+    tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&o); tu_free(&o_ref);
+    tu_free(&lse); tu_free(&lse_ref);
+    if (c->alibi) tu_free(&slopes);
+    return eo > el ? eo : el;
+}
+
+static void run_both(const tcase *c)
+{
+    run_case(c, FA_IMPL_FLASH);
+    run_case(c, FA_IMPL_STANDARD);
+}
+
+static int derived_br(int64_t d)
+{
+    int br, bc;
+    assert_int_equal(fa_block_sizes(d, d, NULL, &br, &bc), FA_OK);
+    return br;
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Ensure flash and standard match the reference when seqlens straddle the block size. */
+static void test_flash_matches_reference_over_seqlens(void **state)
+{
+    (void)state;
+    const int br = derived_br(64);
+    const int64_t lens[] = {1, 2, 17, br - 1, br, br + 1, 300, 1000};
+    for (size_t a = 0; a < sizeof lens / sizeof lens[0]; a++) {
+        tcase c = base_case(lens[a], lens[a], 64);
+        run_both(&c);
+        c.causal = 1;
+        run_both(&c);
+    }
+}
+
+/* Ensure flash matches the reference for every supported head dim. */
+static void test_flash_matches_reference_over_head_dims(void **state)
+{
+    (void)state;
+    const int64_t dims[] = {8, 16, 40, 64, 80, 128, 256};
+    for (size_t a = 0; a < sizeof dims / sizeof dims[0]; a++) {
+        tcase c = base_case(150, 230, dims[a]);
+        run_both(&c);
+        c.causal = 1;
+        c.range = 3.0; /* sharper softmax */
+        run_both(&c);
+    }
+}
+
+/* Ensure the causal mask is bottom-right aligned when seqlen_q != seqlen_k, both ways. */
+static void test_flash_matches_reference_when_causal_with_unequal_seqlens(void **state)
+{
+    (void)state;
+    const int64_t pairs[][2] = {{1, 300}, {17, 300}, {300, 17}, {300, 1}, {129, 1000}, {1000, 129}};
+    for (size_t a = 0; a < sizeof pairs / sizeof pairs[0]; a++) {
+        tcase c = base_case(pairs[a][0], pairs[a][1], 64);
+        c.causal = 1;
+        run_both(&c);
+    }
+}
+
+/* Ensure sliding windows (left, right, both, asymmetric) match the reference. */
+static void test_flash_matches_reference_with_windows(void **state)
+{
+    (void)state;
+    const int64_t w[][2] = {{0, 0}, {5, -1}, {-1, 7}, {3, 9}, {64, 0}, {200, 31}, {0, -1}};
+    const int64_t pairs[][2] = {{257, 257}, {100, 333}, {333, 100}};
+    for (size_t a = 0; a < sizeof w / sizeof w[0]; a++) {
+        for (size_t b = 0; b < sizeof pairs / sizeof pairs[0]; b++) {
+            tcase c = base_case(pairs[b][0], pairs[b][1], 32);
+            c.wl = w[a][0];
+            c.wr = w[a][1];
+            run_both(&c);
+        }
+    }
+}
+
+/* Ensure softcap (applied after scaling) matches the reference, with and without causal. */
+static void test_flash_matches_reference_with_softcap(void **state)
+{
+    (void)state;
+    const double caps[] = {0.5, 5.0, 30.0};
+    for (size_t a = 0; a < 3; a++) {
+        tcase c = base_case(200, 311, 64);
+        c.softcap = caps[a];
+        c.range = 4.0;
+        run_both(&c);
+        c.causal = 1;
+        run_both(&c);
+    }
+}
+
+/* Ensure ALiBi per head and per batch x head matches the reference, also with causal. */
+static void test_flash_matches_reference_with_alibi(void **state)
+{
+    (void)state;
+    for (int kind = 1; kind <= 2; kind++) {
+        tcase c = base_case(190, 260, 64);
+        c.B = 2;
+        c.H = 3;
+        c.Hk = 3;
+        c.alibi = kind;
+        run_both(&c);
+        c.causal = 1;
+        run_both(&c);
+        c.softcap = 3.0; /* ALiBi is applied after (and not through) the softcap */
+        run_both(&c);
+    }
+}
+
+/* Ensure GQA and MQA read the right kv head. */
+static void test_flash_matches_reference_with_gqa_and_mqa(void **state)
+{
+    (void)state;
+    const int64_t hk[] = {1, 2, 4};
+    for (size_t a = 0; a < 3; a++) {
+        tcase c = base_case(130, 170, 64);
+        c.H = 8;
+        c.Hk = hk[a];
+        run_both(&c);
+        c.causal = 1;
+        run_both(&c);
+    }
+}
+
+/* Ensure rows with no visible key give O = 0 exactly and LSE = -inf. */
+static void test_flash_gives_zero_and_neg_inf_when_row_has_no_visible_key(void **state)
+{
+    (void)state;
+    const fa_impl impls[] = {FA_IMPL_FLASH, FA_IMPL_STANDARD, FA_IMPL_REFERENCE};
+    for (size_t a = 0; a < 3; a++) {
+        /* causal with Sq > Sk: the first Sq - Sk rows see nothing */
+        tcase c = base_case(100, 40, 16);
+        c.causal = 1;
+        run_case(&c, impls[a]);
+
+        /* and check the values directly */
+        uint64_t rng = tu_seed();
+        tu_tensor q = tu_alloc4(FA_F32, 1, 100, 1, 16, 0);
+        tu_tensor k = tu_alloc4(FA_F32, 1, 40, 1, 16, 0);
+        tu_tensor v = tu_alloc4(FA_F32, 1, 40, 1, 16, 0);
+        tu_tensor o = tu_alloc4(FA_F32, 1, 100, 1, 16, 0);
+        int64_t ls[3] = {1, 1, 100};
+        tu_tensor lse = tu_alloc(FA_F32, 3, ls);
+        tu_fill(&q, &rng, -1, 1); tu_fill(&k, &rng, -1, 1); tu_fill(&v, &rng, 1, 2);
+        tu_poison(&o); tu_poison(&lse);
+        fa_options opt = fa_options_default();
+        opt.causal = 1;
+        opt.impl = impls[a];
+        assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o.t, &lse.t, &opt), FA_OK);
+        const float *of = o.mem, *lf = lse.mem;
+        for (int i = 0; i < 100; i++) {
+            if (i < 60) {
+                assert_true(isinf(lf[i]) && lf[i] < 0);
+                for (int cc = 0; cc < 16; cc++) assert_true(of[i * 16 + cc] == 0.0f);
+            } else {
+                assert_true(isfinite(lf[i]));
+                for (int cc = 0; cc < 16; cc++) assert_true(of[i * 16 + cc] >= 1.0f); /* V in [1,2) */
+            }
+        }
+        tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&o); tu_free(&lse);
+    }
+    /* a window that leaves some rows empty in the middle of a block */
+    tcase c = base_case(50, 400, 16);
+    c.wl = 0;
+    c.wr = 0;   /* only the diagonal key: rows i < Sq - Sk have none */
+    c.Sq = 450;
+    c.Sk = 400;
+    run_both(&c);
+}
+
+/* Ensure strided BHSD layouts (and d_v != d) give the same result as BSHD. */
+static void test_flash_matches_reference_with_bhsd_strides_and_dv(void **state)
+{
+    (void)state;
+    tcase c = base_case(140, 210, 48);
+    c.bhsd = 1;
+    run_both(&c);
+    c.dv = 24;
+    c.causal = 1;
+    run_both(&c);
+    c.bhsd = 0;
+    c.d = 16;
+    c.dv = 80;
+    run_both(&c);
+}
+
+/* Ensure float16, bfloat16 and float64 inputs are read exactly and outputs rounded. */
+static void test_flash_matches_reference_with_low_and_high_precision_dtypes(void **state)
+{
+    (void)state;
+    const fa_dtype dts[] = {FA_F16, FA_BF16, FA_F64};
+    for (size_t a = 0; a < 3; a++) {
+        tcase c = base_case(120, 200, 64);
+        c.in_dtype = dts[a];
+        c.causal = (int)(a & 1);
+        run_both(&c);
+        c.out_dtype = dts[a];
+        run_both(&c);
+    }
+}
+
+/* Ensure small and odd block overrides (tails everywhere) still match. */
+static void test_flash_matches_reference_with_odd_block_sizes(void **state)
+{
+    (void)state;
+    const int blocks[][2] = {{1, 16}, {5, 16}, {7, 48}, {33, 100}, {128, 1024}};
+    for (size_t a = 0; a < sizeof blocks / sizeof blocks[0]; a++) {
+        tcase c = base_case(123, 301, 40);
+        c.bq = blocks[a][0];
+        c.bk = blocks[a][1];
+        c.causal = 1;
+        run_case(&c, FA_IMPL_FLASH);
+        c.causal = 0;
+        c.wl = 20;
+        c.wr = 3;
+        run_case(&c, FA_IMPL_FLASH);
+    }
+}
+
+/* Ensure large logits (range 30, scale 1) do not overflow the online softmax. */
+static void test_flash_matches_reference_with_large_logits(void **state)
+{
+    (void)state;
+    tcase c = base_case(200, 300, 32);
+    c.range = 4.0;
+    c.scale = 1.0; /* logits up to ~500 */
+    run_both(&c);
+    c.causal = 1;
+    run_both(&c);
+}
+
+/* Ensure a batch of several sequences matches (batch offsets are right). */
+static void test_flash_matches_reference_with_batches(void **state)
+{
+    (void)state;
+    tcase c = base_case(77, 91, 64);
+    c.B = 3;
+    c.H = 4;
+    c.Hk = 2;
+    c.causal = 1;
+    run_both(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_flash_matches_reference_over_seqlens),
+        cmocka_unit_test(test_flash_matches_reference_over_head_dims),
+        cmocka_unit_test(test_flash_matches_reference_when_causal_with_unequal_seqlens),
+        cmocka_unit_test(test_flash_matches_reference_with_windows),
+        cmocka_unit_test(test_flash_matches_reference_with_softcap),
+        cmocka_unit_test(test_flash_matches_reference_with_alibi),
+        cmocka_unit_test(test_flash_matches_reference_with_gqa_and_mqa),
+        cmocka_unit_test(test_flash_gives_zero_and_neg_inf_when_row_has_no_visible_key),
+        cmocka_unit_test(test_flash_matches_reference_with_bhsd_strides_and_dv),
+        cmocka_unit_test(test_flash_matches_reference_with_low_and_high_precision_dtypes),
+        cmocka_unit_test(test_flash_matches_reference_with_odd_block_sizes),
+        cmocka_unit_test(test_flash_matches_reference_with_large_logits),
+        cmocka_unit_test(test_flash_matches_reference_with_batches),
+    };
+    return cmocka_run_group_tests_name("forward", tests, NULL, NULL);
+}
