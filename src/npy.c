@@ -1,0 +1,700 @@
+/*
+ * npy.c — strict reader and writer for numpy's .npy format, versions 1.0 and 2.0.
+ *
+ * The format (numpy/lib/format.py, NEP 1):
+ *
+ *   offset 0   "\x93NUMPY"               magic, 6 bytes
+ *          6   major, minor              1 byte each: 1.0 or 2.0 accepted here
+ *          8   HEADER_LEN                uint16 LE (v1.0) or uint32 LE (v2.0)
+ *   10 or 12   header                    HEADER_LEN bytes of latin-1 text: a Python
+ *                                        dict literal, padded with spaces, ending '\n'
+ *   after it   data                      numel * itemsize bytes, C order, exactly
+ *
+ * The header is e.g. {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+ * We parse it with a small recursive-descent parser of exactly the literal
+ * subset numpy writes (string keys in ' or ", the three keys in any order, an
+ * optional trailing comma, whitespace anywhere Python allows it) rather than
+ * with pattern matching: anything outside that subset is an error with a
+ * message that says what was expected, not a guess.
+ *
+ * Strictness is the point: a kernel engineer who hands us a half-written
+ * file must hear "truncated", not get a silently zero-padded tensor. So the
+ * file length must be header + numel * itemsize exactly; shapes are checked
+ * for negative extents and for overflow of numel * itemsize; rank is at
+ * most FA_MAX_RANK; only little-endian '<f4' '<f8' '<f2' and '<u2' (bfloat16
+ * bit patterns: numpy has no bfloat16) are accepted. The version-3.0 format
+ * (utf-8 headers, for structured dtypes with unicode names) is rejected by
+ * name: no array we accept ever needs it.
+ *
+ * Loading a regular file reads the header first and then the data straight
+ * into its 64-byte aligned buffer, so a 1 GiB tensor costs 1 GiB, not 2.
+ * Anything else (a pipe, /dev/stdin) is read whole and parsed in memory by
+ * fa_npy_parse, which is also the fuzzer's entry point.
+ *
+ * Saving writes to a temporary file next to the destination, then renames it
+ * over the destination: rename(2) within a directory is atomic, so readers
+ * see the old file or the complete new one, and a failure at any step unlinks
+ * the temporary and leaves nothing behind. The temporary is created with
+ * open(O_CREAT | O_EXCL, 0666) and a unique name rather than mkstemp(), whose
+ * 0600 mode would survive the rename and surprise the user; 0666 honours the
+ * umask like any other new file.
+ *
+ * This file never prints: errors are fa_fail() statuses whose message starts
+ * with the file name.
+ */
+#include "npy.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "npy.c reads and writes little-endian data in place; big-endian hosts are not supported"
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Format constants                                                          */
+/* ------------------------------------------------------------------------ */
+
+static const char NPY_MAGIC[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
+enum {
+    NPY_MAGIC_LEN = 6,
+    NPY_PREFIX_V1 = 10,              /* magic + version + uint16 length */
+    NPY_PREFIX_V2 = 12,              /* magic + version + uint32 length */
+    NPY_ALIGN = 64,                  /* numpy's ARRAY_ALIGN */
+    NPY_GROWTH_DIGITS = 21,          /* numpy's GROWTH_AXIS_MAX_DIGITS */
+    NPY_MAX_HEADER = 1 << 20,        /* our headers are ~128 bytes; refuse absurd ones */
+};
+
+/* What the header dict says. */
+typedef struct npy_header {
+    fa_dtype dtype;
+    int rank;
+    int64_t shape[FA_MAX_RANK];
+    int64_t numel;
+    size_t data_bytes;               /* numel * itemsize, overflow-checked */
+} npy_header;
+
+/* ------------------------------------------------------------------------ */
+/* The fixed prefix: magic, version, header length                           */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Validate the first bytes of a file of `file_len` bytes; `avail` of them are
+ * in `buf` (at least min(file_len, 12)). On success *prefix_len is 10 or 12
+ * and *header_len the length of the header text that follows it.
+ */
+static fa_status parse_prefix(const unsigned char *buf, size_t avail, size_t file_len,
+                              const char *name, size_t *prefix_len, size_t *header_len)
+{
+    if (file_len == 0)
+        return fa_fail(FA_ERR_FORMAT, "%s: empty file (not a .npy file)", name);
+    size_t cmp = avail < NPY_MAGIC_LEN ? avail : NPY_MAGIC_LEN;
+    if (memcmp(buf, NPY_MAGIC, cmp) != 0)
+        return fa_fail(FA_ERR_FORMAT, "%s: not a .npy file (bad magic; expected \\x93NUMPY)", name);
+    if (file_len < NPY_PREFIX_V1)
+        return fa_fail(FA_ERR_FORMAT, "%s: truncated: %zu bytes is too short for a .npy header",
+                       name, file_len);
+    unsigned major = buf[6], minor = buf[7];
+    if (major == 1 && minor == 0) {
+        *prefix_len = NPY_PREFIX_V1;
+        *header_len = (size_t)buf[8] | (size_t)buf[9] << 8;
+    } else if (major == 2 && minor == 0) {
+        if (file_len < NPY_PREFIX_V2)
+            return fa_fail(FA_ERR_FORMAT, "%s: truncated: %zu bytes is too short for a .npy header",
+                           name, file_len);
+        *prefix_len = NPY_PREFIX_V2;
+        *header_len = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 |
+                      (size_t)buf[11] << 24;
+    } else {
+        return fa_fail(FA_ERR_FORMAT, "%s: unsupported .npy format version %u.%u (supported: 1.0, 2.0)",
+                       name, major, minor);
+    }
+    if (*header_len == 0)
+        return fa_fail(FA_ERR_FORMAT, "%s: header length is 0", name);
+    if (*header_len > NPY_MAX_HEADER)
+        return fa_fail(FA_ERR_FORMAT, "%s: header length %zu is implausibly large (limit %d)",
+                       name, *header_len, NPY_MAX_HEADER);
+    if (*header_len > file_len - *prefix_len)
+        return fa_fail(FA_ERR_FORMAT,
+                       "%s: truncated: header length %zu runs past the end of the file (%zu bytes)",
+                       name, *header_len, file_len);
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The header dict                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* A cursor over the header text [p, end). */
+typedef struct cursor {
+    const char *p, *end;
+    const char *name;                /* file name, for messages */
+} cursor;
+
+static void skip_ws(cursor *c)
+{
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+        c->p++;
+}
+
+/* Consume `ch` (after whitespace) or fail saying what was expected. */
+static fa_status expect(cursor *c, char ch, const char *what)
+{
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != ch)
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: expected '%c' %s", c->name, ch, what);
+    c->p++;
+    return FA_OK;
+}
+
+/* Peek the next non-space character, or 0 at the end. */
+static char peek(cursor *c)
+{
+    skip_ws(c);
+    return c->p < c->end ? *c->p : 0;
+}
+
+/* A Python string literal in ' or " quotes without escapes, copied to out[cap]. */
+static fa_status parse_string(cursor *c, char *out, size_t cap, const char *what)
+{
+    char q = peek(c);
+    if (q != '\'' && q != '"')
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: expected a quoted string for %s",
+                       c->name, what);
+    c->p++;
+    size_t n = 0;
+    while (c->p < c->end && *c->p != q) {
+        if (*c->p == '\\' || *c->p == '\n')
+            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: unsupported character in %s",
+                           c->name, what);
+        if (n + 1 < cap) out[n] = *c->p;
+        n++;
+        c->p++;
+    }
+    if (c->p >= c->end)
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: unterminated string in %s", c->name, what);
+    c->p++;
+    if (n + 1 > cap) n = cap - 1; /* too long: truncated copy cannot match any valid value */
+    out[n] = '\0';
+    return FA_OK;
+}
+
+/* True/False. */
+static fa_status parse_bool(cursor *c, int *value)
+{
+    skip_ws(c);
+    size_t left = (size_t)(c->end - c->p);
+    if (left >= 4 && memcmp(c->p, "True", 4) == 0) {
+        c->p += 4;
+        *value = 1;
+    } else if (left >= 5 && memcmp(c->p, "False", 5) == 0) {
+        c->p += 5;
+        *value = 0;
+    } else {
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: fortran_order must be True or False",
+                       c->name);
+    }
+    return FA_OK;
+}
+
+/*
+ * A non-negative decimal integer (an optional trailing 'L' is tolerated: files
+ * written by Python 2 numpy say (3L, 4L)). Negative and overflowing extents get
+ * their own messages.
+ */
+static fa_status parse_extent(cursor *c, int64_t *value)
+{
+    skip_ws(c);
+    int negative = 0;
+    if (c->p < c->end && (*c->p == '-' || *c->p == '+')) {
+        negative = *c->p == '-';
+        c->p++;
+    }
+    if (c->p >= c->end || *c->p < '0' || *c->p > '9')
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: shape must be a tuple of integers",
+                       c->name);
+    const char *start = c->p;
+    int64_t v = 0;
+    int overflow = 0;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
+        int digit = *c->p - '0';
+        if (v > (INT64_MAX - digit) / 10) overflow = 1;
+        else v = v * 10 + digit;
+        c->p++;
+    }
+    if (c->p < c->end && *c->p == 'L') c->p++;
+    int len = (int)(c->p - start);
+    if (negative && !(v == 0 && !overflow))
+        return fa_fail(FA_ERR_FORMAT, "%s: negative dimension -%.*s in shape", c->name, len, start);
+    if (overflow)
+        return fa_fail(FA_ERR_FORMAT, "%s: dimension %.*s in shape overflows a 64-bit integer",
+                       c->name, len, start);
+    *value = v;
+    return FA_OK;
+}
+
+/* (a, b, c) with an optional trailing comma; a 1-tuple needs its comma: (3,). */
+static fa_status parse_shape(cursor *c, npy_header *h)
+{
+    fa_status st;
+    if ((st = expect(c, '(', "to open the shape tuple")) != FA_OK) return st;
+    int rank = 0, commas = 0;
+    for (;;) {
+        if (peek(c) == ')') {
+            c->p++;
+            break;
+        }
+        if (rank > 0 && commas < rank)
+            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: expected ',' or ')' in shape", c->name);
+        int64_t extent = 0;
+        if ((st = parse_extent(c, &extent)) != FA_OK) return st;
+        if (rank < FA_MAX_RANK) h->shape[rank] = extent;
+        rank++;
+        if (peek(c) == ',') {
+            c->p++;
+            commas++;
+        }
+    }
+    if (rank == 1 && commas == 0)
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: shape must be a tuple, e.g. (3,)", c->name);
+    if (rank > FA_MAX_RANK)
+        return fa_fail(FA_ERR_FORMAT, "%s: rank %d exceeds the maximum rank %d", c->name, rank,
+                       FA_MAX_RANK);
+    h->rank = rank;
+    return FA_OK;
+}
+
+/* Map a descr string to a dtype, or explain why not. */
+static fa_status parse_descr(const char *descr, const char *name, fa_dtype *dtype)
+{
+    static const struct { const char *descr; fa_dtype dtype; } known[] = {
+        {"<f4", FA_F32}, {"<f8", FA_F64}, {"<f2", FA_F16}, {"<u2", FA_BF16},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (strcmp(descr, known[i].descr) == 0) {
+            *dtype = known[i].dtype;
+            return FA_OK;
+        }
+    }
+    if (descr[0] == '>')
+        return fa_fail(FA_ERR_DTYPE, "%s: big-endian dtype '%s' is not supported (use little-endian '<')",
+                       name, descr);
+    return fa_fail(FA_ERR_DTYPE,
+                   "%s: unsupported dtype '%s' (supported: '<f4', '<f8', '<f2', and '<u2' as bfloat16)",
+                   name, descr);
+}
+
+/*
+ * Parse the header text [text, text + len): the dict, then only spaces, then
+ * a final '\n'. Fills h including numel and data_bytes.
+ */
+static fa_status parse_header(const char *text, size_t len, const char *name, npy_header *h)
+{
+    if (text[len - 1] != '\n')
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: does not end with a newline", name);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)text[i];
+        if (ch < 0x20 && ch != '\n' && ch != '\t' && ch != '\r')
+            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: control character at byte %zu",
+                           name, i);
+    }
+    cursor c = {text, text + len - 1, name};
+    fa_status st;
+    int have_descr = 0, have_order = 0, have_shape = 0, fortran = 0;
+    char descr[32];
+
+    if ((st = expect(&c, '{', "at the start of the header dict")) != FA_OK) return st;
+    for (;;) {
+        if (peek(&c) == '}') {
+            c.p++;
+            break;
+        }
+        char key[32];
+        if ((st = parse_string(&c, key, sizeof key, "a header key")) != FA_OK) return st;
+        if ((st = expect(&c, ':', "after a header key")) != FA_OK) return st;
+        int *seen;
+        if (strcmp(key, "descr") == 0) {
+            seen = &have_descr;
+            if (peek(&c) == '[')
+                return fa_fail(FA_ERR_DTYPE, "%s: structured dtypes are not supported", name);
+            if ((st = parse_string(&c, descr, sizeof descr, "descr")) != FA_OK) return st;
+        } else if (strcmp(key, "fortran_order") == 0) {
+            seen = &have_order;
+            if ((st = parse_bool(&c, &fortran)) != FA_OK) return st;
+        } else if (strcmp(key, "shape") == 0) {
+            seen = &have_shape;
+            if ((st = parse_shape(&c, h)) != FA_OK) return st;
+        } else {
+            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: unexpected key '%s'", name, key);
+        }
+        if (*seen)
+            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: duplicate key '%s'", name, key);
+        *seen = 1;
+        char next = peek(&c);
+        if (next == ',') {
+            c.p++;
+        } else if (next != '}') {
+            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: expected ',' or '}' after '%s'",
+                           name, key);
+        }
+    }
+    skip_ws(&c);
+    if (c.p != c.end)
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: unexpected text after the dict", name);
+    if (!have_descr || !have_order || !have_shape)
+        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: missing key '%s'", name,
+                       !have_descr ? "descr" : !have_order ? "fortran_order" : "shape");
+    if ((st = parse_descr(descr, name, &h->dtype)) != FA_OK) return st;
+    if (fortran)
+        return fa_fail(FA_ERR_FORMAT, "%s: Fortran order not supported (save a C-order array, "
+                       "e.g. np.ascontiguousarray)", name);
+
+    /* numel * itemsize must fit in int64 and size_t; any zero extent makes it 0 */
+    size_t itemsize = fa_dtype_size(h->dtype);
+    uint64_t limit = (uint64_t)INT64_MAX < SIZE_MAX ? (uint64_t)INT64_MAX : (uint64_t)SIZE_MAX;
+    limit /= itemsize;
+    int64_t numel = 1;
+    for (int i = 0; i < h->rank; i++)
+        if (h->shape[i] == 0) numel = 0;
+    for (int i = 0; i < h->rank && numel != 0; i++) {
+        if ((uint64_t)numel > limit / (uint64_t)h->shape[i])
+            return fa_fail(FA_ERR_FORMAT, "%s: shape is too large: its byte size overflows", name);
+        numel *= h->shape[i];
+    }
+    h->numel = numel;
+    h->data_bytes = (size_t)numel * itemsize;
+    return FA_OK;
+}
+
+/* The data length must match exactly. */
+static fa_status check_data_length(const npy_header *h, size_t found, const char *name)
+{
+    if (found < h->data_bytes)
+        return fa_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
+                       name, h->data_bytes, found);
+    if (found > h->data_bytes)
+        return fa_fail(FA_ERR_FORMAT,
+                       "%s: trailing data after the array: expected %zu data bytes, found %zu",
+                       name, h->data_bytes, found);
+    return FA_OK;
+}
+
+/* Allocate arr's data (at least one byte so that an empty array has a non-NULL pointer). */
+static fa_status npy_alloc(const npy_header *h, const char *name, fa_npy *arr)
+{
+    arr->data = fa_malloc(h->data_bytes > 0 ? h->data_bytes : 1);
+    if (!arr->data)
+        return fa_fail(FA_ERR_NOMEM, "%s: cannot allocate %zu bytes for the array", name, h->data_bytes);
+    arr->dtype = h->dtype;
+    arr->rank = h->rank;
+    for (int i = 0; i < FA_MAX_RANK; i++) arr->shape[i] = i < h->rank ? h->shape[i] : 0;
+    arr->numel = h->numel;
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reading                                                                   */
+/* ------------------------------------------------------------------------ */
+
+fa_status fa_npy_parse(const void *bytes, size_t len, const char *name, fa_npy *arr)
+{
+    if (!arr) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_parse: arr is NULL");
+    memset(arr, 0, sizeof *arr);
+    if (!name) name = "<memory>";
+    if (!bytes && len > 0) return fa_fail(FA_ERR_NULL_ARG, "%s: bytes is NULL", name);
+    const unsigned char *buf = bytes;
+    size_t prefix_len, header_len;
+    fa_status st = parse_prefix(buf, len, len, name, &prefix_len, &header_len);
+    if (st != FA_OK) return st;
+    npy_header h;
+    memset(&h, 0, sizeof h);
+    if ((st = parse_header((const char *)buf + prefix_len, header_len, name, &h)) != FA_OK) return st;
+    size_t offset = prefix_len + header_len;
+    if ((st = check_data_length(&h, len - offset, name)) != FA_OK) return st;
+    if ((st = npy_alloc(&h, name, arr)) != FA_OK) return st;
+    if (h.data_bytes > 0) memcpy(arr->data, buf + offset, h.data_bytes);
+    return FA_OK;
+}
+
+/* Read up to n bytes; returns the count read (short only at end of file) or -1. */
+static ssize_t read_full(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* A pipe or other unsized file: read it whole, then parse in memory. */
+static fa_status load_stream(int fd, const char *path, fa_npy *arr)
+{
+    size_t cap = 1 << 16, len = 0;
+    unsigned char *buf = malloc(cap);
+    if (!buf) return fa_fail(FA_ERR_NOMEM, "%s: out of memory reading the file", path);
+    for (;;) {
+        if (len == cap) {
+            unsigned char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            if (!bigger) {
+                free(buf);
+                return fa_fail(FA_ERR_NOMEM, "%s: out of memory reading the file", path);
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+        ssize_t r = read_full(fd, buf + len, cap - len);
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(e));
+        }
+        len += (size_t)r;
+        if (len < cap) break;
+    }
+    fa_status st = fa_npy_parse(buf, len, path, arr);
+    free(buf);
+    return st;
+}
+
+/* A regular file of known size: header first, then the data straight into place. */
+static fa_status load_regular(int fd, size_t file_len, const char *path, fa_npy *arr)
+{
+    unsigned char prefix[NPY_PREFIX_V2];
+    size_t want = file_len < sizeof prefix ? file_len : sizeof prefix;
+    ssize_t r = read_full(fd, prefix, want);
+    if (r < 0) return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+    if ((size_t)r != want) return fa_fail(FA_ERR_IO, "%s: file shrank while being read", path);
+
+    size_t prefix_len, header_len;
+    fa_status st = parse_prefix(prefix, want, file_len, path, &prefix_len, &header_len);
+    if (st != FA_OK) return st;
+
+    char *text = malloc(header_len);
+    if (!text) return fa_fail(FA_ERR_NOMEM, "%s: out of memory reading the header", path);
+    /* the prefix buffer may already hold the first bytes of the header */
+    size_t have = want - prefix_len;
+    memcpy(text, prefix + prefix_len, have);
+    r = read_full(fd, text + have, header_len - have);
+    if (r < 0 || (size_t)r != header_len - have) {
+        int e = errno;
+        free(text);
+        return fa_fail(FA_ERR_IO, "%s: reading the header failed: %s", path,
+                       r < 0 ? strerror(e) : "file shrank while being read");
+    }
+    npy_header h;
+    memset(&h, 0, sizeof h);
+    st = parse_header(text, header_len, path, &h);
+    free(text);
+    if (st != FA_OK) return st;
+
+    if ((st = check_data_length(&h, file_len - prefix_len - header_len, path)) != FA_OK) return st;
+    if ((st = npy_alloc(&h, path, arr)) != FA_OK) return st;
+    r = read_full(fd, arr->data, h.data_bytes);
+    if (r < 0 || (size_t)r != h.data_bytes) {
+        int e = errno;
+        fa_npy_free(arr);
+        if (r < 0) return fa_fail(FA_ERR_IO, "%s: reading the data failed: %s", path, strerror(e));
+        return fa_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
+                       path, h.data_bytes, (size_t)r);
+    }
+    return FA_OK;
+}
+
+fa_status fa_npy_load(const char *path, fa_npy *arr)
+{
+    if (!arr) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_load: arr is NULL");
+    memset(arr, 0, sizeof *arr);
+    if (!path) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_load: path is NULL");
+    int fd;
+    do {
+        fd = open(path, O_RDONLY);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return fa_fail(FA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    fa_status st;
+    if (fstat(fd, &sb) != 0) {
+        st = fa_fail(FA_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    } else if (S_ISDIR(sb.st_mode)) {
+        st = fa_fail(FA_ERR_IO, "%s: is a directory, not a .npy file", path);
+    } else if (S_ISREG(sb.st_mode)) {
+        st = load_regular(fd, (size_t)sb.st_size, path, arr);
+    } else {
+        st = load_stream(fd, path, arr);
+    }
+    close(fd);
+    if (st != FA_OK) memset(arr, 0, sizeof *arr);
+    return st;
+}
+
+void fa_npy_free(fa_npy *arr)
+{
+    if (!arr) return;
+    fa_free(arr->data);
+    memset(arr, 0, sizeof *arr);
+}
+
+fa_status fa_npy_as_tensor(const fa_npy *arr, fa_tensor *t)
+{
+    if (!arr || !t) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_as_tensor: NULL argument");
+    if (arr->rank < 1)
+        return fa_fail(FA_ERR_SHAPE, "a rank-0 (scalar) array cannot be used as a tensor");
+    return fa_tensor_make(t, arr->data, arr->dtype, arr->rank, arr->shape, NULL);
+}
+
+int64_t fa_npy_find_nonfinite(const fa_npy *arr)
+{
+    if (!arr || !arr->data) return -1;
+    for (int64_t i = 0; i < arr->numel; i++) {
+        int bad;
+        switch (arr->dtype) {
+        case FA_F32: bad = !isfinite(((const float *)arr->data)[i]); break;
+        case FA_F64: bad = !isfinite(((const double *)arr->data)[i]); break;
+        case FA_F16: bad = (((const uint16_t *)arr->data)[i] & 0x7c00u) == 0x7c00u; break;
+        case FA_BF16: bad = (((const uint16_t *)arr->data)[i] & 0x7f80u) == 0x7f80u; break;
+        default: bad = 0; break;
+        }
+        if (bad) return i;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writing                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Build the complete header (prefix + dict + padding + '\n') exactly as numpy
+ * >= 1.24 writes it, so our files are byte-identical to np.save's: keys sorted,
+ * repr() values, 21 - len(repr(shape[0])) spaces of room for growth, then
+ * padding so that the data starts at a multiple of 64 (a full 64 spaces when
+ * it already would). Version 2.0 only if the length does not fit 16 bits.
+ * Returns the length, or 0 if out[cap] is too small.
+ */
+static size_t build_header(fa_dtype dtype, int rank, const int64_t *shape, char *out, size_t cap)
+{
+    static const char *descr[] = {"<f4", "<f8", "<f2", "<u2"}; /* by fa_dtype */
+    char dict[256];
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
+                     descr[dtype]);
+    for (int i = 0; i < rank; i++)
+        n += snprintf(dict + n, sizeof dict - (size_t)n, i ? ", %lld" : "%lld", (long long)shape[i]);
+    n += snprintf(dict + n, sizeof dict - (size_t)n, "%s), }", rank == 1 ? "," : "");
+    if (rank > 0) {
+        int digits = snprintf(NULL, 0, "%lld", (long long)shape[0]);
+        for (int i = digits; i < NPY_GROWTH_DIGITS; i++) dict[n++] = ' ';
+    }
+    size_t hlen = (size_t)n + 1; /* + '\n' */
+    size_t prefix = NPY_PREFIX_V1;
+    size_t pad = NPY_ALIGN - (prefix + hlen) % NPY_ALIGN;
+    if (hlen + pad > 0xffff) {
+        prefix = NPY_PREFIX_V2;
+        pad = NPY_ALIGN - (prefix + hlen) % NPY_ALIGN;
+    }
+    size_t total = prefix + hlen + pad;
+    if (total > cap) return 0;
+    size_t field = hlen + pad;
+    memcpy(out, NPY_MAGIC, NPY_MAGIC_LEN);
+    out[6] = prefix == NPY_PREFIX_V1 ? 1 : 2;
+    out[7] = 0;
+    for (size_t i = 0; i < prefix - 8; i++) out[8 + i] = (char)(field >> (8 * i) & 0xff);
+    memcpy(out + prefix, dict, (size_t)n);
+    memset(out + prefix + (size_t)n, ' ', pad);
+    out[total - 1] = '\n';
+    return total;
+}
+
+static fa_status write_full(int fd, const void *buf, size_t n, const char *path)
+{
+    size_t done = 0;
+    while (done < n) {
+        size_t chunk = n - done < ((size_t)1 << 30) ? n - done : ((size_t)1 << 30);
+        ssize_t w = write(fd, (const char *)buf + done, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return fa_fail(FA_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        }
+        done += (size_t)w;
+    }
+    return FA_OK;
+}
+
+/* Create "<path>.tmp.<pid>.<n>" exclusively; *tmp receives the malloc'd name. */
+static int create_temp(const char *path, char **tmp)
+{
+    static atomic_uint counter;
+    size_t cap = strlen(path) + 64;
+    char *name = malloc(cap);
+    if (!name) return -1;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        unsigned n = atomic_fetch_add(&counter, 1u);
+        snprintf(name, cap, "%s.tmp.%ld.%u", path, (long)getpid(), n);
+        int fd = open(name, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (fd >= 0) {
+            *tmp = name;
+            return fd;
+        }
+        if (errno != EEXIST) break;
+    }
+    int e = errno;
+    free(name);
+    errno = e;
+    return -1;
+}
+
+fa_status fa_npy_save(const char *path, const void *data, fa_dtype dtype,
+                      int rank, const int64_t *shape)
+{
+    if (!path) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_save: path is NULL");
+    if ((unsigned)dtype >= FA_DTYPE_COUNT)
+        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", path, (int)dtype);
+    if (rank < 0 || rank > FA_MAX_RANK)
+        return fa_fail(FA_ERR_SHAPE, "%s: rank %d is outside 0..%d", path, rank, FA_MAX_RANK);
+    if (rank > 0 && !shape) return fa_fail(FA_ERR_NULL_ARG, "%s: shape is NULL", path);
+    size_t itemsize = fa_dtype_size(dtype);
+    size_t numel = 1;
+    for (int i = 0; i < rank; i++) {
+        if (shape[i] < 0)
+            return fa_fail(FA_ERR_SHAPE, "%s: negative extent %lld in shape", path, (long long)shape[i]);
+        if (shape[i] != 0 && numel > SIZE_MAX / itemsize / (size_t)shape[i])
+            return fa_fail(FA_ERR_SHAPE, "%s: shape is too large", path);
+        numel *= (size_t)shape[i];
+    }
+    size_t data_bytes = numel * itemsize;
+    if (data_bytes > 0 && !data) return fa_fail(FA_ERR_NULL_ARG, "%s: data is NULL", path);
+
+    char header[512];
+    size_t header_len = build_header(dtype, rank, shape, header, sizeof header);
+    assert(header_len > 0); /* rank <= 4 headers are ~128 bytes */
+
+    char *tmp = NULL;
+    int fd = create_temp(path, &tmp);
+    if (fd < 0) return fa_fail(FA_ERR_IO, "%s: cannot create a file there: %s", path, strerror(errno));
+    fa_status st = write_full(fd, header, header_len, path);
+    if (st == FA_OK) st = write_full(fd, data, data_bytes, path);
+    if (st == FA_OK && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+        st = fa_fail(FA_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
+    if (close(fd) != 0 && st == FA_OK)
+        st = fa_fail(FA_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+    if (st == FA_OK && rename(tmp, path) != 0)
+        st = fa_fail(FA_ERR_IO, "%s: cannot rename the finished file into place: %s", path,
+                     strerror(errno));
+    if (st != FA_OK) unlink(tmp);
+    free(tmp);
+    return st;
+}
