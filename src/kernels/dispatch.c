@@ -6,13 +6,20 @@
  * scalar on AArch64 (every AArch64 CPU has Advanced SIMD; HWCAP confirms).
  * FA_ISA=scalar|avx2|avx512|neon forces a choice; forcing one this build or
  * this CPU lacks is an error (FA_ERR_ISA), never a silent fallback.
- * The choice is made once and cached.
+ * The choice is made once and cached. Nothing here prints: errors are
+ * values with a message (fa_fail), for the caller to report.
+ *
+ * Also here, because it is the one file that knows every ISA's name: the
+ * FMA peak loop by ISA name (fma_peak.h), which benchmarks time to report
+ * their fraction of the machine's ceiling.
  */
 #include "kernels.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fma_peak.h"
 #include "internal.h"
 
 #if defined(__aarch64__) && defined(__linux__)
@@ -69,9 +76,12 @@ const fa_kernels *fa_kernels_by_name(const char *name)
 
 const fa_kernels *fa_kernels_get(fa_status *status)
 {
-    static const fa_kernels *chosen; /* benign race: every thread computes the same */
+    /* Every thread that races here computes the same answer; the atomic makes
+     * the race well-defined in C11. */
+    static _Atomic(const fa_kernels *) chosen;
     *status = FA_OK;
-    if (chosen) return chosen;
+    const fa_kernels *done = atomic_load_explicit(&chosen, memory_order_acquire);
+    if (done) return done;
     const char *forced = getenv("FA_ISA");
     if (forced && *forced) {
         if (strcmp(forced, "scalar") && strcmp(forced, "avx2") && strcmp(forced, "avx512") &&
@@ -87,14 +97,46 @@ const fa_kernels *fa_kernels_get(fa_status *status)
             *status = fa_fail(FA_ERR_ISA, "FA_ISA=%s: this CPU does not support %s", forced, forced);
             return NULL;
         }
-        chosen = compiled(forced);
-        return chosen;
+        atomic_store_explicit(&chosen, compiled(forced), memory_order_release);
+        return compiled(forced);
     }
     static const char *const order[] = {"avx512", "avx2", "neon", "scalar"};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
         const fa_kernels *k = fa_kernels_by_name(order[i]);
-        if (k) { chosen = k; return k; }
+        if (k) {
+            atomic_store_explicit(&chosen, k, memory_order_release);
+            return k;
+        }
     }
-    chosen = &fa_kernels_scalar;
-    return chosen;
+    atomic_store_explicit(&chosen, &fa_kernels_scalar, memory_order_release);
+    return &fa_kernels_scalar;
+}
+
+/* 16 independent scalar chains: what the compiler makes of plain C (SSE2). */
+double fa_fma_loop_scalar(long iters, float *sink)
+{
+    float acc[16];
+    for (int k = 0; k < 16; k++) acc[k] = (float)k;
+    for (long it = 0; it < iters; it++)
+        for (int k = 0; k < 16; k++) acc[k] = acc[k] * 0.999999f + 1e-7f;
+    float t = 0.0f;
+    for (int k = 0; k < 16; k++) t += acc[k];
+    *sink = t;
+    return (double)iters * 16 * 2;
+}
+
+double fa_fma_peak_loop(const char *isa, long iters, float *sink)
+{
+    if (!isa || !fa_kernels_by_name(isa)) return 0.0;
+    if (strcmp(isa, "scalar") == 0) return fa_fma_loop_scalar(iters, sink);
+#if defined(FA_HAVE_AVX2)
+    if (strcmp(isa, "avx2") == 0) return fa_fma_loop_avx2(iters, sink);
+#endif
+#if defined(FA_HAVE_AVX512)
+    if (strcmp(isa, "avx512") == 0) return fa_fma_loop_avx512(iters, sink);
+#endif
+#if defined(FA_HAVE_NEON)
+    if (strcmp(isa, "neon") == 0) return fa_fma_loop_neon(iters, sink);
+#endif
+    return 0.0;
 }

@@ -1,0 +1,15 @@
+# mk/kernels.mk — the micro-kernel benchmark (issue 3).
+#
+#   make bench-kernels   single-thread GFLOP/s of qk and pv and ns/score of
+#                        softmax for every ISA this CPU runs, next to that
+#                        ISA's measured FMA peak (tools/bench_kernels.c).
+#                        BENCH_KERNELS_ARGS="avx2" limits it to some ISAs.
+
+.PHONY: bench-kernels
+
+$(BUILD)/tools/bench_kernels: tools/bench_kernels.c $(BUILD)/libflashattn.a src/kernels/kernels.h src/kernels/fma_peak.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libflashattn.a $(LDFLAGS) $(LDLIBS)
+
+bench-kernels: $(BUILD)/tools/bench_kernels
+	./$(BUILD)/tools/bench_kernels $(BENCH_KERNELS_ARGS)

@@ -1,0 +1,341 @@
+/*
+ * avx512.c — AVX-512F micro-kernels (16 float32 lanes, 32 zmm registers).
+ *
+ * Compiled with -mavx512f (+vl/bw/dq) on this file only; dispatch.c calls
+ * into it only after CPUID says the CPU has AVX-512.
+ *
+ * Register blocking (the whole point of this file):
+ *
+ *   qk  S = Q Kt:    QK_MR = 8 rows x QK_NV = 2 vectors (32 columns) of
+ *                    accumulators = 16 zmm. Per step c of the dot product:
+ *                    2 vector loads of Kt[c][j..j+31], 8 broadcasts of
+ *                    Q[i][c] (folded into the FMA as {1to16} memory operands),
+ *                    16 FMAs. 16 independent chains cover Zen 5's
+ *                    2 pipes x 4 cycles FMA latency twice over.
+ *                    Loop order: column panel (32 wide) outside, row block
+ *                    inside, so the Kt panel [d][32] (16 KiB at d = 128)
+ *                    stays in L1 while every row block of Q streams past it.
+ *   pv  O = aO + PV: PV_MR = 8 rows x PV_NV = 2 vectors (32 columns of dv)
+ *                    = 16 zmm. Per key j: 2 loads of V[j][c..c+31], 8
+ *                    broadcasts of P[i][j], 16 FMAs. The accumulators start
+ *                    at 0 and O is read, rescaled and written once per tile:
+ *                    O = alpha*O + acc (one FMA per vector).
+ *
+ * Tails: rows (br % 8) run the same template with fewer rows (1..7);
+ * columns of qk run in panels of 32 or 16 reading Kt's zero padding up to a
+ * multiple of 16 (allowed: ldk is a multiple of 16), and S is written only
+ * for j < bc (masked stores). In pv, the last vector of dv uses masked loads
+ * and stores, so neither V nor O is touched beyond dv; Q is never read
+ * beyond d. The templates are static inline functions with constant row and
+ * vector counts; GCC unrolls them (#pragma GCC unroll) and keeps the
+ * accumulator arrays in registers.
+ *
+ * exp: see simd_exp.h. The reconstruction 2^n * p is vscalefps with a zero
+ * mask for x < ln(FLT_MIN), so -inf and very negative x give exactly 0.
+ *
+ * Rejected: 12..14-row qk blocks (more accumulators, but the row tail grows
+ * and Br must be a multiple of the block; 8 rows already saturate the FMA
+ * pipes); packing Q into a broadcast-friendly layout (the driver's Q_i
+ * layout is already row-major and broadcasts are cheap loads).
+ */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "fma_peak.h"
+#include "simd_exp.h"
+
+#define QK_MR 8
+#define QK_NV 2
+#define PV_MR 8
+#define PV_NV 2
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ------------------------------------------------------------------------ */
+/* exp                                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* exp(x) for x <= 0, -inf or NaN (the softmax arguments s - m_new). */
+INLINE __m512 exp_nonpos(__m512 x)
+{
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP_X_MIN), _CMP_NLT_UQ);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(FA_EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(FA_EXP_C6);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* exp(x) for any x: clamp large x so the reconstruction overflows to inf. */
+INLINE __m512 exp_any(__m512 x)
+{
+    /* min(c, x) returns x when x is NaN, so NaN still propagates. */
+    return exp_nonpos(_mm512_min_ps(_mm512_set1_ps(FA_EXP_X_CLAMP), x));
+}
+
+static void vexp_avx512(int n, const float *x, float *y)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp_any(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(y + i, k, exp_any(_mm512_maskz_loadu_ps(k, x + i)));
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* qk: S = Q Kt                                                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One register block: rows [0, MR) of q/s, columns [0, 16*NV) of kt/s.
+ * Columns >= ncols (< 16*NV) are computed from Kt's zero padding but not
+ * stored.
+ */
+INLINE void qk_block(const int MR, const int NV, int d, int ncols,
+                     const float *q, size_t ldq, const float *kt, size_t ldk,
+                     float *s, size_t lds)
+{
+    __m512 acc[QK_MR][QK_NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+
+    for (int c = 0; c < d; c++) {
+        const float *krow = kt + (size_t)c * ldk;
+        __m512 kv[QK_NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) kv[v] = _mm512_loadu_ps(krow + 16 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const __m512 qb = _mm512_set1_ps(q[(size_t)r * ldq + c]);
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(qb, kv[v], acc[r][v]);
+        }
+    }
+
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            float *dst = s + (size_t)r * lds + 16 * v;
+            const int left = ncols - 16 * v;
+            if (left >= 16)
+                _mm512_storeu_ps(dst, acc[r][v]);
+            else if (left > 0)
+                _mm512_mask_storeu_ps(dst, (__mmask16)((1u << left) - 1u), acc[r][v]);
+        }
+}
+
+/* All row blocks of one column panel of NV vectors. */
+INLINE void qk_panel(const int NV, int br, int d, int ncols, const float *q, size_t ldq,
+                     const float *kt, size_t ldk, float *s, size_t lds)
+{
+    int i = 0;
+    for (; i + QK_MR <= br; i += QK_MR)
+        qk_block(QK_MR, NV, d, ncols, q + (size_t)i * ldq, ldq, kt, ldk, s + (size_t)i * lds, lds);
+    const float *qi = q + (size_t)i * ldq;
+    float *si = s + (size_t)i * lds;
+    switch (br - i) {
+    case 7: qk_block(7, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 6: qk_block(6, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 5: qk_block(5, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 4: qk_block(4, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 3: qk_block(3, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 2: qk_block(2, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 1: qk_block(1, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    default: break;
+    }
+}
+
+static void qk_avx512(int br, int bc, int d, const float *q, size_t ldq, const float *kt,
+                      size_t ldk, float *s, size_t lds)
+{
+    int j = 0;
+    for (; j + 16 * QK_NV <= bc; j += 16 * QK_NV)
+        qk_panel(QK_NV, br, d, 16 * QK_NV, q, ldq, kt + j, ldk, s + j, lds);
+    if (bc - j > 16) /* 17..31 columns left: a 32-wide panel, masked store */
+        qk_panel(2, br, d, bc - j, q, ldq, kt + j, ldk, s + j, lds);
+    else if (bc - j > 0)
+        qk_panel(1, br, d, bc - j, q, ldq, kt + j, ldk, s + j, lds);
+}
+
+/* ------------------------------------------------------------------------ */
+/* softmax: the online update of one tile                                    */
+/* ------------------------------------------------------------------------ */
+
+static void softmax_avx512(int br, int bc, float *s, size_t lds, float *m, float *l, float *alpha)
+{
+    const int nfull = bc & ~15;
+    const __mmask16 tail = (__mmask16)((1u << (bc - nfull)) - 1u);
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < br; i++) {
+        float *row = s + (size_t)i * lds;
+
+        /* m_new = max(m, max_j S[i][j]) */
+        __m512 mx0 = _mm512_set1_ps(m[i]), mx1 = neg_inf;
+        int j = 0;
+        for (; j + 32 <= nfull; j += 32) {
+            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(row + j));
+            mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(row + j + 16));
+        }
+        if (j < nfull) mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(row + j));
+        if (tail) mx1 = _mm512_max_ps(mx1, _mm512_mask_loadu_ps(neg_inf, tail, row + nfull));
+        const float mnew = _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1));
+
+        if (mnew == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
+            for (j = 0; j < nfull; j += 16) _mm512_storeu_ps(row + j, _mm512_setzero_ps());
+            if (tail) _mm512_mask_storeu_ps(row + nfull, tail, _mm512_setzero_ps());
+            alpha[i] = 1.0f;
+            continue;
+        }
+
+        /* alpha = exp(m - m_new): 0 when m was -inf */
+        const float a = _mm512_cvtss_f32(exp_nonpos(_mm512_set1_ps(m[i] - mnew)));
+        const __m512 vm = _mm512_set1_ps(mnew);
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        for (j = 0; j + 32 <= nfull; j += 32) {
+            const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
+            const __m512 p1 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), vm));
+            _mm512_storeu_ps(row + j, p0);
+            _mm512_storeu_ps(row + j + 16, p1);
+            sum0 = _mm512_add_ps(sum0, p0);
+            sum1 = _mm512_add_ps(sum1, p1);
+        }
+        if (j < nfull) {
+            const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
+            _mm512_storeu_ps(row + j, p0);
+            sum0 = _mm512_add_ps(sum0, p0);
+        }
+        if (tail) {
+            const __m512 x = _mm512_mask_loadu_ps(neg_inf, tail, row + nfull);
+            const __m512 p1 = exp_nonpos(_mm512_sub_ps(x, vm)); /* lanes >= bc: exp(-inf) = 0 */
+            _mm512_mask_storeu_ps(row + nfull, tail, p1);
+            sum1 = _mm512_add_ps(sum1, p1);
+        }
+        alpha[i] = a;
+        l[i] = a * l[i] + _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+        m[i] = mnew;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* pv: O = alpha O + P V                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One register block: rows [0, MR), columns [0, 16*NV) of v/o, of which the
+ * last vector is restricted to the lanes in `last` (masked loads/stores, so
+ * nothing beyond dv is read or written).
+ */
+INLINE void pv_block(const int MR, const int NV, int bc, __mmask16 last, const float *p,
+                     size_t ldp, const float *v, size_t ldv, const float *alpha, float *o,
+                     size_t ldo)
+{
+    __m512 acc[PV_MR][PV_NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int u = 0; u < NV; u++) acc[r][u] = _mm512_setzero_ps();
+
+    for (int j = 0; j < bc; j++) {
+        const float *vrow = v + (size_t)j * ldv;
+        __m512 vv[PV_NV];
+#pragma GCC unroll 2
+        for (int u = 0; u < NV; u++)
+            vv[u] = u == NV - 1 ? _mm512_maskz_loadu_ps(last, vrow + 16 * u)
+                                : _mm512_loadu_ps(vrow + 16 * u);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const __m512 pb = _mm512_set1_ps(p[(size_t)r * ldp + j]);
+#pragma GCC unroll 2
+            for (int u = 0; u < NV; u++) acc[r][u] = _mm512_fmadd_ps(pb, vv[u], acc[r][u]);
+        }
+    }
+
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 2
+        for (int u = 0; u < NV; u++) {
+            float *dst = o + (size_t)r * ldo + 16 * u;
+            const __mmask16 k = u == NV - 1 ? last : (__mmask16)0xffff;
+            const __m512 old = _mm512_maskz_loadu_ps(k, dst);
+            _mm512_mask_storeu_ps(dst, k, _mm512_fmadd_ps(a, old, acc[r][u]));
+        }
+    }
+}
+
+INLINE void pv_rows(const int MR, int bc, int dv, const float *p, size_t ldp, const float *v,
+                    size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    int c = 0;
+    for (; c + 16 * PV_NV <= dv; c += 16 * PV_NV)
+        pv_block(MR, PV_NV, bc, 0xffff, p, ldp, v + c, ldv, alpha, o + c, ldo);
+    const int left = dv - c;
+    if (left > 16)
+        pv_block(MR, 2, bc, (__mmask16)((1u << (left - 16)) - 1u), p, ldp, v + c, ldv, alpha,
+                 o + c, ldo);
+    else if (left > 0)
+        pv_block(MR, 1, bc, (__mmask16)((1u << left) - 1u), p, ldp, v + c, ldv, alpha, o + c,
+                 ldo);
+}
+
+static void pv_avx512(int br, int bc, int dv, const float *p, size_t ldp, const float *v,
+                      size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    int i = 0;
+    for (; i + PV_MR <= br; i += PV_MR)
+        pv_rows(PV_MR, bc, dv, p + (size_t)i * ldp, ldp, v, ldv, alpha + i, o + (size_t)i * ldo, ldo);
+    const float *pi = p + (size_t)i * ldp;
+    float *oi = o + (size_t)i * ldo;
+    switch (br - i) {
+    case 7: pv_rows(7, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 6: pv_rows(6, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 5: pv_rows(5, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 4: pv_rows(4, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 3: pv_rows(3, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 2: pv_rows(2, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 1: pv_rows(1, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    default: break;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* FMA peak loop (for benchmarks: the ceiling the kernels are measured on)   */
+/* ------------------------------------------------------------------------ */
+
+/* iters x 16 independent FMA chains x 16 lanes x 2 flops; returns the flops. */
+double fa_fma_loop_avx512(long iters, float *sink)
+{
+    __m512 acc[16];
+    const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+    for (int k = 0; k < 16; k++) acc[k] = _mm512_set1_ps((float)k);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) acc[k] = _mm512_fmadd_ps(acc[k], a, b);
+    __m512 t = acc[0];
+    for (int k = 1; k < 16; k++) t = _mm512_add_ps(t, acc[k]);
+    *sink = _mm512_reduce_add_ps(t);
+    return (double)iters * 16 * 16 * 2;
+}
+
+const fa_kernels fa_kernels_avx512 = {
+    .name = "avx512",
+    .simd_width = 16,
+    .row_block = QK_MR,
+    .qk = qk_avx512,
+    .softmax = softmax_avx512,
+    .pv = pv_avx512,
+    .vexp = vexp_avx512,
+};

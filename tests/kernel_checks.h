@@ -1,0 +1,528 @@
+/*
+ * kernel_checks.h — the checks every ISA micro-kernel table must pass,
+ * written once in plain C and shared by two runners:
+ *   tests/test_kernels.c             CMocka, every x86 ISA this CPU has
+ *   tests/neon/test_kernels_neon.c   no CMocka (there is none for arm64 here),
+ *                                    cross-compiled, run under qemu-aarch64
+ *
+ * Each check takes the table under test and the scalar table (the spec),
+ * runs both on the same seeded random tiles and returns the number of
+ * failures, writing a description of the first one into `msg`.
+ *
+ * Buffers end exactly at a PROT_NONE guard page (mmap + mprotect), so a
+ * kernel that reads or writes one float past the end of Q, V or O (which the
+ * driver does not pad) crashes the test instead of passing by luck; padding
+ * columns of S and O are filled with a sentinel and must come back unchanged.
+ *
+ * Tolerances — each derived from a float rounding model (u = 2^-24), not
+ * tuned until green:
+ *   qk:      both results are within gamma_d = d*u*sum_c |q_c k_c| of the exact
+ *            dot product whatever the summation and FMA pattern, so they are
+ *            within 2*d*u*sum|q k| of each other (+1e-30 for underflow).
+ *   softmax: m_new must be identical (a max is exact). P = exp(s - m): the
+ *            subtraction is the same in both, the SIMD exp is within
+ *            FA_EXP_MAX_ULP ulps of expf and glibc's expf within 1 ulp, so
+ *            |dP| <= (FA_EXP_MAX_ULP + 1) ulp(P) <= 3.5 * 2^-23 * P (+ FLT_MIN,
+ *            where the kernels flush to 0 what expf returns as a subnormal).
+ *            l = alpha*l + sum P: summation order differs, so
+ *            |dl| <= (bc + 2) * u * l + the P errors: rel (bc + 8) * 2^-23.
+ *   pv:      O = alpha*O + sum_j P_j V_j, accumulated in a different order:
+ *            |dO| <= 2 * (bc + 2) * u * (|alpha O| + sum_j |P_j V_j|).
+ *   vexp:    <= FA_EXP_MAX_ULP ulps from expf where expf(x) >= FLT_MIN;
+ *            exactly +0 below; exp(-inf) = +0, exp(+inf) = +inf, NaN -> NaN.
+ */
+#ifndef FA_KERNEL_CHECKS_H
+#define FA_KERNEL_CHECKS_H
+
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kernels/kernels.h"
+#include "kernels/simd_exp.h"
+
+/* Sizes that exercise every tail: below, at and above 8/16-lane multiples. */
+static const int kc_sizes[] = {1, 7, 15, 16, 17, 33, 64, 100, 128, 256};
+#define KC_NSIZES ((int)(sizeof kc_sizes / sizeof kc_sizes[0]))
+static const int kc_rows[] = {1, 2, 5, 7, 8, 9, 15, 17, 33, 64, 100, 128};
+#define KC_NROWS ((int)(sizeof kc_rows / sizeof kc_rows[0]))
+
+/* ---- random numbers (splitmix64) ---------------------------------------- */
+
+static uint64_t kc_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float kc_uniform(uint64_t *s, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((double)(kc_next(s) >> 11) * 0x1.0p-53);
+}
+
+/* ---- guarded buffers ------------------------------------------------------ */
+
+typedef struct kc_buf {
+    float *p;        /* n floats ending exactly at a PROT_NONE page */
+    void *map;
+    size_t map_bytes;
+} kc_buf;
+
+static kc_buf kc_alloc(size_t n)
+{
+    kc_buf b = {0};
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t bytes = (n ? n : 1) * sizeof(float);
+    const size_t data_pages = (bytes + page - 1) / page;
+    b.map_bytes = (data_pages + 1) * page;
+    b.map = mmap(NULL, b.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b.map == MAP_FAILED) {
+        fprintf(stderr, "kernel_checks: mmap failed\n");
+        abort();
+    }
+    char *guard = (char *)b.map + data_pages * page;
+    mprotect(guard, page, PROT_NONE);
+    b.p = (float *)(guard - (n ? n : 1) * sizeof(float));
+    return b;
+}
+
+static void kc_free(kc_buf *b)
+{
+    if (b->map) munmap(b->map, b->map_bytes);
+    memset(b, 0, sizeof *b);
+}
+
+/* A float that no kernel produces by accident: its bits are checked. */
+static const uint32_t kc_sentinel_bits = 0x7fc0beefu; /* a quiet NaN with a payload */
+
+static float kc_sentinel(void)
+{
+    float f;
+    memcpy(&f, &kc_sentinel_bits, 4);
+    return f;
+}
+
+static int kc_is_sentinel(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u == kc_sentinel_bits;
+}
+
+static int kc_fail(char *msg, size_t cap, int *nfail, const char *fmt, ...)
+{
+    if (*nfail == 0 && msg && cap) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, cap, fmt, ap);
+        va_end(ap);
+    }
+    (*nfail)++;
+    return 0;
+}
+
+static size_t kc_round16(int n) { return (size_t)((n + 15) / 16 * 16); }
+
+/* ---- qk ------------------------------------------------------------------- */
+
+/* One qk tile of shape (br, bc, d); Q rows and S rows have the given pads. */
+static int kc_qk_case(const fa_kernels *k, const fa_kernels *ref, int br, int bc, int d,
+                      int qpad, uint64_t *rng, char *msg, size_t cap)
+{
+    int nf = 0;
+    const size_t ldq = (size_t)d + (size_t)qpad, ldk = kc_round16(bc), lds = kc_round16(bc) + 16;
+    kc_buf q = kc_alloc((size_t)br * ldq), kt = kc_alloc((size_t)d * ldk);
+    kc_buf s = kc_alloc((size_t)br * lds), sref = kc_alloc((size_t)br * lds);
+    for (size_t x = 0; x < (size_t)br * ldq; x++) q.p[x] = kc_uniform(rng, -2.0f, 2.0f);
+    for (int c = 0; c < d; c++)
+        for (size_t j = 0; j < ldk; j++)
+            kt.p[(size_t)c * ldk + j] = (int)j < bc ? kc_uniform(rng, -2.0f, 2.0f) : 0.0f;
+    for (size_t x = 0; x < (size_t)br * lds; x++) s.p[x] = sref.p[x] = kc_sentinel();
+
+    k->qk(br, bc, d, q.p, ldq, kt.p, ldk, s.p, lds);
+    ref->qk(br, bc, d, q.p, ldq, kt.p, ldk, sref.p, lds);
+
+    for (int i = 0; i < br && nf < 1; i++)
+        for (size_t j = 0; j < lds; j++) {
+            const float a = s.p[(size_t)i * lds + j], b = sref.p[(size_t)i * lds + j];
+            if ((int)j >= bc) {
+                if (!kc_is_sentinel(a))
+                    kc_fail(msg, cap, &nf, "%s qk br=%d bc=%d d=%d: wrote S[%d][%zu] beyond bc",
+                            k->name, br, bc, d, i, j);
+                continue;
+            }
+            double mag = 0.0;
+            for (int c = 0; c < d; c++)
+                mag += fabs((double)q.p[(size_t)i * ldq + c] * kt.p[(size_t)c * ldk + j]);
+            const double tol = 2.0 * d * 0x1.0p-24 * mag + 1e-30;
+            if (!(fabs((double)a - b) <= tol)) {
+                kc_fail(msg, cap, &nf, "%s qk br=%d bc=%d d=%d: S[%d][%zu] = %.9g, scalar %.9g, tol %.3g",
+                        k->name, br, bc, d, i, j, a, b, tol);
+                break;
+            }
+        }
+    kc_free(&q); kc_free(&kt); kc_free(&s); kc_free(&sref);
+    return nf;
+}
+
+/* Every (br, bc, d) of the size lists; returns the number of failing tiles. */
+static int kc_check_qk(const fa_kernels *k, const fa_kernels *ref, uint64_t seed, char *msg, size_t cap)
+{
+    int nf = 0;
+    uint64_t rng = seed;
+    for (int a = 0; a < KC_NROWS; a++)
+        for (int b = 0; b < KC_NSIZES; b++)
+            for (int c = 0; c < KC_NSIZES; c++) {
+                const int f = kc_qk_case(k, ref, kc_rows[a], kc_sizes[b], kc_sizes[c], (a + c) % 3 == 0 ? 5 : 0,
+                                         &rng, nf ? NULL : msg, cap);
+                nf += f != 0;
+            }
+    return nf;
+}
+
+/* ---- softmax -------------------------------------------------------------- */
+
+enum kc_mask {
+    KC_FINITE,        /* random scores, nothing masked */
+    KC_PARTIAL,       /* ~30% -inf at random, plus a causal-like band */
+    KC_ROWS_MASKED,   /* some whole rows -inf */
+    KC_ALL_MASKED,    /* the whole tile -inf */
+    KC_EXTREME,       /* very negative (-1e30, -200) and large (+80..+88) scores */
+    KC_MASK_COUNT
+};
+
+static void kc_fill_scores(float *s, size_t lds, int br, int bc, int kind, uint64_t *rng)
+{
+    for (int i = 0; i < br; i++)
+        for (int j = 0; j < bc; j++) {
+            float x = kc_uniform(rng, -8.0f, 8.0f);
+            switch (kind) {
+            case KC_PARTIAL:
+                if (kc_next(rng) % 10 < 3 || j > i + bc / 2) x = -INFINITY;
+                break;
+            case KC_ROWS_MASKED:
+                if (i % 3 == 1) x = -INFINITY;
+                break;
+            case KC_ALL_MASKED: x = -INFINITY; break;
+            case KC_EXTREME: {
+                const uint64_t r = kc_next(rng) % 6;
+                x = r == 0 ? -1e30f : r == 1 ? -200.0f : r == 2 ? kc_uniform(rng, 80.0f, 88.0f)
+                  : r == 3 ? -INFINITY : kc_uniform(rng, -100.0f, 0.0f);
+                break;
+            }
+            default: break;
+            }
+            s[(size_t)i * lds + j] = x;
+        }
+}
+
+static int kc_close_rel(double a, double b, double rel, double abs_tol)
+{
+    if (a == b) return 1; /* covers equal infinities */
+    return fabs(a - b) <= rel * fabs(b) + abs_tol;
+}
+
+/*
+ * A sequence of tiles through softmax only, comparing (P, m, l, alpha) after
+ * each: kinds[t] is the mask kind of tile t. Starts from m = -inf, l = 0.
+ */
+static int kc_softmax_seq(const fa_kernels *k, const fa_kernels *ref, int br, int bc,
+                          const int *kinds, int ntiles, uint64_t *rng, char *msg, size_t cap)
+{
+    int nf = 0;
+    const size_t lds = kc_round16(bc) + 16;
+    kc_buf s = kc_alloc((size_t)br * lds), sref = kc_alloc((size_t)br * lds);
+    kc_buf m = kc_alloc((size_t)br), l = kc_alloc((size_t)br), al = kc_alloc((size_t)br);
+    kc_buf mr = kc_alloc((size_t)br), lr = kc_alloc((size_t)br), alr = kc_alloc((size_t)br);
+    for (int i = 0; i < br; i++) m.p[i] = mr.p[i] = -INFINITY, l.p[i] = lr.p[i] = 0.0f;
+    for (int t = 0; t < ntiles && !nf; t++) {
+        for (size_t x = 0; x < (size_t)br * lds; x++) s.p[x] = kc_sentinel();
+        kc_fill_scores(s.p, lds, br, bc, kinds[t], rng);
+        memcpy(sref.p, s.p, (size_t)br * lds * sizeof(float));
+        for (int i = 0; i < br; i++) al.p[i] = alr.p[i] = kc_sentinel();
+        k->softmax(br, bc, s.p, lds, m.p, l.p, al.p);
+        ref->softmax(br, bc, sref.p, lds, mr.p, lr.p, alr.p);
+        for (int i = 0; i < br && !nf; i++) {
+            const char *what = NULL;
+            int col = -1;
+            if (memcmp(&m.p[i], &mr.p[i], sizeof(float)) != 0) what = "m";
+            else if (!kc_close_rel(al.p[i], alr.p[i], 3.5 * 0x1.0p-23, FLT_MIN) || isnan(al.p[i])) what = "alpha";
+            else if (!kc_close_rel(l.p[i], lr.p[i], (bc + 8) * 0x1.0p-23, FLT_MIN) || isnan(l.p[i])) what = "l";
+            for (size_t j = 0; j < lds && !what; j++) {
+                const float a = s.p[(size_t)i * lds + j], b = sref.p[(size_t)i * lds + j];
+                if ((int)j >= bc) {
+                    if (!kc_is_sentinel(a)) what = "P beyond bc", col = (int)j;
+                } else if (isnan(a) || !kc_close_rel(a, b, 3.5 * 0x1.0p-23, FLT_MIN)) {
+                    what = "P", col = (int)j;
+                }
+            }
+            if (what) {
+                const size_t at = (size_t)i * lds + (size_t)(col < 0 ? 0 : col);
+                kc_fail(msg, cap, &nf,
+                        "%s softmax br=%d bc=%d tile %d (kind %d): %s differs at row %d col %d: "
+                        "P %.9g vs %.9g, m %.9g vs %.9g, l %.9g vs %.9g, alpha %.9g vs %.9g",
+                        k->name, br, bc, t, kinds[t], what, i, col, s.p[at], sref.p[at], m.p[i],
+                        mr.p[i], l.p[i], lr.p[i], al.p[i], alr.p[i]);
+            }
+        }
+    }
+    kc_free(&s); kc_free(&sref); kc_free(&m); kc_free(&l); kc_free(&al);
+    kc_free(&mr); kc_free(&lr); kc_free(&alr);
+    return nf;
+}
+
+/* The whole-row rules, stated exactly (not only "same as scalar"). */
+static int kc_softmax_rules(const fa_kernels *k, int bc, char *msg, size_t cap)
+{
+    int nf = 0;
+    const size_t lds = kc_round16(bc);
+    kc_buf s = kc_alloc(2 * lds);
+    float m[2] = {-INFINITY, 3.0f}, l[2] = {0.0f, 2.0f}, al[2];
+    for (size_t j = 0; j < 2 * lds; j++) s.p[j] = -INFINITY;
+    k->softmax(2, bc, s.p, lds, m, l, al);
+    /* row 0: nothing visible yet -> P = 0, alpha = 1, l and m unchanged */
+    /* row 1: all masked but m finite -> P = 0, alpha = exp(0) = 1, l unchanged */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < bc; j++)
+            if (s.p[(size_t)i * lds + j] != 0.0f || signbit(s.p[(size_t)i * lds + j]))
+                kc_fail(msg, cap, &nf, "%s softmax bc=%d: masked P[%d][%d] = %g, want +0", k->name, bc,
+                        i, j, s.p[(size_t)i * lds + j]);
+    if (al[0] != 1.0f || l[0] != 0.0f || m[0] != -INFINITY)
+        kc_fail(msg, cap, &nf, "%s softmax bc=%d: all-masked first tile gave alpha %g l %g m %g",
+                k->name, bc, al[0], l[0], m[0]);
+    if (al[1] != 1.0f || l[1] != 2.0f || m[1] != 3.0f)
+        kc_fail(msg, cap, &nf, "%s softmax bc=%d: all-masked later tile gave alpha %g l %g m %g",
+                k->name, bc, al[1], l[1], m[1]);
+    kc_free(&s);
+    return nf;
+}
+
+static int kc_check_softmax(const fa_kernels *k, const fa_kernels *ref, uint64_t seed, char *msg, size_t cap)
+{
+    static const int seqs[][3] = {
+        {KC_FINITE, KC_FINITE, KC_FINITE},
+        {KC_PARTIAL, KC_PARTIAL, KC_FINITE},
+        {KC_ROWS_MASKED, KC_PARTIAL, KC_ROWS_MASKED},
+        {KC_ALL_MASKED, KC_FINITE, KC_PARTIAL},  /* first tile all masked, then finite */
+        {KC_ALL_MASKED, KC_ALL_MASKED, KC_EXTREME},
+        {KC_EXTREME, KC_FINITE, KC_EXTREME},
+    };
+    int nf = 0;
+    uint64_t rng = seed;
+    for (int a = 0; a < KC_NROWS; a++)
+        for (int b = 0; b < KC_NSIZES; b++)
+            for (size_t q = 0; q < sizeof seqs / sizeof seqs[0]; q++)
+                nf += kc_softmax_seq(k, ref, kc_rows[a], kc_sizes[b], seqs[q], 3, &rng, nf ? NULL : msg, cap) != 0;
+    for (int b = 0; b < KC_NSIZES; b++) nf += kc_softmax_rules(k, kc_sizes[b], nf ? NULL : msg, cap) != 0;
+    return nf;
+}
+
+/* ---- pv ------------------------------------------------------------------- */
+
+static int kc_pv_case(const fa_kernels *k, const fa_kernels *ref, int br, int bc, int dv,
+                      int opad, uint64_t *rng, char *msg, size_t cap)
+{
+    int nf = 0;
+    const size_t ldp = kc_round16(bc), ldv = (size_t)dv + (size_t)(opad ? 3 : 0), ldo = (size_t)dv + (size_t)opad;
+    kc_buf p = kc_alloc((size_t)br * ldp), v = kc_alloc((size_t)bc * ldv), al = kc_alloc((size_t)br);
+    kc_buf o = kc_alloc((size_t)br * ldo), oref = kc_alloc((size_t)br * ldo), o0 = kc_alloc((size_t)br * ldo);
+    for (size_t x = 0; x < (size_t)br * ldp; x++) p.p[x] = kc_uniform(rng, 0.0f, 1.0f);
+    for (int i = 0; i < br; i++) /* zero P here and there, as masked keys give */
+        for (int j = 0; j < bc; j++)
+            if (kc_next(rng) % 5 == 0) p.p[(size_t)i * ldp + j] = 0.0f;
+    for (size_t x = 0; x < (size_t)bc * ldv; x++) v.p[x] = kc_uniform(rng, -3.0f, 3.0f);
+    for (int i = 0; i < br; i++) /* alpha: 1, 0 (first visible tile) or in (0, 1) */
+        al.p[i] = i % 4 == 0 ? 1.0f : i % 4 == 1 ? 0.0f : kc_uniform(rng, 0.0f, 1.0f);
+    for (int i = 0; i < br; i++)
+        for (size_t c = 0; c < ldo; c++)
+            o0.p[(size_t)i * ldo + c] = (int)c < dv ? kc_uniform(rng, -5.0f, 5.0f) : kc_sentinel();
+    memcpy(o.p, o0.p, (size_t)br * ldo * sizeof(float));
+    memcpy(oref.p, o0.p, (size_t)br * ldo * sizeof(float));
+
+    k->pv(br, bc, dv, p.p, ldp, v.p, ldv, al.p, o.p, ldo);
+    ref->pv(br, bc, dv, p.p, ldp, v.p, ldv, al.p, oref.p, ldo);
+
+    for (int i = 0; i < br && !nf; i++)
+        for (size_t c = 0; c < ldo; c++) {
+            const float a = o.p[(size_t)i * ldo + c], b = oref.p[(size_t)i * ldo + c];
+            if ((int)c >= dv) {
+                if (!kc_is_sentinel(a))
+                    kc_fail(msg, cap, &nf, "%s pv br=%d bc=%d dv=%d: wrote O[%d][%zu] beyond dv",
+                            k->name, br, bc, dv, i, c);
+                continue;
+            }
+            double mag = fabs((double)al.p[i] * o0.p[(size_t)i * ldo + c]);
+            for (int j = 0; j < bc; j++)
+                mag += fabs((double)p.p[(size_t)i * ldp + j] * v.p[(size_t)j * ldv + c]);
+            const double tol = 2.0 * (bc + 2) * 0x1.0p-24 * mag + 1e-30;
+            if (!(fabs((double)a - b) <= tol)) {
+                kc_fail(msg, cap, &nf, "%s pv br=%d bc=%d dv=%d: O[%d][%zu] = %.9g, scalar %.9g, tol %.3g",
+                        k->name, br, bc, dv, i, c, a, b, tol);
+                break;
+            }
+        }
+    kc_free(&p); kc_free(&v); kc_free(&al); kc_free(&o); kc_free(&oref); kc_free(&o0);
+    return nf;
+}
+
+static int kc_check_pv(const fa_kernels *k, const fa_kernels *ref, uint64_t seed, char *msg, size_t cap)
+{
+    int nf = 0;
+    uint64_t rng = seed;
+    for (int a = 0; a < KC_NROWS; a++)
+        for (int b = 0; b < KC_NSIZES; b++)
+            for (int c = 0; c < KC_NSIZES; c++)
+                nf += kc_pv_case(k, ref, kc_rows[a], kc_sizes[b], kc_sizes[c], (a + b) % 2 ? 7 : 0, &rng,
+                                 nf ? NULL : msg, cap) != 0;
+    return nf;
+}
+
+/* ---- vexp ----------------------------------------------------------------- */
+
+static uint32_t kc_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float kc_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/*
+ * Sweep [-88, 88]: every `stride`-th float by bit pattern (both signs), plus
+ * special values and every tail length. Reports the worst ulp error against
+ * expf in *max_ulp (and where). Fails above FA_EXP_MAX_ULP.
+ */
+static int kc_check_vexp(const fa_kernels *k, uint32_t stride, double *max_ulp, float *worst_x,
+                         char *msg, size_t cap)
+{
+    int nf = 0;
+    enum { CHUNK = 4096 };
+    float *x = malloc(CHUNK * sizeof(float)), *y = malloc(CHUNK * sizeof(float));
+    if (!x || !y) abort();
+    const uint32_t top = kc_bits(88.0f);
+    double worst = 0.0;
+    float wx = 0.0f;
+    for (int sign = 0; sign < 2; sign++) {
+        uint32_t u = 0;
+        while (u <= top) {
+            int n = 0;
+            for (; n < CHUNK && u <= top; n++, u += stride) x[n] = kc_from_bits(u | (sign ? 0x80000000u : 0u));
+            k->vexp(n, x, y);
+            for (int i = 0; i < n; i++) {
+                const float e = expf(x[i]);
+                if (e < FLT_MIN) { /* flushed region: exactly +0, below FLT_MIN */
+                    if (!(y[i] == 0.0f && !signbit(y[i])))
+                        kc_fail(msg, cap, &nf, "%s vexp(%.9g) = %g, want 0 (expf %g)", k->name, x[i], y[i], e);
+                    continue;
+                }
+                const double ulp = fabs((double)kc_bits(y[i]) - (double)kc_bits(e));
+                if (ulp > worst) worst = ulp, wx = x[i];
+            }
+        }
+    }
+    if (worst > FA_EXP_MAX_ULP)
+        kc_fail(msg, cap, &nf, "%s vexp: %.0f ulp from expf at x = %.9g (bound %.1f)", k->name, worst,
+                wx, FA_EXP_MAX_ULP);
+
+    /* special values, at every lane position and tail length */
+    const float special[] = {-INFINITY, -1e30f, -1000.0f, -103.0f, -87.5f, 0.0f, -0.0f,
+                             1.0f, 88.7f, 88.8f, 89.0f, 1e30f, INFINITY, NAN};
+    const int nsp = (int)(sizeof special / sizeof special[0]);
+    for (int len = 1; len <= 40; len++) {
+        kc_buf xb = kc_alloc((size_t)len), yb = kc_alloc((size_t)len);
+        for (int i = 0; i < len; i++) xb.p[i] = special[i % nsp];
+        k->vexp(len, xb.p, yb.p);
+        for (int i = 0; i < len; i++) {
+            const float xi = xb.p[i], yi = yb.p[i], e = expf(xi);
+            int ok;
+            if (isnan(xi)) ok = isnan(yi);
+            else if (isinf(e) || e == 0.0f || e < FLT_MIN) ok = (e < FLT_MIN) ? (yi == 0.0f && !signbit(yi)) : yi == e;
+            else ok = fabs((double)kc_bits(yi) - (double)kc_bits(e)) <= FA_EXP_MAX_ULP;
+            if (!ok) kc_fail(msg, cap, &nf, "%s vexp(%g) = %g, expf %g (n = %d)", k->name, xi, yi, e, len);
+        }
+        kc_free(&xb); kc_free(&yb);
+    }
+    free(x); free(y);
+    *max_ulp = worst;
+    *worst_x = wx;
+    return nf;
+}
+
+/* ---- a chain of tiles: qk -> softmax -> pv, as the driver runs them -------- */
+
+static int kc_check_chain(const fa_kernels *k, const fa_kernels *ref, uint64_t seed, char *msg, size_t cap)
+{
+    static const int shapes[][4] = {/* br, bc, d, dv */ {64, 64, 64, 64}, {33, 100, 17, 33},
+                                    {100, 256, 128, 128}, {7, 15, 256, 100}, {128, 64, 100, 7}};
+    int nf = 0;
+    uint64_t rng = seed;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0] && !nf; sh++) {
+        const int br = shapes[sh][0], bc = shapes[sh][1], d = shapes[sh][2], dv = shapes[sh][3];
+        const int ntiles = 4;
+        const size_t ldk = kc_round16(bc);
+        kc_buf q = kc_alloc((size_t)br * d), kt = kc_alloc((size_t)d * ldk), v = kc_alloc((size_t)bc * dv);
+        kc_buf s[2] = {kc_alloc((size_t)br * ldk), kc_alloc((size_t)br * ldk)};
+        kc_buf o[2] = {kc_alloc((size_t)br * dv), kc_alloc((size_t)br * dv)};
+        kc_buf m[2] = {kc_alloc((size_t)br), kc_alloc((size_t)br)}, l[2] = {kc_alloc((size_t)br), kc_alloc((size_t)br)};
+        kc_buf al[2] = {kc_alloc((size_t)br), kc_alloc((size_t)br)};
+        const float scale = 1.0f / sqrtf((float)d);
+        for (size_t x = 0; x < (size_t)br * d; x++) q.p[x] = scale * kc_uniform(&rng, -3.0f, 3.0f);
+        for (int w = 0; w < 2; w++)
+            for (int i = 0; i < br; i++) {
+                m[w].p[i] = -INFINITY;
+                l[w].p[i] = 0.0f;
+                for (int c = 0; c < dv; c++) o[w].p[(size_t)i * dv + c] = 0.0f;
+            }
+        for (int t = 0; t < ntiles; t++) {
+            for (int c = 0; c < d; c++)
+                for (size_t j = 0; j < ldk; j++)
+                    kt.p[(size_t)c * ldk + j] = (int)j < bc ? kc_uniform(&rng, -3.0f, 3.0f) : 0.0f;
+            for (size_t x = 0; x < (size_t)bc * dv; x++) v.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
+            for (int w = 0; w < 2; w++) {
+                const fa_kernels *kk = w ? ref : k;
+                kk->qk(br, bc, d, q.p, (size_t)d, kt.p, ldk, s[w].p, ldk);
+                for (int i = 0; i < br; i++) /* causal-like mask; tile 0 hides rows i % 4 == 0 */
+                    for (int j = 0; j < bc; j++)
+                        if ((t == 0 && i % 4 == 0) || (t == ntiles - 1 && j > i))
+                            s[w].p[(size_t)i * ldk + j] = -INFINITY;
+                kk->softmax(br, bc, s[w].p, ldk, m[w].p, l[w].p, al[w].p);
+                kk->pv(br, bc, dv, s[w].p, ldk, v.p, (size_t)dv, al[w].p, o[w].p, (size_t)dv);
+            }
+        }
+        /* Normalized outputs are convex combinations of V rows (|V| <= 1), so
+         * the summation-order bound of pv over all tiles, plus that of l,
+         * is absolute here: 2 * 2 * (ntiles * (bc + 2) + 16) * u. */
+        const double tol = 4.0 * (ntiles * (bc + 2) + 16) * 0x1.0p-24;
+        for (int i = 0; i < br && !nf; i++)
+            for (int c = 0; c < dv; c++) {
+                const double a = o[0].p[(size_t)i * dv + c] / l[0].p[i];
+                const double b = o[1].p[(size_t)i * dv + c] / l[1].p[i];
+                if (!(fabs(a - b) <= tol)) {
+                    kc_fail(msg, cap, &nf, "%s chain br=%d bc=%d d=%d dv=%d: O[%d][%d]/l = %.9g, scalar %.9g",
+                            k->name, br, bc, d, dv, i, c, a, b);
+                    break;
+                }
+            }
+        kc_free(&q); kc_free(&kt); kc_free(&v);
+        for (int w = 0; w < 2; w++) {
+            kc_free(&s[w]); kc_free(&o[w]); kc_free(&m[w]); kc_free(&l[w]); kc_free(&al[w]);
+        }
+    }
+    return nf;
+}
+
+#endif /* FA_KERNEL_CHECKS_H */

@@ -1,0 +1,138 @@
+/*
+ * test_kernels.c — every SIMD micro-kernel table against the scalar spec.
+ *
+ * One CMocka group per x86 ISA compiled in (avx2, avx512); each runs the
+ * checks of tests/kernel_checks.h (shared with the NEON runner under qemu):
+ * qk, softmax and pv on random tiles whose br, bc, d, dv run through
+ * 1, 7, 15, 16, 17, 33, 64, 100, 128, 256 (every tail of 8 and 16 lanes),
+ * with -inf masks (partial, whole rows, a first tile all masked followed by
+ * finite ones), very negative and large scores, unpadded Q/V/O rows ending
+ * at a guard page, and sentinels in S/O padding; then the exp error bound
+ * over a dense sweep of [-88, 88]; then qk -> softmax -> pv chains of tiles.
+ * Tolerances and their derivation: see kernel_checks.h.
+ *
+ * An ISA this CPU lacks is skipped (CMocka's skip(), with a message naming
+ * it), never silently passed. The seed comes from tu_seed() (FA_TEST_SEED
+ * replays a run).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "kernel_checks.h"
+#include "test_util.h"
+
+static char msg[1024];
+
+/* The table under test, or skip() if this CPU or build lacks the ISA. */
+static const fa_kernels *isa_or_skip(void **state)
+{
+    const char *isa = (const char *)*state;
+    const fa_kernels *k = fa_kernels_by_name(isa);
+    if (!k) {
+        int built = 0;
+#if defined(FA_HAVE_AVX2)
+        built |= strcmp(isa, "avx2") == 0;
+#endif
+#if defined(FA_HAVE_AVX512)
+        built |= strcmp(isa, "avx512") == 0;
+#endif
+        print_message("[  SKIP    ] %s: %s; its kernels were NOT tested here\n", isa,
+                      built ? "this CPU lacks it" : "not compiled into this build");
+        skip();
+    }
+    return k;
+}
+
+static void report(int nfail)
+{
+    if (nfail) fail_msg("%d failing case(s); first: %s", nfail, msg);
+}
+
+/* Ensure qk matches the scalar kernel for every row, column and depth tail. */
+static void test_qk_matches_scalar_on_all_tails(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_qk(k, &fa_kernels_scalar, tu_seed(), msg, sizeof msg));
+}
+
+/* Ensure the online-softmax update matches the scalar one under -inf masks and extreme scores. */
+static void test_softmax_matches_scalar_when_masked_and_extreme(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_softmax(k, &fa_kernels_scalar, tu_seed() ^ 1, msg, sizeof msg));
+}
+
+/* Ensure pv matches the scalar kernel and touches nothing beyond dv. */
+static void test_pv_matches_scalar_on_all_tails(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_pv(k, &fa_kernels_scalar, tu_seed() ^ 2, msg, sizeof msg));
+}
+
+/* Ensure vexp stays within FA_EXP_MAX_ULP of expf over [-88, 88] and handles -inf, inf, NaN. */
+static void test_vexp_within_stated_ulp_bound(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    double worst;
+    float wx;
+    msg[0] = 0;
+    /* every 32nd float of [-88, 88]: ~6.6e7 points */
+    const int nf = kc_check_vexp(k, 32, &worst, &wx, msg, sizeof msg);
+    print_message("[  INFO    ] %s vexp: max error %.0f ulp vs expf (at x = %.9g); bound %.1f\n", k->name,
+                  worst, wx, FA_EXP_MAX_ULP);
+    report(nf);
+}
+
+/* Ensure a chain of tiles (qk, mask, softmax, pv) gives the scalar chain's output. */
+static void test_tile_chain_matches_scalar(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_chain(k, &fa_kernels_scalar, tu_seed() ^ 3, msg, sizeof msg));
+}
+
+/* Ensure the scalar table reports itself and forcing an unknown ISA by name finds nothing. */
+static void test_by_name_knows_scalar_and_rejects_unknown(void **state)
+{
+    (void)state;
+    const fa_kernels *s = fa_kernels_by_name("scalar");
+    assert_non_null(s);
+    assert_string_equal(s->name, "scalar");
+    assert_null(fa_kernels_by_name("sse9"));
+    assert_null(fa_kernels_by_name(""));
+    const char *isas[] = {"avx2", "avx512", "neon"};
+    for (int i = 0; i < 3; i++) {
+        const fa_kernels *k = fa_kernels_by_name(isas[i]);
+        if (k) {
+            assert_string_equal(k->name, isas[i]);
+            assert_true(k->row_block >= 1 && k->simd_width >= 4);
+        }
+    }
+}
+
+#define ISA_TESTS(isa)                                                                         \
+    cmocka_unit_test_prestate(test_qk_matches_scalar_on_all_tails, (void *)isa),                \
+    cmocka_unit_test_prestate(test_softmax_matches_scalar_when_masked_and_extreme, (void *)isa), \
+    cmocka_unit_test_prestate(test_pv_matches_scalar_on_all_tails, (void *)isa),                \
+    cmocka_unit_test_prestate(test_vexp_within_stated_ulp_bound, (void *)isa),                  \
+    cmocka_unit_test_prestate(test_tile_chain_matches_scalar, (void *)isa)
+
+int main(void)
+{
+    const struct CMUnitTest common[] = {
+        cmocka_unit_test(test_by_name_knows_scalar_and_rejects_unknown),
+    };
+    const struct CMUnitTest avx2[] = {ISA_TESTS("avx2")};
+    const struct CMUnitTest avx512[] = {ISA_TESTS("avx512")};
+    int failed = cmocka_run_group_tests_name("kernels_dispatch", common, NULL, NULL);
+    failed += cmocka_run_group_tests_name("kernels_avx2", avx2, NULL, NULL);
+    failed += cmocka_run_group_tests_name("kernels_avx512", avx512, NULL, NULL);
+    return failed ? 1 : 0;
+}

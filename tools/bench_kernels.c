@@ -1,0 +1,150 @@
+/*
+ * bench_kernels.c — single-thread micro-benchmark of the flash micro-kernels.
+ *
+ * For every ISA compiled in and supported by this CPU: the FMA peak loop
+ * (fma_peak.h), then qk (S = Q Kt), pv (O = aO + PV) and softmax on tiles
+ * that fit in L2, the way src/flash.c calls them. Each figure is the median
+ * of REPS timed runs (each run long enough, ~20 ms, to swamp timer noise),
+ * with min and max; the machine is shared, so medians are what to quote.
+ *
+ *   usage: bench_kernels [ISA ...]       (default: all available)
+ *   FLOPs: qk 2*br*bc*d, pv 2*br*bc*dv (+ the br*dv rescale, not counted);
+ *          softmax is reported as ns per score element.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/fma_peak.h"
+#include "kernels/kernels.h"
+
+#define REPS 9
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static float *alloc_fill(size_t n, unsigned *seed, float lo, float hi)
+{
+    float *p = aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+    if (!p) { fprintf(stderr, "bench_kernels: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < n; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        p[i] = lo + (hi - lo) * (float)(*seed >> 8) / 16777216.0f;
+    }
+    return p;
+}
+
+enum { QK, PV, SOFTMAX };
+
+/* Seconds per call: median (and min, max) over REPS runs of `inner` calls. */
+static void time_kernel(const fa_kernels *k, int which, int br, int bc, int d, float *q,
+                        float *kt, float *s, float *v, float *o, float *m, float *l, float *al,
+                        double *med, double *mn, double *mx)
+{
+    const int ldk = (bc + 15) / 16 * 16, lds = ldk;
+    double t[REPS];
+    long inner = 1;
+    for (int rep = -2; rep < REPS; rep++) { /* two warm-ups, which also size `inner` */
+        double t0 = now();
+        for (long it = 0; it < inner; it++) {
+            switch (which) {
+            case QK: k->qk(br, bc, d, q, (size_t)d, kt, (size_t)ldk, s, (size_t)lds); break;
+            case PV: k->pv(br, bc, d, s, (size_t)lds, v, (size_t)d, al, o, (size_t)d); break;
+            default:
+                for (int i = 0; i < br; i++) m[i] = 40.0f, l[i] = 1.0f;
+                k->softmax(br, bc, s, (size_t)lds, m, l, al);
+                break;
+            }
+        }
+        double dt = now() - t0;
+        if (rep < 0) {
+            if (dt < 0.02) inner = (long)(inner * 0.02 / (dt > 1e-7 ? dt : 1e-7)) + 1;
+            continue;
+        }
+        t[rep] = dt / (double)inner;
+    }
+    qsort(t, REPS, sizeof t[0], cmp_double);
+    *med = t[REPS / 2];
+    *mn = t[0];
+    *mx = t[REPS - 1];
+}
+
+static void bench_isa(const char *isa)
+{
+    const fa_kernels *k = fa_kernels_by_name(isa);
+    if (!k) { printf("%-7s not available on this CPU/build\n", isa); return; }
+
+    /* FMA peak */
+    float sink;
+    double pk[REPS];
+    long iters = 4000000; /* ~30 ms per run at 200+ GFLOP/s */
+    fa_fma_peak_loop(isa, iters / 10, &sink); /* warm-up */
+    for (int rep = 0; rep < REPS; rep++) {
+        double t0 = now();
+        double fl = fa_fma_peak_loop(isa, iters, &sink);
+        pk[rep] = fl / (now() - t0) / 1e9;
+    }
+    qsort(pk, REPS, sizeof pk[0], cmp_double);
+    const double peak = pk[REPS / 2];
+    printf("%-7s FMA peak loop: %.1f GFLOP/s (median of %d, min %.1f max %.1f)  row_block=%d\n",
+           isa, peak, REPS, pk[0], pk[REPS - 1], k->row_block);
+
+    static const int brs[] = {64, 128};
+    static const int ds[] = {64, 128};
+    const int bc = 256;
+    unsigned seed = 12345;
+    printf("%-7s %-8s %4s %4s %4s %10s %10s %10s %7s\n", isa, "kernel", "br", "bc", "d",
+           "GFLOP/s", "min", "max", "%peak");
+    for (size_t bi = 0; bi < sizeof brs / sizeof brs[0]; bi++)
+        for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++) {
+            const int br = brs[bi], d = ds[di], ldk = (bc + 15) / 16 * 16;
+            float *q = alloc_fill((size_t)br * d, &seed, -1, 1);
+            float *kt = alloc_fill((size_t)d * ldk, &seed, -1, 1);
+            float *s = alloc_fill((size_t)br * ldk, &seed, 0, 1);
+            float *v = alloc_fill((size_t)bc * d, &seed, -1, 1);
+            float *o = alloc_fill((size_t)br * d, &seed, -1, 1);
+            float *m = alloc_fill((size_t)br, &seed, 0, 1);
+            float *l = alloc_fill((size_t)br, &seed, 0, 1);
+            float *al = alloc_fill((size_t)br, &seed, 0.99f, 1.0f);
+            double med, mn, mx;
+            const double flops = 2.0 * br * bc * d;
+            time_kernel(k, QK, br, bc, d, q, kt, s, v, o, m, l, al, &med, &mn, &mx);
+            printf("%-7s %-8s %4d %4d %4d %10.1f %10.1f %10.1f %6.0f%%\n", isa, "qk", br, bc, d,
+                   flops / med / 1e9, flops / mx / 1e9, flops / mn / 1e9, 100 * flops / med / 1e9 / peak);
+            for (size_t x = 0; x < (size_t)br * ldk; x++) s[x] = 0.001f * (float)(x % 997);
+            time_kernel(k, PV, br, bc, d, q, kt, s, v, o, m, l, al, &med, &mn, &mx);
+            printf("%-7s %-8s %4d %4d %4d %10.1f %10.1f %10.1f %6.0f%%\n", isa, "pv", br, bc, d,
+                   flops / med / 1e9, flops / mx / 1e9, flops / mn / 1e9, 100 * flops / med / 1e9 / peak);
+            if (di == 0) {
+                time_kernel(k, SOFTMAX, br, bc, d, q, kt, s, v, o, m, l, al, &med, &mn, &mx);
+                printf("%-7s %-8s %4d %4d %4s %7.3f ns/score (min %.3f max %.3f)\n", isa, "softmax",
+                       br, bc, "-", 1e9 * med / ((double)br * bc), 1e9 * mn / ((double)br * bc),
+                       1e9 * mx / ((double)br * bc));
+            }
+            free(q); free(kt); free(s); free(v); free(o); free(m); free(l); free(al);
+        }
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const all[] = {"avx512", "avx2", "neon", "scalar"};
+    printf("bench_kernels: single thread, tiles L2-resident, median of %d runs\n", REPS);
+    if (argc > 1)
+        for (int a = 1; a < argc; a++) bench_isa(argv[a]);
+    else
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (fa_kernels_by_name(all[i])) bench_isa(all[i]);
+    return 0;
+}
