@@ -1,0 +1,623 @@
+/*
+ * common.h — what every tutorial step shares, so each step's .c file can be
+ * only its kernel and its narration.
+ *
+ *   1. Arguments: the same flags in every step (--n, --d, --br, --bc, ...).
+ *   2. Buffers: page-aligned, zeroed, counted (the "memory" column).
+ *   3. The probe: LD/ST, through which every array access of a kernel goes,
+ *      so that the cache simulator sees exactly the stream the code performs.
+ *   4. The reference: fa_forward(FA_IMPL_REFERENCE), float64 accumulation.
+ *   5. Hardware counters through perf events, where the machine has them.
+ *   6. Timing (median of repeats) and the data file each step writes for gnuplot.
+ *
+ * Why page-aligned buffers: the L1 set of an address depends on its low 12
+ * bits (64 sets x 64-byte lines = 4 KiB). Aligning every buffer to 4 KiB makes
+ * the simulator's run and valgrind's run of the same step put every array
+ * element in the same set, although malloc returns different addresses in the
+ * two processes; conflict misses then agree too.
+ *
+ * Everything here is `static` so a step is one translation unit plus
+ * cachesim.c and libflashattn.
+ */
+#ifndef TUT_COMMON_H
+#define TUT_COMMON_H
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#endif
+
+#include "flashattn.h"
+#include "cachesim.h"
+
+/* ======================================================================== */
+/* 1. The probe                                                              */
+/* ======================================================================== */
+
+/*
+ * Each kernel is written once, as an always-inline body taking `cachesim *cs`,
+ * and instantiated twice by two small wrappers:
+ *
+ *   kernel(...)        calls the body with cs = NULL: the compiler deletes
+ *                      every probe, so this is the code we time (and the
+ *                      function `make cachegrind` measures);
+ *   kernel_probed(...) calls it with a simulator: every LD/ST first tells the
+ *                      simulator which bytes it touches, then does the access.
+ *
+ * So the simulated stream is the kernel's own stream, not a model of it.
+ */
+#define TUT_BODY static inline __attribute__((always_inline))
+#define TUT_NOINLINE __attribute__((noinline))
+
+/* Load *p, telling the simulator first. */
+#define LD(cs, p) (((cs) ? cachesim_access((cs), (p), sizeof *(p), 0) : (void)0), *(p))
+/* Store v to *p, telling the simulator first (write-allocate: a miss loads the line). */
+#define ST(cs, p, v) (((cs) ? cachesim_access((cs), (p), sizeof *(p), 1) : (void)0), *(p) = (v))
+
+/* ======================================================================== */
+/* 2. Arguments                                                              */
+/* ======================================================================== */
+
+#define TUT_MAX_LIST 16
+
+typedef struct tut_args {
+    int n[TUT_MAX_LIST];      /* --n 128,256,512: sequence lengths (seqlen_q = seqlen_k = N) */
+    int n_count;
+    int d;                    /* --d: head dimension */
+    int br, bc;               /* --br, --bc: row / column block sizes (0 = step's choice) */
+    size_t m[TUT_MAX_LIST];   /* --M 16K,32K: fast-memory sizes to sweep (step 11) */
+    int m_count;
+    int causal;               /* --causal */
+    int threads;              /* --threads: 0 = OpenMP default */
+    int reps;                 /* --reps: timed repetitions (median reported) */
+    const char *geometry;     /* --geometry detected|teaching|L1SIZE,WAYS,LINE:L2SIZE,WAYS,LINE */
+    cachesim_config geo;      /* the parsed geometry */
+    const char *out;          /* --out DIR: where data files go (default build/tutorials) */
+    int kernel_only;          /* --kernel-only: run the unprobed kernel once at n[0] (for valgrind) */
+    int sim_kernel;           /* --sim-kernel: run the probed kernel once at n[0], print sim counts */
+    const char *vg_kernel;    /* the function `make cachegrind` measures (set by the step) */
+    int print_vg;             /* --valgrind-geometry: print --D1=.. --LL=.. and exit */
+    int no_sim;               /* --no-sim: skip the simulator (faster) */
+} tut_args;
+
+static inline int tut_parse_list(const char *s, size_t *vals, int max)
+{
+    int count = 0;
+    while (*s && count < max) {
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || v <= 0) return -1;
+        if (*end == 'K' || *end == 'k') { v *= 1024; end++; }
+        else if (*end == 'M' || *end == 'm') { v *= 1024 * 1024; end++; }
+        vals[count++] = (size_t)v;
+        if (*end == ',') end++;
+        else if (*end) return -1;
+        s = end;
+    }
+    return count;
+}
+
+/* Detected geometry: sizes from fa_get_cpu_info(), ways from sysconf when it knows. */
+static inline cachesim_config tut_detected_geometry(void)
+{
+    fa_cpu_info ci;
+    cachesim_config c = cachesim_config_teaching();
+    if (fa_get_cpu_info(&ci) != FA_OK || !ci.l1d_bytes) return c;   /* teaching fallback */
+    int line = ci.line_bytes ? (int)ci.line_bytes : 64;
+    long w1 = 8, w2 = 16;
+#ifdef _SC_LEVEL1_DCACHE_ASSOC
+    if (sysconf(_SC_LEVEL1_DCACHE_ASSOC) > 0) w1 = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
+    if (sysconf(_SC_LEVEL2_CACHE_ASSOC) > 0) w2 = sysconf(_SC_LEVEL2_CACHE_ASSOC);
+#endif
+    c.l1 = (cachesim_level){ci.l1d_bytes, (int)w1, line};
+    c.l2 = (cachesim_level){ci.l2_bytes, (int)w2, line};
+    /* Sets must be a power of two (for us and for cachegrind): lower the ways until they are. */
+    cachesim_level *lv[2] = {&c.l1, &c.l2};
+    for (int i = 0; i < 2; i++) {
+        cachesim_level *g = lv[i];
+        for (;;) {
+            size_t per_set = (size_t)g->ways * (size_t)g->line_bytes, sets = g->size_bytes / per_set;
+            if (g->ways == 1 || (g->size_bytes % per_set == 0 && (sets & (sets - 1)) == 0)) break;
+            g->ways--;
+        }
+    }
+    const char *err;
+    if (cachesim_config_check(&c, &err)) return cachesim_config_teaching();
+    snprintf(c.name, sizeof c.name, "detected");
+    return c;
+}
+
+static inline void tut_usage(const char *prog, const char *about)
+{
+    fprintf(stderr,
+            "%s\nusage: %s [--n N1,N2,..] [--d D] [--br BR] [--bc BC] [--M M1,M2,..] [--causal]\n"
+            "          [--threads T] [--reps R] [--geometry detected|teaching|L1SIZE,WAYS,LINE:L2SIZE,WAYS,LINE]\n"
+            "          [--out DIR] [--no-sim] [--kernel-only] [--sim-kernel] [--valgrind-geometry]\n"
+            "  --kernel-only      run the plain kernel once at the first N (what valgrind measures)\n"
+            "  --sim-kernel       run the probed kernel once at the first N on a cold simulator\n"
+            "  --valgrind-geometry  print the cachegrind flags for --geometry and the kernel's name\n",
+            about, prog);
+}
+
+/* Parse the shared flags; the step sets its defaults in *a first. Exits 2 on bad usage. */
+static inline void tut_parse_args(int argc, char **argv, tut_args *a, const char *about)
+{
+    a->geometry = a->geometry ? a->geometry : "detected";
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        size_t tmp[TUT_MAX_LIST];
+        int used = 1;
+        if (!strcmp(f, "--causal")) { a->causal = 1; used = 0; }
+        else if (!strcmp(f, "--kernel-only")) { a->kernel_only = 1; used = 0; }
+        else if (!strcmp(f, "--valgrind-geometry")) { a->print_vg = 1; used = 0; }
+        else if (!strcmp(f, "--no-sim")) { a->no_sim = 1; used = 0; }
+        else if (!strcmp(f, "--sim-kernel")) { a->sim_kernel = 1; used = 0; }
+        else if (!strcmp(f, "-h") || !strcmp(f, "--help")) { tut_usage(argv[0], about); exit(0); }
+        else if (!v) { tut_usage(argv[0], about); exit(2); }
+        else if (!strcmp(f, "--n")) {
+            int c = tut_parse_list(v, tmp, TUT_MAX_LIST);
+            if (c <= 0) { fprintf(stderr, "--n: expected a list like 128,256\n"); exit(2); }
+            for (int k = 0; k < c; k++) a->n[k] = (int)tmp[k];
+            a->n_count = c;
+        } else if (!strcmp(f, "--M")) {
+            int c = tut_parse_list(v, a->m, TUT_MAX_LIST);
+            if (c <= 0) { fprintf(stderr, "--M: expected a list like 16K,32K\n"); exit(2); }
+            a->m_count = c;
+        }
+        else if (!strcmp(f, "--d")) a->d = atoi(v);
+        else if (!strcmp(f, "--br")) a->br = atoi(v);
+        else if (!strcmp(f, "--bc")) a->bc = atoi(v);
+        else if (!strcmp(f, "--threads")) a->threads = atoi(v);
+        else if (!strcmp(f, "--reps")) a->reps = atoi(v);
+        else if (!strcmp(f, "--geometry")) a->geometry = v;
+        else if (!strcmp(f, "--out")) a->out = v;
+        else { fprintf(stderr, "%s: unknown flag %s\n", argv[0], f); tut_usage(argv[0], about); exit(2); }
+        i += used;
+    }
+    if (a->d <= 0 || a->reps <= 0 || a->br < 0 || a->bc < 0 || a->threads < 0) {
+        fprintf(stderr, "%s: --d and --reps must be positive, block sizes and threads >= 0\n", argv[0]);
+        exit(2);
+    }
+    const char *err = NULL;
+    if (!strcmp(a->geometry, "detected")) a->geo = tut_detected_geometry();
+    else if (cachesim_config_parse(a->geometry, &a->geo, &err)) {
+        fprintf(stderr, "--geometry: %s\n", err);
+        exit(2);
+    }
+    if (a->print_vg) {
+        /* What `make cachegrind` hands to valgrind, so both simulate the same caches. */
+        printf("--D1=%zu,%d,%d --LL=%zu,%d,%d %s\n", a->geo.l1.size_bytes, a->geo.l1.ways,
+               a->geo.l1.line_bytes, a->geo.l2.size_bytes, a->geo.l2.ways, a->geo.l2.line_bytes,
+               a->vg_kernel ? a->vg_kernel : "-");
+        exit(0);
+    }
+}
+
+/* ======================================================================== */
+/* 3. Buffers and data                                                       */
+/* ======================================================================== */
+
+static size_t tut_ws_now, tut_ws_peak;   /* bytes of kernel workspace live now / at peak */
+
+/* A zeroed, 4 KiB-aligned buffer. Exits on failure: a tutorial has nothing better to do. */
+static inline void *tut_alloc(size_t bytes)
+{
+    size_t rounded = (bytes + 4095) & ~(size_t)4095;
+    void *p = aligned_alloc(4096, rounded ? rounded : 4096);
+    if (!p) { fprintf(stderr, "out of memory allocating %zu bytes\n", bytes); exit(1); }
+    memset(p, 0, rounded ? rounded : 4096);
+    return p;
+}
+
+/* Workspace: the kernel's own scratch (S, P, tiles), counted for the memory column. */
+static inline void *tut_ws_alloc(size_t bytes)
+{
+    tut_ws_now += bytes;
+    if (tut_ws_now > tut_ws_peak) tut_ws_peak = tut_ws_now;
+    return tut_alloc(bytes);
+}
+static inline void tut_ws_free(void *p, size_t bytes) { free(p); tut_ws_now -= bytes; }
+
+/* Deterministic uniform values in [lo, hi): splitmix64. */
+static inline void tut_fill(float *x, size_t n, uint64_t seed, float lo, float hi)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        x[i] = lo + (hi - lo) * (float)((double)(z >> 11) / 9007199254740992.0);
+    }
+}
+
+/* ======================================================================== */
+/* 4. The reference and the error                                            */
+/* ======================================================================== */
+
+/*
+ * O_ref = attention(Q, K, V) for one head, by the library's float64 reference.
+ * Q: [n][d], K: [n][d], V: [n][d] (float32, contiguous); O_ref: [n][d] float64.
+ */
+static inline void tut_reference(int n, int d, const float *Q, const float *K, const float *V,
+                          int causal, double *O_ref)
+{
+    fa_tensor q, k, v, o;
+    int64_t shape[4] = {1, n, 1, d};
+    fa_tensor_make(&q, (void *)Q, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&k, (void *)K, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&v, (void *)V, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&o, O_ref, FA_F64, 4, shape, NULL);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_REFERENCE;
+    opt.causal = causal;
+    fa_status st = fa_forward(&q, &k, &v, &o, NULL, &opt);
+    if (st != FA_OK) {
+        fprintf(stderr, "reference failed: %s: %s\n", fa_status_string(st), fa_last_error());
+        exit(1);
+    }
+}
+
+/* max |O - O_ref| over n elements. */
+static inline double tut_max_err(const float *O, const double *O_ref, size_t n)
+{
+    double e = 0;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)O[i] - O_ref[i]);
+        if (!(diff <= e)) e = diff;   /* a NaN becomes the error */
+    }
+    return e;
+}
+
+/* Every step states its tolerance and refuses to teach from a wrong answer. */
+static inline void tut_require(double err, double tol, const char *what)
+{
+    if (!(err <= tol)) {
+        fprintf(stderr, "FAILED: %s: max error %.3g exceeds the tolerance %.3g\n", what, err, tol);
+        exit(1);
+    }
+}
+
+/* ======================================================================== */
+/* 5. Hardware counters                                                      */
+/* ======================================================================== */
+
+/* L1d read misses and last-level-cache read misses of this thread, from perf events. */
+typedef struct tut_hw {
+    int fd_l1, fd_ll;      /* -1 when not open */
+    long long l1, ll;      /* counts of the last tut_hw_stop() */
+} tut_hw;
+
+#ifdef __linux__
+static inline int tut_perf_open(uint64_t config)
+{
+    struct perf_event_attr pe;
+    memset(&pe, 0, sizeof pe);
+    pe.type = PERF_TYPE_HW_CACHE;
+    pe.size = sizeof pe;
+    pe.config = config;
+    pe.disabled = 1;
+    pe.exclude_kernel = 1;
+    pe.exclude_hv = 1;
+    return (int)syscall(SYS_perf_event_open, &pe, 0, -1, -1, 0);
+}
+#endif
+
+#define TUT_HW_NA "hardware counters not available on this machine"
+
+/* Returns 1 if both counters opened; otherwise they read as -1. */
+static inline int tut_hw_init(tut_hw *h)
+{
+    h->fd_l1 = h->fd_ll = -1;
+    h->l1 = h->ll = -1;
+#ifdef __linux__
+    h->fd_l1 = tut_perf_open(PERF_COUNT_HW_CACHE_L1D | (PERF_COUNT_HW_CACHE_OP_READ << 8) |
+                             (PERF_COUNT_HW_CACHE_RESULT_MISS << 16));
+    h->fd_ll = tut_perf_open(PERF_COUNT_HW_CACHE_LL | (PERF_COUNT_HW_CACHE_OP_READ << 8) |
+                             (PERF_COUNT_HW_CACHE_RESULT_MISS << 16));
+    if (h->fd_l1 < 0 || h->fd_ll < 0) {
+        if (h->fd_l1 >= 0) close(h->fd_l1);
+        if (h->fd_ll >= 0) close(h->fd_ll);
+        h->fd_l1 = h->fd_ll = -1;
+    }
+#endif
+    return h->fd_l1 >= 0;
+}
+
+static inline void tut_hw_start(tut_hw *h)
+{
+#ifdef __linux__
+    if (h->fd_l1 < 0) return;
+    ioctl(h->fd_l1, PERF_EVENT_IOC_RESET, 0); ioctl(h->fd_ll, PERF_EVENT_IOC_RESET, 0);
+    ioctl(h->fd_l1, PERF_EVENT_IOC_ENABLE, 0); ioctl(h->fd_ll, PERF_EVENT_IOC_ENABLE, 0);
+#endif
+}
+
+static inline void tut_hw_stop(tut_hw *h)
+{
+#ifdef __linux__
+    if (h->fd_l1 < 0) return;
+    ioctl(h->fd_l1, PERF_EVENT_IOC_DISABLE, 0); ioctl(h->fd_ll, PERF_EVENT_IOC_DISABLE, 0);
+    if (read(h->fd_l1, &h->l1, sizeof h->l1) != sizeof h->l1) h->l1 = -1;
+    if (read(h->fd_ll, &h->ll, sizeof h->ll) != sizeof h->ll) h->ll = -1;
+#endif
+}
+
+/* ======================================================================== */
+/* 6. Timing, headers, data files                                            */
+/* ======================================================================== */
+
+static inline double tut_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline int tut_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of `reps` timings of STMT (one untimed warm-up first), in seconds. */
+#define TUT_TIME(reps, median_out, STMT)                                   \
+    do {                                                                   \
+        double t_[64];                                                     \
+        int r_n_ = (reps) < 64 ? (reps) : 64;                              \
+        STMT;                                                              \
+        for (int r_ = 0; r_ < r_n_; r_++) {                                \
+            double t0_ = tut_now();                                        \
+            STMT;                                                          \
+            t_[r_] = tut_now() - t0_;                                      \
+        }                                                                  \
+        qsort(t_, (size_t)r_n_, sizeof t_[0], tut_cmp_double);             \
+        (median_out) = t_[r_n_ / 2];                                       \
+    } while (0)
+
+/*
+ * Evict everything a previous phase left in the caches, by reading a buffer
+ * four times the L2 size. The simulator starts cold anyway; this makes the
+ * real run (and valgrind's) start cold too, so the numbers mean the same.
+ */
+static inline void tut_flush_caches(const tut_args *a)
+{
+    size_t n = 4 * (a->geo.l2.size_bytes ? a->geo.l2.size_bytes : a->geo.l1.size_bytes) / sizeof(float);
+    float *junk = tut_alloc(n * sizeof(float));   /* [n] */
+    volatile float sink = 0;
+    for (size_t i = 0; i < n; i += 16) sink += junk[i];
+    (void)sink;
+    free(junk);
+}
+
+/* The banner every step prints: which machine, ISA, threads, and where miss counts come from. */
+static inline void tut_banner(const char *title, const tut_args *a, const tut_hw *hw)
+{
+    fa_cpu_info ci;
+    char g[96];
+    memset(&ci, 0, sizeof ci);
+    fa_get_cpu_info(&ci);
+    cachesim_config_format(&a->geo, g, sizeof g);
+    printf("== %s\n", title);
+    printf("   machine: L1d %zu KiB, L2 %zu KiB, line %zu B; library ISA %s, %d threads\n",
+           ci.l1d_bytes >> 10, ci.l2_bytes >> 10, ci.line_bytes, ci.isa ? ci.isa : "?",
+           ci.max_threads);
+    printf("   cache misses [sim]: deterministic simulator, %s geometry %s (L1 size,ways,line:L2 ...)\n",
+           a->geo.name, g);
+    if (hw && hw->fd_l1 >= 0) printf("   cache misses [hw]:  perf events (L1d read misses, LLC read misses)\n");
+    else printf("   cache misses [hw]:  %s\n", TUT_HW_NA);
+    printf("   cache misses [vg]:  run `make cachegrind STEP=NN` for valgrind's count of the kernel alone\n\n");
+}
+
+/* Open <dir>/<name>.dat (dir: --out, default build/tutorials) with a '#' header line. */
+static inline FILE *tut_dat_open(const tut_args *a, const char *name, const char *columns)
+{
+    char path[512];
+    const char *dir = a->out ? a->out : "build/tutorials";
+    if (!a->out) mkdir("build", 0777);
+    mkdir(dir, 0777);
+    snprintf(path, sizeof path, "%s/%s.dat", dir, name);
+    const char *p = path;
+    FILE *f = fopen(p, "w");
+    if (!f) { fprintf(stderr, "cannot write %s: %s\n", p, strerror(errno)); exit(1); }
+    fprintf(f, "# %s\n", columns);
+    return f;
+}
+
+/* Human-readable bytes: "12.0 KiB". Uses one of four rotating static buffers. */
+static inline const char *tut_bytes(double b)
+{
+    static char buf[4][32];
+    static int k;
+    char *s = buf[k++ & 3];
+    if (b >= 1024.0 * 1024 * 1024) snprintf(s, 32, "%.1f GiB", b / (1024.0 * 1024 * 1024));
+    else if (b >= 1024.0 * 1024) snprintf(s, 32, "%.1f MiB", b / (1024.0 * 1024));
+    else if (b >= 1024.0) snprintf(s, 32, "%.1f KiB", b / 1024.0);
+    else snprintf(s, 32, "%.0f B", b);
+    return s;
+}
+
+/* Text for a hardware count: the number, or "n/a". */
+static inline const char *tut_hw_text(long long v)
+{
+    static char buf[4][24];
+    static int k;
+    char *s = buf[k++ & 3];
+    if (v < 0) snprintf(s, 24, "n/a");
+    else snprintf(s, 24, "%lld", v);
+    return s;
+}
+
+
+/* ======================================================================== */
+/* 7. The attention-step driver                                              */
+/* ======================================================================== */
+
+/*
+ * One head of attention, as every kernel in steps 02-08 sees it.
+ * Sizes are in elements; all arrays are row-major and contiguous.
+ */
+typedef struct tut_problem {
+    int n, d;              /* sequence length (queries = keys = n), head dim */
+    int br, bc;            /* row block Br (queries), column block Bc (keys); 0 if unused */
+    int causal;            /* key j visible to query i iff j <= i */
+    const float *Q;        /* [n][d] */
+    const float *K;        /* [n][d] */
+    const float *V;        /* [n][d] */
+    float *O;              /* [n][d] output */
+    float *lse;            /* [n] log-sum-exp output, or NULL if the kernel has none */
+    float *ws;             /* workspace the kernel carves its scratch from (size: ws_floats) */
+} tut_problem;
+
+/* A step's kernel: the plain version, the probed version, and its workspace need. */
+typedef struct tut_kernel {
+    const char *name;                              /* printed and used by make cachegrind */
+    void (*run)(const tut_problem *pb);            /* probes compiled out */
+    void (*probed)(cachesim *cs, const tut_problem *pb);
+    size_t (*ws_floats)(const tut_problem *pb);    /* floats of scratch it needs */
+} tut_kernel;
+
+/* One measured row of a step's table and data file. */
+typedef struct tut_result {
+    int n, d, br, bc;
+    double sec, gflops;
+    size_t ws_bytes;
+    uint64_t l1_miss, l2_miss;        /* [sim], 0 with --no-sim */
+    uint64_t l1_bytes, l2_bytes;      /* [sim] traffic below L1 / below L2 (fills + write-backs) */
+    long long hw_l1, hw_ll;           /* [hw], -1 when unavailable */
+    double err;                       /* max |O - O_ref| */
+} tut_result;
+
+#define TUT_DAT_COLUMNS \
+    "n d br bc time_ms gflops ws_bytes l1_miss_sim l2_miss_sim l1_traffic_bytes l2_traffic_bytes hw_l1 hw_ll max_err"
+
+static inline void tut_table_head(void)
+{
+    printf("   %6s %4s %4s | %9s | %8s | %10s | %12s | %11s | %10s | %11s | %8s\n", "N", "Br", "Bc",
+           "time ms", "GFLOP/s", "workspace", "L1 miss[sim]", "L2 miss[sim]", "L1miss[hw]",
+           "L1miss/N^2", "max err");
+}
+
+static inline void tut_table_row(FILE *dat, const tut_result *r)
+{
+    printf("   %6d %4d %4d | %9.3f | %8.2f | %10s | %12llu | %11llu | %10s | %11.3f | %8.1e\n", r->n, r->br,
+           r->bc, r->sec * 1e3, r->gflops, tut_bytes((double)r->ws_bytes), (unsigned long long)r->l1_miss,
+           (unsigned long long)r->l2_miss, tut_hw_text(r->hw_l1), (double)r->l1_miss / ((double)r->n * r->n),
+           r->err);
+    if (dat)
+        fprintf(dat, "%d %d %d %d %g %g %zu %llu %llu %llu %llu %lld %lld %g\n", r->n, r->d, r->br, r->bc,
+                r->sec * 1e3, r->gflops, r->ws_bytes, (unsigned long long)r->l1_miss,
+                (unsigned long long)r->l2_miss, (unsigned long long)r->l1_bytes,
+                (unsigned long long)r->l2_bytes, r->hw_l1, r->hw_ll, r->err);
+}
+
+/* Inputs for one problem size: Q, K uniform in [-2, 2] (a peaked softmax), V in [-1, 1]. */
+static inline void tut_problem_alloc(tut_problem *pb, const tut_kernel *k)
+{
+    size_t nd = (size_t)pb->n * (size_t)pb->d;
+    float *q = tut_alloc(nd * 4), *kk = tut_alloc(nd * 4), *v = tut_alloc(nd * 4);
+    tut_fill(q, nd, 11, -2, 2);
+    tut_fill(kk, nd, 22, -2, 2);
+    tut_fill(v, nd, 33, -1, 1);
+    pb->Q = q; pb->K = kk; pb->V = v;
+    pb->O = tut_alloc(nd * 4);
+    pb->lse = tut_alloc((size_t)pb->n * 4);
+    pb->ws = tut_alloc(k->ws_floats(pb) * 4 + 4);
+}
+
+static inline void tut_problem_free(tut_problem *pb)
+{
+    free((void *)pb->Q); free((void *)pb->K); free((void *)pb->V);
+    free(pb->O); free(pb->lse); free(pb->ws);
+}
+
+/* Print the simulator's counts for one cold run in the form tutorials/cachegrind.sh reads. */
+static inline void tut_print_sim_counts(const cachesim *cs, const char *kernel)
+{
+    cachesim_stats s1, s2;
+    cachesim_get_stats(cs, 1, &s1);
+    cachesim_get_stats(cs, 2, &s2);
+    printf("sim %s: D1 reads %llu read_misses %llu writes %llu write_misses %llu misses %llu"
+           " LL_misses %llu\n", kernel, (unsigned long long)s1.reads, (unsigned long long)s1.read_misses,
+           (unsigned long long)s1.writes, (unsigned long long)s1.write_misses,
+           (unsigned long long)(s1.read_misses + s1.write_misses),
+           (unsigned long long)(s2.read_misses + s2.write_misses));
+}
+
+/*
+ * --kernel-only / --sim-kernel: one run of the kernel at n[0], nothing else.
+ * Returns 1 if it handled one of those modes (the step then exits).
+ */
+static inline int tut_kernel_mode(const tut_args *a, const tut_kernel *k, int br, int bc)
+{
+    if (!a->kernel_only && !a->sim_kernel) return 0;
+    tut_problem pb = {.n = a->n[0], .d = a->d, .br = br, .bc = bc, .causal = a->causal};
+    tut_problem_alloc(&pb, k);
+    if (a->kernel_only) {
+        tut_flush_caches(a);
+        k->run(&pb);
+    } else {
+        cachesim *cs = cachesim_create(&a->geo);
+        k->probed(cs, &pb);
+        tut_print_sim_counts(cs, k->name);
+        cachesim_free(cs);
+    }
+    tut_problem_free(&pb);
+    return 1;
+}
+
+/*
+ * Measure one problem size: check against the reference, time the plain
+ * kernel (median of reps, hardware counters around it), then replay the
+ * probed kernel on a cold simulator. Exits if the answer is wrong.
+ */
+static inline tut_result tut_measure(const tut_args *a, const tut_kernel *k, int n, int br, int bc,
+                                     cachesim *cs, tut_hw *hw, double tol)
+{
+    tut_result r;
+    memset(&r, 0, sizeof r);
+    tut_problem pb = {.n = n, .d = a->d, .br = br, .bc = bc, .causal = a->causal};
+    tut_problem_alloc(&pb, k);
+    size_t nd = (size_t)n * (size_t)a->d;
+    double *O_ref = tut_alloc(nd * 8);   /* [n][d] */
+    tut_reference(n, a->d, pb.Q, pb.K, pb.V, a->causal, O_ref);
+    k->run(&pb);
+    r.err = tut_max_err(pb.O, O_ref, nd);
+    tut_require(r.err, tol, k->name);
+    tut_flush_caches(a);
+    tut_hw_start(hw);
+    TUT_TIME(a->reps, r.sec, k->run(&pb));
+    tut_hw_stop(hw);
+    r.hw_l1 = hw->l1;
+    r.hw_ll = hw->ll;
+    if (cs) {
+        cachesim_reset(cs);
+        k->probed(cs, &pb);
+        r.l1_miss = cachesim_misses(cs, 1);
+        r.l2_miss = cachesim_misses(cs, 2);
+        r.l1_bytes = cachesim_traffic_bytes(cs, 1);
+        r.l2_bytes = cachesim_traffic_bytes(cs, 2);
+        double err2 = tut_max_err(pb.O, O_ref, nd);
+        tut_require(err2, tol, "the probed kernel");
+    }
+    double flops = 4.0 * n * (double)n * a->d * (a->causal ? 0.5 : 1.0);
+    r.gflops = flops / r.sec / 1e9;
+    r.n = n; r.d = a->d; r.br = br; r.bc = bc;
+    r.ws_bytes = k->ws_floats(&pb) * 4;
+    free(O_ref);
+    tut_problem_free(&pb);
+    return r;
+}
+
+#endif /* TUT_COMMON_H */
