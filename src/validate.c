@@ -1,0 +1,975 @@
+/*
+ * validate.c — fa_check(): is a tested attention output right, and if not,
+ * where and how wrong?
+ *
+ * The one validator of the project: the CLI (`flashattn check`), the Python
+ * wrapper, the tests and the CUDA harness all call this, so there is one
+ * tolerance model. The design, in order:
+ *
+ *   1. Validate the arguments (shapes through the same rules as fa_forward,
+ *      then the tested output and LSE, then finiteness of the inputs).
+ *   2. Choose the rows: all of them, or K per (batch, head) drawn without
+ *      replacement by a seeded generator (Floyd's algorithm), sorted.
+ *   3. Pass 1, in parallel over rows: for each checked query row compute,
+ *      straight from the semantics (no slicing of Q: the bottom-right mask
+ *      alignment needs the full seqlen_q), two results at once —
+ *        ref: float64 everywhere, inputs as given (the trusted result);
+ *        emu: the way a plain low-precision attention computes it — inputs
+ *             rounded to the dtype, scores accumulated in float32, softmax in
+ *             float32, P rounded to the dtype before P·V (accumulated in
+ *             float32), the output rounded to the dtype (FlashAttention's
+ *             own tests call this out_pt, the reference out_ref).
+ *      and record, per element, |O_test - O_ref| and |O_ref|.
+ *   4. Pass 2, serial over the recorded errors: the bound (2 * e_emu + atol,
+ *      or atol + rtol |ref|), the elements and rows out of tolerance, the
+ *      per-head summary, the LSE verdict.
+ *
+ * The cost is O(rows_checked * seqlen_k * (d + d_v)) time and
+ * O(rows_checked * d_v) memory for the recorded errors, plus O(seqlen_k) per
+ * thread. Rejected alternative: recomputing the reference in pass 2 instead
+ * of recording errors (halves memory, doubles the dominant cost).
+ *
+ * Like the rest of the library, nothing here prints or exits: findings go in
+ * the report, and fa_check_report_format() renders the text that the CLI
+ * prints and Python returns.
+ */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Precision helpers                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Significand bits (including the implicit one): orders dtypes by precision. */
+static int dtype_bits(fa_dtype dt)
+{
+    switch (dt) {
+    case FA_BF16: return 8;
+    case FA_F16: return 11;
+    case FA_F32: return 24;
+    case FA_F64: return 53;
+    default: return 0;
+    }
+}
+
+/* Unit roundoff u = 2^-bits of the rule's dtype (f64 is checked as f32). */
+static double unit_roundoff(fa_dtype dt)
+{
+    return ldexp(1.0, -dtype_bits(dt == FA_F64 ? FA_F32 : dt));
+}
+
+/*
+ * The emulation rule's atol is FA_CHECK_ATOL_UNIT(dtype) * max|O_ref|:
+ * u for bf16 (2^-8) and f16 (2^-11), one output rounding's worth; for f32 it
+ * is floored at 2^-18. A plain float32 attention rounds neither P nor O to a
+ * coarser type, so its max error is pure accumulation noise — a noisy
+ * statistic — and SIMD kernels with polynomial exp are measurably (about
+ * 1.5x on average) less accurate than expf: the floor keeps correct float32
+ * kernels from failing by chance, and still rejects anything off by more
+ * than ~4e-6 relative.
+ */
+static double atol_unit(fa_dtype dt)
+{
+    double u = unit_roundoff(dt);
+    return u > 0x1p-18 ? u : 0x1p-18;
+}
+
+/* Round a float32 value to `dt` and back (identity for f32). */
+static inline float round_to(fa_dtype dt, float x)
+{
+    switch (dt) {
+    case FA_BF16: return fa_bf16_to_f32(fa_f32_to_bf16(x));
+    case FA_F16: return fa_f16_to_f32(fa_f32_to_f16(x));
+    default: return x;
+    }
+}
+
+/*
+ * Does converting a `src` element to float32 and rounding to `dt` change it?
+ * No when every value of src is exactly representable in dt (bf16 -> f32,
+ * f16 -> f32, bf16 -> bf16, ...); then the emulation can skip the rounding.
+ */
+static int needs_rounding(fa_dtype src, fa_dtype dt)
+{
+    if (src == dt) return src == FA_F64;
+    if (dt == FA_F32) return src == FA_F64;
+    return 1; /* f16 <-> bf16 and f32/f64 -> 16-bit all lose something */
+}
+
+/* n elements from offset `off`, stride `inc`, as float64 (dtype switch hoisted). */
+static void load_row_f64(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, double *dst)
+{
+    switch (t->dtype) {
+    case FA_F32: {
+        const float *s = (const float *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
+        break;
+    }
+    case FA_F64: {
+        const double *s = (const double *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
+        break;
+    }
+    case FA_F16: {
+        const uint16_t *s = (const uint16_t *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = fa_f16_to_f32(s[c * inc]);
+        break;
+    }
+    case FA_BF16: {
+        const uint16_t *s = (const uint16_t *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = fa_bf16_to_f32(s[c * inc]);
+        break;
+    }
+    default:
+        for (int64_t c = 0; c < n; c++) dst[c] = NAN;
+        break;
+    }
+}
+
+/* The emulation's copy of a row: float32, rounded to dt when that changes it. */
+static void emu_row(const double *src, int64_t n, fa_dtype dt, int round, float *dst)
+{
+    if (round)
+        for (int64_t c = 0; c < n; c++) dst[c] = round_to(dt, (float)src[c]);
+    else
+        for (int64_t c = 0; c < n; c++) dst[c] = (float)src[c];
+}
+
+/* ------------------------------------------------------------------------ */
+/* Options and argument checking                                             */
+/* ------------------------------------------------------------------------ */
+
+fa_check_options fa_check_options_default(void)
+{
+    fa_check_options o;
+    memset(&o, 0, sizeof o);
+    o.dtype = FA_CHECK_DTYPE_AUTO;
+    return o;
+}
+
+size_t fa_check_abi_size(int which)
+{
+    switch (which) {
+    case 0: return sizeof(fa_tensor);
+    case 1: return sizeof(fa_options);
+    case 2: return sizeof(fa_check_options);
+    case 3: return sizeof(fa_check_report);
+    default: return 0;
+    }
+}
+
+#define DIM(x) ((long long)(x))
+
+static const char *name_or(const char *name, const char *fallback)
+{
+    return name && *name ? name : fallback;
+}
+
+/* Labels of the five tensors, for messages. */
+typedef struct check_names {
+    const char *q, *k, *v, *out, *lse;
+} check_names;
+
+/* Re-label fa_forward's validation message ("q: ...") with the caller's names. */
+static fa_status relabel(fa_status st, const check_names *nm)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", fa_last_error());
+    const char *labels[3][2] = {{"q:", nm->q}, {"k:", nm->k}, {"v:", nm->v}};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(labels[i][0]);
+        if (strncmp(msg, labels[i][0], n) == 0)
+            return fa_fail(st, "%s:%s", labels[i][1], msg + n);
+    }
+    return fa_fail(st, "%s", msg);
+}
+
+/* Index of the first non-finite element of a rank-4 tensor, or -1. */
+static int64_t find_nonfinite4(const fa_tensor *t, int64_t idx[4])
+{
+    for (int64_t a = 0; a < t->shape[0]; a++)
+        for (int64_t b = 0; b < t->shape[1]; b++)
+            for (int64_t c = 0; c < t->shape[2]; c++)
+                for (int64_t e = 0; e < t->shape[3]; e++) {
+                    double x = fa_load_f64(t, fa_off4(t, a, b, c, e));
+                    if (!isfinite(x)) {
+                        idx[0] = a; idx[1] = b; idx[2] = c; idx[3] = e;
+                        return 1;
+                    }
+                }
+    return -1;
+}
+
+static fa_status require_finite(const fa_tensor *t, const char *name)
+{
+    int64_t idx[4];
+    if (find_nonfinite4(t, idx) < 0) return FA_OK;
+    double x = fa_load_f64(t, fa_off4(t, idx[0], idx[1], idx[2], idx[3]));
+    return fa_fail(FA_ERR_NONFINITE, "%s: element [%lld,%lld,%lld,%lld] is %s; inputs must be finite",
+                   name, DIM(idx[0]), DIM(idx[1]), DIM(idx[2]), DIM(idx[3]),
+                   isnan(x) ? "NaN" : "Inf");
+}
+
+/*
+ * Validate everything and fill the problem. q/k/v and the attention options
+ * go through fa_forward's own rules (via fa_workspace_bytes), so check and
+ * forward accept exactly the same problems.
+ */
+static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                             const fa_tensor *out, const fa_tensor *lse, const fa_options *attn_in,
+                             const fa_check_options *co, const check_names *nm, fa_problem *p)
+{
+    fa_options attn = attn_in ? *attn_in : fa_options_default();
+    attn.impl = FA_IMPL_REFERENCE; /* block sizes etc. are irrelevant here */
+    attn.block_q = attn.block_k = 0;
+    attn.num_threads = 0;
+    size_t ws;
+    fa_status st = fa_workspace_bytes(q, k, v, &attn, &ws);
+    if (st != FA_OK) return relabel(st, nm);
+
+    if (!out) return fa_fail(FA_ERR_NULL_ARG, "%s: tested output is NULL", nm->out);
+    if (fa_dtype_size(out->dtype) == 0)
+        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", nm->out, (int)out->dtype);
+    if (out->rank != 4)
+        return fa_fail(FA_ERR_SHAPE, "%s: expected rank 4 [batch, seqlen_q, heads, d_v], got rank %d",
+                       nm->out, out->rank);
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], dv = v->shape[3];
+    if (out->shape[0] != B || out->shape[1] != Sq || out->shape[2] != H || out->shape[3] != dv)
+        return fa_fail(FA_ERR_SHAPE,
+                       "%s: shape [%lld,%lld,%lld,%lld] should be [%lld,%lld,%lld,%lld] "
+                       "(batch and seqlen_q of %s, heads of %s, d_v of %s)",
+                       nm->out, DIM(out->shape[0]), DIM(out->shape[1]), DIM(out->shape[2]),
+                       DIM(out->shape[3]), DIM(B), DIM(Sq), DIM(H), DIM(dv), nm->q, nm->q, nm->v);
+    for (int r = 0; r < 4; r++)
+        if (out->stride[r] < 0) return fa_fail(FA_ERR_STRIDE, "%s: negative stride", nm->out);
+    if (fa_tensor_numel(out) > 0 && !out->data)
+        return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", nm->out);
+    if (lse) {
+        if (lse->dtype != FA_F32 && lse->dtype != FA_F64)
+            return fa_fail(FA_ERR_DTYPE, "%s: LSE dtype must be f32 or f64 (got %s)", nm->lse,
+                           fa_dtype_name(lse->dtype));
+        if (lse->rank != 3 || lse->shape[0] != B || lse->shape[1] != H || lse->shape[2] != Sq)
+            return fa_fail(FA_ERR_SHAPE, "%s: LSE shape must be [batch=%lld, heads=%lld, seqlen_q=%lld]",
+                           nm->lse, DIM(B), DIM(H), DIM(Sq));
+        for (int r = 0; r < 3; r++)
+            if (lse->stride[r] < 0) return fa_fail(FA_ERR_STRIDE, "%s: negative stride", nm->lse);
+        if (fa_tensor_numel(lse) > 0 && !lse->data)
+            return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", nm->lse);
+    }
+
+    if (co->dtype != FA_CHECK_DTYPE_AUTO && dtype_bits(co->dtype) == 0)
+        return fa_fail(FA_ERR_DTYPE, "check: dtype %d is not f32, f16, bf16 or f64", (int)co->dtype);
+    if (co->use_tolerance) {
+        if (!(co->atol >= 0.0) || !isfinite(co->atol))
+            return fa_fail(FA_ERR_OPTION, "check: atol must be finite and >= 0 (got %g)", co->atol);
+        if (!(co->rtol >= 0.0) || !isfinite(co->rtol))
+            return fa_fail(FA_ERR_OPTION, "check: rtol must be finite and >= 0 (got %g)", co->rtol);
+    }
+    if (co->sample_rows < 0)
+        return fa_fail(FA_ERR_OPTION, "check: sample_rows must be >= 0 (got %lld)", DIM(co->sample_rows));
+    if (co->num_threads < 0)
+        return fa_fail(FA_ERR_OPTION, "check: num_threads must be >= 0 (got %d)", co->num_threads);
+
+    if ((st = require_finite(q, nm->q)) != FA_OK) return st;
+    if ((st = require_finite(k, nm->k)) != FA_OK) return st;
+    if ((st = require_finite(v, nm->v)) != FA_OK) return st;
+
+    /* The problem, resolved exactly as api.c resolves it. */
+    memset(p, 0, sizeof *p);
+    p->batch = B;
+    p->seqlen_q = Sq;
+    p->heads = H;
+    p->d = q->shape[3];
+    p->seqlen_k = k->shape[1];
+    p->heads_k = k->shape[2];
+    p->dv = dv;
+    p->q = *q;
+    p->k = *k;
+    p->v = *v;
+    p->o = *out;
+    if (lse) p->lse = *lse;
+    p->scale = attn.scale != 0.0 ? attn.scale : 1.0 / sqrt((double)p->d);
+    p->softcap = attn.softcap;
+    p->window_left = attn.window_left < 0 ? -1 : attn.window_left;
+    p->window_right = attn.window_right < 0 ? -1 : attn.window_right;
+    if (attn.causal) p->window_right = 0;
+    if (attn.alibi_slopes) p->alibi = *attn.alibi_slopes;
+    p->num_threads = co->num_threads > 0 ? co->num_threads : fa_default_threads();
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Row sampling                                                              */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * K distinct rows of [0, n), sorted, for (batch b, head h): Floyd's algorithm
+ * (each K-subset equally likely, O(K^2) membership tests, no O(n) memory).
+ * The stream depends only on (seed, b, h), so a sample is reproducible and
+ * independent of the thread count.
+ */
+static void sample_rows(uint64_t seed, int64_t b, int64_t h, int64_t n, int64_t K, int64_t *rows)
+{
+    uint64_t st = seed ^ (0x5851f42d4c957f2dull * (uint64_t)(b + 1)) ^
+                  (0x2545f4914f6cdd1dull * (uint64_t)(h + 1));
+    splitmix64(&st);
+    int64_t m = 0;
+    for (int64_t j = n - K; j < n; j++) {
+        int64_t t = (int64_t)(splitmix64(&st) % (uint64_t)(j + 1));
+        int dup = 0;
+        for (int64_t x = 0; x < m; x++)
+            if (rows[x] == t) { dup = 1; break; }
+        rows[m++] = dup ? j : t;
+    }
+    qsort(rows, (size_t)K, sizeof *rows, cmp_i64);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pass 1: one query row, reference and emulation side by side               */
+/* ------------------------------------------------------------------------ */
+
+/* Per-thread scratch. */
+typedef struct row_scratch {
+    double *sd;  /* [Sk] reference scores */
+    float *sf;   /* [Sk] emulated scores */
+    double *qd;  /* [d]  query row, as given */
+    float *qf;   /* [d]  query row, rounded */
+    double *xd;  /* [max(d, dv)] one key or value row, as given */
+    float *xf;   /* [max(d, dv)] the same, rounded */
+    double *od;  /* [dv] reference output accumulator */
+    float *of;   /* [dv] emulated output accumulator */
+} row_scratch;
+
+/* What pass 1 keeps per checked row (besides the per-element arrays). */
+typedef struct row_result {
+    double lse_ref;     /* float64 LSE (-inf: no visible key) */
+    double lse_emu;     /* float32-emulated LSE */
+    double lse_test;    /* tested LSE (NAN if none given) */
+    double lse_offset;  /* FlashAttention-2's causal-ALiBi offset slope*(i+Sk-Sq), else 0 */
+} row_result;
+
+/* Per-thread running statistics of pass 1. */
+typedef struct pass1_stats {
+    double sum_abs;        /* over finite tested elements */
+    int64_t n_finite;
+    int64_t n_nonfinite;
+    double max_abs_ref;
+    double emu_max, emu_sum;
+    double worst_err;      /* -1: none yet */
+    int64_t worst_item, worst_col;
+    double worst_test, worst_ref, worst_emu;
+} pass1_stats;
+
+typedef struct check_ctx {
+    const fa_problem *p;
+    fa_dtype dt;                 /* the rule's precision; f64 treated as f32 */
+    int round_q, round_k, round_v;
+    int64_t per_bh;              /* rows checked per (batch, head) */
+    const int64_t *rows;         /* [B*H][per_bh] query rows, or NULL for all */
+    double *err;                 /* [items][dv] |O_test - O_ref| (inf: non-finite) */
+    float *absref;               /* [items][dv] |O_ref| */
+    row_result *rr;              /* [items] */
+} check_ctx;
+
+static inline int64_t item_row(const check_ctx *cx, int64_t w)
+{
+    return cx->rows ? cx->rows[w] : w % cx->per_bh;
+}
+
+/* Compute reference and emulation for checked row `w` and compare the tested one. */
+static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stats *ps)
+{
+    const fa_problem *p = cx->p;
+    const int64_t bh = w / cx->per_bh, b = bh / p->heads, h = bh % p->heads;
+    const int64_t i = item_row(cx, w), hk = fa_kv_head(p, h);
+    const int64_t d = p->d, dv = p->dv;
+    const fa_dtype dt = cx->dt;
+    const double slope = fa_alibi_slope(p, b, h);
+    const float scale_f = (float)p->scale, softcap_f = (float)p->softcap, slope_f = (float)slope;
+    int64_t lo, hi;
+    fa_key_range(p, i, &lo, &hi);
+
+    load_row_f64(&p->q, fa_off4(&p->q, b, i, h, 0), p->q.stride[3], d, s->qd);
+    emu_row(s->qd, d, dt, cx->round_q, s->qf);
+    for (int64_t c = 0; c < d; c++) s->qf[c] *= scale_f; /* scale folded into q, in float32 */
+
+    /* Scores: reference in float64; emulation accumulates in float32. */
+    double md = -INFINITY;
+    float mf = -INFINITY;
+    for (int64_t j = lo; j < hi; j++) {
+        load_row_f64(&p->k, fa_off4(&p->k, b, j, hk, 0), p->k.stride[3], d, s->xd);
+        emu_row(s->xd, d, dt, cx->round_k, s->xf);
+        double dd = 0.0;
+        float df = 0.0f;
+        const double *qd = s->qd, *xd = s->xd;
+        const float *qf = s->qf, *xf = s->xf;
+#ifdef _OPENMP
+#pragma omp simd reduction(+ : dd, df)
+#endif
+        for (int64_t c = 0; c < d; c++) {
+            dd += qd[c] * xd[c];
+            df += qf[c] * xf[c];
+        }
+        double sdj = fa_score_transform(p, dd, slope, i, j);
+        float sfj = df;
+        if (softcap_f > 0.0f) sfj = softcap_f * tanhf(sfj / softcap_f);
+        if (slope != 0.0) {
+            int64_t rel = i + p->seqlen_k - p->seqlen_q - j;
+            sfj -= slope_f * (float)(rel < 0 ? -rel : rel);
+        }
+        s->sd[j] = sdj;
+        s->sf[j] = sfj;
+        if (sdj > md) md = sdj;
+        if (sfj > mf) mf = sfj;
+    }
+
+    /* Softmax and P·V. Reference normalizes at the end; the emulation, like a
+     * plain implementation, materializes P = softmax(S) in the dtype first. */
+    double ld = 0.0;
+    float lf = 0.0f;
+    for (int64_t j = lo; j < hi; j++) {
+        s->sd[j] = exp(s->sd[j] - md);
+        s->sf[j] = expf(s->sf[j] - mf);
+        ld += s->sd[j];
+        lf += s->sf[j];
+    }
+    for (int64_t c = 0; c < dv; c++) {
+        s->od[c] = 0.0;
+        s->of[c] = 0.0f;
+    }
+    for (int64_t j = lo; j < hi; j++) {
+        load_row_f64(&p->v, fa_off4(&p->v, b, j, hk, 0), p->v.stride[3], dv, s->xd);
+        emu_row(s->xd, dv, dt, cx->round_v, s->xf);
+        const double pd = s->sd[j];
+        const float pf = round_to(dt, s->sf[j] / lf);
+        double *od = s->od;
+        float *of = s->of;
+        const double *xd = s->xd;
+        const float *xf = s->xf;
+#ifdef _OPENMP
+#pragma omp simd
+#endif
+        for (int64_t c = 0; c < dv; c++) {
+            od[c] += pd * xd[c];
+            of[c] += pf * xf[c];
+        }
+    }
+    const int empty = hi <= lo;
+
+    row_result *rr = &cx->rr[w];
+    rr->lse_ref = empty ? -INFINITY : md + log(ld);
+    rr->lse_emu = empty ? -INFINITY : (double)(mf + logf(lf));
+    rr->lse_offset = slope * (double)(i + p->seqlen_k - p->seqlen_q);
+    rr->lse_test = NAN;
+    if (p->lse.data)
+        rr->lse_test = fa_load_f64(&p->lse, b * p->lse.stride[0] + h * p->lse.stride[1] +
+                                                i * p->lse.stride[2]);
+
+    /* Compare. */
+    double *err = cx->err + w * dv;
+    float *absref = cx->absref + w * dv;
+    for (int64_t c = 0; c < dv; c++) {
+        const double ref = empty ? 0.0 : s->od[c] / ld;
+        const double emu = empty ? 0.0 : (double)round_to(dt, s->of[c]);
+        const double test = fa_load_f64(&p->o, fa_off4(&p->o, b, i, h, c));
+        const double e_emu = fabs(emu - ref);
+        if (e_emu > ps->emu_max) ps->emu_max = e_emu;
+        ps->emu_sum += e_emu;
+        if (fabs(ref) > ps->max_abs_ref) ps->max_abs_ref = fabs(ref);
+        double e;
+        if (isfinite(test)) {
+            e = fabs(test - ref);
+            ps->sum_abs += e;
+            ps->n_finite++;
+        } else {
+            e = INFINITY;
+            ps->n_nonfinite++;
+        }
+        err[c] = e;
+        absref[c] = (float)fabs(ref);
+        /* Items are visited in increasing order per thread; ties keep the first. */
+        if (e > ps->worst_err) {
+            ps->worst_err = e;
+            ps->worst_item = w;
+            ps->worst_col = c;
+            ps->worst_test = test;
+            ps->worst_ref = ref;
+            ps->worst_emu = emu;
+        }
+    }
+}
+
+/* Fold thread statistics `t` into `a`; ties on the worst element go to the earlier one. */
+static void merge_stats(pass1_stats *a, const pass1_stats *t)
+{
+    a->sum_abs += t->sum_abs;
+    a->n_finite += t->n_finite;
+    a->n_nonfinite += t->n_nonfinite;
+    if (t->max_abs_ref > a->max_abs_ref) a->max_abs_ref = t->max_abs_ref;
+    if (t->emu_max > a->emu_max) a->emu_max = t->emu_max;
+    a->emu_sum += t->emu_sum;
+    if (t->worst_err > a->worst_err ||
+        (t->worst_err == a->worst_err && t->worst_err >= 0 &&
+         (t->worst_item < a->worst_item ||
+          (t->worst_item == a->worst_item && t->worst_col < a->worst_col)))) {
+        a->worst_err = t->worst_err;
+        a->worst_item = t->worst_item;
+        a->worst_col = t->worst_col;
+        a->worst_test = t->worst_test;
+        a->worst_ref = t->worst_ref;
+        a->worst_emu = t->worst_emu;
+    }
+}
+
+static void init_stats(pass1_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    s->worst_err = -1.0;
+    s->worst_item = INT64_MAX;
+    s->worst_col = INT64_MAX;
+}
+
+static void scratch_free(row_scratch *s)
+{
+    fa_free(s->sd); fa_free(s->sf); fa_free(s->qd); fa_free(s->qf);
+    fa_free(s->xd); fa_free(s->xf); fa_free(s->od); fa_free(s->of);
+    memset(s, 0, sizeof *s);
+}
+
+static int scratch_alloc(row_scratch *s, const fa_problem *p)
+{
+    const size_t sk = (size_t)p->seqlen_k + 1, d = (size_t)p->d, dv = (size_t)p->dv;
+    const size_t x = d > dv ? d : dv;
+    s->sd = fa_malloc(sk * sizeof(double));
+    s->sf = fa_malloc(sk * sizeof(float));
+    s->qd = fa_malloc(d * sizeof(double));
+    s->qf = fa_malloc(d * sizeof(float));
+    s->xd = fa_malloc(x * sizeof(double));
+    s->xf = fa_malloc(x * sizeof(float));
+    s->od = fa_malloc(dv * sizeof(double));
+    s->of = fa_malloc(dv * sizeof(float));
+    if (s->sd && s->sf && s->qd && s->qf && s->xd && s->xf && s->od && s->of) return 1;
+    scratch_free(s);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pass 2: the verdict                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Insert a failing row into the report's list, kept sorted by (batch, row, head). */
+static void note_fail_row(fa_check_report *r, const fa_check_row *row)
+{
+    int n = r->n_fail_rows, pos = n;
+    while (pos > 0) {
+        const fa_check_row *x = &r->fail_rows[pos - 1];
+        int later = x->batch > row->batch ||
+                    (x->batch == row->batch && (x->row > row->row ||
+                                                (x->row == row->row && x->head > row->head)));
+        if (!later) break;
+        pos--;
+    }
+    if (pos >= FA_CHECK_MAX_FAIL_ROWS) return;
+    if (n == FA_CHECK_MAX_FAIL_ROWS) n--; /* drop the last */
+    memmove(&r->fail_rows[pos + 1], &r->fail_rows[pos], (size_t)(n - pos) * sizeof *row);
+    r->fail_rows[pos] = *row;
+    r->n_fail_rows = n + 1;
+}
+
+static void verdict_out(const check_ctx *cx, const fa_check_options *co, fa_check_report *r,
+                        int64_t items)
+{
+    const fa_problem *p = cx->p;
+    const int64_t dv = p->dv;
+    const double floor = 1e-3 * r->max_abs_ref;
+    double sum_rel = 0.0;
+    int64_t n_rel = 0;
+    for (int64_t w = 0; w < items; w++) {
+        const int64_t bh = w / cx->per_bh, b = bh / p->heads, h = bh % p->heads;
+        const double *err = cx->err + w * dv;
+        const float *absref = cx->absref + w * dv;
+        fa_check_row row = {b, item_row(cx, w), h, 0, -1, -1.0};
+        for (int64_t c = 0; c < dv; c++) {
+            const double e = err[c], ar = absref[c];
+            double denom = ar > floor ? ar : floor;
+            double rel = denom > 0.0 ? e / denom : (e == 0.0 ? 0.0 : INFINITY);
+            if (isfinite(e)) {
+                sum_rel += rel;
+                n_rel++;
+            }
+            if (rel > r->max_rel_err) r->max_rel_err = rel;
+            const double tol = co->use_tolerance ? co->atol + co->rtol * ar : r->bound;
+            if (!(e <= tol)) {
+                row.n_fail++;
+                r->head_fail[h]++;
+            }
+            if (e > r->head_max_abs_err[h]) r->head_max_abs_err[h] = e;
+            if (e > row.max_abs_err) {
+                row.max_abs_err = e;
+                row.worst_col = c;
+            }
+        }
+        if (row.n_fail > 0) {
+            r->n_fail += row.n_fail;
+            r->rows_failed++;
+            note_fail_row(r, &row);
+        }
+    }
+    r->mean_rel_err = n_rel ? sum_rel / (double)n_rel : 0.0;
+    r->fail_fraction = r->elements_checked ? (double)r->n_fail / (double)r->elements_checked : 0.0;
+    r->out_pass = r->n_fail == 0 && r->n_nonfinite == 0;
+}
+
+/*
+ * The LSE verdict. Rows with no visible key must be +-inf. Other rows must be
+ * finite and close to the reference — or, under causal ALiBi, to the
+ * reference plus FlashAttention-2's offset, whichever convention fits better.
+ */
+static void verdict_lse(const check_ctx *cx, const fa_check_options *co, fa_check_report *r,
+                        int64_t items)
+{
+    const fa_problem *p = cx->p;
+    double max_ref = 0.0, emu_max = 0.0, err_doc = 0.0, err_fa2 = 0.0;
+    int have_offset = 0;
+    for (int64_t w = 0; w < items; w++) {
+        const row_result *rr = &cx->rr[w];
+        if (rr->lse_ref == -INFINITY) continue;
+        if (fabs(rr->lse_ref) > max_ref) max_ref = fabs(rr->lse_ref);
+        double ee = fabs(rr->lse_emu - rr->lse_ref);
+        if (!(ee <= emu_max)) emu_max = ee;
+        double t = rr->lse_test;
+        double e1 = isfinite(t) ? fabs(t - rr->lse_ref) : INFINITY;
+        double e2 = isfinite(t) ? fabs(t - (rr->lse_ref + rr->lse_offset)) : INFINITY;
+        if (e1 > err_doc) err_doc = e1;
+        if (e2 > err_fa2) err_fa2 = e2;
+        if (rr->lse_offset != 0.0) have_offset = 1;
+    }
+    const int fa2 = have_offset && p->window_right == 0 && err_fa2 < err_doc;
+    r->lse_fa2_alibi_offset = fa2;
+    r->lse_emu_max_abs_err = emu_max;
+    const double bound = 2.0 * emu_max + 1e-4 * (max_ref > 1.0 ? max_ref : 1.0);
+    r->lse_bound = co->use_tolerance ? 0.0 : bound;
+    r->lse_max_abs_err = 0.0;
+    double worst = -1.0;
+    for (int64_t w = 0; w < items; w++) {
+        const row_result *rr = &cx->rr[w];
+        const int64_t bh = w / cx->per_bh;
+        const double t = rr->lse_test;
+        double ref = rr->lse_ref, e;
+        int bad;
+        if (ref == -INFINITY) {
+            r->lse_n_empty++;
+            e = isinf(t) ? 0.0 : INFINITY; /* either infinity is accepted */
+            bad = !isinf(t);
+        } else {
+            if (fa2) ref += rr->lse_offset;
+            e = isfinite(t) ? fabs(t - ref) : INFINITY;
+            double tol = co->use_tolerance ? co->atol + co->rtol * fabs(ref) : bound;
+            if (co->use_tolerance && tol > r->lse_bound) r->lse_bound = tol;
+            bad = !(e <= tol);
+            if (e > r->lse_max_abs_err) r->lse_max_abs_err = e;
+        }
+        if (bad) r->lse_n_fail++;
+        if (e > worst) {
+            worst = e;
+            r->lse_worst_batch = bh / p->heads;
+            r->lse_worst_head = bh % p->heads;
+            r->lse_worst_row = item_row(cx, w);
+            r->lse_worst_test = t;
+            r->lse_worst_ref = ref;
+        }
+    }
+    r->lse_pass = r->lse_n_fail == 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fa_check                                                                  */
+/* ------------------------------------------------------------------------ */
+
+void fa_check_report_free(fa_check_report *report)
+{
+    if (!report) return;
+    fa_free(report->head_fail);
+    fa_free(report->head_max_abs_err);
+    memset(report, 0, sizeof *report);
+}
+
+fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                   const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
+                   const fa_check_options *copt, fa_check_report *report)
+{
+    if (!report) return fa_fail(FA_ERR_NULL_ARG, "fa_check: report is NULL");
+    memset(report, 0, sizeof *report);
+    fa_check_options co = copt ? *copt : fa_check_options_default();
+    const check_names nm = {name_or(co.q_name, "q"), name_or(co.k_name, "k"), name_or(co.v_name, "v"),
+                            name_or(co.out_name, "out"), name_or(co.lse_name, "lse")};
+    fa_problem p;
+    fa_status st = check_setup(q, k, v, out, lse, attn, &co, &nm, &p);
+    if (st != FA_OK) return st;
+
+    fa_check_report *r = report;
+    fa_dtype dt = co.dtype;
+    if (dt == FA_CHECK_DTYPE_AUTO) {
+        const fa_dtype all[4] = {q->dtype, k->dtype, v->dtype, out->dtype};
+        dt = all[0];
+        for (int x = 1; x < 4; x++)
+            if (dtype_bits(all[x]) < dtype_bits(dt)) dt = all[x];
+    }
+    if (dt == FA_F64) dt = FA_F32;
+    r->dtype = dt;
+    r->use_tolerance = co.use_tolerance != 0;
+    r->batch = p.batch;
+    r->seqlen_q = p.seqlen_q;
+    r->seqlen_k = p.seqlen_k;
+    r->heads = p.heads;
+    r->heads_k = p.heads_k;
+    r->d = p.d;
+    r->dv = p.dv;
+    r->seed = co.seed;
+    r->lse_checked = lse != NULL;
+    r->worst_batch = r->worst_row = r->worst_head = r->worst_col = -1;
+    r->lse_worst_batch = r->lse_worst_head = r->lse_worst_row = -1;
+    r->n_heads = p.heads;
+    r->head_fail = fa_calloc((size_t)p.heads * sizeof(int64_t));
+    r->head_max_abs_err = fa_calloc((size_t)p.heads * sizeof(double));
+    if (!r->head_fail || !r->head_max_abs_err) {
+        fa_check_report_free(r);
+        return fa_fail(FA_ERR_NOMEM, "fa_check: out of memory");
+    }
+
+    check_ctx cx;
+    memset(&cx, 0, sizeof cx);
+    cx.p = &p;
+    cx.dt = dt;
+    cx.round_q = needs_rounding(q->dtype, dt);
+    cx.round_k = needs_rounding(k->dtype, dt);
+    cx.round_v = needs_rounding(v->dtype, dt);
+    const int64_t BH = p.batch * p.heads;
+    const int sampling = co.sample_rows > 0 && co.sample_rows < p.seqlen_q;
+    cx.per_bh = sampling ? co.sample_rows : p.seqlen_q;
+    r->sample_rows = sampling ? co.sample_rows : 0;
+    const int64_t items = BH * cx.per_bh;
+    r->rows_checked = items;
+    r->rows_total = BH * p.seqlen_q;
+    r->elements_checked = items * p.dv;
+
+    int64_t *rows = NULL;
+    if (sampling) {
+        rows = fa_malloc((size_t)items * sizeof(int64_t));
+        if (!rows) {
+            fa_check_report_free(r);
+            return fa_fail(FA_ERR_NOMEM, "fa_check: out of memory");
+        }
+        for (int64_t bh = 0; bh < BH; bh++)
+            sample_rows(co.seed, bh / p.heads, bh % p.heads, p.seqlen_q, cx.per_bh,
+                        rows + bh * cx.per_bh);
+        cx.rows = rows;
+    }
+    const size_t nel = (size_t)(items * p.dv) + 1;
+    cx.err = fa_malloc(nel * sizeof(double));
+    cx.absref = fa_malloc(nel * sizeof(float));
+    cx.rr = fa_malloc(((size_t)items + 1) * sizeof(row_result));
+    if (!cx.err || !cx.absref || !cx.rr) {
+        fa_free(rows); fa_free(cx.err); fa_free(cx.absref); fa_free(cx.rr);
+        fa_check_report_free(r);
+        return fa_fail(FA_ERR_NOMEM, "fa_check: out of memory for %lld checked elements",
+                       DIM(items * p.dv));
+    }
+
+    /* Pass 1. */
+    pass1_stats tot;
+    init_stats(&tot);
+    int nomem = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(p.num_threads)
+#endif
+    {
+        row_scratch s;
+        pass1_stats ps;
+        init_stats(&ps);
+        int ok = scratch_alloc(&s, &p);
+        if (!ok) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            nomem = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t w = 0; w < items; w++)
+            if (ok) check_row(&cx, w, &s, &ps);
+        if (ok) scratch_free(&s);
+#ifdef _OPENMP
+#pragma omp critical(fa_check_merge)
+#endif
+        merge_stats(&tot, &ps);
+    }
+    if (nomem) {
+        fa_free(rows); fa_free(cx.err); fa_free(cx.absref); fa_free(cx.rr);
+        fa_check_report_free(r);
+        return fa_fail(FA_ERR_NOMEM, "fa_check: out of memory for per-thread scratch");
+    }
+
+    /* Summary of pass 1. */
+    r->max_abs_ref = tot.max_abs_ref;
+    r->emu_max_abs_err = tot.emu_max;
+    r->emu_mean_abs_err = r->elements_checked ? tot.emu_sum / (double)r->elements_checked : 0.0;
+    r->n_nonfinite = tot.n_nonfinite;
+    r->max_abs_err = tot.worst_err > 0.0 ? tot.worst_err : 0.0;
+    r->mean_abs_err = tot.n_finite ? tot.sum_abs / (double)tot.n_finite : 0.0;
+    if (co.use_tolerance) {
+        r->atol = co.atol;
+        r->rtol = co.rtol;
+        r->bound = co.atol;
+    } else {
+        r->atol = atol_unit(dt) * tot.max_abs_ref;
+        r->rtol = 0.0;
+        r->bound = 2.0 * tot.emu_max + r->atol;
+    }
+    r->ratio = tot.emu_max > 0.0 ? r->max_abs_err / tot.emu_max
+                                 : (r->max_abs_err > 0.0 ? INFINITY : 0.0);
+    if (tot.worst_err >= 0.0 && tot.worst_item != INT64_MAX) {
+        const int64_t bh = tot.worst_item / cx.per_bh;
+        r->worst_batch = bh / p.heads;
+        r->worst_head = bh % p.heads;
+        r->worst_row = item_row(&cx, tot.worst_item);
+        r->worst_col = tot.worst_col;
+        r->worst_test = tot.worst_test;
+        r->worst_ref = tot.worst_ref;
+        r->worst_emu = tot.worst_emu;
+    }
+
+    /* Pass 2. */
+    verdict_out(&cx, &co, r, items);
+    r->lse_pass = 1;
+    if (lse) verdict_lse(&cx, &co, r, items);
+    r->pass = r->out_pass && r->lse_pass;
+
+    fa_free(rows);
+    fa_free(cx.err);
+    fa_free(cx.absref);
+    fa_free(cx.rr);
+    fa_clear_error();
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The text report                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* snprintf into a growing buffer that may be too small; tracks the full length. */
+typedef struct text {
+    char *buf;
+    size_t size, len;
+} text;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void put(text *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *dst = t->len < t->size ? t->buf + t->len : NULL;
+    size_t room = t->len < t->size ? t->size - t->len : 0;
+    int n = vsnprintf(dst, room, fmt, ap);
+    va_end(ap);
+    if (n > 0) t->len += (size_t)n;
+}
+
+size_t fa_check_report_format(const fa_check_report *r, char *buf, size_t size)
+{
+    text t = {buf, buf ? size : 0, 0};
+    if (t.size) t.buf[0] = '\0';
+    if (!r) return 0;
+    put(&t, "problem: batch=%lld seqlen_q=%lld seqlen_k=%lld heads=%lld heads_k=%lld d=%lld d_v=%lld\n",
+        DIM(r->batch), DIM(r->seqlen_q), DIM(r->seqlen_k), DIM(r->heads), DIM(r->heads_k), DIM(r->d),
+        DIM(r->dv));
+    if (r->sample_rows)
+        put(&t, "rows checked: %lld of %lld (%lld sampled rows per (batch, head), seed %llu)\n",
+            DIM(r->rows_checked), DIM(r->rows_total), DIM(r->sample_rows),
+            (unsigned long long)r->seed);
+    else
+        put(&t, "rows checked: all %lld\n", DIM(r->rows_checked));
+    if (r->use_tolerance)
+        put(&t, "rule: explicit, |test - ref| <= atol + rtol*|ref| with atol=%.3g rtol=%.3g\n",
+            r->atol, r->rtol);
+    else
+        put(&t, "rule: %s emulation, max |test - ref| <= 2 * emulation error + atol "
+                "(atol = %.3g = 2^-%d * max|ref|)\n",
+            fa_dtype_name(r->dtype), r->atol, -(int)round(log2(atol_unit(r->dtype))));
+    put(&t, "output  max abs err %.6g   mean abs err %.6g   max rel err %.6g   mean rel err %.6g\n",
+        r->max_abs_err, r->mean_abs_err, r->max_rel_err, r->mean_rel_err);
+    put(&t, "emulated %s baseline: max abs err %.6g   mean abs err %.6g   (max |ref| %.6g)\n",
+        fa_dtype_name(r->dtype), r->emu_max_abs_err, r->emu_mean_abs_err, r->max_abs_ref);
+    if (!r->use_tolerance)
+        put(&t, "tested / emulated max error: %.3g   (bound %.6g; pass needs ratio <= ~2)\n",
+            r->ratio, r->bound);
+    if (r->worst_batch >= 0)
+        put(&t, "worst element (batch, row, head, col) = (%lld, %lld, %lld, %lld): "
+                "test %.8g  ref %.8g  emulated %.8g  |err| %.6g\n",
+            DIM(r->worst_batch), DIM(r->worst_row), DIM(r->worst_head), DIM(r->worst_col),
+            r->worst_test, r->worst_ref, r->worst_emu, r->max_abs_err);
+    put(&t, "out of tolerance: %lld of %lld elements (%.4g%%) in %lld rows\n", DIM(r->n_fail),
+        DIM(r->elements_checked), 100.0 * r->fail_fraction, DIM(r->rows_failed));
+    if (r->n_nonfinite)
+        put(&t, "NON-FINITE: %lld tested elements are NaN or Inf\n", DIM(r->n_nonfinite));
+    for (int x = 0; x < r->n_fail_rows; x++) {
+        const fa_check_row *row = &r->fail_rows[x];
+        put(&t, "  failing row (batch %lld, row %lld, head %lld): %lld bad, max err %.6g at col %lld\n",
+            DIM(row->batch), DIM(row->row), DIM(row->head), DIM(row->n_fail), row->max_abs_err,
+            DIM(row->worst_col));
+    }
+    if (r->rows_failed > r->n_fail_rows)
+        put(&t, "  ... and %lld more failing rows\n", DIM(r->rows_failed - r->n_fail_rows));
+    if (r->n_fail > 0 && r->head_fail) {
+        int64_t heads_bad = 0;
+        for (int64_t h = 0; h < r->n_heads; h++) heads_bad += r->head_fail[h] > 0;
+        if (heads_bad < r->n_heads) {
+            put(&t, "failures cluster in %lld of %lld heads:\n", DIM(heads_bad), DIM(r->n_heads));
+            for (int64_t h = 0; h < r->n_heads; h++)
+                if (r->head_fail[h] > 0)
+                    put(&t, "  head %lld: %lld bad elements, max err %.6g\n", DIM(h),
+                        DIM(r->head_fail[h]), r->head_max_abs_err[h]);
+        } else {
+            put(&t, "failures in all %lld heads\n", DIM(r->n_heads));
+        }
+    }
+    if (r->lse_checked) {
+        put(&t, "lse max abs err %.6g (emulated %.6g, bound %.6g): %lld of %lld rows out of tolerance; "
+                "%lld rows with no visible key\n",
+            r->lse_max_abs_err, r->lse_emu_max_abs_err, r->lse_bound, DIM(r->lse_n_fail),
+            DIM(r->rows_checked), DIM(r->lse_n_empty));
+        if (r->lse_fa2_alibi_offset)
+            put(&t, "lse follows FlashAttention-2's causal-ALiBi convention "
+                    "(higher by slope*(i + seqlen_k - seqlen_q)); accepted\n");
+        if (r->lse_n_fail > 0 && r->lse_worst_batch >= 0)
+            put(&t, "lse worst (batch, head, row) = (%lld, %lld, %lld): test %.8g  ref %.8g\n",
+                DIM(r->lse_worst_batch), DIM(r->lse_worst_head), DIM(r->lse_worst_row),
+                r->lse_worst_test, r->lse_worst_ref);
+    }
+    put(&t, "verdict: %s\n", r->pass ? "PASS" : "FAIL");
+    return t.len;
+}
