@@ -1,0 +1,187 @@
+/*
+ * cli.h — what the flashattn subcommands share (cli_common.c).
+ *
+ * The command-line tool is a thin shell around the public API: main.c picks a
+ * subcommand from a table; each subcommand (cmd_<name>.c) parses its options,
+ * loads .npy files through the helpers below, calls fa_* functions, and prints.
+ * Only this layer prints or decides exit codes; the library returns statuses.
+ *
+ * Conventions every subcommand follows:
+ *   - exit status: 0 ok, 1 check mismatch (only `check`), 2 bad usage or bad input;
+ *   - every error is ONE line on stderr, "flashattn: <message>", naming the file
+ *     when a file is at fault (library messages from npy.c already do);
+ *   - an unknown option is an error, never ignored;
+ *   - no output file is left behind on any error (fa_npy_save is atomic; a
+ *     command writing several files removes the earlier ones if a later fails).
+ *
+ * Typical use, as in cmd_run.c:
+ *
+ *     cli_attn attn;  cli_attn_init(&attn);
+ *     for (int i = 1; i < argc; i++) {
+ *         int r;
+ *         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0) { if (r < 0) goto usage; continue; }
+ *         if ((r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0) { if (r < 0) goto usage; continue; }
+ *         ...
+ *         return cli_unknown_option("run", argv[i]);
+ *     }
+ *     cli_qkv in;
+ *     if (cli_load_qkv(&in, q_path, k_path, v_path) != 0) ...   // prints, returns 2
+ *     if (cli_attn_load_alibi(&attn, &in) != 0) ...              // sets attn.opt.alibi_slopes
+ *     fa_forward(&in.q_t, &in.k_t, &in.v_t, &o, &lse, &attn.opt);
+ */
+#ifndef FA_CLI_H
+#define FA_CLI_H
+
+#include <stdint.h>
+
+#include "flashattn.h"
+#include "npy.h"
+
+/* ------------------------------------------------------------------------ */
+/* Exit codes and subcommands                                                */
+/* ------------------------------------------------------------------------ */
+
+enum {
+    CLI_EXIT_OK = 0,        /* success (check: within tolerance) */
+    CLI_EXIT_MISMATCH = 1,  /* check: the tested output is out of tolerance */
+    CLI_EXIT_USAGE = 2,     /* bad usage or bad input */
+};
+
+/* Each takes argv[0] = the subcommand's name and returns an exit status. */
+int cmd_run(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Print "flashattn: <message>\n" to stderr; returns CLI_EXIT_USAGE. */
+int cli_die(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+/* Print the library's message for a failed call (fa_last_error(), or the
+ * status name if empty) as one line; returns CLI_EXIT_USAGE. */
+int cli_die_status(fa_status st);
+
+/* "flashattn <cmd>: unknown option '<arg>' (see flashattn <cmd> --help)"; returns 2. */
+int cli_unknown_option(const char *cmd, const char *arg);
+
+/* ------------------------------------------------------------------------ */
+/* Option parsing                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* 1 if argv[i] is "-h" or "--help". */
+int cli_is_help(const char *arg);
+
+/*
+ * Option with a value, spelled "NAME VALUE" or "NAME=VALUE". If argv[*i] is
+ * option `name`, sets *value, advances *i past a separate value, and returns
+ * 1; returns 0 if argv[*i] is a different option; -1 (after printing) if the
+ * value is missing.
+ */
+int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
+
+/* Parse a whole decimal integer in [lo, hi] / a finite double; on error print
+ * "flashattn: OPT: ..." and return -1, else 0. */
+int cli_parse_int(const char *opt, const char *text, long long lo, long long hi, long long *out);
+int cli_parse_double(const char *opt, const char *text, double *out);
+
+/* ------------------------------------------------------------------------ */
+/* Attention options: MASK OPTIONS and execution options                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct cli_attn {
+    fa_options opt;          /* everything fa_forward / fa_check need */
+    const char *alibi_path;  /* --alibi FILE, or NULL */
+    fa_npy alibi;            /* slopes loaded by cli_attn_load_alibi (owned) */
+    fa_tensor alibi_t;       /* view of `alibi`; opt.alibi_slopes points here */
+} cli_attn;
+
+/* Defaults: fa_options_default() (flash, no mask, default scale). */
+void cli_attn_init(cli_attn *a);
+
+/*
+ * MASK OPTIONS at argv[*i]:
+ *   --causal  --window L,R  --softcap C  --scale S  --alibi SLOPES.npy
+ * Returns 1 if consumed (with *i advanced past its value), 0 if argv[*i] is
+ * not a mask option, -1 after printing an error for a bad value.
+ */
+int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a);
+
+/* Execution options at argv[*i]: --impl NAME  --threads T  --block-q N  --block-k N.
+ * Same return convention. */
+int cli_parse_exec_option(int argc, char **argv, int *i, cli_attn *a);
+
+/* Help text for the two option groups (for each subcommand's --help). */
+extern const char cli_mask_help[];
+extern const char cli_exec_help[];
+
+/* Free the loaded slopes. Safe to call on an initialized, unloaded cli_attn. */
+void cli_attn_free(cli_attn *a);
+
+/* ------------------------------------------------------------------------ */
+/* Loading inputs                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Q, K, V loaded from .npy files and checked against each other. */
+typedef struct cli_qkv {
+    const char *q_path, *k_path, *v_path;
+    fa_npy q, k, v;                 /* owned arrays, C order */
+    fa_tensor q_t, k_t, v_t;        /* Q [B][Sq][H][d], K [B][Sk][Hk][d], V [B][Sk][Hk][dv] */
+    int64_t batch, seqlen_q, seqlen_k, heads, heads_k, d, dv;
+} cli_qkv;
+
+/*
+ * Load one array: `path` must be a valid .npy of rank `want_rank` (0: any
+ * rank 1..4), finite if `require_finite` (the first NaN/Inf is reported by its
+ * index), and `role` (e.g. "Q [batch, seqlen_q, heads, d]") is used in the
+ * rank message. Fills *arr and, when t is non-NULL, the tensor view *t.
+ * Returns 0, or prints one line and returns CLI_EXIT_USAGE with *arr freed.
+ */
+int cli_load_array(const char *path, int want_rank, int require_finite, const char *role,
+                   fa_npy *arr, fa_tensor *t);
+
+/*
+ * Load Q, K, V (BSHD, rank 4, finite) and check: batch equal, K and V seqlen
+ * equal, K and V heads equal, heads % heads_k == 0, d of Q equal d of K,
+ * d >= 1, d_v >= 1, heads >= 1. Messages name the files involved.
+ * Returns 0, or prints one line and returns CLI_EXIT_USAGE (nothing left loaded).
+ */
+int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path);
+void cli_qkv_free(cli_qkv *in);
+
+/*
+ * If a->alibi_path is set: load it (f32 or f64, [heads] or [batch][heads],
+ * finite) and point a->opt.alibi_slopes at it. Returns 0 or prints and returns 2.
+ */
+int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in);
+
+/*
+ * Fail early, before a long computation, if `path` cannot be created: its
+ * directory must exist and be writable. Returns 0 or prints and returns 2.
+ */
+int cli_check_writable(const char *path);
+
+/* Parse "f32", "f64", "f16", "bf16". Returns 0, or -1 after printing "OPT: ...". */
+int cli_parse_dtype(const char *opt, const char *text, fa_dtype *dtype);
+
+/* ------------------------------------------------------------------------ */
+/* Small utilities                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* Monotonic clock in seconds. */
+double cli_now(void);
+
+/* "1.5 MiB", "48 KiB", "512 B" into buf[size]; returns buf. */
+const char *cli_bytes(size_t bytes, char *buf, size_t size);
+
+/* "[2, 128, 8, 64]" into buf[size]; returns buf. */
+const char *cli_shape(int rank, const int64_t *shape, char *buf, size_t size);
+
+#endif /* FA_CLI_H */

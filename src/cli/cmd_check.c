@@ -1,0 +1,210 @@
+/*
+ * cmd_check.c — `flashattn check`: is a tested attention output (say, from a
+ * GPU kernel) right, against the float64 reference?
+ *
+ *   Q.npy [B][Sq][H][d], K.npy [B][Sk][Hk][d], V.npy [B][Sk][Hk][dv],
+ *   O_TEST.npy [B][Sq][H][dv], optionally LSE_TEST.npy [B][H][Sq]
+ *     -> a report on stdout; exit 0 within tolerance, 1 mismatch, 2 bad input.
+ *
+ * All the judging is the library's (fa_check in src/validate.c: one tolerance
+ * model for the CLI, Python, tests and the CUDA harness). This file only
+ * loads the files, words shape errors with the file names, and prints
+ * fa_check_report_format()'s text.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char check_usage[] =
+    "usage: flashattn check -q Q.npy -k K.npy -v V.npy --out O_TEST.npy [--lse LSE_TEST.npy]\n"
+    "                       [MASK OPTIONS] [--dtype f32|f16|bf16] [--atol A --rtol R]\n"
+    "                       [--sample-rows K] [--seed S] [--threads T]\n"
+    "\n"
+    "Compares a tested attention output against the float64 reference computed from the\n"
+    "same Q, K, V and mask options (FlashAttention semantics, masks aligned bottom-right).\n"
+    "\n"
+    "  -q Q.npy           queries [batch, seqlen_q, heads, d]\n"
+    "  -k K.npy           keys    [batch, seqlen_k, heads_k, d]\n"
+    "  -v V.npy           values  [batch, seqlen_k, heads_k, d_v]\n"
+    "  --out O_TEST.npy   the output to check [batch, seqlen_q, heads, d_v] (-o is a synonym)\n"
+    "  --lse LSE.npy      also check a log-sum-exp [batch, heads, seqlen_q] (f32/f64, natural\n"
+    "                     log); rows with no visible key may be -inf or +inf; FlashAttention-2's\n"
+    "                     causal-ALiBi LSE offset is recognized and accepted\n"
+    "  --dtype T          precision the tested kernel ran in: bf16, f16 or f32 (default: the\n"
+    "                     lowest precision among the four files; bf16 files are <u2 bit patterns,\n"
+    "                     or pass float32 values with --dtype bf16)\n"
+    "  --atol A --rtol R  replace the default rule by |test - ref| <= A + R*|ref| (either one\n"
+    "                     given; the other defaults to 0)\n"
+    "  --sample-rows K    check K random query rows per (batch, head) exactly: O(K * seqlen_k * d)\n"
+    "  --seed S           seed of the row sampler (default 0)\n"
+    "  --threads T        OpenMP threads (default: all cores)\n"
+    "\n"
+    "Default rule (FlashAttention's own test rule, on the CPU): a plain attention is computed\n"
+    "the way a low-precision kernel would (inputs rounded to the dtype, scores in float32,\n"
+    "P rounded to the dtype before P.V, output rounded); the tested max error must be at most\n"
+    "2x that emulation's max error, plus atol = a * max|ref| (a = 2^-8 bf16, 2^-11 f16,\n"
+    "2^-18 f32). NaN or Inf in the tested output always fails. See docs/validation.md.\n"
+    "\n"
+    "%s\n"
+    "Exit status: 0 within tolerance; 1 mismatch; 2 bad usage or bad input (one line on\n"
+    "stderr naming the file).\n";
+
+/* Parse an unsigned 64-bit seed. */
+static int parse_seed(const char *text, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 0);
+    if (end == text || *end != '\0' || errno == ERANGE || text[0] == '-') {
+        cli_die("--seed: expected a non-negative integer, got '%s'", text);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+int cmd_check(int argc, char **argv)
+{
+    const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *o_path = NULL, *lse_path = NULL;
+    const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *rows_text = NULL;
+    const char *seed_text = NULL, *threads_text = NULL;
+    cli_attn attn;
+    cli_attn_init(&attn);
+
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if (cli_is_help(argv[i])) {
+            printf(check_usage, cli_mask_help);
+            return CLI_EXIT_OK;
+        }
+        if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--out", &o_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-o", &o_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--lse", &lse_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dtype", &dtype_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--atol", &atol_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--rtol", &rtol_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--sample-rows", &rows_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--seed", &seed_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--threads", &threads_text)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            continue;
+        }
+        return cli_unknown_option("check", argv[i]);
+    }
+    if (!q_path || !k_path || !v_path || !o_path)
+        return cli_die("check: missing %s (see flashattn check --help)",
+                       !q_path ? "-q Q.npy" : !k_path ? "-k K.npy" : !v_path ? "-v V.npy" : "--out O_TEST.npy");
+
+    /* Options first: a typo should not cost a 3 GB load. */
+    fa_check_options co = fa_check_options_default();
+    if (dtype_text) {
+        fa_dtype dt;
+        if (cli_parse_dtype("--dtype", dtype_text, &dt) != 0) return CLI_EXIT_USAGE;
+        if (dt == FA_F64)
+            return cli_die("--dtype: the tested kernel's precision must be bf16, f16 or f32, got 'f64'");
+        co.dtype = dt;
+    }
+    if (atol_text || rtol_text) {
+        co.use_tolerance = 1;
+        if (atol_text && cli_parse_double("--atol", atol_text, &co.atol) != 0) return CLI_EXIT_USAGE;
+        if (rtol_text && cli_parse_double("--rtol", rtol_text, &co.rtol) != 0) return CLI_EXIT_USAGE;
+        if (co.atol < 0) return cli_die("--atol: must be >= 0, got '%s'", atol_text);
+        if (co.rtol < 0) return cli_die("--rtol: must be >= 0, got '%s'", rtol_text);
+    }
+    long long n;
+    if (rows_text) {
+        if (cli_parse_int("--sample-rows", rows_text, 1, INT64_MAX, &n) != 0) return CLI_EXIT_USAGE;
+        co.sample_rows = n;
+    }
+    if (seed_text && parse_seed(seed_text, &co.seed) != 0) return CLI_EXIT_USAGE;
+    if (threads_text) {
+        if (cli_parse_int("--threads", threads_text, 1, 4096, &n) != 0) return CLI_EXIT_USAGE;
+        co.num_threads = (int)n;
+    }
+    co.q_name = q_path;
+    co.k_name = k_path;
+    co.v_name = v_path;
+    co.out_name = o_path;
+    co.lse_name = lse_path;
+
+    double t0 = cli_now();
+    cli_qkv in;
+    if (cli_load_qkv(&in, q_path, k_path, v_path)) {
+        cli_attn_free(&attn);
+        return CLI_EXIT_USAGE;
+    }
+    int rc = CLI_EXIT_USAGE;
+    fa_npy o_arr, lse_arr;
+    fa_tensor o_t, lse_t;
+    memset(&o_arr, 0, sizeof o_arr);
+    memset(&lse_arr, 0, sizeof lse_arr);
+    char sh[96];
+    if (cli_attn_load_alibi(&attn, &in)) goto done;
+
+    /* The tested output: NaN/Inf are findings, not bad input. */
+    if (cli_load_array(o_path, 4, 0, "O [batch, seqlen_q, heads, d_v]", &o_arr, &o_t)) goto done;
+    if (o_arr.shape[0] != in.batch || o_arr.shape[1] != in.seqlen_q || o_arr.shape[2] != in.heads ||
+        o_arr.shape[3] != in.dv) {
+        cli_die("%s: shape %s should be [batch, seqlen_q, heads, d_v] = [%lld, %lld, %lld, %lld] "
+                "(from %s and %s)",
+                o_path, cli_shape(4, o_arr.shape, sh, sizeof sh), (long long)in.batch,
+                (long long)in.seqlen_q, (long long)in.heads, (long long)in.dv, q_path, v_path);
+        goto done;
+    }
+    if (lse_path) {
+        if (cli_load_array(lse_path, 3, 0, "LSE [batch, heads, seqlen_q]", &lse_arr, &lse_t)) goto done;
+        if (lse_arr.dtype != FA_F32 && lse_arr.dtype != FA_F64) {
+            cli_die("%s: LSE must be float32 or float64, got %s", lse_path, fa_dtype_name(lse_arr.dtype));
+            goto done;
+        }
+        if (lse_arr.shape[0] != in.batch || lse_arr.shape[1] != in.heads ||
+            lse_arr.shape[2] != in.seqlen_q) {
+            cli_die("%s: shape %s should be [batch, heads, seqlen_q] = [%lld, %lld, %lld] (from %s)",
+                    lse_path, cli_shape(3, lse_arr.shape, sh, sizeof sh), (long long)in.batch,
+                    (long long)in.heads, (long long)in.seqlen_q, q_path);
+            goto done;
+        }
+    }
+    double t_load = cli_now() - t0;
+
+    fa_check_report rep;
+    t0 = cli_now();
+    fa_status st = fa_check(&in.q_t, &in.k_t, &in.v_t, &o_t, lse_path ? &lse_t : NULL, &attn.opt, &co, &rep);
+    double t_check = cli_now() - t0;
+    if (st != FA_OK) {
+        cli_die_status(st);
+        goto done;
+    }
+    size_t len = fa_check_report_format(&rep, NULL, 0);
+    char *text = malloc(len + 1);
+    if (!text) {
+        fa_check_report_free(&rep);
+        cli_die("check: out of memory formatting the report");
+        goto done;
+    }
+    fa_check_report_format(&rep, text, len + 1);
+    printf("flashattn check: %s (%s)%s%s against the float64 reference from %s, %s, %s\n", o_path,
+           fa_dtype_name(o_arr.dtype), lse_path ? " and " : "", lse_path ? lse_path : "", q_path,
+           k_path, v_path);
+    fputs(text, stdout);
+    fa_cpu_info info;
+    fa_get_cpu_info(&info);
+    printf("time: load %.2f s, check %.2f s (%d threads)\n", t_load, t_check,
+           co.num_threads > 0 ? co.num_threads : info.max_threads);
+    free(text);
+    rc = rep.pass ? CLI_EXIT_OK : CLI_EXIT_MISMATCH;
+    fa_check_report_free(&rep);
+done:
+    fa_npy_free(&o_arr);
+    fa_npy_free(&lse_arr);
+    cli_attn_free(&attn);
+    cli_qkv_free(&in);
+    return rc;
+}

@@ -1,0 +1,82 @@
+/*
+ * cmd_info.c — `flashattn info`: what the flash path will do on this machine.
+ *
+ * Prints the kernel ISA the dispatcher chose, the cache sizes and where they
+ * came from, the thread count, and the block sizes for d = 64 and d = 128 with
+ * the arithmetic of the rule (include/flashattn.h, fa_block_sizes): the L2 is
+ * the fast tier ("SRAM") of size M floats, a K/V block of Bc keys of dim d
+ * should take about a quarter of it (Bc = M / 4d), and a Q block has
+ * Br = min(Bc, d) rows. The numbers shown as "used" come from the library
+ * itself, so this page cannot drift from what actually runs.
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static const char info_usage[] =
+    "usage: flashattn info\n"
+    "\n"
+    "Print the kernel ISA, cache sizes (and where they came from), the OpenMP thread count, and\n"
+    "the flash block sizes for d = 64 and d = 128 with the rule that derives them.\n"
+    "\n"
+    "Environment: FA_ISA=scalar|avx2|avx512|neon forces a kernel; FA_L1D_BYTES / FA_L2_BYTES\n"
+    "override the detected caches; FA_BLOCK_Q / FA_BLOCK_K override the block sizes;\n"
+    "OMP_NUM_THREADS sets the default thread count.\n";
+
+static const char *cache_source_name(int source)
+{
+    switch (source) {
+    case 1: return "sysconf/sysfs";
+    case 2: return "CPUID";
+    case 3: return "FA_L1D_BYTES/FA_L2_BYTES environment";
+    default: return "built-in defaults: detection failed";
+    }
+}
+
+/* One block-size line: the rule's arithmetic, then what the library uses. */
+static int print_blocks(const fa_cpu_info *info, int64_t d)
+{
+    int br, bc;
+    fa_status st = fa_block_sizes(d, d, NULL, &br, &bc);
+    if (st != FA_OK) return cli_die_status(st);
+    char l2[32];
+    long long m = (long long)(info->l2_bytes / sizeof(float));
+    long long raw_bc = m / (4 * d);
+    long long raw_br = raw_bc < d ? raw_bc : d;
+    printf("  d = %-4lld L2 = %s -> M = %lld floats, Bc = M/(4d) = %lld, Br = min(Bc, d) = %lld",
+           (long long)d, cli_bytes(info->l2_bytes, l2, sizeof l2), m, raw_bc, raw_br);
+    if (raw_bc != bc || raw_br != br)
+        printf("\n           used: Bc = %d, Br = %d (rounded to the kernel's tiles, Bc clamped to [16, 512], "
+               "Br to [1, 128]%s)\n", bc, br,
+               getenv("FA_BLOCK_Q") || getenv("FA_BLOCK_K") ? "; FA_BLOCK_Q/FA_BLOCK_K set" : "");
+    else
+        printf("   (used as is)\n");
+    return 0;
+}
+
+int cmd_info(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            fputs(info_usage, stdout);
+            return CLI_EXIT_OK;
+        }
+        return cli_unknown_option("info", argv[i]);
+    }
+    fa_cpu_info info;
+    fa_status st = fa_get_cpu_info(&info);
+    if (st != FA_OK) return cli_die_status(st);
+    char b1[32], b2[32], b3[32];
+    printf("flashattn %s\n", FA_VERSION);
+    printf("ISA      : %s (%d float32 lanes; chosen at run time, FA_ISA forces one)\n", info.isa,
+           info.simd_width);
+    printf("threads  : %d (OpenMP default; --threads or OMP_NUM_THREADS changes it)\n", info.max_threads);
+    printf("caches   : L1d %s, L2 %s, L3 %s, line %zu B (from %s)\n",
+           cli_bytes(info.l1d_bytes, b1, sizeof b1), cli_bytes(info.l2_bytes, b2, sizeof b2),
+           info.l3_bytes ? cli_bytes(info.l3_bytes, b3, sizeof b3) : "unknown", info.line_bytes,
+           cache_source_name(info.cache_source));
+    printf("blocks   : flash keeps a Br x d block of Q and a Bc x d block of K and V in the L2 (\"SRAM\")\n");
+    if (print_blocks(&info, 64) || print_blocks(&info, 128)) return CLI_EXIT_USAGE;
+    return CLI_EXIT_OK;
+}

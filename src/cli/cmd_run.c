@@ -1,0 +1,133 @@
+/*
+ * cmd_run.c — `flashattn run`: attention on .npy files.
+ *
+ *   Q.npy [B][Sq][H][d], K.npy [B][Sk][Hk][d], V.npy [B][Sk][Hk][dv]
+ *     -> O.npy [B][Sq][H][dv] (float32 unless --dtype-out), LSE.npy [B][H][Sq] float32
+ *
+ * Order of work: parse every option, check the output directories are
+ * writable, load and cross-check the inputs, compute, then save. Nothing is
+ * written until the result exists, each save is atomic (npy.c), and if the
+ * LSE save fails after O was saved, O is removed: on any error no output file
+ * is left behind (an O.npy that existed before the run is gone too, rather
+ * than silently left stale next to a fresh LSE).
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char run_usage[] =
+    "usage: flashattn run -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy]\n"
+    "                     [MASK OPTIONS] [--impl NAME] [--threads T] [--dtype-out f32|f64|f16|bf16]\n"
+    "\n"
+    "Exact attention O = softmax(mask(scale * Q K^T)) V on .npy files (numpy format 1.0/2.0,\n"
+    "little-endian, C order; dtypes <f4, <f8, <f2, and <u2 holding bfloat16 bit patterns).\n"
+    "\n"
+    "  -q Q.npy           queries [batch, seqlen_q, heads, d]\n"
+    "  -k K.npy           keys    [batch, seqlen_k, heads_k, d]   (heads %% heads_k == 0: GQA/MQA)\n"
+    "  -v V.npy           values  [batch, seqlen_k, heads_k, d_v]\n"
+    "  -o O.npy           output  [batch, seqlen_q, heads, d_v]\n"
+    "  --lse LSE.npy      also write the log-sum-exp [batch, heads, seqlen_q], float32\n"
+    "                     (natural log; -inf for a row with no visible key)\n"
+    "  --dtype-out T      dtype of O: f32 (default), f64, f16 or bf16 (written as <u2)\n"
+    "\n"
+    "%s\n%s\n"
+    "Exit status: 0 ok; 2 bad usage or bad input (one line on stderr naming the file; no output written).\n";
+
+int cmd_run(int argc, char **argv)
+{
+    const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *o_path = NULL, *lse_path = NULL;
+    const char *dtype_text = NULL;
+    cli_attn attn;
+    cli_attn_init(&attn);
+
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if (cli_is_help(argv[i])) {
+            printf(run_usage, cli_mask_help, cli_exec_help);
+            return CLI_EXIT_OK;
+        }
+        if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_parse_exec_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-o", &o_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--lse", &lse_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dtype-out", &dtype_text)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            continue;
+        }
+        return cli_unknown_option("run", argv[i]);
+    }
+    if (!q_path || !k_path || !v_path || !o_path)
+        return cli_die("run: missing %s (see flashattn run --help)",
+                       !q_path ? "-q Q.npy" : !k_path ? "-k K.npy" : !v_path ? "-v V.npy" : "-o O.npy");
+    fa_dtype out_dtype = FA_F32;
+    if (dtype_text && cli_parse_dtype("--dtype-out", dtype_text, &out_dtype) != 0) return CLI_EXIT_USAGE;
+    if (lse_path && strcmp(lse_path, o_path) == 0)
+        return cli_die("run: -o and --lse name the same file '%s'", o_path);
+    if (cli_check_writable(o_path) || (lse_path && cli_check_writable(lse_path))) return CLI_EXIT_USAGE;
+
+    cli_qkv in;
+    if (cli_load_qkv(&in, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
+    if (cli_attn_load_alibi(&attn, &in)) {
+        cli_qkv_free(&in);
+        return CLI_EXIT_USAGE;
+    }
+
+    /* O: [B][Sq][H][dv] in out_dtype;  LSE: [B][H][Sq] float32 */
+    int64_t o_shape[4] = {in.batch, in.seqlen_q, in.heads, in.dv};
+    int64_t lse_shape[3] = {in.batch, in.heads, in.seqlen_q};
+    size_t o_numel = (size_t)(in.batch * in.seqlen_q * in.heads * in.dv);
+    size_t lse_numel = (size_t)(in.batch * in.heads * in.seqlen_q);
+    void *o_mem = calloc(o_numel ? o_numel : 1, fa_dtype_size(out_dtype));
+    float *lse_mem = lse_path ? calloc(lse_numel ? lse_numel : 1, sizeof(float)) : NULL;
+    int rc = CLI_EXIT_USAGE;
+    fa_tensor o, lse;
+    fa_status st;
+    if (!o_mem || (lse_path && !lse_mem)) {
+        cli_die("run: out of memory allocating the output (%zu elements)", o_numel);
+        goto done;
+    }
+    if ((st = fa_tensor_make(&o, o_mem, out_dtype, 4, o_shape, NULL)) != FA_OK ||
+        (lse_path && (st = fa_tensor_make(&lse, lse_mem, FA_F32, 3, lse_shape, NULL)) != FA_OK)) {
+        cli_die_status(st);
+        goto done;
+    }
+
+    double t0 = cli_now();
+    st = fa_forward(&in.q_t, &in.k_t, &in.v_t, &o, lse_path ? &lse : NULL, &attn.opt);
+    double secs = cli_now() - t0;
+    if (st != FA_OK) {
+        cli_die_status(st);
+        goto done;
+    }
+
+    if ((st = fa_npy_save(o_path, o_mem, out_dtype, 4, o_shape)) != FA_OK) {
+        cli_die_status(st);
+        goto done;
+    }
+    if (lse_path && (st = fa_npy_save(lse_path, lse_mem, FA_F32, 3, lse_shape)) != FA_OK) {
+        unlink(o_path);
+        cli_die_status(st);
+        goto done;
+    }
+
+    fa_cpu_info info;
+    char sh[96];
+    fa_get_cpu_info(&info);
+    printf("wrote %s %s %s%s%s (%s, %s, %d threads, %.1f ms)\n", o_path, cli_shape(4, o_shape, sh, sizeof sh),
+           fa_dtype_name(out_dtype), lse_path ? " and " : "", lse_path ? lse_path : "",
+           fa_impl_name(attn.opt.impl), attn.opt.impl == FA_IMPL_REFERENCE ? "float64 loops" : info.isa,
+           attn.opt.num_threads > 0 ? attn.opt.num_threads : info.max_threads, secs * 1e3);
+    rc = CLI_EXIT_OK;
+done:
+    free(o_mem);
+    free(lse_mem);
+    cli_attn_free(&attn);
+    cli_qkv_free(&in);
+    return rc;
+}
