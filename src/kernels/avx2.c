@@ -1,0 +1,371 @@
+/*
+ * avx2.c — AVX2 + FMA micro-kernels (8 float32 lanes, 16 ymm registers).
+ *
+ * Compiled with -mavx2 -mfma on this file only; dispatch.c calls into it only
+ * after CPUID says the CPU (and the OS, XSAVE) supports AVX2 and FMA.
+ *
+ * Register blocking, sized to the 16 ymm registers:
+ *
+ *   qk  S = Q Kt:    MR = 6 rows x NV = 2 vectors (16 columns) = 12 ymm
+ *                    accumulators + 2 for Kt[c][j..j+15] + 1 broadcast of
+ *                    Q[i][c] = 15 registers. Per c: 2 loads, 6 broadcasts,
+ *                    12 FMAs (12 chains cover 2 pipes x 4 cycles of latency).
+ *                    Column panel outside, row block inside (the Kt panel
+ *                    [d][16], 8 KiB at d = 128, stays in L1).
+ *   pv  O = aO + PV: MR = 6 rows x NV = 2 vectors (16 columns of dv), the
+ *                    same shape: per key j, 2 loads of V[j][c..c+15], 6
+ *                    broadcasts of P[i][j], 12 FMAs; O is read, rescaled and
+ *                    written once per tile (O = alpha*O + acc).
+ *
+ * row_block = 6, so the driver should pick Br as a multiple of 6 (e.g. 96 or
+ * 120); other Br work, the last rows running 1..5-row versions of the same
+ * template.
+ *
+ * Tails: qk columns run in 16- or 8-wide panels over Kt's zero padding (ldk
+ * is a multiple of 16) and store S only for j < bc (vmaskmovps for the
+ * partial vector). pv's last, partial vector of dv uses vmaskmovps loads and
+ * stores, so V and O are never touched beyond dv (such panels run a separate
+ * instantiation; the full panels use plain loads). Q is never read beyond d.
+ *
+ * exp: see simd_exp.h. 2^n is built as float bits: one FMA adds a shifter
+ * (1.5 * 2^23 + 127) so that the low bits of x*log2(e) + shifter hold n + 127,
+ * and a shift by 23 moves them into the exponent field. Valid for
+ * n + 127 in [1, 254]; x < ln(FLT_MIN) is masked to exactly 0 (that covers
+ * -inf and every n below range). The general vexp also needs n = 128 (x in
+ * [88.38, 88.72] is still finite), so it splits 2^n = 2^(n/2) * 2^(n - n/2).
+ */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "fma_peak.h"
+#include "simd_exp.h"
+
+#define MR 6
+#define NV 2
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ------------------------------------------------------------------------ */
+/* exp                                                                       */
+/* ------------------------------------------------------------------------ */
+
+#define SHIFTER 12583039.0f /* 1.5 * 2^23 + 127 */
+
+/* The shared steps: returns p = exp(r) and t (whose low bits hold n + 127). */
+INLINE __m256 exp_poly(__m256 x, __m256 *t_out)
+{
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(FA_EXP_LOG2E), _mm256_set1_ps(SHIFTER));
+    const __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(SHIFTER));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(FA_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(FA_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(FA_EXP_C6);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(FA_EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(FA_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(FA_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(FA_EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    *t_out = t;
+    return p;
+}
+
+/* exp(x) for x <= 0, -inf or NaN (softmax arguments): n in [-126, 0]. */
+INLINE __m256 exp_nonpos(__m256 x)
+{
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(FA_EXP_X_MIN), _CMP_NLT_UQ);
+    __m256 t;
+    const __m256 p = exp_poly(x, &t);
+    const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
+    return _mm256_and_ps(_mm256_mul_ps(p, scale), keep);
+}
+
+/* exp(x) for any x: n in [-126, 128], 2^n split in two factors. */
+INLINE __m256 exp_any(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_set1_ps(FA_EXP_X_CLAMP), x); /* NaN stays NaN */
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(FA_EXP_X_MIN), _CMP_NLT_UQ);
+    __m256 t;
+    const __m256 p = exp_poly(x, &t);
+    /* bits(t) = bits(SHIFTER) + n  ->  n */
+    const __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4b40007f));
+    const __m256i n1 = _mm256_srai_epi32(n, 1);
+    const __m256i n2 = _mm256_sub_epi32(n, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(p, s1), s2), keep);
+}
+
+/* Lane mask (all ones) for lanes < k, k in [0, 8]. */
+INLINE __m256i lanes_below(int k)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static void vexp_avx2(int n, const float *x, float *y)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_any(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        const __m256i k = lanes_below(n - i);
+        _mm256_maskstore_ps(y + i, k, exp_any(_mm256_maskload_ps(x + i, k)));
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* qk: S = Q Kt                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Rows [0, mr) x columns [0, 8*nv); S stored only for columns < ncols. */
+INLINE void qk_block(const int mr, const int nv, int d, int ncols, const float *q, size_t ldq,
+                     const float *kt, size_t ldk, float *s, size_t lds)
+{
+    __m256 acc[MR][NV];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) acc[r][v] = _mm256_setzero_ps();
+
+    for (int c = 0; c < d; c++) {
+        const float *krow = kt + (size_t)c * ldk;
+        __m256 kv[NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) kv[v] = _mm256_loadu_ps(krow + 8 * v);
+#pragma GCC unroll 6
+        for (int r = 0; r < mr; r++) {
+            const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * ldq + c);
+#pragma GCC unroll 2
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm256_fmadd_ps(qb, kv[v], acc[r][v]);
+        }
+    }
+
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) {
+            float *dst = s + (size_t)r * lds + 8 * v;
+            const int left = ncols - 8 * v;
+            if (left >= 8)
+                _mm256_storeu_ps(dst, acc[r][v]);
+            else if (left > 0)
+                _mm256_maskstore_ps(dst, lanes_below(left), acc[r][v]);
+        }
+}
+
+INLINE void qk_panel(const int nv, int br, int d, int ncols, const float *q, size_t ldq,
+                     const float *kt, size_t ldk, float *s, size_t lds)
+{
+    int i = 0;
+    for (; i + MR <= br; i += MR)
+        qk_block(MR, nv, d, ncols, q + (size_t)i * ldq, ldq, kt, ldk, s + (size_t)i * lds, lds);
+    const float *qi = q + (size_t)i * ldq;
+    float *si = s + (size_t)i * lds;
+    switch (br - i) {
+    case 5: qk_block(5, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 4: qk_block(4, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 3: qk_block(3, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 2: qk_block(2, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 1: qk_block(1, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    default: break;
+    }
+}
+
+static void qk_avx2(int br, int bc, int d, const float *q, size_t ldq, const float *kt, size_t ldk,
+                    float *s, size_t lds)
+{
+    int j = 0;
+    for (; j + 8 * NV <= bc; j += 8 * NV) qk_panel(NV, br, d, 8 * NV, q, ldq, kt + j, ldk, s + j, lds);
+    if (bc - j > 8)
+        qk_panel(2, br, d, bc - j, q, ldq, kt + j, ldk, s + j, lds);
+    else if (bc - j > 0)
+        qk_panel(1, br, d, bc - j, q, ldq, kt + j, ldk, s + j, lds);
+}
+
+/* ------------------------------------------------------------------------ */
+/* softmax                                                                   */
+/* ------------------------------------------------------------------------ */
+
+INLINE float hmax(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+INLINE float hsum(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+static void softmax_avx2(int br, int bc, float *s, size_t lds, float *m, float *l, float *alpha)
+{
+    const int nfull = bc & ~7;
+    const int ntail = bc - nfull;
+    const __m256i tail = lanes_below(ntail);
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    for (int i = 0; i < br; i++) {
+        float *row = s + (size_t)i * lds;
+        /* lanes >= bc read as -inf: they add nothing to the max or the sum */
+        const __m256 xt = ntail ? _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(row + nfull, tail),
+                                                   _mm256_castsi256_ps(tail))
+                                : neg_inf;
+
+        __m256 mx0 = _mm256_max_ps(_mm256_set1_ps(m[i]), xt), mx1 = neg_inf;
+        int j = 0;
+        for (; j + 16 <= nfull; j += 16) {
+            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
+            mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(row + j + 8));
+        }
+        if (j < nfull) mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
+        const float mnew = hmax(_mm256_max_ps(mx0, mx1));
+
+        if (mnew == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
+            for (j = 0; j < nfull; j += 8) _mm256_storeu_ps(row + j, _mm256_setzero_ps());
+            if (ntail) _mm256_maskstore_ps(row + nfull, tail, _mm256_setzero_ps());
+            alpha[i] = 1.0f;
+            continue;
+        }
+
+        const float a = _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpos(_mm256_set1_ps(m[i] - mnew))));
+        const __m256 vm = _mm256_set1_ps(mnew);
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+        for (j = 0; j + 16 <= nfull; j += 16) {
+            const __m256 p0 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
+            const __m256 p1 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j + 8), vm));
+            _mm256_storeu_ps(row + j, p0);
+            _mm256_storeu_ps(row + j + 8, p1);
+            sum0 = _mm256_add_ps(sum0, p0);
+            sum1 = _mm256_add_ps(sum1, p1);
+        }
+        if (j < nfull) {
+            const __m256 p0 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
+            _mm256_storeu_ps(row + j, p0);
+            sum0 = _mm256_add_ps(sum0, p0);
+        }
+        if (ntail) {
+            const __m256 p1 = exp_nonpos(_mm256_sub_ps(xt, vm));
+            _mm256_maskstore_ps(row + nfull, tail, p1);
+            sum1 = _mm256_add_ps(sum1, p1);
+        }
+        alpha[i] = a;
+        l[i] = a * l[i] + hsum(_mm256_add_ps(sum0, sum1));
+        m[i] = mnew;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* pv: O = alpha O + P V                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Rows [0, mr) x columns [0, 8*nv) of v/o. With `masked`, the last vector is
+ * restricted to the lanes in `last` (vmaskmovps), so nothing beyond dv is
+ * read or written; without it every vector is full.
+ */
+INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last, int bc,
+                     const float *p, size_t ldp, const float *v, size_t ldv, const float *alpha,
+                     float *o, size_t ldo)
+{
+    __m256 acc[MR][NV];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int u = 0; u < nv; u++) acc[r][u] = _mm256_setzero_ps();
+
+    for (int j = 0; j < bc; j++) {
+        const float *vrow = v + (size_t)j * ldv;
+        __m256 vv[NV];
+#pragma GCC unroll 2
+        for (int u = 0; u < nv; u++)
+            vv[u] = (masked && u == nv - 1) ? _mm256_maskload_ps(vrow + 8 * u, last)
+                                            : _mm256_loadu_ps(vrow + 8 * u);
+#pragma GCC unroll 6
+        for (int r = 0; r < mr; r++) {
+            const __m256 pb = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+#pragma GCC unroll 2
+            for (int u = 0; u < nv; u++) acc[r][u] = _mm256_fmadd_ps(pb, vv[u], acc[r][u]);
+        }
+    }
+
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++) {
+        const __m256 a = _mm256_broadcast_ss(alpha + r);
+#pragma GCC unroll 2
+        for (int u = 0; u < nv; u++) {
+            float *dst = o + (size_t)r * ldo + 8 * u;
+            if (masked && u == nv - 1)
+                _mm256_maskstore_ps(dst, last, _mm256_fmadd_ps(a, _mm256_maskload_ps(dst, last), acc[r][u]));
+            else
+                _mm256_storeu_ps(dst, _mm256_fmadd_ps(a, _mm256_loadu_ps(dst), acc[r][u]));
+        }
+    }
+}
+
+INLINE void pv_rows(const int mr, int bc, int dv, const float *p, size_t ldp, const float *v,
+                    size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    const __m256i all = _mm256_set1_epi32(-1);
+    int c = 0;
+    for (; c + 8 * NV <= dv; c += 8 * NV) pv_block(mr, NV, 0, all, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
+    const int left = dv - c;
+    if (left == 8)
+        pv_block(mr, 1, 0, all, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
+    else if (left > 8)
+        pv_block(mr, 2, 1, lanes_below(left - 8), bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
+    else if (left > 0)
+        pv_block(mr, 1, 1, lanes_below(left), bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
+}
+
+static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
+                    const float *alpha, float *o, size_t ldo)
+{
+    int i = 0;
+    for (; i + MR <= br; i += MR)
+        pv_rows(MR, bc, dv, p + (size_t)i * ldp, ldp, v, ldv, alpha + i, o + (size_t)i * ldo, ldo);
+    const float *pi = p + (size_t)i * ldp;
+    float *oi = o + (size_t)i * ldo;
+    switch (br - i) {
+    case 5: pv_rows(5, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 4: pv_rows(4, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 3: pv_rows(3, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 2: pv_rows(2, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 1: pv_rows(1, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    default: break;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* FMA peak loop                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* iters x 12 independent FMA chains x 8 lanes x 2 flops (12 + 2 constants
+ * fit the 16 ymm registers; 12 chains cover 2 pipes x 4 cycles). */
+double fa_fma_loop_avx2(long iters, float *sink)
+{
+    __m256 acc[12];
+    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int k = 0; k < 12; k++) acc[k] = _mm256_set1_ps((float)k);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 12
+        for (int k = 0; k < 12; k++) acc[k] = _mm256_fmadd_ps(acc[k], a, b);
+    __m256 t = acc[0];
+    for (int k = 1; k < 12; k++) t = _mm256_add_ps(t, acc[k]);
+    *sink = hsum(t);
+    return (double)iters * 12 * 8 * 2;
+}
+
+const fa_kernels fa_kernels_avx2 = {
+    .name = "avx2",
+    .simd_width = 8,
+    .row_block = MR,
+    .qk = qk_avx2,
+    .softmax = softmax_avx2,
+    .pv = pv_avx2,
+    .vexp = vexp_avx2,
+};

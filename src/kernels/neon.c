@@ -1,0 +1,336 @@
+/*
+ * neon.c — AArch64 Advanced SIMD micro-kernels (4 float32 lanes, 32 v regs).
+ *
+ * Advanced SIMD is architectural on AArch64, so this file needs no extra
+ * compiler flags; dispatch.c still confirms HWCAP_ASIMD. Correctness first:
+ * it is tested under qemu-aarch64 against the scalar spec (mk/neon.mk), and
+ * its speed has not been measured on Arm hardware yet.
+ *
+ * Register blocking:
+ *
+ *   qk  S = Q Kt:    MR = 4 rows x NV = 4 vectors (16 columns) = 16
+ *                    accumulators. Per c: 4 loads of Kt[c][j..j+15], 4
+ *                    scalar loads of Q[i][c], 16 FMLA-by-element
+ *                    (vfmaq_n_f32). 16 chains cover 4 FMA pipes x 4 cycles
+ *                    on the wider Neoverse cores.
+ *   pv  O = aO + PV: MR = 4 rows x NV = 4 vectors (16 columns of dv), per
+ *                    key j: 4 loads of V[j][c..c+15], 4 scalar loads of
+ *                    P[i][j], 16 FMAs; O = alpha*O + acc once per tile.
+ *
+ * Tails: qk computes 16-wide panels over Kt's zero padding (ldk is a
+ * multiple of 16) and stores only j < bc; pv's partial last vector of dv is
+ * loaded and stored lane by lane, so V and O are never touched beyond dv.
+ * Rows br % 4 run 1..3-row instantiations.
+ *
+ * exp: simd_exp.h, with 2^n built as float bits exactly as in avx2.c (the
+ * same shifter trick, the same mask for x < ln(FLT_MIN), the same split of
+ * 2^n in the general vexp).
+ */
+#include "kernels.h"
+
+#include <arm_neon.h>
+#include <math.h>
+
+#include "fma_peak.h"
+#include "simd_exp.h"
+
+#define MR 4
+#define NV 4
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ------------------------------------------------------------------------ */
+/* exp                                                                       */
+/* ------------------------------------------------------------------------ */
+
+#define SHIFTER 12583039.0f /* 1.5 * 2^23 + 127: low bits of x*log2e + SHIFTER = n + 127 */
+
+INLINE float32x4_t exp_poly(float32x4_t x, float32x4_t *t_out)
+{
+    const float32x4_t t = vfmaq_f32(vdupq_n_f32(SHIFTER), x, vdupq_n_f32(FA_EXP_LOG2E));
+    const float32x4_t n = vsubq_f32(t, vdupq_n_f32(SHIFTER));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(FA_EXP_LN2_HI));
+    r = vfmsq_f32(r, n, vdupq_n_f32(FA_EXP_LN2_LO));
+    float32x4_t p = vdupq_n_f32(FA_EXP_C6);
+    p = vfmaq_f32(vdupq_n_f32(FA_EXP_C5), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FA_EXP_C4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FA_EXP_C3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FA_EXP_C2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    *t_out = t;
+    return p;
+}
+
+/* all ones where x >= ln(FLT_MIN) or x is NaN (NaN propagates, never hidden) */
+INLINE uint32x4_t exp_keep(float32x4_t x)
+{
+    return vmvnq_u32(vcltq_f32(x, vdupq_n_f32(FA_EXP_X_MIN)));
+}
+
+/* exp(x) for x <= 0, -inf or NaN (softmax arguments). */
+INLINE float32x4_t exp_nonpos(float32x4_t x)
+{
+    const uint32x4_t keep = exp_keep(x);
+    float32x4_t t;
+    const float32x4_t p = exp_poly(x, &t);
+    const float32x4_t scale = vreinterpretq_f32_u32(vshlq_n_u32(vreinterpretq_u32_f32(t), 23));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(vmulq_f32(p, scale)), keep));
+}
+
+/* exp(x) for any x: 2^n = 2^(n/2) * 2^(n - n/2) covers n = 128. */
+INLINE float32x4_t exp_any(float32x4_t x)
+{
+    x = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(FA_EXP_X_CLAMP)), vdupq_n_f32(FA_EXP_X_CLAMP), x);
+    const uint32x4_t keep = exp_keep(x);
+    float32x4_t t;
+    const float32x4_t p = exp_poly(x, &t);
+    const int32x4_t n = vsubq_s32(vreinterpretq_s32_f32(t), vdupq_n_s32(0x4b40007f));
+    const int32x4_t n1 = vshrq_n_s32(n, 1);
+    const int32x4_t n2 = vsubq_s32(n, n1);
+    const int32x4_t bias = vdupq_n_s32(127);
+    const float32x4_t s1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n1, bias), 23));
+    const float32x4_t s2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n2, bias), 23));
+    return vreinterpretq_f32_u32(
+        vandq_u32(vreinterpretq_u32_f32(vmulq_f32(vmulq_f32(p, s1), s2)), keep));
+}
+
+/* Partial vectors (k < 4 lanes): lanes >= k read as `fill`. */
+INLINE float32x4_t load_partial(const float *p, int k, float fill)
+{
+    float tmp[4] = {fill, fill, fill, fill};
+    for (int i = 0; i < k; i++) tmp[i] = p[i];
+    return vld1q_f32(tmp);
+}
+
+INLINE void store_partial(float *p, int k, float32x4_t v)
+{
+    float tmp[4];
+    vst1q_f32(tmp, v);
+    for (int i = 0; i < k; i++) p[i] = tmp[i];
+}
+
+static void vexp_neon(int n, const float *x, float *y)
+{
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, exp_any(vld1q_f32(x + i)));
+    if (i < n) store_partial(y + i, n - i, exp_any(load_partial(x + i, n - i, 0.0f)));
+}
+
+/* ------------------------------------------------------------------------ */
+/* qk: S = Q Kt                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Rows [0, mr) x columns [0, 16); S stored only for columns < ncols. */
+INLINE void qk_block(const int mr, int d, int ncols, const float *q, size_t ldq, const float *kt,
+                     size_t ldk, float *s, size_t lds)
+{
+    float32x4_t acc[MR][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[r][v] = vdupq_n_f32(0.0f);
+
+    for (int c = 0; c < d; c++) {
+        const float *krow = kt + (size_t)c * ldk;
+        float32x4_t kv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) kv[v] = vld1q_f32(krow + 4 * v);
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            const float qrc = q[(size_t)r * ldq + c];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r][v] = vfmaq_n_f32(acc[r][v], kv[v], qrc);
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            float *dst = s + (size_t)r * lds + 4 * v;
+            const int left = ncols - 4 * v;
+            if (left >= 4)
+                vst1q_f32(dst, acc[r][v]);
+            else if (left > 0)
+                store_partial(dst, left, acc[r][v]);
+        }
+}
+
+static void qk_neon(int br, int bc, int d, const float *q, size_t ldq, const float *kt, size_t ldk,
+                    float *s, size_t lds)
+{
+    for (int j = 0; j < bc; j += 4 * NV) {
+        const int ncols = bc - j < 4 * NV ? bc - j : 4 * NV;
+        int i = 0;
+        for (; i + MR <= br; i += MR)
+            qk_block(MR, d, ncols, q + (size_t)i * ldq, ldq, kt + j, ldk, s + (size_t)i * lds + j, lds);
+        const float *qi = q + (size_t)i * ldq;
+        float *si = s + (size_t)i * lds + j;
+        switch (br - i) {
+        case 3: qk_block(3, d, ncols, qi, ldq, kt + j, ldk, si, lds); break;
+        case 2: qk_block(2, d, ncols, qi, ldq, kt + j, ldk, si, lds); break;
+        case 1: qk_block(1, d, ncols, qi, ldq, kt + j, ldk, si, lds); break;
+        default: break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* softmax                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void softmax_neon(int br, int bc, float *s, size_t lds, float *m, float *l, float *alpha)
+{
+    const int nfull = bc & ~3, ntail = bc - nfull;
+    for (int i = 0; i < br; i++) {
+        float *row = s + (size_t)i * lds;
+        /* lanes >= bc read as -inf: nothing added to the max or the sum */
+        const float32x4_t xt = load_partial(row + nfull, ntail, -INFINITY);
+        float32x4_t mx0 = vmaxq_f32(vdupq_n_f32(m[i]), xt), mx1 = vdupq_n_f32(-INFINITY);
+        int j = 0;
+        for (; j + 8 <= nfull; j += 8) {
+            mx0 = vmaxq_f32(mx0, vld1q_f32(row + j));
+            mx1 = vmaxq_f32(mx1, vld1q_f32(row + j + 4));
+        }
+        if (j < nfull) mx0 = vmaxq_f32(mx0, vld1q_f32(row + j));
+        const float mnew = vmaxvq_f32(vmaxq_f32(mx0, mx1));
+
+        if (mnew == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
+            for (j = 0; j < bc; j++) row[j] = 0.0f;
+            alpha[i] = 1.0f;
+            continue;
+        }
+
+        const float a = vgetq_lane_f32(exp_nonpos(vdupq_n_f32(m[i] - mnew)), 0);
+        const float32x4_t vm = vdupq_n_f32(mnew);
+        float32x4_t sum0 = vdupq_n_f32(0.0f), sum1 = vdupq_n_f32(0.0f);
+        for (j = 0; j + 8 <= nfull; j += 8) {
+            const float32x4_t p0 = exp_nonpos(vsubq_f32(vld1q_f32(row + j), vm));
+            const float32x4_t p1 = exp_nonpos(vsubq_f32(vld1q_f32(row + j + 4), vm));
+            vst1q_f32(row + j, p0);
+            vst1q_f32(row + j + 4, p1);
+            sum0 = vaddq_f32(sum0, p0);
+            sum1 = vaddq_f32(sum1, p1);
+        }
+        if (j < nfull) {
+            const float32x4_t p0 = exp_nonpos(vsubq_f32(vld1q_f32(row + j), vm));
+            vst1q_f32(row + j, p0);
+            sum0 = vaddq_f32(sum0, p0);
+        }
+        if (ntail) {
+            const float32x4_t p1 = exp_nonpos(vsubq_f32(xt, vm));
+            store_partial(row + nfull, ntail, p1);
+            sum1 = vaddq_f32(sum1, p1);
+        }
+        alpha[i] = a;
+        l[i] = a * l[i] + vaddvq_f32(vaddq_f32(sum0, sum1));
+        m[i] = mnew;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* pv: O = alpha O + P V                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Rows [0, mr) x columns [0, 4*nv) of v/o; the last vector holds `last`
+ * lanes (1..4). Partial vectors go lane by lane: nothing beyond dv is touched.
+ */
+INLINE void pv_block(const int mr, const int nv, int last, int bc, const float *p, size_t ldp,
+                     const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    float32x4_t acc[MR][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int u = 0; u < nv; u++) acc[r][u] = vdupq_n_f32(0.0f);
+
+    for (int j = 0; j < bc; j++) {
+        const float *vrow = v + (size_t)j * ldv;
+        float32x4_t vv[NV];
+#pragma GCC unroll 4
+        for (int u = 0; u < nv; u++)
+            vv[u] = (u == nv - 1 && last < 4) ? load_partial(vrow + 4 * u, last, 0.0f)
+                                              : vld1q_f32(vrow + 4 * u);
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            const float prj = p[(size_t)r * ldp + j];
+#pragma GCC unroll 4
+            for (int u = 0; u < nv; u++) acc[r][u] = vfmaq_n_f32(acc[r][u], vv[u], prj);
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) {
+        const float32x4_t a = vdupq_n_f32(alpha[r]);
+#pragma GCC unroll 4
+        for (int u = 0; u < nv; u++) {
+            float *dst = o + (size_t)r * ldo + 4 * u;
+            if (u == nv - 1 && last < 4)
+                store_partial(dst, last, vfmaq_f32(acc[r][u], a, load_partial(dst, last, 0.0f)));
+            else
+                vst1q_f32(dst, vfmaq_f32(acc[r][u], a, vld1q_f32(dst)));
+        }
+    }
+}
+
+INLINE void pv_rows(const int mr, int bc, int dv, const float *p, size_t ldp, const float *v,
+                    size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    int c = 0;
+    for (; c + 4 * NV <= dv; c += 4 * NV) pv_block(mr, NV, 4, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
+    const int left = dv - c; /* 0..15 columns */
+    const int lastw = left % 4 ? left % 4 : 4;
+    switch ((left + 3) / 4) {
+    case 4: pv_block(mr, 4, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    case 3: pv_block(mr, 3, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    case 2: pv_block(mr, 2, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    case 1: pv_block(mr, 1, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    default: break;
+    }
+}
+
+static void pv_neon(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
+                    const float *alpha, float *o, size_t ldo)
+{
+    int i = 0;
+    for (; i + MR <= br; i += MR)
+        pv_rows(MR, bc, dv, p + (size_t)i * ldp, ldp, v, ldv, alpha + i, o + (size_t)i * ldo, ldo);
+    const float *pi = p + (size_t)i * ldp;
+    float *oi = o + (size_t)i * ldo;
+    switch (br - i) {
+    case 3: pv_rows(3, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 2: pv_rows(2, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 1: pv_rows(1, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    default: break;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* FMA peak loop                                                             */
+/* ------------------------------------------------------------------------ */
+
+double fa_fma_loop_neon(long iters, float *sink)
+{
+    float32x4_t acc[16];
+    const float32x4_t a = vdupq_n_f32(0.999999f), b = vdupq_n_f32(1e-7f);
+    for (int k = 0; k < 16; k++) acc[k] = vdupq_n_f32((float)k);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) acc[k] = vfmaq_f32(b, acc[k], a);
+    float32x4_t t = acc[0];
+    for (int k = 1; k < 16; k++) t = vaddq_f32(t, acc[k]);
+    *sink = vaddvq_f32(t);
+    return (double)iters * 16 * 4 * 2;
+}
+
+const fa_kernels fa_kernels_neon = {
+    .name = "neon",
+    .simd_width = 4,
+    .row_block = MR,
+    .qk = qk_neon,
+    .softmax = softmax_neon,
+    .pv = pv_neon,
+    .vexp = vexp_neon,
+};
