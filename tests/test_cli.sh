@@ -157,6 +157,9 @@ expect_fail "bad dtype-out" "--dtype-out" $RUN --dtype-out f8
 expect_fail "output dir missing" "nodir/o.npy: cannot write there" $fa run -q q.npy -k k.npy -v v.npy -o nodir/o.npy
 expect_fail "lse dir missing" "nodir/lse.npy: cannot write there" \
     $fa run -q q.npy -k k.npy -v v.npy -o o.npy --lse nodir/lse.npy
+mkdir lse_dir.npy   # LSE's save fails after O's succeeded: O must be removed again
+expect_fail "lse save fails after o saved" "lse_dir.npy: cannot rename" \
+    $fa run -q q.npy -k k.npy -v v.npy -o o.npy --lse lse_dir.npy
 expect_fail "same output twice" "same file" $fa run -q q.npy -k k.npy -v v.npy -o o.npy --lse o.npy
 expect_fail "unknown command" "unknown command 'frobnicate'" $fa frobnicate
 expect_fail "unknown top-level flag" "unknown option '--frob'" $fa --frob

@@ -168,6 +168,22 @@ int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in);
  */
 int cli_check_writable(const char *path);
 
+/* One output file for cli_save_outputs: a C-contiguous array. */
+typedef struct cli_output {
+    const char *path;        /* NULL entries are skipped (e.g. an optional --lse) */
+    const void *data;
+    fa_dtype dtype;
+    int rank;
+    const int64_t *shape;
+} cli_output;
+
+/*
+ * Save several outputs as .npy, all or none: each save is atomic, and if one
+ * fails the files already saved by this call are removed. Returns 0, or
+ * prints one line and returns CLI_EXIT_USAGE.
+ */
+int cli_save_outputs(const cli_output *outs, int n);
+
 /* Parse "f32", "f64", "f16", "bf16". Returns 0, or -1 after printing "OPT: ...". */
 int cli_parse_dtype(const char *opt, const char *text, fa_dtype *dtype);
 

@@ -396,6 +396,20 @@ int cli_check_writable(const char *path)
     return 0;
 }
 
+int cli_save_outputs(const cli_output *outs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!outs[i].path) continue;
+        fa_status st = fa_npy_save(outs[i].path, outs[i].data, outs[i].dtype, outs[i].rank, outs[i].shape);
+        if (st != FA_OK) {
+            for (int j = 0; j < i; j++)
+                if (outs[j].path) unlink(outs[j].path);
+            return cli_die_status(st);
+        }
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Small utilities                                                           */
 /* ------------------------------------------------------------------------ */

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static const char run_usage[] =
     "usage: flashattn run -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy]\n"
@@ -106,15 +105,11 @@ int cmd_run(int argc, char **argv)
         goto done;
     }
 
-    if ((st = fa_npy_save(o_path, o_mem, out_dtype, 4, o_shape)) != FA_OK) {
-        cli_die_status(st);
-        goto done;
-    }
-    if (lse_path && (st = fa_npy_save(lse_path, lse_mem, FA_F32, 3, lse_shape)) != FA_OK) {
-        unlink(o_path);
-        cli_die_status(st);
-        goto done;
-    }
+    cli_output outs[2] = {
+        {o_path, o_mem, out_dtype, 4, o_shape},
+        {lse_path, lse_mem, FA_F32, 3, lse_shape},
+    };
+    if (cli_save_outputs(outs, 2)) goto done;
 
     fa_cpu_info info;
     char sh[96];
