@@ -68,7 +68,7 @@ static size_t naive_ws(const tut_problem *pb) { return 2 * (size_t)pb->n * (size
 
 int main(int argc, char **argv)
 {
-    const tut_kernel k = {"attention_naive", attention_naive, attention_naive_probed, naive_ws};
+    const tut_kernel k = {"attention_naive", attention_naive, attention_naive_probed, naive_ws, 0};
     tut_args a = {.n = {128, 256, 512}, .n_count = 3, .d = 64, .reps = 3, .vg_kernel = k.name};
     tut_parse_args(argc, argv, &a, "02_naive_attention: materialize S and P");
     if (tut_kernel_mode(&a, &k, 0, 0)) return 0;

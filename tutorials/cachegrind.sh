@@ -13,11 +13,14 @@
 set -eu
 bin=$1; shift
 command -v valgrind >/dev/null 2>&1 || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 3; }
-set -- "$@"
 info=$("$bin" --valgrind-geometry "$@")
 d1=$(echo "$info" | cut -d' ' -f1)
 ll=$(echo "$info" | cut -d' ' -f2)
 kernel=$(echo "$info" | cut -d' ' -f3)
+# Pin the geometry for both runs: under valgrind the CPU reports other caches,
+# and the step would derive its default block sizes from those.
+geo=$(echo "$d1:$ll" | sed 's/--D1=//; s/--LL=//')
+set -- "$@" --geometry "$geo"
 out=$(mktemp "${TMPDIR:-/tmp}/cg.XXXXXX")
 trap 'rm -f "$out"' EXIT
 # I1 is fixed (instruction misses are not the lesson); --cache-sim=yes is the default

@@ -61,8 +61,9 @@
 
 /* Load *p, telling the simulator first. */
 #define LD(cs, p) (((cs) ? cachesim_access((cs), (p), sizeof *(p), 0) : (void)0), *(p))
-/* Store v to *p, telling the simulator first (write-allocate: a miss loads the line). */
-#define ST(cs, p, v) (((cs) ? cachesim_access((cs), (p), sizeof *(p), 1) : (void)0), *(p) = (v))
+/* Store v to *p, then tell the simulator (after v's own loads, in program order).
+ * Write-allocate: a store that misses loads the line, like a load does. */
+#define ST(cs, p, v) ((void)(*(p) = (v)), (cs) ? cachesim_access((cs), (p), sizeof *(p), 1) : (void)0)
 
 /* ======================================================================== */
 /* 2. Arguments                                                              */
@@ -251,9 +252,11 @@ static inline void tut_fill(float *x, size_t n, uint64_t seed, float lo, float h
  * Q: [n][d], K: [n][d], V: [n][d] (float32, contiguous); O_ref: [n][d] float64.
  */
 static inline void tut_reference(int n, int d, const float *Q, const float *K, const float *V,
-                          int causal, double *O_ref)
+                          int causal, double *O_ref, double *lse_ref /* [n] or NULL */)
 {
-    fa_tensor q, k, v, o;
+    fa_tensor q, k, v, o, lse;
+    int64_t lshape[3] = {1, 1, n};
+    if (lse_ref) fa_tensor_make(&lse, lse_ref, FA_F64, 3, lshape, NULL);
     int64_t shape[4] = {1, n, 1, d};
     fa_tensor_make(&q, (void *)Q, FA_F32, 4, shape, NULL);
     fa_tensor_make(&k, (void *)K, FA_F32, 4, shape, NULL);
@@ -262,7 +265,7 @@ static inline void tut_reference(int n, int d, const float *Q, const float *K, c
     fa_options opt = fa_options_default();
     opt.impl = FA_IMPL_REFERENCE;
     opt.causal = causal;
-    fa_status st = fa_forward(&q, &k, &v, &o, NULL, &opt);
+    fa_status st = fa_forward(&q, &k, &v, &o, lse_ref ? &lse : NULL, &opt);
     if (st != FA_OK) {
         fprintf(stderr, "reference failed: %s: %s\n", fa_status_string(st), fa_last_error());
         exit(1);
@@ -486,6 +489,7 @@ typedef struct tut_kernel {
     void (*run)(const tut_problem *pb);            /* probes compiled out */
     void (*probed)(cachesim *cs, const tut_problem *pb);
     size_t (*ws_floats)(const tut_problem *pb);    /* floats of scratch it needs */
+    int writes_lse;                                /* 1: the kernel also writes pb->lse */
 } tut_kernel;
 
 /* One measured row of a step's table and data file. */
@@ -497,6 +501,7 @@ typedef struct tut_result {
     uint64_t l1_bytes, l2_bytes;      /* [sim] traffic below L1 / below L2 (fills + write-backs) */
     long long hw_l1, hw_ll;           /* [hw], -1 when unavailable */
     double err;                       /* max |O - O_ref| */
+    double lse_err;                   /* max |LSE - LSE_ref| when the kernel writes LSE, else 0 */
 } tut_result;
 
 #define TUT_DAT_COLUMNS \
@@ -540,6 +545,35 @@ static inline void tut_problem_free(tut_problem *pb)
 {
     free((void *)pb->Q); free((void *)pb->K); free((void *)pb->V);
     free(pb->O); free(pb->lse); free(pb->ws);
+}
+
+/*
+ * The paper's block sizes for a fast memory of M floats: Bc = ceil(M / 4d),
+ * Br = min(Bc, d). In the tutorials the fast memory is the simulated L1, so
+ * M = L1 bytes / 4. (The library plans for L2 instead; `flashattn info`.)
+ */
+static inline void tut_paper_blocks(const tut_args *a, int *br, int *bc)
+{
+    long M = (long)(a->geo.l1.size_bytes / sizeof(float));
+    long c = (M + 4L * a->d - 1) / (4L * a->d);
+    if (c < 1) c = 1;
+    if (!*bc) *bc = (int)c;
+    if (!*br) *br = (int)(c < a->d ? c : a->d);
+}
+
+/*
+ * Blocks that FIT: the largest Br = Bc = b (a multiple of 8) with
+ * (2 b + 4 b) d + b^2 <= M floats: Q_i and O_i, the tile, and TWO key/value
+ * blocks, because an LRU cache still holds K_j, V_j while K_{j+1}, V_{j+1}
+ * come in, and it evicts the oldest lines first, not the dead ones.
+ * Steps 07+ use it; step 06 keeps the paper's rule and shows what overflowing costs.
+ */
+static inline void tut_fit_blocks(const tut_args *a, int *br, int *bc)
+{
+    long M = (long)(a->geo.l1.size_bytes / sizeof(float)), b = 8;
+    while (6 * (b + 8) * a->d + (b + 8) * (b + 8) <= M) b += 8;
+    if (!*bc) *bc = (int)b;
+    if (!*br) *br = (int)b;
 }
 
 /* Print the simulator's counts for one cold run in the form tutorials/cachegrind.sh reads. */
@@ -590,17 +624,22 @@ static inline tut_result tut_measure(const tut_args *a, const tut_kernel *k, int
     tut_problem pb = {.n = n, .d = a->d, .br = br, .bc = bc, .causal = a->causal};
     tut_problem_alloc(&pb, k);
     size_t nd = (size_t)n * (size_t)a->d;
-    double *O_ref = tut_alloc(nd * 8);   /* [n][d] */
-    tut_reference(n, a->d, pb.Q, pb.K, pb.V, a->causal, O_ref);
+    double *O_ref = tut_alloc(nd * 8);           /* [n][d] */
+    double *lse_ref = tut_alloc((size_t)n * 8);  /* [n] */
+    tut_reference(n, a->d, pb.Q, pb.K, pb.V, a->causal, O_ref, lse_ref);
     k->run(&pb);
     r.err = tut_max_err(pb.O, O_ref, nd);
     tut_require(r.err, tol, k->name);
+    if (k->writes_lse) {
+        r.lse_err = tut_max_err(pb.lse, lse_ref, (size_t)n);
+        tut_require(r.lse_err, tol, "log-sum-exp");
+    }
     tut_flush_caches(a);
     tut_hw_start(hw);
     TUT_TIME(a->reps, r.sec, k->run(&pb));
     tut_hw_stop(hw);
-    r.hw_l1 = hw->l1;
-    r.hw_ll = hw->ll;
+    r.hw_l1 = hw->l1 < 0 ? -1 : hw->l1 / (a->reps + 1);   /* per run (reps + the warm-up) */
+    r.hw_ll = hw->ll < 0 ? -1 : hw->ll / (a->reps + 1);
     if (cs) {
         cachesim_reset(cs);
         k->probed(cs, &pb);
@@ -616,6 +655,7 @@ static inline tut_result tut_measure(const tut_args *a, const tut_kernel *k, int
     r.n = n; r.d = a->d; r.br = br; r.bc = bc;
     r.ws_bytes = k->ws_floats(&pb) * 4;
     free(O_ref);
+    free(lse_ref);
     tut_problem_free(&pb);
     return r;
 }
