@@ -38,7 +38,7 @@ KERNEL_SRCS += src/kernels/avx2.c
 CFLAGS      += -DFA_HAVE_AVX2
 endif
 ifneq ($(wildcard src/kernels/avx512.c),)
-KERNEL_SRCS += src/kernels/avx512.c
+KERNEL_SRCS += src/kernels/avx512.c src/kernels/avx512_transpose.c
 CFLAGS      += -DFA_HAVE_AVX512
 endif
 endif
@@ -49,7 +49,9 @@ CFLAGS      += -DFA_HAVE_NEON
 endif
 endif
 $(BUILD)/src/kernels/avx2.o:   ISAFLAGS = -mavx2 -mfma -mf16c
-$(BUILD)/src/kernels/avx512.o: ISAFLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mfma -mf16c
+AVX512FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mfma -mf16c
+$(BUILD)/src/kernels/avx512.o:           ISAFLAGS = $(AVX512FLAGS)
+$(BUILD)/src/kernels/avx512_transpose.o: ISAFLAGS = $(AVX512FLAGS)
 
 # ---- OpenBLAS (optional, for `flashattn bench --impl blas`) -----------------
 HAVE_BLAS := $(shell test -f /usr/include/x86_64-linux-gnu/cblas.h -o -f /usr/include/cblas.h -o -f /usr/include/$(ARCH)-linux-gnu/cblas.h && echo 1)

@@ -338,4 +338,5 @@ const fa_kernels fa_kernels_avx512 = {
     .softmax = softmax_avx512,
     .pv = pv_avx512,
     .vexp = vexp_avx512,
+    .transpose = fa_transpose_avx512, /* avx512_transpose.c */
 };

@@ -54,6 +54,13 @@ typedef struct fa_kernels {
 
     /* y[i] = exp(x[i]) for n elements; exp(-inf) = 0 exactly. */
     void (*vexp)(int n, const float *x, float *y);
+
+    /*
+     * Optional (NULL: the driver's portable loop). Transpose a K tile into
+     * the packed Kt layout: kt[c][j] = k[j * ldk_src + c] for j < bc, c < d.
+     * Columns bc..round16(bc)-1 of kt are zeroed by the driver.
+     */
+    void (*transpose)(int bc, int d, const float *k, size_t ldk_src, float *kt, size_t ldkt);
 } fa_kernels;
 
 /* The tables each ISA file defines (only those compiled in exist). */
@@ -63,6 +70,7 @@ extern const fa_kernels fa_kernels_avx2;
 #endif
 #if defined(FA_HAVE_AVX512)
 extern const fa_kernels fa_kernels_avx512;
+void fa_transpose_avx512(int bc, int d, const float *k, size_t ldk, float *kt, size_t ldkt);
 #endif
 #if defined(FA_HAVE_NEON)
 extern const fa_kernels fa_kernels_neon;
