@@ -50,6 +50,7 @@
 #define QK_NV 2
 #define PV_MR 8
 #define PV_NV 2
+#define PV_KC 128 /* keys per chunk: V sub-panel [128][32] = 16 KiB */
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -234,11 +235,12 @@ static void softmax_avx512(int br, int bc, float *s, size_t lds, float *m, float
 /* ------------------------------------------------------------------------ */
 
 /*
- * One register block: rows [0, MR), columns [0, 16*NV) of v/o, of which the
- * last vector is restricted to the lanes in `last` (masked loads/stores, so
- * nothing beyond dv is read or written).
+ * One register block: rows [0, MR), columns [0, 16*NV) of v/o, keys [0, kc).
+ * The last vector is restricted to the lanes in `last` (masked loads and
+ * stores, so nothing beyond dv is read or written). O = a*O + acc with
+ * a = alpha[r] on the first key chunk and 1 on later ones.
  */
-INLINE void pv_block(const int MR, const int NV, int bc, __mmask16 last, const float *p,
+INLINE void pv_block(const int MR, const int NV, int kc, __mmask16 last, const float *p,
                      size_t ldp, const float *v, size_t ldv, const float *alpha, float *o,
                      size_t ldo)
 {
@@ -248,7 +250,7 @@ INLINE void pv_block(const int MR, const int NV, int bc, __mmask16 last, const f
 #pragma GCC unroll 2
         for (int u = 0; u < NV; u++) acc[r][u] = _mm512_setzero_ps();
 
-    for (int j = 0; j < bc; j++) {
+    for (int j = 0; j < kc; j++) {
         const float *vrow = v + (size_t)j * ldv;
         __m512 vv[PV_NV];
 #pragma GCC unroll 2
@@ -265,7 +267,7 @@ INLINE void pv_block(const int MR, const int NV, int bc, __mmask16 last, const f
 
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++) {
-        const __m512 a = _mm512_set1_ps(alpha[r]);
+        const __m512 a = _mm512_set1_ps(alpha ? alpha[r] : 1.0f);
 #pragma GCC unroll 2
         for (int u = 0; u < NV; u++) {
             float *dst = o + (size_t)r * ldo + 16 * u;
@@ -276,38 +278,48 @@ INLINE void pv_block(const int MR, const int NV, int bc, __mmask16 last, const f
     }
 }
 
-INLINE void pv_rows(const int MR, int bc, int dv, const float *p, size_t ldp, const float *v,
-                    size_t ldv, const float *alpha, float *o, size_t ldo)
-{
-    int c = 0;
-    for (; c + 16 * PV_NV <= dv; c += 16 * PV_NV)
-        pv_block(MR, PV_NV, bc, 0xffff, p, ldp, v + c, ldv, alpha, o + c, ldo);
-    const int left = dv - c;
-    if (left > 16)
-        pv_block(MR, 2, bc, (__mmask16)((1u << (left - 16)) - 1u), p, ldp, v + c, ldv, alpha,
-                 o + c, ldo);
-    else if (left > 0)
-        pv_block(MR, 1, bc, (__mmask16)((1u << left) - 1u), p, ldp, v + c, ldv, alpha, o + c,
-                 ldo);
-}
-
-static void pv_avx512(int br, int bc, int dv, const float *p, size_t ldp, const float *v,
-                      size_t ldv, const float *alpha, float *o, size_t ldo)
+/* All row blocks of one (column panel, key chunk). */
+INLINE void pv_panel(const int NV, int br, int kc, __mmask16 last, const float *p, size_t ldp,
+                     const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
 {
     int i = 0;
     for (; i + PV_MR <= br; i += PV_MR)
-        pv_rows(PV_MR, bc, dv, p + (size_t)i * ldp, ldp, v, ldv, alpha + i, o + (size_t)i * ldo, ldo);
-    const float *pi = p + (size_t)i * ldp;
+        pv_block(PV_MR, NV, kc, last, p + (size_t)i * ldp, ldp, v, ldv, alpha ? alpha + i : NULL,
+                 o + (size_t)i * ldo, ldo);
+    const float *pi = p + (size_t)i * ldp, *ai = alpha ? alpha + i : NULL;
     float *oi = o + (size_t)i * ldo;
     switch (br - i) {
-    case 7: pv_rows(7, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 6: pv_rows(6, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 5: pv_rows(5, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 4: pv_rows(4, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 3: pv_rows(3, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 2: pv_rows(2, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 1: pv_rows(1, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 7: pv_block(7, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 6: pv_block(6, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 5: pv_block(5, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 4: pv_block(4, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 3: pv_block(3, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 2: pv_block(2, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 1: pv_block(1, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
     default: break;
+    }
+}
+
+/*
+ * Loop order: column panel (32 of dv) > key chunk (PV_KC keys) > row block.
+ * The V sub-panel [PV_KC][32] (16 KiB) stays in L1 while all row blocks
+ * stream past it; without the chunking, a 512-key V panel (64 KiB) would
+ * fall out of L1 and be re-read from L2 by every row block.
+ */
+static void pv_avx512(int br, int bc, int dv, const float *p, size_t ldp, const float *v,
+                      size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    for (int c = 0; c < dv; c += 16 * PV_NV) {
+        const int left = dv - c < 16 * PV_NV ? dv - c : 16 * PV_NV;
+        for (int j0 = 0; j0 < bc; j0 += PV_KC) {
+            const int kc = bc - j0 < PV_KC ? bc - j0 : PV_KC;
+            const float *pj = p + j0, *vj = v + (size_t)j0 * ldv + c;
+            const float *aj = j0 == 0 ? alpha : NULL;
+            if (left > 16)
+                pv_panel(2, br, kc, (__mmask16)((1u << (left - 16)) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
+            else
+                pv_panel(1, br, kc, (__mmask16)((1u << left) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
+        }
     }
 }
 
