@@ -175,58 +175,83 @@ static void qk_avx512(int br, int bc, int d, const float *q, size_t ldq, const f
 /* softmax: the online update of one tile                                    */
 /* ------------------------------------------------------------------------ */
 
+/* max(m, max_{j < bc} row[j]) */
+INLINE float row_max(const float *row, int nfull, __mmask16 tail, float m)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    __m512 mx0 = _mm512_set1_ps(m), mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
+    int j = 0;
+    for (; j + 64 <= nfull; j += 64) {
+        mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(row + j));
+        mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(row + j + 16));
+        mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(row + j + 32));
+        mx3 = _mm512_max_ps(mx3, _mm512_loadu_ps(row + j + 48));
+    }
+    for (; j < nfull; j += 16) mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(row + j));
+    if (tail) mx1 = _mm512_max_ps(mx1, _mm512_mask_loadu_ps(neg_inf, tail, row + nfull));
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)));
+}
+
+/*
+ * Rows go in groups of 16: first the 16 row maxima (independent, so they
+ * overlap), then alpha for the 16 rows in one vector exp, then the exp pass
+ * of each row. Row by row, every exp pass would wait for its own max
+ * reduction and the CPU would idle through that latency once per row.
+ */
 static void softmax_avx512(int br, int bc, float *s, size_t lds, float *m, float *l, float *alpha)
 {
     const int nfull = bc & ~15;
     const __mmask16 tail = (__mmask16)((1u << (bc - nfull)) - 1u);
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-    for (int i = 0; i < br; i++) {
-        float *row = s + (size_t)i * lds;
+    for (int i0 = 0; i0 < br; i0 += 16) {
+        const int g = br - i0 < 16 ? br - i0 : 16;
+        const __mmask16 gm = (__mmask16)((1u << g) - 1u);
+        float mnew[16];
+        for (int r = 0; r < g; r++) mnew[r] = row_max(s + (size_t)(i0 + r) * lds, nfull, tail, m[i0 + r]);
 
-        /* m_new = max(m, max_j S[i][j]) */
-        __m512 mx0 = _mm512_set1_ps(m[i]), mx1 = neg_inf;
-        int j = 0;
-        for (; j + 32 <= nfull; j += 32) {
-            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(row + j));
-            mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(row + j + 16));
-        }
-        if (j < nfull) mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(row + j));
-        if (tail) mx1 = _mm512_max_ps(mx1, _mm512_mask_loadu_ps(neg_inf, tail, row + nfull));
-        const float mnew = _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1));
+        /* alpha = exp(m - m_new): 0 when m was -inf; 1 when nothing is visible yet */
+        const __m512 vmold = _mm512_maskz_loadu_ps(gm, m + i0);
+        const __m512 vmnew = _mm512_maskz_loadu_ps(gm, mnew);
+        const __mmask16 none = _mm512_cmp_ps_mask(vmnew, neg_inf, _CMP_EQ_OQ);
+        __m512 va = exp_nonpos(_mm512_sub_ps(vmold, vmnew));
+        va = _mm512_mask_blend_ps(none, va, _mm512_set1_ps(1.0f));
+        _mm512_mask_storeu_ps(alpha + i0, gm, va);
+        float a[16];
+        _mm512_storeu_ps(a, va);
 
-        if (mnew == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
-            for (j = 0; j < nfull; j += 16) _mm512_storeu_ps(row + j, _mm512_setzero_ps());
-            if (tail) _mm512_mask_storeu_ps(row + nfull, tail, _mm512_setzero_ps());
-            alpha[i] = 1.0f;
-            continue;
+        for (int r = 0; r < g; r++) {
+            const int i = i0 + r;
+            float *row = s + (size_t)i * lds;
+            if (mnew[r] == -INFINITY) { /* nothing visible yet: P = 0, keep O, l and m */
+                for (int j = 0; j < nfull; j += 16) _mm512_storeu_ps(row + j, _mm512_setzero_ps());
+                if (tail) _mm512_mask_storeu_ps(row + nfull, tail, _mm512_setzero_ps());
+                continue;
+            }
+            const __m512 vm = _mm512_set1_ps(mnew[r]);
+            __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+            int j = 0;
+            for (; j + 32 <= nfull; j += 32) {
+                const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
+                const __m512 p1 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), vm));
+                _mm512_storeu_ps(row + j, p0);
+                _mm512_storeu_ps(row + j + 16, p1);
+                sum0 = _mm512_add_ps(sum0, p0);
+                sum1 = _mm512_add_ps(sum1, p1);
+            }
+            if (j < nfull) {
+                const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
+                _mm512_storeu_ps(row + j, p0);
+                sum0 = _mm512_add_ps(sum0, p0);
+            }
+            if (tail) {
+                const __m512 x = _mm512_mask_loadu_ps(neg_inf, tail, row + nfull);
+                const __m512 p1 = exp_nonpos(_mm512_sub_ps(x, vm)); /* lanes >= bc: exp(-inf) = 0 */
+                _mm512_mask_storeu_ps(row + nfull, tail, p1);
+                sum1 = _mm512_add_ps(sum1, p1);
+            }
+            l[i] = a[r] * l[i] + _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+            m[i] = mnew[r];
         }
-
-        /* alpha = exp(m - m_new): 0 when m was -inf */
-        const float a = _mm512_cvtss_f32(exp_nonpos(_mm512_set1_ps(m[i] - mnew)));
-        const __m512 vm = _mm512_set1_ps(mnew);
-        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-        for (j = 0; j + 32 <= nfull; j += 32) {
-            const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
-            const __m512 p1 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), vm));
-            _mm512_storeu_ps(row + j, p0);
-            _mm512_storeu_ps(row + j + 16, p1);
-            sum0 = _mm512_add_ps(sum0, p0);
-            sum1 = _mm512_add_ps(sum1, p1);
-        }
-        if (j < nfull) {
-            const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
-            _mm512_storeu_ps(row + j, p0);
-            sum0 = _mm512_add_ps(sum0, p0);
-        }
-        if (tail) {
-            const __m512 x = _mm512_mask_loadu_ps(neg_inf, tail, row + nfull);
-            const __m512 p1 = exp_nonpos(_mm512_sub_ps(x, vm)); /* lanes >= bc: exp(-inf) = 0 */
-            _mm512_mask_storeu_ps(row + nfull, tail, p1);
-            sum1 = _mm512_add_ps(sum1, p1);
-        }
-        alpha[i] = a;
-        l[i] = a * l[i] + _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
-        m[i] = mnew;
     }
 }
 
