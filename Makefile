@@ -68,7 +68,7 @@ LIB_OBJS = $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS = $(wildcard src/cli/*.c)
 CLI_OBJS = $(CLI_SRCS:%.c=$(BUILD)/%.o)
 
-TEST_SRCS = $(wildcard tests/test_*.c)
+TEST_SRCS = $(filter-out tests/test_util.c,$(wildcard tests/test_*.c))
 TEST_BINS = $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
 .PHONY: all run test check-deps bench tutorials plots docs cuda install clean sanitize fuzz

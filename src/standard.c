@@ -14,11 +14,20 @@
  * driving the machine into swap.
  *
  * Heads run one after another; the rows of one head are split among threads,
- * so memory is one S per call whatever the thread count.
+ * so memory is one S per call whatever the thread count. The two matrix
+ * products use the same SIMD micro-kernels as the flash path (qk over a whole
+ * row of keys, pv over a whole row of P), so flash vs standard measures the
+ * IO difference — the N x N round trip — not a difference in arithmetic.
  */
 #include "internal.h"
 
 #include <stdlib.h>
+
+#include "kernels/kernels.h"
+
+/* Rows per micro-kernel call, and the d_v chunk of the P V accumulator. */
+#define STD_ROWS 32
+#define STD_DV_CHUNK 128
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
@@ -28,7 +37,8 @@ size_t fa_standard_workspace(const fa_problem *p)
     size_t s = (size_t)p->seqlen_q * ldk;                  /* S/P [Sq][ldk] */
     size_t packed = (size_t)p->seqlen_q * (size_t)p->d     /* Q   [Sq][d]   */
                     + (size_t)p->d * ldk                   /* K^T [d][ldk]  */
-                    + (size_t)p->seqlen_k * (size_t)p->dv; /* V   [Sk][dv]  */
+                    + (size_t)p->seqlen_k * (size_t)p->dv  /* V   [Sk][dv]  */
+                    + 2 * (size_t)p->seqlen_q;             /* row max, sum  */
     return (s + packed) * sizeof(float);
 }
 
@@ -50,11 +60,19 @@ fa_status fa_standard_forward(const fa_problem *p)
     float *Q = fa_malloc((size_t)Sq * (size_t)d * sizeof(float));          /* [Sq][d], scaled */
     float *Kt = fa_malloc((size_t)d * ldk * sizeof(float) + sizeof(float)); /* [d][ldk] */
     float *V = fa_malloc(((size_t)Sk * (size_t)dv + 1) * sizeof(float));   /* [Sk][dv] */
-    if (!S || !Q || !Kt || !V) {
-        fa_free(S); fa_free(Q); fa_free(Kt); fa_free(V);
+    float *rowm = fa_malloc((size_t)Sq * sizeof(float));                   /* [Sq] row max */
+    float *rowl = fa_malloc((size_t)Sq * sizeof(float));                   /* [Sq] row sum */
+    if (!S || !Q || !Kt || !V || !rowm || !rowl) {
+        fa_free(S); fa_free(Q); fa_free(Kt); fa_free(V); fa_free(rowm); fa_free(rowl);
         return fa_fail(FA_ERR_NOMEM, "standard: could not allocate %zu bytes", fa_standard_workspace(p));
     }
     const float scale = (float)p->scale;
+    fa_status st;
+    const fa_kernels *kern = fa_kernels_get(&st);
+    if (!kern) {
+        fa_free(S); fa_free(Q); fa_free(Kt); fa_free(V); fa_free(rowm); fa_free(rowl);
+        return st;
+    }
 
     for (int64_t b = 0; b < p->batch; b++) {
         for (int64_t h = 0; h < p->heads; h++) {
@@ -72,6 +90,16 @@ fa_status fa_standard_forward(const fa_problem *p)
                 fa_gather_f32(&p->v, fa_off4(&p->v, b, j, hk, 0), p->v.stride[3], dv, V + j * dv);
             }
 
+            /* 1. S = (scale Q) K^T for all rows, one row block per kernel call */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->num_threads)
+#endif
+            for (int64_t i0 = 0; i0 < Sq; i0 += STD_ROWS) {
+                const int br = (int)(Sq - i0 < STD_ROWS ? Sq - i0 : STD_ROWS);
+                kern->qk(br, (int)Sk, (int)d, Q + i0 * d, (size_t)d, Kt, ldk, S + (size_t)i0 * ldk, ldk);
+            }
+
+            /* 2. transforms, mask, and P = softmax(S) row by row, in place */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(p->num_threads)
 #endif
@@ -79,15 +107,6 @@ fa_status fa_standard_forward(const fa_problem *p)
                 float *srow = S + (size_t)i * ldk; /* [Sk] */
                 int64_t lo, hi;
                 fa_key_range(p, i, &lo, &hi);
-
-                /* S_i = Q_i K^T, the whole row, masked or not: that is the textbook way */
-                for (int64_t j = 0; j < Sk; j++) srow[j] = 0.0f;
-                for (int64_t c = 0; c < d; c++) {
-                    const float qc = Q[i * d + c];
-                    const float *krow = Kt + (size_t)c * ldk;
-                    for (int64_t j = 0; j < Sk; j++) srow[j] += qc * krow[j];
-                }
-                /* transforms and mask */
                 float m = -INFINITY;
                 for (int64_t j = 0; j < Sk; j++) {
                     float s = srow[j];
@@ -100,34 +119,46 @@ fa_status fa_standard_forward(const fa_problem *p)
                     srow[j] = s;
                     if (isnan(s) || s > m) m = s;
                 }
-                /* P_i = softmax(S_i), in place */
                 float l = 0.0f;
                 if (m != -INFINITY) {
-                    for (int64_t j = 0; j < Sk; j++) {
-                        srow[j] = expf(srow[j] - m);
-                        l += srow[j];
-                    }
+                    for (int64_t j = 0; j < Sk; j++) srow[j] -= m;
+                    kern->vexp((int)Sk, srow, srow);
+                    for (int64_t j = 0; j < Sk; j++) l += srow[j];
+                } else {
+                    for (int64_t j = 0; j < Sk; j++) srow[j] = 0.0f;
                 }
-                const int empty = (m == -INFINITY);
-                /* O_i = P_i V / l */
-                float acc[64];
-                for (int64_t c0 = 0; c0 < dv; c0 += 64) {
-                    int64_t nc = dv - c0 < 64 ? dv - c0 : 64;
-                    for (int64_t c = 0; c < nc; c++) acc[c] = 0.0f;
-                    if (!empty) {
-                        for (int64_t j = lo; j < hi; j++) {
-                            const float pj = srow[j];
-                            const float *vrow = V + j * dv + c0;
-                            for (int64_t c = 0; c < nc; c++) acc[c] += pj * vrow[c];
-                        }
+                rowm[i] = m;
+                rowl[i] = l;
+            }
+
+            /* 3. O = P V / l, one row block per kernel call */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->num_threads)
+#endif
+            for (int64_t i0 = 0; i0 < Sq; i0 += STD_ROWS) {
+                const int br = (int)(Sq - i0 < STD_ROWS ? Sq - i0 : STD_ROWS);
+                float acc[STD_ROWS * STD_DV_CHUNK]; /* [br][<= STD_DV_CHUNK] */
+                float ones[STD_ROWS];
+                for (int r = 0; r < br; r++) ones[r] = 1.0f;
+                for (int64_t c0 = 0; c0 < dv; c0 += STD_DV_CHUNK) {
+                    const int nc = (int)(dv - c0 < STD_DV_CHUNK ? dv - c0 : STD_DV_CHUNK);
+                    memset(acc, 0, sizeof acc);
+                    kern->pv(br, (int)Sk, nc, S + (size_t)i0 * ldk, ldk, V + c0, (size_t)dv, ones, acc,
+                             STD_DV_CHUNK);
+                    for (int r = 0; r < br; r++) {
+                        const int64_t i = i0 + r;
+                        const int empty = rowm[i] == -INFINITY;
+                        for (int c = 0; c < nc; c++)
+                            fa_store_f64(&p->o, fa_off4(&p->o, b, i, h, c0 + c),
+                                         empty ? 0.0 : (double)(acc[r * STD_DV_CHUNK + c] / rowl[i]));
                     }
-                    for (int64_t c = 0; c < nc; c++)
-                        fa_store_f64(&p->o, fa_off4(&p->o, b, i, h, c0 + c), empty ? 0.0 : acc[c] / l);
                 }
                 if (p->lse.data)
-                    fa_store_f64(&p->lse,
-                                 b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2],
-                                 empty ? -INFINITY : (double)m + log((double)l));
+                    for (int r = 0; r < br; r++) {
+                        const int64_t i = i0 + r;
+                        fa_store_f64(&p->lse, b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2],
+                                     rowm[i] == -INFINITY ? -INFINITY : (double)rowm[i] + log((double)rowl[i]));
+                    }
             }
         }
     }
@@ -135,5 +166,7 @@ fa_status fa_standard_forward(const fa_problem *p)
     fa_free(Q);
     fa_free(Kt);
     fa_free(V);
+    fa_free(rowm);
+    fa_free(rowl);
     return FA_OK;
 }
