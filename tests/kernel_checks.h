@@ -462,6 +462,43 @@ static int kc_check_vexp(const fa_kernels *k, uint32_t stride, double *max_ulp, 
     return nf;
 }
 
+/* ---- transpose (optional in the table) ------------------------------------ */
+
+/*
+ * kt[c][j] = k[j*ldk + c] exactly, for j < bc and c < d; K rows are unpadded
+ * (the last ends at the guard page), Kt columns j >= round16(bc) and any
+ * beyond the table's contract keep their sentinel.
+ */
+static int kc_check_transpose(const fa_kernels *k, uint64_t seed, char *msg, size_t cap)
+{
+    int nf = 0;
+    if (!k->transpose) return 0;
+    uint64_t rng = seed;
+    for (int b = 0; b < KC_NSIZES && !nf; b++)
+        for (int c = 0; c < KC_NSIZES && !nf; c++) {
+            const int bc = kc_sizes[b], d = kc_sizes[c];
+            const size_t ldk = (size_t)d + (size_t)(b % 2 ? 3 : 0), ldkt = kc_round16(bc) + 16;
+            kc_buf kb = kc_alloc((size_t)bc * ldk), ktb = kc_alloc((size_t)d * ldkt);
+            for (size_t x = 0; x < (size_t)bc * ldk; x++) kb.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
+            for (size_t x = 0; x < (size_t)d * ldkt; x++) ktb.p[x] = kc_sentinel();
+            k->transpose(bc, d, kb.p, ldk, ktb.p, ldkt);
+            for (int cc = 0; cc < d && !nf; cc++)
+                for (size_t j = 0; j < ldkt; j++) {
+                    const float got = ktb.p[(size_t)cc * ldkt + j];
+                    const int ok = (int)j < bc ? memcmp(&got, &kb.p[j * ldk + (size_t)cc], 4) == 0
+                                 : j < kc_round16(bc) ? (kc_is_sentinel(got) || got == 0.0f)
+                                                       : kc_is_sentinel(got);
+                    if (!ok) {
+                        kc_fail(msg, cap, &nf, "%s transpose bc=%d d=%d: Kt[%d][%zu] = %g", k->name, bc, d,
+                                cc, j, got);
+                        break;
+                    }
+                }
+            kc_free(&kb); kc_free(&ktb);
+        }
+    return nf;
+}
+
 /* ---- a chain of tiles: qk -> softmax -> pv, as the driver runs them -------- */
 
 static int kc_check_chain(const fa_kernels *k, const fa_kernels *ref, uint64_t seed, char *msg, size_t cap)

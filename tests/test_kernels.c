@@ -90,6 +90,18 @@ static void test_vexp_within_stated_ulp_bound(void **state)
     report(nf);
 }
 
+/* Ensure the table's K transpose (when it has one) packs Kt exactly and stays in bounds. */
+static void test_transpose_packs_kt_exactly(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    if (!k->transpose) {
+        print_message("[  INFO    ] %s has no transpose (the driver's portable loop is used)\n", k->name);
+        return;
+    }
+    msg[0] = 0;
+    report(kc_check_transpose(k, tu_seed() ^ 4, msg, sizeof msg));
+}
+
 /* Ensure a chain of tiles (qk, mask, softmax, pv) gives the scalar chain's output. */
 static void test_tile_chain_matches_scalar(void **state)
 {
@@ -122,6 +134,7 @@ static void test_by_name_knows_scalar_and_rejects_unknown(void **state)
     cmocka_unit_test_prestate(test_softmax_matches_scalar_when_masked_and_extreme, (void *)isa), \
     cmocka_unit_test_prestate(test_pv_matches_scalar_on_all_tails, (void *)isa),                \
     cmocka_unit_test_prestate(test_vexp_within_stated_ulp_bound, (void *)isa),                  \
+    cmocka_unit_test_prestate(test_transpose_packs_kt_exactly, (void *)isa),                    \
     cmocka_unit_test_prestate(test_tile_chain_matches_scalar, (void *)isa)
 
 int main(void)

@@ -341,6 +341,49 @@ static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const fl
 }
 
 /* ------------------------------------------------------------------------ */
+/* transpose: the driver's K tile -> packed Kt                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * kt[c][j] = k[j*ldk + c] for j < bc, c < d, in 8 x 8 blocks through
+ * registers: unpack pairs of rows, shuffle pairs of pairs, then swap 128-bit
+ * halves. Keys past bc load as zero rows (their columns are Kt's zero
+ * padding: j < round8(bc) <= ldkt); columns past d are masked on load and
+ * not stored.
+ */
+static void transpose_avx2(int bc, int d, const float *k, size_t ldk, float *kt, size_t ldkt)
+{
+    for (int jb = 0; jb < bc; jb += 8) {
+        const int nj = bc - jb < 8 ? bc - jb : 8;
+        for (int cb = 0; cb < d; cb += 8) {
+            const int nc = d - cb < 8 ? d - cb : 8;
+            const __m256i m = lanes_below(nc);
+            __m256 r[8];
+            for (int jj = 0; jj < 8; jj++)
+                r[jj] = jj >= nj ? _mm256_setzero_ps()
+                      : nc == 8  ? _mm256_loadu_ps(k + (size_t)(jb + jj) * ldk + cb)
+                                 : _mm256_maskload_ps(k + (size_t)(jb + jj) * ldk + cb, m);
+            __m256 t[8], u[8], out[8];
+            for (int x = 0; x < 8; x += 2) {
+                t[x] = _mm256_unpacklo_ps(r[x], r[x + 1]);     /* c0 c0 c1 c1 | c4 c4 c5 c5 */
+                t[x + 1] = _mm256_unpackhi_ps(r[x], r[x + 1]); /* c2 c2 c3 c3 | c6 c6 c7 c7 */
+            }
+            for (int x = 0; x < 8; x += 4) { /* rows x..x+3 of columns (0|4), (1|5), (2|6), (3|7) */
+                u[x + 0] = _mm256_shuffle_ps(t[x], t[x + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                u[x + 1] = _mm256_shuffle_ps(t[x], t[x + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                u[x + 2] = _mm256_shuffle_ps(t[x + 1], t[x + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                u[x + 3] = _mm256_shuffle_ps(t[x + 1], t[x + 3], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+            for (int x = 0; x < 4; x++) {
+                out[x] = _mm256_permute2f128_ps(u[x], u[x + 4], 0x20);     /* column x     */
+                out[x + 4] = _mm256_permute2f128_ps(u[x], u[x + 4], 0x31); /* column x + 4 */
+            }
+            for (int cc = 0; cc < nc; cc++) _mm256_storeu_ps(kt + (size_t)(cb + cc) * ldkt + jb, out[cc]);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* FMA peak loop                                                             */
 /* ------------------------------------------------------------------------ */
 
@@ -368,4 +411,5 @@ const fa_kernels fa_kernels_avx2 = {
     .softmax = softmax_avx2,
     .pv = pv_avx2,
     .vexp = vexp_avx2,
+    .transpose = transpose_avx2,
 };

@@ -308,6 +308,38 @@ static void pv_neon(int br, int bc, int dv, const float *p, size_t ldp, const fl
 }
 
 /* ------------------------------------------------------------------------ */
+/* transpose: the driver's K tile -> packed Kt                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * kt[c][j] = k[j*ldk + c] for j < bc, c < d, in 4 x 4 blocks (vtrn on 32-
+ * then on 64-bit lanes). Keys past bc are zero rows (Kt's padding, within
+ * round4(bc) <= ldkt); columns past d are neither read nor stored.
+ */
+static void transpose_neon(int bc, int d, const float *k, size_t ldk, float *kt, size_t ldkt)
+{
+    for (int jb = 0; jb < bc; jb += 4) {
+        const int nj = bc - jb < 4 ? bc - jb : 4;
+        for (int cb = 0; cb < d; cb += 4) {
+            const int nc = d - cb < 4 ? d - cb : 4;
+            float32x4_t r[4];
+            for (int jj = 0; jj < 4; jj++) {
+                const float *src = k + (size_t)(jb + jj) * ldk + cb;
+                r[jj] = jj >= nj ? vdupq_n_f32(0.0f) : nc == 4 ? vld1q_f32(src) : load_partial(src, nc, 0.0f);
+            }
+            const float32x4x2_t a = vtrnq_f32(r[0], r[1]); /* (r0c0 r1c0 r0c2 r1c2), (r0c1 r1c1 r0c3 r1c3) */
+            const float32x4x2_t b = vtrnq_f32(r[2], r[3]);
+            float32x4_t out[4];
+            out[0] = vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(a.val[0]), vreinterpretq_f64_f32(b.val[0])));
+            out[1] = vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(a.val[1]), vreinterpretq_f64_f32(b.val[1])));
+            out[2] = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(a.val[0]), vreinterpretq_f64_f32(b.val[0])));
+            out[3] = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(a.val[1]), vreinterpretq_f64_f32(b.val[1])));
+            for (int cc = 0; cc < nc; cc++) vst1q_f32(kt + (size_t)(cb + cc) * ldkt + jb, out[cc]);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* FMA peak loop                                                             */
 /* ------------------------------------------------------------------------ */
 
@@ -333,4 +365,5 @@ const fa_kernels fa_kernels_neon = {
     .softmax = softmax_neon,
     .pv = pv_neon,
     .vexp = vexp_neon,
+    .transpose = transpose_neon,
 };

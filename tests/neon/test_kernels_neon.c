@@ -64,6 +64,8 @@ int main(void)
            FA_EXP_MAX_ULP);
     result("vexp within stated ulp bound", nf, msg);
     msg[0] = 0;
+    result("transpose packs Kt exactly", kc_check_transpose(k, seed ^ 4, msg, sizeof msg), msg);
+    msg[0] = 0;
     result("tile chain matches scalar", kc_check_chain(k, ref, seed ^ 3, msg, sizeof msg), msg);
 
     printf("%d passed, %d failed\n", passed, failed);
