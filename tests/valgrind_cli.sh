@@ -1,0 +1,46 @@
+#!/bin/sh
+# valgrind_cli.sh BUILD "VALGRIND COMMAND" -- memcheck the CLI on small inputs.
+#
+# Ensure `flashattn run` (every implementation, every option, 1 and 2 threads),
+# a refused input, a bad flag, and `flashattn info` run under valgrind memcheck
+# with zero errors and zero leaks of any kind (--errors-for-leak-kinds=all
+# --error-exitcode=99: any report turns into exit status 99).
+build=${1:-build}
+vg=${2:-valgrind --error-exitcode=99 --leak-check=full --show-leak-kinds=all --errors-for-leak-kinds=all}
+cli="$build/flashattn"
+c=tests/corpus
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/fa_vg.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT INT TERM
+fail=0; n=0
+
+check() { # expected-exit description -- command...
+    want=$1; what=$2; shift 2
+    n=$((n+1))
+    $vg "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?
+    if [ "$rc" != "$want" ]; then
+        fail=$((fail+1))
+        echo "FAIL valgrind: $what: exit $rc (want $want)"
+        tail -30 "$tmp/err" | sed 's/^/    /'
+    fi
+}
+
+qkv="-q $c/good_q.npy -k $c/good_k.npy -v $c/good_v.npy"
+for impl in flash reference standard; do
+    for threads in 1 2; do
+        check 0 "run --impl $impl --threads $threads" "$cli" run $qkv -o "$tmp/o.npy" --lse "$tmp/l.npy" \
+            --impl $impl --threads $threads --causal --window 2,-1 --softcap 5 --alibi $c/good_alibi.npy
+    done
+done
+check 0 "run with the default options" "$cli" run $qkv -o "$tmp/o.npy"
+check 0 "run --dtype-out bf16" "$cli" run $qkv -o "$tmp/o.npy" --dtype-out bf16
+check 2 "run on a truncated file" "$cli" run -q $c/bad/truncated_data.npy -k $c/good_k.npy \
+    -v $c/good_v.npy -o "$tmp/o2.npy"
+check 2 "run on a NaN input" "$cli" run -q $c/bad/nan_value.npy -k $c/good_k.npy \
+    -v $c/good_v.npy -o "$tmp/o2.npy"
+check 2 "run on mismatched shapes" "$cli" run -q $c/good_q.npy -k $c/bad/mismatched_head_dim.npy \
+    -v $c/good_v.npy -o "$tmp/o2.npy" --alibi $c/good_alibi.npy
+check 2 "run with a bad alibi file" "$cli" run $qkv -o "$tmp/o2.npy" --alibi $c/bad/alibi_wrong_length.npy
+check 2 "run with an unknown flag" "$cli" run $qkv -o "$tmp/o2.npy" --frobnicate
+check 0 "info" "$cli" info
+echo "valgrind_cli: $((n-fail)) of $n runs clean"
+[ "$fail" = 0 ]
