@@ -257,10 +257,11 @@ void fa_alloc_stats_reset(void);
  * (accumulated in float32), the output rounded to the dtype. Its max abs error
  * against the float64 reference is the *emulation error* e_emu. The tested
  * output passes iff its max abs error e_test <= 2 * e_emu + atol, with the
- * small atol = a * max|O_ref|, a = 2^-8 for bf16 and 2^-11 for f16 (the
- * dtype's unit roundoff: one output rounding) and 2^-18 for f32 (float32's
- * plain-attention error is pure accumulation noise, so its max is a noisy
- * statistic; the floor keeps correct SIMD kernels from failing by chance).
+ * small atol = a * max|O_ref|, a = 2^-9 for bf16 and 2^-12 for f16 (half the
+ * dtype's unit roundoff: a guard against a degenerate, near-zero emulation
+ * error) and 2^-18 for f32 (float32's plain-attention error is pure
+ * accumulation noise, so its max is a noisy statistic; the floor keeps
+ * correct SIMD kernels from failing by chance).
  * Every element with |O_test - O_ref| above that bound counts as out of
  * tolerance.
  *

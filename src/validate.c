@@ -66,9 +66,10 @@ static double unit_roundoff(fa_dtype dt)
 }
 
 /*
- * The emulation rule's atol is FA_CHECK_ATOL_UNIT(dtype) * max|O_ref|:
- * u for bf16 (2^-8) and f16 (2^-11), one output rounding's worth; for f32 it
- * is floored at 2^-18. A plain float32 attention rounds neither P nor O to a
+ * The emulation rule's atol is atol_unit(dtype) * max|O_ref|: half the unit
+ * roundoff for bf16 (2^-9) and f16 (2^-12) — a guard against a degenerate,
+ * near-zero emulation error, well under one output rounding; for f32 it is
+ * floored at 2^-18. A plain float32 attention rounds neither P nor O to a
  * coarser type, so its max error is pure accumulation noise — a noisy
  * statistic — and SIMD kernels with polynomial exp are measurably (about
  * 1.5x on average) less accurate than expf: the floor keeps correct float32
@@ -77,8 +78,8 @@ static double unit_roundoff(fa_dtype dt)
  */
 static double atol_unit(fa_dtype dt)
 {
-    double u = unit_roundoff(dt);
-    return u > 0x1p-18 ? u : 0x1p-18;
+    double a = 0.5 * unit_roundoff(dt);
+    return a > 0x1p-18 ? a : 0x1p-18;
 }
 
 /* Round a float32 value to `dt` and back (identity for f32). */

@@ -45,7 +45,7 @@ static const char check_usage[] =
     "Default rule (FlashAttention's own test rule, on the CPU): a plain attention is computed\n"
     "the way a low-precision kernel would (inputs rounded to the dtype, scores in float32,\n"
     "P rounded to the dtype before P.V, output rounded); the tested max error must be at most\n"
-    "2x that emulation's max error, plus atol = a * max|ref| (a = 2^-8 bf16, 2^-11 f16,\n"
+    "2x that emulation's max error, plus atol = a * max|ref| (a = 2^-9 bf16, 2^-12 f16,\n"
     "2^-18 f32). NaN or Inf in the tested output always fails. See docs/validation.md.\n"
     "\n"
     "%s\n"
