@@ -39,3 +39,11 @@ STEP ?= 02
 ARGS ?=
 cachegrind: $(TUT_BINS)
 	@sh tutorials/cachegrind.sh $(firstword $(wildcard $(BUILD)/tutorials/$(STEP)_*)) $(ARGS)
+
+# The CMocka suite compiles step 01 in (to test its softmax functions) and links
+# the simulator; building it also builds every step for tests/test_tutorials.sh.
+$(BUILD)/tests/test_tutorials: tests/test_tutorials.c tutorials/01_softmax.c tutorials/common.h \
+        $(BUILD)/tutorials/cachesim.o $(TEST_SUPPORT) tests/test_util.h $(BUILD)/libflashattn.a $(TUT_BINS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -Itutorials -o $@ $< $(BUILD)/tutorials/cachesim.o $(TEST_SUPPORT) \
+	    $(BUILD)/libflashattn.a $(LDFLAGS) -lcmocka $(LDLIBS)

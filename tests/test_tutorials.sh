@@ -1,0 +1,88 @@
+#!/bin/sh
+# test_tutorials.sh BUILD — the tutorials' lessons hold, end to end.
+#
+#   1. every step runs with small sizes and exits 0; each step compares its
+#      output (and LSE) with the library's float64 reference and exits 1 beyond
+#      its stated tolerance (1e-4 for attention, 1e-5 of max p for softmax);
+#   2. the naive step's L1 misses grow as N^2 (x4 per doubling of N, within 15%);
+#   3. the flash steps' misses grow as N^2 (same test) and, in step 11, the
+#      slow-tier traffic tracks N^2 d^2 / M: measured/bound stays within a
+#      factor 1.5 over N and M (inside the theorem's range M <= 4 N d bytes),
+#      and doubling M cuts the traffic by 1.5x..2.5x;
+#   4. the simulator's L1 misses agree with valgrind's D1 misses (reads +
+#      writes, kernel function only) within 5% on the naive step (02) and the
+#      flash steps (06, 07), for N = 128, 256, 384 (skipped, loudly, without valgrind).
+# All counts use the fixed "teaching" geometry, so they are the same on every machine.
+set -u
+build=${1:-build}
+bin=$build/tutorials
+out=$(mktemp -d "${TMPDIR:-/tmp}/tut.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+fail=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fail=1; }
+G="--geometry teaching"
+
+[ -x "$bin/02_naive_attention" ] || { echo "tutorial binaries missing in $bin (make tutorial-bins)"; exit 1; }
+
+# ---- 1. every step runs and matches the reference ----------------------------
+for t in "$bin"/[0-9][0-9]_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    case $name in
+        01_*) args="--n 4096,65536" ;;
+        09_*|10_*) args="--n 128 --reps 1" ;;
+        11_*) args="--n 64,128 --M 8K,16K --d 16" ;;
+        12_*) args="--n 128" ;;
+        *) args="--n 64,128 --reps 1" ;;
+    esac
+    if "$t" $args $G --out "$out" >"$out/$name.log" 2>&1; then ok "$name runs and matches the reference"
+    else bad "$name: exit $? ($(tail -1 "$out/$name.log"))"; fi
+done
+"$bin/07_flash2" --n 100,130 --causal --reps 1 $G --out "$out" >/dev/null 2>&1 \
+    && ok "07 causal, N not a multiple of the block" || bad "07 --causal --n 100,130"
+
+# ---- 2, 3. misses grow as N^2 ---------------------------------------------------
+# column 8 of the NN.dat files is l1_miss_sim; rows are N = 256 then 512.
+growth() {   # step -> misses(512) / misses(256)
+    "$bin"/$1_* --n 256,512 --reps 1 $G --out "$out" >/dev/null 2>&1 || { echo 0; return; }
+    awk '!/^#/ { m[NR] = $8 } END { printf "%.3f", m[3] / m[2] }' "$out/$1.dat"
+}
+for s in 02 06 07; do
+    r=$(growth $s)
+    if awk -v r="$r" 'BEGIN { exit !(r >= 3.4 && r <= 4.6) }'; then ok "step $s: L1 misses x$r when N doubles (N^2: x4)"
+    else bad "step $s: L1 misses x$r when N doubles, expected ~4 (N^2)"; fi
+done
+
+"$bin/11_io_complexity" --n 128,256,512 --M 16K,32K,64K --d 32 --out "$out" >/dev/null 2>&1 || bad "step 11 sweep"
+# 11.dat: n d M_bytes b std_bytes std_bound std_ratio flash_bytes flash_bound flash_ratio
+spread=$(awk '!/^#/ && $3 <= 4 * $1 * $2 { r = $10; if (lo == "" || r < lo) lo = r; if (r > hi) hi = r }
+              END { printf "%.3f", hi / lo }' "$out/11.dat")
+if awk -v s="$spread" 'BEGIN { exit !(s > 0 && s <= 1.5) }'; then
+    ok "step 11: flash traffic / (N^2 d^2 / M) varies by x$spread over N and M (<= 1.5)"
+else bad "step 11: flash traffic / (N^2 d^2 / M) varies by x$spread over N and M (want <= 1.5)"; fi
+halving=$(awk '!/^#/ && $1 == 512 { t[$3] = $8 } END { printf "%.3f %.3f", t[16384] / t[32768], t[32768] / t[65536] }' "$out/11.dat")
+if echo "$halving" | awk '{ exit !($1 >= 1.5 && $1 <= 2.5 && $2 >= 1.5 && $2 <= 2.5) }'; then
+    ok "step 11: doubling M divides flash traffic by $halving (1/M)"
+else bad "step 11: doubling M divides flash traffic by $halving, want 1.5..2.5"; fi
+std_m=$(awk '!/^#/ && $1 == 512 { t[$3] = $5 } END { printf "%.3f", t[16384] / t[65536] }' "$out/11.dat")
+if awk -v r="$std_m" 'BEGIN { exit !(r < 2.5) }'; then ok "step 11: standard traffic falls only x$std_m for 4x M (its S and P term ignores M)"
+else bad "step 11: standard traffic fell x$std_m for 4x M"; fi
+
+# ---- 4. simulator vs valgrind -----------------------------------------------------
+if command -v valgrind >/dev/null 2>&1; then
+    for s in 02_naive_attention 06_flash1 07_flash2; do
+        for n in 128 256 384; do
+            res=$(FA_CG_MACHINE=1 sh tutorials/cachegrind.sh "$bin/$s" --n $n $G 2>&1)
+            set -- $res
+            if [ $# -eq 3 ] && awk -v r="$3" 'BEGIN { exit !(r >= 0.95 && r <= 1.05) }'; then
+                ok "$s N=$n: simulator $2 vs valgrind $1 D1 misses (ratio $3)"
+            else bad "$s N=$n: simulator vs valgrind: $res"; fi
+        done
+    done
+else
+    echo "SKIP simulator-vs-valgrind agreement: valgrind is not installed (apt-get install valgrind)"
+fi
+
+[ $fail = 0 ] && echo "test_tutorials: all lessons hold"
+exit $fail
