@@ -402,8 +402,9 @@ static float kc_from_bits(uint32_t u)
 }
 
 /*
- * Sweep [-88, 88]: every `stride`-th float by bit pattern (both signs), plus
- * special values and every tail length. Reports the worst ulp error against
+ * Sweep [-88, 88]: every `stride`-th float by bit pattern (both signs),
+ * every float near the underflow edge (-87.33654) and the overflow edge
+ * (88.72284), plus special values and every tail length. Reports the worst ulp error against
  * expf in *max_ulp (and where). Fails above FA_EXP_MAX_ULP.
  */
 static int kc_check_vexp(const fa_kernels *k, uint32_t stride, double *max_ulp, float *worst_x,
@@ -416,14 +417,26 @@ static int kc_check_vexp(const fa_kernels *k, uint32_t stride, double *max_ulp, 
     const uint32_t top = kc_bits(88.0f);
     double worst = 0.0;
     float wx = 0.0f;
-    for (int sign = 0; sign < 2; sign++) {
-        uint32_t u = 0;
-        while (u <= top) {
+    /* ranges of bit patterns: the whole [-88, 88] every `stride`-th float,
+     * then every float near the underflow edge and the overflow edge */
+    const uint32_t ranges[][4] = {/* first, last, step, sign */
+                                  {0, top, stride, 0},
+                                  {0, top, stride, 1},
+                                  {kc_bits(87.30f), kc_bits(87.37f), 1, 1},
+                                  {kc_bits(88.30f), kc_bits(88.80f), 1, 0}};
+    for (int rg = 0; rg < 4; rg++) {
+        uint32_t u = ranges[rg][0];
+        const uint32_t last = ranges[rg][1], step = ranges[rg][2], sign = ranges[rg][3];
+        while (u <= last) {
             int n = 0;
-            for (; n < CHUNK && u <= top; n++, u += stride) x[n] = kc_from_bits(u | (sign ? 0x80000000u : 0u));
+            for (; n < CHUNK && u <= last; n++, u += step) x[n] = kc_from_bits(u | (sign ? 0x80000000u : 0u));
             k->vexp(n, x, y);
             for (int i = 0; i < n; i++) {
                 const float e = expf(x[i]);
+                if (isinf(e)) {
+                    if (y[i] != e) kc_fail(msg, cap, &nf, "%s vexp(%.9g) = %g, want inf", k->name, x[i], y[i]);
+                    continue;
+                }
                 if (e < FLT_MIN) { /* flushed region: exactly +0, below FLT_MIN */
                     if (!(y[i] == 0.0f && !signbit(y[i])))
                         kc_fail(msg, cap, &nf, "%s vexp(%.9g) = %g, want 0 (expf %g)", k->name, x[i], y[i], e);

@@ -74,7 +74,7 @@ INLINE __m256 exp_poly(__m256 x, __m256 *t_out)
 /* exp(x) for x <= 0, -inf or NaN (softmax arguments): n in [-126, 0]. */
 INLINE __m256 exp_nonpos(__m256 x)
 {
-    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(FA_EXP_X_MIN), _CMP_NLT_UQ);
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(FA_EXP_X_MIN), _CMP_NLE_UQ);
     __m256 t;
     const __m256 p = exp_poly(x, &t);
     const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
@@ -85,7 +85,7 @@ INLINE __m256 exp_nonpos(__m256 x)
 INLINE __m256 exp_any(__m256 x)
 {
     x = _mm256_min_ps(_mm256_set1_ps(FA_EXP_X_CLAMP), x); /* NaN stays NaN */
-    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(FA_EXP_X_MIN), _CMP_NLT_UQ);
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(FA_EXP_X_MIN), _CMP_NLE_UQ);
     __m256 t;
     const __m256 p = exp_poly(x, &t);
     /* bits(t) = bits(SHIFTER) + n  ->  n */

@@ -61,7 +61,7 @@
 /* exp(x) for x <= 0, -inf or NaN (the softmax arguments s - m_new). */
 INLINE __m512 exp_nonpos(__m512 x)
 {
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP_X_MIN), _CMP_NLT_UQ);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP_X_MIN), _CMP_NLE_UQ);
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(FA_EXP_LOG2E)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_HI), x);

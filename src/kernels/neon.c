@@ -62,10 +62,10 @@ INLINE float32x4_t exp_poly(float32x4_t x, float32x4_t *t_out)
     return p;
 }
 
-/* all ones where x >= ln(FLT_MIN) or x is NaN (NaN propagates, never hidden) */
+/* all ones where x > FA_EXP_X_MIN or x is NaN (NaN propagates, never hidden) */
 INLINE uint32x4_t exp_keep(float32x4_t x)
 {
-    return vmvnq_u32(vcltq_f32(x, vdupq_n_f32(FA_EXP_X_MIN)));
+    return vmvnq_u32(vcleq_f32(x, vdupq_n_f32(FA_EXP_X_MIN)));
 }
 
 /* exp(x) for x <= 0, -inf or NaN (softmax arguments). */
