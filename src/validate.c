@@ -356,10 +356,12 @@ typedef struct row_scratch {
     float *sf;   /* [Sk] emulated scores */
     double *qd;  /* [d]  query row, as given */
     float *qf;   /* [d]  query row, rounded */
-    double *xd;  /* [max(d, dv)] one key or value row, as given */
-    float *xf;   /* [max(d, dv)] the same, rounded */
+    double *xd;  /* [max(d, dv)] one key or value row, as given (f64 inputs only) */
+    float *xe;   /* [max(d, dv)] the same row as float32 (exact unless the input is f64) */
+    float *xf;   /* [max(d, dv)] the emulation's copy: rounded to the dtype */
     double *od;  /* [dv] reference output accumulator */
     float *of;   /* [dv] emulated output accumulator */
+    const float *f16; /* [65536] float16 -> float32 table (shared, read-only), or NULL */
 } row_scratch;
 
 /* What pass 1 keeps per checked row (besides the per-element arrays). */
@@ -369,6 +371,40 @@ typedef struct row_result {
     double lse_test;    /* tested LSE (NAN if none given) */
     double lse_offset;  /* FlashAttention-2's causal-ALiBi offset slope*(i+Sk-Sq), else 0 */
 } row_result;
+
+/*
+ * Load one key or value row for both computations. Inputs in f32/f16/bf16
+ * convert to float32 exactly, so the reference reads them from s->xe (widened
+ * to double in the dot product) and only f64 inputs need the double copy
+ * s->xd. The emulation reads s->xf: the row rounded to the dtype, or s->xe
+ * itself when rounding changes nothing. Returns 1 when s->xd holds the row.
+ */
+static int load_kv_row(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, fa_dtype dt,
+                       int round, row_scratch *s, const float **emu)
+{
+    if (t->dtype == FA_F64) {
+        load_row_f64(t, off, inc, n, s->xd);
+        emu_row(s->xd, n, dt, round, s->xf);
+        *emu = s->xf;
+        return 1;
+    }
+    const uint16_t *h = (const uint16_t *)t->data + off;
+    if (t->dtype == FA_F16 && s->f16) { /* the table beats the branchy bit conversion */
+        for (int64_t c = 0; c < n; c++) s->xe[c] = s->f16[h[c * inc]];
+    } else if (t->dtype == FA_BF16) {
+        uint32_t *dst = (uint32_t *)s->xe; /* bfloat16 is the top half of a float32 */
+        for (int64_t c = 0; c < n; c++) dst[c] = (uint32_t)h[c * inc] << 16;
+    } else {
+        fa_gather_f32(t, off, inc, n, s->xe);
+    }
+    if (round) {
+        for (int64_t c = 0; c < n; c++) s->xf[c] = round_to(dt, s->xe[c]);
+        *emu = s->xf;
+    } else {
+        *emu = s->xe;
+    }
+    return 0;
+}
 
 /* Per-thread running statistics of pass 1. */
 typedef struct pass1_stats {
@@ -419,18 +455,29 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     double md = -INFINITY;
     float mf = -INFINITY;
     for (int64_t j = lo; j < hi; j++) {
-        load_row_f64(&p->k, fa_off4(&p->k, b, j, hk, 0), p->k.stride[3], d, s->xd);
-        emu_row(s->xd, d, dt, cx->round_k, s->xf);
+        const float *xf;
+        const int wide = load_kv_row(&p->k, fa_off4(&p->k, b, j, hk, 0), p->k.stride[3], d, dt,
+                                     cx->round_k, s, &xf);
         double dd = 0.0;
         float df = 0.0f;
         const double *qd = s->qd, *xd = s->xd;
-        const float *qf = s->qf, *xf = s->xf;
+        const float *qf = s->qf, *xe = s->xe;
+        if (wide) {
 #ifdef _OPENMP
 #pragma omp simd reduction(+ : dd, df)
 #endif
-        for (int64_t c = 0; c < d; c++) {
-            dd += qd[c] * xd[c];
-            df += qf[c] * xf[c];
+            for (int64_t c = 0; c < d; c++) {
+                dd += qd[c] * xd[c];
+                df += qf[c] * xf[c];
+            }
+        } else {
+#ifdef _OPENMP
+#pragma omp simd reduction(+ : dd, df)
+#endif
+            for (int64_t c = 0; c < d; c++) {
+                dd += qd[c] * (double)xe[c];
+                df += qf[c] * xf[c];
+            }
         }
         double sdj = fa_score_transform(p, dd, slope, i, j);
         float sfj = df;
@@ -460,20 +507,31 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
         s->of[c] = 0.0f;
     }
     for (int64_t j = lo; j < hi; j++) {
-        load_row_f64(&p->v, fa_off4(&p->v, b, j, hk, 0), p->v.stride[3], dv, s->xd);
-        emu_row(s->xd, dv, dt, cx->round_v, s->xf);
+        const float *xf;
+        const int wide = load_kv_row(&p->v, fa_off4(&p->v, b, j, hk, 0), p->v.stride[3], dv, dt,
+                                     cx->round_v, s, &xf);
         const double pd = s->sd[j];
         const float pf = round_to(dt, s->sf[j] / lf);
         double *od = s->od;
         float *of = s->of;
         const double *xd = s->xd;
-        const float *xf = s->xf;
+        const float *xe = s->xe;
+        if (wide) {
 #ifdef _OPENMP
 #pragma omp simd
 #endif
-        for (int64_t c = 0; c < dv; c++) {
-            od[c] += pd * xd[c];
-            of[c] += pf * xf[c];
+            for (int64_t c = 0; c < dv; c++) {
+                od[c] += pd * xd[c];
+                of[c] += pf * xf[c];
+            }
+        } else {
+#ifdef _OPENMP
+#pragma omp simd
+#endif
+            for (int64_t c = 0; c < dv; c++) {
+                od[c] += pd * (double)xe[c];
+                of[c] += pf * xf[c];
+            }
         }
     }
     const int empty = hi <= lo;
@@ -554,8 +612,8 @@ static void init_stats(pass1_stats *s)
 static void scratch_free(row_scratch *s)
 {
     fa_free(s->sd); fa_free(s->sf); fa_free(s->qd); fa_free(s->qf);
-    fa_free(s->xd); fa_free(s->xf); fa_free(s->od); fa_free(s->of);
-    memset(s, 0, sizeof *s);
+    fa_free(s->xd); fa_free(s->xe); fa_free(s->xf); fa_free(s->od); fa_free(s->of);
+    memset(s, 0, sizeof *s); /* s->f16 is owned by fa_check */
 }
 
 static int scratch_alloc(row_scratch *s, const fa_problem *p)
@@ -567,10 +625,11 @@ static int scratch_alloc(row_scratch *s, const fa_problem *p)
     s->qd = fa_malloc(d * sizeof(double));
     s->qf = fa_malloc(d * sizeof(float));
     s->xd = fa_malloc(x * sizeof(double));
+    s->xe = fa_malloc(x * sizeof(float));
     s->xf = fa_malloc(x * sizeof(float));
     s->od = fa_malloc(dv * sizeof(double));
     s->of = fa_malloc(dv * sizeof(float));
-    if (s->sd && s->sf && s->qd && s->qf && s->xd && s->xf && s->od && s->of) return 1;
+    if (s->sd && s->sf && s->qd && s->qf && s->xd && s->xe && s->xf && s->od && s->of) return 1;
     scratch_free(s);
     return 0;
 }
@@ -798,6 +857,14 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                        DIM(items * p.dv));
     }
 
+    /* float16 inputs are widened through a table (256 KiB, per call: no global state). */
+    float *f16 = NULL;
+    if (k->dtype == FA_F16 || v->dtype == FA_F16) {
+        f16 = fa_malloc(65536 * sizeof(float));
+        if (f16)
+            for (uint32_t x = 0; x < 65536; x++) f16[x] = fa_f16_to_f32((uint16_t)x);
+    }
+
     /* Pass 1. */
     pass1_stats tot;
     init_stats(&tot);
@@ -810,6 +877,7 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
         pass1_stats ps;
         init_stats(&ps);
         int ok = scratch_alloc(&s, &p);
+        s.f16 = f16;
         if (!ok) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -827,6 +895,7 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
 #endif
         merge_stats(&tot, &ps);
     }
+    fa_free(f16);
     if (nomem) {
         fa_free(rows); fa_free(cx.err); fa_free(cx.absref); fa_free(cx.rr);
         fa_check_report_free(r);
