@@ -203,59 +203,91 @@ INLINE float hsum(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
+/* max(m, max_{j < bc} row[j]); xt holds the tail lanes (-inf beyond bc) */
+INLINE float row_max(const float *row, int nfull, __m256 xt, float m)
+{
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    __m256 mx0 = _mm256_max_ps(_mm256_set1_ps(m), xt), mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
+    int j = 0;
+    for (; j + 32 <= nfull; j += 32) {
+        mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
+        mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(row + j + 8));
+        mx2 = _mm256_max_ps(mx2, _mm256_loadu_ps(row + j + 16));
+        mx3 = _mm256_max_ps(mx3, _mm256_loadu_ps(row + j + 24));
+    }
+    for (; j < nfull; j += 8) mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
+    return hmax(_mm256_max_ps(_mm256_max_ps(mx0, mx1), _mm256_max_ps(mx2, mx3)));
+}
+
+/* The tail lanes of a row, lanes >= bc as -inf (they add nothing to max or sum). */
+INLINE __m256 row_tail(const float *row, int nfull, int ntail, __m256i tail)
+{
+    return ntail ? _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(row + nfull, tail),
+                                    _mm256_castsi256_ps(tail))
+                 : _mm256_set1_ps(-INFINITY);
+}
+
+/*
+ * Rows in groups of 8, as in avx512.c: the 8 row maxima first (independent,
+ * so their reductions overlap), alpha for the group in one vector exp, then
+ * each row's exp pass.
+ */
 static void softmax_avx2(int br, int bc, float *s, size_t lds, float *m, float *l, float *alpha)
 {
     const int nfull = bc & ~7;
     const int ntail = bc - nfull;
     const __m256i tail = lanes_below(ntail);
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
-    for (int i = 0; i < br; i++) {
-        float *row = s + (size_t)i * lds;
-        /* lanes >= bc read as -inf: they add nothing to the max or the sum */
-        const __m256 xt = ntail ? _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(row + nfull, tail),
-                                                   _mm256_castsi256_ps(tail))
-                                : neg_inf;
-
-        __m256 mx0 = _mm256_max_ps(_mm256_set1_ps(m[i]), xt), mx1 = neg_inf;
-        int j = 0;
-        for (; j + 16 <= nfull; j += 16) {
-            mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
-            mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(row + j + 8));
-        }
-        if (j < nfull) mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
-        const float mnew = hmax(_mm256_max_ps(mx0, mx1));
-
-        if (mnew == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
-            for (j = 0; j < nfull; j += 8) _mm256_storeu_ps(row + j, _mm256_setzero_ps());
-            if (ntail) _mm256_maskstore_ps(row + nfull, tail, _mm256_setzero_ps());
-            alpha[i] = 1.0f;
-            continue;
+    for (int i0 = 0; i0 < br; i0 += 8) {
+        const int g = br - i0 < 8 ? br - i0 : 8;
+        const __m256i gm = lanes_below(g);
+        float mnew[8] = {0};
+        for (int r = 0; r < g; r++) {
+            const float *row = s + (size_t)(i0 + r) * lds;
+            mnew[r] = row_max(row, nfull, row_tail(row, nfull, ntail, tail), m[i0 + r]);
         }
 
-        const float a = _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpos(_mm256_set1_ps(m[i] - mnew))));
-        const __m256 vm = _mm256_set1_ps(mnew);
-        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
-        for (j = 0; j + 16 <= nfull; j += 16) {
-            const __m256 p0 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
-            const __m256 p1 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j + 8), vm));
-            _mm256_storeu_ps(row + j, p0);
-            _mm256_storeu_ps(row + j + 8, p1);
-            sum0 = _mm256_add_ps(sum0, p0);
-            sum1 = _mm256_add_ps(sum1, p1);
+        /* alpha = exp(m - m_new): 0 when m was -inf; 1 when nothing is visible yet */
+        const __m256 vmnew = _mm256_loadu_ps(mnew);
+        const __m256 none = _mm256_cmp_ps(vmnew, neg_inf, _CMP_EQ_OQ);
+        __m256 va = exp_nonpos(_mm256_sub_ps(_mm256_maskload_ps(m + i0, gm), vmnew));
+        va = _mm256_blendv_ps(va, _mm256_set1_ps(1.0f), none);
+        _mm256_maskstore_ps(alpha + i0, gm, va);
+        float a[8];
+        _mm256_storeu_ps(a, va);
+
+        for (int r = 0; r < g; r++) {
+            const int i = i0 + r;
+            float *row = s + (size_t)i * lds;
+            if (mnew[r] == -INFINITY) { /* nothing visible yet: P = 0, keep O, l and m */
+                for (int j = 0; j < nfull; j += 8) _mm256_storeu_ps(row + j, _mm256_setzero_ps());
+                if (ntail) _mm256_maskstore_ps(row + nfull, tail, _mm256_setzero_ps());
+                continue;
+            }
+            const __m256 vm = _mm256_set1_ps(mnew[r]);
+            __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+            int j = 0;
+            for (; j + 16 <= nfull; j += 16) {
+                const __m256 p0 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
+                const __m256 p1 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j + 8), vm));
+                _mm256_storeu_ps(row + j, p0);
+                _mm256_storeu_ps(row + j + 8, p1);
+                sum0 = _mm256_add_ps(sum0, p0);
+                sum1 = _mm256_add_ps(sum1, p1);
+            }
+            if (j < nfull) {
+                const __m256 p0 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
+                _mm256_storeu_ps(row + j, p0);
+                sum0 = _mm256_add_ps(sum0, p0);
+            }
+            if (ntail) {
+                const __m256 p1 = exp_nonpos(_mm256_sub_ps(row_tail(row, nfull, ntail, tail), vm));
+                _mm256_maskstore_ps(row + nfull, tail, p1);
+                sum1 = _mm256_add_ps(sum1, p1);
+            }
+            l[i] = a[r] * l[i] + hsum(_mm256_add_ps(sum0, sum1));
+            m[i] = mnew[r];
         }
-        if (j < nfull) {
-            const __m256 p0 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
-            _mm256_storeu_ps(row + j, p0);
-            sum0 = _mm256_add_ps(sum0, p0);
-        }
-        if (ntail) {
-            const __m256 p1 = exp_nonpos(_mm256_sub_ps(xt, vm));
-            _mm256_maskstore_ps(row + nfull, tail, p1);
-            sum1 = _mm256_add_ps(sum1, p1);
-        }
-        alpha[i] = a;
-        l[i] = a * l[i] + hsum(_mm256_add_ps(sum0, sum1));
-        m[i] = mnew;
     }
 }
 
