@@ -63,8 +63,11 @@ static inline void fa_key_range(const fa_problem *p, int64_t i, int64_t *lo, int
 {
     int64_t diag = i + p->seqlen_k - p->seqlen_q;
     int64_t l = 0, h = p->seqlen_k;
-    if (p->window_left >= 0 && diag - p->window_left > l) l = diag - p->window_left;
-    if (p->window_right >= 0 && diag + p->window_right + 1 < h) h = diag + p->window_right + 1;
+    /* Written as comparisons of differences that cannot overflow, so that any
+     * window up to INT64_MAX means what it says: diag - 0 and (Sk - 1) - diag =
+     * Sq - 1 - i are in range, and each bound is computed only when it binds. */
+    if (p->window_left >= 0 && diag > p->window_left) l = diag - p->window_left;
+    if (p->window_right >= 0 && p->window_right < h - 1 - diag) h = diag + p->window_right + 1;
     if (h < l) h = l;
     *lo = l;
     *hi = h;
