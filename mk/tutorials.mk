@@ -38,7 +38,7 @@ tutorials: $(TUT_BINS)
 STEP ?= 02
 ARGS ?=
 cachegrind: $(TUT_BINS)
-	@sh tutorials/cachegrind.sh $(firstword $(wildcard $(BUILD)/tutorials/$(STEP)_*)) $(ARGS)
+	@sh tutorials/cachegrind.sh $(firstword $(filter $(BUILD)/tutorials/$(STEP)_%,$(TUT_BINS))) $(ARGS)
 
 # The CMocka suite compiles step 01 in (to test its softmax functions) and links
 # the simulator; building it also builds every step for tests/test_tutorials.sh.

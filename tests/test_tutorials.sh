@@ -45,7 +45,7 @@ done
 # ---- 2, 3. misses grow as N^2 ---------------------------------------------------
 # column 8 of the NN.dat files is l1_miss_sim; rows are N = 256 then 512.
 growth() {   # step -> misses(512) / misses(256)
-    "$bin"/$1_* --n 256,512 --reps 1 $G --out "$out" >/dev/null 2>&1 || { echo 0; return; }
+    "$bin"/$1_[a-z]*[a-z0-9] --n 256,512 --reps 1 $G --out "$out" >/dev/null 2>&1 || { echo 0; return; }
     awk '!/^#/ { m[NR] = $8 } END { printf "%.3f", m[3] / m[2] }' "$out/$1.dat"
 }
 for s in 02 06 07; do

@@ -144,11 +144,11 @@ int main(int argc, char **argv)
     for (int t = 0; t < a.n_count; t++) {
         tut_result r = tut_measure(&a, &k, a.n[t], a.br, a.bc, NULL, &(tut_hw){-1, -1, -1, -1}, 1e-4);
         double base = r.gflops;
-        print_row(dat, "tutorial flash2_simd", &r, base);
+        print_row(dat, "tutorial_flash2_simd", &r, base);
         r = tut_measure_library(&a, FA_IMPL_FLASH, a.n[t], 1, 1e-4);
-        print_row(dat, "library flash", &r, base);
+        print_row(dat, "library_flash", &r, base);
         r = tut_measure_library(&a, FA_IMPL_STANDARD, a.n[t], 1, 1e-4);
-        print_row(dat, "library standard", &r, base);
+        print_row(dat, "library_standard", &r, base);
     }
     fclose(dat);
     printf("\n   The library's flash path packs K and V into the layout its micro-kernel wants,\n"

@@ -130,11 +130,11 @@ int main(int argc, char **argv)
                 tut_result r = lib ? tut_measure_library(&a, FA_IMPL_FLASH, a.n[t], th, 1e-4)
                                    : tut_measure(&a, &k, a.n[t], a.br, a.bc, NULL, &nohw, 1e-4);
                 if (th == 1) t1 = r.sec;
-                const char *name = lib ? "library flash" : "tutorial flash2";
+                const char *name = lib ? "library_flash" : "tutorial_flash2";
                 printf("   %-16s %6d %7d | %9.3f | %8.2f | %6.2fx | %9.0f%% | %10s | %8.1e\n", name, r.n, th,
                        r.sec * 1e3, r.gflops, t1 / r.sec, 100.0 * t1 / r.sec / th, tut_bytes((double)r.ws_bytes),
                        r.err);
-                fprintf(dat, "\"%s\" %d %d %g %g %g %g %g\n", name, r.n, th, r.sec * 1e3, r.gflops, t1 / r.sec,
+                fprintf(dat, "%s %d %d %g %g %g %g %g\n", name, r.n, th, r.sec * 1e3, r.gflops, t1 / r.sec,
                         t1 / r.sec / th, r.err);
                 if (th < tmax && th * 2 > tmax) th = tmax / 2;   /* also measure tmax itself */
             }

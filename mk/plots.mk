@@ -1,0 +1,32 @@
+# mk/plots.mk — `make plots`: run the measurements, render PNGs with gnuplot.
+#
+# PNGs go to $(PLOT_DIR). Each figure is one gnuplot script plots/NAME.gp that
+# reads `datadir` and writes `out` (both passed with -e). To add a figure:
+#   1. write plots/NAME.gp and a rule that produces its data;
+#   2. append $(PLOT_DIR)/NAME.png to PLOT_PNGS *above* the `plots:` rule, or
+#      add a line `plots: $(PLOT_DIR)/NAME.png` anywhere.
+# PEAK_GFLOPS=... draws the machine's FMA peak on the GFLOP/s figure.
+
+PLOT_DIR    := $(BUILD)/plots
+PLOT_DATA   := $(PLOT_DIR)/data
+PEAK_GFLOPS ?= 0
+GNUPLOT     ?= gnuplot
+
+# ---- tutorials: one measurement run feeds four figures ----------------------
+TUT_PLOT_STAMP := $(PLOT_DATA)/tutorials.stamp
+TUT_PLOTS      := tutorial_misses tutorial_time_memory tutorial_io tutorial_gflops
+
+$(TUT_PLOT_STAMP): $(TUT_BINS) plots/tutorial_data.sh
+	@mkdir -p $(PLOT_DATA)
+	@echo "plots: running the tutorial steps (about a minute)"
+	sh plots/tutorial_data.sh $(BUILD) $(PLOT_DATA)
+	@touch $@
+
+$(PLOT_DIR)/tutorial_%.png: plots/tutorial_%.gp $(TUT_PLOT_STAMP)
+	$(GNUPLOT) -e "datadir='$(PLOT_DATA)'; out='$@'; peak=$(PEAK_GFLOPS)" $<
+
+PLOT_PNGS += $(TUT_PLOTS:%=$(PLOT_DIR)/%.png)
+
+# ---- add other figures above this line ---------------------------------------
+plots: $(PLOT_PNGS)
+	@echo "plots: $(words $^) figures in $(PLOT_DIR)"

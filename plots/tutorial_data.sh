@@ -1,0 +1,31 @@
+#!/bin/sh
+# tutorial_data.sh BUILD DIR — run the tutorial steps with the sweeps the plots
+# need, writing their .dat files to DIR, plus DIR/gflops.dat (one row per step:
+# "label gflops", all at N = 512, one thread unless the step says otherwise).
+set -eu
+build=$1; dir=$2
+bin=$build/tutorials
+mkdir -p "$dir" "$dir/g"
+# step NN -> the step's executable (build/tutorials also holds NN_*.dat files)
+step() { for f in "$bin"/$1_*; do [ -x "$f" ] && [ "${f%.dat}" = "$f" ] && echo "$f"; done; }
+for s in 02 03 04 05 06 07 08; do
+    "$(step $s)" --n 128,256,384,512,768 --reps 1 --out "$dir" >/dev/null
+done
+"$(step 11)" --out "$dir" >/dev/null
+# GFLOP/s at one size, no simulator (fast), medians of 3
+for s in 02 03 04 05 06 07 08; do
+    "$(step $s)" --n 512 --no-sim --reps 3 --out "$dir/g" >/dev/null
+done
+"$(step 09)" --n 512 --reps 3 --out "$dir/g" >/dev/null
+"$(step 10)" --n 512 --reps 3 --out "$dir/g" >/dev/null
+{
+    echo "# label gflops"
+    for s in 02 03 04 05 06 07; do
+        awk -v s="$s" '!/^#/ { g = $6 } END { print s, g }' "$dir/g/$s.dat"
+    done
+    awk '!/^#/ && $1 == 1 { g = $8 } END { print "08-causal", g }' "$dir/g/08.dat"
+    awk '!/^#/ && $1 == "tutorial_flash2_simd" { print "09-simd", $7 }' "$dir/g/09.dat"
+    awk '!/^#/ && $1 == "tutorial_flash2" { g = $5 } END { print "10-threads", g }' "$dir/g/10.dat"
+    awk '!/^#/ && $1 == "library_flash" { print "lib-flash-1T", $7 }' "$dir/g/09.dat"
+    awk '!/^#/ && $1 == "library_flash" { g = $5 } END { print "lib-flash-" "all", g }' "$dir/g/10.dat"
+} > "$dir/gflops.dat"
