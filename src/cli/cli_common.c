@@ -325,6 +325,9 @@ int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char
     else if (in->heads < 1) cli_die("%s: heads must be >= 1, got %lld", q_path, (long long)in->heads);
     else if (in->heads_k < 1) cli_die("%s: heads must be >= 1, got %lld", k_path, (long long)in->heads_k);
     else if (in->dv < 1) cli_die("%s: head dim d_v must be >= 1, got %lld", v_path, (long long)in->dv);
+    else if (in->batch < 1) cli_die("%s: batch must be >= 1, got %lld", q_path, (long long)in->batch);
+    else if (in->seqlen_q < 1) cli_die("%s: seqlen_q must be >= 1, got %lld", q_path, (long long)in->seqlen_q);
+    else if (in->seqlen_k < 1) cli_die("%s: seqlen_k must be >= 1, got %lld", k_path, (long long)in->seqlen_k);
     else if (k[0] != q[0])
         cli_die("%s: batch %lld does not match %s batch %lld", k_path, (long long)k[0], q_path, (long long)q[0]);
     else if (v[0] != q[0])
