@@ -170,7 +170,7 @@ def _compare(name, got, want, tol):
 
 
 @needs_cli
-@pytest.mark.parametrize("c", FIXED_CASES + random_cases(16, SEED))
+@pytest.mark.parametrize("c", FIXED_CASES + random_cases(40, SEED))
 def test_run_matches_float64_model(c, tmp_path):
     """Ensure flash and reference agree with the float64 model for every option."""
     rng = np.random.default_rng([SEED, zlib.crc32(repr(sorted(c.items())).encode())])

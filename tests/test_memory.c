@@ -1,0 +1,139 @@
+/*
+ * test_memory.c — memory ceilings as assertions, not timings.
+ *
+ * Every buffer the library allocates goes through its counting allocator
+ * (fa_alloc_stats_get), so the scratch an implementation uses is measured
+ * exactly, independent of the C library's allocator and of page-level RSS.
+ *
+ *   - flash at N = 65536, d = 64, one head, causal: below 16 MiB of scratch
+ *     (DESIGN.md's target), i.e. O(threads x block), with 1 and 2 threads;
+ *   - standard at the same size refuses with FA_ERR_TOO_LARGE (S would be
+ *     16 GiB) before allocating anything, and says so in fa_workspace_bytes.
+ *
+ * The flash run is the full causal problem (2^37 multiply-adds); O is then
+ * checked against the float64 reference on a few rows, so the ceiling is not
+ * met by skipping work.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 65536
+#define D 64
+#define CEILING ((size_t)16 << 20)
+
+typedef struct big {
+    tu_tensor q, k, v, o, lse;
+} big;
+
+static int setup(void **state)
+{
+    big *b = calloc(1, sizeof *b);
+    uint64_t rng = tu_seed() ^ 0x65536;
+    b->q = tu_alloc4(FA_F32, 1, N, 1, D, 0);
+    b->k = tu_alloc4(FA_F32, 1, N, 1, D, 0);
+    b->v = tu_alloc4(FA_F32, 1, N, 1, D, 0);
+    b->o = tu_alloc4(FA_F32, 1, N, 1, D, 0);
+    int64_t ls[3] = {1, 1, N};
+    b->lse = tu_alloc(FA_F32, 3, ls);
+    tu_fill(&b->q, &rng, -1, 1);
+    tu_fill(&b->k, &rng, -1, 1);
+    tu_fill(&b->v, &rng, -1, 1);
+    *state = b;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    big *b = *state;
+    tu_free(&b->q); tu_free(&b->k); tu_free(&b->v); tu_free(&b->o); tu_free(&b->lse);
+    free(b);
+    return 0;
+}
+
+/* Ensure flash at N = 65536 causal allocates < 16 MiB of scratch and still gets the answer. */
+static void test_flash_scratch_stays_below_16_mib_at_n_65536(void **state)
+{
+    big *b = *state;
+    static const int threads[] = {1, 2};
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        fa_options opt = fa_options_default();
+        opt.causal = 1;
+        opt.num_threads = threads[t];
+        size_t planned = 0;
+        assert_int_equal(fa_workspace_bytes(&b->q.t, &b->k.t, &b->v.t, &opt, &planned), FA_OK);
+        tu_poison(&b->o);
+        fa_alloc_stats before, after;
+        fa_alloc_stats_reset();
+        fa_alloc_stats_get(&before);
+        fa_status st = fa_forward(&b->q.t, &b->k.t, &b->v.t, &b->o.t, &b->lse.t, &opt);
+        fa_alloc_stats_get(&after);
+        if (st != FA_OK) fail_msg("flash: %s", fa_last_error());
+        const size_t peak = after.peak_bytes - before.current_bytes;
+        print_message("[ memory   ] flash N=%d d=%d causal, %d thread(s): peak scratch %.2f MiB "
+                      "(planned %.2f MiB, %zu allocations)\n",
+                      N, D, threads[t], peak / 1048576.0, planned / 1048576.0, after.total_allocs);
+        if (peak >= CEILING) fail_msg("flash allocated %zu bytes at N=%d (ceiling %zu)", peak, N, CEILING);
+        assert_int_equal(after.current_bytes, before.current_bytes); /* everything freed */
+        assert_true(planned < CEILING);
+        assert_int_equal(tu_count_nan(&b->o), 0);
+    }
+
+    /* a few rows against the float64 reference, straight from the definition */
+    static const int64_t rows[] = {0, 1, 4095, 40000, N - 1};
+    const float *q = b->q.mem, *k = b->k.mem, *v = b->v.mem, *o = b->o.mem, *lse = b->lse.mem;
+    double *s = malloc(sizeof(double) * N);
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        const int64_t i = rows[r];
+        double m = -INFINITY, l = 0, acc[D] = {0};
+        for (int64_t j = 0; j <= i; j++) {
+            double dot = 0;
+            for (int c = 0; c < D; c++) dot += (double)q[i * D + c] * k[j * D + c];
+            s[j] = dot / 8.0; /* 1/sqrt(64) */
+            if (s[j] > m) m = s[j];
+        }
+        for (int64_t j = 0; j <= i; j++) {
+            double e = exp(s[j] - m);
+            l += e;
+            for (int c = 0; c < D; c++) acc[c] += e * v[j * D + c];
+        }
+        for (int c = 0; c < D; c++)
+            if (!(fabs(o[i * D + c] - acc[c] / l) <= 5e-5))
+                fail_msg("row %lld col %d: %.9g vs %.9g", (long long)i, c, o[i * D + c], acc[c] / l);
+        assert_true(fabs(lse[i] - (m + log(l))) <= 5e-5);
+    }
+    free(s);
+}
+
+/* Ensure standard refuses N = 65536 with FA_ERR_TOO_LARGE instead of allocating 16 GiB. */
+static void test_standard_refuses_n_65536_without_allocating(void **state)
+{
+    big *b = *state;
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_STANDARD;
+    opt.causal = 1;
+    size_t planned = 0;
+    assert_int_equal(fa_workspace_bytes(&b->q.t, &b->k.t, &b->v.t, &opt, &planned), FA_OK);
+    assert_true(planned >= (size_t)N * N * sizeof(float)); /* S alone is 16 GiB */
+    fa_alloc_stats before, after;
+    fa_alloc_stats_reset();
+    fa_alloc_stats_get(&before);
+    fa_status st = fa_forward(&b->q.t, &b->k.t, &b->v.t, &b->o.t, &b->lse.t, &opt);
+    fa_alloc_stats_get(&after);
+    assert_int_equal(st, FA_ERR_TOO_LARGE);
+    assert_non_null(strstr(fa_last_error(), "cap"));
+    assert_int_equal(after.peak_bytes, before.current_bytes); /* nothing was allocated */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_standard_refuses_n_65536_without_allocating),
+        cmocka_unit_test(test_flash_scratch_stays_below_16_mib_at_n_65536),
+    };
+    tu_seed();
+    return cmocka_run_group_tests_name("memory", tests, setup, teardown);
+}

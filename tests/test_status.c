@@ -1,0 +1,322 @@
+/*
+ * test_status.c — every status code of the public API, reached on purpose.
+ *
+ * For each fa_status there is a test that provokes it through a public entry
+ * point and checks three things: the status returned, a non-empty message
+ * from fa_last_error() that names the culprit, and that a following success
+ * clears the message. A last test checks fa_status_string() covers every code.
+ *
+ * Order matters once: FA_ERR_ISA can only be provoked before the kernel table
+ * is chosen (the choice is made once per process), so it runs first.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "npy.h"
+
+/* Small valid problem: q [1][5][4][8], k/v [1][6][2][8], o [1][5][4][8], lse [1][4][5]. */
+typedef struct fixture {
+    tu_tensor q, k, v, o, lse;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    uint64_t rng = tu_seed() ^ 0x57a7;
+    f->q = tu_alloc4(FA_F32, 1, 5, 4, 8, 0);
+    f->k = tu_alloc4(FA_F32, 1, 6, 2, 8, 0);
+    f->v = tu_alloc4(FA_F32, 1, 6, 2, 8, 0);
+    f->o = tu_alloc4(FA_F32, 1, 5, 4, 8, 0);
+    int64_t ls[3] = {1, 4, 5};
+    f->lse = tu_alloc(FA_F32, 3, ls);
+    tu_fill(&f->q, &rng, -1, 1);
+    tu_fill(&f->k, &rng, -1, 1);
+    tu_fill(&f->v, &rng, -1, 1);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    tu_free(&f->q); tu_free(&f->k); tu_free(&f->v); tu_free(&f->o); tu_free(&f->lse);
+    free(f);
+    return 0;
+}
+
+/* The status is `want`, the message mentions `needle`, and a success clears it. */
+static void expect_status(fa_status got, fa_status want, const char *needle, fixture *f)
+{
+    if (got != want)
+        fail_msg("got %s (%s), want %s", fa_status_string(got), fa_last_error(), fa_status_string(want));
+    const char *msg = fa_last_error();
+    if (!msg[0]) fail_msg("%s came with an empty message", fa_status_string(want));
+    if (needle && !strstr(msg, needle)) fail_msg("message '%s' does not mention '%s'", msg, needle);
+    assert_int_equal(fa_forward(&f->q.t, &f->k.t, &f->v.t, &f->o.t, &f->lse.t, NULL), FA_OK);
+    assert_string_equal(fa_last_error(), "");
+}
+
+static fa_status forward_with(fixture *f, const fa_options *opt)
+{
+    return fa_forward(&f->q.t, &f->k.t, &f->v.t, &f->o.t, &f->lse.t, opt);
+}
+
+/* Ensure FA_ERR_ISA when FA_ISA names an unknown instruction set (before the first choice). */
+static void test_isa_is_reported_when_forced_isa_is_unknown(void **state)
+{
+    fixture *f = *state;
+    setenv("FA_ISA", "mmx", 1);
+    fa_cpu_info info;
+    fa_status st = fa_get_cpu_info(&info);
+    fa_status st2 = forward_with(f, NULL);
+    unsetenv("FA_ISA");
+    if (st != FA_ERR_ISA) fail_msg("fa_get_cpu_info with FA_ISA=mmx: %s", fa_status_string(st));
+    expect_status(st2, FA_ERR_ISA, "mmx", f);
+}
+
+/* Ensure FA_OK and an empty message after a successful call. */
+static void test_ok_when_the_problem_is_valid(void **state)
+{
+    fixture *f = *state;
+    for (int impl = 0; impl < FA_IMPL_COUNT; impl++) {
+        fa_options opt = fa_options_default();
+        opt.impl = (fa_impl)impl;
+        assert_int_equal(forward_with(f, &opt), FA_OK);
+        assert_string_equal(fa_last_error(), "");
+    }
+}
+
+/* Ensure FA_ERR_NULL_ARG when a required tensor or output pointer is NULL. */
+static void test_null_arg_when_a_tensor_is_null(void **state)
+{
+    fixture *f = *state;
+    expect_status(fa_forward(NULL, &f->k.t, &f->v.t, &f->o.t, NULL, NULL), FA_ERR_NULL_ARG, "q", f);
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, NULL), FA_ERR_NULL_ARG, "o", f);
+    fa_tensor k = f->k.t;
+    k.data = NULL;
+    expect_status(fa_forward(&f->q.t, &k, &f->v.t, &f->o.t, NULL, NULL), FA_ERR_NULL_ARG, "k", f);
+    expect_status(fa_get_cpu_info(NULL), FA_ERR_NULL_ARG, NULL, f);
+    int bq;
+    expect_status(fa_block_sizes(8, 8, NULL, &bq, NULL), FA_ERR_NULL_ARG, NULL, f);
+    expect_status(fa_workspace_bytes(&f->q.t, &f->k.t, &f->v.t, NULL, NULL), FA_ERR_NULL_ARG, NULL, f);
+    fa_impl impl;
+    expect_status(fa_impl_from_name(NULL, &impl), FA_ERR_NULL_ARG, NULL, f);
+}
+
+/* Ensure FA_ERR_DTYPE for an invalid dtype and for an f16 LSE. */
+static void test_dtype_when_dtype_is_invalid_or_disallowed(void **state)
+{
+    fixture *f = *state;
+    fa_tensor t;
+    int64_t shape[1] = {3};
+    float x[3];
+    expect_status(fa_tensor_make(&t, x, (fa_dtype)42, 1, shape, NULL), FA_ERR_DTYPE, NULL, f);
+    fa_tensor v = f->v.t;
+    v.dtype = FA_DTYPE_COUNT;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &v, &f->o.t, NULL, NULL), FA_ERR_DTYPE, "v", f);
+    fa_tensor lse = f->lse.t;
+    lse.dtype = FA_F16;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &f->o.t, &lse, NULL), FA_ERR_DTYPE, "lse", f);
+}
+
+/* Ensure FA_ERR_SHAPE for inconsistent shapes, wrong ranks, negative extents and overflow. */
+static void test_shape_when_shapes_are_inconsistent(void **state)
+{
+    fixture *f = *state;
+    fa_tensor k = f->k.t;
+    k.shape[3] = 7; /* d of k != d of q */
+    expect_status(fa_forward(&f->q.t, &k, &f->v.t, &f->o.t, NULL, NULL), FA_ERR_SHAPE, "k", f);
+    fa_tensor v = f->v.t;
+    v.shape[1] = 5; /* seqlen of v != seqlen of k */
+    expect_status(fa_forward(&f->q.t, &f->k.t, &v, &f->o.t, NULL, NULL), FA_ERR_SHAPE, "v", f);
+    fa_tensor o = f->o.t;
+    o.shape[2] = 3;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o, NULL, NULL), FA_ERR_SHAPE, "o", f);
+    fa_tensor q = f->q.t;
+    q.rank = 3;
+    expect_status(fa_forward(&q, &f->k.t, &f->v.t, &f->o.t, NULL, NULL), FA_ERR_SHAPE, "q", f);
+    fa_tensor t;
+    int64_t neg[2] = {2, -1}, huge[4] = {INT64_MAX / 2, 4, 1, 1};
+    float x[4];
+    expect_status(fa_tensor_make(&t, x, FA_F32, 2, neg, NULL), FA_ERR_SHAPE, "negative", f);
+    expect_status(fa_tensor_make(&t, x, FA_F32, 4, huge, NULL), FA_ERR_SHAPE, "overflow", f);
+    expect_status(fa_tensor_make(&t, x, FA_F32, 5, huge, NULL), FA_ERR_SHAPE, "rank", f);
+    int bq, bk;
+    expect_status(fa_block_sizes(0, 8, NULL, &bq, &bk), FA_ERR_SHAPE, NULL, f);
+}
+
+/* Ensure FA_ERR_HEADS when heads is not a multiple of heads_k. */
+static void test_heads_when_heads_is_not_a_multiple_of_heads_k(void **state)
+{
+    fixture *f = *state;
+    tu_tensor k3 = tu_alloc4(FA_F32, 1, 6, 3, 8, 0), v3 = tu_alloc4(FA_F32, 1, 6, 3, 8, 0);
+    expect_status(fa_forward(&f->q.t, &k3.t, &v3.t, &f->o.t, NULL, NULL), FA_ERR_HEADS, "heads", f);
+    tu_free(&k3);
+    tu_free(&v3);
+}
+
+/* Ensure FA_ERR_STRIDE for a negative stride. */
+static void test_stride_when_a_stride_is_negative(void **state)
+{
+    fixture *f = *state;
+    fa_tensor q = f->q.t;
+    q.stride[1] = -q.stride[1];
+    expect_status(fa_forward(&q, &f->k.t, &f->v.t, &f->o.t, NULL, NULL), FA_ERR_STRIDE, "q", f);
+}
+
+/* Ensure FA_ERR_OPTION for out-of-range scale, softcap, threads and block sizes. */
+static void test_option_when_an_option_is_out_of_range(void **state)
+{
+    fixture *f = *state;
+    fa_options opt = fa_options_default();
+    opt.scale = NAN;
+    expect_status(forward_with(f, &opt), FA_ERR_OPTION, "scale", f);
+    opt = fa_options_default();
+    opt.softcap = -1.0;
+    expect_status(forward_with(f, &opt), FA_ERR_OPTION, "softcap", f);
+    opt = fa_options_default();
+    opt.softcap = INFINITY;
+    expect_status(forward_with(f, &opt), FA_ERR_OPTION, "softcap", f);
+    opt = fa_options_default();
+    opt.num_threads = -2;
+    expect_status(forward_with(f, &opt), FA_ERR_OPTION, "num_threads", f);
+    opt = fa_options_default();
+    opt.block_q = 100000;
+    expect_status(forward_with(f, &opt), FA_ERR_OPTION, "block_q", f);
+    opt = fa_options_default();
+    opt.block_k = -5;
+    expect_status(forward_with(f, &opt), FA_ERR_OPTION, "block_k", f);
+}
+
+/* Ensure FA_ERR_ALIBI for slopes of the wrong shape, rank, dtype, or with a NaN. */
+static void test_alibi_when_slopes_are_wrong(void **state)
+{
+    fixture *f = *state;
+    float s3[3] = {0.5f, 0.25f, 0.125f}, s4[4] = {0.5f, NAN, 0.1f, 0.2f};
+    uint16_t h4[4] = {0};
+    fa_tensor a;
+    int64_t n3[1] = {3}, n4[1] = {4}, n14[3] = {1, 4, 1};
+    fa_options opt = fa_options_default();
+    opt.alibi_slopes = &a;
+    assert_int_equal(fa_tensor_make(&a, s3, FA_F32, 1, n3, NULL), FA_OK);
+    expect_status(forward_with(f, &opt), FA_ERR_ALIBI, "alibi", f);
+    assert_int_equal(fa_tensor_make(&a, s4, FA_F32, 1, n4, NULL), FA_OK);
+    expect_status(forward_with(f, &opt), FA_ERR_ALIBI, "non-finite", f);
+    assert_int_equal(fa_tensor_make(&a, s4, FA_F32, 3, n14, NULL), FA_OK);
+    expect_status(forward_with(f, &opt), FA_ERR_ALIBI, "rank", f);
+    assert_int_equal(fa_tensor_make(&a, h4, FA_F16, 1, n4, NULL), FA_OK);
+    expect_status(forward_with(f, &opt), FA_ERR_ALIBI, "dtype", f);
+}
+
+/* Ensure FA_ERR_IMPL for an unknown implementation, by number and by name. */
+static void test_impl_when_implementation_is_unknown(void **state)
+{
+    fixture *f = *state;
+    fa_options opt = fa_options_default();
+    opt.impl = (fa_impl)17;
+    expect_status(forward_with(f, &opt), FA_ERR_IMPL, NULL, f);
+    fa_impl impl;
+    expect_status(fa_impl_from_name("fastest", &impl), FA_ERR_IMPL, "fastest", f);
+}
+
+/*
+ * Ensure FA_ERR_NOMEM when scratch cannot be allocated: the reference keeps
+ * one row of scores (seqlen_k doubles) per thread, and a zero-stride K/V view
+ * with seqlen_k = 2^42 asks for 32 TiB of it.
+ */
+static void test_nomem_when_scratch_cannot_be_allocated(void **state)
+{
+    fixture *f = *state;
+    float kv[8] = {0};
+    fa_tensor k, v;
+    int64_t shape[4] = {1, (int64_t)1 << 42, 2, 8}, zero[4] = {0, 0, 0, 1};
+    assert_int_equal(fa_tensor_make(&k, kv, FA_F32, 4, shape, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, kv, FA_F32, 4, shape, zero), FA_OK);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_REFERENCE;
+    opt.num_threads = 1;
+    expect_status(fa_forward(&f->q.t, &k, &v, &f->o.t, NULL, &opt), FA_ERR_NOMEM, "allocate", f);
+}
+
+/* Ensure FA_ERR_TOO_LARGE when standard's S would exceed its (settable) cap. */
+static void test_too_large_when_standard_exceeds_its_cap(void **state)
+{
+    fixture *f = *state;
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_STANDARD;
+    opt.standard_max_bytes = 16; /* S is 5 x 16 floats at least */
+    fa_alloc_stats before, after;
+    fa_alloc_stats_get(&before);
+    expect_status(forward_with(f, &opt), FA_ERR_TOO_LARGE, "cap", f);
+    fa_alloc_stats_get(&after);
+    assert_int_equal(after.current_bytes, before.current_bytes);
+}
+
+/* Ensure FA_ERR_IO when a file cannot be opened, and FA_ERR_FORMAT when it is malformed. */
+static void test_io_and_format_when_files_are_missing_or_malformed(void **state)
+{
+    fixture *f = *state;
+    fa_npy arr;
+    expect_status(fa_npy_load("/nonexistent/dir/q.npy", &arr), FA_ERR_IO, "q.npy", f);
+    const char junk[] = "\x93NUMPY\x01\x00\x04\x00{}\n\n";
+    expect_status(fa_npy_parse(junk, sizeof junk - 1, "junk.npy", &arr), FA_ERR_FORMAT, "junk.npy", f);
+    float x[2] = {1, 2};
+    int64_t shape[1] = {2};
+    expect_status(fa_npy_save("/nonexistent/dir/o.npy", x, FA_F32, 1, shape), FA_ERR_IO, "o.npy", f);
+}
+
+/* Ensure FA_ERR_NONFINITE when fa_check is given a NaN input. */
+static void test_nonfinite_when_check_inputs_contain_nan(void **state)
+{
+    fixture *f = *state;
+    float *q = f->q.mem;
+    float saved = q[7];
+    q[7] = NAN;
+    fa_check_report report;
+    fa_status st = fa_check(&f->q.t, &f->k.t, &f->v.t, &f->o.t, NULL, NULL, NULL, &report);
+    q[7] = saved;
+    fa_check_report_free(&report);
+    expect_status(st, FA_ERR_NONFINITE, "NaN", f);
+}
+
+/* Ensure every status has its own name, and an out-of-range one is "unknown". */
+static void test_every_status_has_a_distinct_name(void **state)
+{
+    (void)state;
+    for (int s = 0; s < FA_STATUS_COUNT; s++) {
+        const char *name = fa_status_string((fa_status)s);
+        assert_non_null(name);
+        assert_true(name[0] != '\0');
+        assert_null(strstr(name, "unknown status"));
+        for (int t = 0; t < s; t++) assert_string_not_equal(name, fa_status_string((fa_status)t));
+    }
+    assert_non_null(strstr(fa_status_string(FA_STATUS_COUNT), "unknown"));
+    assert_non_null(strstr(fa_status_string((fa_status)-1), "unknown"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isa_is_reported_when_forced_isa_is_unknown),
+        cmocka_unit_test(test_ok_when_the_problem_is_valid),
+        cmocka_unit_test(test_null_arg_when_a_tensor_is_null),
+        cmocka_unit_test(test_dtype_when_dtype_is_invalid_or_disallowed),
+        cmocka_unit_test(test_shape_when_shapes_are_inconsistent),
+        cmocka_unit_test(test_heads_when_heads_is_not_a_multiple_of_heads_k),
+        cmocka_unit_test(test_stride_when_a_stride_is_negative),
+        cmocka_unit_test(test_option_when_an_option_is_out_of_range),
+        cmocka_unit_test(test_alibi_when_slopes_are_wrong),
+        cmocka_unit_test(test_impl_when_implementation_is_unknown),
+        cmocka_unit_test(test_nomem_when_scratch_cannot_be_allocated),
+        cmocka_unit_test(test_too_large_when_standard_exceeds_its_cap),
+        cmocka_unit_test(test_io_and_format_when_files_are_missing_or_malformed),
+        cmocka_unit_test(test_nonfinite_when_check_inputs_contain_nan),
+        cmocka_unit_test(test_every_status_has_a_distinct_name),
+    };
+    tu_seed();
+    return cmocka_run_group_tests_name("status", tests, setup, teardown);
+}
