@@ -194,12 +194,13 @@ fa_status fa_get_cpu_info(fa_cpu_info *info);
 /**
  * @brief Block sizes the flash path will use for head dims d and d_v.
  *
- * The rule (documented in docs/): M = L2 bytes / 4 floats;
- * Bc = M / (4 * max(d, d_v)), rounded down to a multiple of the SIMD width
- * and clamped to [16, 512]; Br = min(Bc, max(d, 16)) rounded down to a multiple
- * of the kernel's row block, clamped to [1, 128]. `opt->block_q`/`block_k`
- * (when non-zero) and the environment variables FA_BLOCK_Q / FA_BLOCK_K
- * override the derived values.
+ * The rule (docs/performance.md): M = per-core L2 bytes / 4 floats; square
+ * blocks B = Br = Bc, the largest multiple of 16 (the SIMD width) with
+ * B^2 + 2 B (d + d_v) <= 3/4 M — what one task keeps hot: Q_i, K_j^T, V_j,
+ * the score tile S and O_i — clamped to [16, 512]; Br is then rounded down to
+ * the kernel's register-block rows. `opt->block_q`/`block_k` (when non-zero)
+ * and the environment variables FA_BLOCK_Q / FA_BLOCK_K override the derived
+ * values.
  *
  * @param d        Head dimension of Q and K.
  * @param d_v      Head dimension of V and O.

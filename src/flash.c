@@ -41,7 +41,7 @@
  * through some row's interval need a per-element mask.
  *
  * Layouts (float32, per thread, 64-byte aligned):
- *   Qi  [Br][ldq]   rows of Q for this block, pre-multiplied by the scale
+ *   Qi  [Br][ldq]   rows of Q for this block (float32)
  *   Kt  [d][ldk]    K_j transposed (ldk = Bc rounded up to 16, zero-padded)
  *   Vj  [Bc][ldv]   V_j row-major, contiguous
  *   S   [Br][lds]   score tile, overwritten by P
@@ -64,6 +64,13 @@
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
+/*
+ * Largest shared K^T/V packing (one batch x kv head) the driver will allocate.
+ * 8 MiB holds N = 8192 at d = 128 and sits in a typical L3; beyond it each
+ * task packs tiles itself and memory stays O(threads x block).
+ */
+#define FA_FLASH_SHARED_MAX_BYTES ((size_t)8 << 20)
+
 /* Per-thread scratch, laid out in one allocation. */
 typedef struct flash_scratch {
     float *qi;    /* [Br][ldq] */
@@ -75,6 +82,19 @@ typedef struct flash_scratch {
     int64_t *lo, *hi;     /* [Br] each: visible key interval per row */
     void *base;
 } flash_scratch;
+
+/*
+ * K^T and V of one (batch, kv head), packed once and shared by every thread
+ * and every Q block that reads them (see fa_flash_forward):
+ *   kt [nkb][d][ldk]   tile kb at kt + kb*d*ldk, zero-padded columns
+ *   v  [nkb*Bc][ldv]
+ *   v_bad [nkb]        1 if that V tile holds Inf or NaN
+ */
+typedef struct flash_packed {
+    float *kt;
+    float *v;
+    unsigned char *v_bad;   /* [nkb]: tile holds Inf/NaN in V */
+} flash_packed;
 
 typedef struct flash_dims {
     int br, bc;
@@ -99,12 +119,6 @@ static size_t scratch_floats(const fa_problem *p, const flash_dims *g)
     return (size_t)g->br * g->ldq + (size_t)p->d * g->ldk + (size_t)g->bc * g->ldv +
            (size_t)g->br * g->lds + (size_t)g->br * g->ldo + 3 * round16((size_t)g->br) +
            4 * round16((size_t)g->br) /* lo, hi as int64 = 2 floats each */ + 64;
-}
-
-size_t fa_flash_workspace(const fa_problem *p)
-{
-    flash_dims g = flash_layout(p);
-    return (size_t)p->num_threads * scratch_floats(p, &g) * sizeof(float);
 }
 
 static int scratch_alloc(const fa_problem *p, const flash_dims *g, flash_scratch *sc)
@@ -164,6 +178,48 @@ static void pack_kt(const fa_problem *p, const fa_kernels *kern, int64_t b, int6
 }
 
 /*
+ * V_j is always copied into contiguous rows, even when it is float32 already:
+ * in BSHD its rows are heads*d_v floats apart (often a multiple of 4 KiB),
+ * which maps a whole tile onto a few cache sets and defeats the hardware
+ * prefetcher; the copy costs Bc*d_v moves per tile and measured ~12% faster.
+ */
+static int pack_v(const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int bc,
+                  const flash_dims *g, float *vj)
+{
+    float bad = 0.0f; /* 0 * x stays 0 for finite x; becomes NaN for Inf or NaN */
+    for (int j = 0; j < bc; j++) {
+        float *row = vj + (size_t)j * g->ldv;
+        fa_gather_f32(&p->v, fa_off4(&p->v, b, j0 + j, hk, 0), p->v.stride[3], p->dv, row);
+        for (int64_t c = 0; c < p->dv; c++) bad += 0.0f * row[c];
+    }
+    return isnan(bad);
+}
+
+/*
+ * P V for a tile whose V holds Inf or NaN (rare; only for such inputs). The
+ * fast kernel multiplies the P = 0 of masked keys into V too, and 0 * Inf is
+ * NaN, which would leak into rows that cannot see the bad key. Here each row
+ * multiplies only its visible keys.
+ */
+static void pv_masked_rows(const fa_kernels *kern, int br, int64_t j0, int bc, int64_t dv,
+                           const flash_scratch *sc, size_t lds, const float *vj, size_t ldv,
+                           size_t ldo)
+{
+    for (int r = 0; r < br; r++) {
+        int64_t a = sc->lo[r] - j0, e = sc->hi[r] - j0;
+        if (a < 0) a = 0;
+        if (e > bc) e = bc;
+        float *orow = sc->oa + (size_t)r * ldo;
+        if (a >= e) {
+            for (int64_t c = 0; c < dv; c++) orow[c] *= sc->alpha[r];
+            continue;
+        }
+        kern->pv(1, (int)(e - a), (int)dv, sc->s + (size_t)r * lds + a, lds, vj + (size_t)a * ldv, ldv,
+                 &sc->alpha[r], orow, ldo);
+    }
+}
+
+/*
  * Ask for the next K and V tiles while this one is being computed. In BSHD
  * their rows are heads_k*d floats apart, one 4 KiB page or more, and hardware
  * prefetchers do not cross pages; without this every row is a cold miss when
@@ -185,9 +241,11 @@ static void prefetch_tile(const fa_problem *p, int64_t b, int64_t hk, int64_t j0
 }
 
 /*
- * Apply softcap, ALiBi and the mask to the score tile S (rows i0.., keys j0..).
- * Rows whose interval covers the whole tile need no mask; softcap/ALiBi touch
- * every visible element.
+ * Finish the scores of tile S (rows i0.., keys j0..) after qk has scaled them:
+ * softcap, ALiBi and the mask, in DESIGN.md's order. (The scale multiplies the
+ * dot product inside qk rather than being folded into Q beforehand, as
+ * FlashAttention also does: scale * (q . k) keeps scores that tie in q . k
+ * tied, which matters when the scale is huge.)
  */
 static void transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, int bc,
                            double slope, const flash_scratch *sc, size_t lds)
@@ -197,14 +255,12 @@ static void transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, 
     for (int r = 0; r < br; r++) {
         float *row = sc->s + (size_t)r * lds;
         const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
-        const int full = lo <= 0 && hi >= bc;
-        if (!full) {
-            for (int j = 0; j < bc; j++)
-                if (j < lo || j >= hi) row[j] = -INFINITY;
-        }
+        const int jlo = lo > 0 ? (lo < bc ? (int)lo : bc) : 0;
+        const int jhi = hi < bc ? (hi > jlo ? (int)hi : jlo) : bc;
+        for (int j = 0; j < jlo; j++) row[j] = -INFINITY;
+        for (int j = jhi; j < bc; j++) row[j] = -INFINITY;
         if (!transform) continue;
         const int64_t i = i0 + r;
-        const int jlo = lo > 0 ? (int)lo : 0, jhi = hi < bc ? (int)hi : bc;
         for (int j = jlo; j < jhi; j++) {
             float s = row[j];
             if (cap > 0.0f) s = cap * tanhf(s * inv_cap);
@@ -219,19 +275,18 @@ static void transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, 
 
 /* One task: (batch b, head h, Q block starting at row i0 with br rows). */
 static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_dims *g,
-                       flash_scratch *sc, int64_t b, int64_t h, int64_t i0, int br)
+                       flash_scratch *sc, const flash_packed *kv, int64_t b, int64_t h, int64_t i0,
+                       int br)
 {
     const int64_t hk = fa_kv_head(p, h);
     const double slope = fa_alibi_slope(p, b, h);
-    const float scale = (float)p->scale;
     const int64_t d = p->d, dv = p->dv;
 
-    /* load Q_i (scaled) and the visible interval of each row */
+    /* load Q_i and the visible interval of each row */
     int64_t jmin = p->seqlen_k, jmax = 0;
     for (int r = 0; r < br; r++) {
         float *qrow = sc->qi + (size_t)r * g->ldq;
         fa_gather_f32(&p->q, fa_off4(&p->q, b, i0 + r, h, 0), p->q.stride[3], d, qrow);
-        for (int64_t c = 0; c < d; c++) qrow[c] *= scale;
         fa_key_range(p, i0 + r, &sc->lo[r], &sc->hi[r]);
         if (sc->lo[r] < sc->hi[r]) {
             if (sc->lo[r] < jmin) jmin = sc->lo[r];
@@ -249,25 +304,28 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
             const int64_t j0 = kb * g->bc;
             const int bc = (int)(p->seqlen_k - j0 < g->bc ? p->seqlen_k - j0 : g->bc);
 
-            pack_kt(p, kern, b, hk, j0, bc, g, sc->kt);
-            /*
-             * V_j is always copied into contiguous rows, even when it is float32
-             * already: in BSHD its rows are heads*d_v floats apart (often a
-             * multiple of 4 KiB), which maps a whole tile onto a few cache
-             * sets; the copy costs Bc*d_v moves per tile and measured ~12%
-             * faster overall at d = 128.
-             */
-            for (int j = 0; j < bc; j++)
-                fa_gather_f32(&p->v, fa_off4(&p->v, b, j0 + j, hk, 0), p->v.stride[3], dv,
-                              sc->vj + (size_t)j * g->ldv);
-            const float *vj = sc->vj;
+            const float *kt, *vj;
+            int v_bad;
+            if (kv) { /* this (batch, kv head) was packed once for all Q blocks */
+                kt = kv->kt + (size_t)kb * (size_t)d * g->ldk;
+                vj = kv->v + (size_t)j0 * g->ldv;
+                v_bad = kv->v_bad[kb];
+            } else {
+                pack_kt(p, kern, b, hk, j0, bc, g, sc->kt);
+                v_bad = pack_v(p, b, hk, j0, bc, g, sc->vj);
+                kt = sc->kt;
+                vj = sc->vj;
+                if (kb + 1 < kb1) prefetch_tile(p, b, hk, j0 + g->bc, g->bc);
+            }
             const size_t ldv = g->ldv;
 
-            if (kb + 1 < kb1) prefetch_tile(p, b, hk, j0 + g->bc, g->bc);
-            kern->qk(br, bc, (int)d, sc->qi, g->ldq, sc->kt, g->ldk, sc->s, g->lds);
+            kern->qk(br, bc, (int)d, sc->qi, g->ldq, kt, g->ldk, (float)p->scale, sc->s, g->lds);
             transform_tile(p, i0, br, j0, bc, slope, sc, g->lds);
             kern->softmax(br, bc, sc->s, g->lds, sc->m, sc->l, sc->alpha);
-            kern->pv(br, bc, (int)dv, sc->s, g->lds, vj, ldv, sc->alpha, sc->oa, g->ldo);
+            if (v_bad)
+                pv_masked_rows(kern, br, j0, bc, dv, sc, g->lds, vj, ldv, g->ldo);
+            else
+                kern->pv(br, bc, (int)dv, sc->s, g->lds, vj, ldv, sc->alpha, sc->oa, g->ldo);
         }
     }
 
@@ -292,6 +350,31 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     }
 }
 
+/* Bytes of the shared per-(batch, kv head) packing; 0 when it is not used. */
+static size_t shared_bytes(const fa_problem *p, const flash_dims *g)
+{
+    const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
+    const size_t floats = nkb * (size_t)p->d * g->ldk + nkb * (size_t)g->bc * g->ldv;
+    const size_t bytes = floats * sizeof(float) + nkb;
+    size_t cap = FA_FLASH_SHARED_MAX_BYTES;
+    const char *env = getenv("FA_FLASH_SHARED_MAX"); /* bytes; 0 forces per-tile packing */
+    if (env && *env) cap = (size_t)strtoull(env, NULL, 10);
+    return bytes <= cap ? bytes : 0;
+}
+
+size_t fa_flash_workspace(const fa_problem *p)
+{
+    flash_dims g = flash_layout(p);
+    return (size_t)p->num_threads * scratch_floats(p, &g) * sizeof(float) + shared_bytes(p, &g);
+}
+
+/* Run tasks t in [0, n) of (batch b, kv head hk): query heads of the group x Q blocks. */
+#define FLASH_GROUP_TASK(t, nqb, group, hk, g, p, qb, h, i0, br)                             \
+    const int64_t qb = (nqb) - 1 - (t) % (nqb); /* biggest causal blocks first */         \
+    const int64_t h = (hk) * (group) + (t) / (nqb);                                       \
+    const int64_t i0 = qb * (g).br;                                                       \
+    const int br = (int)((p)->seqlen_q - i0 < (g).br ? (p)->seqlen_q - i0 : (g).br)
+
 fa_status fa_flash_forward(const fa_problem *p)
 {
     fa_status st;
@@ -301,8 +384,31 @@ fa_status fa_flash_forward(const fa_problem *p)
     assert(g.br >= 1 && g.bc >= 1);
 
     const int64_t nqb = (p->seqlen_q + g.br - 1) / g.br;
-    const int64_t ntasks = p->batch * p->heads * nqb;
+    const int64_t nkb = (p->seqlen_k + g.bc - 1) / g.bc;
+    const int64_t group = p->heads / p->heads_k;
     int failed = 0;
+
+    /*
+     * Two ways to feed K and V to the tasks:
+     *  - shared (when one kv head's K^T and V fit in FA_FLASH_SHARED_MAX_BYTES):
+     *    pack them once per (batch, kv head), all threads together, then run
+     *    every Q block of every query head in the group against the packed
+     *    copy. Packing is O(Sk*d) instead of O(Sq*Sk*d/Br), and the packed
+     *    tiles are contiguous, so hardware prefetchers stream them.
+     *  - per tile (long sequences): each task packs each tile it visits into
+     *    its own scratch, so memory stays O(threads x block) at any length.
+     */
+    flash_packed kv = {NULL, NULL, NULL};
+    const size_t sbytes = shared_bytes(p, &g);
+    float *shared = NULL;
+    if (sbytes) {
+        shared = fa_malloc(sbytes);
+        if (!shared)
+            return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes for packed K/V", sbytes);
+        kv.kt = shared;
+        kv.v = shared + (size_t)nkb * (size_t)p->d * g.ldk;
+        kv.v_bad = (unsigned char *)(kv.v + (size_t)nkb * (size_t)g.bc * g.ldv);
+    }
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(p->num_threads)
@@ -319,20 +425,42 @@ fa_status fa_flash_forward(const fa_problem *p)
         }
 #ifdef _OPENMP
 #pragma omp barrier
+#endif
+        if (shared) {
+            for (int64_t bhk = 0; bhk < p->batch * p->heads_k && !failed; bhk++) {
+                const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+                for (int64_t kb = 0; kb < nkb; kb++) {
+                    const int64_t j0 = kb * g.bc;
+                    const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
+                    pack_kt(p, kern, b, hk, j0, bc, &g, kv.kt + (size_t)kb * (size_t)p->d * g.ldk);
+                    kv.v_bad[kb] = (unsigned char)pack_v(p, b, hk, j0, bc, &g, kv.v + (size_t)j0 * g.ldv);
+                }
+#ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (int64_t t = 0; t < ntasks; t++) {
-            if (failed) continue;
-            /* causal work grows with the block index: hand out the big ones first */
-            const int64_t qb = nqb - 1 - t % nqb;
-            const int64_t h = (t / nqb) % p->heads;
-            const int64_t b = t / (nqb * p->heads);
-            const int64_t i0 = qb * g.br;
-            const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
-            flash_task(p, kern, &g, &sc, b, h, i0, br);
+                for (int64_t t = 0; t < group * nqb; t++) {
+                    FLASH_GROUP_TASK(t, nqb, group, hk, g, p, qb, h, i0, br);
+                    flash_task(p, kern, &g, &sc, &kv, b, h, i0, br);
+                }
+            }
+        } else if (!failed) {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t t = 0; t < p->batch * p->heads * nqb; t++) {
+                const int64_t bhk = t / (group * nqb);
+                const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
+                const int64_t tt = t % (group * nqb);
+                FLASH_GROUP_TASK(tt, nqb, group, hk, g, p, qb, h, i0, br);
+                flash_task(p, kern, &g, &sc, NULL, b, h, i0, br);
+            }
         }
         fa_free(sc.base);
     }
+    fa_free(shared);
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes of per-thread scratch",
                        fa_flash_workspace(p));

@@ -42,6 +42,38 @@ size_t fa_standard_workspace(const fa_problem *p)
     return (s + packed) * sizeof(float);
 }
 
+/*
+ * O = P V for rows i0..i0+br when V holds Inf or NaN: each row multiplies only
+ * its visible keys, since the P = 0 of a masked key times Inf/NaN is NaN and
+ * would reach rows that cannot see that key.
+ */
+static void pv_visible_only(const fa_problem *p, const fa_kernels *kern, int64_t b, int64_t h,
+                            int64_t i0, int br, const float *S, size_t ldk, const float *V,
+                            const float *rowm, const float *rowl)
+{
+    const int64_t dv = p->dv;
+    float acc[STD_DV_CHUNK];
+    const float one = 1.0f;
+    for (int r = 0; r < br; r++) {
+        const int64_t i = i0 + r;
+        int64_t lo, hi;
+        fa_key_range(p, i, &lo, &hi);
+        const int empty = rowm[i] == -INFINITY || lo >= hi;
+        for (int64_t c0 = 0; c0 < dv; c0 += STD_DV_CHUNK) {
+            const int nc = (int)(dv - c0 < STD_DV_CHUNK ? dv - c0 : STD_DV_CHUNK);
+            memset(acc, 0, sizeof acc);
+            if (!empty)
+                kern->pv(1, (int)(hi - lo), nc, S + (size_t)i * ldk + lo, ldk, V + lo * dv + c0,
+                         (size_t)dv, &one, acc, STD_DV_CHUNK);
+            for (int c = 0; c < nc; c++)
+                fa_store_f64(&p->o, fa_off4(&p->o, b, i, h, c0 + c), empty ? 0.0 : (double)(acc[c] / rowl[i]));
+        }
+        if (p->lse.data)
+            fa_store_f64(&p->lse, b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2],
+                         empty ? -INFINITY : (double)rowm[i] + log((double)rowl[i]));
+    }
+}
+
 fa_status fa_standard_forward(const fa_problem *p)
 {
     const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k, d = p->d, dv = p->dv;
@@ -57,7 +89,7 @@ fa_status fa_standard_forward(const fa_problem *p)
                        s_bytes >> 20, (long long)Sq, (long long)Sk, p->standard_max_bytes >> 20);
 
     float *S = fa_malloc(s_bytes ? s_bytes : sizeof(float));               /* [Sq][ldk] */
-    float *Q = fa_malloc((size_t)Sq * (size_t)d * sizeof(float));          /* [Sq][d], scaled */
+    float *Q = fa_malloc((size_t)Sq * (size_t)d * sizeof(float));          /* [Sq][d] */
     float *Kt = fa_malloc((size_t)d * ldk * sizeof(float) + sizeof(float)); /* [d][ldk] */
     float *V = fa_malloc(((size_t)Sk * (size_t)dv + 1) * sizeof(float));   /* [Sk][dv] */
     float *rowm = fa_malloc((size_t)Sq * sizeof(float));                   /* [Sq] row max */
@@ -79,24 +111,26 @@ fa_status fa_standard_forward(const fa_problem *p)
             const int64_t hk = fa_kv_head(p, h);
             const double slope = fa_alibi_slope(p, b, h);
 
-            /* pack this head: Q scaled, K transposed, V row-major (all float32) */
+            /* pack this head: Q, K transposed, V row-major (all float32) */
             for (int64_t i = 0; i < Sq; i++) {
                 fa_gather_f32(&p->q, fa_off4(&p->q, b, i, h, 0), p->q.stride[3], d, Q + i * d);
-                for (int64_t c = 0; c < d; c++) Q[i * d + c] *= scale;
             }
+            float bad = 0.0f; /* stays 0 unless V holds Inf or NaN */
             for (int64_t j = 0; j < Sk; j++) {
                 for (int64_t c = 0; c < d; c++)
                     Kt[(size_t)c * ldk + (size_t)j] = fa_load_f32(&p->k, fa_off4(&p->k, b, j, hk, c));
                 fa_gather_f32(&p->v, fa_off4(&p->v, b, j, hk, 0), p->v.stride[3], dv, V + j * dv);
+                for (int64_t c = 0; c < dv; c++) bad += 0.0f * V[j * dv + c];
             }
+            const int v_bad = isnan(bad);
 
-            /* 1. S = (scale Q) K^T for all rows, one row block per kernel call */
+            /* 1. S = scale * Q K^T for all rows, one row block per kernel call */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->num_threads)
 #endif
             for (int64_t i0 = 0; i0 < Sq; i0 += STD_ROWS) {
                 const int br = (int)(Sq - i0 < STD_ROWS ? Sq - i0 : STD_ROWS);
-                kern->qk(br, (int)Sk, (int)d, Q + i0 * d, (size_t)d, Kt, ldk, S + (size_t)i0 * ldk, ldk);
+                kern->qk(br, (int)Sk, (int)d, Q + i0 * d, (size_t)d, Kt, ldk, scale, S + (size_t)i0 * ldk, ldk);
             }
 
             /* 2. transforms, mask, and P = softmax(S) row by row, in place */
@@ -137,6 +171,10 @@ fa_status fa_standard_forward(const fa_problem *p)
 #endif
             for (int64_t i0 = 0; i0 < Sq; i0 += STD_ROWS) {
                 const int br = (int)(Sq - i0 < STD_ROWS ? Sq - i0 : STD_ROWS);
+                if (v_bad) { /* see pv_visible_only */
+                    pv_visible_only(p, kern, b, h, i0, br, S, ldk, V, rowm, rowl);
+                    continue;
+                }
                 float acc[STD_ROWS * STD_DV_CHUNK]; /* [br][<= STD_DV_CHUNK] */
                 float ones[STD_ROWS];
                 for (int r = 0; r < br; r++) ones[r] = 1.0f;

@@ -147,8 +147,8 @@ static int kc_qk_case(const fa_kernels *k, const fa_kernels *ref, int br, int bc
             kt.p[(size_t)c * ldk + j] = (int)j < bc ? kc_uniform(rng, -2.0f, 2.0f) : 0.0f;
     for (size_t x = 0; x < (size_t)br * lds; x++) s.p[x] = sref.p[x] = kc_sentinel();
 
-    k->qk(br, bc, d, q.p, ldq, kt.p, ldk, s.p, lds);
-    ref->qk(br, bc, d, q.p, ldq, kt.p, ldk, sref.p, lds);
+    k->qk(br, bc, d, q.p, ldq, kt.p, ldk, 0.125f, s.p, lds);
+    ref->qk(br, bc, d, q.p, ldq, kt.p, ldk, 0.125f, sref.p, lds);
 
     for (int i = 0; i < br && nf < 1; i++)
         for (size_t j = 0; j < lds; j++) {
@@ -544,7 +544,7 @@ static int kc_check_chain(const fa_kernels *k, const fa_kernels *ref, uint64_t s
             for (size_t x = 0; x < (size_t)bc * dv; x++) v.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
             for (int w = 0; w < 2; w++) {
                 const fa_kernels *kk = w ? ref : k;
-                kk->qk(br, bc, d, q.p, (size_t)d, kt.p, ldk, s[w].p, ldk);
+                kk->qk(br, bc, d, q.p, (size_t)d, kt.p, ldk, 1.0f, s[w].p, ldk);
                 for (int i = 0; i < br; i++) /* causal-like mask; tile 0 hides rows i % 4 == 0 */
                     for (int j = 0; j < bc; j++)
                         if ((t == 0 && i % 4 == 0) || (t == ntiles - 1 && j > i))

@@ -123,6 +123,10 @@ static double run_case(const tcase *c, fa_impl impl)
 static void run_both(const tcase *c)
 {
     run_case(c, FA_IMPL_FLASH);
+    /* and the per-tile packing path that long sequences take */
+    setenv("FA_FLASH_SHARED_MAX", "0", 1);
+    run_case(c, FA_IMPL_FLASH);
+    unsetenv("FA_FLASH_SHARED_MAX");
     run_case(c, FA_IMPL_STANDARD);
 }
 

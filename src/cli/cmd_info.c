@@ -6,7 +6,8 @@
  * the arithmetic of the rule (include/flashattn.h, fa_block_sizes): the L2 is
  * the fast tier ("SRAM") of size M floats, a K/V block of Bc keys of dim d
  * should take about a quarter of it (Bc = M / 4d), and a Q block has
- * Br = min(Bc, d) rows. The numbers shown as "used" come from the library
+ * Br = min(Bc, d) rows; the CPU rule (square blocks filling 3/4 of L2, see
+ * fa_block_sizes) is printed beside it. The numbers shown as "used" come from the library
  * itself, so this page cannot drift from what actually runs.
  */
 #include "cli.h"
@@ -42,16 +43,16 @@ static int print_blocks(const fa_cpu_info *info, int64_t d)
     if (st != FA_OK) return cli_die_status(st);
     char l2[32];
     long long m = (long long)(info->l2_bytes / sizeof(float));
-    long long raw_bc = m / (4 * d);
-    long long raw_br = raw_bc < d ? raw_bc : d;
-    printf("  d = %-4lld L2 = %s -> M = %lld floats, Bc = M/(4d) = %lld, Br = min(Bc, d) = %lld",
-           (long long)d, cli_bytes(info->l2_bytes, l2, sizeof l2), m, raw_bc, raw_br);
-    if (raw_bc != bc || raw_br != br)
-        printf("\n           used: Bc = %d, Br = %d (rounded to the kernel's tiles, Bc clamped to [16, 512], "
-               "Br to [1, 128]%s)\n", bc, br,
-               getenv("FA_BLOCK_Q") || getenv("FA_BLOCK_K") ? "; FA_BLOCK_Q/FA_BLOCK_K set" : "");
-    else
-        printf("   (used as is)\n");
+    long long paper_bc = m / (4 * d);
+    long long paper_br = paper_bc < d ? paper_bc : d;
+    long long ws = (long long)br * d + (long long)d * bc + (long long)bc * d + (long long)br * bc +
+                   (long long)br * d;
+    printf("  d = %-4lld L2 = %s -> M = %lld floats; paper's rule: Bc = M/(4d) = %lld, Br = min(Bc, d) = %lld\n",
+           (long long)d, cli_bytes(info->l2_bytes, l2, sizeof l2), m, paper_bc, paper_br);
+    printf("           CPU rule: largest B (multiple of 16) with B^2 + 2B(d + d_v) <= 3M/4 = %lld\n", m / 4 * 3);
+    printf("           used: Br = %d, Bc = %d -> Q_i + K_j^T + V_j + S + O_i = %lld floats (%.0f%% of M)%s\n",
+           br, bc, ws, 100.0 * (double)ws / (double)m,
+           getenv("FA_BLOCK_Q") || getenv("FA_BLOCK_K") ? "; FA_BLOCK_Q/FA_BLOCK_K set" : "");
     return 0;
 }
 

@@ -120,7 +120,7 @@ static void vexp_avx2(int n, const float *x, float *y)
 
 /* Rows [0, mr) x columns [0, 8*nv); S stored only for columns < ncols. */
 INLINE void qk_block(const int mr, const int nv, int d, int ncols, const float *q, size_t ldq,
-                     const float *kt, size_t ldk, float *s, size_t lds)
+                     const float *kt, size_t ldk, float scale, float *s, size_t lds)
 {
     __m256 acc[MR][NV];
 #pragma GCC unroll 6
@@ -148,39 +148,39 @@ INLINE void qk_block(const int mr, const int nv, int d, int ncols, const float *
             float *dst = s + (size_t)r * lds + 8 * v;
             const int left = ncols - 8 * v;
             if (left >= 8)
-                _mm256_storeu_ps(dst, acc[r][v]);
+                _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_set1_ps(scale), acc[r][v]));
             else if (left > 0)
-                _mm256_maskstore_ps(dst, lanes_below(left), acc[r][v]);
+                _mm256_maskstore_ps(dst, lanes_below(left), _mm256_mul_ps(_mm256_set1_ps(scale), acc[r][v]));
         }
 }
 
 INLINE void qk_panel(const int nv, int br, int d, int ncols, const float *q, size_t ldq,
-                     const float *kt, size_t ldk, float *s, size_t lds)
+                     const float *kt, size_t ldk, float scale, float *s, size_t lds)
 {
     int i = 0;
     for (; i + MR <= br; i += MR)
-        qk_block(MR, nv, d, ncols, q + (size_t)i * ldq, ldq, kt, ldk, s + (size_t)i * lds, lds);
+        qk_block(MR, nv, d, ncols, q + (size_t)i * ldq, ldq, kt, ldk, scale, s + (size_t)i * lds, lds);
     const float *qi = q + (size_t)i * ldq;
     float *si = s + (size_t)i * lds;
     switch (br - i) {
-    case 5: qk_block(5, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 4: qk_block(4, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 3: qk_block(3, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 2: qk_block(2, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 1: qk_block(1, nv, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 5: qk_block(5, nv, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 4: qk_block(4, nv, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 3: qk_block(3, nv, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 2: qk_block(2, nv, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 1: qk_block(1, nv, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
     default: break;
     }
 }
 
 static void qk_avx2(int br, int bc, int d, const float *q, size_t ldq, const float *kt, size_t ldk,
-                    float *s, size_t lds)
+                    float scale, float *s, size_t lds)
 {
     int j = 0;
-    for (; j + 8 * NV <= bc; j += 8 * NV) qk_panel(NV, br, d, 8 * NV, q, ldq, kt + j, ldk, s + j, lds);
+    for (; j + 8 * NV <= bc; j += 8 * NV) qk_panel(NV, br, d, 8 * NV, q, ldq, kt + j, ldk, scale, s + j, lds);
     if (bc - j > 8)
-        qk_panel(2, br, d, bc - j, q, ldq, kt + j, ldk, s + j, lds);
+        qk_panel(2, br, d, bc - j, q, ldq, kt + j, ldk, scale, s + j, lds);
     else if (bc - j > 0)
-        qk_panel(1, br, d, bc - j, q, ldq, kt + j, ldk, s + j, lds);
+        qk_panel(1, br, d, bc - j, q, ldq, kt + j, ldk, scale, s + j, lds);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -104,7 +104,7 @@ static void vexp_avx512(int n, const float *x, float *y)
  */
 INLINE void qk_block(const int MR, const int NV, int d, int ncols,
                      const float *q, size_t ldq, const float *kt, size_t ldk,
-                     float *s, size_t lds)
+                     float scale, float *s, size_t lds)
 {
     __m512 acc[QK_MR][QK_NV];
 #pragma GCC unroll 8
@@ -125,6 +125,7 @@ INLINE void qk_block(const int MR, const int NV, int d, int ncols,
         }
     }
 
+    const __m512 vscale = _mm512_set1_ps(scale); /* S = scale * (Q K^T), scaled once in registers */
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 2
@@ -132,43 +133,43 @@ INLINE void qk_block(const int MR, const int NV, int d, int ncols,
             float *dst = s + (size_t)r * lds + 16 * v;
             const int left = ncols - 16 * v;
             if (left >= 16)
-                _mm512_storeu_ps(dst, acc[r][v]);
+                _mm512_storeu_ps(dst, _mm512_mul_ps(vscale, acc[r][v]));
             else if (left > 0)
-                _mm512_mask_storeu_ps(dst, (__mmask16)((1u << left) - 1u), acc[r][v]);
+                _mm512_mask_storeu_ps(dst, (__mmask16)((1u << left) - 1u), _mm512_mul_ps(vscale, acc[r][v]));
         }
 }
 
 /* All row blocks of one column panel of NV vectors. */
 INLINE void qk_panel(const int NV, int br, int d, int ncols, const float *q, size_t ldq,
-                     const float *kt, size_t ldk, float *s, size_t lds)
+                     const float *kt, size_t ldk, float scale, float *s, size_t lds)
 {
     int i = 0;
     for (; i + QK_MR <= br; i += QK_MR)
-        qk_block(QK_MR, NV, d, ncols, q + (size_t)i * ldq, ldq, kt, ldk, s + (size_t)i * lds, lds);
+        qk_block(QK_MR, NV, d, ncols, q + (size_t)i * ldq, ldq, kt, ldk, scale, s + (size_t)i * lds, lds);
     const float *qi = q + (size_t)i * ldq;
     float *si = s + (size_t)i * lds;
     switch (br - i) {
-    case 7: qk_block(7, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 6: qk_block(6, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 5: qk_block(5, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 4: qk_block(4, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 3: qk_block(3, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 2: qk_block(2, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
-    case 1: qk_block(1, NV, d, ncols, qi, ldq, kt, ldk, si, lds); break;
+    case 7: qk_block(7, NV, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 6: qk_block(6, NV, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 5: qk_block(5, NV, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 4: qk_block(4, NV, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 3: qk_block(3, NV, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 2: qk_block(2, NV, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
+    case 1: qk_block(1, NV, d, ncols, qi, ldq, kt, ldk, scale, si, lds); break;
     default: break;
     }
 }
 
 static void qk_avx512(int br, int bc, int d, const float *q, size_t ldq, const float *kt,
-                      size_t ldk, float *s, size_t lds)
+                      size_t ldk, float scale, float *s, size_t lds)
 {
     int j = 0;
     for (; j + 16 * QK_NV <= bc; j += 16 * QK_NV)
-        qk_panel(QK_NV, br, d, 16 * QK_NV, q, ldq, kt + j, ldk, s + j, lds);
+        qk_panel(QK_NV, br, d, 16 * QK_NV, q, ldq, kt + j, ldk, scale, s + j, lds);
     if (bc - j > 16) /* 17..31 columns left: a 32-wide panel, masked store */
-        qk_panel(2, br, d, bc - j, q, ldq, kt + j, ldk, s + j, lds);
+        qk_panel(2, br, d, bc - j, q, ldq, kt + j, ldk, scale, s + j, lds);
     else if (bc - j > 0)
-        qk_panel(1, br, d, bc - j, q, ldq, kt + j, ldk, s + j, lds);
+        qk_panel(1, br, d, bc - j, q, ldq, kt + j, ldk, scale, s + j, lds);
 }
 
 /* ------------------------------------------------------------------------ */

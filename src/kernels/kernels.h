@@ -5,7 +5,7 @@
  * the threads; it never sees an intrinsic. It asks dispatch.c once for the
  * table of the CPU it runs on and calls three micro-kernels per tile:
  *
- *   1. qk:      S = Q_i K_j^T            (Q_i already multiplied by the scale)
+ *   1. qk:      S = scale * Q_i K_j^T
  *   2. softmax: online-softmax update of S in place into P, per row:
  *               m_new = max(m, max_j S), alpha = exp(m - m_new),
  *               P = exp(S - m_new), l = alpha * l + sum_j P, m = m_new
@@ -35,10 +35,13 @@ typedef struct fa_kernels {
     int simd_width;         /* float32 lanes */
     int row_block;          /* preferred multiple for Br (register-block rows) */
 
-    /* S[i][j] = sum_c Q[i][c] * Kt[c][j]   for i < br, j < bc */
+    /* S[i][j] = scale * sum_c Q[i][c] * Kt[c][j]   for i < br, j < bc
+     * (the scale multiplies the finished dot product, as FlashAttention does:
+     * scores that tie in q . k stay tied whatever the scale) */
     void (*qk)(int br, int bc, int d,
                const float *q, size_t ldq,
                const float *kt, size_t ldk,
+               float scale,
                float *s, size_t lds);
 
     /* Online-softmax update; see the header comment. m, l, alpha: [br]. */

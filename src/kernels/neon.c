@@ -123,7 +123,7 @@ static void vexp_neon(int n, const float *x, float *y)
 
 /* Rows [0, mr) x columns [0, 16); S stored only for columns < ncols. */
 INLINE void qk_block(const int mr, int d, int ncols, const float *q, size_t ldq, const float *kt,
-                     size_t ldk, float *s, size_t lds)
+                     size_t ldk, float scale, float *s, size_t lds)
 {
     float32x4_t acc[MR][NV];
 #pragma GCC unroll 4
@@ -151,26 +151,26 @@ INLINE void qk_block(const int mr, int d, int ncols, const float *q, size_t ldq,
             float *dst = s + (size_t)r * lds + 4 * v;
             const int left = ncols - 4 * v;
             if (left >= 4)
-                vst1q_f32(dst, acc[r][v]);
+                vst1q_f32(dst, vmulq_n_f32(acc[r][v], scale));
             else if (left > 0)
-                store_partial(dst, left, acc[r][v]);
+                store_partial(dst, left, vmulq_n_f32(acc[r][v], scale));
         }
 }
 
 static void qk_neon(int br, int bc, int d, const float *q, size_t ldq, const float *kt, size_t ldk,
-                    float *s, size_t lds)
+                    float scale, float *s, size_t lds)
 {
     for (int j = 0; j < bc; j += 4 * NV) {
         const int ncols = bc - j < 4 * NV ? bc - j : 4 * NV;
         int i = 0;
         for (; i + MR <= br; i += MR)
-            qk_block(MR, d, ncols, q + (size_t)i * ldq, ldq, kt + j, ldk, s + (size_t)i * lds + j, lds);
+            qk_block(MR, d, ncols, q + (size_t)i * ldq, ldq, kt + j, ldk, scale, s + (size_t)i * lds + j, lds);
         const float *qi = q + (size_t)i * ldq;
         float *si = s + (size_t)i * lds + j;
         switch (br - i) {
-        case 3: qk_block(3, d, ncols, qi, ldq, kt + j, ldk, si, lds); break;
-        case 2: qk_block(2, d, ncols, qi, ldq, kt + j, ldk, si, lds); break;
-        case 1: qk_block(1, d, ncols, qi, ldq, kt + j, ldk, si, lds); break;
+        case 3: qk_block(3, d, ncols, qi, ldq, kt + j, ldk, scale, si, lds); break;
+        case 2: qk_block(2, d, ncols, qi, ldq, kt + j, ldk, scale, si, lds); break;
+        case 1: qk_block(1, d, ncols, qi, ldq, kt + j, ldk, scale, si, lds); break;
         default: break;
         }
     }

@@ -11,7 +11,7 @@
 #include <math.h>
 
 static void qk_scalar(int br, int bc, int d, const float *q, size_t ldq,
-                      const float *kt, size_t ldk, float *s, size_t lds)
+                      const float *kt, size_t ldk, float scale, float *s, size_t lds)
 {
     for (int i = 0; i < br; i++) {
         float *srow = s + (size_t)i * lds;
@@ -21,6 +21,7 @@ static void qk_scalar(int br, int bc, int d, const float *q, size_t ldq,
             const float *krow = kt + (size_t)c * ldk;
             for (int j = 0; j < bc; j++) srow[j] += qic * krow[j];
         }
+        for (int j = 0; j < bc; j++) srow[j] *= scale; /* scale the dot product, not q */
     }
 }
 
