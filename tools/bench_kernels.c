@@ -114,7 +114,7 @@ static void bench_chain(const fa_kernels *k, int br, int bc, int d, int ntiles)
             memcpy(kt, kt_src + kt_n * t, kt_n * sizeof(float));
             memcpy(v, v_src + v_n * t, v_n * sizeof(float));
             double t0 = now();
-            k->qk(br, bc, d, q, (size_t)d, kt, (size_t)ldk, s, (size_t)ldk);
+            k->qk(br, bc, d, q, (size_t)d, kt, (size_t)ldk, 0.125f, s, (size_t)ldk);
             double t1 = now();
             k->softmax(br, bc, s, (size_t)ldk, m, l, al);
             double t2 = now();
