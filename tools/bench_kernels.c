@@ -156,10 +156,12 @@ static void bench_isa(const char *isa)
     printf("%-7s FMA peak loop: median %.1f GFLOP/s, worst %.1f, best %.1f (%d runs); row_block=%d\n",
            isa, pk[REPS / 2], pk[0], peak_best, REPS, k->row_block);
 
-    /* (br, bc, d): the driver's tiles for d = 64 and 128 on a 1 MiB L2
-     * (Bc = 512, Br = d) and smaller ones; Br is rounded down to row_block
-     * as the driver does. */
-    static const int shapes[][3] = {{64, 256, 64}, {128, 256, 128}, {64, 512, 64}, {128, 512, 128}};
+    /* (br, bc, d): the paper's tiles for d = 64 and 128 on a 1 MiB L2
+     * (Bc = M/4d = 512, Br = d), smaller ones, and the driver's square
+     * L2-filling tiles (320 at d = 64, 256 at d = 128); Br is rounded down
+     * to row_block as the driver does. */
+    static const int shapes[][3] = {{64, 256, 64},   {128, 256, 128}, {64, 512, 64},
+                                    {128, 512, 128}, {320, 320, 64},  {256, 256, 128}};
     unsigned seed = 12345;
     printf("%-7s %-8s %4s %4s %4s %9s %9s %9s %7s\n", isa, "kernel", "br", "bc", "d", "median",
            "worst", "best", "best/pk");
@@ -190,7 +192,7 @@ static void bench_isa(const char *isa)
         free(q); free(kt); free(s); free(v); free(o); free(m); free(l); free(al);
     }
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        if (shapes[si][1] == 512)
+        if (si >= 2) /* the driver-sized tiles */
             bench_chain(k, shapes[si][0] - shapes[si][0] % k->row_block, shapes[si][1], shapes[si][2], 16);
 }
 
