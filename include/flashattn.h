@@ -306,14 +306,19 @@ typedef struct fa_check_options {
     int64_t sample_rows; /**< K > 0: check K random query rows per (batch, head); 0: all rows. */
     uint64_t seed;       /**< Seed of the row sampler. */
     int num_threads;     /**< OpenMP threads; 0 uses the OpenMP default. */
-    /** Names used in error messages and the report (e.g. file names); NULL
-     *  selects "q", "k", "v", "out", "lse". */
-    const char *q_name, *k_name, *v_name, *out_name, *lse_name;
+    /* Names used in error messages (e.g. file names); NULL selects the default. */
+    const char *q_name;   /**< Name of q in messages (default "q"). */
+    const char *k_name;   /**< Name of k in messages (default "k"). */
+    const char *v_name;   /**< Name of v in messages (default "v"). */
+    const char *out_name; /**< Name of the tested output in messages (default "out"). */
+    const char *lse_name; /**< Name of the tested LSE in messages (default "lse"). */
 } fa_check_options;
 
 /** @brief One failing query row in a report. */
 typedef struct fa_check_row {
-    int64_t batch, row, head;  /**< Where the row is. */
+    int64_t batch;             /**< Batch index of the row. */
+    int64_t row;               /**< Query row (index into seqlen_q). */
+    int64_t head;              /**< Query head. */
     int64_t n_fail;            /**< Elements of the row out of tolerance (NaN/Inf included). */
     int64_t worst_col;         /**< Column of the row's largest error. */
     double max_abs_err;        /**< Largest |O_test - O_ref| in the row (+inf for NaN/Inf). */
@@ -334,7 +339,13 @@ typedef struct fa_check_report {
     double rtol;               /**< rtol in force (0 under the emulation rule). */
     double bound;              /**< Emulation rule: 2 * emu_max_abs_err + atol; explicit: atol. */
 
-    int64_t batch, seqlen_q, seqlen_k, heads, heads_k, d, dv; /**< Problem geometry. */
+    int64_t batch;             /**< Problem geometry: batch. */
+    int64_t seqlen_q;          /**< Problem geometry: query rows. */
+    int64_t seqlen_k;          /**< Problem geometry: keys. */
+    int64_t heads;             /**< Problem geometry: query heads. */
+    int64_t heads_k;           /**< Problem geometry: key/value heads. */
+    int64_t d;                 /**< Problem geometry: head dim of Q and K. */
+    int64_t dv;                /**< Problem geometry: head dim of V and O. */
     int64_t rows_checked;      /**< Query rows compared (batch * heads * rows per head). */
     int64_t rows_total;        /**< batch * heads * seqlen_q. */
     int64_t elements_checked;  /**< rows_checked * dv. */
@@ -355,7 +366,10 @@ typedef struct fa_check_report {
     int64_t n_nonfinite;       /**< NaN or Inf elements in the checked tested output. */
     int64_t rows_failed;       /**< Rows with at least one element out of tolerance. */
 
-    int64_t worst_batch, worst_row, worst_head, worst_col; /**< Element of max_abs_err (-1 if none). */
+    int64_t worst_batch;       /**< Element of max_abs_err: batch (-1 if none). */
+    int64_t worst_row;         /**< Element of max_abs_err: query row. */
+    int64_t worst_head;        /**< Element of max_abs_err: head. */
+    int64_t worst_col;         /**< Element of max_abs_err: column of d_v. */
     double worst_test;         /**< Tested value there. */
     double worst_ref;          /**< Reference value there. */
     double worst_emu;          /**< Emulated value there. */
@@ -374,7 +388,9 @@ typedef struct fa_check_report {
     int64_t lse_n_fail;        /**< Rows whose LSE is out of tolerance. */
     int64_t lse_n_empty;       /**< Rows with no visible key (either infinity accepted). */
     int lse_fa2_alibi_offset;  /**< 1: the LSE follows FlashAttention-2's causal-ALiBi offset. */
-    int64_t lse_worst_batch, lse_worst_head, lse_worst_row; /**< Row of the largest LSE error (-1 if none). */
+    int64_t lse_worst_batch;   /**< Row of the largest LSE error: batch (-1 if none). */
+    int64_t lse_worst_head;    /**< Row of the largest LSE error: head. */
+    int64_t lse_worst_row;     /**< Row of the largest LSE error: query row. */
     double lse_worst_test;     /**< Tested LSE there. */
     double lse_worst_ref;      /**< Reference LSE there (with the offset when it applies). */
 } fa_check_report;
