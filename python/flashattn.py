@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-__all__ = ["attention", "check", "CheckReport", "FlashAttnError", "library", "version"]
+__all__ = ["attention", "check", "CheckReport", "FlashAttnError", "library"]
 
 # ---- the C declarations, mirrored (checked against fa_check_abi_size) -------
 
@@ -154,11 +154,6 @@ def library():
                           f"{want} in {path}; python/flashattn.py is out of date with the header")
     _lib = lib
     return lib
-
-
-def version():
-    """The library's version string (FA_VERSION of the header this wraps)."""
-    return "0.1.0"
 
 
 def _raise(status):
