@@ -11,7 +11,8 @@
 #      and doubling M cuts the traffic by 1.5x..2.5x;
 #   4. the simulator's L1 misses agree with valgrind's D1 misses (reads +
 #      writes, kernel function only) within 5% on the naive step (02) and the
-#      flash steps (06, 07), for N = 128, 256, 384 (skipped, loudly, without valgrind).
+#      flash steps (06, 07), for N = 128, 256, 384, and on the flash backward (12)
+#      for N = 128, 256 (skipped, loudly, without valgrind).
 # All counts use the fixed "teaching" geometry, so they are the same on every machine.
 set -u
 build=${1:-build}
@@ -33,7 +34,8 @@ for t in "$bin"/[0-9][0-9]_*; do
         01_*) args="--n 4096,65536" ;;
         09_*|10_*) args="--n 128 --reps 1" ;;
         11_*) args="--n 64,128 --M 8K,16K --d 16" ;;
-        12_*) args="--n 128" ;;
+        12_*) args="--n 64,100 --reps 1" ;;
+        13_*) args="--n 128" ;;
         *) args="--n 64,128 --reps 1" ;;
     esac
     if "$t" $args $G --out "$out" >"$out/$name.log" 2>&1; then ok "$name runs and matches the reference"
@@ -79,6 +81,13 @@ if command -v valgrind >/dev/null 2>&1; then
                 ok "$s N=$n: simulator $2 vs valgrind $1 D1 misses (ratio $3)"
             else bad "$s N=$n: simulator vs valgrind: $res"; fi
         done
+    done
+    for n in 128 256; do
+        res=$(FA_CG_MACHINE=1 sh tutorials/cachegrind.sh "$bin/12_backward" --n $n $G 2>&1)
+        set -- $res
+        if [ $# -eq 3 ] && awk -v r="$3" 'BEGIN { exit !(r >= 0.95 && r <= 1.05) }'; then
+            ok "12_backward N=$n: simulator $2 vs valgrind $1 D1 misses (ratio $3)"
+        else bad "12_backward N=$n: simulator vs valgrind: $res"; fi
     done
 else
     echo "SKIP simulator-vs-valgrind agreement: valgrind is not installed (apt-get install valgrind)"

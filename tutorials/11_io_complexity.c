@@ -211,6 +211,6 @@ int main(int argc, char **argv)
            "   becomes erratic once they do not: conflict misses in a set-associative cache depend\n"
            "   on how the blocks land in the sets (b(M) is a rule, not the optimum; measure).\n"
            "   Try: --M 8K,128K, --d 64, --n 1024 (slower: the simulator sees every access).\n"
-           "   Next: 12 uses the float64 reference to validate someone else's (GPU) output.\n");
+           "   Next: 12, the backward pass, where the LSE saved by the forward pays off.\n");
     return 0;
 }
