@@ -20,6 +20,12 @@ TUT_CFLAGS ?=
 TUT_NOIDIOM := $(shell $(CC) -fno-tree-loop-distribute-patterns -E -x c /dev/null >/dev/null 2>&1 \
                  && echo -fno-tree-loop-distribute-patterns)
 
+# Without OpenMP (NO_OMP=1) the `omp simd` hints still work with -fopenmp-simd; the
+# parallel loop of step 10 then runs on one thread.
+ifeq ($(NO_OMP),1)
+TUT_NOIDIOM += $(shell $(CC) -fopenmp-simd -E -x c /dev/null >/dev/null 2>&1 && echo -fopenmp-simd) -Wno-unknown-pragmas
+endif
+
 .PHONY: tutorial-bins cachegrind
 .SECONDARY: $(BUILD)/tutorials/cachesim.o
 
