@@ -19,7 +19,8 @@
  *   qk:      both results are within gamma_d = d*u*sum_c |q_c k_c| of the exact
  *            dot product whatever the summation and FMA pattern, so they are
  *            within 2*d*u*sum|q k| of each other (+1e-30 for underflow).
- *   softmax: m_new must be identical (a max is exact). P = exp(s - m): the
+ *   softmax: m_new must be identical (a max is exact; a NaN score is skipped
+ *            by the max, as in scalar.c, and shows up as NaN in P and l). P = exp(s - m): the
  *            subtraction is the same in both, the SIMD exp is within
  *            FA_EXP_MAX_ULP ulps of expf and glibc's expf within 1 ulp, so
  *            |dP| <= (FA_EXP_MAX_ULP + 1) ulp(P) <= 3.5 * 2^-23 * P (+ FLT_MIN,
@@ -196,6 +197,7 @@ enum kc_mask {
     KC_ROWS_MASKED,   /* some whole rows -inf */
     KC_ALL_MASKED,    /* the whole tile -inf */
     KC_EXTREME,       /* very negative (-1e30, -200) and large (+80..+88) scores */
+    KC_NAN,           /* a few NaN scores among finite ones (Inf or NaN in Q or K) */
     KC_MASK_COUNT
 };
 
@@ -212,6 +214,9 @@ static void kc_fill_scores(float *s, size_t lds, int br, int bc, int kind, uint6
                 if (i % 3 == 1) x = -INFINITY;
                 break;
             case KC_ALL_MASKED: x = -INFINITY; break;
+            case KC_NAN:
+                if (kc_next(rng) % 16 == 0) x = NAN;
+                break;
             case KC_EXTREME: {
                 const uint64_t r = kc_next(rng) % 6;
                 x = r == 0 ? -1e30f : r == 1 ? -200.0f : r == 2 ? kc_uniform(rng, 80.0f, 88.0f)
@@ -224,9 +229,10 @@ static void kc_fill_scores(float *s, size_t lds, int br, int bc, int kind, uint6
         }
 }
 
+/* |a - b| <= rel*|b| + abs_tol; equal infinities and NaN vs NaN count as equal */
 static int kc_close_rel(double a, double b, double rel, double abs_tol)
 {
-    if (a == b) return 1; /* covers equal infinities */
+    if (a == b || (isnan(a) && isnan(b))) return 1;
     return fabs(a - b) <= rel * fabs(b) + abs_tol;
 }
 
@@ -254,13 +260,13 @@ static int kc_softmax_seq(const fa_kernels *k, const fa_kernels *ref, int br, in
             const char *what = NULL;
             int col = -1;
             if (memcmp(&m.p[i], &mr.p[i], sizeof(float)) != 0) what = "m";
-            else if (!kc_close_rel(al.p[i], alr.p[i], 3.5 * 0x1.0p-23, FLT_MIN) || isnan(al.p[i])) what = "alpha";
-            else if (!kc_close_rel(l.p[i], lr.p[i], (bc + 8) * 0x1.0p-23, FLT_MIN) || isnan(l.p[i])) what = "l";
+            else if (!kc_close_rel(al.p[i], alr.p[i], 3.5 * 0x1.0p-23, FLT_MIN)) what = "alpha";
+            else if (!kc_close_rel(l.p[i], lr.p[i], (bc + 8) * 0x1.0p-23, FLT_MIN)) what = "l";
             for (size_t j = 0; j < lds && !what; j++) {
                 const float a = s.p[(size_t)i * lds + j], b = sref.p[(size_t)i * lds + j];
                 if ((int)j >= bc) {
                     if (!kc_is_sentinel(a)) what = "P beyond bc", col = (int)j;
-                } else if (isnan(a) || !kc_close_rel(a, b, 3.5 * 0x1.0p-23, FLT_MIN)) {
+                } else if (!kc_close_rel(a, b, 3.5 * 0x1.0p-23, FLT_MIN)) {
                     what = "P", col = (int)j;
                 }
             }
@@ -314,6 +320,7 @@ static int kc_check_softmax(const fa_kernels *k, const fa_kernels *ref, uint64_t
         {KC_ALL_MASKED, KC_FINITE, KC_PARTIAL},  /* first tile all masked, then finite */
         {KC_ALL_MASKED, KC_ALL_MASKED, KC_EXTREME},
         {KC_EXTREME, KC_FINITE, KC_EXTREME},
+        {KC_FINITE, KC_NAN, KC_PARTIAL},        /* a NaN score: NaN where the spec has it, m unaffected */
     };
     int nf = 0;
     uint64_t rng = seed;

@@ -203,19 +203,23 @@ INLINE float hsum(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-/* max(m, max_{j < bc} row[j]); xt holds the tail lanes (-inf beyond bc) */
+/*
+ * max(m, max_{j < bc} row[j]); xt holds the tail lanes (-inf beyond bc).
+ * maxps returns its second operand when either is NaN, so max(x, acc)
+ * skips a NaN score, as scalar.c's `x > mx ? x : mx` does.
+ */
 INLINE float row_max(const float *row, int nfull, __m256 xt, float m)
 {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
-    __m256 mx0 = _mm256_max_ps(_mm256_set1_ps(m), xt), mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
+    __m256 mx0 = _mm256_max_ps(xt, _mm256_set1_ps(m)), mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
     int j = 0;
     for (; j + 32 <= nfull; j += 32) {
-        mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
-        mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(row + j + 8));
-        mx2 = _mm256_max_ps(mx2, _mm256_loadu_ps(row + j + 16));
-        mx3 = _mm256_max_ps(mx3, _mm256_loadu_ps(row + j + 24));
+        mx0 = _mm256_max_ps(_mm256_loadu_ps(row + j), mx0);
+        mx1 = _mm256_max_ps(_mm256_loadu_ps(row + j + 8), mx1);
+        mx2 = _mm256_max_ps(_mm256_loadu_ps(row + j + 16), mx2);
+        mx3 = _mm256_max_ps(_mm256_loadu_ps(row + j + 24), mx3);
     }
-    for (; j < nfull; j += 8) mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(row + j));
+    for (; j < nfull; j += 8) mx0 = _mm256_max_ps(_mm256_loadu_ps(row + j), mx0);
     return hmax(_mm256_max_ps(_mm256_max_ps(mx0, mx1), _mm256_max_ps(mx2, mx3)));
 }
 

@@ -176,20 +176,24 @@ static void qk_avx512(int br, int bc, int d, const float *q, size_t ldq, const f
 /* softmax: the online update of one tile                                    */
 /* ------------------------------------------------------------------------ */
 
-/* max(m, max_{j < bc} row[j]) */
+/*
+ * max(m, max_{j < bc} row[j]). maxps returns its second operand when either
+ * is NaN, so max(x, acc) skips a NaN score, as scalar.c's
+ * `x > mx ? x : mx` does (the NaN then shows in P and l, as in the spec).
+ */
 INLINE float row_max(const float *row, int nfull, __mmask16 tail, float m)
 {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     __m512 mx0 = _mm512_set1_ps(m), mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
     int j = 0;
     for (; j + 64 <= nfull; j += 64) {
-        mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(row + j));
-        mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(row + j + 16));
-        mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(row + j + 32));
-        mx3 = _mm512_max_ps(mx3, _mm512_loadu_ps(row + j + 48));
+        mx0 = _mm512_max_ps(_mm512_loadu_ps(row + j), mx0);
+        mx1 = _mm512_max_ps(_mm512_loadu_ps(row + j + 16), mx1);
+        mx2 = _mm512_max_ps(_mm512_loadu_ps(row + j + 32), mx2);
+        mx3 = _mm512_max_ps(_mm512_loadu_ps(row + j + 48), mx3);
     }
-    for (; j < nfull; j += 16) mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(row + j));
-    if (tail) mx1 = _mm512_max_ps(mx1, _mm512_mask_loadu_ps(neg_inf, tail, row + nfull));
+    for (; j < nfull; j += 16) mx0 = _mm512_max_ps(_mm512_loadu_ps(row + j), mx0);
+    if (tail) mx1 = _mm512_max_ps(_mm512_mask_loadu_ps(neg_inf, tail, row + nfull), mx1);
     return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)));
 }
 

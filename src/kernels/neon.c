@@ -187,14 +187,15 @@ static void softmax_neon(int br, int bc, float *s, size_t lds, float *m, float *
         float *row = s + (size_t)i * lds;
         /* lanes >= bc read as -inf: nothing added to the max or the sum */
         const float32x4_t xt = load_partial(row + nfull, ntail, -INFINITY);
-        float32x4_t mx0 = vmaxq_f32(vdupq_n_f32(m[i]), xt), mx1 = vdupq_n_f32(-INFINITY);
+        /* vmaxnm skips a NaN score, as scalar.c's `x > mx ? x : mx` does */
+        float32x4_t mx0 = vmaxnmq_f32(vdupq_n_f32(m[i]), xt), mx1 = vdupq_n_f32(-INFINITY);
         int j = 0;
         for (; j + 8 <= nfull; j += 8) {
-            mx0 = vmaxq_f32(mx0, vld1q_f32(row + j));
-            mx1 = vmaxq_f32(mx1, vld1q_f32(row + j + 4));
+            mx0 = vmaxnmq_f32(mx0, vld1q_f32(row + j));
+            mx1 = vmaxnmq_f32(mx1, vld1q_f32(row + j + 4));
         }
-        if (j < nfull) mx0 = vmaxq_f32(mx0, vld1q_f32(row + j));
-        const float mnew = vmaxvq_f32(vmaxq_f32(mx0, mx1));
+        if (j < nfull) mx0 = vmaxnmq_f32(mx0, vld1q_f32(row + j));
+        const float mnew = vmaxnmvq_f32(vmaxnmq_f32(mx0, mx1));
 
         if (mnew == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
             for (j = 0; j < bc; j++) row[j] = 0.0f;
