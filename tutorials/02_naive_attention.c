@@ -92,6 +92,7 @@ int main(int argc, char **argv)
     }
     fclose(dat);
     cachesim_free(cs);
+    tut_io_summary(&a);
     printf("\n   Predicted L1 misses per (query, key) pair once K and V no longer fit in L1:\n"
            "   2d/16 + 4/16 = %.2f (K and V re-read for every row; S written, read; P written, read).\n",
            2.0 * a.d / 16 + 4.0 / 16);

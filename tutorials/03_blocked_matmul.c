@@ -101,6 +101,7 @@ int main(int argc, char **argv)
     }
     fclose(dat);
     cachesim_free(cs);
+    tut_io_summary(&a);
     printf("\n   Predicted L1 misses per pair: K and V once per Br rows, 2d/(16 Br) = %.2f, plus S and P\n"
            "   written and read, 4/16 = 0.25: total %.2f.",
            2.0 * a.d / (16.0 * a.br), 2.0 * a.d / (16.0 * a.br) + 0.25);

@@ -77,6 +77,7 @@ int main(int argc, char **argv)
     }
     fclose(dat);
     cachesim_free(cs);
+    tut_io_summary(&a);
     printf("\n   Workspace is now linear in N. Misses per pair are ~2d/16 = %.1f again: K and V\n"
            "   stream through L1 once per query row, as in step 02, because consecutive rows\n"
            "   share nothing that stays in cache once K (N d floats) outgrows L1.\n"

@@ -75,6 +75,7 @@ int main(int argc, char **argv)
     }
     fclose(dat);
     cachesim_free(cs);
+    tut_io_summary(&a);
     printf("\n   Same answer (the error column), one pass, O(d) memory. Misses per pair still\n"
            "   ~2d/16 = %.1f: the keys are visited in the same order for every row, and no\n"
            "   block of them survives in L1 from one row to the next.\n"

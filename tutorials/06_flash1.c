@@ -119,6 +119,7 @@ int main(int argc, char **argv)
     }
     fclose(dat);
     cachesim_free(cs);
+    tut_io_summary(&a);
     printf("\n   If Q_i, O_i, K_j, V_j and the tile all stayed in L1, Q_i and O_i would be loaded once per\n"
            "   key block: 2d/(16 Bc) = %.2f L1 misses per pair (step 05: %.1f). The paper's blocks need\n"
            "   more than L1 holds here, and the excess shows up as extra misses: its rule is a Theta.\n"

@@ -123,6 +123,7 @@ int main(int argc, char **argv)
     }
     fclose(dat);
     cachesim_free(cs);
+    tut_io_summary(&a);
     printf("\n   max |LSE - LSE_ref| = %.1e. Predicted L1 misses per pair: K_j and V_j once per query\n"
            "   block, 2d/(16 Br) = %.2f. Compare steps 02 (~8), 05 (~8), 06 (~0.26 with the paper's\n"
            "   overflowing blocks). Try: --br 32 --bc 32 (two K/V blocks no longer fit: misses\n"

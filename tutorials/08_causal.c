@@ -134,6 +134,7 @@ int main(int argc, char **argv)
     }
     fclose(dat);
     cachesim_free(cs);
+    tut_io_summary(&a);
     printf("   At N = %d skipping took %.2fx the time of masking everything (ideal: ~0.5x, plus the\n"
            "   diagonal tiles). Try: --n 1024 --no-sim, --br 8 (finer tiles waste less on the diagonal).\n"
            "   Next: 09 makes the inner loops SIMD-friendly.\n",

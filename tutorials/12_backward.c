@@ -241,6 +241,7 @@ int main(int argc, char **argv)
     }
     if (dat) fclose(dat);
     cachesim_free(cs);
+    tut_io_summary(&a);
     printf("   Both compute S once here: this standard path also rebuilds P from the LSE, since the forward\n"
            "   did not keep it. One that kept P from the forward saves those 2 N^2 d FLOPs and pays N^2\n"
            "   memory and traffic for them; FlashAttention recomputes, because FLOPs are cheaper than bytes.\n"

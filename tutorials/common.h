@@ -423,7 +423,8 @@ static inline void tut_banner(const char *title, const tut_args *a, const tut_hw
            ci.max_threads);
     printf("   cache misses [sim]: deterministic simulator, %s geometry %s (L1 size,ways,line:L2 ...)\n",
            a->geo.name, g);
-    if (hw && hw->fd_l1 >= 0) printf("   cache misses [hw]:  perf events (L1d read misses, LLC read misses)\n");
+    if (!hw) printf("   cache misses [hw]:  not measured in this step\n");
+    else if (hw->fd_l1 >= 0) printf("   cache misses [hw]:  perf events (L1d read misses, LLC read misses)\n");
     else printf("   cache misses [hw]:  %s\n", TUT_HW_NA);
     printf("   cache misses [vg]:  run `make cachegrind STEP=NN` for valgrind's count of the kernel alone\n\n");
 }
@@ -519,8 +520,11 @@ static inline void tut_table_head(void)
            "L1miss/N^2", "max err");
 }
 
+static tut_result tut_last_row;   /* the last row printed, for tut_io_summary() */
+
 static inline void tut_table_row(FILE *dat, const tut_result *r)
 {
+    tut_last_row = *r;
     printf("   %6d %4d %4d | %9.3f | %8.2f | %10s | %12llu | %11llu | %10s | %11.3f | %8.1e\n", r->n, r->br,
            r->bc, r->sec * 1e3, r->gflops, tut_bytes((double)r->ws_bytes), (unsigned long long)r->l1_miss,
            (unsigned long long)r->l2_miss, tut_hw_text(r->hw_l1), (double)r->l1_miss / ((double)r->n * r->n),
@@ -530,6 +534,24 @@ static inline void tut_table_row(FILE *dat, const tut_result *r)
                 r->sec * 1e3, r->gflops, r->ws_bytes, (unsigned long long)r->l1_miss,
                 (unsigned long long)r->l2_miss, (unsigned long long)r->l1_bytes,
                 (unsigned long long)r->l2_bytes, r->hw_l1, r->hw_ll, r->err);
+}
+
+/*
+ * IO accounting for the last row: bytes between L1 (the fast tier, M floats)
+ * and everything below it, beside the two bounds of docs/io_complexity.md:
+ * standard attention 4(N d + N^2) bytes, FlashAttention 4 N^2 d^2 / M bytes.
+ * Step 11 sweeps N and M; this line puts every step on the same scale.
+ */
+static inline void tut_io_summary(const tut_args *a)
+{
+    const tut_result *r = &tut_last_row;
+    if (a->no_sim || !r->n) return;
+    double n = r->n, d = r->d, M = (double)a->geo.l1.size_bytes / 4;
+    double std_bound = 4 * (n * d + n * n), flash_bound = 4 * n * n * d * d / M;
+    printf("\n   IO at N = %d [sim]: %s moved between L1 (M = %.0f floats) and below; bounds: standard\n"
+           "   4(Nd + N^2) = %s (ratio %.2f), flash 4 N^2 d^2 / M = %s (ratio %.2f).\n",
+           r->n, tut_bytes((double)r->l1_bytes), M, tut_bytes(std_bound), r->l1_bytes / std_bound,
+           tut_bytes(flash_bound), r->l1_bytes / flash_bound);
 }
 
 /* Inputs for one problem size: Q, K uniform in [-2, 2] (a peaked softmax), V in [-1, 1]. */
