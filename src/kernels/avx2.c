@@ -9,13 +9,16 @@
  *   qk  S = Q Kt:    MR = 6 rows x NV = 2 vectors (16 columns) = 12 ymm
  *                    accumulators + 2 for Kt[c][j..j+15] + 1 broadcast of
  *                    Q[i][c] = 15 registers. Per c: 2 loads, 6 broadcasts,
- *                    12 FMAs (12 chains cover 2 pipes x 4 cycles of latency).
+ *                    12 FMAs (12 chains cover 2 pipes x 4 cycles of latency);
+ *                    the scale multiplies the finished sums before the store.
  *                    Column panel outside, row block inside (the Kt panel
  *                    [d][16], 8 KiB at d = 128, stays in L1).
  *   pv  O = aO + PV: MR = 6 rows x NV = 2 vectors (16 columns of dv), the
  *                    same shape: per key j, 2 loads of V[j][c..c+15], 6
  *                    broadcasts of P[i][j], 12 FMAs; O is read, rescaled and
  *                    written once per tile (O = alpha*O + acc).
+ *   softmax          rows in groups of 8: maxima first, alpha for the group
+ *                    in one vector exp, then each row's exp pass.
  *
  * row_block = 6, so the driver should pick Br as a multiple of 6 (e.g. 96 or
  * 120); other Br work, the last rows running 1..5-row versions of the same
@@ -30,7 +33,7 @@
  * exp: see simd_exp.h. 2^n is built as float bits: one FMA adds a shifter
  * (1.5 * 2^23 + 127) so that the low bits of x*log2(e) + shifter hold n + 127,
  * and a shift by 23 moves them into the exponent field. Valid for
- * n + 127 in [1, 254]; x < ln(FLT_MIN) is masked to exactly 0 (that covers
+ * n + 127 in [1, 254]; x <= ln(FLT_MIN) is masked to exactly 0 (that covers
  * -inf and every n below range). The general vexp also needs n = 128 (x in
  * [88.38, 88.72] is still finite), so it splits 2^n = 2^(n/2) * 2^(n - n/2).
  */

@@ -15,11 +15,18 @@
  *                    Loop order: column panel (32 wide) outside, row block
  *                    inside, so the Kt panel [d][32] (16 KiB at d = 128)
  *                    stays in L1 while every row block of Q streams past it.
+ *                    The finished dot products are multiplied by the scale
+ *                    once, in registers, before the store.
  *   pv  O = aO + PV: PV_MR = 8 rows x PV_NV = 2 vectors (32 columns of dv)
  *                    = 16 zmm. Per key j: 2 loads of V[j][c..c+31], 8
  *                    broadcasts of P[i][j], 16 FMAs. The accumulators start
- *                    at 0 and O is read, rescaled and written once per tile:
- *                    O = alpha*O + acc (one FMA per vector).
+ *                    at 0 and O is read, updated and written once per key
+ *                    chunk: O = alpha*O + acc on the first, O + acc after.
+ *                    Loop order: column panel (32 of dv) > key chunk
+ *                    (PV_KC = 128) > row block, so the V sub-panel [128][32]
+ *                    (16 KiB) stays in L1 while the row blocks stream past.
+ *   softmax          rows in groups of 16: the maxima first, alpha for the
+ *                    group in one vector exp, then the exp passes.
  *
  * Tails: rows (br % 8) run the same template with fewer rows (1..7);
  * columns of qk run in panels of 32 or 16 reading Kt's zero padding up to a
@@ -31,7 +38,8 @@
  * accumulator arrays in registers.
  *
  * exp: see simd_exp.h. The reconstruction 2^n * p is vscalefps with a zero
- * mask for x < ln(FLT_MIN), so -inf and very negative x give exactly 0.
+ * mask for x <= FA_EXP_X_MIN (just below ln FLT_MIN), so -inf and very
+ * negative x give exactly 0.
  *
  * Rejected: 12..14-row qk blocks (more accumulators, but the row tail grows
  * and Br must be a multiple of the block; 8 rows already saturate the FMA
