@@ -16,9 +16,10 @@
  *
  * Tolerances — each derived from a float rounding model (u = 2^-24), not
  * tuned until green:
- *   qk:      both results are within gamma_d = d*u*sum_c |q_c k_c| of the exact
- *            dot product whatever the summation and FMA pattern, so they are
- *            within 2*d*u*sum|q k| of each other (+1e-30 for underflow).
+ *   qk:      both dot products are within gamma_d = d*u*sum_c |q_c k_c| of the
+ *            exact one whatever the summation and FMA pattern, and the scale
+ *            (1/sqrt(d) here, not a power of 2) adds one rounding, so they are
+ *            within 2*(d+1)*u*scale*sum|q k| of each other (+1e-30).
  *   softmax: m_new must be identical (a max is exact; a NaN score is skipped
  *            by the max, as in scalar.c, and shows up as NaN in P and l). P = exp(s - m): the
  *            subtraction is the same in both, the SIMD exp is within
@@ -148,8 +149,9 @@ static int kc_qk_case(const fa_kernels *k, const fa_kernels *ref, int br, int bc
             kt.p[(size_t)c * ldk + j] = (int)j < bc ? kc_uniform(rng, -2.0f, 2.0f) : 0.0f;
     for (size_t x = 0; x < (size_t)br * lds; x++) s.p[x] = sref.p[x] = kc_sentinel();
 
-    k->qk(br, bc, d, q.p, ldq, kt.p, ldk, 0.125f, s.p, lds);
-    ref->qk(br, bc, d, q.p, ldq, kt.p, ldk, 0.125f, sref.p, lds);
+    const float scale = 1.0f / sqrtf((float)d); /* the default scale: not a power of 2 */
+    k->qk(br, bc, d, q.p, ldq, kt.p, ldk, scale, s.p, lds);
+    ref->qk(br, bc, d, q.p, ldq, kt.p, ldk, scale, sref.p, lds);
 
     for (int i = 0; i < br && nf < 1; i++)
         for (size_t j = 0; j < lds; j++) {
@@ -163,7 +165,8 @@ static int kc_qk_case(const fa_kernels *k, const fa_kernels *ref, int br, int bc
             double mag = 0.0;
             for (int c = 0; c < d; c++)
                 mag += fabs((double)q.p[(size_t)i * ldq + c] * kt.p[(size_t)c * ldk + j]);
-            const double tol = 2.0 * d * 0x1.0p-24 * mag + 1e-30;
+            /* gamma_d of each dot product, plus the rounding of the scaling */
+            const double tol = 2.0 * (d + 1) * 0x1.0p-24 * scale * mag + 1e-30;
             if (!(fabs((double)a - b) <= tol)) {
                 kc_fail(msg, cap, &nf, "%s qk br=%d bc=%d d=%d: S[%d][%zu] = %.9g, scalar %.9g, tol %.3g",
                         k->name, br, bc, d, i, j, a, b, tol);
