@@ -5,7 +5,8 @@
 #   1. write plots/NAME.gp and a rule that produces its data;
 #   2. append $(PLOT_DIR)/NAME.png to PLOT_PNGS *above* the `plots:` rule, or
 #      add a line `plots: $(PLOT_DIR)/NAME.png` anywhere.
-# PEAK_GFLOPS=... draws the machine's FMA peak on the GFLOP/s figure.
+# The GFLOP/s figure draws one core's FMA peak, measured by `flashattn bench`;
+# PEAK_GFLOPS=... overrides it.
 
 PLOT_DIR    := $(BUILD)/plots
 PLOT_DATA   := $(PLOT_DIR)/data
@@ -16,14 +17,15 @@ GNUPLOT     ?= gnuplot
 TUT_PLOT_STAMP := $(PLOT_DATA)/tutorials.stamp
 TUT_PLOTS      := tutorial_misses tutorial_time_memory tutorial_io tutorial_gflops
 
-$(TUT_PLOT_STAMP): $(TUT_BINS) plots/tutorial_data.sh
+$(TUT_PLOT_STAMP): $(TUT_BINS) plots/tutorial_data.sh $(BUILD)/flashattn
 	@mkdir -p $(PLOT_DATA)
 	@echo "plots: running the tutorial steps (about a minute)"
 	sh plots/tutorial_data.sh $(BUILD) $(PLOT_DATA)
 	@touch $@
 
 $(PLOT_DIR)/tutorial_%.png: plots/tutorial_%.gp $(TUT_PLOT_STAMP)
-	$(GNUPLOT) -e "datadir='$(PLOT_DATA)'; out='$@'; peak=$(PEAK_GFLOPS)" $<
+	$(GNUPLOT) -e "datadir='$(PLOT_DATA)'; out='$@'; \
+	    peak=$(if $(filter-out 0,$(PEAK_GFLOPS)),$(PEAK_GFLOPS),$$(cat $(PLOT_DATA)/peak.txt 2>/dev/null || echo 0))" $<
 
 PLOT_PNGS += $(TUT_PLOTS:%=$(PLOT_DIR)/%.png)
 

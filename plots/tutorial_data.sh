@@ -1,7 +1,8 @@
 #!/bin/sh
 # tutorial_data.sh BUILD DIR — run the tutorial steps with the sweeps the plots
 # need, writing their .dat files to DIR, plus DIR/gflops.dat (one row per step:
-# "label gflops", all at N = 512, one thread unless the step says otherwise).
+# "label gflops", all at N = 512, one thread unless the step says otherwise) and
+# DIR/peak.txt (one core's FMA peak in GFLOP/s, 0 if it could not be measured).
 set -eu
 build=$1; dir=$2
 bin=$build/tutorials
@@ -29,3 +30,10 @@ done
     awk '!/^#/ && $1 == "library_flash" { print "lib-flash-1T", $7 }' "$dir/g/09.dat"
     awk '!/^#/ && $1 == "library_flash" { g = $5 } END { print "lib-flash-" "all", g }' "$dir/g/10.dat"
 } > "$dir/gflops.dat"
+# One core's FMA peak, from the CLI's own benchmark (GFLOP/s over its peak fraction); 0 if unavailable.
+peak=0
+if [ -x "$build/flashattn" ] && "$build/flashattn" bench --impl flash --n 256 --d 64 --heads 1 --threads 1 \
+        --csv "$dir/peak.csv" >/dev/null 2>&1; then
+    peak=$(awk -F, 'NR == 2 && $16 > 0 { printf "%.1f", $15 / $16 }' "$dir/peak.csv")
+fi
+echo "${peak:-0}" > "$dir/peak.txt"

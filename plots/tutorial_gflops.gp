@@ -14,7 +14,8 @@ set ylabel "GFLOP/s (4 N^2 d / time; causal: half)"
 set xtics rotate by -30
 set grid y
 if (exists("peak") && peak > 0) {
+    set yrange [0.5:peak * 2]
     set arrow from graph 0, first peak to graph 1, first peak nohead dt 2 lw 2 lc rgb "red"
-    set label sprintf("FMA peak %.0f GFLOP/s", peak) at graph 0.02, first peak * 1.15 tc rgb "red"
+    set label sprintf("one core's FMA peak, %.0f GFLOP/s", peak) at graph 0.02, first peak * 1.15 tc rgb "red"
 }
 plot datadir.'/gflops.dat' using 2:xtic(1) notitle
