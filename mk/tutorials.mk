@@ -38,7 +38,7 @@ tutorial-bins: $(TUT_BINS)
 
 tutorials: $(TUT_BINS)
 	@for t in $(TUT_BINS); do \
-	    echo; ./$$t --out $(BUILD)/tutorials || exit 1; \
+	    echo; "$$t" --out $(BUILD)/tutorials || exit 1; \
 	done
 
 STEP ?= 02
