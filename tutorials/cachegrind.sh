@@ -17,6 +17,10 @@ info=$("$bin" --valgrind-geometry "$@")
 d1=$(echo "$info" | cut -d' ' -f1)
 ll=$(echo "$info" | cut -d' ' -f2)
 kernel=$(echo "$info" | cut -d' ' -f3)
+if [ "$kernel" = "-" ]; then
+    echo "$(basename "$bin") has no single kernel of its own to measure (it calls the library)" >&2
+    exit 2
+fi
 # Pin the geometry for both runs: under valgrind the CPU reports other caches,
 # and the step would derive its default block sizes from those.
 geo=$(echo "$d1:$ll" | sed 's/--D1=//; s/--LL=//')
