@@ -3,6 +3,7 @@
 # when they are missing and we are root; otherwise says exactly what to run.
 missing=""
 [ -f /usr/include/cmocka.h ] || missing="$missing libcmocka-dev"
+command -v valgrind >/dev/null 2>&1 || missing="$missing valgrind"   # simulator vs cachegrind test
 command -v python3 >/dev/null 2>&1 || missing="$missing python3 python3-numpy python3-pytest"
 # Python side (numpy, pytest) for the end-to-end tests: pip first (virtualenvs,
 # pyenv), then pip past Debian's externally-managed guard, then Debian's packages.
