@@ -29,6 +29,18 @@ $(PLOT_DIR)/tutorial_%.png: plots/tutorial_%.gp $(TUT_PLOT_STAMP)
 
 PLOT_PNGS += $(TUT_PLOTS:%=$(PLOT_DIR)/%.png)
 
+# ---- flashattn bench: GFLOP/s vs N per implementation -----------------------
+BENCH_PLOT_ARGS ?= --n 512,1024,2048,4096 --d 64,128 --repeats 3
+$(PLOT_DATA)/bench.csv: $(BUILD)/flashattn
+	@mkdir -p $(PLOT_DATA)
+	@echo "plots: running flashattn bench (a minute or two)"
+	./$(BUILD)/flashattn bench $(BENCH_PLOT_ARGS) --csv $@
+
+$(PLOT_DIR)/bench_gflops.png: plots/bench_gflops.gp $(PLOT_DATA)/bench.csv
+	$(GNUPLOT) -e "datadir='$(PLOT_DATA)'; out='$@'" $<
+
+PLOT_PNGS += $(PLOT_DIR)/bench_gflops.png
+
 # ---- add other figures above this line ---------------------------------------
 plots: $(PLOT_PNGS)
 	@echo "plots: $(words $^) figures in $(PLOT_DIR)"
