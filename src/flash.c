@@ -350,22 +350,44 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     }
 }
 
-/* Bytes of the shared per-(batch, kv head) packing; 0 when it is not used. */
-static size_t shared_bytes(const fa_problem *p, const flash_dims *g)
+/*
+ * The shared packing: how many (batch, kv head) pairs are packed at once
+ * (*heads_per_pass, 0 when it is not used) and the bytes of one pair's slot.
+ * As many pairs as fit FA_FLASH_SHARED_MAX_BYTES go together, so short
+ * sequences still give every thread work between two packing passes.
+ */
+static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *heads_per_pass)
 {
     const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
     const size_t floats = nkb * (size_t)p->d * g->ldk + nkb * (size_t)g->bc * g->ldv;
-    const size_t bytes = floats * sizeof(float) + nkb;
+    const size_t slot = floats * sizeof(float) + ((nkb + 63) & ~(size_t)63); /* + v_bad, to 64 B */
     size_t cap = FA_FLASH_SHARED_MAX_BYTES;
     const char *env = getenv("FA_FLASH_SHARED_MAX"); /* bytes; 0 forces per-tile packing */
     if (env && *env) cap = (size_t)strtoull(env, NULL, 10);
-    return bytes <= cap ? bytes : 0;
+    int64_t n = (nkb > 0 && slot <= cap) ? (int64_t)(cap / slot) : 0;
+    if (n > p->batch * p->heads_k) n = p->batch * p->heads_k;
+    *heads_per_pass = n;
+    return slot;
+}
+
+/* Slot s of the shared packing (see flash_packed). */
+static flash_packed packed_slot(char *base, size_t slot_bytes, int64_t s, const fa_problem *p,
+                                const flash_dims *g)
+{
+    const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
+    flash_packed kv;
+    kv.kt = (float *)(base + (size_t)s * slot_bytes);
+    kv.v = kv.kt + nkb * (size_t)p->d * g->ldk;
+    kv.v_bad = (unsigned char *)(kv.v + nkb * (size_t)g->bc * g->ldv);
+    return kv;
 }
 
 size_t fa_flash_workspace(const fa_problem *p)
 {
     flash_dims g = flash_layout(p);
-    return (size_t)p->num_threads * scratch_floats(p, &g) * sizeof(float) + shared_bytes(p, &g);
+    int64_t per_pass;
+    size_t slot = shared_plan(p, &g, &per_pass);
+    return (size_t)p->num_threads * scratch_floats(p, &g) * sizeof(float) + (size_t)per_pass * slot;
 }
 
 /* Run tasks t in [0, n) of (batch b, kv head hk): query heads of the group x Q blocks. */
@@ -391,23 +413,22 @@ fa_status fa_flash_forward(const fa_problem *p)
     /*
      * Two ways to feed K and V to the tasks:
      *  - shared (when one kv head's K^T and V fit in FA_FLASH_SHARED_MAX_BYTES):
-     *    pack them once per (batch, kv head), all threads together, then run
-     *    every Q block of every query head in the group against the packed
-     *    copy. Packing is O(Sk*d) instead of O(Sq*Sk*d/Br), and the packed
-     *    tiles are contiguous, so hardware prefetchers stream them.
+     *    pack them once per (batch, kv head), all threads together — as many
+     *    pairs per pass as fit — then run every Q block of every query head
+     *    that reads them against the packed copy. Packing is O(Sk*d) instead
+     *    of O(Sq*Sk*d/Br), and the packed tiles are contiguous, so hardware
+     *    prefetchers stream them.
      *  - per tile (long sequences): each task packs each tile it visits into
      *    its own scratch, so memory stays O(threads x block) at any length.
      */
-    flash_packed kv = {NULL, NULL, NULL};
-    const size_t sbytes = shared_bytes(p, &g);
-    float *shared = NULL;
-    if (sbytes) {
-        shared = fa_malloc(sbytes);
+    int64_t per_pass;
+    const size_t slot = shared_plan(p, &g, &per_pass);
+    char *shared = NULL;
+    if (per_pass > 0) {
+        shared = fa_malloc((size_t)per_pass * slot);
         if (!shared)
-            return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes for packed K/V", sbytes);
-        kv.kt = shared;
-        kv.v = shared + (size_t)nkb * (size_t)p->d * g.ldk;
-        kv.v_bad = (unsigned char *)(kv.v + (size_t)nkb * (size_t)g.bc * g.ldv);
+            return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes for packed K/V",
+                           (size_t)per_pass * slot);
     }
 
 #ifdef _OPENMP
@@ -427,22 +448,32 @@ fa_status fa_flash_forward(const fa_problem *p)
 #pragma omp barrier
 #endif
         if (shared) {
-            for (int64_t bhk = 0; bhk < p->batch * p->heads_k && !failed; bhk++) {
-                const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
+            const int64_t nbhk = p->batch * p->heads_k;
+            for (int64_t first = 0; first < nbhk && !failed; first += per_pass) {
+                const int64_t npass = nbhk - first < per_pass ? nbhk - first : per_pass;
+                /* pack K^T and V of `npass` (batch, kv head) pairs, all threads together */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-                for (int64_t kb = 0; kb < nkb; kb++) {
+                for (int64_t u = 0; u < npass * nkb; u++) {
+                    const int64_t sidx = u / nkb, kb = u % nkb, bhk = first + sidx;
+                    const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
+                    const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
                     const int64_t j0 = kb * g.bc;
                     const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
                     pack_kt(p, kern, b, hk, j0, bc, &g, kv.kt + (size_t)kb * (size_t)p->d * g.ldk);
                     kv.v_bad[kb] = (unsigned char)pack_v(p, b, hk, j0, bc, &g, kv.v + (size_t)j0 * g.ldv);
                 }
+                /* then every Q block of every query head that reads them */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-                for (int64_t t = 0; t < group * nqb; t++) {
-                    FLASH_GROUP_TASK(t, nqb, group, hk, g, p, qb, h, i0, br);
+                for (int64_t t = 0; t < npass * group * nqb; t++) {
+                    const int64_t sidx = t / (group * nqb), bhk = first + sidx;
+                    const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
+                    const int64_t tt = t % (group * nqb);
+                    const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
+                    FLASH_GROUP_TASK(tt, nqb, group, hk, g, p, qb, h, i0, br);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, br);
                 }
             }
