@@ -59,7 +59,10 @@ static void test_flash_scratch_stays_below_16_mib_at_n_65536(void **state)
 {
     big *b = *state;
     static const int threads[] = {1, 2};
+    fa_cpu_info info;
+    assert_int_equal(fa_get_cpu_info(&info), FA_OK);
     for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        if (threads[t] > info.max_threads) continue; /* a build without OpenMP: the same run again */
         fa_options opt = fa_options_default();
         opt.causal = 1;
         opt.num_threads = threads[t];

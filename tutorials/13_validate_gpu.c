@@ -197,6 +197,7 @@ int main(int argc, char **argv)
         write_npy(path, Of, "<f4", 4, 4, shape);
     }
     fclose(dat);
+    free(Q); free(K); free(V); free(O); free(lse); free(Of); free(O_ref);
     if (!verdict[0] || verdict[1] || verdict[2] || verdict[3]) {
         fprintf(stderr, "FAILED: fa_check should pass `correct` and fail every bug\n");
         return 1;
