@@ -439,6 +439,66 @@ size_t fa_check_abi_size(int which);
 
 /* ---- backward pass API ---- */
 
+/**
+ * @defgroup backward Backward pass (flashattn grad)
+ *
+ * fa_backward() computes the gradients of a scalar loss with respect to Q, K
+ * and V, given dO = dLoss/dO, with FlashAttention-2's semantics (DESIGN.md):
+ *
+ *     P    = exp(s - LSE)           (the softmax, from the final logits s)
+ *     D_i  = dO_i . O_i
+ *     dP   = dO V^T
+ *     dS   = P o (dP - D)           (o: elementwise; D broadcast along a row)
+ *     dS'  = dS o (1 - tanh^2(t / softcap))   when softcap > 0, t = scale (q . k)
+ *     dQ   = scale dS' K,   dK = scale dS'^T Q,   dV = P^T dO
+ *
+ * For GQA/MQA, dK and dV of a kv head are summed over the query heads that
+ * share it. A query row with no visible key contributes nothing to any
+ * gradient (its dQ row is 0). ALiBi slopes are constants (no gradient).
+ *
+ * Implementations: FA_IMPL_REFERENCE (float64 loops, the trusted result) and
+ * FA_IMPL_FLASH (tiled, float32, recomputes P from Q, K and LSE tile by tile,
+ * never materializing seqlen_q x seqlen_k; scratch O(threads x block) plus
+ * O(batch x heads x seqlen_q) for D). FA_IMPL_STANDARD is not available for
+ * the backward pass and returns FA_ERR_IMPL. Both implementations are
+ * deterministic: the same inputs give the same bits for any thread count (no
+ * atomics; every output element is accumulated by one thread in a fixed order).
+ * @{
+ */
+
+/**
+ * @brief Attention backward pass: dQ, dK, dV from dO.
+ *
+ * @param q     Query `[batch][seqlen_q][heads][d]`, any dtype.
+ * @param k     Key   `[batch][seqlen_k][heads_k][d]`, any dtype.
+ * @param v     Value `[batch][seqlen_k][heads_k][d_v]`, any dtype.
+ * @param o     Forward output `[batch][seqlen_q][heads][d_v]`, any dtype, or
+ *              NULL: then O is recomputed by a forward pass of the same
+ *              implementation (extra memory O(batch x seqlen_q x heads x d_v)).
+ * @param lse   Forward log-sum-exp `[batch][heads][seqlen_q]`, f32 or f64
+ *              (-inf, or +inf, for rows with no visible key), or NULL: then it
+ *              is recomputed by a forward pass like @p o. O and LSE must come
+ *              from the same inputs and options; they are not re-checked.
+ * @param dout  dO = dLoss/dO `[batch][seqlen_q][heads][d_v]`, any dtype.
+ * @param dq    Written: dLoss/dQ, shape of @p q; f32, f64, f16 or bf16.
+ * @param dk    Written: dLoss/dK, shape of @p k; f32, f64, f16 or bf16.
+ * @param dv    Written: dLoss/dV, shape of @p v; f32, f64, f16 or bf16.
+ * @param opt   The options of the forward pass (mask, scale, softcap, ALiBi,
+ *              impl, threads, blocks), or NULL for fa_options_default().
+ * @return FA_OK or an error status (see fa_last_error()); FA_ERR_IMPL for
+ *         FA_IMPL_STANDARD.
+ *
+ * Every element of dq, dk and dv is written (keys no query sees get 0). The
+ * outputs must not overlap each other or the inputs. Inputs should be finite:
+ * a NaN or Inf in an input gives NaN gradients wherever it is reached (it may
+ * reach more elements than in the forward pass), but never a crash.
+ */
+fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                      const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout,
+                      fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt);
+
+/** @} */
+
 #ifdef __cplusplus
 }
 #endif

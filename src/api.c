@@ -459,6 +459,14 @@ static fa_status make_problem(const fa_tensor *q, const fa_tensor *k, const fa_t
     return FA_OK;
 }
 
+/* make_problem for backward.c: the same validation, shared rather than copied. */
+fa_status fa_make_problem(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                          const fa_tensor *o, const fa_tensor *lse, const fa_options *opt,
+                          fa_problem *p)
+{
+    return make_problem(q, k, v, o, lse, opt, p);
+}
+
 static size_t workspace(const fa_problem *p, fa_impl impl)
 {
     switch (impl) {

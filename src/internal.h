@@ -226,6 +226,19 @@ fa_status fa_reference_forward(const fa_problem *p);
 fa_status fa_standard_forward(const fa_problem *p);
 fa_status fa_flash_forward(const fa_problem *p);
 
+/* Backward (backward.c). The problem's o/lse hold O and LSE (never NULL
+ * here: fa_backward recomputes them when the caller passes none); dout, dq,
+ * dk, dv are checked against it by fa_backward. */
+fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
+                                const fa_tensor *dk, const fa_tensor *dv);
+fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
+                            const fa_tensor *dk, const fa_tensor *dv);
+
+/* api.c's argument validation (make_problem), for fa_backward. */
+fa_status fa_make_problem(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                          const fa_tensor *o, const fa_tensor *lse, const fa_options *opt,
+                          fa_problem *p);
+
 /* Scratch bytes each one will allocate. */
 size_t fa_reference_workspace(const fa_problem *p);
 size_t fa_standard_workspace(const fa_problem *p);

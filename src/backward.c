@@ -1,0 +1,603 @@
+/*
+ * backward.c — the attention backward pass: dQ, dK, dV from dO.
+ *
+ * The math (DESIGN.md, "Semantics"). For one (batch, query head), with the
+ * final logits s_ij (scale, softcap, ALiBi, mask, as in the forward pass),
+ *
+ *     P_ij = exp(s_ij - LSE_i)            the softmax, recomputed from the LSE
+ *     D_i  = dO_i . O_i                   (= sum_j P_ij dP_ij: softmax's Jacobian)
+ *     dP   = dO V^T
+ *     dS   = P o (dP - D)                 gradient w.r.t. the logits
+ *     dT   = dS o (1 - tanh^2(t / c))     t = scale (q . k), when softcap c > 0
+ *     dQ   = scale dT K,   dK = scale dT^T Q,   dV = P^T dO
+ *
+ * ALiBi's bias and the mask are constants: their derivative is 1 (visible)
+ * or 0 (masked, P = 0), so they only shape P. For GQA the kv head's dK, dV
+ * sum the contributions of all query heads of its group.
+ *
+ * Two implementations:
+ *
+ *   reference — the formulas above as plain loops in float64, one query row
+ *     at a time; one task per (batch, kv head), which owns the dK/dV
+ *     accumulators of that head ([Sk][d] + [Sk][dv] doubles) and the dQ rows
+ *     of its query heads. No two tasks write the same element, so there are
+ *     no atomics and the bits do not depend on the thread count.
+ *
+ *   flash — FlashAttention-2's backward, made atomic-free for a CPU by
+ *     splitting it into two passes that each recompute P tile by tile from
+ *     Q, K and the LSE (Sq x Sk never exists; only Br x Bc tiles):
+ *       (a) one task per (batch, kv head, K block j): dK_j, dV_j live in the
+ *           task's scratch while every Q block i of every query head of the
+ *           group streams past:
+ *               S^T = scale K_j Q_i^T      (qk, K_j rows x Q_i^T panel)
+ *               P^T = exp(S^T - LSE_i)     (transforms, mask, vexp)
+ *               dP^T = V_j dO_i^T          (qk)
+ *               dS^T = P^T o (dP^T - D_i)  (softcap derivative)
+ *               dV_j += P^T dO_i,  dK_j += dS^T Q_i   (pv)
+ *           Working on the transposed tile lets the pv micro-kernel compute
+ *           P^T dO directly, with no tile transpose.
+ *       (b) one task per (batch, query head, Q block i): dQ_i in scratch, the
+ *           K blocks stream past: S = scale Q_i K_j^T, P, dP = dO_i V_j^T,
+ *           dS, and dQ_i += dS K_j (pv).
+ *     The price is recomputing S, P, dP and dS twice: 7 tile products instead
+ *     of FlashAttention-2's 5 (which sums dQ with atomics on a GPU). The
+ *     alternatives — atomics, or a dQ buffer per thread summed at the end —
+ *     give bits that depend on the schedule, or O(threads x Sq x d) memory.
+ *     Every task runs on one thread in a fixed order: identical bits for any
+ *     thread count.
+ *
+ * D (one float per query row) is computed once up front: O(B x H x Sq).
+ * When the caller passes no O or LSE, fa_backward runs the forward pass of
+ * the same implementation into temporaries first.
+ */
+#include "internal.h"
+
+#include <assert.h>
+#include <stdlib.h>
+
+#include "kernels/kernels.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define DIM(x) ((long long)(x))
+
+/* Default backward block: the forward's rule gives blocks for S, Q_i, K_j, V_j
+ * and O_i; the backward keeps about twice that hot per tile (S and dP, Q_i and
+ * dO_i in two layouts, K_j, V_j and their gradients), so without an explicit
+ * request (opt->block_q/k, FA_BLOCK_Q/K) it is capped at 128. */
+#define FA_BWD_BLOCK_MAX 128
+
+/* ------------------------------------------------------------------------ */
+/* Validation and the public entry point                                     */
+/* ------------------------------------------------------------------------ */
+
+/* t must be a rank-4 tensor of exactly the given shape (that of `like_name`). */
+static fa_status check_like(const fa_tensor *t, const char *name, const int64_t *shape,
+                            const char *like_name)
+{
+    if (!t) return fa_fail(FA_ERR_NULL_ARG, "%s: tensor is NULL", name);
+    if (fa_dtype_size(t->dtype) == 0)
+        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", name, (int)t->dtype);
+    if (t->rank != 4) return fa_fail(FA_ERR_SHAPE, "%s: expected rank 4, got rank %d", name, t->rank);
+    for (int r = 0; r < 4; r++) {
+        if (t->shape[r] != shape[r])
+            return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld,%lld,%lld] should be [%lld,%lld,%lld,%lld] (%s)",
+                           name, DIM(t->shape[0]), DIM(t->shape[1]), DIM(t->shape[2]), DIM(t->shape[3]),
+                           DIM(shape[0]), DIM(shape[1]), DIM(shape[2]), DIM(shape[3]), like_name);
+        if (t->stride[r] < 0)
+            return fa_fail(FA_ERR_STRIDE, "%s: stride %d is negative (%lld)", name, r, DIM(t->stride[r]));
+    }
+    if (shape[0] * shape[1] * shape[2] * shape[3] > 0 && !t->data)
+        return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", name);
+    return FA_OK;
+}
+
+fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                      const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout,
+                      fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt)
+{
+    fa_problem p;
+    fa_status st = fa_make_problem(q, k, v, o, lse, opt, &p);
+    if (st != FA_OK) return st;
+    const int64_t o_shape[4] = {p.batch, p.seqlen_q, p.heads, p.dv};
+    const int64_t k_shape[4] = {p.batch, p.seqlen_k, p.heads_k, p.d};
+    const int64_t v_shape[4] = {p.batch, p.seqlen_k, p.heads_k, p.dv};
+    const int64_t q_shape[4] = {p.batch, p.seqlen_q, p.heads, p.d};
+    if ((st = check_like(dout, "dout", o_shape, "the shape of o: [batch, seqlen_q, heads, d_v]")) != FA_OK ||
+        (st = check_like(dq, "dq", q_shape, "the shape of q")) != FA_OK ||
+        (st = check_like(dk, "dk", k_shape, "the shape of k")) != FA_OK ||
+        (st = check_like(dv, "dv", v_shape, "the shape of v")) != FA_OK)
+        return st;
+    const fa_impl impl = opt ? opt->impl : FA_IMPL_FLASH;
+    if (impl == FA_IMPL_STANDARD)
+        return fa_fail(FA_ERR_IMPL, "backward: implementation 'standard' not available; use flash or reference");
+    if (p.batch == 0) {
+        fa_clear_error();
+        return FA_OK;
+    }
+    if (impl == FA_IMPL_FLASH) { /* backward blocks: see FA_BWD_BLOCK_MAX */
+        const char *eq = getenv("FA_BLOCK_Q"), *ek = getenv("FA_BLOCK_K");
+        if (!(opt && opt->block_q) && !(eq && *eq) && p.block_q > FA_BWD_BLOCK_MAX) p.block_q = FA_BWD_BLOCK_MAX;
+        if (!(opt && opt->block_k) && !(ek && *ek) && p.block_k > FA_BWD_BLOCK_MAX) p.block_k = FA_BWD_BLOCK_MAX;
+    }
+
+    /* O and LSE: the caller's, or recomputed by this implementation's forward
+     * pass (float64 for the reference, float32 for flash). */
+    void *o_tmp = NULL, *lse_tmp = NULL;
+    if (!o || !lse) {
+        const fa_dtype tdt = impl == FA_IMPL_REFERENCE ? FA_F64 : FA_F32;
+        const size_t esz = fa_dtype_size(tdt);
+        const size_t o_n = (size_t)(p.batch * p.seqlen_q * p.heads * p.dv);
+        const size_t l_n = (size_t)(p.batch * p.heads * p.seqlen_q);
+        const int64_t l_shape[3] = {p.batch, p.heads, p.seqlen_q};
+        o_tmp = fa_malloc((o_n ? o_n : 1) * esz);   /* O   [B][Sq][H][dv] */
+        lse_tmp = fa_malloc((l_n ? l_n : 1) * esz); /* LSE [B][H][Sq] */
+        if (!o_tmp || !lse_tmp) {
+            fa_free(o_tmp);
+            fa_free(lse_tmp);
+            return fa_fail(FA_ERR_NOMEM, "backward: could not allocate %zu bytes to recompute O and LSE",
+                           (o_n + l_n) * esz);
+        }
+        fa_problem fp = p;
+        fa_tensor_make(&fp.o, o_tmp, tdt, 4, o_shape, NULL);
+        fa_tensor_make(&fp.lse, lse_tmp, tdt, 3, l_shape, NULL);
+        st = p.seqlen_q == 0 ? FA_OK
+             : impl == FA_IMPL_REFERENCE ? fa_reference_forward(&fp) : fa_flash_forward(&fp);
+        if (!o) p.o = fp.o;
+        if (!lse) p.lse = fp.lse;
+    }
+    if (st == FA_OK) {
+        switch (impl) {
+        case FA_IMPL_REFERENCE: st = fa_reference_backward(&p, dout, dq, dk, dv); break;
+        case FA_IMPL_FLASH: st = fa_flash_backward(&p, dout, dq, dk, dv); break;
+        default: st = fa_fail(FA_ERR_IMPL, "unknown implementation %d", (int)impl); break;
+        }
+    }
+    fa_free(o_tmp);
+    fa_free(lse_tmp);
+    if (st == FA_OK) fa_clear_error();
+    return st;
+}
+
+static double load_lse(const fa_problem *p, int64_t b, int64_t h, int64_t i)
+{
+    return fa_load_f64(&p->lse, b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* reference: the spec as float64 loops                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Per-thread scratch of the reference, in doubles. */
+static size_t reference_scratch_doubles(const fa_problem *p)
+{
+    /* dK [Sk][d] + dV [Sk][dv] accumulators, q_i [d], dO_i [dv], dq_i [d] */
+    return (size_t)p->seqlen_k * (size_t)(p->d + p->dv) + 2 * (size_t)p->d + (size_t)p->dv + 1;
+}
+
+/* All query heads of kv head hk in batch b: writes dQ of those heads and dK, dV of hk. */
+static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
+                                    const fa_tensor *dk, const fa_tensor *dv, int64_t b, int64_t hk,
+                                    double *scratch)
+{
+    const int64_t Sk = p->seqlen_k, d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
+    double *dk_acc = scratch;                       /* [Sk][d] */
+    double *dv_acc = dk_acc + (size_t)(Sk * d);     /* [Sk][dv] */
+    double *qi = dv_acc + (size_t)(Sk * dvd);       /* [d] */
+    double *doi = qi + d;                           /* [dv] */
+    double *dqi = doi + dvd;                        /* [d] */
+    memset(dk_acc, 0, (size_t)(Sk * (d + dvd)) * sizeof(double));
+    const double c = p->softcap;
+
+    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+        const double slope = fa_alibi_slope(p, b, h);
+        for (int64_t i = 0; i < p->seqlen_q; i++) {
+            int64_t lo, hi;
+            fa_key_range(p, i, &lo, &hi);
+            const double L = load_lse(p, b, h, i);
+            double D = 0.0;
+            for (int64_t x = 0; x < d; x++) qi[x] = fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, x));
+            for (int64_t x = 0; x < dvd; x++) {
+                doi[x] = fa_load_f64(dout, fa_off4(dout, b, i, h, x));
+                D += doi[x] * fa_load_f64(&p->o, fa_off4(&p->o, b, i, h, x));
+            }
+            for (int64_t x = 0; x < d; x++) dqi[x] = 0.0;
+            for (int64_t j = lo; j < hi; j++) { /* an empty row (lo >= hi) contributes nothing */
+                double dot = 0.0;
+                for (int64_t x = 0; x < d; x++) dot += qi[x] * fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, x));
+                const double t = p->scale * dot;             /* scaled score */
+                const double u = c > 0.0 ? c * tanh(t / c) : t; /* softcapped */
+                const int64_t rel = i + Sk - p->seqlen_q - j;
+                const double s = u - slope * (double)(rel < 0 ? -rel : rel); /* ALiBi */
+                const double P = exp(s - L);
+                double dP = 0.0;
+                for (int64_t x = 0; x < dvd; x++) dP += doi[x] * fa_load_f64(&p->v, fa_off4(&p->v, b, j, hk, x));
+                double dS = P * (dP - D);
+                if (c > 0.0) dS *= 1.0 - (u / c) * (u / c); /* d/dt c tanh(t/c) */
+                for (int64_t x = 0; x < d; x++) {
+                    dqi[x] += dS * fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, x));
+                    dk_acc[j * d + x] += dS * qi[x];
+                }
+                for (int64_t x = 0; x < dvd; x++) dv_acc[j * dvd + x] += P * doi[x];
+            }
+            for (int64_t x = 0; x < d; x++) fa_store_f64(dq, fa_off4(dq, b, i, h, x), p->scale * dqi[x]);
+        }
+    }
+    for (int64_t j = 0; j < Sk; j++) {
+        for (int64_t x = 0; x < d; x++) fa_store_f64(dk, fa_off4(dk, b, j, hk, x), p->scale * dk_acc[j * d + x]);
+        for (int64_t x = 0; x < dvd; x++) fa_store_f64(dv, fa_off4(dv, b, j, hk, x), dv_acc[j * dvd + x]);
+    }
+}
+
+fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
+                                const fa_tensor *dk, const fa_tensor *dv)
+{
+    const int64_t tasks = p->batch * p->heads_k;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(p->num_threads)
+#endif
+    {
+        double *scratch = fa_malloc(reference_scratch_doubles(p) * sizeof(double));
+        if (!scratch) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < tasks; t++) {
+            if (failed) continue;
+            reference_backward_task(p, dout, dq, dk, dv, t / p->heads_k, t % p->heads_k, scratch);
+        }
+        fa_free(scratch);
+    }
+    if (failed)
+        return fa_fail(FA_ERR_NOMEM, "reference backward: could not allocate %zu bytes per thread",
+                       reference_scratch_doubles(p) * sizeof(double));
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* flash: two tiled passes                                                   */
+/* ------------------------------------------------------------------------ */
+
+static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+typedef struct bwd_dims {
+    int br, bc;     /* Q block rows, K block keys */
+    size_t ldd;     /* round16(d):  rows of Q_i, K_j, dQ_i, dK_j */
+    size_t lddv;    /* round16(dv): rows of dO_i, V_j, dV_j */
+    size_t ldr;     /* round16(br): Q_i^T, dO_i^T panels; transposed tiles [bc][ldr] */
+    size_t ldc;     /* round16(bc): K_j^T, V_j^T panels; tiles [br][ldc] */
+} bwd_dims;
+
+/*
+ * Per-thread scratch (float32, 64-byte aligned rows). Pass (a) uses
+ * kr, vr, dka, dva, qt, dot, qr, dor, st, dpt; pass (b) uses qr, dor, kt, vt,
+ * kr, s, dp, dqa. lse, dd, lo, hi describe the rows of the current Q block.
+ */
+typedef struct bwd_scratch {
+    float *qr;    /* [br][ldd]   Q_i rows */
+    float *dor;   /* [br][lddv]  dO_i rows */
+    float *qt;    /* [d][ldr]    Q_i^T, columns br..ldr zero */
+    float *dot;   /* [dv][ldr]   dO_i^T */
+    float *kr;    /* [bc][ldd]   K_j rows */
+    float *vr;    /* [bc][lddv]  V_j rows */
+    float *kt;    /* [d][ldc]    K_j^T */
+    float *vt;    /* [dv][ldc]   V_j^T */
+    float *st;    /* [bc][ldr]   S^T -> P^T        (pass a) */
+    float *dpt;   /* [bc][ldr]   dP^T -> dS^T      (pass a) */
+    float *s;     /* [br][ldc]   S -> P            (pass b) */
+    float *dp;    /* [br][ldc]   dP -> dS          (pass b) */
+    float *dka;   /* [bc][ldd]   dK_j accumulator (unscaled) */
+    float *dva;   /* [bc][lddv]  dV_j accumulator */
+    float *dqa;   /* [br][ldd]   dQ_i accumulator (unscaled) */
+    float *lse;   /* [ldr]       LSE of the rows of Q_i */
+    float *dd;    /* [ldr]       D of the rows of Q_i */
+    float *g;     /* [max(ldr, ldc)]  softcap derivative of one tile line */
+    float *ones;  /* [max(ldr, ldc)]  alpha = 1 for pv */
+    int64_t *lo, *hi; /* [br] visible key interval of each row of Q_i */
+    void *base;
+} bwd_scratch;
+
+static bwd_dims bwd_layout(const fa_problem *p)
+{
+    bwd_dims g;
+    g.br = p->block_q;
+    g.bc = p->block_k;
+    if (g.br < 1 || g.bc < 1) { /* not resolved by make_problem (impl != flash): cannot happen */
+        g.br = g.br < 1 ? FA_BWD_BLOCK_MAX : g.br;
+        g.bc = g.bc < 1 ? FA_BWD_BLOCK_MAX : g.bc;
+    }
+    g.ldd = round16((size_t)p->d);
+    g.lddv = round16((size_t)p->dv);
+    g.ldr = round16((size_t)g.br);
+    g.ldc = round16((size_t)g.bc);
+    return g;
+}
+
+static size_t bwd_scratch_floats(const fa_problem *p, const bwd_dims *g)
+{
+    const size_t br = (size_t)g->br, bc = (size_t)g->bc, d = (size_t)p->d, dv = (size_t)p->dv;
+    const size_t lmax = g->ldr > g->ldc ? g->ldr : g->ldc;
+    return br * g->ldd + br * g->lddv + d * g->ldr + dv * g->ldr + bc * g->ldd + bc * g->lddv +
+           d * g->ldc + dv * g->ldc + 2 * bc * g->ldr + 2 * br * g->ldc + bc * g->ldd +
+           bc * g->lddv + br * g->ldd + 2 * g->ldr + 2 * lmax + 4 * round16(br) + 64;
+}
+
+static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch *sc)
+{
+    const size_t br = (size_t)g->br, bc = (size_t)g->bc, d = (size_t)p->d, dv = (size_t)p->dv;
+    const size_t lmax = g->ldr > g->ldc ? g->ldr : g->ldc;
+    const size_t n = bwd_scratch_floats(p, g);
+    float *cur = fa_malloc(n * sizeof(float));
+    if (!cur) return 0;
+    memset(cur, 0, n * sizeof(float)); /* padding columns of the panels stay zero */
+    sc->base = cur;
+    sc->qr = cur;   cur += br * g->ldd;
+    sc->dor = cur;  cur += br * g->lddv;
+    sc->qt = cur;   cur += d * g->ldr;
+    sc->dot = cur;  cur += dv * g->ldr;
+    sc->kr = cur;   cur += bc * g->ldd;
+    sc->vr = cur;   cur += bc * g->lddv;
+    sc->kt = cur;   cur += d * g->ldc;
+    sc->vt = cur;   cur += dv * g->ldc;
+    sc->st = cur;   cur += bc * g->ldr;
+    sc->dpt = cur;  cur += bc * g->ldr;
+    sc->s = cur;    cur += br * g->ldc;
+    sc->dp = cur;   cur += br * g->ldc;
+    sc->dka = cur;  cur += bc * g->ldd;
+    sc->dva = cur;  cur += bc * g->lddv;
+    sc->dqa = cur;  cur += br * g->ldd;
+    sc->lse = cur;  cur += g->ldr;
+    sc->dd = cur;   cur += g->ldr;
+    sc->g = cur;    cur += lmax;
+    sc->ones = cur; cur += lmax;
+    sc->lo = (int64_t *)cur; cur += 2 * round16(br);
+    sc->hi = (int64_t *)cur;
+    for (size_t x = 0; x < lmax; x++) sc->ones[x] = 1.0f;
+    return 1;
+}
+
+/* dst[r][c] = T[b][row0 + r][head][c] for r < n, c < width (rows of a BSHD tensor). */
+static void pack_rows(const fa_tensor *t, int64_t b, int64_t row0, int n, int64_t head, int64_t width,
+                      float *dst, size_t ld)
+{
+    for (int r = 0; r < n; r++)
+        fa_gather_f32(t, fa_off4(t, b, row0 + r, head, 0), t->stride[3], width, dst + (size_t)r * ld);
+}
+
+/* dst[c][r] = T[b][row0 + r][head][c] for r < n, c < width; columns n..round16(n) zeroed. */
+static void pack_transposed(const fa_kernels *kern, const fa_tensor *t, int64_t b, int64_t row0, int n,
+                            int64_t head, int64_t width, float *dst, size_t ld)
+{
+    if (t->dtype == FA_F32 && t->stride[3] == 1 && kern->transpose) {
+        kern->transpose(n, (int)width, (const float *)t->data + fa_off4(t, b, row0, head, 0),
+                        (size_t)t->stride[1], dst, ld);
+    } else {
+        for (int r = 0; r < n; r++) {
+            const int64_t off = fa_off4(t, b, row0 + r, head, 0);
+            for (int64_t c = 0; c < width; c++)
+                dst[(size_t)c * ld + (size_t)r] = fa_load_f32(t, off + c * t->stride[3]);
+        }
+    }
+    const int pad = (int)round16((size_t)n);
+    for (int64_t c = 0; c < width; c++)
+        for (int r = n; r < pad; r++) dst[(size_t)c * ld + (size_t)r] = 0.0f;
+}
+
+/* T[b][row0 + r][head][c] = scale * src[r][c] for r < n, c < width. */
+static void store_rows(const fa_tensor *t, int64_t b, int64_t row0, int n, int64_t head, int64_t width,
+                       const float *src, size_t ld, float scale)
+{
+    for (int r = 0; r < n; r++) {
+        const float *row = src + (size_t)r * ld;
+        const int64_t off = fa_off4(t, b, row0 + r, head, 0);
+        if (t->dtype == FA_F32 && t->stride[3] == 1) {
+            float *dst = (float *)t->data + off;
+            for (int64_t c = 0; c < width; c++) dst[c] = scale * row[c];
+        } else {
+            for (int64_t c = 0; c < width; c++) fa_store_f64(t, off + c * t->stride[3], (double)(scale * row[c]));
+        }
+    }
+}
+
+/*
+ * Rows i0..i0+br of query head h: LSE, D and visible key intervals into the
+ * scratch. Returns 1 if some row sees a key in [j0, j1), else 0.
+ */
+static int load_row_info(const fa_problem *p, const float *dvec, int64_t b, int64_t h, int64_t i0, int br,
+                         int64_t j0, int64_t j1, bwd_scratch *sc)
+{
+    int any = 0;
+    for (int r = 0; r < br; r++) {
+        const int64_t i = i0 + r;
+        fa_key_range(p, i, &sc->lo[r], &sc->hi[r]);
+        sc->lse[r] = (float)load_lse(p, b, h, i);
+        sc->dd[r] = dvec[(b * p->heads + h) * p->seqlen_q + i];
+        if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j1 && sc->hi[r] > j0) any = 1;
+    }
+    return any;
+}
+
+/*
+ * The elementwise middle of a tile, for one line of n scores that share
+ * either the query (pass b: a row of S, keys key0..key0+n) or the key (pass
+ * a: a row of S^T, queries i0..i0+n). On entry s holds scale * (q . k) and dp
+ * holds dO . v; on return s holds P and dp holds dS (through the softcap
+ * derivative). The transforms are those of flash.c's forward, in float32, so
+ * P matches the forward's LSE.
+ */
+static void tile_line(const fa_problem *p, const fa_kernels *kern, const bwd_scratch *sc, double slope,
+                      int by_key, int64_t fixed, int64_t first, int r0, int n, float *s, float *dp)
+{
+    const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
+    float *g = sc->g;
+    for (int x = 0; x < n; x++) {
+        /* query row index (into the block's row info) and key of element x */
+        const int r = by_key ? x : r0;
+        const int64_t i = by_key ? first + x : fixed;
+        const int64_t j = by_key ? fixed : first + x;
+        float u = s[x];
+        if (cap > 0.0f) {
+            u = cap * tanhf(u * inv_cap);
+            const float th = u * inv_cap;
+            g[x] = 1.0f - th * th;
+        }
+        if (slope != 0.0) {
+            const int64_t rel = i + p->seqlen_k - p->seqlen_q - j;
+            u -= (float)(slope * (double)(rel < 0 ? -rel : rel));
+        }
+        const int vis = j >= sc->lo[r] && j < sc->hi[r];
+        s[x] = vis ? u - sc->lse[r] : -INFINITY;
+    }
+    kern->vexp(n, s, s); /* exp(-inf) = 0 exactly: masked P = 0 */
+    for (int x = 0; x < n; x++) {
+        const int r = by_key ? x : r0;
+        float ds = s[x] * (dp[x] - sc->dd[r]);
+        if (cap > 0.0f) ds *= g[x];
+        dp[x] = ds;
+    }
+}
+
+/* Pass (a): dK, dV of keys j0..j0+bc of kv head hk in batch b. */
+static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
+                          const float *dvec, const fa_tensor *dout, const fa_tensor *dk, const fa_tensor *dv,
+                          int64_t b, int64_t hk, int64_t j0, int bc)
+{
+    const int64_t d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
+    pack_rows(&p->k, b, j0, bc, hk, d, sc->kr, g->ldd);
+    pack_rows(&p->v, b, j0, bc, hk, dvd, sc->vr, g->lddv);
+    for (int j = 0; j < bc; j++) {
+        memset(sc->dka + (size_t)j * g->ldd, 0, (size_t)d * sizeof(float));
+        memset(sc->dva + (size_t)j * g->lddv, 0, (size_t)dvd * sizeof(float));
+    }
+    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+        const double slope = fa_alibi_slope(p, b, h);
+        for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += g->br) {
+            const int br = (int)(p->seqlen_q - i0 < g->br ? p->seqlen_q - i0 : g->br);
+            if (!load_row_info(p, dvec, b, h, i0, br, j0, j0 + bc, sc)) continue; /* tile fully masked */
+            pack_transposed(kern, &p->q, b, i0, br, h, d, sc->qt, g->ldr);
+            pack_transposed(kern, dout, b, i0, br, h, dvd, sc->dot, g->ldr);
+            pack_rows(&p->q, b, i0, br, h, d, sc->qr, g->ldd);
+            pack_rows(dout, b, i0, br, h, dvd, sc->dor, g->lddv);
+
+            kern->qk(bc, br, (int)d, sc->kr, g->ldd, sc->qt, g->ldr, (float)p->scale, sc->st, g->ldr);
+            kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, sc->dot, g->ldr, 1.0f, sc->dpt, g->ldr);
+            for (int j = 0; j < bc; j++)
+                tile_line(p, kern, sc, slope, 1, j0 + j, i0, 0, br, sc->st + (size_t)j * g->ldr,
+                          sc->dpt + (size_t)j * g->ldr);
+            kern->pv(bc, br, (int)dvd, sc->st, g->ldr, sc->dor, g->lddv, sc->ones, sc->dva, g->lddv);
+            kern->pv(bc, br, (int)d, sc->dpt, g->ldr, sc->qr, g->ldd, sc->ones, sc->dka, g->ldd);
+        }
+    }
+    store_rows(dk, b, j0, bc, hk, d, sc->dka, g->ldd, (float)p->scale);
+    store_rows(dv, b, j0, bc, hk, dvd, sc->dva, g->lddv, 1.0f);
+}
+
+/* Pass (b): dQ of rows i0..i0+br of query head h in batch b. */
+static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
+                        const float *dvec, const fa_tensor *dout, const fa_tensor *dq, int64_t b, int64_t h,
+                        int64_t i0, int br)
+{
+    const int64_t d = p->d, dvd = p->dv, hk = fa_kv_head(p, h);
+    const double slope = fa_alibi_slope(p, b, h);
+    for (int r = 0; r < br; r++) memset(sc->dqa + (size_t)r * g->ldd, 0, (size_t)d * sizeof(float));
+    if (load_row_info(p, dvec, b, h, i0, br, 0, p->seqlen_k, sc)) {
+        int64_t jmin = p->seqlen_k, jmax = 0;
+        for (int r = 0; r < br; r++)
+            if (sc->lo[r] < sc->hi[r]) {
+                if (sc->lo[r] < jmin) jmin = sc->lo[r];
+                if (sc->hi[r] > jmax) jmax = sc->hi[r];
+            }
+        pack_rows(&p->q, b, i0, br, h, d, sc->qr, g->ldd);
+        pack_rows(dout, b, i0, br, h, dvd, sc->dor, g->lddv);
+        for (int64_t j0 = jmin - jmin % g->bc; j0 < jmax; j0 += g->bc) {
+            const int bc = (int)(p->seqlen_k - j0 < g->bc ? p->seqlen_k - j0 : g->bc);
+            pack_transposed(kern, &p->k, b, j0, bc, hk, d, sc->kt, g->ldc);
+            pack_transposed(kern, &p->v, b, j0, bc, hk, dvd, sc->vt, g->ldc);
+            pack_rows(&p->k, b, j0, bc, hk, d, sc->kr, g->ldd);
+
+            kern->qk(br, bc, (int)d, sc->qr, g->ldd, sc->kt, g->ldc, (float)p->scale, sc->s, g->ldc);
+            kern->qk(br, bc, (int)dvd, sc->dor, g->lddv, sc->vt, g->ldc, 1.0f, sc->dp, g->ldc);
+            for (int r = 0; r < br; r++)
+                tile_line(p, kern, sc, slope, 0, i0 + r, j0, r, bc, sc->s + (size_t)r * g->ldc,
+                          sc->dp + (size_t)r * g->ldc);
+            kern->pv(br, bc, (int)d, sc->dp, g->ldc, sc->kr, g->ldd, sc->ones, sc->dqa, g->ldd);
+        }
+    }
+    store_rows(dq, b, i0, br, h, d, sc->dqa, g->ldd, (float)p->scale);
+}
+
+fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
+                            const fa_tensor *dk, const fa_tensor *dv)
+{
+    fa_status st;
+    const fa_kernels *kern = fa_kernels_get(&st);
+    if (!kern) return st;
+    const bwd_dims g = bwd_layout(p);
+    const int64_t nqb = (p->seqlen_q + g.br - 1) / g.br;
+    const int64_t nkb = (p->seqlen_k + g.bc - 1) / g.bc;
+    const int64_t rows = p->batch * p->heads * p->seqlen_q;
+    float *dvec = fa_malloc((size_t)(rows > 0 ? rows : 1) * sizeof(float)); /* D [B][H][Sq] */
+    if (!dvec) return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate D (%lld rows)", DIM(rows));
+    int failed = 0;
+
+#ifdef _OPENMP
+#pragma omp parallel num_threads(p->num_threads)
+#endif
+    {
+        bwd_scratch sc;
+        memset(&sc, 0, sizeof sc);
+        if (!bwd_scratch_alloc(p, &g, &sc)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+        /* D_i = dO_i . O_i, accumulated in float64 */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t t = 0; t < rows; t++) {
+            const int64_t i = t % p->seqlen_q, h = (t / p->seqlen_q) % p->heads, b = t / (p->seqlen_q * p->heads);
+            double acc = 0.0;
+            for (int64_t c = 0; c < p->dv; c++)
+                acc += fa_load_f64(dout, fa_off4(dout, b, i, h, c)) * fa_load_f64(&p->o, fa_off4(&p->o, b, i, h, c));
+            dvec[t] = (float)acc;
+        }
+        /* (the implicit barrier of the loop above also publishes `failed`) */
+        if (!failed) {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t t = 0; t < p->batch * p->heads_k * nkb; t++) {
+                const int64_t kb = t % nkb, hk = (t / nkb) % p->heads_k, b = t / (nkb * p->heads_k);
+                const int64_t j0 = kb * g.bc;
+                const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
+                bwd_task_dkdv(p, kern, &g, &sc, dvec, dout, dk, dv, b, hk, j0, bc);
+            }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t t = 0; t < p->batch * p->heads * nqb; t++) {
+                const int64_t qb = t % nqb, h = (t / nqb) % p->heads, b = t / (nqb * p->heads);
+                const int64_t i0 = qb * g.br;
+                const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
+                bwd_task_dq(p, kern, &g, &sc, dvec, dout, dq, b, h, i0, br);
+            }
+        }
+        fa_free(sc.base);
+    }
+    fa_free(dvec);
+    if (failed)
+        return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate %zu bytes of per-thread scratch",
+                       bwd_scratch_floats(p, &g) * sizeof(float));
+    return FA_OK;
+}

@@ -1,0 +1,605 @@
+/*
+ * test_backward.c — the backward pass (fa_backward): flash against the
+ * float64 reference, and the reference against finite differences.
+ *
+ * Two independent checks, because a reference that only agrees with itself
+ * proves nothing:
+ *
+ *  1. The reference backward against central differences of the float64
+ *     reference FORWARD: for loss L = sum(dO o O(q, k, v)), dL/dx for a few
+ *     random elements x of q, k and v is (L(x + h) - L(x - h)) / 2h, with
+ *     h = 1e-4 on inputs of size ~1. Truncation error is h^2/6 |L'''| ~ 1e-9
+ *     and rounding ~ eps |L| / h ~ 1e-11, so we require
+ *         |fd - grad| <= 1e-6 * max(1, |grad|).
+ *     This pins down the math itself: softmax Jacobian, softcap derivative,
+ *     ALiBi, masks, GQA sums, scale.
+ *
+ *  2. flash (float32, tiled, P recomputed from the LSE) against the reference
+ *     (float64) on fresh random inputs over a grid of shapes and options, with
+ *     outputs poisoned with NaN so every element must be written. For each of
+ *     dQ, dK, dV we require
+ *         max |flash - ref| <= 2e-5 * max(1, max |ref|)
+ *     plus, for f16/bf16 gradient outputs, the worst rounding of the largest
+ *     value: max|ref| * 2^-11 (f16) or 2^-8 (bf16).
+ *     Why 2e-5: float32 has eps = 6e-8; the gradients are sums over a few
+ *     hundred keys (or queries x group heads) of products of d <= 72 terms,
+ *     and dS = P (dP - D) subtracts nearly equal numbers; measured over many
+ *     seeds the error stays below 1e-6 of max(1, max|ref|) (softcap and
+ *     range-3 logits included), so 2e-5 is a 20x margin, while a wrong mask,
+ *     a dropped tile, a missing head sum or a missing softcap derivative give
+ *     errors of order max|ref| (each was injected once to see this test fail).
+ *
+ *  3. Both are deterministic: 1, 2 and 3 threads give identical bits.
+ *
+ * Seeds are printed by test_util (FA_TEST_SEED replays a run).
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FLASH_REL_TOL 2e-5
+#define FD_TOL 1e-6
+#define FD_STEP 1e-4
+
+typedef struct bcase {
+    int64_t B, Sq, Sk, H, Hk, d, dv;
+    int causal;
+    int64_t wl, wr;      /* < 0: unbounded */
+    double softcap;
+    int alibi;           /* 0 off, 1 per head, 2 per batch x head */
+    fa_dtype in_dtype;   /* q, k, v, dout */
+    fa_dtype grad_dtype; /* dq, dk, dv of the flash run */
+    int bhsd;            /* BHSD strides for every rank-4 tensor */
+    int bq, bk;          /* block overrides (0 = default) */
+    double range;        /* q, k uniform in [-range, range) */
+    double scale;        /* 0 = default */
+    int pass_o_lse;      /* 1: hand O and LSE to fa_backward; 0: NULL (recomputed) */
+} bcase;
+
+static bcase base_case(int64_t Sq, int64_t Sk, int64_t d)
+{
+    bcase c;
+    memset(&c, 0, sizeof c);
+    c.B = 1; c.Sq = Sq; c.Sk = Sk; c.H = 2; c.Hk = 2; c.d = d; c.dv = d;
+    c.wl = -1; c.wr = -1;
+    c.in_dtype = FA_F32; c.grad_dtype = FA_F32;
+    c.range = 1.0;
+    c.pass_o_lse = 1;
+    return c;
+}
+
+static void describe(const bcase *c, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "B=%lld Sq=%lld Sk=%lld H=%lld Hk=%lld d=%lld dv=%lld causal=%d window=(%lld,%lld) "
+             "softcap=%g alibi=%d in=%s grad=%s bhsd=%d blocks=(%d,%d) range=%g scale=%g o_lse=%d",
+             (long long)c->B, (long long)c->Sq, (long long)c->Sk, (long long)c->H, (long long)c->Hk,
+             (long long)c->d, (long long)c->dv, c->causal, (long long)c->wl, (long long)c->wr,
+             c->softcap, c->alibi, fa_dtype_name(c->in_dtype), fa_dtype_name(c->grad_dtype), c->bhsd,
+             c->bq, c->bk, c->range, c->scale, c->pass_o_lse);
+}
+
+/* Inputs of one case: q, k, v, dout, ALiBi slopes, options. */
+typedef struct binputs {
+    tu_tensor q, k, v, dout, slopes;
+    fa_options opt;
+} binputs;
+
+/* Filled in place: in->opt.alibi_slopes points into *in. */
+static void make_inputs(binputs *inp, const bcase *c, uint64_t *rng)
+{
+    binputs in;
+    memset(&in, 0, sizeof in);
+    in.q = tu_alloc4(c->in_dtype, c->B, c->Sq, c->H, c->d, c->bhsd);
+    in.k = tu_alloc4(c->in_dtype, c->B, c->Sk, c->Hk, c->d, c->bhsd);
+    in.v = tu_alloc4(c->in_dtype, c->B, c->Sk, c->Hk, c->dv, c->bhsd);
+    in.dout = tu_alloc4(c->in_dtype, c->B, c->Sq, c->H, c->dv, c->bhsd);
+    tu_fill(&in.q, rng, -c->range, c->range);
+    tu_fill(&in.k, rng, -c->range, c->range);
+    tu_fill(&in.v, rng, -1.0, 1.0);
+    tu_fill(&in.dout, rng, -1.0, 1.0);
+    in.opt = fa_options_default();
+    in.opt.causal = c->causal;
+    in.opt.window_left = c->wl;
+    in.opt.window_right = c->wr;
+    in.opt.softcap = c->softcap;
+    in.opt.scale = c->scale;
+    in.opt.block_q = c->bq;
+    in.opt.block_k = c->bk;
+    if (c->alibi) {
+        int64_t shape[2] = {c->B, c->H};
+        in.slopes = c->alibi == 1 ? tu_alloc(FA_F32, 1, shape + 1) : tu_alloc(FA_F32, 2, shape);
+        tu_fill(&in.slopes, rng, 0.0, 0.5);
+    }
+    *inp = in;
+    if (c->alibi) inp->opt.alibi_slopes = &inp->slopes.t;
+}
+
+static void free_inputs(binputs *in)
+{
+    tu_free(&in->q); tu_free(&in->k); tu_free(&in->v); tu_free(&in->dout);
+    if (in->opt.alibi_slopes) tu_free(&in->slopes);
+}
+
+static double max_abs(const tu_tensor *t)
+{
+    /* max |x| via the diff against a zero tensor of the same layout */
+    tu_tensor z = tu_alloc4(FA_F64, t->t.shape[0], t->t.shape[1], t->t.shape[2], t->t.shape[3], 0);
+    memset(z.mem, 0, z.bytes);
+    int64_t where;
+    double m = tu_max_abs_diff(t, &z, &where);
+    tu_free(&z);
+    return m;
+}
+
+/* ------------------------------------------------------------------------ */
+/* flash vs reference                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Run one case: reference backward (float64 O, LSE given) vs flash backward. */
+static void run_case(const bcase *c)
+{
+    static uint64_t counter;
+    uint64_t rng = tu_seed() + 104729 * ++counter;
+    binputs in;
+    make_inputs(&in, c, &rng);
+    char what[600];
+    describe(c, what, sizeof what);
+
+    /* forward results: float64 reference for the reference backward, flash's own for flash */
+    tu_tensor o_ref = tu_alloc4(FA_F64, c->B, c->Sq, c->H, c->dv, 0);
+    tu_tensor o_fl = tu_alloc4(FA_F32, c->B, c->Sq, c->H, c->dv, c->bhsd);
+    int64_t lse_shape[3] = {c->B, c->H, c->Sq};
+    tu_tensor lse_ref = tu_alloc(FA_F64, 3, lse_shape);
+    tu_tensor lse_fl = tu_alloc(FA_F32, 3, lse_shape);
+    fa_options opt = in.opt;
+    opt.impl = FA_IMPL_REFERENCE;
+    if (fa_forward(&in.q.t, &in.k.t, &in.v.t, &o_ref.t, &lse_ref.t, &opt) != FA_OK)
+        fail_msg("reference forward failed: %s (%s)", fa_last_error(), what);
+    opt.impl = FA_IMPL_FLASH;
+    if (fa_forward(&in.q.t, &in.k.t, &in.v.t, &o_fl.t, &lse_fl.t, &opt) != FA_OK)
+        fail_msg("flash forward failed: %s (%s)", fa_last_error(), what);
+
+    tu_tensor g_ref[3], g_fl[3];
+    const int64_t shp[3][4] = {{c->B, c->Sq, c->H, c->d}, {c->B, c->Sk, c->Hk, c->d}, {c->B, c->Sk, c->Hk, c->dv}};
+    for (int x = 0; x < 3; x++) {
+        g_ref[x] = tu_alloc4(FA_F64, shp[x][0], shp[x][1], shp[x][2], shp[x][3], 0);
+        g_fl[x] = tu_alloc4(c->grad_dtype, shp[x][0], shp[x][1], shp[x][2], shp[x][3], c->bhsd);
+        tu_poison(&g_ref[x]);
+        tu_poison(&g_fl[x]);
+    }
+    opt.impl = FA_IMPL_REFERENCE;
+    fa_status st = fa_backward(&in.q.t, &in.k.t, &in.v.t, &o_ref.t, &lse_ref.t, &in.dout.t, &g_ref[0].t,
+                               &g_ref[1].t, &g_ref[2].t, &opt);
+    if (st != FA_OK) fail_msg("reference backward failed: %s (%s)", fa_last_error(), what);
+    opt.impl = FA_IMPL_FLASH;
+    st = fa_backward(&in.q.t, &in.k.t, &in.v.t, c->pass_o_lse ? &o_fl.t : NULL,
+                     c->pass_o_lse ? &lse_fl.t : NULL, &in.dout.t, &g_fl[0].t, &g_fl[1].t, &g_fl[2].t, &opt);
+    if (st != FA_OK) fail_msg("flash backward failed: %s (%s)", fa_last_error(), what);
+
+    static const char *names[3] = {"dQ", "dK", "dV"};
+    for (int x = 0; x < 3; x++) {
+        if (tu_count_nan(&g_ref[x]) != 0)
+            fail_msg("reference %s: %lld unwritten (NaN) elements (%s)", names[x],
+                     (long long)tu_count_nan(&g_ref[x]), what);
+        if (tu_count_nan(&g_fl[x]) != 0)
+            fail_msg("flash %s: %lld unwritten (NaN) elements (%s)", names[x], (long long)tu_count_nan(&g_fl[x]),
+                     what);
+        const double mref = max_abs(&g_ref[x]);
+        double tol = FLASH_REL_TOL * (mref > 1.0 ? mref : 1.0);
+        if (c->grad_dtype == FA_F16) tol += mref / 2048; /* half an ulp: 2^-11 relative */
+        if (c->grad_dtype == FA_BF16) tol += mref / 256; /* half an ulp: 2^-8 relative */
+        int64_t where;
+        const double err = tu_max_abs_diff(&g_fl[x], &g_ref[x], &where);
+        if (!(err <= tol))
+            fail_msg("flash %s error %.3g at flat index %lld exceeds %.3g (max|ref| %.3g) (%s)", names[x], err,
+                     (long long)where, tol, mref, what);
+    }
+    for (int x = 0; x < 3; x++) {
+        tu_free(&g_ref[x]);
+        tu_free(&g_fl[x]);
+    }
+    tu_free(&o_ref); tu_free(&o_fl); tu_free(&lse_ref); tu_free(&lse_fl);
+    free_inputs(&in);
+}
+
+/* Ensure flash matches the reference when seqlens straddle the backward block (128) and small blocks. */
+static void test_flash_backward_matches_reference_over_seqlens(void **state)
+{
+    (void)state;
+    const int64_t lens[] = {1, 17, 127, 128, 129, 300};
+    for (size_t a = 0; a < sizeof lens / sizeof lens[0]; a++) {
+        bcase c = base_case(lens[a], lens[a], 32);
+        run_case(&c);
+        c.causal = 1;
+        run_case(&c);
+    }
+    /* several tiles each way, with blocks that are not multiples of 16 */
+    bcase c = base_case(70, 90, 24);
+    c.bq = 17; c.bk = 33;
+    run_case(&c);
+    c.causal = 1;
+    run_case(&c);
+    c.bq = 16; c.bk = 16; c.causal = 0;
+    run_case(&c);
+}
+
+/* Ensure the bottom-right causal mask is followed when seqlen_q != seqlen_k, both ways. */
+static void test_flash_backward_matches_reference_when_causal_with_unequal_seqlens(void **state)
+{
+    (void)state;
+    const int64_t pairs[][2] = {{1, 300}, {17, 300}, {300, 17}, {300, 1}, {129, 40}, {40, 129}};
+    for (size_t a = 0; a < sizeof pairs / sizeof pairs[0]; a++) {
+        bcase c = base_case(pairs[a][0], pairs[a][1], 32);
+        c.causal = 1;
+        run_case(&c);
+    }
+}
+
+/* Ensure local windows (left, right, both, narrow) give the reference's gradients. */
+static void test_flash_backward_matches_reference_with_windows(void **state)
+{
+    (void)state;
+    const int64_t win[][2] = {{16, 0}, {0, 16}, {8, 8}, {0, 0}, {100, -1}, {-1, 3}};
+    for (size_t a = 0; a < sizeof win / sizeof win[0]; a++) {
+        bcase c = base_case(150, 200, 32);
+        c.wl = win[a][0];
+        c.wr = win[a][1];
+        c.bq = 32; c.bk = 48;
+        run_case(&c);
+        c.Sq = 200; c.Sk = 150;
+        run_case(&c);
+    }
+}
+
+/* Ensure the softcap derivative is applied (softcap alone and with causal, sharp logits). */
+static void test_flash_backward_matches_reference_with_softcap(void **state)
+{
+    (void)state;
+    const double caps[] = {1.0, 5.0, 30.0};
+    for (size_t a = 0; a < sizeof caps / sizeof caps[0]; a++) {
+        bcase c = base_case(100, 130, 32);
+        c.softcap = caps[a];
+        c.range = 3.0;
+        run_case(&c);
+        c.causal = 1;
+        run_case(&c);
+    }
+}
+
+/* Ensure ALiBi (per head and per batch x head) shapes P exactly as in the forward. */
+static void test_flash_backward_matches_reference_with_alibi(void **state)
+{
+    (void)state;
+    bcase c = base_case(90, 110, 32);
+    c.B = 2;
+    c.alibi = 1;
+    run_case(&c);
+    c.alibi = 2;
+    c.causal = 1;
+    run_case(&c);
+    c.softcap = 4.0;
+    run_case(&c);
+}
+
+/* Ensure dK and dV are summed over the query heads of a group (GQA, MQA). */
+static void test_flash_backward_matches_reference_with_gqa_and_mqa(void **state)
+{
+    (void)state;
+    bcase c = base_case(70, 90, 32);
+    c.H = 6; c.Hk = 2; /* GQA: groups of 3 */
+    run_case(&c);
+    c.causal = 1;
+    run_case(&c);
+    c.H = 4; c.Hk = 1; /* MQA */
+    c.causal = 0;
+    run_case(&c);
+}
+
+/* Ensure d_v != d, BHSD strides, custom scale and recomputed O/LSE (NULL) are handled. */
+static void test_flash_backward_matches_reference_with_strides_dv_and_recompute(void **state)
+{
+    (void)state;
+    bcase c = base_case(80, 100, 40);
+    c.dv = 24;
+    run_case(&c);
+    c.bhsd = 1;
+    run_case(&c);
+    c.d = 16; c.dv = 72; c.scale = 0.3; c.causal = 1;
+    run_case(&c);
+    c.pass_o_lse = 0;
+    run_case(&c);
+    c.bhsd = 0; c.H = 4; c.Hk = 2; c.softcap = 3.0;
+    run_case(&c);
+}
+
+/* Ensure f16/bf16/f64 inputs and f16/bf16/f64 gradient outputs work. */
+static void test_flash_backward_matches_reference_with_low_precision_dtypes(void **state)
+{
+    (void)state;
+    const fa_dtype dts[] = {FA_F16, FA_BF16, FA_F64};
+    for (size_t a = 0; a < 3; a++) {
+        bcase c = base_case(60, 70, 32);
+        c.in_dtype = dts[a];
+        run_case(&c);
+        c.grad_dtype = dts[a];
+        c.causal = 1;
+        run_case(&c);
+    }
+}
+
+/* Ensure rows with no visible key give dQ = 0 and contribute nothing to dK, dV. */
+static void test_backward_gives_zero_dq_for_rows_with_no_visible_key(void **state)
+{
+    (void)state;
+    /* causal with Sq > Sk: the first Sq - Sk rows see nothing */
+    bcase c = base_case(50, 20, 16);
+    c.causal = 1;
+    run_case(&c); /* flash vs reference, incl. those rows */
+    c.pass_o_lse = 0;
+    run_case(&c);
+
+    uint64_t rng = tu_seed() + 77;
+    binputs in;
+    make_inputs(&in, &c, &rng);
+    tu_tensor dq = tu_alloc4(FA_F32, 1, 50, 2, 16, 0), dk = tu_alloc4(FA_F32, 1, 20, 2, 16, 0),
+              dv = tu_alloc4(FA_F32, 1, 20, 2, 16, 0);
+    for (int impl = 0; impl < 2; impl++) {
+        in.opt.impl = impl == 0 ? FA_IMPL_FLASH : FA_IMPL_REFERENCE;
+        tu_poison(&dq);
+        assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &dq.t, &dk.t, &dv.t,
+                                     &in.opt), FA_OK);
+        for (int64_t i = 0; i < 50; i++)
+            for (int64_t h = 0; h < 2; h++)
+                for (int64_t x = 0; x < 16; x++) {
+                    int64_t idx[4] = {0, i, h, x};
+                    double g = tu_get(&dq, idx);
+                    if (i < 30 && g != 0.0) fail_msg("dQ[0,%lld,%lld,%lld] = %g, want 0", (long long)i, (long long)h, (long long)x, g);
+                    if (!isfinite(g)) fail_msg("dQ not finite at row %lld", (long long)i);
+                }
+    }
+    tu_free(&dq); tu_free(&dk); tu_free(&dv);
+    free_inputs(&in);
+}
+
+/* ------------------------------------------------------------------------ */
+/* reference vs finite differences                                           */
+/* ------------------------------------------------------------------------ */
+
+/* L = sum(dO o O) with the float64 reference forward. */
+static double loss(const binputs *in, tu_tensor *o)
+{
+    fa_options opt = in->opt;
+    opt.impl = FA_IMPL_REFERENCE;
+    assert_int_equal(fa_forward(&in->q.t, &in->k.t, &in->v.t, &o->t, NULL, &opt), FA_OK);
+    const double *od = o->mem, *dd = in->dout.mem; /* both contiguous BSHD float64 */
+    double s = 0.0;
+    for (size_t x = 0; x < o->bytes / sizeof(double); x++) s += od[x] * dd[x];
+    return s;
+}
+
+static void fd_case(const bcase *c0)
+{
+    bcase c = *c0;
+    c.in_dtype = FA_F64;
+    c.bhsd = 0;
+    static uint64_t counter;
+    uint64_t rng = tu_seed() + 15485863 * ++counter;
+    binputs in;
+    make_inputs(&in, &c, &rng);
+    char what[600];
+    describe(&c, what, sizeof what);
+    tu_tensor o = tu_alloc4(FA_F64, c.B, c.Sq, c.H, c.dv, 0);
+    tu_tensor g[3] = {tu_alloc4(FA_F64, c.B, c.Sq, c.H, c.d, 0), tu_alloc4(FA_F64, c.B, c.Sk, c.Hk, c.d, 0),
+                      tu_alloc4(FA_F64, c.B, c.Sk, c.Hk, c.dv, 0)};
+    fa_options opt = in.opt;
+    opt.impl = FA_IMPL_REFERENCE;
+    opt.num_threads = 1;
+    /* the reference recomputes O and LSE itself (NULL): the path a user without them takes */
+    if (fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &g[0].t, &g[1].t, &g[2].t, &opt) != FA_OK)
+        fail_msg("reference backward failed: %s (%s)", fa_last_error(), what);
+
+    tu_tensor *x_of[3] = {&in.q, &in.k, &in.v};
+    static const char *names[3] = {"q", "k", "v"};
+    for (int which = 0; which < 3; which++) {
+        double *xd = x_of[which]->mem;
+        const double *gd = g[which].mem;
+        const size_t n = x_of[which]->bytes / sizeof(double);
+        for (int trial = 0; trial < 6; trial++) {
+            const size_t e = (size_t)(tu_next(&rng) % n);
+            const double x0 = xd[e];
+            xd[e] = x0 + FD_STEP;
+            const double lp = loss(&in, &o);
+            xd[e] = x0 - FD_STEP;
+            const double lm = loss(&in, &o);
+            xd[e] = x0;
+            const double fd = (lp - lm) / (2 * FD_STEP);
+            const double tol = FD_TOL * (fabs(gd[e]) > 1.0 ? fabs(gd[e]) : 1.0);
+            if (!(fabs(fd - gd[e]) <= tol))
+                fail_msg("d%s[%zu]: backward %.12g, finite difference %.12g (diff %.3g > %.3g) (%s)", names[which],
+                         e, gd[e], fd, fabs(fd - gd[e]), tol, what);
+        }
+    }
+    for (int x = 0; x < 3; x++) tu_free(&g[x]);
+    tu_free(&o);
+    free_inputs(&in);
+}
+
+/* Ensure the reference backward is the derivative of the reference forward (plain, scaled, d_v != d). */
+static void test_reference_backward_matches_finite_differences(void **state)
+{
+    (void)state;
+    bcase c = base_case(5, 7, 4);
+    c.range = 1.5;
+    fd_case(&c);
+    c.scale = 0.8; c.dv = 3;
+    fd_case(&c);
+    c.B = 2;
+    fd_case(&c);
+}
+
+/* Ensure the finite-difference check also holds under masks, windows and empty rows. */
+static void test_reference_backward_matches_finite_differences_with_masks(void **state)
+{
+    (void)state;
+    bcase c = base_case(6, 9, 4);
+    c.range = 1.5;
+    c.causal = 1;
+    fd_case(&c);
+    c.Sq = 9; c.Sk = 5; /* first 4 rows see nothing */
+    fd_case(&c);
+    c.causal = 0; c.wl = 2; c.wr = 1; c.Sq = 8; c.Sk = 8;
+    fd_case(&c);
+}
+
+/* Ensure the finite-difference check holds through the softcap, ALiBi and GQA/MQA sums. */
+static void test_reference_backward_matches_finite_differences_with_softcap_alibi_gqa(void **state)
+{
+    (void)state;
+    bcase c = base_case(6, 7, 4);
+    c.range = 2.0;
+    c.softcap = 1.5;
+    fd_case(&c);
+    c.softcap = 0.0; c.alibi = 1; c.causal = 1;
+    fd_case(&c);
+    c.alibi = 2; c.B = 2; c.softcap = 2.5;
+    fd_case(&c);
+    c.alibi = 0; c.softcap = 0.0; c.causal = 0; c.H = 6; c.Hk = 2; c.B = 1;
+    fd_case(&c);
+    c.H = 3; c.Hk = 1; c.causal = 1;
+    fd_case(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* determinism, errors, memory                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Ensure 1, 2 and 3 threads give identical bits (flash and reference). */
+static void test_backward_is_deterministic_across_thread_counts(void **state)
+{
+    (void)state;
+    bcase c = base_case(150, 170, 32);
+    c.H = 4; c.Hk = 2; c.causal = 1; c.bq = 32; c.bk = 48;
+    uint64_t rng = tu_seed() + 31;
+    binputs in;
+    make_inputs(&in, &c, &rng);
+    for (int impl = 0; impl < 2; impl++) {
+        in.opt.impl = impl == 0 ? FA_IMPL_FLASH : FA_IMPL_REFERENCE;
+        tu_tensor first[3];
+        for (int nt = 1; nt <= 3; nt++) {
+            tu_tensor g[3] = {tu_alloc4(FA_F32, 1, 150, 4, 32, 0), tu_alloc4(FA_F32, 1, 170, 2, 32, 0),
+                              tu_alloc4(FA_F32, 1, 170, 2, 32, 0)};
+            in.opt.num_threads = nt;
+            assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &g[0].t, &g[1].t,
+                                         &g[2].t, &in.opt), FA_OK);
+            for (int x = 0; x < 3; x++) {
+                if (nt == 1) {
+                    first[x] = g[x];
+                } else {
+                    if (memcmp(first[x].mem, g[x].mem, g[x].bytes) != 0)
+                        fail_msg("%s backward: gradient %d differs between 1 and %d threads",
+                                 impl == 0 ? "flash" : "reference", x, nt);
+                    tu_free(&g[x]);
+                }
+            }
+        }
+        for (int x = 0; x < 3; x++) tu_free(&first[x]);
+    }
+    free_inputs(&in);
+}
+
+/* Ensure bad arguments are rejected with the right status and a message naming the tensor. */
+static void test_backward_rejects_bad_arguments(void **state)
+{
+    (void)state;
+    bcase c = base_case(8, 8, 4);
+    uint64_t rng = tu_seed() + 5;
+    binputs in;
+    make_inputs(&in, &c, &rng);
+    tu_tensor dq = tu_alloc4(FA_F32, 1, 8, 2, 4, 0), dk = tu_alloc4(FA_F32, 1, 8, 2, 4, 0),
+              dv = tu_alloc4(FA_F32, 1, 8, 2, 4, 0), bad = tu_alloc4(FA_F32, 1, 8, 2, 5, 0);
+    fa_options opt = in.opt;
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, NULL, &dq.t, &dk.t, &dv.t, &opt),
+                     FA_ERR_NULL_ARG);
+    assert_non_null(strstr(fa_last_error(), "dout"));
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &bad.t, &dk.t, &dv.t, &opt),
+                     FA_ERR_SHAPE);
+    assert_non_null(strstr(fa_last_error(), "dq"));
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &dq.t, &dk.t, &bad.t, &opt),
+                     FA_ERR_SHAPE);
+    assert_non_null(strstr(fa_last_error(), "dv"));
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &bad.t, &dq.t, &dk.t, &dv.t, &opt),
+                     FA_ERR_SHAPE);
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &dq.t, NULL, &dv.t, &opt),
+                     FA_ERR_NULL_ARG);
+    int64_t lshape[3] = {1, 2, 8};
+    tu_tensor lse16 = tu_alloc(FA_F16, 3, lshape);
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, &lse16.t, &in.dout.t, &dq.t, &dk.t, &dv.t, &opt),
+                     FA_ERR_DTYPE);
+    opt.impl = FA_IMPL_STANDARD;
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &dq.t, &dk.t, &dv.t, &opt),
+                     FA_ERR_IMPL);
+    assert_non_null(strstr(fa_last_error(), "standard"));
+    opt.impl = FA_IMPL_FLASH;
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &dq.t, &dk.t, &dv.t, &opt),
+                     FA_OK);
+    assert_string_equal(fa_last_error(), "");
+    tu_free(&dq); tu_free(&dk); tu_free(&dv); tu_free(&bad); tu_free(&lse16);
+    free_inputs(&in);
+}
+
+/* Ensure the flash backward never allocates anything proportional to seqlen_q x seqlen_k. */
+static void test_flash_backward_memory_is_linear(void **state)
+{
+    (void)state;
+    bcase c = base_case(2048, 2048, 16);
+    c.H = 1; c.Hk = 1;
+    uint64_t rng = tu_seed() + 99;
+    binputs in;
+    make_inputs(&in, &c, &rng);
+    tu_tensor o = tu_alloc4(FA_F32, 1, 2048, 1, 16, 0);
+    int64_t lshape[3] = {1, 1, 2048};
+    tu_tensor lse = tu_alloc(FA_F32, 3, lshape);
+    assert_int_equal(fa_forward(&in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.opt), FA_OK);
+    tu_tensor g[3] = {tu_alloc4(FA_F32, 1, 2048, 1, 16, 0), tu_alloc4(FA_F32, 1, 2048, 1, 16, 0),
+                      tu_alloc4(FA_F32, 1, 2048, 1, 16, 0)};
+    fa_alloc_stats s0, s1;
+    fa_alloc_stats_reset();
+    fa_alloc_stats_get(&s0);
+    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.dout.t, &g[0].t, &g[1].t, &g[2].t,
+                                 &in.opt), FA_OK);
+    fa_alloc_stats_get(&s1);
+    const size_t extra = s1.peak_bytes - s0.current_bytes;
+    const size_t sxs = (size_t)2048 * 2048 * sizeof(float); /* one S matrix: 16 MiB */
+    if (extra > sxs / 16)
+        fail_msg("flash backward allocated %zu bytes at its peak (S alone would be %zu)", extra, sxs);
+    assert_int_equal(s1.current_bytes, s0.current_bytes); /* and freed it all */
+    for (int x = 0; x < 3; x++) tu_free(&g[x]);
+    tu_free(&o); tu_free(&lse);
+    free_inputs(&in);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_backward_matches_finite_differences),
+        cmocka_unit_test(test_reference_backward_matches_finite_differences_with_masks),
+        cmocka_unit_test(test_reference_backward_matches_finite_differences_with_softcap_alibi_gqa),
+        cmocka_unit_test(test_flash_backward_matches_reference_over_seqlens),
+        cmocka_unit_test(test_flash_backward_matches_reference_when_causal_with_unequal_seqlens),
+        cmocka_unit_test(test_flash_backward_matches_reference_with_windows),
+        cmocka_unit_test(test_flash_backward_matches_reference_with_softcap),
+        cmocka_unit_test(test_flash_backward_matches_reference_with_alibi),
+        cmocka_unit_test(test_flash_backward_matches_reference_with_gqa_and_mqa),
+        cmocka_unit_test(test_flash_backward_matches_reference_with_strides_dv_and_recompute),
+        cmocka_unit_test(test_flash_backward_matches_reference_with_low_precision_dtypes),
+        cmocka_unit_test(test_backward_gives_zero_dq_for_rows_with_no_visible_key),
+        cmocka_unit_test(test_backward_is_deterministic_across_thread_counts),
+        cmocka_unit_test(test_backward_rejects_bad_arguments),
+        cmocka_unit_test(test_flash_backward_memory_is_linear),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
