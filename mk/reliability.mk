@@ -96,3 +96,40 @@ fuzz: fuzz-build
 	    echo "$$f: exit $$rc, $$execs executions, $$cov" | tee -a $(FUZZ_BUILD)/fuzz-summary.txt; \
 	    if [ $$rc != 0 ]; then tail -40 $(FUZZ_BUILD)/$$f.log; exit 1; fi; \
 	done
+
+# ---- coverage reached by the fuzz corpora ------------------------------------------
+# `make fuzz-coverage` (after `make fuzz`): rebuild each harness with clang's source-based
+# coverage, replay the seeds plus everything the fuzzer kept ($(FUZZ_BUILD)/corpus/), and
+# report line/region coverage of the code each harness targets.
+COV_BUILD   ?= build-cov
+COV_FLAGS    = -fprofile-instr-generate -fcoverage-mapping
+LLVM_COV    ?= $(firstword $(shell command -v llvm-cov-14 llvm-cov 2>/dev/null))
+LLVM_PROFDATA ?= $(firstword $(shell command -v llvm-profdata-14 llvm-profdata 2>/dev/null))
+COV_SOURCES_npy       = src/npy.c
+COV_SOURCES_cli_args  = src/cli/cli_common.c src/cli/cmd_run.c src/cli/cmd_check.c src/cli/cmd_info.c
+COV_SOURCES_attention = src/api.c src/flash.c src/reference.c src/standard.c src/kernels/scalar.c \
+                        $(wildcard src/kernels/avx512.c)
+
+.PHONY: fuzz-coverage
+fuzz-coverage:
+	@CFLAGS="$(COV_FLAGS) -fsanitize=fuzzer-no-link" LDFLAGS="$(COV_FLAGS)" \
+	    $(MAKE) --no-print-directory BUILD=$(COV_BUILD) CC=$(FUZZ_CC) NO_OMP=1 NO_BLAS=1 DEBUG=1 \
+	    $(COV_BUILD)/libflashattn.a $(patsubst $(FUZZ_BUILD)/%,$(COV_BUILD)/%,$(FUZZ_CLI_OBJS)) >/dev/null
+	@rm -f $(COV_BUILD)/coverage-summary.txt
+	@for f in $(FUZZERS); do \
+	    name=$${f#fuzz_}; \
+	    $(FUZZ_CC) -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O0 $(COV_FLAGS) -fsanitize=fuzzer \
+	        -Iinclude -Isrc -Isrc/cli -o $(COV_BUILD)/$$f tests/fuzz/$$f.c \
+	        $$( [ $$name = cli_args ] && echo $(patsubst $(FUZZ_BUILD)/%,$(COV_BUILD)/%,$(FUZZ_CLI_OBJS)) ) \
+	        $(COV_BUILD)/libflashattn.a -lm || exit 1; \
+	    mkdir -p $(FUZZ_BUILD)/corpus/$$name; \
+	    LLVM_PROFILE_FILE=$(CURDIR)/$(COV_BUILD)/$$f.profraw ./$(COV_BUILD)/$$f -runs=0 -close_fd_mask=3 \
+	        tests/fuzz/corpus/$$name $(FUZZ_BUILD)/corpus/$$name >/dev/null 2>&1 || exit 1; \
+	    $(LLVM_PROFDATA) merge -sparse $(COV_BUILD)/$$f.profraw -o $(COV_BUILD)/$$f.profdata || exit 1; \
+	    echo "== $$f: coverage of its target code (seeds + $(FUZZ_BUILD)/corpus/$$name)" \
+	        | tee -a $(COV_BUILD)/coverage-summary.txt; \
+	    case $$name in npy) src="$(COV_SOURCES_npy)";; cli_args) src="$(COV_SOURCES_cli_args)";; \
+	        *) src="$(COV_SOURCES_attention)";; esac; \
+	    $(LLVM_COV) report ./$(COV_BUILD)/$$f -instr-profile=$(COV_BUILD)/$$f.profdata $$src \
+	        | tee -a $(COV_BUILD)/coverage-summary.txt; \
+	done
