@@ -409,6 +409,65 @@ static void store_rows(const fa_tensor *t, int64_t b, int64_t row0, int n, int64
 }
 
 /*
+ * Operands packed once per (batch, kv head) and shared by all threads, when
+ * they fit in FA_BWD_SHARED_MAX_BYTES (as the forward does for K and V):
+ * packing per tile costs a transpose of every Q block for every K block (and
+ * vice versa), ~15% of the time at N = 2048, d = 64, since BSHD rows are far
+ * apart. Beyond the cap each task packs its own tiles: memory stays
+ * O(threads x block) at any length.
+ *   pass (a), Q blocks of the group's heads (nqb blocks per head, hh = h - hk*group):
+ *     a: Q^T  [group][nqb][d][ldr]      b: dO^T [group][nqb][dv][ldr]
+ *     c: Q    [group][nqb][br][ldd]     e: dO   [group][nqb][br][lddv]
+ *   pass (b), K blocks:
+ *     a: K^T  [nkb][d][ldc]   b: V^T [nkb][dv][ldc]   c: K [nkb][bc][ldd]   (e unused)
+ */
+typedef struct bwd_packed {
+    float *a, *b, *c, *e;
+} bwd_packed;
+
+#define FA_BWD_SHARED_MAX_BYTES ((size_t)16 << 20)
+
+static size_t shared_cap(void)
+{
+    const char *env = getenv("FA_FLASH_SHARED_MAX"); /* bytes; 0 forces per-tile packing */
+    return env && *env ? (size_t)strtoull(env, NULL, 10) : FA_BWD_SHARED_MAX_BYTES;
+}
+
+static size_t packed_q_floats(const fa_problem *p, const bwd_dims *g)
+{
+    const size_t nblk = (size_t)((p->seqlen_q + g->br - 1) / g->br) * (size_t)(p->heads / p->heads_k);
+    return nblk * ((size_t)(p->d + p->dv) * g->ldr + (size_t)g->br * (g->ldd + g->lddv));
+}
+
+static size_t packed_k_floats(const fa_problem *p, const bwd_dims *g)
+{
+    const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
+    return nkb * ((size_t)(p->d + p->dv) * g->ldc + (size_t)g->bc * g->ldd);
+}
+
+static bwd_packed packed_q_layout(const fa_problem *p, const bwd_dims *g, float *base)
+{
+    const size_t nblk = (size_t)((p->seqlen_q + g->br - 1) / g->br) * (size_t)(p->heads / p->heads_k);
+    bwd_packed q;
+    q.a = base;
+    q.b = q.a + nblk * (size_t)p->d * g->ldr;
+    q.c = q.b + nblk * (size_t)p->dv * g->ldr;
+    q.e = q.c + nblk * (size_t)g->br * g->ldd;
+    return q;
+}
+
+static bwd_packed packed_k_layout(const fa_problem *p, const bwd_dims *g, float *base)
+{
+    const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
+    bwd_packed k;
+    k.a = base;
+    k.b = k.a + nkb * (size_t)p->d * g->ldc;
+    k.c = k.b + nkb * (size_t)p->dv * g->ldc;
+    k.e = NULL;
+    return k;
+}
+
+/*
  * Rows i0..i0+br of query head h: LSE, D and visible key intervals into the
  * scratch. Returns 1 if some row sees a key in [j0, j1), else 0.
  */
@@ -427,49 +486,59 @@ static int load_row_info(const fa_problem *p, const float *dvec, int64_t b, int6
 }
 
 /*
- * The elementwise middle of a tile, for one line of n scores that share
- * either the query (pass b: a row of S, keys key0..key0+n) or the key (pass
- * a: a row of S^T, queries i0..i0+n). On entry s holds scale * (q . k) and dp
- * holds dO . v; on return s holds P and dp holds dS (through the softcap
- * derivative). The transforms are those of flash.c's forward, in float32, so
- * P matches the forward's LSE.
+ * The elementwise middle of a tile, for one line of n scores. A line is a row
+ * of S (pass b: one query, keys j0..j0+n) or a row of S^T (pass a: one key,
+ * queries i0..i0+n). Either way its visible elements form one interval
+ * [va, vb) (the band's lo_i and hi_i grow with i). On entry s holds
+ * scale * (q . k) and dp holds dO . v; on return s holds P and dp holds dS,
+ * through the softcap derivative. lse and dd are per element (pass a,
+ * per_elem = 1) or one value for the whole line (pass b). ALiBi's distance of
+ * element x is |rel0 + rel_step * x|. The transforms are flash.c's forward
+ * ones, in float32, so P matches the forward's LSE.
  */
-static void tile_line(const fa_problem *p, const fa_kernels *kern, const bwd_scratch *sc, double slope,
-                      int by_key, int64_t fixed, int64_t first, int r0, int n, float *s, float *dp)
+static void tile_line(const fa_problem *p, const fa_kernels *kern, float *g, int n, int va, int vb,
+                      float *s, float *dp, const float *lse, const float *dd, int per_elem, double slope,
+                      int64_t rel0, int rel_step)
 {
     const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
-    float *g = sc->g;
-    for (int x = 0; x < n; x++) {
-        /* query row index (into the block's row info) and key of element x */
-        const int r = by_key ? x : r0;
-        const int64_t i = by_key ? first + x : fixed;
-        const int64_t j = by_key ? fixed : first + x;
-        float u = s[x];
-        if (cap > 0.0f) {
-            u = cap * tanhf(u * inv_cap);
-            const float th = u * inv_cap;
-            g[x] = 1.0f - th * th;
+    for (int x = 0; x < va; x++) s[x] = -INFINITY;
+    for (int x = vb; x < n; x++) s[x] = -INFINITY;
+    if (cap > 0.0f || slope != 0.0) {
+        for (int x = va; x < vb; x++) {
+            float u = s[x];
+            if (cap > 0.0f) {
+                u = cap * tanhf(u * inv_cap);
+                const float th = u * inv_cap;
+                g[x] = 1.0f - th * th; /* d/dt c tanh(t/c) */
+            }
+            if (slope != 0.0) {
+                const int64_t rel = rel0 + rel_step * (int64_t)x;
+                u -= (float)(slope * (double)(rel < 0 ? -rel : rel));
+            }
+            s[x] = u;
         }
-        if (slope != 0.0) {
-            const int64_t rel = i + p->seqlen_k - p->seqlen_q - j;
-            u -= (float)(slope * (double)(rel < 0 ? -rel : rel));
-        }
-        const int vis = j >= sc->lo[r] && j < sc->hi[r];
-        s[x] = vis ? u - sc->lse[r] : -INFINITY;
+    }
+    if (per_elem) {
+        for (int x = va; x < vb; x++) s[x] -= lse[x];
+    } else {
+        const float L = lse[0];
+        for (int x = va; x < vb; x++) s[x] -= L;
     }
     kern->vexp(n, s, s); /* exp(-inf) = 0 exactly: masked P = 0 */
-    for (int x = 0; x < n; x++) {
-        const int r = by_key ? x : r0;
-        float ds = s[x] * (dp[x] - sc->dd[r]);
-        if (cap > 0.0f) ds *= g[x];
-        dp[x] = ds;
+    if (per_elem) {
+        for (int x = 0; x < n; x++) dp[x] = s[x] * (dp[x] - dd[x]);
+    } else {
+        const float D = dd[0];
+        for (int x = 0; x < n; x++) dp[x] = s[x] * (dp[x] - D);
     }
+    if (cap > 0.0f)
+        for (int x = va; x < vb; x++) dp[x] *= g[x];
 }
 
 /* Pass (a): dK, dV of keys j0..j0+bc of kv head hk in batch b. */
 static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
-                          const float *dvec, const fa_tensor *dout, const fa_tensor *dk, const fa_tensor *dv,
-                          int64_t b, int64_t hk, int64_t j0, int bc)
+                          const bwd_packed *qp, const float *dvec, const fa_tensor *dout, const fa_tensor *dk,
+                          const fa_tensor *dv, int64_t b, int64_t hk, int64_t j0, int bc)
 {
     const int64_t d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
     pack_rows(&p->k, b, j0, bc, hk, d, sc->kr, g->ldd);
@@ -483,18 +552,34 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
         for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += g->br) {
             const int br = (int)(p->seqlen_q - i0 < g->br ? p->seqlen_q - i0 : g->br);
             if (!load_row_info(p, dvec, b, h, i0, br, j0, j0 + bc, sc)) continue; /* tile fully masked */
-            pack_transposed(kern, &p->q, b, i0, br, h, d, sc->qt, g->ldr);
-            pack_transposed(kern, dout, b, i0, br, h, dvd, sc->dot, g->ldr);
-            pack_rows(&p->q, b, i0, br, h, d, sc->qr, g->ldd);
-            pack_rows(dout, b, i0, br, h, dvd, sc->dor, g->lddv);
+            const float *qt = sc->qt, *dot = sc->dot, *qr = sc->qr, *dor = sc->dor;
+            if (qp) { /* Q block (h, i0) packed once for all K blocks */
+                const size_t blk = (size_t)((h - hk * group) * ((p->seqlen_q + g->br - 1) / g->br) + i0 / g->br);
+                qt = qp->a + blk * (size_t)d * g->ldr;
+                dot = qp->b + blk * (size_t)dvd * g->ldr;
+                qr = qp->c + blk * (size_t)g->br * g->ldd;
+                dor = qp->e + blk * (size_t)g->br * g->lddv;
+            } else {
+                pack_transposed(kern, &p->q, b, i0, br, h, d, sc->qt, g->ldr);
+                pack_transposed(kern, dout, b, i0, br, h, dvd, sc->dot, g->ldr);
+                pack_rows(&p->q, b, i0, br, h, d, sc->qr, g->ldd);
+                pack_rows(dout, b, i0, br, h, dvd, sc->dor, g->lddv);
+            }
 
-            kern->qk(bc, br, (int)d, sc->kr, g->ldd, sc->qt, g->ldr, (float)p->scale, sc->st, g->ldr);
-            kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, sc->dot, g->ldr, 1.0f, sc->dpt, g->ldr);
-            for (int j = 0; j < bc; j++)
-                tile_line(p, kern, sc, slope, 1, j0 + j, i0, 0, br, sc->st + (size_t)j * g->ldr,
-                          sc->dpt + (size_t)j * g->ldr);
-            kern->pv(bc, br, (int)dvd, sc->st, g->ldr, sc->dor, g->lddv, sc->ones, sc->dva, g->lddv);
-            kern->pv(bc, br, (int)d, sc->dpt, g->ldr, sc->qr, g->ldd, sc->ones, sc->dka, g->ldd);
+            kern->qk(bc, br, (int)d, sc->kr, g->ldd, qt, g->ldr, (float)p->scale, sc->st, g->ldr);
+            kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, dot, g->ldr, 1.0f, sc->dpt, g->ldr);
+            /* queries visible to key j0 + j: [r1, r2), both growing with j */
+            int r1 = 0, r2 = 0;
+            for (int j = 0; j < bc; j++) {
+                const int64_t key = j0 + j;
+                while (r1 < br && sc->hi[r1] <= key) r1++;
+                while (r2 < br && sc->lo[r2] <= key) r2++;
+                tile_line(p, kern, sc->g, br, r1, r2 > r1 ? r2 : r1, sc->st + (size_t)j * g->ldr,
+                          sc->dpt + (size_t)j * g->ldr, sc->lse, sc->dd, 1, slope,
+                          i0 + p->seqlen_k - p->seqlen_q - key, 1);
+            }
+            kern->pv(bc, br, (int)dvd, sc->st, g->ldr, dor, g->lddv, sc->ones, sc->dva, g->lddv);
+            kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
         }
     }
     store_rows(dk, b, j0, bc, hk, d, sc->dka, g->ldd, (float)p->scale);
@@ -503,8 +588,8 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
 
 /* Pass (b): dQ of rows i0..i0+br of query head h in batch b. */
 static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
-                        const float *dvec, const fa_tensor *dout, const fa_tensor *dq, int64_t b, int64_t h,
-                        int64_t i0, int br)
+                        const bwd_packed *kp, const float *dvec, const fa_tensor *dout, const fa_tensor *dq,
+                        int64_t b, int64_t h, int64_t i0, int br)
 {
     const int64_t d = p->d, dvd = p->dv, hk = fa_kv_head(p, h);
     const double slope = fa_alibi_slope(p, b, h);
@@ -520,16 +605,28 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
         pack_rows(dout, b, i0, br, h, dvd, sc->dor, g->lddv);
         for (int64_t j0 = jmin - jmin % g->bc; j0 < jmax; j0 += g->bc) {
             const int bc = (int)(p->seqlen_k - j0 < g->bc ? p->seqlen_k - j0 : g->bc);
-            pack_transposed(kern, &p->k, b, j0, bc, hk, d, sc->kt, g->ldc);
-            pack_transposed(kern, &p->v, b, j0, bc, hk, dvd, sc->vt, g->ldc);
-            pack_rows(&p->k, b, j0, bc, hk, d, sc->kr, g->ldd);
+            const float *kt = sc->kt, *vt = sc->vt, *kr = sc->kr;
+            if (kp) { /* K block j0 packed once for all Q blocks */
+                const size_t blk = (size_t)(j0 / g->bc);
+                kt = kp->a + blk * (size_t)d * g->ldc;
+                vt = kp->b + blk * (size_t)dvd * g->ldc;
+                kr = kp->c + blk * (size_t)g->bc * g->ldd;
+            } else {
+                pack_transposed(kern, &p->k, b, j0, bc, hk, d, sc->kt, g->ldc);
+                pack_transposed(kern, &p->v, b, j0, bc, hk, dvd, sc->vt, g->ldc);
+                pack_rows(&p->k, b, j0, bc, hk, d, sc->kr, g->ldd);
+            }
 
-            kern->qk(br, bc, (int)d, sc->qr, g->ldd, sc->kt, g->ldc, (float)p->scale, sc->s, g->ldc);
-            kern->qk(br, bc, (int)dvd, sc->dor, g->lddv, sc->vt, g->ldc, 1.0f, sc->dp, g->ldc);
-            for (int r = 0; r < br; r++)
-                tile_line(p, kern, sc, slope, 0, i0 + r, j0, r, bc, sc->s + (size_t)r * g->ldc,
-                          sc->dp + (size_t)r * g->ldc);
-            kern->pv(br, bc, (int)d, sc->dp, g->ldc, sc->kr, g->ldd, sc->ones, sc->dqa, g->ldd);
+            kern->qk(br, bc, (int)d, sc->qr, g->ldd, kt, g->ldc, (float)p->scale, sc->s, g->ldc);
+            kern->qk(br, bc, (int)dvd, sc->dor, g->lddv, vt, g->ldc, 1.0f, sc->dp, g->ldc);
+            for (int r = 0; r < br; r++) {
+                const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
+                const int va = lo > 0 ? (lo < bc ? (int)lo : bc) : 0;
+                const int vb = hi < bc ? (hi > va ? (int)hi : va) : bc;
+                tile_line(p, kern, sc->g, bc, va, vb, sc->s + (size_t)r * g->ldc, sc->dp + (size_t)r * g->ldc,
+                          sc->lse + r, sc->dd + r, 0, slope, i0 + r + p->seqlen_k - p->seqlen_q - j0, -1);
+            }
+            kern->pv(br, bc, (int)d, sc->dp, g->ldc, kr, g->ldd, sc->ones, sc->dqa, g->ldd);
         }
     }
     store_rows(dq, b, i0, br, h, d, sc->dqa, g->ldd, (float)p->scale);
@@ -545,9 +642,21 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     const int64_t nqb = (p->seqlen_q + g.br - 1) / g.br;
     const int64_t nkb = (p->seqlen_k + g.bc - 1) / g.bc;
     const int64_t rows = p->batch * p->heads * p->seqlen_q;
+    const int64_t group = p->heads / p->heads_k;
     float *dvec = fa_malloc((size_t)(rows > 0 ? rows : 1) * sizeof(float)); /* D [B][H][Sq] */
     if (!dvec) return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate D (%lld rows)", DIM(rows));
     int failed = 0;
+
+    /* shared packing, each pass on its own, when it fits under the cap */
+    const size_t cap = shared_cap();
+    const size_t qfl = packed_q_floats(p, &g), kfl = packed_k_floats(p, &g);
+    const size_t qbytes = qfl * sizeof(float) <= cap ? qfl * sizeof(float) : 0;
+    const size_t kbytes = kfl * sizeof(float) <= cap ? kfl * sizeof(float) : 0;
+    const size_t sbytes = qbytes > kbytes ? qbytes : kbytes;
+    float *shared = sbytes ? fa_malloc(sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
+    bwd_packed qpack = {NULL, NULL, NULL, NULL}, kpack = {NULL, NULL, NULL, NULL};
+    if (shared && qbytes) qpack = packed_q_layout(p, &g, shared);
+    if (shared && kbytes) kpack = packed_k_layout(p, &g, shared);
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(p->num_threads)
@@ -573,7 +682,32 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
             dvec[t] = (float)acc;
         }
         /* (the implicit barrier of the loop above also publishes `failed`) */
-        if (!failed) {
+        if (!failed && qpack.a) {
+            /* pass (a), shared Q panels: per (batch, kv head), pack, then its K blocks */
+            for (int64_t bhk = 0; bhk < p->batch * p->heads_k; bhk++) {
+                const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+                for (int64_t t = 0; t < group * nqb; t++) {
+                    const int64_t h = hk * group + t / nqb, i0 = (t % nqb) * g.br;
+                    const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
+                    pack_transposed(kern, &p->q, b, i0, br, h, p->d, qpack.a + (size_t)t * (size_t)p->d * g.ldr, g.ldr);
+                    pack_transposed(kern, dout, b, i0, br, h, p->dv, qpack.b + (size_t)t * (size_t)p->dv * g.ldr, g.ldr);
+                    pack_rows(&p->q, b, i0, br, h, p->d, qpack.c + (size_t)t * (size_t)g.br * g.ldd, g.ldd);
+                    pack_rows(dout, b, i0, br, h, p->dv, qpack.e + (size_t)t * (size_t)g.br * g.lddv, g.lddv);
+                }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+                for (int64_t kb = 0; kb < nkb; kb++) {
+                    const int64_t j0 = kb * g.bc;
+                    const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
+                    bwd_task_dkdv(p, kern, &g, &sc, &qpack, dvec, dout, dk, dv, b, hk, j0, bc);
+                }
+            }
+        } else if (!failed) {
+            /* pass (a), per-tile packing */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -581,8 +715,34 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                 const int64_t kb = t % nkb, hk = (t / nkb) % p->heads_k, b = t / (nkb * p->heads_k);
                 const int64_t j0 = kb * g.bc;
                 const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
-                bwd_task_dkdv(p, kern, &g, &sc, dvec, dout, dk, dv, b, hk, j0, bc);
+                bwd_task_dkdv(p, kern, &g, &sc, NULL, dvec, dout, dk, dv, b, hk, j0, bc);
             }
+        }
+        if (!failed && kpack.a) {
+            /* pass (b), shared K panels: per (batch, kv head), pack, then the group's Q blocks */
+            for (int64_t bhk = 0; bhk < p->batch * p->heads_k; bhk++) {
+                const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+                for (int64_t kb = 0; kb < nkb; kb++) {
+                    const int64_t j0 = kb * g.bc;
+                    const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
+                    pack_transposed(kern, &p->k, b, j0, bc, hk, p->d, kpack.a + (size_t)kb * (size_t)p->d * g.ldc, g.ldc);
+                    pack_transposed(kern, &p->v, b, j0, bc, hk, p->dv, kpack.b + (size_t)kb * (size_t)p->dv * g.ldc, g.ldc);
+                    pack_rows(&p->k, b, j0, bc, hk, p->d, kpack.c + (size_t)kb * (size_t)g.bc * g.ldd, g.ldd);
+                }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+                for (int64_t t = 0; t < group * nqb; t++) {
+                    const int64_t h = hk * group + t / nqb, i0 = (t % nqb) * g.br;
+                    const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
+                    bwd_task_dq(p, kern, &g, &sc, &kpack, dvec, dout, dq, b, h, i0, br);
+                }
+            }
+        } else if (!failed) {
+            /* pass (b), per-tile packing */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -590,12 +750,13 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                 const int64_t qb = t % nqb, h = (t / nqb) % p->heads, b = t / (nqb * p->heads);
                 const int64_t i0 = qb * g.br;
                 const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
-                bwd_task_dq(p, kern, &g, &sc, dvec, dout, dq, b, h, i0, br);
+                bwd_task_dq(p, kern, &g, &sc, NULL, dvec, dout, dq, b, h, i0, br);
             }
         }
         fa_free(sc.base);
     }
     fa_free(dvec);
+    fa_free(shared);
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate %zu bytes of per-thread scratch",
                        bwd_scratch_floats(p, &g) * sizeof(float));

@@ -29,7 +29,9 @@
  *     a dropped tile, a missing head sum or a missing softcap derivative give
  *     errors of order max|ref| (each was injected once to see this test fail).
  *
- *  3. Both are deterministic: 1, 2 and 3 threads give identical bits.
+ *  3. Both are deterministic: 1, 2 and 3 threads give identical bits, and
+ *     flash's two ways of packing operands (shared per kv head, or per tile
+ *     for long sequences: FA_FLASH_SHARED_MAX=0) give identical bits.
  *
  * Seeds are printed by test_util (FA_TEST_SEED replays a run).
  */
@@ -179,6 +181,23 @@ static void run_case(const bcase *c)
     st = fa_backward(&in.q.t, &in.k.t, &in.v.t, c->pass_o_lse ? &o_fl.t : NULL,
                      c->pass_o_lse ? &lse_fl.t : NULL, &in.dout.t, &g_fl[0].t, &g_fl[1].t, &g_fl[2].t, &opt);
     if (st != FA_OK) fail_msg("flash backward failed: %s (%s)", fa_last_error(), what);
+
+    /* the per-tile packing path (long sequences) must give the same bits as the shared one */
+    tu_tensor g_pt[3];
+    for (int x = 0; x < 3; x++) {
+        g_pt[x] = tu_alloc4(c->grad_dtype, shp[x][0], shp[x][1], shp[x][2], shp[x][3], c->bhsd);
+        tu_poison(&g_pt[x]);
+    }
+    setenv("FA_FLASH_SHARED_MAX", "0", 1);
+    st = fa_backward(&in.q.t, &in.k.t, &in.v.t, c->pass_o_lse ? &o_fl.t : NULL,
+                     c->pass_o_lse ? &lse_fl.t : NULL, &in.dout.t, &g_pt[0].t, &g_pt[1].t, &g_pt[2].t, &opt);
+    unsetenv("FA_FLASH_SHARED_MAX");
+    if (st != FA_OK) fail_msg("flash backward (per-tile packing) failed: %s (%s)", fa_last_error(), what);
+    for (int x = 0; x < 3; x++) {
+        if (memcmp(g_pt[x].mem, g_fl[x].mem, g_fl[x].bytes) != 0)
+            fail_msg("flash gradient %d: per-tile and shared packing give different bits (%s)", x, what);
+        tu_free(&g_pt[x]);
+    }
 
     static const char *names[3] = {"dQ", "dK", "dV"};
     for (int x = 0; x < 3; x++) {
@@ -574,7 +593,7 @@ static void test_flash_backward_memory_is_linear(void **state)
     fa_alloc_stats_get(&s1);
     const size_t extra = s1.peak_bytes - s0.current_bytes;
     const size_t sxs = (size_t)2048 * 2048 * sizeof(float); /* one S matrix: 16 MiB */
-    if (extra > sxs / 16)
+    if (extra > sxs / 8) /* measured ~1.2 MiB: 2 threads x scratch + shared Q panels + D */
         fail_msg("flash backward allocated %zu bytes at its peak (S alone would be %zu)", extra, sxs);
     assert_int_equal(s1.current_bytes, s0.current_bytes); /* and freed it all */
     for (int x = 0; x < 3; x++) tu_free(&g[x]);
