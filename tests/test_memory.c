@@ -111,6 +111,44 @@ static void test_flash_scratch_stays_below_16_mib_at_n_65536(void **state)
     free(s);
 }
 
+/*
+ * Ensure the flash backward pass at N = 65536 allocates < 16 MiB: its scratch
+ * is O(threads x block) plus D [B][H][Sq] (256 KiB here) and a capped packing
+ * of K/V. A causal sliding window of 256 keys keeps the run short (the full
+ * causal backward is ~2.5x the forward's 2^37 multiply-adds); the buffers the
+ * pass allocates are sized by the shapes and blocks, not by the mask.
+ */
+static void test_flash_backward_scratch_stays_below_16_mib_at_n_65536(void **state)
+{
+    big *b = *state;
+    tu_tensor dout = tu_alloc4(FA_F32, 1, N, 1, D, 0), dq = tu_alloc4(FA_F32, 1, N, 1, D, 0);
+    tu_tensor dk = tu_alloc4(FA_F32, 1, N, 1, D, 0), dv = tu_alloc4(FA_F32, 1, N, 1, D, 0);
+    uint64_t rng = tu_seed() ^ 0xd0;
+    tu_fill(&dout, &rng, -1, 1);
+    fa_cpu_info info;
+    assert_int_equal(fa_get_cpu_info(&info), FA_OK);
+    fa_options opt = fa_options_default();
+    opt.causal = 1;
+    opt.window_left = 256;
+    opt.num_threads = info.max_threads < 2 ? info.max_threads : 2;
+    assert_int_equal(fa_forward(&b->q.t, &b->k.t, &b->v.t, &b->o.t, &b->lse.t, &opt), FA_OK);
+    tu_poison(&dq); tu_poison(&dk); tu_poison(&dv);
+    fa_alloc_stats before, after;
+    fa_alloc_stats_reset();
+    fa_alloc_stats_get(&before);
+    fa_status st = fa_backward(&b->q.t, &b->k.t, &b->v.t, &b->o.t, &b->lse.t, &dout.t, &dq.t, &dk.t,
+                               &dv.t, &opt);
+    fa_alloc_stats_get(&after);
+    if (st != FA_OK) fail_msg("flash backward: %s", fa_last_error());
+    const size_t peak = after.peak_bytes - before.current_bytes;
+    print_message("[ memory   ] flash backward N=%d d=%d causal window 256, %d thread(s): peak scratch %.2f MiB\n",
+                  N, D, opt.num_threads, peak / 1048576.0);
+    if (peak >= CEILING) fail_msg("flash backward allocated %zu bytes at N=%d (ceiling %zu)", peak, N, CEILING);
+    assert_int_equal(after.current_bytes, before.current_bytes);
+    assert_int_equal(tu_count_nan(&dq) + tu_count_nan(&dk) + tu_count_nan(&dv), 0);
+    tu_free(&dout); tu_free(&dq); tu_free(&dk); tu_free(&dv);
+}
+
 /* Ensure standard refuses N = 65536 with FA_ERR_TOO_LARGE instead of allocating 16 GiB. */
 static void test_standard_refuses_n_65536_without_allocating(void **state)
 {
@@ -136,6 +174,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_standard_refuses_n_65536_without_allocating),
         cmocka_unit_test(test_flash_scratch_stays_below_16_mib_at_n_65536),
+        cmocka_unit_test(test_flash_backward_scratch_stays_below_16_mib_at_n_65536),
     };
     tu_seed();
     return cmocka_run_group_tests_name("memory", tests, setup, teardown);

@@ -1,6 +1,7 @@
 /*
  * fuzz_attention.c — libFuzzer harness: small random attention problems,
- * flash and standard checked against the float64 reference.
+ * flash and standard checked against the float64 reference, forward and
+ * backward.
  *
  * The first 16 bytes of the input choose the problem; the rest seeds the
  * values (so a short input is a complete problem and mutations of the header
@@ -22,7 +23,10 @@
  *   - a row with no visible key (computed here from the mask rule directly) is
  *     exactly O = 0, LSE = -inf in every implementation;
  *   - flash and standard are within a tolerance of reference derived from the
- *     logit bound (float32 dot products of length d) and the output dtype.
+ *     logit bound (float32 dot products of length d) and the output dtype;
+ *   - the backward pass (flash and reference, O and LSE recomputed) writes
+ *     every element of dQ, dK, dV with a finite value, and flash agrees with
+ *     reference within a loose bound when the logits are tame.
  * Anything else aborts, which libFuzzer records as a crash.
  */
 #include <float.h>
@@ -255,6 +259,49 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         fail(r == 1 ? "flash LSE off" : "standard LSE off", b, i, x, ref);
                 }
             }
+
+    /*
+     * Backward: flash against reference (O and LSE recomputed inside). Every
+     * gradient element must be written and finite; where the logits are tame
+     * (bound <= 8) flash must agree with reference to a loose tolerance.
+     */
+    {
+        buf4 dout = make4(FA_F32, B, Sq, H, dv, 0);
+        fill(&dout, &rng, 1.0);
+        buf4 g[2][3];
+        for (int r = 0; r < 2; r++) {
+            g[r][0] = make4(FA_F32, B, Sq, H, d, 0);
+            g[r][1] = make4(FA_F32, B, Sk, Hk, d, 0);
+            g[r][2] = make4(FA_F32, B, Sk, Hk, dv, 0);
+            for (int t = 0; t < 3; t++)
+                poison(g[r][t].mem, (size_t)fa_tensor_numel(&g[r][t].t) * 4);
+            opt.impl = r == 0 ? FA_IMPL_REFERENCE : FA_IMPL_FLASH;
+            fa_status st = fa_backward(&q.t, &k.t, &v.t, NULL, NULL, &dout.t, &g[r][0].t, &g[r][1].t,
+                                       &g[r][2].t, &opt);
+            if (st != FA_OK) {
+                fprintf(stderr, "fuzz_attention: backward %s failed: %s: %s\n", fa_impl_name(opt.impl),
+                        fa_status_string(st), fa_last_error());
+                abort();
+            }
+        }
+        for (int t = 0; t < 3; t++) {
+            const double gmax = max_abs(&g[0][t].t);
+            const double tol = 1e-3 * (1.0 + gmax) * (1.0 + bound);
+            int64_t idx[4];
+            const fa_tensor *ref = &g[0][t].t;
+            for (idx[0] = 0; idx[0] < ref->shape[0]; idx[0]++)
+                for (idx[1] = 0; idx[1] < ref->shape[1]; idx[1]++)
+                    for (idx[2] = 0; idx[2] < ref->shape[2]; idx[2]++)
+                        for (idx[3] = 0; idx[3] < ref->shape[3]; idx[3]++) {
+                            double x = get(&g[1][t].t, idx), y = get(ref, idx);
+                            if (!isfinite(x) || !isfinite(y)) fail("gradient not written or not finite", t, idx[1], x, y);
+                            if (bound <= 8.0 && fabs(x - y) > tol) fail("flash gradient off", t, idx[1], x, y);
+                        }
+        }
+        for (int r = 0; r < 2; r++)
+            for (int t = 0; t < 3; t++) free(g[r][t].mem);
+        free(dout.mem);
+    }
 
     for (int r = 0; r < 3; r++) {
         free(o[r].mem);
