@@ -183,3 +183,58 @@ def _single_row(q1, k, v, diag, wl, wr, scale=None, softcap=0.0, alibi=None):
             lse[b, h, 0] = m + np.log(np.sum(w))
             o[b, 0, h, :] = (w / np.sum(w)) @ v[b, cols, hk, :]
     return o, lse
+
+
+def attention_backward(q, k, v, dout, scale=None, causal=False, window=(-1, -1),
+                       softcap=0.0, alibi=None):
+    """Return (dq, dk, dv) in float64 for the FlashAttention backward contract.
+
+    Straight from DESIGN.md: with P the softmax over visible keys,
+        D_i = dO_i . O_i,  dP = dO V^T,  dS = P o (dP - D),
+        dS' = dS o (1 - tanh^2(t / softcap)) when softcap > 0 (t = scale q.k),
+        dQ = scale dS' K,  dK = scale dS'^T Q,  dV = P^T dO,
+    dK and dV summed over the query heads that share a kv head; ALiBi slopes
+    are constants; rows with no visible key contribute nothing.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    dout = np.asarray(dout, dtype=np.float64)
+    B, Sq, H, d = q.shape
+    Sk, Hk, dv_dim = k.shape[1], k.shape[2], v.shape[3]
+    if scale is None or scale == 0:
+        scale = 1.0 / np.sqrt(d)
+    group = H // Hk
+    keep = visible_mask(Sq, Sk, window[0], window[1], causal)
+    rel = np.abs(np.arange(Sq)[:, None] + Sk - Sq - np.arange(Sk)[None, :]).astype(np.float64)
+    dq = np.zeros_like(q)
+    dk = np.zeros_like(k)
+    dv = np.zeros_like(v)
+    for b in range(B):
+        for h in range(H):
+            hk = h // group
+            t = scale * (q[b, :, h, :] @ k[b, :, hk, :].T)                # [Sq, Sk]
+            s = softcap * np.tanh(t / softcap) if softcap > 0 else t.copy()
+            slope = _slope(alibi, b, h)
+            if slope != 0.0:
+                s = s - slope * rel
+            s = np.where(keep, s, -np.inf)
+            m = np.max(s, axis=1, keepdims=True)
+            empty = ~np.isfinite(m[:, 0])
+            m[empty] = 0.0
+            p = np.exp(s - m)
+            p[empty] = 0.0
+            denom = p.sum(axis=1, keepdims=True)
+            denom[empty] = 1.0
+            p = p / denom                                                  # [Sq, Sk]
+            o = p @ v[b, :, hk, :]                                         # [Sq, dv]
+            do = dout[b, :, h, :]
+            big_d = np.sum(do * o, axis=1, keepdims=True)
+            dp = do @ v[b, :, hk, :].T
+            ds = p * (dp - big_d)
+            if softcap > 0:
+                ds = ds * (1.0 - np.tanh(t / softcap) ** 2)
+            dq[b, :, h, :] += scale * (ds @ k[b, :, hk, :])
+            dk[b, :, hk, :] += scale * (ds.T @ q[b, :, h, :])
+            dv[b, :, hk, :] += p.T @ do
+    return dq, dk, dv

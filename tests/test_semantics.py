@@ -221,3 +221,87 @@ def test_model_agrees_with_brute_force_formula():
             else:
                 assert abs(lse[0, h, i] - np.log(den)) < 1e-12
                 assert np.allclose(o[0, i, h], num / den, atol=1e-12, rtol=0)
+
+
+def test_model_backward_agrees_with_finite_differences():
+    """Ensure the float64 backward model is the gradient of the forward model."""
+    rng = np.random.default_rng(SEED + 1)
+    B, Sq, Sk, H, Hk, d, dv = 1, 5, 7, 4, 2, 3, 2
+    q = rng.standard_normal((B, Sq, H, d))
+    k = rng.standard_normal((B, Sk, Hk, d))
+    v = rng.standard_normal((B, Sk, Hk, dv))
+    dout = rng.standard_normal((B, Sq, H, dv))
+    opts = dict(scale=0.6, causal=True, window=(3, -1), softcap=1.5,
+                alibi=np.array([0.1, 0.2, 0.3, 0.4]))
+    grads = ref_numpy.attention_backward(q, k, v, dout, **opts)
+
+    def loss(qq, kk, vv):
+        return float(np.sum(ref_numpy.attention_forward(qq, kk, vv, **opts)[0] * dout))
+
+    eps = 1e-6
+    for which, (x, g) in enumerate(zip((q, k, v), grads)):
+        for idx in np.ndindex(x.shape):
+            xp, xm = x.copy(), x.copy()
+            xp[idx] += eps
+            xm[idx] -= eps
+            args_p = [q, k, v]
+            args_m = [q, k, v]
+            args_p[which], args_m[which] = xp, xm
+            fd = (loss(*args_p) - loss(*args_m)) / (2 * eps)
+            assert abs(fd - g[idx]) < 1e-6, (which, idx, fd, g[idx])
+
+
+def _has_grad():
+    if not os.access(CLI, os.X_OK):
+        return False
+    return subprocess.run([CLI, "grad", "--help"], capture_output=True).returncode == 0
+
+
+GRAD_CASES = [
+    case("grad_plain", B=2, Sq=23, Sk=31, H=2, d=16),
+    case("grad_causal_q_longer_has_empty_rows", Sq=40, Sk=17, d=16, causal=True),
+    case("grad_window", Sq=33, Sk=45, window=(6, 2)),
+    case("grad_softcap_alibi", Sq=29, Sk=29, H=2, softcap=3.0, alibi="head", amp=2.0),
+    case("grad_gqa_alibi_batch_head", B=2, Sq=19, Sk=27, H=6, Hk=2, alibi="batch_head", causal=True),
+    case("grad_mqa_dv_differs", Sq=21, Sk=18, H=4, Hk=1, d=24, dv=8),
+    case("grad_bf16_inputs", Sq=25, Sk=25, dtype="bf16", causal=True, window=(5, -1)),
+]
+
+
+@pytest.mark.skipif(not _has_grad(), reason="flashattn grad not available")
+@pytest.mark.parametrize("c", GRAD_CASES)
+def test_grad_matches_float64_model(c, tmp_path):
+    """Ensure `flashattn grad` (flash and reference) gives the float64 model's dQ, dK, dV."""
+    rng = np.random.default_rng([SEED, zlib.crc32(repr(sorted(c.items())).encode())])
+    stored, values, slopes = _make_inputs(c, rng)
+    for name, arr in zip(("q", "k", "v"), stored):
+        np.save(tmp_path / f"{name}.npy", arr)
+    dout = rng.uniform(-1, 1, size=(c["B"], c["Sq"], c["H"], c["dv"])).astype(np.float32)
+    np.save(tmp_path / "dout.npy", dout)
+    args_mask = []
+    if c["causal"]:
+        args_mask.append("--causal")
+    if c["window"] is not None:
+        args_mask += ["--window", f"{c['window'][0]},{c['window'][1]}"]
+    if c["softcap"]:
+        args_mask += ["--softcap", repr(c["softcap"])]
+    if c["scale"] is not None:
+        args_mask += ["--scale", repr(c["scale"])]
+    if slopes is not None:
+        np.save(tmp_path / "alibi.npy", slopes)
+        args_mask += ["--alibi", str(tmp_path / "alibi.npy")]
+    window = c["window"] if c["window"] is not None else (-1, -1)
+    want = ref_numpy.attention_backward(*values, dout, scale=c["scale"], causal=c["causal"],
+                                        window=window, softcap=c["softcap"], alibi=slopes)
+    for impl, rel in (("reference", 2e-6), ("flash", 1e-4)):
+        outs = [tmp_path / f"d{n}_{impl}.npy" for n in "qkv"]
+        args = [CLI, "grad", "-q", str(tmp_path / "q.npy"), "-k", str(tmp_path / "k.npy"),
+                "-v", str(tmp_path / "v.npy"), "--dout", str(tmp_path / "dout.npy"),
+                "--dq", str(outs[0]), "--dk", str(outs[1]), "--dv", str(outs[2]),
+                "--impl", impl] + args_mask
+        res = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, f"{' '.join(args)}\nexit {res.returncode}\n{res.stderr}"
+        for name, path, w in zip(("dQ", "dK", "dV"), outs, want):
+            got = np.load(path).astype(np.float64)
+            tol = rel * max(1.0, float(np.max(np.abs(w))))
+            _compare(f"[FA_TEST_SEED={SEED}] {impl} {name}", got, w, tol)
