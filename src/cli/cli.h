@@ -53,6 +53,8 @@ int cmd_info(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_grad(int argc, char **argv);
+int cmd_check_grad(int argc, char **argv);
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */

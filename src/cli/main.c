@@ -19,6 +19,8 @@ typedef struct command {
 static const command commands[] = {
     {"run", cmd_run, "attention on .npy files: Q, K, V -> O (and LSE)"},
     {"check", cmd_check, "validate a tested attention output against the float64 reference"},
+    {"grad", cmd_grad, "attention backward pass on .npy files: dO -> dQ, dK, dV"},
+    {"check-grad", cmd_check_grad, "validate tested gradients against the float64 reference backward"},
     {"bench", cmd_bench, "measure time, GFLOP/s and memory of the implementations"},
     {"demo", cmd_demo, "standard vs flash side by side on a built-in problem (make run)"},
     {"info", cmd_info, "ISA, cache sizes, block sizes and threads on this machine"},
@@ -34,7 +36,7 @@ static void usage(FILE *out)
             "\n"
             "commands:\n",
             FA_VERSION);
-    for (int i = 0; i < N_COMMANDS; i++) fprintf(out, "  %-7s %s\n", commands[i].name, commands[i].summary);
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(out,
             "\n"
             "Exit status: 0 ok, 1 check found a mismatch, 2 bad usage or bad input.\n"

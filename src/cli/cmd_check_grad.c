@@ -1,0 +1,258 @@
+/*
+ * cmd_check_grad.c — `flashattn check-grad`: are tested gradients (say, from
+ * a GPU backward kernel) right, against the float64 reference backward?
+ *
+ *   Q.npy, K.npy, V.npy, DO.npy (as for `grad`) and the tested
+ *   DQ_TEST.npy [B][Sq][H][d], DK_TEST.npy [B][Sk][Hk][d], DV_TEST.npy [B][Sk][Hk][dv]
+ *     -> one line per gradient on stdout; exit 0 all within tolerance,
+ *        1 mismatch, 2 bad usage or bad input.
+ *
+ * The rule is deliberately simple and stated in full: a gradient G passes iff
+ *     max |G_test - G_ref| <= atol + rtol * max |G_ref|
+ * over all its elements (NaN or Inf in G_test always fails), with the float64
+ * reference backward (fa_backward, FA_IMPL_REFERENCE, O and LSE recomputed in
+ * float64) as G_ref. Defaults by the precision the tested kernel ran in
+ * (--dtype, else the lowest precision among the three tested files):
+ *     f32: rtol 1e-4    f16: rtol 1e-2    bf16: rtol 5e-2    atol 1e-6 always
+ * These are a normwise bound relative to the largest gradient, as in the
+ * FlashAttention backward tests' spirit: low-precision kernels round P, dS and
+ * the operands to the dtype (unit roundoff 2^-11 f16, 2^-8 bf16), and errors of
+ * a few units of roundoff relative to max|G| are expected; a wrong mask or a
+ * missing head sum gives errors of order max|G|. --atol/--rtol replace them.
+ */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char check_grad_usage[] =
+    "usage: flashattn check-grad -q Q.npy -k K.npy -v V.npy --dout DO.npy\n"
+    "                            --dq DQ_TEST.npy --dk DK_TEST.npy --dv DV_TEST.npy\n"
+    "                            [MASK OPTIONS] [--dtype f32|f16|bf16] [--atol A] [--rtol R] [--threads T]\n"
+    "\n"
+    "Compares tested gradients against the float64 reference backward computed from the same\n"
+    "Q, K, V, dO and mask options (FlashAttention semantics).\n"
+    "\n"
+    "  -q, -k, -v, --dout     inputs, as for flashattn grad\n"
+    "  --dq/--dk/--dv FILE    the tested gradients (any float dtype; bf16 as <u2)\n"
+    "  --dtype T              precision the tested kernel ran in (default: lowest among the tested files)\n"
+    "  --atol A  --rtol R     tolerance: G passes iff max|G_test - G_ref| <= A + R * max|G_ref|\n"
+    "                         (defaults: A = 1e-6; R = 1e-4 f32, 1e-2 f16, 5e-2 bf16)\n"
+    "  --threads T            OpenMP threads (default: all cores)\n"
+    "\n"
+    "NaN or Inf in a tested gradient always fails.\n"
+    "\n"
+    "%s\n"
+    "Exit status: 0 within tolerance; 1 mismatch; 2 bad usage or bad input (one line on\n"
+    "stderr naming the file).\n";
+
+/* Precision rank: lower is less precise. */
+static int precision_rank(fa_dtype t)
+{
+    switch (t) {
+    case FA_BF16: return 0;
+    case FA_F16: return 1;
+    case FA_F32: return 2;
+    default: return 3;
+    }
+}
+
+/* What one gradient's comparison found. */
+typedef struct grad_cmp {
+    double max_err, max_ref, bound;
+    int64_t n_fail, worst;   /* flat C-order index of the largest error, -1 if none */
+} grad_cmp;
+
+/* Element x of a C-order array of dtype t, as double (bf16 as its bit pattern). */
+static double element(const void *data, fa_dtype t, int64_t x)
+{
+    switch (t) {
+    case FA_F32: return ((const float *)data)[x];
+    case FA_F64: return ((const double *)data)[x];
+    case FA_BF16: {
+        uint32_t bits = (uint32_t)((const uint16_t *)data)[x] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    case FA_F16: {
+        const uint16_t h = ((const uint16_t *)data)[x];
+        const int e = (h >> 10) & 31, m = h & 1023;
+        const double a = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+        return h >> 15 ? -a : a;
+    }
+    default: return NAN;
+    }
+}
+
+/* test and ref (float64) are C-order arrays of the same shape. */
+static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol, double rtol)
+{
+    grad_cmp c = {0.0, 0.0, 0.0, 0, -1};
+    const int64_t n = fa_tensor_numel(ref);
+    const double *r = ref->data;
+    for (int64_t x = 0; x < n; x++)
+        if (fabs(r[x]) > c.max_ref) c.max_ref = fabs(r[x]);
+    c.bound = atol + rtol * c.max_ref;
+    for (int64_t x = 0; x < n; x++) {
+        const double t = element(test->data, test->dtype, x);
+        const double err = isfinite(t) ? fabs(t - r[x]) : INFINITY;
+        if (err > c.bound) c.n_fail++;
+        if (c.worst < 0 || err > c.max_err) {
+            c.max_err = err;
+            c.worst = x;
+        }
+    }
+    return c;
+}
+
+int cmd_check_grad(int argc, char **argv)
+{
+    const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *do_path = NULL;
+    const char *paths[3] = {NULL, NULL, NULL};
+    const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *threads_text = NULL;
+    cli_attn attn;
+    cli_attn_init(&attn);
+
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if (cli_is_help(argv[i])) {
+            printf(check_grad_usage, cli_mask_help);
+            return CLI_EXIT_OK;
+        }
+        if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dout", &do_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dq", &paths[0])) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dk", &paths[1])) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dv", &paths[2])) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dtype", &dtype_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--atol", &atol_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--rtol", &rtol_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--threads", &threads_text)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            continue;
+        }
+        return cli_unknown_option("check-grad", argv[i]);
+    }
+    if (!q_path || !k_path || !v_path || !do_path || !paths[0] || !paths[1] || !paths[2])
+        return cli_die("check-grad: missing %s (see flashattn check-grad --help)",
+                       !q_path ? "-q Q.npy" : !k_path ? "-k K.npy" : !v_path ? "-v V.npy"
+                       : !do_path ? "--dout DO.npy" : !paths[0] ? "--dq DQ_TEST.npy"
+                       : !paths[1] ? "--dk DK_TEST.npy" : "--dv DV_TEST.npy");
+    fa_dtype dtype = FA_DTYPE_COUNT; /* auto */
+    if (dtype_text) {
+        if (cli_parse_dtype("--dtype", dtype_text, &dtype) != 0) return CLI_EXIT_USAGE;
+        if (dtype == FA_F64) return cli_die("--dtype: the tested kernel's precision must be bf16, f16 or f32, got 'f64'");
+    }
+    double atol = 1e-6, rtol = -1.0;
+    if (atol_text && (cli_parse_double("--atol", atol_text, &atol) != 0)) return CLI_EXIT_USAGE;
+    if (rtol_text && (cli_parse_double("--rtol", rtol_text, &rtol) != 0)) return CLI_EXIT_USAGE;
+    if (atol < 0) return cli_die("--atol: must be >= 0, got '%s'", atol_text);
+    if (rtol_text && rtol < 0) return cli_die("--rtol: must be >= 0, got '%s'", rtol_text);
+    if (threads_text) {
+        long long t;
+        if (cli_parse_int("--threads", threads_text, 1, 4096, &t) != 0) return CLI_EXIT_USAGE;
+        attn.opt.num_threads = (int)t;
+    }
+    attn.opt.impl = FA_IMPL_REFERENCE;
+
+    cli_qkv in;
+    if (cli_load_qkv(&in, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
+    int rc = CLI_EXIT_USAGE;
+    fa_npy do_arr, test[3];
+    fa_tensor do_t, test_t[3], ref_t[3];
+    void *ref_mem[3] = {NULL, NULL, NULL};
+    memset(&do_arr, 0, sizeof do_arr);
+    memset(test, 0, sizeof test);
+    char sh[96];
+    const int64_t shapes[3][4] = {{in.batch, in.seqlen_q, in.heads, in.d},
+                                  {in.batch, in.seqlen_k, in.heads_k, in.d},
+                                  {in.batch, in.seqlen_k, in.heads_k, in.dv}};
+    static const char *const names[3] = {"dQ", "dK", "dV"};
+    static const char *const dims[3] = {"[batch, seqlen_q, heads, d]", "[batch, seqlen_k, heads_k, d]",
+                                        "[batch, seqlen_k, heads_k, d_v]"};
+    if (cli_attn_load_alibi(&attn, &in)) goto done;
+    if (cli_load_array(do_path, 4, 1, "dO [batch, seqlen_q, heads, d_v]", &do_arr, &do_t)) goto done;
+    if (do_arr.shape[0] != in.batch || do_arr.shape[1] != in.seqlen_q || do_arr.shape[2] != in.heads ||
+        do_arr.shape[3] != in.dv) {
+        cli_die("%s: shape %s should be [batch, seqlen_q, heads, d_v] = [%lld, %lld, %lld, %lld] (from %s and %s)",
+                do_path, cli_shape(4, do_arr.shape, sh, sizeof sh), (long long)in.batch, (long long)in.seqlen_q,
+                (long long)in.heads, (long long)in.dv, q_path, v_path);
+        goto done;
+    }
+    for (int x = 0; x < 3; x++) {
+        /* NaN/Inf in a tested gradient are findings, not bad input */
+        if (cli_load_array(paths[x], 4, 0, dims[x], &test[x], &test_t[x])) goto done;
+        for (int r = 0; r < 4; r++)
+            if (test[x].shape[r] != shapes[x][r]) {
+                cli_die("%s: shape %s should be %s = [%lld, %lld, %lld, %lld] (from %s, %s and %s)", paths[x],
+                        cli_shape(4, test[x].shape, sh, sizeof sh), dims[x], (long long)shapes[x][0],
+                        (long long)shapes[x][1], (long long)shapes[x][2], (long long)shapes[x][3], q_path, k_path,
+                        v_path);
+                goto done;
+            }
+        const size_t n = (size_t)(shapes[x][0] * shapes[x][1] * shapes[x][2] * shapes[x][3]);
+        ref_mem[x] = calloc(n ? n : 1, sizeof(double));
+        if (!ref_mem[x]) {
+            cli_die("check-grad: out of memory allocating the reference (%zu elements)", n);
+            goto done;
+        }
+        fa_tensor_make(&ref_t[x], ref_mem[x], FA_F64, 4, shapes[x], NULL);
+    }
+    if (dtype == FA_DTYPE_COUNT) {
+        dtype = FA_F32;
+        for (int x = 0; x < 3; x++)
+            if (precision_rank(test[x].dtype) < precision_rank(dtype)) dtype = test[x].dtype;
+    }
+    if (rtol < 0) rtol = dtype == FA_BF16 ? 5e-2 : dtype == FA_F16 ? 1e-2 : 1e-4;
+
+    double t0 = cli_now();
+    fa_status st = fa_backward(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &ref_t[0], &ref_t[1], &ref_t[2],
+                               &attn.opt);
+    double secs = cli_now() - t0;
+    if (st != FA_OK) {
+        cli_die_status(st);
+        goto done;
+    }
+
+    printf("flashattn check-grad: %s, %s, %s against the float64 reference backward (%.2f s)\n", paths[0],
+           paths[1], paths[2], secs);
+    printf("rule: max|G_test - G_ref| <= atol + rtol * max|G_ref|, atol %.3g, rtol %.3g (%s)\n", atol, rtol,
+           rtol_text ? "given" : fa_dtype_name(dtype));
+    int all_pass = 1;
+    for (int x = 0; x < 3; x++) {
+        grad_cmp c = compare(&test_t[x], &ref_t[x], atol, rtol);
+        const int pass = c.n_fail == 0 && c.max_err <= c.bound;
+        all_pass &= pass;
+        printf("%s %-4s max abs err %.3e  bound %.3e  max|ref| %.3e  failing %lld of %lld", names[x],
+               pass ? "ok" : "FAIL", c.max_err, c.bound, c.max_ref, (long long)c.n_fail,
+               (long long)fa_tensor_numel(&ref_t[x]));
+        if (!pass && c.worst >= 0) {
+            int64_t idx[4], rem = c.worst;
+            for (int r = 3; r >= 0; r--) {
+                idx[r] = rem % shapes[x][r];
+                rem /= shapes[x][r];
+            }
+            printf("; worst at (%lld, %lld, %lld, %lld): test %.6g, ref %.6g", (long long)idx[0],
+                   (long long)idx[1], (long long)idx[2], (long long)idx[3],
+                   element(test_t[x].data, test_t[x].dtype, c.worst), ((const double *)ref_mem[x])[c.worst]);
+        }
+        printf("\n");
+    }
+    printf("%s\n", all_pass ? "PASS" : "FAIL");
+    rc = all_pass ? CLI_EXIT_OK : CLI_EXIT_MISMATCH;
+done:
+    for (int x = 0; x < 3; x++) {
+        free(ref_mem[x]);
+        fa_npy_free(&test[x]);
+    }
+    fa_npy_free(&do_arr);
+    cli_attn_free(&attn);
+    cli_qkv_free(&in);
+    return rc;
+}

@@ -1,0 +1,157 @@
+/*
+ * cmd_grad.c — `flashattn grad`: the attention backward pass on .npy files.
+ *
+ *   Q.npy [B][Sq][H][d], K.npy [B][Sk][Hk][d], V.npy [B][Sk][Hk][dv],
+ *   DO.npy [B][Sq][H][dv] (dLoss/dO)
+ *     -> DQ.npy [B][Sq][H][d], DK.npy [B][Sk][Hk][d], DV.npy [B][Sk][Hk][dv]
+ *        (float32 unless --dtype-out)
+ *
+ * O and LSE are recomputed by the forward pass of the same implementation
+ * (fa_backward with o = lse = NULL), so the command needs only what a
+ * training step's backward receives. Same order of work as `run`: parse
+ * every option, check the output directories, load and cross-check the
+ * inputs, compute, then save all three outputs or none (cli_save_outputs).
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char grad_usage[] =
+    "usage: flashattn grad -q Q.npy -k K.npy -v V.npy --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
+    "                      [MASK OPTIONS] [--impl NAME] [--threads T] [--dtype-out f32|f64|f16|bf16]\n"
+    "\n"
+    "Attention backward pass: given dO = dLoss/dO, writes dLoss/dQ, dLoss/dK, dLoss/dV\n"
+    "(FlashAttention semantics: P is recomputed from Q, K and the forward's LSE; for GQA/MQA,\n"
+    "dK and dV are summed over the query heads sharing a kv head; rows with no visible key\n"
+    "contribute nothing).\n"
+    "\n"
+    "  -q Q.npy           queries [batch, seqlen_q, heads, d]\n"
+    "  -k K.npy           keys    [batch, seqlen_k, heads_k, d]\n"
+    "  -v V.npy           values  [batch, seqlen_k, heads_k, d_v]\n"
+    "  --dout DO.npy      gradient of the output [batch, seqlen_q, heads, d_v]\n"
+    "  --dq DQ.npy        written: gradient of Q, shape of Q\n"
+    "  --dk DK.npy        written: gradient of K, shape of K\n"
+    "  --dv DV.npy        written: gradient of V, shape of V\n"
+    "  --dtype-out T      dtype of the gradients: f32 (default), f64, f16 or bf16 (<u2)\n"
+    "\n"
+    "%s\n%s"
+    "  (--impl standard has no backward pass: use flash or reference)\n"
+    "\n"
+    "Exit status: 0 ok; 2 bad usage or bad input (one line on stderr naming the file; no output written).\n";
+
+/* Load dO and check it against Q and V. Returns 0 or prints and returns 2. */
+static int load_dout(const char *path, const cli_qkv *in, fa_npy *arr, fa_tensor *t)
+{
+    if (cli_load_array(path, 4, 1, "dO [batch, seqlen_q, heads, d_v]", arr, t)) return CLI_EXIT_USAGE;
+    if (arr->shape[0] != in->batch || arr->shape[1] != in->seqlen_q || arr->shape[2] != in->heads ||
+        arr->shape[3] != in->dv) {
+        char sh[96];
+        cli_die("%s: shape %s should be [batch, seqlen_q, heads, d_v] = [%lld, %lld, %lld, %lld] (from %s and %s)",
+                path, cli_shape(4, arr->shape, sh, sizeof sh), (long long)in->batch, (long long)in->seqlen_q,
+                (long long)in->heads, (long long)in->dv, in->q_path, in->v_path);
+        fa_npy_free(arr);
+        return CLI_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int cmd_grad(int argc, char **argv)
+{
+    const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *do_path = NULL;
+    const char *dq_path = NULL, *dk_path = NULL, *dv_path = NULL, *dtype_text = NULL;
+    cli_attn attn;
+    cli_attn_init(&attn);
+
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if (cli_is_help(argv[i])) {
+            printf(grad_usage, cli_mask_help, cli_exec_help);
+            return CLI_EXIT_OK;
+        }
+        if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_parse_exec_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dout", &do_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dq", &dq_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dk", &dk_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dv", &dv_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dtype-out", &dtype_text)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            continue;
+        }
+        return cli_unknown_option("grad", argv[i]);
+    }
+    if (!q_path || !k_path || !v_path || !do_path || !dq_path || !dk_path || !dv_path)
+        return cli_die("grad: missing %s (see flashattn grad --help)",
+                       !q_path ? "-q Q.npy" : !k_path ? "-k K.npy" : !v_path ? "-v V.npy"
+                       : !do_path ? "--dout DO.npy" : !dq_path ? "--dq DQ.npy" : !dk_path ? "--dk DK.npy"
+                       : "--dv DV.npy");
+    fa_dtype out_dtype = FA_F32;
+    if (dtype_text && cli_parse_dtype("--dtype-out", dtype_text, &out_dtype) != 0) return CLI_EXIT_USAGE;
+    if (strcmp(dq_path, dk_path) == 0 || strcmp(dq_path, dv_path) == 0 || strcmp(dk_path, dv_path) == 0)
+        return cli_die("grad: --dq, --dk and --dv must name three different files");
+    if (cli_check_writable(dq_path) || cli_check_writable(dk_path) || cli_check_writable(dv_path))
+        return CLI_EXIT_USAGE;
+
+    cli_qkv in;
+    if (cli_load_qkv(&in, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
+    fa_npy do_arr;
+    fa_tensor do_t;
+    memset(&do_arr, 0, sizeof do_arr);
+    void *mem[3] = {NULL, NULL, NULL};
+    int rc = CLI_EXIT_USAGE;
+    if (cli_attn_load_alibi(&attn, &in) || load_dout(do_path, &in, &do_arr, &do_t)) goto done;
+
+    /* dQ [B][Sq][H][d], dK [B][Sk][Hk][d], dV [B][Sk][Hk][dv], all in out_dtype */
+    const int64_t shapes[3][4] = {{in.batch, in.seqlen_q, in.heads, in.d},
+                                  {in.batch, in.seqlen_k, in.heads_k, in.d},
+                                  {in.batch, in.seqlen_k, in.heads_k, in.dv}};
+    fa_tensor grads[3];
+    for (int x = 0; x < 3; x++) {
+        const size_t n = (size_t)(shapes[x][0] * shapes[x][1] * shapes[x][2] * shapes[x][3]);
+        mem[x] = calloc(n ? n : 1, fa_dtype_size(out_dtype));
+        if (!mem[x]) {
+            cli_die("grad: out of memory allocating the gradients (%zu elements)", n);
+            goto done;
+        }
+        fa_status st = fa_tensor_make(&grads[x], mem[x], out_dtype, 4, shapes[x], NULL);
+        if (st != FA_OK) {
+            cli_die_status(st);
+            goto done;
+        }
+    }
+
+    double t0 = cli_now();
+    fa_status st = fa_backward(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &grads[0], &grads[1], &grads[2],
+                               &attn.opt);
+    double secs = cli_now() - t0;
+    if (st != FA_OK) {
+        cli_die_status(st);
+        goto done;
+    }
+
+    cli_output outs[3] = {
+        {dq_path, mem[0], out_dtype, 4, shapes[0]},
+        {dk_path, mem[1], out_dtype, 4, shapes[1]},
+        {dv_path, mem[2], out_dtype, 4, shapes[2]},
+    };
+    if (cli_save_outputs(outs, 3)) goto done;
+
+    fa_cpu_info info;
+    fa_get_cpu_info(&info);
+    printf("wrote %s, %s, %s (%s; %s, %s, %d threads, %.1f ms)\n", dq_path, dk_path, dv_path,
+           fa_dtype_name(out_dtype), fa_impl_name(attn.opt.impl),
+           attn.opt.impl == FA_IMPL_REFERENCE ? "float64 loops" : info.isa,
+           attn.opt.num_threads > 0 ? attn.opt.num_threads : info.max_threads, secs * 1e3);
+    rc = CLI_EXIT_OK;
+done:
+    for (int x = 0; x < 3; x++) free(mem[x]);
+    fa_npy_free(&do_arr);
+    cli_attn_free(&attn);
+    cli_qkv_free(&in);
+    return rc;
+}

@@ -1,0 +1,198 @@
+#!/bin/sh
+# test_grad_cli.sh — `flashattn grad` and `flashattn check-grad`, end to end.
+#
+# Usage: sh tests/test_grad_cli.sh BUILD_DIR   (tests/run_tests.sh passes it)
+#
+# Generates small .npy inputs with python3 + numpy, then checks that
+#   - `grad` writes dQ, dK, dV with the right shapes and dtypes, and that they
+#     match an independent float64 numpy backward (GQA, causal with
+#     seqlen_q != seqlen_k so some rows see no key, softcap) within 1e-5 of
+#     max|G| (float32 arithmetic over <= 12 keys), flash and reference alike;
+#   - `check-grad` passes grad's output (exit 0), fails a perturbed or NaN
+#     gradient (exit 1) and points at the worst element;
+#   - every bad input (wrong dO shape, NaN in dO, malformed file, unknown flag,
+#     missing option, --impl standard, one path for two outputs, unwritable
+#     output) exits 2 with ONE line on stderr naming the problem, and leaves
+#     no output file.
+# Runs in about a second.
+set -u
+build=${1:-build}
+case $build in /*) ;; *) build=$(pwd)/$build ;; esac
+fa=$build/flashattn
+[ -x "$fa" ] || { echo "test_grad_cli.sh: $fa not built"; exit 1; }
+if ! python3 -c "import numpy" 2>/dev/null; then
+    echo "test_grad_cli.sh: SKIPPED: python3 with numpy is not available (make check-deps installs it)"
+    exit 0
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/fa_test_grad_cli.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT INT TERM
+cd "$tmp" || exit 1
+
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+# ---- inputs and the numpy model -------------------------------------------------
+cat >model.py <<'EOF'
+import numpy as np
+
+def backward(q, k, v, do, causal=False, softcap=0.0):
+    """float64 attention backward in BSHD, bottom-right causal, GQA by repeating kv heads."""
+    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+    B, Sq, H, d = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    g = H // Hk
+    kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    t = np.einsum("bihc,bjhc->bhij", q, kr) / np.sqrt(d)
+    u = softcap * np.tanh(t / softcap) if softcap > 0 else t
+    vis = np.ones((Sq, Sk), bool)
+    if causal:
+        i, j = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+        vis = j <= i + Sk - Sq
+    s = np.where(vis, u, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    l = e.sum(-1, keepdims=True)
+    p = np.where(l > 0, e / np.where(l > 0, l, 1), 0.0)         # [B,H,Sq,Sk]
+    o = np.einsum("bhij,bjhc->bihc", p, vr)
+    dP = np.einsum("bihc,bjhc->bhij", do, vr)
+    D = np.einsum("bihc,bihc->bhi", do, o)[..., None]
+    dS = p * (dP - D)
+    if softcap > 0:
+        dS = dS * (1 - (u / softcap) ** 2)
+    dq = np.einsum("bhij,bjhc->bihc", dS, kr) / np.sqrt(d)
+    dk = np.einsum("bhij,bihc->bjhc", dS, q) / np.sqrt(d)
+    dv = np.einsum("bhij,bihc->bjhc", p, do)
+    dk = dk.reshape(B, Sk, Hk, g, d).sum(3)
+    dv = dv.reshape(B, Sk, Hk, g, v.shape[3]).sum(3)
+    return dq, dk, dv
+EOF
+python3 - <<'EOF' || { echo "test_grad_cli.sh: generating inputs failed"; exit 1; }
+import numpy as np
+rng = np.random.default_rng(4321)
+def rand(*shape):
+    return rng.uniform(-1, 1, size=shape).astype("<f4")
+B, Sq, Sk, H, Hk, d, dv = 2, 16, 12, 4, 2, 8, 6
+np.save("q.npy", rand(B, Sq, H, d))
+np.save("k.npy", rand(B, Sk, Hk, d))
+np.save("v.npy", rand(B, Sk, Hk, dv))
+np.save("do.npy", rand(B, Sq, H, dv))
+np.save("do_bad_shape.npy", rand(B, Sq, H, dv + 1))
+x = rand(B, Sq, H, dv); x[1, 2, 3, 4] = np.nan; np.save("do_nan.npy", x)
+raw = open("do.npy", "rb").read()
+open("do_trunc.npy", "wb").write(raw[:-5])
+EOF
+
+# expect_fail DESC NEEDLE CMD...: exit 2, exactly one stderr line starting with
+# "flashattn" that contains NEEDLE, and no gradient file left behind.
+expect_fail() {
+    desc=$1; needle=$2; shift 2
+    rm -f gq.npy gk.npy gv.npy
+    "$@" >out.txt 2>err.txt
+    rc=$?
+    lines=$(wc -l <err.txt)
+    if [ "$rc" != 2 ]; then
+        bad "$desc: exit $rc, expected 2 ($(cat err.txt))"
+    elif [ "$lines" != 1 ]; then
+        bad "$desc: $lines lines on stderr, expected 1: $(cat err.txt)"
+    elif ! grep -q "^flashattn" err.txt || ! grep -qF -- "$needle" err.txt; then
+        bad "$desc: stderr does not contain '$needle': $(cat err.txt)"
+    elif ls gq.npy gk.npy gv.npy gq.npy.tmp.* gk.npy.tmp.* gv.npy.tmp.* >/dev/null 2>&1; then
+        bad "$desc: an output file was left behind"
+    else
+        ok
+    fi
+}
+
+IN="-q q.npy -k k.npy -v v.npy --dout do.npy"
+OUT="--dq gq.npy --dk gk.npy --dv gv.npy"
+
+# ---- grad: success, against numpy ------------------------------------------------
+if $fa grad $IN $OUT --causal >out.txt 2>err.txt && grep -q "^wrote gq.npy" out.txt; then ok
+else bad "grad flash causal: $(cat err.txt)"; fi
+if $fa grad $IN --dq rq.npy --dk rk.npy --dv rv.npy --causal --impl reference --threads 1 >out.txt 2>err.txt; then ok
+else bad "grad reference causal: $(cat err.txt)"; fi
+if $fa grad $IN --dq sq.npy --dk sk.npy --dv sv.npy --softcap 2 --block-q 4 --block-k 8 >out.txt 2>err.txt; then ok
+else bad "grad flash softcap: $(cat err.txt)"; fi
+if $fa grad $IN --dq bq.npy --dk bk.npy --dv bv.npy --dtype-out bf16 >out.txt 2>err.txt; then ok
+else bad "grad bf16 out: $(cat err.txt)"; fi
+if python3 - <<'EOF'; then ok; else bad "grad outputs have the wrong shape, dtype or values"; fi
+import numpy as np, sys
+from model import backward
+q, k, v, do = (np.load(f) for f in ("q.npy", "k.npy", "v.npy", "do.npy"))
+errs = []
+def cmp(files, ref, what):
+    for f, r in zip(files, ref):
+        a = np.load(f)
+        if a.shape != r.shape or a.dtype != np.dtype("<f4"):
+            errs.append(f"{what} {f}: {a.shape} {a.dtype}")
+            continue
+        e = np.abs(a - r).max()
+        if not e <= 1e-5 * max(1.0, np.abs(r).max()):
+            errs.append(f"{what} {f}: max error {e:.3g}")
+ref = backward(q, k, v, do, causal=True)
+cmp(("gq.npy", "gk.npy", "gv.npy"), ref, "flash causal")
+cmp(("rq.npy", "rk.npy", "rv.npy"), ref, "reference causal")
+if np.abs(np.load("gq.npy")[:, :4]).max() != 0:
+    errs.append("rows with no visible key have a non-zero dQ")
+cmp(("sq.npy", "sk.npy", "sv.npy"), backward(q, k, v, do, softcap=2.0), "flash softcap")
+for f in ("bq.npy", "bk.npy", "bv.npy"):
+    if np.load(f).dtype != np.dtype("<u2"):
+        errs.append(f"{f} is not <u2 (bf16)")
+if errs:
+    print("; ".join(errs)); sys.exit(1)
+EOF
+
+# ---- check-grad ------------------------------------------------------------------
+if $fa check-grad $IN --dq gq.npy --dk gk.npy --dv gv.npy --causal >out.txt 2>err.txt &&
+   grep -q "^PASS" out.txt && grep -q "^dK ok" out.txt; then ok
+else bad "check-grad on grad's output: exit $? $(cat out.txt err.txt)"; fi
+python3 - <<'EOF'
+import numpy as np
+g = np.load("gk.npy"); g[1, 7, 0, 3] += 0.5; np.save("gk_bad.npy", g)
+g = np.load("gv.npy"); g[0, 0, 1, 2] = np.nan; np.save("gv_nan.npy", g)
+EOF
+$fa check-grad $IN --dq gq.npy --dk gk_bad.npy --dv gv.npy --causal >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 1 ] && grep -q "^dK FAIL" out.txt && grep -q "worst at (1, 7, 0, 3)" out.txt && grep -q "^FAIL" out.txt; then ok
+else bad "check-grad on a perturbed dK: exit $rc $(cat out.txt err.txt)"; fi
+$fa check-grad $IN --dq gq.npy --dk gk.npy --dv gv_nan.npy --causal >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 1 ] && grep -q "^dV FAIL" out.txt && grep -q "worst at (0, 0, 1, 2)" out.txt; then ok
+else bad "check-grad on a NaN dV: exit $rc $(cat out.txt err.txt)"; fi
+$fa check-grad $IN --dq gq.npy --dk gk.npy --dv gv.npy >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 1 ]; then ok; else bad "check-grad with the wrong mask passed: exit $rc"; fi
+if $fa check-grad $IN --dq bq.npy --dk bk.npy --dv bv.npy >out.txt 2>err.txt && grep -q "(bf16)" out.txt; then ok
+else bad "check-grad on bf16 gradients (default bf16 rule): exit $? $(cat out.txt err.txt)"; fi
+if $fa check-grad $IN --dq gq.npy --dk gk_bad.npy --dv gv.npy --causal --atol 1 >out.txt 2>err.txt; then ok
+else bad "check-grad --atol 1 should pass a 0.5 error"; fi
+
+# ---- bad input ---------------------------------------------------------------------
+expect_fail "dO wrong shape" "do_bad_shape.npy: shape [2, 16, 4, 7] should be" \
+    $fa grad -q q.npy -k k.npy -v v.npy --dout do_bad_shape.npy $OUT
+expect_fail "NaN in dO" "do_nan.npy: NaN at index" $fa grad -q q.npy -k k.npy -v v.npy --dout do_nan.npy $OUT
+expect_fail "truncated dO" "do_trunc.npy: truncated" $fa grad -q q.npy -k k.npy -v v.npy --dout do_trunc.npy $OUT
+expect_fail "missing dO file" "nope.npy: cannot open" $fa grad -q q.npy -k k.npy -v v.npy --dout nope.npy $OUT
+expect_fail "missing --dv" "missing --dv DV.npy" $fa grad $IN --dq gq.npy --dk gk.npy
+expect_fail "unknown flag" "unknown option '--frob'" $fa grad $IN $OUT --frob
+expect_fail "standard impl" "implementation 'standard' not available" $fa grad $IN $OUT --impl standard
+expect_fail "same file twice" "three different files" $fa grad $IN --dq gq.npy --dk gq.npy --dv gv.npy
+expect_fail "output dir missing" "nodir/gv.npy: cannot write there" $fa grad $IN --dq gq.npy --dk gk.npy --dv nodir/gv.npy
+expect_fail "bad window" "--window" $fa grad $IN $OUT --window x
+expect_fail "check-grad wrong dK shape" "rq.npy: shape [2, 16, 4, 8] should be [batch, seqlen_k, heads_k, d]" \
+    $fa check-grad $IN --dq rq.npy --dk rq.npy --dv rv.npy
+expect_fail "check-grad unknown flag" "unknown option '--frob'" $fa check-grad $IN $OUT --frob
+expect_fail "check-grad missing --dq" "missing --dq" $fa check-grad $IN
+
+# ---- help ---------------------------------------------------------------------------
+for cmd in grad check-grad; do
+    if $fa $cmd --help >out.txt 2>err.txt && grep -q "usage: flashattn $cmd" out.txt; then ok
+    else bad "$cmd --help"; fi
+done
+
+echo "test_grad_cli.sh: $pass passed, $fail failed"
+[ "$fail" = 0 ]
