@@ -16,6 +16,7 @@ Element types: float32, float64, float16, and bfloat16 either as
 
     import numpy as np, flashattn
     o, lse = flashattn.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = flashattn.grad(q, k, v, do, causal=True)
     rep = flashattn.check(q, k, v, o_gpu, dtype="bf16", causal=True)
     print(rep.text); assert rep.passed
 
@@ -28,7 +29,7 @@ import os
 
 import numpy as np
 
-__all__ = ["attention", "check", "CheckReport", "FlashAttnError", "library"]
+__all__ = ["attention", "grad", "check", "CheckReport", "FlashAttnError", "library"]
 
 # ---- the C declarations, mirrored (checked against fa_check_abi_size) -------
 
@@ -141,6 +142,8 @@ def library():
     tp = ctypes.POINTER(_Tensor)
     lib.fa_forward.argtypes = [tp, tp, tp, tp, tp, ctypes.POINTER(_Options)]
     lib.fa_forward.restype = ctypes.c_int
+    lib.fa_backward.argtypes = [tp, tp, tp, tp, tp, tp, tp, tp, tp, ctypes.POINTER(_Options)]
+    lib.fa_backward.restype = ctypes.c_int
     lib.fa_check.argtypes = [tp, tp, tp, tp, tp, ctypes.POINTER(_Options),
                              ctypes.POINTER(_CheckOptions), ctypes.POINTER(_Report)]
     lib.fa_check.restype = ctypes.c_int
@@ -257,6 +260,48 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     if st != 0:
         _raise(st)
     return (o, lse) if return_lse else o
+
+
+# ---- grad (backward pass) ----------------------------------------------------------
+
+def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softcap=0.0,
+         scale=None, alibi_slopes=None, impl="flash", grad_dtype=np.float32, num_threads=0):
+    """Attention backward pass (fa_backward): returns (dq, dk, dv).
+
+    dout is dLoss/dO ``[batch, seqlen_q, heads, d_v]``. out and lse are the
+    forward's O and LSE; when either is None, both are recomputed by the
+    library. For GQA/MQA, dk and dv are summed over the query heads sharing a
+    kv head. grad_dtype: float32 (default), float64, float16 or "bf16" (uint16
+    bit patterns). impl: "flash" or "reference" ("standard" has no backward
+    pass and raises FlashAttnError).
+    """
+    lib = library()
+    keep = []
+    q, k, v, dout = (_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or dout.ndim != 4:
+        raise ValueError("q, k, v, dout must be rank 4 [batch, seqlen, heads, d]")
+    tq, tk, tv, tdo = (_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
+    to = tl = None
+    if out is not None and lse is not None:
+        out, lse = _as_array(out, "out"), _as_array(lse, "lse")
+        to, tl = _tensor(out, "out"), _tensor(lse, "lse")
+    if isinstance(grad_dtype, str) and grad_dtype in ("bf16", "bfloat16"):
+        gdt = np.uint16
+    else:
+        gdt = np.dtype(grad_dtype)
+    dq = np.empty(q.shape, dtype=gdt)
+    dk = np.empty(k.shape, dtype=gdt)
+    dv = np.empty(v.shape, dtype=gdt)
+    tdq, tdk, tdv = _tensor(dq, "dq"), _tensor(dk, "dk"), _tensor(dv, "dv")
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep)
+    st = lib.fa_backward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                         ctypes.byref(to) if to is not None else None,
+                         ctypes.byref(tl) if tl is not None else None,
+                         ctypes.byref(tdo), ctypes.byref(tdq), ctypes.byref(tdk), ctypes.byref(tdv),
+                         ctypes.byref(opt))
+    if st != 0:
+        _raise(st)
+    return dq, dk, dv
 
 
 # ---- check ----------------------------------------------------------------------
