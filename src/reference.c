@@ -24,6 +24,8 @@
 size_t fa_reference_workspace(const fa_problem *p)
 {
     /* per thread: scores [Sk] + output accumulator [dv], both float64 */
+    if ((uint64_t)p->seqlen_k + (uint64_t)p->dv > SIZE_MAX / sizeof(double) / (size_t)p->num_threads)
+        return SIZE_MAX; /* a zero-stride view can make seqlen_k ~ 2^62: saturate, do not wrap */
     return (size_t)p->num_threads * ((size_t)p->seqlen_k + (size_t)p->dv) * sizeof(double);
 }
 
@@ -69,6 +71,11 @@ fa_status fa_reference_forward(const fa_problem *p)
 {
     const int64_t rows = p->batch * p->heads * p->seqlen_q;
     int failed = 0;
+    /* (Sk + 1) doubles must not wrap size_t (seqlen_k of a strided view can be ~2^62) */
+    if ((uint64_t)p->seqlen_k >= SIZE_MAX / sizeof(double) - 1 ||
+        (uint64_t)p->dv >= SIZE_MAX / sizeof(double))
+        return fa_fail(FA_ERR_NOMEM, "reference: seqlen_k %lld needs more row scratch than can be allocated",
+                       (long long)p->seqlen_k);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(p->num_threads)
 #endif

@@ -479,6 +479,40 @@ static void test_flash_is_exact_when_seqlen_k_exceeds_2_pow_32(void **state)
 }
 
 /*
+ * Ensure a seqlen_k near 2^61 (a zero-stride view) never wraps a size: flash
+ * computes the one visible key, reference (which keeps a row of seqlen_k
+ * scores) refuses with FA_ERR_NOMEM, and its planned workspace saturates
+ * instead of wrapping to a few bytes.
+ */
+static void test_sizes_do_not_wrap_when_seqlen_k_is_2_pow_61(void **state)
+{
+    (void)state;
+    float qb[2] = {1.0f, -1.0f}, kb[2] = {0.5f, 0.25f}, vb[3] = {1.5f, -2.0f, 0.25f};
+    double ob[3], lb[1];
+    fa_tensor q, k, v, o, lse;
+    int64_t qs[4] = {1, 1, 1, 2}, ks[4] = {1, (int64_t)1 << 61, 1, 2}, vs[4] = {1, (int64_t)1 << 61, 1, 3};
+    int64_t os[4] = {1, 1, 1, 3}, ls[3] = {1, 1, 1}, zero[4] = {0, 0, 0, 1};
+    assert_int_equal(fa_tensor_make(&q, qb, FA_F32, 4, qs, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, kb, FA_F32, 4, ks, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, vb, FA_F32, 4, vs, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&o, ob, FA_F64, 4, os, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&lse, lb, FA_F64, 3, ls, NULL), FA_OK);
+    fa_options opt = fa_options_default();
+    opt.window_left = 0;
+    opt.window_right = 0; /* only key j = i + Sk - Sq is visible */
+    opt.num_threads = 1;
+    opt.impl = FA_IMPL_FLASH;
+    assert_int_equal(fa_forward(&q, &k, &v, &o, &lse, &opt), FA_OK);
+    for (int c = 0; c < 3; c++) assert_true(ob[c] == (double)vb[c]);
+    assert_true(fabs(lb[0] - (0.25 / sqrt(2.0))) <= 1e-6); /* q.k = 0.25, one key: LSE = s */
+    opt.impl = FA_IMPL_REFERENCE;
+    assert_int_equal(fa_forward(&q, &k, &v, &o, &lse, &opt), FA_ERR_NOMEM);
+    size_t bytes = 0;
+    assert_int_equal(fa_workspace_bytes(&q, &k, &v, &opt, &bytes), FA_OK);
+    assert_true(bytes >= ((size_t)1 << 61)); /* saturated, not wrapped */
+}
+
+/*
  * Ensure windows as wide as INT64_MAX mean "unbounded" rather than
  * overflowing the diagonal arithmetic (i + Sk - Sq +- window).
  */
@@ -516,6 +550,7 @@ int main(void)
         cmocka_unit_test(test_all_match_reference_when_dims_are_one),
         cmocka_unit_test(test_flash_is_exact_when_seqlen_k_exceeds_2_pow_32),
         cmocka_unit_test(test_all_match_reference_when_window_is_int64_max),
+        cmocka_unit_test(test_sizes_do_not_wrap_when_seqlen_k_is_2_pow_61),
     };
     tu_seed();
     return cmocka_run_group_tests_name("robustness", tests, NULL, NULL);
