@@ -359,12 +359,17 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
 static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *heads_per_pass)
 {
     const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
-    const size_t floats = nkb * (size_t)p->d * g->ldk + nkb * (size_t)g->bc * g->ldv;
-    const size_t slot = floats * sizeof(float) + ((nkb + 63) & ~(size_t)63); /* + v_bad, to 64 B */
+    const size_t per_kb = (size_t)p->d * g->ldk + (size_t)g->bc * g->ldv; /* floats per key block */
     size_t cap = FA_FLASH_SHARED_MAX_BYTES;
     const char *env = getenv("FA_FLASH_SHARED_MAX"); /* bytes; 0 forces per-tile packing */
     if (env && *env) cap = (size_t)strtoull(env, NULL, 10);
-    int64_t n = (nkb > 0 && slot <= cap) ? (int64_t)(cap / slot) : 0;
+    if (cap > SIZE_MAX / 4) cap = SIZE_MAX / 4;
+    /* Decide before multiplying: a strided view can have seqlen_k ~ 2^62, and
+     * nkb * per_kb would wrap to a small size that seems to fit. */
+    *heads_per_pass = 0;
+    if (nkb == 0 || nkb > cap / sizeof(float) / per_kb) return 0;
+    const size_t slot = nkb * per_kb * sizeof(float) + ((nkb + 63) & ~(size_t)63); /* + v_bad, to 64 B */
+    int64_t n = slot <= cap ? (int64_t)(cap / slot) : 0;
     if (n > p->batch * p->heads_k) n = p->batch * p->heads_k;
     *heads_per_pass = n;
     return slot;

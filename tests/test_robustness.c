@@ -223,13 +223,6 @@ static void test_nan_key_is_confined_to_rows_that_see_it(void **state)
 static void test_nan_value_is_confined_to_rows_that_see_it(void **state)
 {
     (void)state;
-    /* Known bug (reported, issue 6): flash and standard multiply the P = 0 of
-     * masked keys into V inside partly masked tiles, so a NaN in V leaks into
-     * rows that cannot see it. Set FA_TEST_KNOWN_BUGS=1 to run this test. */
-    if (!getenv("FA_TEST_KNOWN_BUGS")) {
-        print_message("[ SKIPPED  ] known bug: NaN in V leaks through 0 * NaN in masked tiles\n");
-        skip();
-    }
     static const int64_t bad_keys[] = {50, 31, 64, 89};
     static const int blocks[][2] = {{0, 0}, {16, 16}, {8, 32}, {64, 64}};
     uint64_t rng = tu_seed() ^ 0x4a5;
@@ -510,6 +503,26 @@ static void test_sizes_do_not_wrap_when_seqlen_k_is_2_pow_61(void **state)
     size_t bytes = 0;
     assert_int_equal(fa_workspace_bytes(&q, &k, &v, &opt, &bytes), FA_OK);
     assert_true(bytes >= ((size_t)1 << 61)); /* saturated, not wrapped */
+
+    /*
+     * flash's shared K/V packing is sized nkb * (d*ldk + Bc*ldv) floats; for
+     * this seqlen_k (found by search) and Bc = 16 that product wraps to 1536
+     * bytes modulo 2^64, which "fits" the 8 MiB budget: flash must not believe it.
+     */
+    const int64_t sk_wrap = 813079628593258496LL;
+    int64_t ks1[4] = {1, sk_wrap, 1, 1}, qs1[4] = {1, 1, 1, 1};
+    fa_tensor q1, k1, v1, o1;
+    double o1b[1];
+    assert_int_equal(fa_tensor_make(&q1, qb, FA_F32, 4, qs1, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&k1, kb, FA_F32, 4, ks1, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v1, vb, FA_F32, 4, ks1, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&o1, o1b, FA_F64, 4, qs1, NULL), FA_OK);
+    opt.impl = FA_IMPL_FLASH;
+    opt.block_k = 16;
+    assert_int_equal(fa_workspace_bytes(&q1, &k1, &v1, &opt, &bytes), FA_OK);
+    assert_true(bytes < ((size_t)16 << 20));
+    assert_int_equal(fa_forward(&q1, &k1, &v1, &o1, NULL, &opt), FA_OK);
+    assert_true(o1b[0] == (double)vb[0]);
 }
 
 /*
