@@ -53,6 +53,7 @@
 #include "internal.h"
 
 #include <assert.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "kernels/kernels.h"
@@ -89,7 +90,7 @@ static fa_status check_like(const fa_tensor *t, const char *name, const int64_t 
         if (t->stride[r] < 0)
             return fa_fail(FA_ERR_STRIDE, "%s: stride %d is negative (%lld)", name, r, DIM(t->stride[r]));
     }
-    if (shape[0] * shape[1] * shape[2] * shape[3] > 0 && !t->data)
+    if (shape[0] > 0 && shape[1] > 0 && shape[2] > 0 && shape[3] > 0 && !t->data)
         return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", name);
     return FA_OK;
 }
@@ -101,7 +102,12 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     fa_problem p;
     fa_status st = fa_make_problem(q, k, v, o, lse, opt, &p);
     if (st != FA_OK) return st;
+    const int64_t nb = p.batch > 0 ? p.batch : 1;
     const int64_t o_shape[4] = {p.batch, p.seqlen_q, p.heads, p.dv};
+    /* O's element count, which no input bounds when d_v > d: refuse what cannot be indexed */
+    if (p.seqlen_q > 0 && p.dv > INT64_MAX / 8 / nb / p.seqlen_q / p.heads)
+        return fa_fail(FA_ERR_TOO_LARGE, "dout: [%lld, %lld, %lld, %lld] has too many elements",
+                       DIM(p.batch), DIM(p.seqlen_q), DIM(p.heads), DIM(p.dv));
     const int64_t k_shape[4] = {p.batch, p.seqlen_k, p.heads_k, p.d};
     const int64_t v_shape[4] = {p.batch, p.seqlen_k, p.heads_k, p.dv};
     const int64_t q_shape[4] = {p.batch, p.seqlen_q, p.heads, p.d};
@@ -736,7 +742,8 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #pragma omp for schedule(dynamic, 1)
 #endif
                 for (int64_t t = 0; t < group * nqb; t++) {
-                    const int64_t h = hk * group + t / nqb, i0 = (t % nqb) * g.br;
+                    /* last Q blocks first: under a causal mask they see the most keys */
+                    const int64_t h = hk * group + t / nqb, i0 = (nqb - 1 - t % nqb) * g.br;
                     const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
                     bwd_task_dq(p, kern, &g, &sc, &kpack, dvec, dout, dq, b, h, i0, br);
                 }
@@ -747,7 +754,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #pragma omp for schedule(dynamic, 1)
 #endif
             for (int64_t t = 0; t < p->batch * p->heads * nqb; t++) {
-                const int64_t qb = t % nqb, h = (t / nqb) % p->heads, b = t / (nqb * p->heads);
+                const int64_t qb = nqb - 1 - t % nqb, h = (t / nqb) % p->heads, b = t / (nqb * p->heads);
                 const int64_t i0 = qb * g.br;
                 const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
                 bwd_task_dq(p, kern, &g, &sc, NULL, dvec, dout, dq, b, h, i0, br);

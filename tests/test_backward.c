@@ -384,6 +384,37 @@ static void test_backward_gives_zero_dq_for_rows_with_no_visible_key(void **stat
     free_inputs(&in);
 }
 
+/* Ensure empty sequences work: Sq = 0 gives dK = dV = 0, Sk = 0 gives dQ = 0. */
+static void test_backward_handles_empty_sequences(void **state)
+{
+    (void)state;
+    const int64_t lens[][2] = {{0, 9}, {9, 0}, {0, 0}};
+    for (size_t a = 0; a < 3; a++) {
+        bcase c = base_case(lens[a][0], lens[a][1], 8);
+        uint64_t rng = tu_seed() + 3 + a;
+        binputs in;
+        make_inputs(&in, &c, &rng);
+        for (int impl = 0; impl < 2; impl++) {
+            tu_tensor g[3] = {tu_alloc4(FA_F32, 1, c.Sq, 2, 8, 0), tu_alloc4(FA_F32, 1, c.Sk, 2, 8, 0),
+                              tu_alloc4(FA_F32, 1, c.Sk, 2, 8, 0)};
+            for (int x = 0; x < 3; x++) tu_poison(&g[x]);
+            in.opt.impl = impl == 0 ? FA_IMPL_FLASH : FA_IMPL_REFERENCE;
+            assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, NULL, NULL, &in.dout.t, &g[0].t, &g[1].t,
+                                         &g[2].t, &in.opt), FA_OK);
+            for (int x = 0; x < 3; x++) {
+                assert_int_equal(tu_count_nan(&g[x]), 0);
+                tu_tensor z = tu_alloc4(FA_F64, g[x].t.shape[0], g[x].t.shape[1], g[x].t.shape[2], g[x].t.shape[3], 0);
+                memset(z.mem, 0, z.bytes);
+                int64_t where;
+                if (fa_tensor_numel(&g[x].t) > 0) assert_true(tu_max_abs_diff(&g[x], &z, &where) == 0.0);
+                tu_free(&z);
+                tu_free(&g[x]);
+            }
+        }
+        free_inputs(&in);
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* reference vs finite differences                                           */
 /* ------------------------------------------------------------------------ */
@@ -616,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_flash_backward_matches_reference_with_strides_dv_and_recompute),
         cmocka_unit_test(test_flash_backward_matches_reference_with_low_precision_dtypes),
         cmocka_unit_test(test_backward_gives_zero_dq_for_rows_with_no_visible_key),
+        cmocka_unit_test(test_backward_handles_empty_sequences),
         cmocka_unit_test(test_backward_is_deterministic_across_thread_counts),
         cmocka_unit_test(test_backward_rejects_bad_arguments),
         cmocka_unit_test(test_flash_backward_memory_is_linear),
