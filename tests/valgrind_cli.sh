@@ -2,7 +2,8 @@
 # valgrind_cli.sh BUILD "VALGRIND COMMAND" -- memcheck the CLI on small inputs.
 #
 # Ensure `flashattn run` (every implementation, every option, 1 and 2 threads),
-# a refused input, a bad flag, and `flashattn info` run under valgrind memcheck
+# `grad` and `check-grad`, refused inputs, a bad flag, and `flashattn info` run
+# under valgrind memcheck
 # with zero errors and zero leaks of any kind (--errors-for-leak-kinds=all
 # --error-exitcode=99: any report turns into exit status 99).
 build=${1:-build}
@@ -41,6 +42,16 @@ check 2 "run on mismatched shapes" "$cli" run -q $c/good_q.npy -k $c/bad/mismatc
     -v $c/good_v.npy -o "$tmp/o2.npy" --alibi $c/good_alibi.npy
 check 2 "run with a bad alibi file" "$cli" run $qkv -o "$tmp/o2.npy" --alibi $c/bad/alibi_wrong_length.npy
 check 2 "run with an unknown flag" "$cli" run $qkv -o "$tmp/o2.npy" --frobnicate
+# backward: good_q.npy doubles as dO (same shape [1, 4, 2, 8] since d_v = d)
+grads="--dq $tmp/dq.npy --dk $tmp/dk.npy --dv $tmp/dv.npy"
+for impl in flash reference; do
+    check 0 "grad --impl $impl" "$cli" grad $qkv --dout $c/good_q.npy $grads --impl $impl --threads 2 \
+        --causal --softcap 5 --alibi $c/good_alibi.npy
+done
+check 0 "check-grad on flash's gradients" "$cli" check-grad $qkv --dout $c/good_q.npy $grads \
+    --causal --softcap 5 --alibi $c/good_alibi.npy
+check 2 "grad with a NaN dO" "$cli" grad $qkv --dout $c/bad/nan_value.npy --dq "$tmp/x.npy" \
+    --dk "$tmp/y.npy" --dv "$tmp/z.npy"
 check 0 "info" "$cli" info
 echo "valgrind_cli: $((n-fail)) of $n runs clean"
 [ "$fail" = 0 ]

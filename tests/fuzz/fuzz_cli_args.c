@@ -2,8 +2,9 @@
  * fuzz_cli_args.c — libFuzzer harness for the CLI's option parsing.
  *
  * The input is an argument vector: NUL-separated strings. The first byte picks
- * the subcommand (run, check or info; bench and demo are left out because a
- * valid vector would start a long computation), the rest become argv[1..].
+ * the subcommand (run, check, info, grad or check-grad; bench and demo are
+ * left out because a valid vector would start a long computation), the rest
+ * become argv[1..].
  * The subcommand's entry point (cmd_run, ...) is called in-process exactly as
  * main() calls it: every option parser, every number parser, the help text,
  * the "missing option" and "unknown option" paths, and the input loaders,
@@ -12,7 +13,7 @@
  * and nothing is ever written).
  *
  * What must hold: no sanitizer report, no leak, and the exit status is one of
- * the documented ones (0 help/ok, 2 bad usage; never 1 outside `check`).
+ * the documented ones (0 help/ok, 2 bad usage; 1 only from check and check-grad).
  * Run with -close_fd_mask=3: the subcommands print a line per input.
  */
 #include <stdint.h>
@@ -67,8 +68,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
-    static const char *const names[3] = {"run", "check", "info"};
-    const int which = data[0] % 3;
+    static const char *const names[5] = {"run", "check", "info", "grad", "check-grad"};
+    const int which = data[0] % 5;
     /* Copy into one NUL-terminated buffer so every piece is a C string. */
     char *buf = malloc(size + 1);
     memcpy(buf, data + 1, size - 1);
@@ -86,9 +87,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     switch (which) {
     case 0: rc = cmd_run(argc, argv); break;
     case 1: rc = cmd_check(argc, argv); break;
-    default: rc = cmd_info(argc, argv); break;
+    case 2: rc = cmd_info(argc, argv); break;
+    case 3: rc = cmd_grad(argc, argv); break;
+    default: rc = cmd_check_grad(argc, argv); break;
     }
-    if (rc != 0 && rc != 2 && !(which == 1 && rc == 1)) {
+    const int is_check = which == 1 || which == 4;
+    if (rc != 0 && rc != 2 && !(is_check && rc == 1)) {
         fprintf(stderr, "fuzz_cli_args: %s returned exit status %d\n", names[which], rc);
         abort();
     }

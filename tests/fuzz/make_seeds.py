@@ -4,7 +4,7 @@
   npy/        valid .npy files of every accepted dtype and both versions (written
               by numpy), plus every malformed file of tests/corpus/bad/
   attention/  16-byte problem headers (see fuzz_attention.c) covering each option
-  cli_args/   NUL-separated argument vectors for `flashattn run` (see fuzz_cli_args.c)
+  cli_args/   a subcommand byte, then NUL-separated argument vectors (see fuzz_cli_args.c)
 
 Deterministic; rerun after changing it and commit the result.
 """
@@ -101,6 +101,14 @@ def cli_seeds():
                                           b"--sample-rows", b"4", b"--seed", b"7"]))
     with open(os.path.join(out, "info"), "wb") as f:
         f.write(bytes([2]))
+    with open(os.path.join(out, "grad_options"), "wb") as f:
+        f.write(bytes([3]) + b"\0".join([b"-q", b"Q", b"-k", b"K", b"-v", b"V", b"--dout", b"DO",
+                                          b"--dq", b"DQ", b"--dk", b"DK", b"--dv", b"DV", b"--causal",
+                                          b"--impl", b"reference", b"--dtype-out", b"bf16"]))
+    with open(os.path.join(out, "check_grad_options"), "wb") as f:
+        f.write(bytes([4]) + b"\0".join([b"-q", b"Q", b"-k", b"K", b"-v", b"V", b"--dout", b"DO",
+                                          b"--dq", b"DQ", b"--dk", b"DK", b"--dv", b"DV",
+                                          b"--dtype", b"f16", b"--atol", b"1e-2", b"--rtol", b"0.5"]))
 
 
 if __name__ == "__main__":
