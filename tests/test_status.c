@@ -283,6 +283,27 @@ static void test_nonfinite_when_check_inputs_contain_nan(void **state)
     expect_status(st, FA_ERR_NONFINITE, "NaN", f);
 }
 
+/* Ensure fa_backward reports FA_ERR_IMPL for standard, FA_ERR_NULL_ARG and FA_ERR_SHAPE for bad gradients. */
+static void test_backward_reports_impl_null_and_shape_errors(void **state)
+{
+    fixture *f = *state;
+    tu_tensor dq = tu_alloc4(FA_F32, 1, 5, 4, 8, 0), dk = tu_alloc4(FA_F32, 1, 6, 2, 8, 0);
+    tu_tensor dv = tu_alloc4(FA_F32, 1, 6, 2, 8, 0), dout = tu_alloc4(FA_F32, 1, 5, 4, 8, 0);
+    fa_options opt = fa_options_default();
+    assert_int_equal(fa_backward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, &dout.t, &dq.t, &dk.t, &dv.t, &opt), FA_OK);
+    opt.impl = FA_IMPL_STANDARD;
+    expect_status(fa_backward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, &dout.t, &dq.t, &dk.t, &dv.t, &opt),
+                  FA_ERR_IMPL, "standard", f);
+    opt.impl = FA_IMPL_FLASH;
+    expect_status(fa_backward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, &dout.t, NULL, &dk.t, &dv.t, &opt),
+                  FA_ERR_NULL_ARG, NULL, f);
+    fa_tensor bad = dk.t;
+    bad.shape[1] = 5;
+    expect_status(fa_backward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, &dout.t, &dq.t, &bad, &dv.t, &opt),
+                  FA_ERR_SHAPE, NULL, f);
+    tu_free(&dq); tu_free(&dk); tu_free(&dv); tu_free(&dout);
+}
+
 /* Ensure every status has its own name, and an out-of-range one is "unknown". */
 static void test_every_status_has_a_distinct_name(void **state)
 {
@@ -315,6 +336,7 @@ int main(void)
         cmocka_unit_test(test_too_large_when_standard_exceeds_its_cap),
         cmocka_unit_test(test_io_and_format_when_files_are_missing_or_malformed),
         cmocka_unit_test(test_nonfinite_when_check_inputs_contain_nan),
+        cmocka_unit_test(test_backward_reports_impl_null_and_shape_errors),
         cmocka_unit_test(test_every_status_has_a_distinct_name),
     };
     tu_seed();
