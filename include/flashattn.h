@@ -458,8 +458,10 @@ size_t fa_check_abi_size(int which);
  *
  * Implementations: FA_IMPL_REFERENCE (float64 loops, the trusted result) and
  * FA_IMPL_FLASH (tiled, float32, recomputes P from Q, K and LSE tile by tile,
- * never materializing seqlen_q x seqlen_k; scratch O(threads x block) plus
- * O(batch x heads x seqlen_q) for D). FA_IMPL_STANDARD is not available for
+ * never materializing seqlen_q x seqlen_k; scratch O(threads x block), plus
+ * O(batch x heads x seqlen_q) for D and at most 16 MiB of packed operand
+ * panels; the environment variable FA_FLASH_SHARED_MAX (bytes) lowers that
+ * cap, 0 packing per tile instead). FA_IMPL_STANDARD is not available for
  * the backward pass and returns FA_ERR_IMPL. Both implementations are
  * deterministic: the same inputs give the same bits for any thread count (no
  * atomics; every output element is accumulated by one thread in a fixed order).

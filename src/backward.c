@@ -51,8 +51,12 @@
  *     ~65% of the time, vexp and the elementwise tile work ~10%.
  *
  * D (one float per query row) is computed once up front: O(B x H x Sq).
+ * The operands each pass streams (Q_i^T, dO_i^T, ... or K_j^T, V_j^T, K_j)
+ * are packed once per (batch, kv head) when they fit in 16 MiB, else per
+ * tile (see bwd_packed): memory beyond inputs and outputs stays
+ * O(threads x block + B x H x Sq) plus that bounded panel buffer.
  * When the caller passes no O or LSE, fa_backward runs the forward pass of
- * the same implementation into temporaries first.
+ * the same implementation into temporaries first (O(B x Sq x H x d_v)).
  */
 #include "internal.h"
 
@@ -335,10 +339,7 @@ static bwd_dims bwd_layout(const fa_problem *p)
     bwd_dims g;
     g.br = p->block_q;
     g.bc = p->block_k;
-    if (g.br < 1 || g.bc < 1) { /* not resolved by make_problem (impl != flash): cannot happen */
-        g.br = g.br < 1 ? FA_BWD_BLOCK_MAX : g.br;
-        g.bc = g.bc < 1 ? FA_BWD_BLOCK_MAX : g.bc;
-    }
+    assert(g.br >= 1 && g.bc >= 1); /* make_problem resolves the blocks for FA_IMPL_FLASH */
     g.ldd = round16((size_t)p->d);
     g.lddv = round16((size_t)p->dv);
     g.ldr = round16((size_t)g.br);
