@@ -316,6 +316,11 @@ static void test_flash_backward_matches_reference_with_gqa_and_mqa(void **state)
     c.H = 4; c.Hk = 1; /* MQA */
     c.causal = 0;
     run_case(&c);
+    /* several Q and K blocks per head, batches: the packed panels of every group head */
+    c.B = 2; c.H = 6; c.Hk = 2; c.bq = 16; c.bk = 24; c.causal = 1;
+    run_case(&c);
+    c.Hk = 1; c.causal = 0; c.wl = 10; c.wr = 5;
+    run_case(&c);
 }
 
 /* Ensure d_v != d, BHSD strides, custom scale and recomputed O/LSE (NULL) are handled. */
