@@ -72,6 +72,15 @@
 
 #define DIM(x) ((long long)(x))
 
+/* Sizes saturate instead of wrapping: a zero-stride view can have a seqlen of
+ * ~2^62 with little memory behind it, and a wrapped size would allocate a
+ * small buffer that the loops then overrun. SIZE_MAX makes fa_malloc fail. */
+static size_t mul_sat(size_t a, size_t b) { return b != 0 && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
+static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
+/* ceil(n / b) for n >= 0, b >= 1, without overflowing n + b - 1 */
+static int64_t nblocks(int64_t n, int64_t b) { return n > 0 ? (n - 1) / b + 1 : 0; }
+
 /* Elementwise loops over a tile line: the build's -O2 vectorizes only loops
  * whose trip count it knows, so ask for it (plain SIMD, no ISA named here). */
 #ifdef _OPENMP
@@ -154,13 +163,13 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
         const size_t o_n = (size_t)(p.batch * p.seqlen_q * p.heads * p.dv);
         const size_t l_n = (size_t)(p.batch * p.heads * p.seqlen_q);
         const int64_t l_shape[3] = {p.batch, p.heads, p.seqlen_q};
-        o_tmp = fa_malloc((o_n ? o_n : 1) * esz);   /* O   [B][Sq][H][dv] */
-        lse_tmp = fa_malloc((l_n ? l_n : 1) * esz); /* LSE [B][H][Sq] */
+        o_tmp = fa_malloc(mul_sat(o_n ? o_n : 1, esz));   /* O   [B][Sq][H][dv] */
+        lse_tmp = fa_malloc(mul_sat(l_n ? l_n : 1, esz)); /* LSE [B][H][Sq] */
         if (!o_tmp || !lse_tmp) {
             fa_free(o_tmp);
             fa_free(lse_tmp);
             return fa_fail(FA_ERR_NOMEM, "backward: could not allocate %zu bytes to recompute O and LSE",
-                           (o_n + l_n) * esz);
+                           mul_sat(add_sat(o_n, l_n), esz));
         }
         fa_problem fp = p;
         fa_tensor_make(&fp.o, o_tmp, tdt, 4, o_shape, NULL);
@@ -196,7 +205,8 @@ static double load_lse(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 static size_t reference_scratch_doubles(const fa_problem *p)
 {
     /* K [Sk][d] + V [Sk][dv] as float64, dK [Sk][d] + dV [Sk][dv] accumulators, q_i [d], dO_i [dv], dq_i [d] */
-    return 2 * (size_t)p->seqlen_k * (size_t)(p->d + p->dv) + 2 * (size_t)p->d + (size_t)p->dv + 1;
+    const size_t dsum = add_sat((size_t)p->d, (size_t)p->dv);
+    return add_sat(mul_sat(mul_sat(2, (size_t)p->seqlen_k), dsum), add_sat(mul_sat(2, dsum), 1));
 }
 
 /* All query heads of kv head hk in batch b: writes dQ of those heads and dK, dV of hk. */
@@ -268,7 +278,7 @@ fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, cons
 #pragma omp parallel num_threads(p->num_threads)
 #endif
     {
-        double *scratch = fa_malloc(reference_scratch_doubles(p) * sizeof(double));
+        double *scratch = fa_malloc(mul_sat(reference_scratch_doubles(p), sizeof(double)));
         if (!scratch) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -287,7 +297,7 @@ fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, cons
     }
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "reference backward: could not allocate %zu bytes per thread",
-                       reference_scratch_doubles(p) * sizeof(double));
+                       mul_sat(reference_scratch_doubles(p), sizeof(double)));
     return FA_OK;
 }
 
@@ -351,9 +361,11 @@ static size_t bwd_scratch_floats(const fa_problem *p, const bwd_dims *g)
 {
     const size_t br = (size_t)g->br, bc = (size_t)g->bc, d = (size_t)p->d, dv = (size_t)p->dv;
     const size_t lmax = g->ldr > g->ldc ? g->ldr : g->ldc;
-    return br * g->ldd + br * g->lddv + d * g->ldr + dv * g->ldr + bc * g->ldd + bc * g->lddv +
-           d * g->ldc + dv * g->ldc + 2 * bc * g->ldr + 2 * br * g->ldc + bc * g->ldd +
-           bc * g->lddv + br * g->ldd + 2 * g->ldr + 2 * lmax + 4 * round16(br) + 64;
+    const size_t rows_d = mul_sat(2 * br + 2 * bc, g->ldd);       /* qr, dqa, kr, dka */
+    const size_t rows_dv = mul_sat(br + 2 * bc, g->lddv);         /* dor, vr, dva */
+    const size_t panels = mul_sat(add_sat(d, dv), g->ldr + g->ldc); /* qt, dot, kt, vt */
+    const size_t tiles = 2 * bc * g->ldr + 2 * br * g->ldc;       /* st, dpt, s, dp */
+    return add_sat(add_sat(rows_d, rows_dv), add_sat(panels, tiles + 2 * g->ldr + 2 * lmax + 4 * round16(br) + 64));
 }
 
 static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch *sc)
@@ -361,7 +373,7 @@ static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch
     const size_t br = (size_t)g->br, bc = (size_t)g->bc, d = (size_t)p->d, dv = (size_t)p->dv;
     const size_t lmax = g->ldr > g->ldc ? g->ldr : g->ldc;
     const size_t n = bwd_scratch_floats(p, g);
-    float *cur = fa_malloc(n * sizeof(float));
+    float *cur = fa_malloc(mul_sat(n, sizeof(float)));
     if (!cur) return 0;
     memset(cur, 0, n * sizeof(float)); /* padding columns of the panels stay zero */
     sc->base = cur;
@@ -455,24 +467,27 @@ typedef struct bwd_packed {
 static size_t shared_cap(void)
 {
     const char *env = getenv("FA_FLASH_SHARED_MAX"); /* bytes; 0 forces per-tile packing */
-    return env && *env ? (size_t)strtoull(env, NULL, 10) : FA_BWD_SHARED_MAX_BYTES;
+    const size_t cap = env && *env ? (size_t)strtoull(env, NULL, 10) : FA_BWD_SHARED_MAX_BYTES;
+    return cap < SIZE_MAX / 4 ? cap : SIZE_MAX / 4; /* a saturated size never fits */
 }
 
 static size_t packed_q_floats(const fa_problem *p, const bwd_dims *g)
 {
-    const size_t nblk = (size_t)((p->seqlen_q + g->br - 1) / g->br) * (size_t)(p->heads / p->heads_k);
-    return nblk * ((size_t)(p->d + p->dv) * g->ldr + (size_t)g->br * (g->ldd + g->lddv));
+    const size_t nblk = mul_sat((size_t)nblocks(p->seqlen_q, g->br), (size_t)(p->heads / p->heads_k));
+    const size_t dsum = add_sat((size_t)p->d, (size_t)p->dv);
+    return mul_sat(nblk, add_sat(mul_sat(dsum, g->ldr), mul_sat((size_t)g->br, g->ldd + g->lddv)));
 }
 
 static size_t packed_k_floats(const fa_problem *p, const bwd_dims *g)
 {
-    const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
-    return nkb * ((size_t)(p->d + p->dv) * g->ldc + (size_t)g->bc * g->ldd);
+    const size_t nkb = (size_t)nblocks(p->seqlen_k, g->bc);
+    const size_t dsum = add_sat((size_t)p->d, (size_t)p->dv);
+    return mul_sat(nkb, add_sat(mul_sat(dsum, g->ldc), mul_sat((size_t)g->bc, g->ldd)));
 }
 
 static bwd_packed packed_q_layout(const fa_problem *p, const bwd_dims *g, float *base)
 {
-    const size_t nblk = (size_t)((p->seqlen_q + g->br - 1) / g->br) * (size_t)(p->heads / p->heads_k);
+    const size_t nblk = mul_sat((size_t)nblocks(p->seqlen_q, g->br), (size_t)(p->heads / p->heads_k));
     bwd_packed q;
     q.a = base;
     q.b = q.a + nblk * (size_t)p->d * g->ldr;
@@ -483,7 +498,7 @@ static bwd_packed packed_q_layout(const fa_problem *p, const bwd_dims *g, float 
 
 static bwd_packed packed_k_layout(const fa_problem *p, const bwd_dims *g, float *base)
 {
-    const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
+    const size_t nkb = (size_t)nblocks(p->seqlen_k, g->bc);
     bwd_packed k;
     k.a = base;
     k.b = k.a + nkb * (size_t)p->d * g->ldc;
@@ -585,7 +600,7 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
             if (!load_row_info(p, dvec, b, h, i0, br, j0, j0 + bc, sc)) continue; /* tile fully masked */
             const float *qt = sc->qt, *dot = sc->dot, *qr = sc->qr, *dor = sc->dor;
             if (qp) { /* Q block (h, i0) packed once for all K blocks */
-                const size_t blk = (size_t)((h - hk * group) * ((p->seqlen_q + g->br - 1) / g->br) + i0 / g->br);
+                const size_t blk = (size_t)((h - hk * group) * nblocks(p->seqlen_q, g->br) + i0 / g->br);
                 qt = qp->a + blk * (size_t)d * g->ldr;
                 dot = qp->b + blk * (size_t)dvd * g->ldr;
                 qr = qp->c + blk * (size_t)g->br * g->ldd;
@@ -670,19 +685,19 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     const fa_kernels *kern = fa_kernels_get(&st);
     if (!kern) return st;
     const bwd_dims g = bwd_layout(p);
-    const int64_t nqb = (p->seqlen_q + g.br - 1) / g.br;
-    const int64_t nkb = (p->seqlen_k + g.bc - 1) / g.bc;
+    const int64_t nqb = nblocks(p->seqlen_q, g.br);
+    const int64_t nkb = nblocks(p->seqlen_k, g.bc);
     const int64_t rows = p->batch * p->heads * p->seqlen_q;
     const int64_t group = p->heads / p->heads_k;
-    float *dvec = fa_malloc((size_t)(rows > 0 ? rows : 1) * sizeof(float)); /* D [B][H][Sq] */
+    float *dvec = fa_malloc(mul_sat((size_t)(rows > 0 ? rows : 1), sizeof(float))); /* D [B][H][Sq] */
     if (!dvec) return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate D (%lld rows)", DIM(rows));
     int failed = 0;
 
     /* shared packing, each pass on its own, when it fits under the cap */
     const size_t cap = shared_cap();
     const size_t qfl = packed_q_floats(p, &g), kfl = packed_k_floats(p, &g);
-    const size_t qbytes = qfl * sizeof(float) <= cap ? qfl * sizeof(float) : 0;
-    const size_t kbytes = kfl * sizeof(float) <= cap ? kfl * sizeof(float) : 0;
+    const size_t qbytes = mul_sat(qfl, sizeof(float)) <= cap ? qfl * sizeof(float) : 0;
+    const size_t kbytes = mul_sat(kfl, sizeof(float)) <= cap ? kfl * sizeof(float) : 0;
     const size_t sbytes = qbytes > kbytes ? qbytes : kbytes;
     float *shared = sbytes ? fa_malloc(sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
     bwd_packed qpack = {NULL, NULL, NULL, NULL}, kpack = {NULL, NULL, NULL, NULL};
@@ -791,6 +806,6 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     fa_free(shared);
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate %zu bytes of per-thread scratch",
-                       bwd_scratch_floats(p, &g) * sizeof(float));
+                       mul_sat(bwd_scratch_floats(p, &g), sizeof(float)));
     return FA_OK;
 }

@@ -606,6 +606,31 @@ static void test_backward_rejects_bad_arguments(void **state)
     free_inputs(&in);
 }
 
+/* Ensure a zero-stride view with a huge seqlen_k is refused (NOMEM), not an overrun of a wrapped size. */
+static void test_reference_backward_refuses_huge_strided_views(void **state)
+{
+    (void)state;
+    float zeros[64] = {0};
+    const int64_t huge = (int64_t)1 << 59; /* numel 2^61 fits int64; 2 Sk (d + dv) doubles do not fit size_t */
+    const int64_t qs[4] = {1, 2, 1, 4}, ks[4] = {1, huge, 1, 4}, zs[4] = {0, 0, 0, 0}, ls[3] = {1, 1, 2};
+    fa_tensor q, k, v, o, lse, dout, dq, dk, dv;
+    float dq_mem[8], lse_mem[2];
+    assert_int_equal(fa_tensor_make(&q, zeros, FA_F32, 4, qs, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, zeros, FA_F32, 4, ks, zs), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, zeros, FA_F32, 4, ks, zs), FA_OK);
+    assert_int_equal(fa_tensor_make(&o, zeros, FA_F32, 4, qs, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&dout, zeros, FA_F32, 4, qs, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&lse, lse_mem, FA_F32, 3, ls, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&dq, dq_mem, FA_F32, 4, qs, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&dk, zeros + 32, FA_F32, 4, ks, zs), FA_OK);
+    assert_int_equal(fa_tensor_make(&dv, zeros + 48, FA_F32, 4, ks, zs), FA_OK);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_REFERENCE;
+    opt.num_threads = 1;
+    assert_int_equal(fa_backward(&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, &opt), FA_ERR_NOMEM);
+    assert_int_equal(fa_backward(&q, &k, &v, NULL, NULL, &dout, &dq, &dk, &dv, &opt), FA_ERR_NOMEM);
+}
+
 /* Ensure the flash backward never allocates anything proportional to seqlen_q x seqlen_k. */
 static void test_flash_backward_memory_is_linear(void **state)
 {
@@ -656,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_backward_is_deterministic_across_thread_counts),
         cmocka_unit_test(test_backward_rejects_bad_arguments),
         cmocka_unit_test(test_flash_backward_memory_is_linear),
+        cmocka_unit_test(test_reference_backward_refuses_huge_strided_views),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
