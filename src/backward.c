@@ -45,10 +45,11 @@
  *     alternatives — atomics, or a dQ buffer per thread summed at the end —
  *     give bits that depend on the schedule, or O(threads x Sq x d) memory.
  *     Every task runs on one thread in a fixed order: identical bits for any
- *     thread count. Measured on the project machine (AVX-512, one thread,
- *     B=1, H=4, N=2048, d=64): ~110 GFLOP/s counting 10 N^2 d per head
- *     (2.5x the forward's 4 N^2 d), the forward ~150 GFLOP/s; qk and pv take
- *     ~65% of the time, vexp and the elementwise tile work ~10%.
+ *     thread count. Measured on the project machine (AVX-512, B=1, N=2048,
+ *     non-causal, counting 10 N^2 d per head = 2.5x the forward's 4 N^2 d):
+ *     d=64, H=4: ~120 GFLOP/s on one thread, 210-245 on two (forward: ~160
+ *     and ~300); d=128, H=8: 122 and 226. qk and pv take ~65% of the time,
+ *     vexp and the elementwise tile work ~10%.
  *
  * D (one float per query row) is computed once up front: O(B x H x Sq).
  * The operands each pass streams (Q_i^T, dO_i^T, ... or K_j^T, V_j^T, K_j)
