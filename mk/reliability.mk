@@ -110,8 +110,9 @@ COV_FLAGS    = -fprofile-instr-generate -fcoverage-mapping
 LLVM_COV    ?= $(firstword $(shell command -v llvm-cov-14 llvm-cov 2>/dev/null))
 LLVM_PROFDATA ?= $(firstword $(shell command -v llvm-profdata-14 llvm-profdata 2>/dev/null))
 COV_SOURCES_npy       = src/npy.c
-COV_SOURCES_cli_args  = src/cli/cli_common.c src/cli/cmd_run.c src/cli/cmd_check.c src/cli/cmd_info.c
-COV_SOURCES_attention = src/api.c src/flash.c src/reference.c src/standard.c src/kernels/scalar.c \
+COV_SOURCES_cli_args  = src/cli/cli_common.c src/cli/cmd_run.c src/cli/cmd_check.c src/cli/cmd_info.c \
+                        src/cli/cmd_grad.c src/cli/cmd_check_grad.c
+COV_SOURCES_attention = src/api.c src/flash.c src/reference.c src/standard.c src/backward.c src/kernels/scalar.c \
                         $(wildcard src/kernels/avx512.c)
 
 .PHONY: fuzz-coverage
