@@ -66,10 +66,11 @@ static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 /*
  * Largest shared K^T/V packing (one batch x kv head) the driver will allocate.
- * 8 MiB holds N = 8192 at d = 128 and sits in a typical L3; beyond it each
+ * 16 MiB holds N = 8192 at d = 128 (8 MiB + flags) or N = 16384 at d = 64;
+ * it sits in a typical L3. Beyond it each
  * task packs tiles itself and memory stays O(threads x block).
  */
-#define FA_FLASH_SHARED_MAX_BYTES ((size_t)8 << 20)
+#define FA_FLASH_SHARED_MAX_BYTES ((size_t)16 << 20)
 
 /* Per-thread scratch, laid out in one allocation. */
 typedef struct flash_scratch {
