@@ -2,14 +2,14 @@
 # `flashattn bench --csv` (columns: impl,pass,isa,threads,batch,heads,heads_k,
 # seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,gflops,peak_fraction,peak_rss_mib).
 # Called as: gnuplot -e "datadir='DIR'; out='FILE.png'" plots/bench_gflops.gp
-set terminal pngcairo size 900,560 font ",11" noenhanced
+set terminal pngcairo size 900,620 font ",11" noenhanced
 set output out
 set datafile separator ","
 set title "flashattn bench: forward GFLOP/s (float32, B=1, H=8, non-causal)"
 set xlabel "sequence length N"
 set ylabel "GFLOP/s (4 N^2 d per head)"
 set logscale x 2
-set key top left
+set key below maxrows 3
 set grid
 csv = datadir."/bench.csv"
 # the measured FMA peak of the ISA and thread count in use: gflops / peak_fraction
