@@ -475,11 +475,17 @@ fa_status fa_flash_forward(const fa_problem *p)
 #pragma omp for schedule(dynamic, 1)
 #endif
                 for (int64_t t = 0; t < npass * group * nqb; t++) {
-                    const int64_t sidx = t / (group * nqb), bhk = first + sidx;
+                    /* Q-block-major order: the last (biggest causal) Q block of every
+                     * head of the pass is handed out first, so no thread is left with
+                     * one big block while the others wait at the next barrier */
+                    const int64_t heads_in_pass = npass * group;
+                    const int64_t qb = nqb - 1 - t / heads_in_pass;
+                    const int64_t hp = t % heads_in_pass, sidx = hp / group, bhk = first + sidx;
                     const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
-                    const int64_t tt = t % (group * nqb);
+                    const int64_t h = hk * group + hp % group;
+                    const int64_t i0 = qb * g.br;
+                    const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
-                    FLASH_GROUP_TASK(tt, nqb, group, hk, g, p, qb, h, i0, br);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, br);
                 }
             }
