@@ -195,7 +195,7 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
 
 static double load_lse(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 {
-    return fa_load_f64(&p->lse, b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2]);
+    return fa_load_f64(&p->lse, fa_lse_off(p, b, h, i));
 }
 
 /* ------------------------------------------------------------------------ */

@@ -346,7 +346,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         }
         if (p->lse.data)
             fa_store_f64(&p->lse,
-                         b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2],
+                         fa_lse_off(p, b, h, i),
                          empty ? -INFINITY : (double)sc->m[r] + log((double)l));
     }
 }

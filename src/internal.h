@@ -44,6 +44,12 @@ static inline int64_t fa_off4(const fa_tensor *t, int64_t i0, int64_t i1, int64_
     return i0 * t->stride[0] + i1 * t->stride[1] + i2 * t->stride[2] + i3 * t->stride[3];
 }
 
+/* Offset of LSE element (b, h, i) of LSE [B][H][Sq]. */
+static inline int64_t fa_lse_off(const fa_problem *p, int64_t b, int64_t h, int64_t i)
+{
+    return b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2];
+}
+
 /* ALiBi slope of (batch b, query head h); 0 when ALiBi is off. */
 double fa_alibi_slope(const fa_problem *p, int64_t b, int64_t h);
 

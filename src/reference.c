@@ -63,7 +63,7 @@ static void reference_row(const fa_problem *p, int64_t b, int64_t i, int64_t h, 
     if (p->lse.data) {
         double lse = empty ? -INFINITY : m + log(l);
         fa_store_f64(&p->lse,
-                     b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2], lse);
+                     fa_lse_off(p, b, h, i), lse);
     }
 }
 

@@ -42,38 +42,6 @@ size_t fa_standard_workspace(const fa_problem *p)
     return (s + packed) * sizeof(float);
 }
 
-/*
- * O = P V for rows i0..i0+br when V holds Inf or NaN: each row multiplies only
- * its visible keys, since the P = 0 of a masked key times Inf/NaN is NaN and
- * would reach rows that cannot see that key.
- */
-static void pv_visible_only(const fa_problem *p, const fa_kernels *kern, int64_t b, int64_t h,
-                            int64_t i0, int br, const float *S, size_t ldk, const float *V,
-                            const float *rowm, const float *rowl)
-{
-    const int64_t dv = p->dv;
-    float acc[STD_DV_CHUNK];
-    const float one = 1.0f;
-    for (int r = 0; r < br; r++) {
-        const int64_t i = i0 + r;
-        int64_t lo, hi;
-        fa_key_range(p, i, &lo, &hi);
-        const int empty = rowm[i] == -INFINITY || lo >= hi;
-        for (int64_t c0 = 0; c0 < dv; c0 += STD_DV_CHUNK) {
-            const int nc = (int)(dv - c0 < STD_DV_CHUNK ? dv - c0 : STD_DV_CHUNK);
-            memset(acc, 0, sizeof acc);
-            if (!empty)
-                kern->pv(1, (int)(hi - lo), nc, S + (size_t)i * ldk + lo, ldk, V + lo * dv + c0,
-                         (size_t)dv, &one, acc, STD_DV_CHUNK);
-            for (int c = 0; c < nc; c++)
-                fa_store_f64(&p->o, fa_off4(&p->o, b, i, h, c0 + c), empty ? 0.0 : (double)(acc[c] / rowl[i]));
-        }
-        if (p->lse.data)
-            fa_store_f64(&p->lse, b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2],
-                         empty ? -INFINITY : (double)rowm[i] + log((double)rowl[i]));
-    }
-}
-
 fa_status fa_standard_forward(const fa_problem *p)
 {
     const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k, d = p->d, dv = p->dv;
@@ -171,18 +139,28 @@ fa_status fa_standard_forward(const fa_problem *p)
 #endif
             for (int64_t i0 = 0; i0 < Sq; i0 += STD_ROWS) {
                 const int br = (int)(Sq - i0 < STD_ROWS ? Sq - i0 : STD_ROWS);
-                if (v_bad) { /* see pv_visible_only */
-                    pv_visible_only(p, kern, b, h, i0, br, S, ldk, V, rowm, rowl);
-                    continue;
-                }
                 float acc[STD_ROWS * STD_DV_CHUNK]; /* [br][<= STD_DV_CHUNK] */
                 float ones[STD_ROWS];
                 for (int r = 0; r < br; r++) ones[r] = 1.0f;
                 for (int64_t c0 = 0; c0 < dv; c0 += STD_DV_CHUNK) {
                     const int nc = (int)(dv - c0 < STD_DV_CHUNK ? dv - c0 : STD_DV_CHUNK);
                     memset(acc, 0, sizeof acc);
-                    kern->pv(br, (int)Sk, nc, S + (size_t)i0 * ldk, ldk, V + c0, (size_t)dv, ones, acc,
-                             STD_DV_CHUNK);
+                    if (!v_bad) {
+                        kern->pv(br, (int)Sk, nc, S + (size_t)i0 * ldk, ldk, V + c0, (size_t)dv, ones,
+                                 acc, STD_DV_CHUNK);
+                    } else {
+                        /* V holds Inf or NaN: each row multiplies only its visible keys,
+                         * since the P = 0 of a masked key times Inf/NaN is NaN and would
+                         * reach rows that cannot see that key */
+                        for (int r = 0; r < br; r++) {
+                            int64_t lo, hi;
+                            fa_key_range(p, i0 + r, &lo, &hi);
+                            if (lo < hi && rowm[i0 + r] != -INFINITY)
+                                kern->pv(1, (int)(hi - lo), nc, S + (size_t)(i0 + r) * ldk + lo, ldk,
+                                         V + lo * dv + c0, (size_t)dv, ones, acc + r * STD_DV_CHUNK,
+                                         STD_DV_CHUNK);
+                        }
+                    }
                     for (int r = 0; r < br; r++) {
                         const int64_t i = i0 + r;
                         const int empty = rowm[i] == -INFINITY;
@@ -194,7 +172,7 @@ fa_status fa_standard_forward(const fa_problem *p)
                 if (p->lse.data)
                     for (int r = 0; r < br; r++) {
                         const int64_t i = i0 + r;
-                        fa_store_f64(&p->lse, b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2],
+                        fa_store_f64(&p->lse, fa_lse_off(p, b, h, i),
                                      rowm[i] == -INFINITY ? -INFINITY : (double)rowm[i] + log((double)rowl[i]));
                     }
             }

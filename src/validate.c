@@ -542,8 +542,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     rr->lse_offset = slope * (double)(i + p->seqlen_k - p->seqlen_q);
     rr->lse_test = NAN;
     if (p->lse.data)
-        rr->lse_test = fa_load_f64(&p->lse, b * p->lse.stride[0] + h * p->lse.stride[1] +
-                                                i * p->lse.stride[2]);
+        rr->lse_test = fa_load_f64(&p->lse, fa_lse_off(p, b, h, i));
 
     /* Compare. */
     double *err = cx->err + w * dv;

@@ -14,23 +14,8 @@
 #     disagree, wrong dtypes, truncated files, NaN inputs and bad options.
 # Runs in a few seconds.
 set -u
-build=${1:-build}
-case $build in /*) ;; *) build=$(pwd)/$build ;; esac
-fa=$build/flashattn
-[ -x "$fa" ] || { echo "test_check_cli.sh: $fa not built"; exit 1; }
-if ! python3 -c "import numpy" 2>/dev/null; then
-    echo "test_check_cli.sh: SKIPPED: python3 with numpy is not available"
-    exit 0
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/fa_test_check.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT INT TERM
-cd "$tmp" || exit 1
-
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/cli_test_lib.sh"
+cli_test_setup test_check_cli "${1:-build}"
 
 # expect STATUS NAME -- ARGS...: run `flashattn check ARGS`, require exit STATUS.
 expect() {
