@@ -54,7 +54,10 @@ $(BUILD)/src/kernels/avx512.o:           ISAFLAGS = $(AVX512FLAGS)
 $(BUILD)/src/kernels/avx512_transpose.o: ISAFLAGS = $(AVX512FLAGS)
 
 # ---- OpenBLAS (optional, for `flashattn bench --impl blas`) -----------------
-HAVE_BLAS := $(shell test -f /usr/include/x86_64-linux-gnu/cblas.h -o -f /usr/include/cblas.h -o -f /usr/include/$(ARCH)-linux-gnu/cblas.h && echo 1)
+# Found by what the link needs (a test link of -lopenblas), never by a header:
+# Debian's reference BLAS ships cblas.h without libopenblas.
+HAVE_BLAS := $(shell printf 'void cblas_sgemm(void);int main(void){cblas_sgemm();return 0;}' | \
+               $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo 1)
 ifeq ($(NO_BLAS),1)
 HAVE_BLAS :=
 endif
@@ -78,6 +81,15 @@ all: $(BUILD)/flashattn $(BUILD)/libflashattn.a $(BUILD)/libflashattn.so
 $(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/kernels/*.h src/cli/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(ISAFLAGS) $(if $(filter src/cli/%,$<),$(CLI_CFLAGS)) -c $< -o $@
+
+# The CLI's objects depend on what was found (OpenBLAS or not): a stamp file
+# that changes when CLI_CFLAGS does, so a rebuild never links a stale object.
+CLI_STAMP = $(BUILD)/cli-config.$(if $(CLI_CFLAGS),blas,noblas)
+$(CLI_STAMP):
+	@mkdir -p $(dir $@)
+	@rm -f $(BUILD)/cli-config.*
+	@touch $@
+$(CLI_OBJS): $(CLI_STAMP)
 
 $(BUILD)/libflashattn.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
