@@ -78,9 +78,12 @@ TEST_BINS = $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
 all: $(BUILD)/flashattn $(BUILD)/libflashattn.a $(BUILD)/libflashattn.so
 
+# Library objects export only the FA_API names of include/flashattn.h.
+$(LIB_OBJS): VISFLAGS = -fvisibility=hidden -DFA_BUILDING_LIBRARY
+
 $(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/kernels/*.h src/cli/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(ISAFLAGS) $(if $(filter src/cli/%,$<),$(CLI_CFLAGS)) -c $< -o $@
+	$(CC) $(CFLAGS) $(VISFLAGS) $(ISAFLAGS) $(if $(filter src/cli/%,$<),$(CLI_CFLAGS)) -c $< -o $@
 
 # The CLI's objects depend on what was found (OpenBLAS or not): a stamp file
 # that changes when CLI_CFLAGS does, so a rebuild never links a stale object.

@@ -33,8 +33,27 @@
 extern "C" {
 #endif
 
+/** @brief Major version: changes when the ABI breaks. */
+#define FA_VERSION_MAJOR 0
+/** @brief Minor version: new functions or fields, compatible. */
+#define FA_VERSION_MINOR 2
+/** @brief Patch version: fixes only. */
+#define FA_VERSION_PATCH 0
 /** @brief Library version string, "MAJOR.MINOR.PATCH". */
-#define FA_VERSION "0.1.0"
+#define FA_VERSION "0.2.0"
+/** @brief The version as one comparable number: MAJOR*10000 + MINOR*100 + PATCH. */
+#define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
+
+/**
+ * @brief Marks a public function. The library is compiled with
+ * `-fvisibility=hidden` and FA_BUILDING_LIBRARY, so only names marked FA_API
+ * are exported from libflashattn.so; everything else stays internal.
+ */
+#if defined(FA_BUILDING_LIBRARY) && (defined(__GNUC__) || defined(__clang__))
+#define FA_API __attribute__((visibility("default")))
+#else
+#define FA_API
+#endif
 
 /** @brief Status codes returned by every fallible function. */
 typedef enum fa_status {
@@ -113,7 +132,7 @@ typedef struct fa_options {
 #define FA_STANDARD_DEFAULT_MAX_BYTES ((size_t)1 << 30)
 
 /** @brief Returns options with every field at its default (non-causal, no window, flash). */
-fa_options fa_options_default(void);
+FA_API fa_options fa_options_default(void);
 
 /**
  * @brief Fill a tensor descriptor.
@@ -125,17 +144,17 @@ fa_options fa_options_default(void);
  * @param stride  `rank` strides in elements, or NULL for C-contiguous.
  * @return FA_OK, or FA_ERR_NULL_ARG / FA_ERR_SHAPE / FA_ERR_DTYPE.
  */
-fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
+FA_API fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
                          const int64_t *shape, const int64_t *stride);
 
 /** @brief Number of elements of a tensor (product of its shape). */
-int64_t fa_tensor_numel(const fa_tensor *t);
+FA_API int64_t fa_tensor_numel(const fa_tensor *t);
 
 /** @brief Size in bytes of one element of `dtype` (0 for an invalid dtype). */
-size_t fa_dtype_size(fa_dtype dtype);
+FA_API size_t fa_dtype_size(fa_dtype dtype);
 
 /** @brief Short name of a dtype: "f32", "f64", "f16", "bf16". */
-const char *fa_dtype_name(fa_dtype dtype);
+FA_API const char *fa_dtype_name(fa_dtype dtype);
 
 /**
  * @brief Exact attention forward pass: O = softmax(mask(scale Q K^T)) V.
@@ -153,11 +172,11 @@ const char *fa_dtype_name(fa_dtype dtype);
  * Inputs may contain NaN or Inf; the computation does not crash, and a NaN in
  * a key or value row reaches only the query rows that see it.
  */
-fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+FA_API fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                      fa_tensor *o, fa_tensor *lse, const fa_options *opt);
 
 /** @brief Human-readable name of a status code. */
-const char *fa_status_string(fa_status status);
+FA_API const char *fa_status_string(fa_status status);
 
 /**
  * @brief Detailed message for the most recent error on the calling thread.
@@ -165,16 +184,16 @@ const char *fa_status_string(fa_status status);
  * Names the argument and the problem, e.g. "q: heads (6) is not a multiple of
  * k heads (4)". Empty string after a success.
  */
-const char *fa_last_error(void);
+FA_API const char *fa_last_error(void);
 
 /** @brief Name of an implementation: "flash", "reference", "standard". */
-const char *fa_impl_name(fa_impl impl);
+FA_API const char *fa_impl_name(fa_impl impl);
 
 /**
  * @brief Parse an implementation name.
  * @return FA_OK, or FA_ERR_IMPL if `name` is not one of the known names.
  */
-fa_status fa_impl_from_name(const char *name, fa_impl *impl);
+FA_API fa_status fa_impl_from_name(const char *name, fa_impl *impl);
 
 /** @brief Cache sizes the flash path plans for. */
 typedef struct fa_cpu_info {
@@ -189,7 +208,7 @@ typedef struct fa_cpu_info {
 } fa_cpu_info;
 
 /** @brief Detected cache geometry, chosen ISA and thread count. */
-fa_status fa_get_cpu_info(fa_cpu_info *info);
+FA_API fa_status fa_get_cpu_info(fa_cpu_info *info);
 
 /**
  * @brief Block sizes the flash path will use for head dims d and d_v.
@@ -208,7 +227,7 @@ fa_status fa_get_cpu_info(fa_cpu_info *info);
  * @param block_q  Receives Br.
  * @param block_k  Receives Bc.
  */
-fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt,
+FA_API fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt,
                          int *block_q, int *block_k);
 
 /**
@@ -217,7 +236,7 @@ fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt,
  * For FA_IMPL_STANDARD this is proportional to seqlen_q x seqlen_k; for
  * FA_IMPL_FLASH it is O(threads x block); for FA_IMPL_REFERENCE O(threads x seqlen_k).
  */
-fa_status fa_workspace_bytes(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+FA_API fa_status fa_workspace_bytes(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                              const fa_options *opt, size_t *bytes);
 
 
@@ -235,10 +254,10 @@ typedef struct fa_alloc_stats {
 } fa_alloc_stats;
 
 /** @brief Read the allocation counters. */
-void fa_alloc_stats_get(fa_alloc_stats *stats);
+FA_API void fa_alloc_stats_get(fa_alloc_stats *stats);
 
 /** @brief Reset peak_bytes to current_bytes and total_allocs to 0. */
-void fa_alloc_stats_reset(void);
+FA_API void fa_alloc_stats_reset(void);
 
 /* ---- validation (flashattn check) API: see issue 4 ---- */
 
@@ -396,7 +415,7 @@ typedef struct fa_check_report {
 } fa_check_report;
 
 /** @brief Default check options: dtype auto, emulation rule, all rows, seed 0. */
-fa_check_options fa_check_options_default(void);
+FA_API fa_check_options fa_check_options_default(void);
 
 /**
  * @brief Check a tested attention output (and optionally its LSE) against the
@@ -416,12 +435,12 @@ fa_check_options fa_check_options_default(void);
  *         non-finite inputs: FA_ERR_NONFINITE, ...) with a message naming the
  *         tensor by its name from @p copt.
  */
-fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+FA_API fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                    const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
                    const fa_check_options *copt, fa_check_report *report);
 
 /** @brief Free the arrays a report owns and zero it. Safe on a zeroed report. */
-void fa_check_report_free(fa_check_report *report);
+FA_API void fa_check_report_free(fa_check_report *report);
 
 /**
  * @brief Write the human-readable report (what `flashattn check` prints).
@@ -429,11 +448,11 @@ void fa_check_report_free(fa_check_report *report);
  * snprintf-like: writes at most @p size bytes including the terminating NUL
  * and returns the length the full text needs (excluding the NUL).
  */
-size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t size);
+FA_API size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t size);
 
 /** @brief sizeof(fa_check_report) etc., for bindings that mirror the structs:
  *         0 = fa_tensor, 1 = fa_options, 2 = fa_check_options, 3 = fa_check_report. */
-size_t fa_check_abi_size(int which);
+FA_API size_t fa_check_abi_size(int which);
 
 /** @} */
 
@@ -495,7 +514,7 @@ size_t fa_check_abi_size(int which);
  * a NaN or Inf in an input gives NaN gradients wherever it is reached (it may
  * reach more elements than in the forward pass), but never a crash.
  */
-fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+FA_API fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                       const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout,
                       fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt);
 
