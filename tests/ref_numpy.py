@@ -1,6 +1,6 @@
 """ref_numpy.py -- an independent float64 model of FlashAttention's forward pass.
 
-Written from docs (/work/shared/DESIGN.md, "Semantics"), not from the C code,
+Written from the semantics (docs/semantics.md), not from the C code,
 so that the C implementations can be checked against something that did not
 share their mistakes. Everything is float64 and deliberately plain: one
 (batch, head) at a time, the whole score matrix materialized.
@@ -189,7 +189,7 @@ def attention_backward(q, k, v, dout, scale=None, causal=False, window=(-1, -1),
                        softcap=0.0, alibi=None):
     """Return (dq, dk, dv) in float64 for the FlashAttention backward contract.
 
-    Straight from DESIGN.md: with P the softmax over visible keys,
+    Straight from docs/semantics.md: with P the softmax over visible keys,
         D_i = dO_i . O_i,  dP = dO V^T,  dS = P o (dP - D),
         dS' = dS o (1 - tanh^2(t / softcap)) when softcap > 0 (t = scale q.k),
         dQ = scale dS' K,  dK = scale dS'^T Q,  dV = P^T dO,

@@ -1,7 +1,7 @@
 """tests/test_python_grad.py — flashattn.grad() (fa_backward through ctypes) against numpy.
 
 The numpy model below is an independent float64 backward written from the
-formulas (DESIGN.md): P = softmax, D = rowsum(dO o O), dS = P o (dP - D),
+formulas (docs/semantics.md): P = softmax, D = rowsum(dO o O), dS = P o (dP - D),
 through the softcap derivative, dQ = scale dS K, dK = scale dS^T Q,
 dV = P^T dO, GQA by summing the repeated kv heads. flash and reference must
 match it within 1e-5 of max|G| (float32 over a few dozen keys: measured ~1e-7).

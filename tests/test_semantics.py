@@ -3,7 +3,7 @@
 Each case writes Q, K, V (and ALiBi slopes) as .npy files into a temporary
 directory, runs `$FA_BUILD/flashattn run --impl flash` and `--impl reference`
 with --lse, and compares O and LSE with tests/ref_numpy.py, which was written
-from DESIGN.md and shares no code with the library.
+from docs/semantics.md and shares no code with the library.
 
 Acceptance (issue 2): flash within 5e-5 absolute, reference within 2e-6, in
 both O and LSE; rows with no visible key must be exactly O = 0, LSE = -inf.
