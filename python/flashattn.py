@@ -1,18 +1,28 @@
-"""flashattn.py — a thin ctypes wrapper over libflashattn.so, taking numpy arrays.
+"""flashattn — a thin ctypes wrapper over libflashattn.so, taking numpy arrays
+or torch tensors.
 
-Nothing is compiled beyond the library itself (``make`` builds
-``build/libflashattn.so``). The library is found, in order, at
-``$FLASHATTN_LIB`` (a path to the .so), ``$FA_BUILD/libflashattn.so``, or
-``build/libflashattn.so`` next to this file's parent directory.
+Install: ``pip install ./python`` from a checkout builds the library with the
+project's Makefile and installs the package with the .so inside it (see the
+README's Python section). Without installing, ``python/flashattn.py`` also
+works from the checkout after ``make``. The library is found, in order, at
+``$FLASHATTN_LIB`` (a path to the .so), ``$FA_BUILD/libflashattn.so``, the
+installed package's own ``libflashattn.so``, or ``build/libflashattn.so`` of
+the checkout this file sits in.
 
 Layouts are FlashAttention's: q ``[batch, seqlen_q, heads, d]``, k
 ``[batch, seqlen_k, heads_k, d]``, v ``[batch, seqlen_k, heads_k, d_v]``,
 out ``[batch, seqlen_q, heads, d_v]``, lse ``[batch, heads, seqlen_q]``.
 Any strides are accepted (a transposed BHSD view works without a copy).
+Semantics (masks, scale, softcap, ALiBi, empty rows): docs/semantics.md.
 
-Element types: float32, float64, float16, and bfloat16 either as
-``ml_dtypes.bfloat16`` arrays or as uint16 arrays of bfloat16 bit patterns
-(``torch_tensor.view(torch.int16).numpy().view(np.uint16)``).
+Inputs: numpy arrays (or anything ``np.asarray`` takes) and torch tensors.
+Element types: float32, float64, float16 and bfloat16. A torch tensor of any
+of these, on any device, is copied to the host (zero-copy through DLPack when
+it is already there); given torch tensors, attention() and grad() return torch
+tensors on the device of q. numpy bfloat16 is either an ``ml_dtypes.bfloat16``
+array or bit patterns in a **uint16** array; integer arrays are otherwise
+refused rather than read as bits (``bf16_bits=True`` also reads int16 arrays
+as bf16 bit patterns, ``bf16_bits=False`` refuses uint16 too).
 
     import numpy as np, flashattn
     o, lse = flashattn.attention(q, k, v, causal=True, return_lse=True)
@@ -20,11 +30,16 @@ Element types: float32, float64, float16, and bfloat16 either as
     rep = flashattn.check(q, k, v, o_gpu, dtype="bf16", causal=True)
     print(rep.text); assert rep.passed
 
+A GPU kernel's output checked in one line, torch tensors on CUDA included:
+``assert flashattn.check(q, k, v, out, causal=True, dtype="bf16")``.
+
 The tolerance model is the library's (fa_check in include/flashattn.h,
 docs/validation.md); this module adds none of its own.
 """
 
 import ctypes
+import math
+import operator
 import os
 
 import numpy as np
@@ -37,8 +52,6 @@ FA_F32, FA_F64, FA_F16, FA_BF16, FA_DTYPE_COUNT = range(5)
 FA_CHECK_DTYPE_AUTO = FA_DTYPE_COUNT
 FA_CHECK_MAX_FAIL_ROWS = 8
 _IMPLS = {"flash": 0, "reference": 1, "standard": 2}
-_DTYPE_NAMES = {"f32": FA_F32, "float32": FA_F32, "f64": FA_F64, "float64": FA_F64,
-                "f16": FA_F16, "float16": FA_F16, "bf16": FA_BF16, "bfloat16": FA_BF16}
 _DTYPE_STR = {FA_F32: "f32", FA_F64: "f64", FA_F16: "f16", FA_BF16: "bf16"}
 
 _i64 = ctypes.c_int64
@@ -112,15 +125,25 @@ class FlashAttnError(RuntimeError):
 _lib = None
 
 
-def _find_library():
+def _library_candidates():
+    """Where the library may be, most explicit first: [(path, how it was chosen)]."""
     env = os.environ.get("FLASHATTN_LIB")
     if env:
-        return env
+        return [(env, "$FLASHATTN_LIB")]
     build = os.environ.get("FA_BUILD")
     if build:
-        return os.path.join(build, "libflashattn.so")
+        return [(os.path.join(build, "libflashattn.so"), "$FA_BUILD")]
     here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(here), "build", "libflashattn.so")
+    return [(os.path.join(here, "libflashattn.so"), "the installed package"),
+            (os.path.join(os.path.dirname(here), "build", "libflashattn.so"), "the checkout")]
+
+
+def _find_library():
+    cands = _library_candidates()
+    for path, _ in cands:
+        if os.path.exists(path):
+            return path
+    return cands[-1][0]
 
 
 def library():
@@ -130,7 +153,9 @@ def library():
         return _lib
     path = _find_library()
     if not os.path.exists(path):
-        raise OSError(f"flashattn: {path} not found; run `make` first or set FLASHATTN_LIB")
+        tried = ", ".join(f"{p} ({how})" for p, how in _library_candidates())
+        raise OSError(f"flashattn: libflashattn.so not found (tried {tried}); "
+                      "run `make` in the checkout, `pip install ./python`, or set FLASHATTN_LIB")
     lib = ctypes.CDLL(path)
     lib.fa_last_error.restype = ctypes.c_char_p
     lib.fa_status_string.restype = ctypes.c_char_p
@@ -166,9 +191,112 @@ def _raise(status):
     raise FlashAttnError(status, f"{name}: {msg}" if msg else name)
 
 
-# ---- numpy <-> fa_tensor ------------------------------------------------------
+# ---- arguments: integers, floats, dtype names -----------------------------------
+#
+# ctypes converts a Python int to c_int / c_int64 by truncating it silently
+# (2**64 + 5 becomes 5), so every integer is range-checked here first, and
+# non-integers (2.5, "3") are refused instead of truncated.
 
-def _fa_dtype(arr):
+_INT_MAX = 2 ** 31 - 1
+_INT64_MAX = 2 ** 63 - 1
+_UINT64_MAX = 2 ** 64 - 1
+
+
+def _int_arg(value, name, lo, hi):
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} = {v} is out of range [{lo}, {hi}]")
+    return v
+
+
+def _window_side(value, name):
+    """None or -1: unbounded; otherwise a number of keys >= 0 (the CLI's rule)."""
+    if value is None:
+        return -1
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer or None, got {value!r}") from None
+    if v < -1:
+        raise ValueError(f"{name} = {v}: expected -1 or None (unbounded) or a number of keys >= 0")
+    if v > _INT64_MAX:
+        raise ValueError(f"{name} = {v} is out of range [-1, {_INT64_MAX}]")
+    return v
+
+
+def _float_arg(value, name):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
+
+
+def _scale_arg(scale):
+    """None selects 1/sqrt(d). 0 is refused: the C API uses 0.0 as its marker for
+    the default, so it cannot be passed through; FlashAttention itself would
+    honour softmax_scale=0 (uniform attention), so silently meaning 1/sqrt(d)
+    would be wrong, and the CLI refuses --scale 0 too."""
+    if scale is None:
+        return 0.0
+    s = _float_arg(scale, "scale")
+    if s == 0.0:
+        raise ValueError("scale = 0 is not supported (the library reads 0 as 'use the default "
+                         "1/sqrt(d)'); pass scale=None for the default")
+    if not math.isfinite(s):
+        raise ValueError(f"scale = {s} is not a finite number")
+    return s
+
+
+_DTYPE_NAMES = {"f32": FA_F32, "float32": FA_F32, "fp32": FA_F32,
+                "f64": FA_F64, "float64": FA_F64, "fp64": FA_F64,
+                "f16": FA_F16, "float16": FA_F16, "fp16": FA_F16, "half": FA_F16,
+                "bf16": FA_BF16, "bfloat16": FA_BF16}
+_TORCH_DTYPES = {"torch.float32": FA_F32, "torch.float64": FA_F64,
+                 "torch.float16": FA_F16, "torch.bfloat16": FA_BF16}
+_NP_OUT = {FA_F32: np.float32, FA_F64: np.float64, FA_F16: np.float16, FA_BF16: np.uint16}
+
+
+def _is_torch(x):
+    """A torch.Tensor (or subclass such as nn.Parameter), without importing torch."""
+    return any(c.__module__.split(".")[0] == "torch" and c.__name__ == "Tensor"
+               for c in type(x).__mro__)
+
+
+def _dtype_code(x, what):
+    """fa_dtype of a dtype given by name ("f32", "f16", "bf16", "float64", ...),
+    numpy dtype (np.float16, ml_dtypes.bfloat16) or torch dtype (torch.bfloat16)."""
+    if x is None:
+        pass  # np.dtype(None) would be float64: refuse instead
+    elif isinstance(x, str):
+        if x.lower() in _DTYPE_NAMES:
+            return _DTYPE_NAMES[x.lower()]
+    elif type(x).__module__.split(".")[0] == "torch":
+        if str(x) in _TORCH_DTYPES:
+            return _TORCH_DTYPES[str(x)]
+    else:
+        try:
+            dt = np.dtype(x)
+        except TypeError:
+            dt = None
+        if dt is not None:
+            if dt.name == "bfloat16":
+                return FA_BF16
+            for code, np_t in _NP_OUT.items():
+                if code != FA_BF16 and dt == np_t:
+                    return code
+    raise ValueError(f"{what}: {x!r} is not a supported dtype; use 'f32', 'f64', 'f16' or 'bf16' "
+                     "(or the numpy/torch float32, float64, float16, bfloat16 dtypes)")
+
+
+# ---- inputs: numpy arrays and torch tensors -> fa_tensor ----------------------------
+
+def _fa_dtype(arr, name="array", bf16_bits=None):
+    """fa_dtype of a numpy array. uint16 holds bf16 bit patterns unless
+    bf16_bits is False; int16 does only when bf16_bits is True; every other
+    integer or non-float type is refused."""
     dt = arr.dtype
     if dt == np.float32:
         return FA_F32
@@ -176,14 +304,45 @@ def _fa_dtype(arr):
         return FA_F64
     if dt == np.float16:
         return FA_F16
-    if dt == np.uint16 or dt == np.int16 or dt.name == "bfloat16":
+    if dt.name == "bfloat16":
         return FA_BF16
-    raise TypeError(f"unsupported dtype {dt}: use float32, float64, float16, "
-                    "or bfloat16 (ml_dtypes.bfloat16 or uint16 bit patterns)")
+    if dt == np.uint16 and bf16_bits is not False:
+        return FA_BF16
+    if dt == np.int16 and bf16_bits is True:
+        return FA_BF16
+    if dt.kind in "iub":
+        raise TypeError(f"{name}: {dt} array refused: integer arrays are not read as bfloat16 bit "
+                        "patterns unless asked (uint16, or int16 with bf16_bits=True); convert "
+                        "values to a float type")
+    raise TypeError(f"{name}: unsupported dtype {dt}: use float32, float64, float16, "
+                    "or bfloat16 (ml_dtypes.bfloat16, or uint16 bit patterns)")
+
+
+def _torch_to_numpy(t, name):
+    """A host numpy view (or copy) of a torch tensor; bf16 becomes uint16 bits."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if str(t.dtype) == "torch.bfloat16":
+        import torch  # already imported: t is a torch tensor
+        return t.view(torch.int16).numpy().view(np.uint16)
+    if str(t.dtype) in _TORCH_DTYPES:
+        try:
+            return np.from_dlpack(t)
+        except (AttributeError, TypeError, RuntimeError, BufferError):
+            return t.numpy()
+    if str(t.dtype) in ("torch.int16", "torch.uint16", "torch.int8", "torch.uint8",
+                        "torch.int32", "torch.int64", "torch.bool"):
+        return t.numpy()  # refused by _fa_dtype unless it is bf16 bits the caller asked for
+    raise TypeError(f"{name}: torch dtype {t.dtype} is not supported: use float32, float64, "
+                    "float16 or bfloat16")
 
 
 def _as_array(x, name):
-    arr = np.asarray(x)
+    if _is_torch(x):
+        arr = _torch_to_numpy(x, name)
+    else:
+        arr = np.asarray(x)
     if not arr.dtype.isnative and arr.dtype.itemsize > 1:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if any(s < 0 or s % arr.itemsize for s in arr.strides):
@@ -191,12 +350,12 @@ def _as_array(x, name):
     return arr
 
 
-def _tensor(arr, name):
+def _tensor(arr, name, bf16_bits=None, code=None):
     if arr.ndim < 1 or arr.ndim > 4:
         raise ValueError(f"{name}: rank {arr.ndim} is not supported (1..4)")
     t = _Tensor()
     t.data = arr.ctypes.data
-    t.dtype = _fa_dtype(arr)
+    t.dtype = _fa_dtype(arr, name, bf16_bits) if code is None else code
     t.rank = arr.ndim
     for i in range(arr.ndim):
         t.shape[i] = arr.shape[i]
@@ -204,19 +363,47 @@ def _tensor(arr, name):
     return t
 
 
+def _output(shape, code):
+    """A fresh numpy output and its fa_tensor; bf16 is uint16 bit patterns."""
+    arr = np.empty(shape, dtype=_NP_OUT[code])
+    return arr, _tensor(arr, "output", code=code)
+
+
+def _torch_result(arr, code, device):
+    """numpy result -> torch tensor on `device` (bf16 bit patterns -> torch.bfloat16)."""
+    import torch
+    if code == FA_BF16:
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(arr)
+    return t.to(device) if str(device) != "cpu" else t
+
+
 def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep):
+    """fa_options from the keyword arguments, every value checked first."""
+    scale = _scale_arg(scale)
+    if window is None:
+        wl = wr = None
+    else:
+        try:
+            wl, wr = window
+        except (TypeError, ValueError):
+            raise ValueError(f"window must be a pair (left, right), got {window!r}") from None
+    wl = _window_side(wl, "window left")
+    wr = _window_side(wr, "window right")
+    softcap = _float_arg(softcap if softcap is not None else 0.0, "softcap")
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {sorted(_IMPLS)}, got {impl!r}")
+    num_threads = _int_arg(num_threads, "num_threads", 0, _INT_MAX)
     lib = library()
     opt = lib.fa_options_default()
-    opt.scale = 0.0 if scale is None else float(scale)
+    opt.scale = scale
     opt.causal = int(bool(causal))
-    wl, wr = (-1, -1) if window is None else window
-    opt.window_left = -1 if wl is None else int(wl)
-    opt.window_right = -1 if wr is None else int(wr)
-    opt.softcap = float(softcap or 0.0)
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {sorted(_IMPLS)}")
+    opt.window_left = wl
+    opt.window_right = wr
+    opt.softcap = softcap
     opt.impl = _IMPLS[impl]
-    opt.num_threads = int(num_threads)
+    opt.num_threads = num_threads
     if alibi_slopes is not None:
         a = _as_array(alibi_slopes, "alibi_slopes")
         if a.dtype not in (np.float32, np.float64):
@@ -227,73 +414,86 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     return opt
 
 
+def _torch_device(*xs):
+    """The device of the first torch tensor among xs, or None if none is one."""
+    for x in xs:
+        if _is_torch(x):
+            return x.device
+    return None
+
+
 # ---- attention ------------------------------------------------------------------
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
-              num_threads=0):
+              num_threads=0, bf16_bits=None):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
-    window: (left, right) in keys, None/-1 for unbounded; masks are aligned
-    bottom-right (DESIGN.md). Returns O (out_dtype: float32, float64, float16,
-    or "bf16" for uint16 bit patterns) and, with return_lse, LSE float32
-    [batch, heads, seqlen_q].
+    q, k, v: numpy arrays or torch tensors (any device; copied to the host).
+    window: (left, right) in keys, None or -1 for unbounded (other negative
+    values are refused); masks are aligned bottom-right (docs/semantics.md).
+    scale: None for 1/sqrt(d); 0 is refused. out_dtype: "f32" (default),
+    "f64", "f16", "bf16", or a numpy/torch dtype. Returns O and, with
+    return_lse, LSE float32 [batch, heads, seqlen_q]. Given numpy inputs these
+    are numpy arrays (bf16 O as uint16 bit patterns); given torch tensors,
+    torch tensors on q's device (bf16 O as torch.bfloat16).
+    bf16_bits: see the module doc (None: uint16 inputs are bf16 bits).
     """
     lib = library()
     keep = []
+    device = _torch_device(q, k, v)
     q, k, v = (_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
-    tq, tk, tv = _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v")
+    tq, tk, tv = (_tensor(a, n, bf16_bits) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     if q.ndim != 4 or v.ndim != 4:
         raise ValueError("q, k, v must be rank 4 [batch, seqlen, heads, d]")
     B, Sq, H = q.shape[:3]
     dv = v.shape[3]
-    if isinstance(out_dtype, str) and out_dtype in ("bf16", "bfloat16"):
-        o = np.empty((B, Sq, H, dv), dtype=np.uint16)
-    else:
-        o = np.empty((B, Sq, H, dv), dtype=out_dtype)
-    to = _tensor(o, "o")
-    lse = np.empty((B, H, Sq), dtype=np.float32) if return_lse else None
-    tl = _tensor(lse, "lse") if return_lse else None
+    code = _dtype_code(out_dtype, "out_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep)
+    o, to = _output((B, Sq, H, dv), code)
+    lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
     st = lib.fa_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
                         ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt))
     if st != 0:
         _raise(st)
+    if device is not None:
+        o = _torch_result(o, code, device)
+        lse = _torch_result(lse, FA_F32, device) if return_lse else None
     return (o, lse) if return_lse else o
 
 
 # ---- grad (backward pass) ----------------------------------------------------------
 
 def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softcap=0.0,
-         scale=None, alibi_slopes=None, impl="flash", grad_dtype=np.float32, num_threads=0):
+         scale=None, alibi_slopes=None, impl="flash", grad_dtype=np.float32, num_threads=0,
+         bf16_bits=None):
     """Attention backward pass (fa_backward): returns (dq, dk, dv).
 
     dout is dLoss/dO ``[batch, seqlen_q, heads, d_v]``. out and lse are the
     forward's O and LSE; when either is None, both are recomputed by the
     library. For GQA/MQA, dk and dv are summed over the query heads sharing a
-    kv head. grad_dtype: float32 (default), float64, float16 or "bf16" (uint16
-    bit patterns). impl: "flash" or "reference" ("standard" has no backward
-    pass and raises FlashAttnError).
+    kv head. grad_dtype: "f32" (default), "f64", "f16", "bf16", or a
+    numpy/torch dtype. Inputs may be numpy arrays or torch tensors (any
+    device); the gradients are numpy arrays (bf16 as uint16 bit patterns), or
+    torch tensors on q's device when q, k, v or dout is one. impl: "flash" or
+    "reference" ("standard" has no backward pass and raises FlashAttnError).
+    Options and bf16_bits as in attention().
     """
     lib = library()
     keep = []
+    device = _torch_device(q, k, v, dout)
     q, k, v, dout = (_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or dout.ndim != 4:
         raise ValueError("q, k, v, dout must be rank 4 [batch, seqlen, heads, d]")
-    tq, tk, tv, tdo = (_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
+    tq, tk, tv, tdo = (_tensor(x, n, bf16_bits)
+                       for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
     to = tl = None
     if out is not None and lse is not None:
         out, lse = _as_array(out, "out"), _as_array(lse, "lse")
-        to, tl = _tensor(out, "out"), _tensor(lse, "lse")
-    if isinstance(grad_dtype, str) and grad_dtype in ("bf16", "bfloat16"):
-        gdt = np.uint16
-    else:
-        gdt = np.dtype(grad_dtype)
-    dq = np.empty(q.shape, dtype=gdt)
-    dk = np.empty(k.shape, dtype=gdt)
-    dv = np.empty(v.shape, dtype=gdt)
-    tdq, tdk, tdv = _tensor(dq, "dq"), _tensor(dk, "dk"), _tensor(dv, "dv")
+        to, tl = _tensor(out, "out", bf16_bits), _tensor(lse, "lse", bf16_bits)
+    code = _dtype_code(grad_dtype, "grad_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep)
+    (dq, tdq), (dk, tdk), (dv, tdv) = (_output(x.shape, code) for x in (q, k, v))
     st = lib.fa_backward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
                          ctypes.byref(to) if to is not None else None,
                          ctypes.byref(tl) if tl is not None else None,
@@ -301,6 +501,8 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
                          ctypes.byref(opt))
     if st != 0:
         _raise(st)
+    if device is not None:
+        return tuple(_torch_result(g, code, device) for g in (dq, dk, dv))
     return dq, dk, dv
 
 
@@ -341,38 +543,41 @@ class CheckReport:
 
 def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
           alibi_slopes=None, dtype=None, atol=None, rtol=None, sample_rows=0, seed=0,
-          num_threads=0):
+          num_threads=0, bf16_bits=None):
     """Check a tested attention output (and optionally its LSE) against the
     float64 reference, by the library's one tolerance model.
 
-    dtype: the precision the tested kernel ran in ("bf16", "f16", "f32"; None
-    infers it from the arrays). atol/rtol: replace the default emulation rule
-    by |out - ref| <= atol + rtol * |ref| (either given; the other defaults
-    to 0). sample_rows: check that many random query rows per (batch, head).
-    Returns a CheckReport; raises FlashAttnError on bad input.
+    q, k, v, out, lse: numpy arrays or torch tensors on any device (copied to
+    the host), e.g. a CUDA kernel's bf16 output:
+    ``flashattn.check(q, k, v, out, causal=True, dtype="bf16")``.
+    dtype: the precision the tested kernel ran in ("bf16", "f16", "f32", or a
+    numpy/torch dtype; None infers it from the arrays). atol/rtol: replace
+    the default emulation rule by |out - ref| <= atol + rtol * |ref| (either
+    given; the other defaults to 0). sample_rows: check that many random
+    query rows per (batch, head), drawn with seed (0 <= seed < 2**64).
+    Options and bf16_bits as in attention(). Returns a CheckReport (true when
+    it passed); raises FlashAttnError on bad input.
     """
     lib = library()
     keep = []
     arrs = [_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"))]
-    tq, tk, tv, to = (_tensor(a, n) for a, n in zip(arrs, ("q", "k", "v", "out")))
+    tq, tk, tv, to = (_tensor(a, n, bf16_bits) for a, n in zip(arrs, ("q", "k", "v", "out")))
     tl = None
     if lse is not None:
         lse_a = _as_array(lse, "lse")
         keep.append(lse_a)
-        tl = _tensor(lse_a, "lse")
+        tl = _tensor(lse_a, "lse", bf16_bits)
     opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep)
     co = lib.fa_check_options_default()
     if dtype is not None:
-        if dtype not in _DTYPE_NAMES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPE_NAMES)}")
-        co.dtype = _DTYPE_NAMES[dtype]
+        co.dtype = _dtype_code(dtype, "dtype")
     if atol is not None or rtol is not None:
         co.use_tolerance = 1
-        co.atol = float(atol or 0.0)
-        co.rtol = float(rtol or 0.0)
-    co.sample_rows = int(sample_rows)
-    co.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    co.num_threads = int(num_threads)
+        co.atol = _float_arg(atol or 0.0, "atol")
+        co.rtol = _float_arg(rtol or 0.0, "rtol")
+    co.sample_rows = _int_arg(sample_rows, "sample_rows", 0, _INT64_MAX)
+    co.seed = _int_arg(seed, "seed", 0, _UINT64_MAX)
+    co.num_threads = _int_arg(num_threads, "num_threads", 0, _INT_MAX)
     rep = _Report()
     st = lib.fa_check(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
                       ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt),
