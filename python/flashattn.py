@@ -379,6 +379,18 @@ def _torch_result(arr, code, device):
     return t.to(device) if str(device) != "cpu" else t
 
 
+def _alibi_array(slopes):
+    """ALiBi slopes as float32/float64 values (the library takes no other type);
+    a torch tensor of any float type, bf16 included, is converted by value."""
+    if _is_torch(slopes):
+        import torch
+        slopes = slopes.detach().to("cpu", torch.float64)
+    a = _as_array(slopes, "alibi_slopes")
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float64)
+    return a
+
+
 def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep):
     """fa_options from the keyword arguments, every value checked first."""
     scale = _scale_arg(scale)
@@ -405,9 +417,7 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     opt.impl = _IMPLS[impl]
     opt.num_threads = num_threads
     if alibi_slopes is not None:
-        a = _as_array(alibi_slopes, "alibi_slopes")
-        if a.dtype not in (np.float32, np.float64):
-            a = a.astype(np.float64)
+        a = _alibi_array(alibi_slopes)
         ta = _tensor(a, "alibi_slopes")
         keep += [a, ta]
         opt.alibi_slopes = ctypes.pointer(ta)

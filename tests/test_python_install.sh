@@ -25,6 +25,7 @@ python3 -m venv --system-site-packages "$tmp/venv" >"$tmp/venv.log" 2>&1 ||
     skip "python3 -m venv does not work here (apt-get install python3-venv)"
 py=$tmp/venv/bin/python
 "$py" -m pip --version >/dev/null 2>&1 || skip "the venv has no pip"
+"$py" -c "import numpy" 2>/dev/null || skip "numpy is not visible in a --system-site-packages venv"
 # Offline and clean: no index, no user config, nothing from the checkout on the path.
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONFIG_FILE=/dev/null
 unset FA_BUILD FLASHATTN_LIB PYTHONPATH PIP_FIND_LINKS

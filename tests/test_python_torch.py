@@ -150,3 +150,13 @@ def test_integer_torch_tensors_are_refused_unless_bf16_bits(gen):
     np.testing.assert_array_equal(o.numpy(), fa.attention(q, k, v).numpy())
     with pytest.raises(TypeError, match="complex"):
         fa.attention(q.to(torch.complex64), k, v)
+
+
+def test_alibi_slopes_as_torch_tensors_are_read_by_value(gen):
+    q, k, v = qkv(gen, torch.float32, "cpu")
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    want = fa.attention(q.numpy(), k.numpy(), v.numpy(), causal=True,
+                        alibi_slopes=slopes.numpy().astype(np.float64))
+    for s in (slopes, slopes.to(torch.bfloat16), slopes.to(torch.float16)):  # exact in all three
+        o = fa.attention(q, k, v, causal=True, alibi_slopes=s)
+        np.testing.assert_array_equal(o.numpy(), want)
