@@ -16,19 +16,21 @@ name=test_python_install
 skip() { echo "$name: SKIP ($1)"; exit 0; }
 fail() { echo "$name: FAIL: $1" >&2; exit 1; }
 
+# Offline and clean: no index, no user config, nothing from the checkout on the path.
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONFIG_FILE=/dev/null
+unset FA_BUILD FLASHATTN_LIB PYTHONPATH PIP_FIND_LINKS
 command -v python3 >/dev/null 2>&1 || skip "no python3"
 python3 -c "import numpy" 2>/dev/null || skip "python3 has no numpy"
 root=$(pwd)
 tmp=$(mktemp -d) || fail "mktemp"
-trap 'rm -rf "$tmp"' EXIT INT TERM
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
 python3 -m venv --system-site-packages "$tmp/venv" >"$tmp/venv.log" 2>&1 ||
     skip "python3 -m venv does not work here (apt-get install python3-venv)"
 py=$tmp/venv/bin/python
 "$py" -m pip --version >/dev/null 2>&1 || skip "the venv has no pip"
-"$py" -c "import numpy" 2>/dev/null || skip "numpy is not visible in a --system-site-packages venv"
-# Offline and clean: no index, no user config, nothing from the checkout on the path.
-export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONFIG_FILE=/dev/null
-unset FA_BUILD FLASHATTN_LIB PYTHONPATH PIP_FIND_LINKS
+"$py" -c "import numpy" 2>/dev/null && "$py" -m pip show -q numpy >/dev/null 2>&1 ||
+    skip "numpy is not installed where a --system-site-packages venv's pip sees it"
 
 smoke() {  # $1: what was installed; runs from $tmp/run, outside the checkout
     mkdir -p "$tmp/run"
