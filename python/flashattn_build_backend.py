@@ -18,6 +18,10 @@ build/, so a ``DEBUG=1`` or ``NATIVE=1`` build there is neither used nor
 clobbered. Extra make arguments: ``FLASHATTN_MAKE_ARGS="NO_OMP=1 CC=clang"``
 in the environment, or ``--config-settings make-args="..."``.
 
+``pip install -e ./python`` (build_editable) instead builds the checkout's
+build/libflashattn.so and puts this directory on sys.path with a .pth file, so
+the checkout's flashattn.py is what is imported.
+
 The wheel's tag is ``py3-none-<platform>``: the .so is native code for this
 machine, but it is loaded by ctypes, so it does not depend on the Python ABI.
 """
@@ -90,7 +94,8 @@ def _make_args(config_settings):
 
 
 def _build_library(build_dir, config_settings):
-    """Run the project's Makefile; return the path of the shared library."""
+    """Run the project's Makefile; return the path of the shared library.
+    build_dir: a temporary directory, or the checkout's build/ (editable)."""
     make = os.environ.get("MAKE", "make")
     if shutil.which(make) is None:
         raise RuntimeError(f"flashattn: '{make}' not found; building libflashattn.so needs make "
@@ -99,8 +104,11 @@ def _build_library(build_dir, config_settings):
     jobs = str(max(1, min(os.cpu_count() or 1, 16)))
     cmd = [make, "-C", _c_root(), f"-j{jobs}", f"BUILD={build_dir}"] + \
         _make_args(config_settings) + [target]
+    # Only FLASHATTN_MAKE_ARGS reaches make: an outer make's MAKEFLAGS (jobserver
+    # descriptors pip does not pass on, variables of another build) is dropped.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     print("flashattn: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    r = subprocess.run(cmd)
+    r = subprocess.run(cmd, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"flashattn: building libflashattn.so failed (make exited "
                            f"{r.returncode}); the compiler's messages are above")
@@ -149,6 +157,10 @@ def get_requires_for_build_sdist(config_settings=None):
     return []
 
 
+def get_requires_for_build_editable(config_settings=None):
+    return []
+
+
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     version = _version()
     di = os.path.join(metadata_directory, f"{NAME}-{version}.dist-info")
@@ -157,6 +169,25 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
         with open(os.path.join(metadata_directory, arcname), "wb") as f:
             f.write(data)
     return os.path.basename(di)
+
+
+def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
+    return prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    """pip install -e ./python: the checkout's python/flashattn.py is imported
+    in place (a .pth file puts this directory on sys.path), and it loads the
+    checkout's build/libflashattn.so, which this hook builds with `make`."""
+    if os.path.join(HERE, "csrc") == _c_root():
+        raise RuntimeError("flashattn: an editable install needs a checkout, not an sdist")
+    version = _version()
+    _build_library(os.path.join(_c_root(), "build"), config_settings)
+    files = [(f"__editable__.{NAME}.pth", (HERE + "\n").encode(), 0o644)] + \
+        _dist_info_files(version)
+    name = _wheel_name(version)
+    _write_wheel(os.path.join(wheel_directory, name), files)
+    return name
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):

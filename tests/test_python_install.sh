@@ -8,7 +8,9 @@
 #      load the .so from inside the installed package, a forward pass must match
 #      a float64 numpy model, check() must pass it and fail a perturbed copy;
 #      pip uninstall must remove the package and its .so;
-#   2. an sdist made by the backend, unpacked away from the checkout, installs
+#   2. pip install -e ./python imports the checkout's python/flashattn.py and
+#      loads the checkout's build/libflashattn.so (built by the hook);
+#   3. an sdist made by the backend, unpacked away from the checkout, installs
 #      with build isolation (the default): the isolated build needs no network.
 # Skipped with one line where python3 has no usable venv/pip or no numpy.
 set -u
@@ -74,6 +76,19 @@ so=$("$py" -c "import flashattn; print(flashattn._find_library())" 2>/dev/null) 
 "$py" -m pip uninstall -q -y flashattn >/dev/null 2>&1 || fail "pip uninstall flashattn failed"
 [ ! -e "$so" ] || fail "pip uninstall left $so behind"
 (cd "$tmp" && "$py" -c "import flashattn" 2>/dev/null) && fail "flashattn still importable after uninstall"
+
+echo "$name: pip install -e ./python (editable: the checkout's module and build/ library)"
+"$py" -m pip install -q --no-build-isolation -e ./python >"$tmp/pip3.log" 2>&1 ||
+    { cat "$tmp/pip3.log" >&2; fail "pip install -e ./python failed"; }
+(cd "$tmp" && "$py" -c "
+import os, sys, flashattn as fa
+root = os.path.realpath(sys.argv[1])
+assert os.path.realpath(fa.__file__) == os.path.join(root, 'python', 'flashattn.py'), fa.__file__
+assert os.path.realpath(fa._find_library()) == os.path.join(root, 'build', 'libflashattn.so')
+fa.library()
+" "$root") || fail "the editable install does not import the checkout's module and library"
+"$py" -m pip uninstall -q -y flashattn >/dev/null 2>&1 || fail "pip uninstall of the editable install failed"
+(cd "$tmp" && "$py" -c "import flashattn" 2>/dev/null) && fail "flashattn importable after uninstalling the editable install"
 
 echo "$name: sdist from the backend, installed with build isolation (no index)"
 (cd python && "$py" -c "import sys, flashattn_build_backend as b; print(b.build_sdist(sys.argv[1]))" \
