@@ -18,11 +18,12 @@ Semantics (masks, scale, softcap, ALiBi, empty rows): docs/semantics.md.
 Inputs: numpy arrays (or anything ``np.asarray`` takes) and torch tensors.
 Element types: float32, float64, float16 and bfloat16. A torch tensor of any
 of these, on any device, is copied to the host (zero-copy through DLPack when
-it is already there); given torch tensors, attention() and grad() return torch
-tensors on the device of q. numpy bfloat16 is either an ``ml_dtypes.bfloat16``
-array or bit patterns in a **uint16** array; integer arrays are otherwise
-refused rather than read as bits (``bf16_bits=True`` also reads int16 arrays
-as bf16 bit patterns, ``bf16_bits=False`` refuses uint16 too).
+it is already there); given torch tensors, attention() and grad() return
+torch tensors on the device of the first torch input (q's, normally). numpy
+bfloat16 is either an ``ml_dtypes.bfloat16`` array or bit patterns in a
+**uint16** array (kept for compatibility); other integer arrays, int16
+included, are refused rather than read as bits (``bf16_bits=True`` also reads
+int16 arrays as bf16 bit patterns, ``bf16_bits=False`` refuses uint16 too).
 
     import numpy as np, flashattn
     o, lse = flashattn.attention(q, k, v, causal=True, return_lse=True)
@@ -446,7 +447,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     "f64", "f16", "bf16", or a numpy/torch dtype. Returns O and, with
     return_lse, LSE float32 [batch, heads, seqlen_q]. Given numpy inputs these
     are numpy arrays (bf16 O as uint16 bit patterns); given torch tensors,
-    torch tensors on q's device (bf16 O as torch.bfloat16).
+    torch tensors on the first torch input's device (bf16 O as torch.bfloat16).
     bf16_bits: see the module doc (None: uint16 inputs are bf16 bits).
     """
     lib = library()
@@ -485,8 +486,9 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
     kv head. grad_dtype: "f32" (default), "f64", "f16", "bf16", or a
     numpy/torch dtype. Inputs may be numpy arrays or torch tensors (any
     device); the gradients are numpy arrays (bf16 as uint16 bit patterns), or
-    torch tensors on q's device when q, k, v or dout is one. impl: "flash" or
-    "reference" ("standard" has no backward pass and raises FlashAttnError).
+    torch tensors on the device of the first of q, k, v, dout that is one.
+    impl: "flash" or "reference" ("standard" has no backward pass and raises
+    FlashAttnError).
     Options and bf16_bits as in attention().
     """
     lib = library()
