@@ -2,40 +2,33 @@
  * 10_register_blocking.c — where the library's ~25x over step 09 comes from:
  * register blocking, packing and vector width, on one tile product.
  *
- * Previous step: 09 vectorized the FlashAttention-2 kernel with `omp simd` and
- *   a 4 x 1 score micro-tile, and the library's flash path still ran ~25x
- *   faster on one thread. Memory is not the reason (both keep their blocks in
- *   cache); the arithmetic is. Most of the time goes into two tile products,
- *   S = Q_i K_j^T and O_i += P V_j, so take the first one alone.
- * What changes: nothing about attention. The Br x Bc tile S = Q_i K_j^T
- *   (2 Br Bc d FLOPs) is computed five ways, each checked against a float64
- *   loop, each timed as GFLOP/s and as a fraction of the peak of its
- *   instruction set, measured here by a loop of independent multiply-adds:
- *     1. naive: three loops, S_ij = sum_c Q_ic K_jc. C forbids reordering a
- *        float sum, so each dot product is one chain of dependent adds: one
- *        lane, and every add waits for the previous one.
- *     2. simd 4x1 (step 09): `omp simd reduction` over c splits the sum over
- *        the lanes; four Q rows share each K row. Still two loads per
- *        multiply-add and a horizontal sum per score.
- *     3. register tile MR x NR: an MR x NR block of S stays in registers
- *        (MR * NR / W vector registers of W lanes) for the whole c loop; per c
- *        it loads NR values of K_j^T, broadcasts MR values of Q_i and does
- *        MR * NR multiply-adds: (NR/W + MR) loads for MR * NR / W vector FMAs.
- *        But K is [Bc][d]: the NR values K_{j..j+NR-1, c} lie d floats apart,
- *        so every "vector load" is NR scalar loads.
- *     4. packed panels: copy K_j^T into panels [Bc/NR][d][NR] and Q_i into
- *        [Br/MR][d][MR] first (O((Br + Bc) d) work for O(Br Bc d) FLOPs), so
- *        the micro-kernel reads both strictly in order. Same register tile.
- *     5. the packed kernel compiled for wider vectors (AVX2+FMA, AVX-512 where
- *        the CPU has them): the same C, `__attribute__((target(...)))`, no
- *        intrinsics. The baseline x86-64 build has 4-lane SSE and no FMA.
+ * Previous step: 09 vectorized FlashAttention-2 (`omp simd`, 4 x 1 score tile);
+ *   the library still ran ~25x faster on one thread, with its blocks in cache
+ *   too: the gap is arithmetic, mostly in S = Q_i K_j^T and O_i += P V_j.
+ * What changes: nothing about attention. The tile S = Q_i K_j^T (Br x Bc,
+ *   2 Br Bc d FLOPs) is computed five ways, each checked against a float64
+ *   loop and timed as GFLOP/s and as a fraction of its ISA's multiply-add
+ *   peak (measured here with the same register tile and no loads):
+ *     1. naive: three loops; C forbids reordering a float sum: one dependent chain.
+ *     2. simd 4x1 (step 09): `omp simd reduction` spreads the sum over lanes,
+ *        4 Q rows share each K row; still 2 loads per FMA, a horizontal sum each.
+ *     3. register tile MR x NR: an MR x NR block of S stays in MR NR / W vector
+ *        registers for the whole c loop; per c: NR values of K_j^T, MR
+ *        broadcasts of Q_i, MR NR multiply-adds. But K is [Bc][d]: the NR values
+ *        K_{j..j+NR-1, c} lie d floats apart, so each vector load is NR loads.
+ *     4. packed panels: copy K_j^T into [Bc/NR][d][NR] and Q_i into
+ *        [Br/MR][d][MR] first (O((Br + Bc) d) copies for O(Br Bc d) FLOPs): the
+ *        micro-kernel then reads both strictly in order. Timed with the packing
+ *        and without it (the library reuses K_j^T for every Q block).
+ *     5. the packed kernel for the CPU's wider vectors (AVX2+FMA, AVX-512): the
+ *        same C under __attribute__((target)), no intrinsics (x86-64's baseline
+ *        build has 4-lane SSE and no FMA).
  * What to look for:
- *   - the ratios down the table: 2 -> 4 is register blocking and packing;
- *     4 -> 5 is vector width and FMA. Their product is most of the ~25x;
- *     the library adds packing once per kv head and L2-sized blocks.
- *   - the fraction of peak: what is left on the table at each rung.
- *   - the error over its bound: sums in another order round differently,
- *     never beyond gamma_d = d u / (1 - d u) times sum |Q_ic K_jc| (u = 2^-24).
+ *   - the "vs 09" column: 2 -> 4 is register blocking and packing, 4 -> 5 is
+ *     vector width and FMA; their product is most of the ~25x;
+ *   - "of peak": what is left on the table at each rung;
+ *   - err/bound <= 1: any summation order stays within (d+1) u / (1 - (d+1) u)
+ *     times scale sum_c |Q_ic K_jc| (u = 2^-24) of the exact score.
  */
 #include "common.h"
 
@@ -79,41 +72,44 @@
     TARGET static float peak_##SUFFIX(long iters)                                           \
     {                                                                                       \
         float acc[MR][NR], sum = 0.0f;                                                      \
-        for (int r = 0; r < MR; r++)                                                        \
-            for (int x = 0; x < NR; x++) acc[r][x] = (float)(r + x);                        \
+        for (int e = 0; e < MR * NR; e++) acc[e / NR][e % NR] = (float)e;                   \
         for (long it = 0; it < iters; it++)                                                 \
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                         \
                 _Pragma("omp simd") for (int x = 0; x < NR; x++)                            \
                     acc[r][x] = MADD(acc[r][x], 0.9999999f, 1e-7f);                         \
             }                                                                               \
-        for (int r = 0; r < MR; r++)                                                        \
-            for (int x = 0; x < NR; x++) sum += acc[r][x];                                  \
+        for (int e = 0; e < MR * NR; e++) sum += acc[e / NR][e % NR];                       \
         return sum;                                                                         \
     }
 
-DEFINE_MICRO(base, , 2 * W_BASE, MADD_BASE)
+DEFINE_MICRO(base, , (2 * W_BASE), MADD_BASE)
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_WIDE 1
+#ifdef __clang__
+#define T512 __attribute__((target("avx512f,fma")))
+#else   /* GCC's generic tuning would otherwise split 512-bit vectors in two */
+#define T512 __attribute__((target("avx512f,fma,prefer-vector-width=512")))
+#endif
 DEFINE_MICRO(avx2, __attribute__((target("avx2,fma"))), 16, MADD_FMA)
-DEFINE_MICRO(avx512, __attribute__((target("avx512f,fma,prefer-vector-width=512"))), 32, MADD_FMA)
+DEFINE_MICRO(avx512, T512, 32, MADD_FMA)
 #endif
 
-typedef struct isa {
+typedef struct isa {   /* NR = 2 W: MR x NR is 2 MR = 12 vector registers of accumulators */
     const char *name;
-    int nr;                       /* NR = 2 W: 2 MR = 12 accumulator registers */
+    int nr;
     void (*micro)(int, const float *, const float *, float *, int, float);
     float (*peak)(long);
-    double peak_gflops;           /* measured below */
+    double peak_gflops;
 } isa;
 
-/* Q: [br][d], K: [bc][d] (row-major, as attention holds them); S: [br][bc]. */
-static void s_naive(int br, int bc, int d, const float *Q, const float *K, float *S, float scale)
+/* Q: [br][d], K: [bc][d] (row-major, as attention holds them); S: [br][lds]. */
+static void s_naive(int br, int bc, int d, const float *Q, const float *K, float *S, int lds, float scale)
 {
     for (int i = 0; i < br; i++)
         for (int j = 0; j < bc; j++) {
             float s = 0.0f;
             for (int c = 0; c < d; c++) s += Q[(size_t)i * d + c] * K[(size_t)j * d + c];
-            S[(size_t)i * bc + j] = s * scale;
+            S[(size_t)i * lds + j] = s * scale;
         }
 }
 
@@ -122,39 +118,31 @@ static void s_simd4x1(int br, int bc, int d, const float *restrict Q, const floa
                       float *restrict S, float scale)
 {
     for (int i = 0; i < br; i += 4) {
-        const int rows = br - i < 4 ? br - i : 4;
-        const float *q0 = Q + (size_t)i * d, *q1 = rows > 1 ? q0 + d : q0, *q2 = rows > 2 ? q0 + 2 * d : q0,
-                    *q3 = rows > 3 ? q0 + 3 * d : q0;
+        const int rows = br - i < 4 ? br - i : 4;   /* the last block may have fewer: repeat row 0 */
+        const float *q0 = Q + (size_t)i * d, *q1 = q0 + (rows > 1) * d, *q2 = q0 + (rows > 2) * 2 * d,
+                    *q3 = q0 + (rows > 3) * 3 * d;
         for (int j = 0; j < bc; j++) {
             const float *k = K + (size_t)j * d;
             float x0 = 0, x1 = 0, x2 = 0, x3 = 0;
 #pragma omp simd reduction(+ : x0, x1, x2, x3)
-            for (int c = 0; c < d; c++) {
-                x0 += q0[c] * k[c];
-                x1 += q1[c] * k[c];
-                x2 += q2[c] * k[c];
-                x3 += q3[c] * k[c];
-            }
+            for (int c = 0; c < d; c++)
+                x0 += q0[c] * k[c], x1 += q1[c] * k[c], x2 += q2[c] * k[c], x3 += q3[c] * k[c];
             const float xs[4] = {x0, x1, x2, x3};
             for (int r = 0; r < rows; r++) S[(size_t)(i + r) * bc + j] = xs[r] * scale;
         }
     }
 }
 
-/* Register tile MR x NB on K as it lies in memory (NB = the baseline NR); edges element by element. */
+/* Register tile MR x NB on K as it lies in memory (NB = the baseline NR); edge blocks the naive way. */
 #define NB (2 * W_BASE)
 static void s_regtile(int br, int bc, int d, const float *restrict Q, const float *restrict K,
                       float *restrict S, float scale)
 {
     for (int i = 0; i < br; i += MR)
         for (int j = 0; j < bc; j += NB) {
-            if (i + MR > br || j + NB > bc) { /* edge block */
-                for (int r = i; r < br && r < i + MR; r++)
-                    for (int x = j; x < bc && x < j + NB; x++) {
-                        float s = 0.0f;
-                        for (int c = 0; c < d; c++) s += Q[(size_t)r * d + c] * K[(size_t)x * d + c];
-                        S[(size_t)r * bc + x] = s * scale;
-                    }
+            if (i + MR > br || j + NB > bc) {
+                s_naive(br - i < MR ? br - i : MR, bc - j < NB ? bc - j : NB, d, Q + (size_t)i * d, K + (size_t)j * d,
+                        S + (size_t)i * bc + j, bc, scale);
                 continue;
             }
             float acc[MR][NB] = {{0}};
@@ -201,22 +189,13 @@ static void s_packed(const isa *is, int pack_too, int br, int bc, int d, const f
 /* One core's multiply-add peak for an ISA: best of 3 runs of >= 0.1 s each. */
 static double measure_peak(const isa *is)
 {
-    double best = 0;
+    double best = 0, t;
     volatile float sink = 0;
     for (int k = 0; k < 3; k++) {
         long iters = 1 << 16;
-        double t;
-        for (;;) {
-            double t0 = tut_now();
-            sink += is->peak(iters);
-            t = tut_now() - t0;
-            if (t >= 0.1) break;
-            iters *= t < 0.01 ? 8 : 2;
-        }
-        double g = 2.0 * MR * is->nr * (double)iters / t / 1e9;
-        if (g > best) best = g;
+        while (t = tut_now(), sink += is->peak(iters), (t = tut_now() - t) < 0.1) iters *= t < 0.01 ? 8 : 2;
+        best = fmax(best, 2.0 * MR * is->nr * (double)iters / t / 1e9);
     }
-    (void)sink;
     return best;
 }
 
@@ -224,10 +203,9 @@ int main(int argc, char **argv)
 {
     tut_args a = {.n = {512}, .n_count = 1, .d = 64, .br = 96, .bc = 96, .reps = 3};
     tut_parse_args(argc, argv, &a, "10_register_blocking: one tile S = Q_i K_j^T, from three loops to packed panels");
-    if (a.kernel_only || a.sim_kernel) { fprintf(stderr, "10_register_blocking: no simulated kernel in this step\n"); return 2; }
+    if (a.kernel_only || a.sim_kernel) return fprintf(stderr, "10_register_blocking: no simulated kernel\n"), 2;
     const int br = a.br, bc = a.bc, d = a.d;
     const float scale = 1.0f / sqrtf((float)d);
-
     isa isas[3] = {{W_BASE == 16 ? "avx512 (build)" : W_BASE == 8 ? "avx2 (build)" : "baseline (build)",
                     2 * W_BASE, micro_base, peak_base, 0}};
     int n_isa = 1;
@@ -243,7 +221,6 @@ int main(int argc, char **argv)
            "   one thread; register tile MR x NR = %d x 2W (W = float lanes of the ISA).\n"
            "   Peak = this core's multiply-add rate for that ISA, measured now (best of 3 x 0.1 s).\n\n",
            br, bc, d, tut_bytes(4.0 * ((double)(br + bc) * d + (double)br * bc)), MR);
-
     size_t nq = (size_t)br * d, nk = (size_t)bc * d, ns = (size_t)br * bc;
     float *Q = tut_alloc(nq * 4), *K = tut_alloc(nk * 4), *S = tut_alloc(ns * 4);   /* [br][d], [bc][d], [br][bc] */
     double *ref = tut_alloc(ns * 8), *bound = tut_alloc(ns * 8);                   /* [br][bc] each */
@@ -254,12 +231,8 @@ int main(int argc, char **argv)
     const double u = ldexp(1.0, -24), gamma = (d + 1) * u / (1 - (d + 1) * u);
     for (int i = 0; i < br; i++)
         for (int j = 0; j < bc; j++) {
-            double s = 0, sa = 0;
-            for (int c = 0; c < d; c++) {
-                double p = (double)Q[(size_t)i * d + c] * K[(size_t)j * d + c];
-                s += p;
-                sa += fabs(p);
-            }
+            double s = 0, sa = 0, p;
+            for (int c = 0; c < d; c++) p = (double)Q[(size_t)i * d + c] * K[(size_t)j * d + c], s += p, sa += fabs(p);
             ref[(size_t)i * bc + j] = s * scale;
             bound[(size_t)i * bc + j] = gamma * sa * scale + 1e-30;
         }
@@ -283,7 +256,7 @@ int main(int argc, char **argv)
         for (int rep = -1; rep < reps; rep++) {   /* rep -1: find how many products take >= 20 ms */
             double t0 = tut_now();
             for (int x = 0; x < inner; x++) {
-                if (v == 0) s_naive(br, bc, d, Q, K, S, scale);
+                if (v == 0) s_naive(br, bc, d, Q, K, S, bc, scale);
                 else if (v == 1) s_simd4x1(br, bc, d, Q, K, S, scale);
                 else if (v == 2) s_regtile(br, bc, d, Q, K, S, scale);
                 else s_packed(is, v == 3, br, bc, d, Q, K, S, scale, qp, kp, sp);
@@ -294,11 +267,8 @@ int main(int argc, char **argv)
         }
         qsort(tt, (size_t)reps, sizeof tt[0], tut_cmp_double);
         t = tt[reps / 2];
-        double worst = 0;   /* max |S - ref| / bound */
-        for (size_t e = 0; e < ns; e++) {
-            double r = fabs((double)S[e] - ref[e]) / bound[e];
-            if (!(r <= worst)) worst = r;
-        }
+        double worst = 0, r;   /* max |S - ref| / bound; a NaN becomes the error */
+        for (size_t e = 0; e < ns; e++) worst = (r = fabs((double)S[e] - ref[e]) / bound[e]) <= worst ? worst : r;
         tut_require(worst, 1.0, name);
         const double g = flops / t / 1e9;
         if (v == 1) g09 = g;
@@ -313,15 +283,14 @@ int main(int argc, char **argv)
                 is->peak_gflops, g / is->peak_gflops, worst);
     }
     fclose(dat);
-    fa_cpu_info ci;
+    fa_cpu_info ci = {0};
     fa_get_cpu_info(&ci);
     printf("\n   Register tile + packed panels: %.1fx over step 09's loop at the same vector width\n"
            "   (%.0f%% of that ISA's peak); packing Q_i and K_j^T for this one product costs %.1f us\n"
-           "   more, which the library pays once per kv head, not per tile. The widest ISA here:\n"
-           "   %.1fx over step 09. Over 100%% of peak means the machine was busier while the peak\n"
-           "   was measured: rerun.\n"
-           "   The library (ISA %s) runs this product as its qk micro-kernel, with K_j^T packed\n"
-           "   once per kv head and shared by every Q block, then exp and P V_j the same way.\n"
+           "   more. The widest ISA here: %.1fx over step 09. (Over 100%% of peak: the machine was\n"
+           "   busier while the peak was measured; rerun.) The library (ISA %s) runs this product\n"
+           "   as its qk micro-kernel, packs Q_i once per task and K_j^T once per kv head for every\n"
+           "   Q block, and does P V_j and the exponentials the same way.\n"
            "   Try: --d 128, --br 24 --bc 24 (step 09's blocks: edges and packing weigh more),\n"
            "   `make tutorials TUT_CFLAGS=-march=native` (the build itself gets the wide ISA).\n"
            "   Next: 11 spreads the query blocks over threads.\n",

@@ -909,15 +909,21 @@ static inline void tut_l2_story(const tut_args *a, const tut_result *last, const
            "   It needs %.3g bytes per FLOP from beyond L2, %.2f GB/s at this speed; this core\n"
            "   streams %.1f GB/s from beyond L2 (measured just now, one thread).\n",
            order, bytes_per_flop, need, gbps);
-    if (need < 0.5 * gbps)
-        printf("   The scalar arithmetic, not the memory, sets the pace, so the misses cost little time here.\n"
-               "   At 100 GFLOP/s (step 10's packed kernels) this order would need %.0f GB/s:\n   %s\n",
-               100 * bytes_per_flop, 100 * bytes_per_flop > gbps
-                                         ? "more than the memory delivers. Once the arithmetic is fast, the loop\n"
-                                           "   order and the block sizes decide the time."
-                                         : "within what the memory delivers.");
+    const double kept = last && last->n ? big->gflops / last->gflops : 1.0;
+    if (kept >= 0.75)
+        printf("   It kept %.0f%% of its in-L2 speed, using %.0f%% of that bandwidth: the scalar arithmetic,\n"
+               "   not the memory, sets the pace, so the misses cost little time here.\n",
+               100 * kept, 100 * need / gbps);
     else
-        printf("   That is close to what the memory delivers: this order is memory-bound at this N.\n");
+        printf("   It kept only %.0f%% of its in-L2 speed, using %.0f%% of that bandwidth:\n   %s\n", 100 * kept,
+               100 * need / gbps, need > 0.5 * gbps ? "the memory sets the pace here."
+                                                    : "misses cost time below the bandwidth limit too (latency;\n"
+                                                      "   or a busy machine: rerun).");
+    printf("   At 100 GFLOP/s (step 10's packed kernels) this order would need %.0f GB/s:\n   %s\n",
+           100 * bytes_per_flop, 100 * bytes_per_flop > gbps
+                                     ? "more than the memory delivers. Once the arithmetic is fast, the loop\n"
+                                       "   order and the block sizes decide the time."
+                                     : "within what the memory delivers.");
 }
 
 #endif /* TUT_COMMON_H */
