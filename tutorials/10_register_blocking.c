@@ -237,7 +237,6 @@ int main(int argc, char **argv)
             bound[(size_t)i * bc + j] = gamma * sa * scale + 1e-30;
         }
     for (int k = 0; k < n_isa; k++) isas[k].peak_gflops = measure_peak(&isas[k]);
-
     FILE *dat = tut_dat_open(&a, "10", "variant isa br bc d time_ms gflops peak_gflops peak_fraction err_over_bound");
     printf("   %-26s %-16s | %9s | %8s | %7s | %8s | %6s | %9s\n", "variant", "isa", "tile us", "GFLOP/s", "peak",
            "of peak", "vs 09", "err/bound");
