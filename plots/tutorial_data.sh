@@ -12,13 +12,13 @@ step() { for f in "$bin"/$1_*; do [ -x "$f" ] && [ "${f%.dat}" = "$f" ] && echo 
 for s in 02 03 04 05 06 07 08; do
     "$(step $s)" --n 128,256,384,512,768 --reps 1 --out "$dir" >/dev/null
 done
-"$(step 11)" --out "$dir" >/dev/null
+"$(step 12)" --out "$dir" >/dev/null
 # GFLOP/s at one size, no simulator (fast), medians of 3
 for s in 02 03 04 05 06 07 08; do
     "$(step $s)" --n 512 --no-sim --reps 3 --out "$dir/g" >/dev/null
 done
 "$(step 09)" --n 512 --reps 3 --out "$dir/g" >/dev/null
-"$(step 10)" --n 512 --reps 3 --out "$dir/g" >/dev/null
+"$(step 11)" --n 512 --reps 3 --out "$dir/g" >/dev/null
 {
     echo "# label gflops"
     for s in 02 03 04 05 06 07; do
@@ -26,9 +26,9 @@ done
     done
     awk '!/^#/ && $1 == 1 { g = $8 } END { print "08-causal", g }' "$dir/g/08.dat"
     awk '!/^#/ && $1 == "tutorial_flash2_simd" { print "09-simd", $7 }' "$dir/g/09.dat"
-    awk '!/^#/ && $1 == "tutorial_flash2" { g = $5 } END { print "10-threads", g }' "$dir/g/10.dat"
+    awk '!/^#/ && $1 == "tutorial_flash2" { g = $5 } END { print "11-threads", g }' "$dir/g/11.dat"
     awk '!/^#/ && $1 == "library_flash" { print "lib-flash-1T", $7 }' "$dir/g/09.dat"
-    awk '!/^#/ && $1 == "library_flash" { g = $5 } END { print "lib-flash-" "all", g }' "$dir/g/10.dat"
+    awk '!/^#/ && $1 == "library_flash" { g = $5 } END { print "lib-flash-" "all", g }' "$dir/g/11.dat"
 } > "$dir/gflops.dat"
 # One core's FMA peak, from the CLI's own benchmark (GFLOP/s over its peak fraction); 0 if unavailable.
 peak=0

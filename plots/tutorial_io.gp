@@ -1,5 +1,5 @@
-# tutorial_io.gp — slow-tier traffic against the IO-complexity bounds (step 11).
-# 11.dat: 1 n 2 d 3 M_bytes 4 b 5 std_bytes 6 std_bound 7 std_ratio 8 flash_bytes 9 flash_bound 10 flash_ratio
+# tutorial_io.gp — slow-tier traffic against the IO-complexity bounds (step 12).
+# 12.dat: 1 n 2 d 3 M_bytes 4 b 5 std_bytes 6 std_bound 7 std_ratio 8 flash_bytes 9 flash_bound 10 flash_ratio
 # 11_blocks.dat: 1 n 2 d 3 M_bytes 4 b 5 fits 6 flash_bytes 7 flash_bound 8 ratio
 if (!exists("datadir")) datadir = 'build/tutorials'
 if (!exists("out")) out = 'tutorial_io.png'
@@ -13,16 +13,16 @@ set format y "%.0s%c"
 set key left top
 set xlabel "N"
 set ylabel "bytes moved"
-plot for [m in "16384 32768 65536"] datadir.'/11.dat' using ($3 == m ? $1 : 1/0):8 with linespoints lw 2 \
+plot for [m in "16384 32768 65536"] datadir.'/12.dat' using ($3 == m ? $1 : 1/0):8 with linespoints lw 2 \
          title sprintf("flash, M = %d KiB", m/1024), \
-     for [m in "16384 32768 65536"] datadir.'/11.dat' using ($3 == m ? $1 : 1/0):5 with linespoints dt 2 lw 2 \
+     for [m in "16384 32768 65536"] datadir.'/12.dat' using ($3 == m ? $1 : 1/0):5 with linespoints dt 2 lw 2 \
          title sprintf("standard, M = %d KiB", m/1024)
 set logscale x 10
 set format x "%.0s%c"
 set xlabel "bound (bytes): 4(Nd + N^2) standard, 4 N^2 d^2 / (M/4) flash"
 set ylabel "measured bytes"
-plot datadir.'/11.dat' using 9:8 with points pt 7 ps 1.3 title "flash", \
-     datadir.'/11.dat' using 6:5 with points pt 5 ps 1.3 title "standard", \
+plot datadir.'/12.dat' using 9:8 with points pt 7 ps 1.3 title "flash", \
+     datadir.'/12.dat' using 6:5 with points pt 5 ps 1.3 title "standard", \
      x * 25 with lines dt 2 lc rgb "gray" title "25 x bound", \
      x * 8 with lines dt 3 lc rgb "gray" title "8 x bound"
 unset logscale y

@@ -5,13 +5,13 @@
 #      output (and LSE) with the library's float64 reference and exits 1 beyond
 #      its stated tolerance (1e-4 for attention, 1e-5 of max p for softmax);
 #   2. the naive step's L1 misses grow as N^2 (x4 per doubling of N, within 15%);
-#   3. the flash steps' misses grow as N^2 (same test) and, in step 11, the
+#   3. the flash steps' misses grow as N^2 (same test) and, in step 12, the
 #      slow-tier traffic tracks N^2 d^2 / M: measured/bound stays within a
 #      factor 1.5 over N and M (inside the theorem's range M <= 4 N d bytes),
 #      and doubling M cuts the traffic by 1.5x..2.5x;
 #   4. the simulator's L1 misses agree with valgrind's D1 misses (reads +
 #      writes, kernel function only) within 5% on the naive step (02) and the
-#      flash steps (06, 07), for N = 128, 256, 384, and on the flash backward (12)
+#      flash steps (06, 07), for N = 128, 256, 384, and on the flash backward (13)
 #      for N = 128, 256 (skipped, loudly, without valgrind).
 # All counts use the fixed "teaching" geometry, so they are the same on every machine.
 set -u
@@ -32,10 +32,11 @@ for t in "$bin"/[0-9][0-9]_*; do
     name=$(basename "$t")
     case $name in
         01_*) args="--n 4096,65536" ;;
-        09_*|10_*) args="--n 128 --reps 1" ;;
-        11_*) args="--n 64,128 --M 8K,16K --d 16" ;;
-        12_*) args="--n 64,100 --reps 1" ;;
-        13_*) args="--n 128" ;;
+        09_*|11_*) args="--n 128 --reps 1" ;;
+        10_*) args="--br 20 --bc 37 --d 24 --reps 1" ;;
+        12_*) args="--n 64,128 --M 8K,16K --d 16" ;;
+        13_*) args="--n 64,100 --reps 1" ;;
+        14_*) args="--n 128" ;;
         *) args="--n 64,128 --reps 1" ;;
     esac
     if "$t" $args $G --out "$out" >"$out/$name.log" 2>&1; then ok "$name runs and matches the reference"
@@ -43,6 +44,13 @@ for t in "$bin"/[0-9][0-9]_*; do
 done
 "$bin/07_flash2" --n 100,130 --causal --reps 1 $G --out "$out" >/dev/null 2>&1 \
     && ok "07 causal, N not a multiple of the block" || bad "07 --causal --n 100,130"
+# the extra run of steps 05-07 (by default at the N whose K and V fill twice the L2), small here
+for s in 05_online_row 06_flash1 07_flash2; do
+    if "$bin/$s" --n 64 --big 300 --causal --reps 1 --no-sim $G --out "$out" >"$out/$s.big.log" 2>&1 \
+        && grep -q "16 rows checked" "$out/$s.big.log" && [ -s "$out/${s%%_*}_l2.dat" ]; then
+        ok "$s --big 300: extra run, sampled rows match the reference"
+    else bad "$s --big 300: $(tail -1 "$out/$s.big.log")"; fi
+done
 
 # ---- 2, 3. misses grow as N^2 ---------------------------------------------------
 # column 8 of the NN.dat files is l1_miss_sim; rows are N = 256 then 512.
@@ -56,20 +64,20 @@ for s in 02 06 07; do
     else bad "step $s: L1 misses x$r when N doubles, expected ~4 (N^2)"; fi
 done
 
-"$bin/11_io_complexity" --n 128,256,512 --M 16K,32K,64K --d 32 --out "$out" >/dev/null 2>&1 || bad "step 11 sweep"
-# 11.dat: n d M_bytes b std_bytes std_bound std_ratio flash_bytes flash_bound flash_ratio
+"$bin/12_io_complexity" --n 128,256,512 --M 16K,32K,64K --d 32 --out "$out" >/dev/null 2>&1 || bad "step 12 sweep"
+# 12.dat: n d M_bytes b std_bytes std_bound std_ratio flash_bytes flash_bound flash_ratio
 spread=$(awk '!/^#/ && $3 <= 4 * $1 * $2 { r = $10; if (lo == "" || r < lo) lo = r; if (r > hi) hi = r }
-              END { printf "%.3f", hi / lo }' "$out/11.dat")
+              END { printf "%.3f", hi / lo }' "$out/12.dat")
 if awk -v s="$spread" 'BEGIN { exit !(s > 0 && s <= 1.5) }'; then
-    ok "step 11: flash traffic / (N^2 d^2 / M) varies by x$spread over N and M (<= 1.5)"
-else bad "step 11: flash traffic / (N^2 d^2 / M) varies by x$spread over N and M (want <= 1.5)"; fi
-halving=$(awk '!/^#/ && $1 == 512 { t[$3] = $8 } END { printf "%.3f %.3f", t[16384] / t[32768], t[32768] / t[65536] }' "$out/11.dat")
+    ok "step 12: flash traffic / (N^2 d^2 / M) varies by x$spread over N and M (<= 1.5)"
+else bad "step 12: flash traffic / (N^2 d^2 / M) varies by x$spread over N and M (want <= 1.5)"; fi
+halving=$(awk '!/^#/ && $1 == 512 { t[$3] = $8 } END { printf "%.3f %.3f", t[16384] / t[32768], t[32768] / t[65536] }' "$out/12.dat")
 if echo "$halving" | awk '{ exit !($1 >= 1.5 && $1 <= 2.5 && $2 >= 1.5 && $2 <= 2.5) }'; then
-    ok "step 11: doubling M divides flash traffic by $halving (1/M)"
-else bad "step 11: doubling M divides flash traffic by $halving, want 1.5..2.5"; fi
-std_m=$(awk '!/^#/ && $1 == 512 { t[$3] = $5 } END { printf "%.3f", t[16384] / t[65536] }' "$out/11.dat")
-if awk -v r="$std_m" 'BEGIN { exit !(r < 2.5) }'; then ok "step 11: standard traffic falls only x$std_m for 4x M (its S and P term ignores M)"
-else bad "step 11: standard traffic fell x$std_m for 4x M"; fi
+    ok "step 12: doubling M divides flash traffic by $halving (1/M)"
+else bad "step 12: doubling M divides flash traffic by $halving, want 1.5..2.5"; fi
+std_m=$(awk '!/^#/ && $1 == 512 { t[$3] = $5 } END { printf "%.3f", t[16384] / t[65536] }' "$out/12.dat")
+if awk -v r="$std_m" 'BEGIN { exit !(r < 2.5) }'; then ok "step 12: standard traffic falls only x$std_m for 4x M (its S and P term ignores M)"
+else bad "step 12: standard traffic fell x$std_m for 4x M"; fi
 
 # ---- 4. simulator vs valgrind -----------------------------------------------------
 if [ -n "${FA_SANITIZED:-}" ]; then
@@ -86,11 +94,11 @@ elif command -v valgrind >/dev/null 2>&1; then
         done
     done
     for n in 128 256; do
-        res=$(FA_CG_MACHINE=1 sh tutorials/cachegrind.sh "$bin/12_backward" --n $n $G 2>&1)
+        res=$(FA_CG_MACHINE=1 sh tutorials/cachegrind.sh "$bin/13_backward" --n $n $G 2>&1)
         set -- $res
         if [ $# -eq 3 ] && awk -v r="$3" 'BEGIN { exit !(r >= 0.95 && r <= 1.05) }'; then
-            ok "12_backward N=$n: simulator $2 vs valgrind $1 D1 misses (ratio $3)"
-        else bad "12_backward N=$n: simulator vs valgrind: $res"; fi
+            ok "13_backward N=$n: simulator $2 vs valgrind $1 D1 misses (ratio $3)"
+        else bad "13_backward N=$n: simulator vs valgrind: $res"; fi
     done
 else
     echo "SKIP simulator-vs-valgrind agreement: valgrind is not installed (apt-get install valgrind)"

@@ -15,7 +15,7 @@
  *       O_i   = acc / l                                once, at the end
  *       LSE_i = m + ln l                               what the backward pass needs
  *   O, m and l never leave fast memory until the row block is done; each query
- *   block is independent of the others (step 10 gives them to threads).
+ *   block is independent of the others (step 11 gives them to threads).
  * What to look for:
  *   - L1miss/N^2 ~ 2d/(16 Br): now K and V are what streams, once per query
  *     block; Q_i and O_i are touched once. Still Theta(N^2 d^2 / M).
@@ -116,14 +116,18 @@ int main(int argc, char **argv)
     FILE *dat = tut_dat_open(&a, "07", TUT_DAT_COLUMNS);
     tut_table_head();
     double lse_err = 0;
+    tut_result last = {0}, big = {0};
     for (int t = 0; t < a.n_count; t++) {
         tut_result r = tut_measure(&a, &k, a.n[t], a.br, a.bc, cs, &hw, 1e-4);
         tut_table_row(dat, &r);
+        last = r;
         lse_err = fmax(lse_err, r.lse_err);
     }
+    if (tut_big_n(&a) > 0) big = tut_measure_big(&a, &k, "07", tut_big_n(&a), a.br, a.bc, 1e-4);
     fclose(dat);
     cachesim_free(cs);
     tut_io_summary(&a);
+    tut_l2_story(&a, &last, &big, 2.0 / a.br, "Q outer, K and V re-read once per query block");
     printf("\n   max |LSE - LSE_ref| = %.1e. Predicted L1 misses per pair: K_j and V_j once per query\n"
            "   block, 2d/(16 Br) = %.2f. Compare steps 02 (~8), 05 (~8), 06 (~0.26 with the paper's\n"
            "   overflowing blocks). Try: --br 32 --bc 32 (two K/V blocks no longer fit: misses\n"

@@ -155,6 +155,6 @@ int main(int argc, char **argv)
            "   keeps a whole register tile of S in registers, and uses FMA at the full vector\n"
            "   width; its block sizes come from L2 (`flashattn info`). Try: --d 128,\n"
            "   `make tutorials TUT_CFLAGS=-march=native`, and compare step 07 at the same N.\n"
-           "   Next: 10 spreads the query blocks over threads.\n");
+           "   Next: 10 takes the tile product apart: register blocking, packing, vector width.\n");
     return 0;
 }

@@ -81,7 +81,7 @@ typedef struct tut_args {
     int n_count;
     int d;                    /* --d: head dimension */
     int br, bc;               /* --br, --bc: row / column block sizes (0 = step's choice) */
-    size_t m[TUT_MAX_LIST];   /* --M 16K,32K: fast-memory sizes to sweep (step 11) */
+    size_t m[TUT_MAX_LIST];   /* --M 16K,32K: fast-memory sizes to sweep (step 12) */
     int m_count;
     int causal;               /* --causal */
     int threads;              /* --threads: 0 = OpenMP default */
@@ -94,6 +94,8 @@ typedef struct tut_args {
     const char *vg_kernel;    /* the function `make cachegrind` measures (set by the step) */
     int print_vg;             /* --valgrind-geometry: print --D1=.. --LL=.. and exit */
     int no_sim;               /* --no-sim: skip the simulator (faster) */
+    int n_given;              /* 1 if --n was on the command line */
+    int big;                  /* --big N: one extra run at N (steps 05-07); -1 = not given */
 } tut_args;
 
 static inline int tut_parse_list(const char *s, size_t *vals, int max)
@@ -148,7 +150,9 @@ static inline void tut_usage(const char *prog, const char *about)
     fprintf(stderr,
             "%s\nusage: %s [--n N1,N2,..] [--d D] [--br BR] [--bc BC] [--M M1,M2,..] [--causal]\n"
             "          [--threads T] [--reps R] [--geometry detected|teaching|L1SIZE,WAYS,LINE:L2SIZE,WAYS,LINE]\n"
-            "          [--out DIR] [--no-sim] [--kernel-only] [--sim-kernel] [--valgrind-geometry]\n"
+            "          [--out DIR] [--no-sim] [--big N] [--kernel-only] [--sim-kernel] [--valgrind-geometry]\n"
+            "  --big N            steps 05-07: one more run at N, timed, rows sampled against the reference\n"
+            "                     (default without --n: the smallest N whose K and V fill twice the L2; 0 = none)\n"
             "  --kernel-only      run the plain kernel once at the first N (what valgrind measures)\n"
             "  --sim-kernel       run the probed kernel once at the first N on a cold simulator\n"
             "  --valgrind-geometry  print the cachegrind flags for --geometry and the kernel's name\n",
@@ -159,6 +163,7 @@ static inline void tut_usage(const char *prog, const char *about)
 static inline void tut_parse_args(int argc, char **argv, tut_args *a, const char *about)
 {
     a->geometry = a->geometry ? a->geometry : "detected";
+    a->big = -1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -176,10 +181,17 @@ static inline void tut_parse_args(int argc, char **argv, tut_args *a, const char
             if (c <= 0) { fprintf(stderr, "--n: expected a list like 128,256\n"); exit(2); }
             for (int k = 0; k < c; k++) a->n[k] = (int)tmp[k];
             a->n_count = c;
+            a->n_given = 1;
         } else if (!strcmp(f, "--M")) {
             int c = tut_parse_list(v, a->m, TUT_MAX_LIST);
             if (c <= 0) { fprintf(stderr, "--M: expected a list like 16K,32K\n"); exit(2); }
             a->m_count = c;
+        }
+        else if (!strcmp(f, "--big")) {
+            char *end;
+            long b = strtol(v, &end, 10);
+            if (*end || b < 0 || b > 1 << 20) { fprintf(stderr, "--big: expected N in 0..%d, got '%s'\n", 1 << 20, v); exit(2); }
+            a->big = (int)b;
         }
         else if (!strcmp(f, "--d")) a->d = atoi(v);
         else if (!strcmp(f, "--br")) a->br = atoi(v);
@@ -540,7 +552,7 @@ static inline void tut_table_row(FILE *dat, const tut_result *r)
  * IO accounting for the last row: bytes between L1 (the fast tier, M floats)
  * and everything below it, beside the two bounds of docs/io_complexity.md:
  * standard attention 4(N d + N^2) bytes, FlashAttention 4 N^2 d^2 / M bytes.
- * Step 11 sweeps N and M; this line puts every step on the same scale.
+ * Step 12 sweeps N and M; this line puts every step on the same scale.
  */
 static inline void tut_io_summary(const tut_args *a)
 {
@@ -731,6 +743,187 @@ static inline tut_result tut_measure_library(const tut_args *a, fa_impl impl, in
     r.hw_l1 = r.hw_ll = -1;
     free(q); free(k); free(v); free(o); free(O_ref);
     return r;
+}
+
+/* ======================================================================== */
+/* 8. Beyond L2 (steps 05-07)                                                */
+/* ======================================================================== */
+
+/*
+ * At the default sizes K and V fit in the L2 (2 N d floats: 256 KiB at N = 512,
+ * d = 64), so an L1 miss costs an L2 hit, a few ns, and the time column need
+ * not follow the miss column. These helpers add one run at an N whose K and V
+ * do not fit, sized from the L2 the library detects (fa_get_cpu_info), and
+ * measure how fast this core streams from beyond L2, to say which of the two —
+ * arithmetic or memory — sets a step's pace.
+ */
+
+static inline size_t tut_l2_bytes(void)
+{
+    fa_cpu_info ci;
+    if (fa_get_cpu_info(&ci) != FA_OK || !ci.l2_bytes) return (size_t)1 << 20;
+    return ci.l2_bytes;
+}
+
+/* The N of the extra run: --big, else (no --n given) the smallest multiple of
+ * 256 whose K and V (8 N d bytes) take at least twice the L2; 0 = no extra run. */
+static inline int tut_big_n(const tut_args *a)
+{
+    if (a->big >= 0) return a->big;
+    if (a->n_given) return 0;
+    size_t per256 = (size_t)256 * 8 * (size_t)a->d, want = 2 * tut_l2_bytes();
+    return (int)(256 * ((want + per256 - 1) / per256));
+}
+
+/* Read bandwidth from beyond L2 in GB/s: best of 5 passes over 4x the L2. (An
+ * XOR of 32-bit words: one-cycle latency, so the loop waits on memory, not on
+ * a chain of float adds.) */
+static inline double tut_stream_gbps(void)
+{
+    size_t n = 4 * tut_l2_bytes() / sizeof(uint32_t);
+    uint32_t *buf = tut_alloc(n * sizeof(uint32_t));   /* [n] */
+    for (size_t i = 0; i < n; i++) buf[i] = (uint32_t)i;
+    double best = 0;
+    volatile uint32_t sink = 0;
+    for (int pass = 0; pass < 6; pass++) {
+        uint32_t x = 0;
+        double t0 = tut_now();
+#pragma omp simd reduction(^ : x)
+        for (size_t i = 0; i < n; i++) x ^= buf[i];
+        double t = tut_now() - t0;
+        sink ^= x;
+        if (pass > 0 && n * sizeof(uint32_t) / t / 1e9 > best) best = n * sizeof(uint32_t) / t / 1e9;
+    }
+    (void)sink;
+    free(buf);
+    return best;
+}
+
+/* One row of the float64 reference for query i: fa_forward on a one-row view of
+ * Q and the keys row i may see (causal: 0..i, so bottom-right = top-left here). */
+static inline void tut_reference_row(const tut_problem *pb, int i, double *o /* [d] */, double *lse)
+{
+    fa_tensor q, k, v, to, tl;
+    const int64_t nk = pb->causal ? i + 1 : pb->n;
+    int64_t qs[4] = {1, 1, 1, pb->d}, ks[4] = {1, nk, 1, pb->d}, ls[3] = {1, 1, 1};
+    fa_tensor_make(&q, (void *)(pb->Q + (size_t)i * pb->d), FA_F32, 4, qs, NULL);
+    fa_tensor_make(&k, (void *)pb->K, FA_F32, 4, ks, NULL);
+    fa_tensor_make(&v, (void *)pb->V, FA_F32, 4, ks, NULL);
+    fa_tensor_make(&to, o, FA_F64, 4, qs, NULL);
+    fa_tensor_make(&tl, lse, FA_F64, 3, ls, NULL);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_REFERENCE;
+    fa_status st = fa_forward(&q, &k, &v, &to, &tl, &opt);
+    if (st != FA_OK) {
+        fprintf(stderr, "reference failed: %s: %s\n", fa_status_string(st), fa_last_error());
+        exit(1);
+    }
+}
+
+/*
+ * The extra run at n: one timed run from cold caches (at this size one run is
+ * long enough), no simulator (it would take minutes), and 16 rows spread over
+ * [0, n) checked against the reference. Prints the row like tut_table_row,
+ * with "-" where nothing was measured, and appends it to <out>/<step>_l2.dat.
+ */
+static inline tut_result tut_measure_big(const tut_args *a, const tut_kernel *k, const char *step, int n,
+                                         int br, int bc, double tol)
+{
+    tut_result r;
+    memset(&r, 0, sizeof r);
+    tut_problem pb = {.n = n, .d = a->d, .br = br, .bc = bc, .causal = a->causal};
+    tut_problem_alloc(&pb, k);
+    tut_flush_caches(a);
+    double t0 = tut_now();
+    k->run(&pb);
+    r.sec = tut_now() - t0;
+    double *o = tut_alloc((size_t)a->d * 8), lse;   /* [d] */
+    for (int s = 0; s < 16; s++) {
+        int i = (int)((int64_t)s * (n - 1) / 15);
+        tut_reference_row(&pb, i, o, &lse);
+        for (int c = 0; c < a->d; c++) {
+            double e = fabs((double)pb.O[(size_t)i * a->d + c] - o[c]);
+            if (!(e <= r.err)) r.err = e;
+        }
+        if (k->writes_lse) {
+            double e = fabs((double)pb.lse[i] - lse);
+            if (!(e <= r.lse_err)) r.lse_err = e;
+        }
+    }
+    tut_require(r.err, tol, k->name);
+    tut_require(r.lse_err, tol, "log-sum-exp");
+    r.n = n; r.d = a->d; r.br = br; r.bc = bc;
+    r.gflops = 4.0 * n * (double)n * a->d * (a->causal ? 0.5 : 1.0) / r.sec / 1e9;
+    r.ws_bytes = k->ws_floats(&pb) * 4;
+    r.hw_l1 = r.hw_ll = -1;
+    printf("   %6d %4d %4d | %9.3f | %8.2f | %10s | %12s | %11s | %10s | %11s | %8.1e  (16 rows checked)\n", n, br, bc,
+           r.sec * 1e3, r.gflops, tut_bytes((double)r.ws_bytes), "-", "-", "-", "-", r.err);
+    char name[32];
+    snprintf(name, sizeof name, "%s_l2", step);
+    FILE *dat = tut_dat_open(a, name, "n d br bc time_ms gflops ws_bytes max_err_sampled kv_bytes l2_bytes");
+    fprintf(dat, "%d %d %d %d %g %g %zu %g %zu %zu\n", n, a->d, br, bc, r.sec * 1e3, r.gflops, r.ws_bytes, r.err,
+            (size_t)8 * n * a->d, tut_l2_bytes());
+    fclose(dat);
+    free(o);
+    tut_problem_free(&pb);
+    return r;
+}
+
+/*
+ * The narration of steps 05-07 about L2. `last` is the last in-L2 row (or NULL),
+ * `big` the extra run (or NULL); bytes_per_flop is the step's loop order's
+ * traffic from beyond L2 per FLOP once K and V no longer fit (float32):
+ * 05: every row re-reads K and V, 8 N d bytes per 4 N d FLOPs = 2;
+ * 06: Q and O (read and written) per key block, 12 N d per 4 N Bc d = 3 / Bc;
+ * 07: K and V per query block, 8 N d per 4 Br N d = 2 / Br.
+ */
+static inline void tut_l2_story(const tut_args *a, const tut_result *last, const tut_result *big,
+                                double bytes_per_flop, const char *order)
+{
+    const double l2 = (double)tut_l2_bytes();
+    if (last && last->n) {
+        double kv = 8.0 * last->n * a->d;
+        printf("\n   L2: at N = %d, K and V take %s; the L2 holds %s.\n", last->n, tut_bytes(kv), tut_bytes(l2));
+        if (kv <= l2)
+            printf("   They fit: every L1 miss above is an L2 hit (a few ns), so the time column need not\n"
+                   "   follow the miss column. At these sizes the steps differ in arithmetic more than in\n"
+                   "   memory: on a Zen 3, step 06 ran slower than step 05 at N = 512 (it rescales and\n"
+                   "   rewrites O after every key block).\n");
+        else
+            printf("   They do not fit: the misses above reach L3 or DRAM.\n");
+    }
+    if (!big || !big->n) {
+        printf("   (--big N adds a run at an N whose K and V do not fit in L2.)\n");
+        return;
+    }
+    const double kv = 8.0 * big->n * a->d;
+    printf("\n   Beyond L2: at N = %d, K and V take %s, %.1fx the L2. GFLOP/s %.2f (N = %d) -> %.2f.\n",
+           big->n, tut_bytes(kv), kv / l2, last && last->n ? last->gflops : 0.0, last && last->n ? last->n : 0,
+           big->gflops);
+    if (kv <= l2) {
+        printf("   They still fit in L2: pick a larger --big to see the memory below it.\n");
+        return;
+    }
+    const double gbps = tut_stream_gbps(), need = big->gflops * bytes_per_flop;
+    printf("   Loop order: %s.\n"
+           "   It needs %.3g bytes per FLOP from beyond L2, %.2f GB/s at this speed; this core\n"
+           "   streams %.1f GB/s from beyond L2 (measured just now, one thread).\n",
+           order, bytes_per_flop, need, gbps);
+    const double kept = last && last->n ? big->gflops / last->gflops : 1.0;
+    if (kept >= 0.75)
+        printf("   It kept %.0f%% of its in-L2 speed, using %.0f%% of that bandwidth: the scalar arithmetic,\n"
+               "   not the memory, sets the pace, so the misses cost little time here.\n",
+               100 * kept, 100 * need / gbps);
+    else
+        printf("   It kept only %.0f%% of its in-L2 speed, using %.0f%% of that bandwidth:\n   %s\n", 100 * kept,
+               100 * need / gbps, need > 0.5 * gbps ? "the memory sets the pace here."
+                                                    : "misses cost time below the bandwidth limit too (latency;\n"
+                                                      "   or a busy machine: rerun).");
+    printf("   At 100 GFLOP/s (step 10's packed kernels) this order would need %.0f GB/s:\n   %s\n",
+           100 * bytes_per_flop, 100 * bytes_per_flop > gbps
+                                     ? "more than the memory delivers. Once the arithmetic is fast, the loop\n"
+                                       "   order and the block sizes decide the time."
+                                     : "within what the memory delivers.");
 }
 
 #endif /* TUT_COMMON_H */

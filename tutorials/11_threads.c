@@ -1,7 +1,7 @@
 /*
- * 10_threads.c — threads: hand the query blocks to cores.
+ * 11_threads.c — threads: hand the query blocks to cores.
  *
- * Previous step: 09 made one core's arithmetic vectorized.
+ * Previous steps: 09 and 10 made one core's arithmetic fast.
  * What changes: in FlashAttention-2's loop order, each query block i reads
  *   Q_i and all of K and V, and writes only O_i and LSE_i: no two blocks
  *   write the same memory. So `#pragma omp parallel for` over the query blocks
@@ -108,16 +108,16 @@ int main(int argc, char **argv)
 {
     const tut_kernel k = {"flash2_omp", flash2_omp, flash2_omp_probed, omp_ws, 1};
     tut_args a = {.n = {512, 1024}, .n_count = 2, .d = 64, .reps = 3, .vg_kernel = k.name};
-    tut_parse_args(argc, argv, &a, "10_threads: FlashAttention-2 with OpenMP over query blocks");
+    tut_parse_args(argc, argv, &a, "11_threads: FlashAttention-2 with OpenMP over query blocks");
     tut_fit_blocks(&a, &a.br, &a.bc);
     if (tut_kernel_mode(&a, &k, a.br, a.bc)) return 0;
 
     fa_cpu_info ci;
     fa_get_cpu_info(&ci);
     int tmax = a.threads ? a.threads : ci.max_threads;
-    tut_banner("Step 10: threads (OpenMP over query blocks)", &a, NULL);
+    tut_banner("Step 11: threads (OpenMP over query blocks)", &a, NULL);
     printf("   Up to %d threads (--threads T). Efficiency = speedup / threads.\n\n", tmax);
-    FILE *dat = tut_dat_open(&a, "10", "variant n threads time_ms gflops speedup efficiency max_err");
+    FILE *dat = tut_dat_open(&a, "11", "variant n threads time_ms gflops speedup efficiency max_err");
     printf("   %-16s %6s %7s | %9s | %8s | %7s | %10s | %10s | %8s\n", "variant", "N", "threads", "time ms",
            "GFLOP/s", "speedup", "efficiency", "workspace", "max err");
     a.no_sim = 1;
@@ -144,7 +144,7 @@ int main(int argc, char **argv)
     printf("\n   N / Br = %d query blocks at the largest N: plenty for %d threads. On a shared\n"
            "   machine the numbers wobble: rerun, or raise --reps. Try: --n 128 (few blocks),\n"
            "   --causal (uneven blocks: schedule(dynamic) balances them).\n"
-           "   Next: 11 measures the slow-tier traffic against the paper's bounds.\n",
+           "   Next: 12 measures the slow-tier traffic against the paper's bounds.\n",
            (a.n[a.n_count - 1] + a.br - 1) / a.br, tmax);
     return 0;
 }

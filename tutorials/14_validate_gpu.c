@@ -1,5 +1,5 @@
 /*
- * 13_validate_gpu.c — validating a GPU kernel's output against the CPU reference.
+ * 14_validate_gpu.c — validating a GPU kernel's output against the CPU reference.
  *
  * Previous steps built FlashAttention (forward and backward) and measured it. Kernel engineers face
  *   the opposite problem: their CUDA/Triton kernel ran in bf16, its output
@@ -125,11 +125,11 @@ static void write_npy(const char *path, const void *data, const char *descr, siz
 int main(int argc, char **argv)
 {
     tut_args a = {.n = {256}, .n_count = 1, .d = 64, .reps = 1};
-    tut_parse_args(argc, argv, &a, "13_validate_gpu: is a bf16 kernel's output right? fa_check decides");
+    tut_parse_args(argc, argv, &a, "14_validate_gpu: is a bf16 kernel's output right? fa_check decides");
     const int n = a.n[0], h = 2, d = a.d;
     if (d > 512) { fprintf(stderr, "--d must be <= 512 here\n"); return 2; }
     int causal = 1;   /* the off-by-one bug needs a mask; --causal is implied */
-    tut_banner("Step 13: validating a GPU kernel's output (fa_check / flashattn check)", &a, NULL);
+    tut_banner("Step 14: validating a GPU kernel's output (fa_check / flashattn check)", &a, NULL);
 
     size_t nhd = (size_t)n * h * d;
     float *Q = tut_alloc(nhd * 4), *K = tut_alloc(nhd * 4), *V = tut_alloc(nhd * 4);   /* [n][h][d] */
@@ -159,14 +159,14 @@ int main(int argc, char **argv)
     mkdir("build", 0777);
     mkdir(dir, 0777);
     char path[512];
-    snprintf(path, sizeof path, "%s/13_q.npy", dir); write_npy(path, Q, "<f4", 4, 4, shape);
-    snprintf(path, sizeof path, "%s/13_k.npy", dir); write_npy(path, K, "<f4", 4, 4, shape);
-    snprintf(path, sizeof path, "%s/13_v.npy", dir); write_npy(path, V, "<f4", 4, 4, shape);
+    snprintf(path, sizeof path, "%s/14_q.npy", dir); write_npy(path, Q, "<f4", 4, 4, shape);
+    snprintf(path, sizeof path, "%s/14_k.npy", dir); write_npy(path, K, "<f4", 4, 4, shape);
+    snprintf(path, sizeof path, "%s/14_v.npy", dir); write_npy(path, V, "<f4", 4, 4, shape);
 
     printf("   Problem: batch 1, N = %d, heads %d, d = %d, causal, bf16 inputs (BSHD).\n\n", n, h, d);
     printf("   %-16s | %9s | %-10s | %-7s | %9s | %8s | %-30s | %8s\n", "kernel", "max err", "err < 2e-2",
            "fa_check", "err/emul", "failing", "worst (row, head, col): test/ref", "LSE err");
-    FILE *dat = tut_dat_open(&a, "13", "kernel max_err emu_err ratio pass n_fail lse_err");
+    FILE *dat = tut_dat_open(&a, "14", "kernel max_err emu_err ratio pass n_fail lse_err");
     const char *names[NKERNELS] = {"correct", "acc_in_bf16", "no_rescale", "mask_off_by_one"};
     int verdict[NKERNELS];
     for (int b = 0; b < NKERNELS; b++) {
@@ -193,7 +193,7 @@ int main(int argc, char **argv)
         }
         fa_check_report_free(&rep);
         for (size_t x = 0; x < nhd; x++) Of[x] = bf16_value(O[x]);
-        snprintf(path, sizeof path, "%s/13_out_%s.npy", dir, names[b]);
+        snprintf(path, sizeof path, "%s/14_out_%s.npy", dir, names[b]);
         write_npy(path, Of, "<f4", 4, 4, shape);
     }
     fclose(dat);
@@ -204,8 +204,8 @@ int main(int argc, char **argv)
     }
     printf("\n   Same verdicts from the command line (exit status 0 = pass, 1 = mismatch):\n");
     for (int b = 0; b < NKERNELS; b++)
-        printf("     ./build/flashattn check -q %s/13_q.npy -k %s/13_k.npy -v %s/13_v.npy \\\n"
-               "         --out %s/13_out_%s.npy --causal --dtype bf16\n", dir, dir, dir, dir, names[b]);
+        printf("     ./build/flashattn check -q %s/14_q.npy -k %s/14_k.npy -v %s/14_v.npy \\\n"
+               "         --out %s/14_out_%s.npy --causal --dtype bf16\n", dir, dir, dir, dir, names[b]);
     printf("\n   Try: --n 2048 (the rescale bug grows with more key blocks), --d 128; add\n"
            "   --sample-rows 64 to the command to check 64 random rows per head in O(64 N d).\n");
     return 0;

@@ -1,7 +1,7 @@
 /*
- * 12_backward.c — the backward pass: recompute P from the LSE instead of storing it.
+ * 13_backward.c — the backward pass: recompute P from the LSE instead of storing it.
  *
- * Previous step: 11 measured the forward pass's traffic. Training also needs
+ * Previous step: 12 measured the forward pass's traffic. Training also needs
  *   gradients, and the textbook backward pass wants P (N x N) from the forward.
  * What changes: given dO (and O, LSE from the forward), the gradients are
  *     D_i = dO_i . O_i                    (one number per query row)
@@ -19,7 +19,9 @@
  *   - L1 misses [sim]: the recomputation costs FLOPs (S again) but saves the
  *     N^2 traffic, as in the forward pass;
  *   - max error of dQ, dK, dV against a float64 backward written from the
- *     formulas above (the library has no backward API yet).
+ *     formulas above, itself checked against the library's own backward pass
+ *     (fa_backward with FA_IMPL_REFERENCE; the same is `flashattn grad` and
+ *     python's flashattn.grad, and FA_IMPL_FLASH is the tiled one).
  */
 #include "common.h"
 
@@ -171,19 +173,47 @@ static void backward_ref(const grads *g, double *ref)
     free(P); free(dS);
 }
 
+/* max |ref - the library's float64 backward| over dQ, dK, dV (O and LSE recomputed by the library). */
+static double library_diff(const grads *g, const double *ref)
+{
+    const int n = g->n, d = g->d;
+    const size_t nd = (size_t)n * d;
+    double *lib = tut_alloc(3 * nd * 8);   /* dQ, dK, dV [3][n][d] */
+    fa_tensor tq, tk, tv, tdo, tdq, tdk, tdv;
+    int64_t shape[4] = {1, n, 1, d};
+    fa_tensor_make(&tq, (void *)g->Q, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&tk, (void *)g->K, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&tv, (void *)g->V, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&tdo, (void *)g->dO, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&tdq, lib, FA_F64, 4, shape, NULL);
+    fa_tensor_make(&tdk, lib + nd, FA_F64, 4, shape, NULL);
+    fa_tensor_make(&tdv, lib + 2 * nd, FA_F64, 4, shape, NULL);
+    fa_options fo = fa_options_default();
+    fo.impl = FA_IMPL_REFERENCE;
+    if (fa_backward(&tq, &tk, &tv, NULL, NULL, &tdo, &tdq, &tdk, &tdv, &fo) != FA_OK) {
+        fprintf(stderr, "fa_backward: %s\n", fa_last_error());
+        exit(1);
+    }
+    double e = 0;
+    for (size_t x = 0; x < 3 * nd; x++) e = fmax(e, fabs(lib[x] - ref[x]));
+    free(lib);
+    return e;
+}
+
 int main(int argc, char **argv)
 {
+    double lib_diff = 0;
     tut_args a = {.n = {128, 256}, .n_count = 2, .d = 64, .reps = 3, .vg_kernel = "backward_flash"};
-    tut_parse_args(argc, argv, &a, "12_backward: gradients with P recomputed from the LSE");
+    tut_parse_args(argc, argv, &a, "13_backward: gradients with P recomputed from the LSE");
     tut_fit_blocks(&a, &a.br, &a.bc);
     tut_hw hw;
     tut_hw_init(&hw);
-    if (!a.kernel_only && !a.sim_kernel) tut_banner("Step 12: the backward pass (P recomputed from the LSE)", &a, &hw);
+    if (!a.kernel_only && !a.sim_kernel) tut_banner("Step 13: the backward pass (P recomputed from the LSE)", &a, &hw);
     if (!a.kernel_only && !a.sim_kernel)
         printf("   Br = Bc = %d. FLOPs counted as 2.5 x the forward's 4 N^2 d. Errors: max |grad - ref| over\n"
                "   dQ, dK, dV against a float64 backward; tolerance 1e-4.\n\n", a.br);
     cachesim *cs = a.no_sim ? NULL : cachesim_create(&a.geo);
-    FILE *dat = (a.kernel_only || a.sim_kernel) ? NULL : tut_dat_open(&a, "12", "variant " TUT_DAT_COLUMNS);
+    FILE *dat = (a.kernel_only || a.sim_kernel) ? NULL : tut_dat_open(&a, "13", "variant " TUT_DAT_COLUMNS);
     for (int v = 0; v < 2; v++) {
         void (*run)(cachesim *, const grads *) = v ? backward_flash : backward_standard;
         void (*probed)(cachesim *, const grads *) = v ? backward_flash_probed : backward_standard_probed;
@@ -215,6 +245,7 @@ int main(int argc, char **argv)
             if (a.sim_kernel) { probed(cs, &g); tut_print_sim_counts(cs, "backward_flash"); return 0; }
             double *ref = tut_alloc(3 * nd * 8);   /* dQ, dK, dV [3][n][d] */
             backward_ref(&g, ref);
+            if (!v) lib_diff = fmax(lib_diff, library_diff(&g, ref));
             tut_result r = {.n = n, .d = d, .br = v ? a.br : 0, .bc = v ? a.bc : 0, .ws_bytes = wsf * 4,
                             .hw_l1 = -1, .hw_ll = -1};
             run(NULL, &g);
@@ -242,9 +273,15 @@ int main(int argc, char **argv)
     if (dat) fclose(dat);
     cachesim_free(cs);
     tut_io_summary(&a);
+    if (!a.kernel_only && !a.sim_kernel) {
+        tut_require(lib_diff, 1e-5, "this step's float64 backward against fa_backward");
+        printf("   This step's float64 backward and the library's (fa_backward, impl reference; also\n"
+               "   `flashattn grad` and python's flashattn.grad) agree to %.1e (O rounded to float32 here).\n",
+               lib_diff);
+    }
     printf("   Both compute S once here: this standard path also rebuilds P from the LSE, since the forward\n"
            "   did not keep it. One that kept P from the forward saves those 2 N^2 d FLOPs and pays N^2\n"
            "   memory and traffic for them; FlashAttention recomputes, because FLOPs are cheaper than bytes.\n"
-           "   Try: --n 1024 --no-sim, --br 16 --bc 48. Next: 13 validates someone else's output.\n");
+           "   Try: --n 1024 --no-sim, --br 16 --bc 48. Next: 14 validates someone else's output.\n");
     return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * 11_io_complexity.c — count the bytes between slow and fast memory, and hold
+ * 12_io_complexity.c — count the bytes between slow and fast memory, and hold
  * them against the paper's bounds.
  *
  * Previous steps: 02-08 counted L1 misses on the machine's own cache sizes.
@@ -159,14 +159,14 @@ int main(int argc, char **argv)
     const tut_kernel kf = {"io_flash", io_flash, io_flash_probed, flash_ws, 0};
     tut_args a = {.n = {128, 256, 512}, .n_count = 3, .d = 32, .reps = 1, .m = {16384, 32768, 65536},
                   .m_count = 3, .vg_kernel = kf.name};
-    tut_parse_args(argc, argv, &a, "11_io_complexity: slow-tier bytes against the IO-complexity bounds");
+    tut_parse_args(argc, argv, &a, "12_io_complexity: slow-tier bytes against the IO-complexity bounds");
     if (tut_kernel_mode(&a, &kf, a.br ? a.br : block_for(a.geo.l1.size_bytes, a.d), 0)) return 0;
-    tut_banner("Step 11: IO complexity, measured against the bounds", &a, NULL);
+    tut_banner("Step 12: IO complexity, measured against the bounds", &a, NULL);
     const int d = a.d;
     printf("   Fast memory: ONE simulated cache of M bytes, 64-byte lines (no L2). Traffic = bytes of\n"
            "   lines filled + dirty lines written back. Bounds in bytes: standard 4(N d + N^2),\n"
            "   flash 4 N^2 d^2 / (M/4). d = %d. ratio = measured / bound.\n\n", d);
-    FILE *dat = tut_dat_open(&a, "11", "n d M_bytes b std_bytes std_bound std_ratio flash_bytes flash_bound flash_ratio");
+    FILE *dat = tut_dat_open(&a, "12", "n d M_bytes b std_bytes std_bound std_ratio flash_bytes flash_bound flash_ratio");
     printf("   %8s %6s %4s | %12s %8s | %12s %8s\n", "M", "N", "b", "standard", "ratio", "flash", "ratio");
     double fr_min = 1e300, fr_max = 0, sr_min = 1e300, sr_max = 0;
     for (int mi = 0; mi < a.m_count; mi++) {
@@ -194,7 +194,7 @@ int main(int argc, char **argv)
     /* Block-size sweep at the smallest M, where K and V are far larger than M. */
     size_t M = a.m[0];
     int n = a.n[a.n_count > 1 ? a.n_count - 2 : 0], best = block_for(M, d);
-    FILE *bd = tut_dat_open(&a, "11_blocks", "n d M_bytes b fits flash_bytes flash_bound ratio");
+    FILE *bd = tut_dat_open(&a, "12_blocks", "n d M_bytes b fits flash_bytes flash_bound ratio");
     printf("   Flash traffic against the block size b (Br = Bc = b), N = %d, M = %s; b(M) = %d:\n", n,
            tut_bytes((double)M), best);
     printf("   %4s %5s | %12s %8s\n", "b", "fits", "flash", "ratio");
@@ -211,6 +211,6 @@ int main(int argc, char **argv)
            "   becomes erratic once they do not: conflict misses in a set-associative cache depend\n"
            "   on how the blocks land in the sets (b(M) is a rule, not the optimum; measure).\n"
            "   Try: --M 8K,128K, --d 64, --n 1024 (slower: the simulator sees every access).\n"
-           "   Next: 12, the backward pass, where the LSE saved by the forward pays off.\n");
+           "   Next: 13, the backward pass, where the LSE saved by the forward pays off.\n");
     return 0;
 }
