@@ -14,8 +14,8 @@
 #   $(MANDIR)/man1/flashattn.1                   the man page
 # The .pc file is written at install time for the PREFIX/LIBDIR given then.
 # DESTDIR only prefixes the copies (staging for a package); paths written into
-# flashattn.pc never contain it. After a plain install into a system prefix as
-# root, ldconfig refreshes the loader's cache so the soname is found.
+# flashattn.pc never contain it. After a plain install as root into /usr/lib or
+# /usr/local/lib, ldconfig refreshes the loader's cache so the soname is found.
 
 BINDIR     ?= $(PREFIX)/bin
 LIBDIR     ?= $(PREFIX)/lib
@@ -66,8 +66,8 @@ install: all $(BUILD)/flashattn.pc
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libflashattn.so
 	$(INSTALL) -m 644 $(BUILD)/flashattn.pc $(DESTDIR)$(PCDIR)/flashattn.pc
 	$(INSTALL) -m 644 docs/flashattn.1 $(DESTDIR)$(MANDIR)/man1/flashattn.1
-	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null 2>&1; then \
-	    ldconfig 2>/dev/null || true; fi
+	@case "$(DESTDIR):$(LIBDIR)" in :/usr/lib|:/usr/local/lib) \
+	    [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null 2>&1 && ldconfig 2>/dev/null || true;; esac
 	@echo "install: flashattn $(VERSION) in $(DESTDIR)$(PREFIX)"
 
 uninstall:
