@@ -1,5 +1,5 @@
 # flashattn — one entry point. Targets are the README's vocabulary:
-#   all run test bench tutorials plots docs cuda install clean
+#   all run test bench tutorials plots docs cuda install uninstall clean
 # Options: CC=clang, NO_OMP=1 (build without OpenMP), NATIVE=1 (-march=native),
 #          DEBUG=1 (-O0 -g).
 
@@ -18,6 +18,16 @@ OPT      = -O2 -g
 endif
 ifeq ($(NATIVE),1)
 OPT     += -march=native
+endif
+# OpenMP: found by a test link of -fopenmp with $(CC) (gcc ships libgomp; clang
+# needs libomp-dev). Without it the build goes on single-threaded and says so once.
+ifneq ($(NO_OMP),1)
+HAVE_OMP := $(shell printf '\043include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}' | \
+              $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo 1)
+ifneq ($(HAVE_OMP),1)
+$(warning make: $(CC) cannot build OpenMP programs (-fopenmp); building without threads: install libomp-dev (clang) or pass NO_OMP=1)
+override NO_OMP := 1
+endif
 endif
 ifeq ($(NO_OMP),1)
 OMPFLAGS =
@@ -74,7 +84,7 @@ CLI_OBJS = $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS = $(filter-out tests/test_util.c,$(wildcard tests/test_*.c))
 TEST_BINS = $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all run test check-deps bench tutorials plots docs cuda install clean sanitize fuzz
+.PHONY: all run test check-deps bench tutorials plots docs cuda clean sanitize fuzz
 
 all: $(BUILD)/flashattn $(BUILD)/libflashattn.a $(BUILD)/libflashattn.so
 
@@ -99,20 +109,34 @@ $(BUILD)/libflashattn.a: $(LIB_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
+# Version from the header, the one place it is written.
+FA_VER_PART = $(shell sed -n 's/^\#define FA_VERSION_$(1) \([0-9][0-9]*\).*/\1/p' include/flashattn.h)
+VERSION_MAJOR := $(call FA_VER_PART,MAJOR)
+VERSION_MINOR := $(call FA_VER_PART,MINOR)
+VERSION_PATCH := $(call FA_VER_PART,PATCH)
+VERSION       := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+SONAME        := libflashattn.so.$(VERSION_MAJOR)
+
+# The shared library carries its soname (libflashattn.so.MAJOR); the link of
+# that name next to it lets programs linked against build/ run from there.
 $(BUILD)/libflashattn.so: $(LIB_OBJS)
-	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+	ln -sf libflashattn.so $(BUILD)/$(SONAME)
 
 $(BUILD)/flashattn: $(CLI_OBJS) $(BUILD)/libflashattn.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJS) $(BUILD)/libflashattn.a $(CLI_LIBS) $(LDLIBS)
 
+# The CLI as a command, whether BUILD is relative or absolute.
+FA_CLI = $(if $(filter /%,$(BUILD)),,./)$(BUILD)/flashattn
+
 run: $(BUILD)/flashattn
-	./$(BUILD)/flashattn demo
+	$(FA_CLI) demo
 
 # ---- tests ------------------------------------------------------------------
 # `make test` installs CMocka (and the other test dependencies) with apt-get
 # when they are missing and we are root; otherwise it says what to install.
 check-deps:
-	@sh tests/check_deps.sh
+	@CC="$(CC)" sh tests/check_deps.sh
 
 TEST_SUPPORT = tests/test_util.c
 $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) tests/test_util.h $(BUILD)/libflashattn.a $(BUILD)/flashattn
@@ -124,23 +148,44 @@ test: check-deps
 	@sh tests/run_tests.sh $(BUILD)
 
 bench: $(BUILD)/flashattn
-	./$(BUILD)/flashattn bench --csv $(BUILD)/bench.csv
+	$(FA_CLI) bench --csv $(BUILD)/bench.csv
 
+DOXYGEN ?= doxygen
 docs:
 	@mkdir -p $(BUILD)/docs
-	doxygen docs/Doxyfile
+	$(DOXYGEN) docs/Doxyfile
 
 cuda:
 	@echo "make cuda: no CUDA kernels yet (see cuda/README.md)" >&2; exit 2
-
-install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
-	install -m 755 $(BUILD)/flashattn $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(BUILD)/libflashattn.a $(BUILD)/libflashattn.so $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 include/flashattn.h $(DESTDIR)$(PREFIX)/include/
 
 clean:
 	rm -rf $(BUILD)
 
 # Component makefiles (tutorials, plots, cuda, reliability) add their own targets.
--include $(wildcard mk/*.mk)
+# Order matters where one uses another's variables in a prerequisite list
+# (expanded as the file is read): mk/plots.mk needs $(TUT_BINS) from
+# mk/tutorials.mk, so the files that define such variables come first.
+MK_FIRST := mk/tutorials.mk
+include $(MK_FIRST) $(filter-out $(MK_FIRST),$(sort $(wildcard mk/*.mk)))
+
+# ---- optional tools: each found by a real probe -----------------------------
+# A goal that needs a tool the machine lacks stops before doing anything, with
+# one sentence naming the tool and the package (GNU make's $(error), exit 2);
+# goals that do not need it never look for it. `make test` finds CMocka, numpy
+# and pytest in tests/check_deps.sh (it installs them when run as root).
+, := ,
+GOALS := $(or $(MAKECMDGOALS),all)
+# $(call fa_need,GOALS,FOUND,WHAT,PACKAGES): FOUND empty means missing.
+fa_need = $(if $(filter $(1),$(GOALS)),$(if $(2),,$(error make $(firstword $(filter $(1),$(GOALS))): $(3) not found; install it: apt-get install $(4))))
+fa_have = $(shell command -v $(1) 2>/dev/null)
+# $(call fa_links,CC,FLAGS,PROGRAM): 1 when CC FLAGS compiles and links PROGRAM.
+fa_links = $(shell printf '%s\n' '$(3)' | $(1) $(2) -x c - -o /dev/null >/dev/null 2>&1 && echo 1)
+
+$(call fa_need,docs,$(call fa_have,$(DOXYGEN)),$(DOXYGEN),doxygen)
+$(call fa_need,plots plots-tutorials plots-bench plots-memory plots-backward,$(call fa_have,$(GNUPLOT)),$(GNUPLOT),gnuplot-nox)
+$(call fa_need,cachegrind sanitize sanitize-valgrind,$(call fa_have,valgrind),valgrind,valgrind)
+$(call fa_need,sanitize sanitize-asan,$(call fa_links,clang,$(SAN_FLAGS),int main(void){return 0;}),clang with -fsanitize=address$(,)undefined,clang libclang-rt-14-dev)
+$(call fa_need,fuzz fuzz-build fuzz-coverage,$(call fa_links,$(FUZZ_CC),-fsanitize=fuzzer,int LLVMFuzzerTestOneInput(const char *d$(,) unsigned long n){return 0;}),$(FUZZ_CC) with libFuzzer (-fsanitize=fuzzer),clang libclang-rt-14-dev)
+$(call fa_need,fuzz-coverage,$(and $(LLVM_COV),$(LLVM_PROFDATA)),llvm-cov and llvm-profdata,llvm)
+$(call fa_need,test-neon,$(call fa_have,$(NEON_CC)),$(NEON_CC) (the AArch64 cross compiler),gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+$(call fa_need,test-neon,$(if $(QEMU_AARCH64),$(call fa_have,$(QEMU_AARCH64)),native),$(QEMU_AARCH64),qemu-user)

@@ -55,6 +55,18 @@ extern "C" {
 #define FA_API
 #endif
 
+/**
+ * @brief Version and instruction sets of the library actually linked.
+ *
+ * A static string such as `"0.2.0 (ISA: scalar avx2 avx512 compiled; avx512 in use)"`:
+ * FA_VERSION of the library (not of the header the caller compiled against),
+ * the kernel sets this build contains, and the one the dispatcher chose for
+ * this CPU (FA_ISA forces it). When FA_ISA names a set this build or this CPU
+ * lacks, the part after "compiled;" says so instead. Built on the first call;
+ * never NULL, never fails, safe from any thread.
+ */
+FA_API const char *fa_version(void);
+
 /** @brief Status codes returned by every fallible function. */
 typedef enum fa_status {
     FA_OK = 0,              /**< Success. */

@@ -869,6 +869,10 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
     init_stats(&tot);
     int nomem = 0;
 #ifdef _OPENMP
+    /* A local lock, not a named `omp critical`: a named one is a global symbol
+     * (.gomp_critical_user_NAME) that libflashattn.so would export. */
+    omp_lock_t merge_lock;
+    omp_init_lock(&merge_lock);
 #pragma omp parallel num_threads(p.num_threads)
 #endif
     {
@@ -890,10 +894,16 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
             if (ok) check_row(&cx, w, &s, &ps);
         if (ok) scratch_free(&s);
 #ifdef _OPENMP
-#pragma omp critical(fa_check_merge)
+        omp_set_lock(&merge_lock);
 #endif
         merge_stats(&tot, &ps);
+#ifdef _OPENMP
+        omp_unset_lock(&merge_lock);
+#endif
     }
+#ifdef _OPENMP
+    omp_destroy_lock(&merge_lock);
+#endif
     fa_free(f16);
     if (nomem) {
         fa_free(rows); fa_free(cx.err); fa_free(cx.absref); fa_free(cx.rr);

@@ -33,6 +33,7 @@ static void usage(FILE *out)
             "flashattn %s: exact attention on CPUs, computed the FlashAttention way\n"
             "\n"
             "usage: flashattn <command> [options]      flashattn <command> --help for its options\n"
+            "       flashattn --version                version and the ISA set compiled in and in use\n"
             "\n"
             "commands:\n",
             FA_VERSION);
@@ -63,7 +64,7 @@ int main(int argc, char **argv)
         return CLI_EXIT_OK;
     }
     if (strcmp(name, "--version") == 0 || strcmp(name, "version") == 0) {
-        printf("flashattn %s\n", FA_VERSION);
+        printf("flashattn %s\n", fa_version());
         return CLI_EXIT_OK;
     }
     if (strcmp(name, "help") == 0) { /* flashattn help [command] */
