@@ -209,18 +209,18 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 def build_sdist(sdist_directory, config_settings=None):
     """A source archive that builds without the checkout: the Python side at
-    its top, the Makefile, include/ and src/ under csrc/."""
+    its top, the Makefile, mk/, include/ and src/ under csrc/."""
     version = _version()
     root = _c_root()
     base = f"{NAME}-{version}"
     members = [(os.path.join(HERE, p), p) for p in
                ("pyproject.toml", "flashattn_build_backend.py", "flashattn.py")]
     members.append((os.path.join(root, "Makefile"), "csrc/Makefile"))
-    for sub in ("include", "src"):
+    for sub in ("include", "src", "mk"):
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub)):
             dirnames.sort()
             for fn in sorted(filenames):
-                if fn.endswith((".c", ".h")):
+                if fn.endswith((".c", ".h", ".mk")):
                     full = os.path.join(dirpath, fn)
                     members.append((full, "csrc/" + os.path.relpath(full, root)))
     name = base + ".tar.gz"
