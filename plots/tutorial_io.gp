@@ -1,6 +1,6 @@
 # tutorial_io.gp — slow-tier traffic against the IO-complexity bounds (step 12).
 # 12.dat: 1 n 2 d 3 M_bytes 4 b 5 std_bytes 6 std_bound 7 std_ratio 8 flash_bytes 9 flash_bound 10 flash_ratio
-# 11_blocks.dat: 1 n 2 d 3 M_bytes 4 b 5 fits 6 flash_bytes 7 flash_bound 8 ratio
+# 12_blocks.dat: 1 n 2 d 3 M_bytes 4 b 5 fits 6 flash_bytes 7 flash_bound 8 ratio
 if (!exists("datadir")) datadir = 'build/tutorials'
 if (!exists("out")) out = 'tutorial_io.png'
 set terminal pngcairo size 1300,520 font ",11"
@@ -31,6 +31,6 @@ set format x "%g"
 set xlabel "block size b (Br = Bc = b)"
 set ylabel "flash bytes moved"
 set key right top
-plot datadir.'/11_blocks.dat' using 4:($5 != 0 ? $6 : 1/0) with linespoints pt 7 lw 2 title "blocks fit in M", \
-     datadir.'/11_blocks.dat' using 4:($5 != 0 ? 1/0 : $6) with points pt 6 ps 1.5 title "blocks overflow M"
+plot datadir.'/12_blocks.dat' using 4:($5 != 0 ? $6 : 1/0) with linespoints pt 7 lw 2 title "blocks fit in M", \
+     datadir.'/12_blocks.dat' using 4:($5 != 0 ? 1/0 : $6) with points pt 6 ps 1.5 title "blocks overflow M"
 unset multiplot
