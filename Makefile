@@ -110,11 +110,14 @@ $(BUILD)/libflashattn.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
 # Version from the header, the one place it is written.
-FA_VER_PART = $(shell sed -n 's/^\#define FA_VERSION_$(1) \([0-9][0-9]*\).*/\1/p' include/flashattn.h)
+FA_VER_PART = $(shell sed -n 's/^.define FA_VERSION_$(1) \([0-9][0-9]*\).*/\1/p' include/flashattn.h)
 VERSION_MAJOR := $(call FA_VER_PART,MAJOR)
 VERSION_MINOR := $(call FA_VER_PART,MINOR)
 VERSION_PATCH := $(call FA_VER_PART,PATCH)
 VERSION       := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+ifneq ($(words $(VERSION_MAJOR) $(VERSION_MINOR) $(VERSION_PATCH)),3)
+$(error Makefile: could not read FA_VERSION_MAJOR/MINOR/PATCH from include/flashattn.h)
+endif
 SONAME        := libflashattn.so.$(VERSION_MAJOR)
 
 # The shared library carries its soname (libflashattn.so.MAJOR); the link of

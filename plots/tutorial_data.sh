@@ -34,6 +34,8 @@ done
 peak=0
 if [ -x "$build/flashattn" ] && "$build/flashattn" bench --impl flash --n 256 --d 64 --heads 1 --threads 1 \
         --csv "$dir/peak.csv" >/dev/null 2>&1; then
-    peak=$(awk -F, 'NR == 2 && $16 > 0 { printf "%.1f", $15 / $16 }' "$dir/peak.csv")
+    # columns by name (plots/csvcols.awk), not by position
+    peak=$(awk -F, -v cols=gflops,peak_fraction -v where=impl=flash -f "$(dirname "$0")/csvcols.awk" "$dir/peak.csv" |
+           awk 'NR == 1 && $2 > 0 { printf "%.1f", $1 / $2 }')
 fi
 echo "${peak:-0}" > "$dir/peak.txt"

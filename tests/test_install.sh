@@ -91,6 +91,7 @@ for sec in NAME SYNOPSIS DESCRIPTION COMMANDS 'MASK OPTIONS' ENVIRONMENT 'EXIT S
     check "man page section $sec" grep -q "^$sec" "$tmp/man.txt"
 done
 sed 's/\\-/-/g' "$man1" >"$tmp/man.src"
+check "man page .TH names flashattn $version" grep -q "^\.TH FLASHATTN 1 .*\"flashattn $version\"" "$man1"
 fa=$prefix/bin/flashattn
 for cmd in run check grad check-grad bench demo info; do
     check "man page has a section for $cmd" grep -q "^\.SS \"flashattn $cmd\"" "$tmp/man.src"

@@ -6,7 +6,8 @@
 # the same rows with the columns in reverse order: plots/csvcols.awk must pick
 # the same values from both; a missing column must be an error naming it; and
 # gnuplot (when installed) must render plots/memory.gp and plots/backward.gp
-# from both files.
+# from both files, and plots/bench_gflops.gp from docs/figures/bench.csv with
+# its columns reversed.
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
 pass=0; fail=0
@@ -48,6 +49,13 @@ if command -v gnuplot >/dev/null 2>&1; then
                 bad "gnuplot plots/$g.gp on $(basename "$f"):"; cat "$tmp/gp.err"; fi
         done
     done
+    # the GFLOP/s figure, from the committed data with its columns reversed
+    mkdir -p "$tmp/rev"
+    awk -F, '{ for (i = NF; i >= 1; i--) printf "%s%s", $i, (i > 1 ? "," : "\n") }' docs/figures/bench.csv \
+        >"$tmp/rev/bench.csv"
+    if gnuplot -e "datadir='$tmp/rev'; out='$tmp/bench_gflops.png'" plots/bench_gflops.gp 2>"$tmp/gp.err" &&
+            [ ! -s "$tmp/gp.err" ] && [ "$(od -An -c -N4 "$tmp/bench_gflops.png" | tr -d ' ')" = '211PNG' ]; then
+        ok; else bad "gnuplot plots/bench_gflops.gp on reversed columns:"; cat "$tmp/gp.err"; fi
 else
     echo "test_plots: gnuplot not installed: the figures were NOT rendered (apt-get install gnuplot-nox)"
 fi

@@ -7,6 +7,8 @@
 # line: "make GOAL: TOOL ... not found; install it: apt-get install PACKAGE".
 # A compiler that cannot link OpenMP makes the build go on without -fopenmp,
 # saying so in one line. (OpenBLAS: tests/hidden_openblas.sh, run by CI.)
+# The nested makes drop MAKEFLAGS/CFLAGS/LDFLAGS inherited from a calling make
+# (make sanitize exports its flags, -fopenmp included).
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 case $build in /*) ;; *) build=$root/$build ;; esac
@@ -19,7 +21,7 @@ missing=fa-no-such-tool
 expect_one_sentence() {
     goal=$1; pkg=$2; shift 2
     # -n: nothing runs even if the probe wrongly passed
-    out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$root" --no-print-directory -n BUILD="$build" "$goal" "$@" 2>&1)
+    out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u CFLAGS -u LDFLAGS make -C "$root" --no-print-directory -n BUILD="$build" "$goal" "$@" 2>&1)
     rc=$?
     lines=$(printf '%s\n' "$out" | wc -l)
     if [ "$rc" != 0 ] && [ "$lines" = 1 ] &&
@@ -39,7 +41,7 @@ expect_one_sentence test-neon "gcc-aarch64-linux-gnu libc6-dev-arm64-cross" NEON
 expect_one_sentence test-neon qemu-user NEON_CC=sh QEMU_AARCH64=$missing
 
 # A goal that does not need the tool never looks for it.
-if env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$root" --no-print-directory -n BUILD="$build" all DOXYGEN=$missing GNUPLOT=$missing \
+if env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u CFLAGS -u LDFLAGS make -C "$root" --no-print-directory -n BUILD="$build" all DOXYGEN=$missing GNUPLOT=$missing \
         FUZZ_CC=$missing NEON_CC=$missing >/dev/null 2>&1; then
     pass=$((pass + 1))
 else
@@ -53,7 +55,7 @@ for a in "$@"; do [ "$a" = -fopenmp ] && { echo "cc-no-omp: no OpenMP here" >&2;
 exec cc "$@"
 EOF
 chmod +x "$tmp/cc-no-omp"
-out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$root" --no-print-directory -n BUILD="$tmp/b" CC="$tmp/cc-no-omp" NO_OMP=0 all 2>&1 >"$tmp/cmds")
+out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u CFLAGS -u LDFLAGS make -C "$root" --no-print-directory -n BUILD="$tmp/b" CC="$tmp/cc-no-omp" NO_OMP=0 all 2>&1 >"$tmp/cmds")
 if [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] &&
         printf '%s\n' "$out" | grep -q "cannot build OpenMP programs (-fopenmp); building without threads" &&
         grep -q 'cc-no-omp.*-c src/api.c' "$tmp/cmds" && ! grep -q -- '-fopenmp' "$tmp/cmds"; then

@@ -43,9 +43,13 @@ int main(void)
     enum { B = 2, SQ = 100, SK = 150, H = 4, HK = 2, D = 64 };
     const int64_t qs[4] = {B, SQ, H, D}, ks[4] = {B, SK, HK, D}, ls[3] = {B, H, SQ};
     size_t nq = (size_t)B * SQ * H * D, nk = (size_t)B * SK * HK * D, nl = (size_t)B * H * SQ;
-    float *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nk * sizeof *v);
-    float *o = malloc(nq * sizeof *o), *lse = malloc(nl * sizeof *lse);
-    double *o_ref = malloc(nq * sizeof *o_ref), *lse_ref = malloc(nl * sizeof *lse_ref);
+    float *q = malloc(nq * sizeof *q);                 /* [B][SQ][H][D], C order */
+    float *k = malloc(nk * sizeof *k);                 /* [B][SK][HK][D] */
+    float *v = malloc(nk * sizeof *v);                 /* [B][SK][HK][D] (d_v = d here) */
+    float *o = malloc(nq * sizeof *o);                 /* [B][SQ][H][D], flash */
+    float *lse = malloc(nl * sizeof *lse);             /* [B][H][SQ], flash */
+    double *o_ref = malloc(nq * sizeof *o_ref);        /* [B][SQ][H][D], reference */
+    double *lse_ref = malloc(nl * sizeof *lse_ref);    /* [B][H][SQ], reference */
     if (!q || !k || !v || !o || !lse || !o_ref || !lse_ref) {
         fprintf(stderr, "example: out of memory\n");
         return 2;
