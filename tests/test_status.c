@@ -276,7 +276,7 @@ static void test_nonfinite_when_check_inputs_contain_nan(void **state)
     float *q = f->q.mem;
     float saved = q[7];
     q[7] = NAN;
-    fa_check_report report;
+    fa_check_report report = fa_check_report_init();
     fa_status st = fa_check(&f->q.t, &f->k.t, &f->v.t, &f->o.t, NULL, NULL, NULL, &report);
     q[7] = saved;
     fa_check_report_free(&report);
