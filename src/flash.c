@@ -228,6 +228,26 @@ static void transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, 
     }
 }
 
+/*
+ * A row that sees keys but whose running max stayed -inf had only NaN or -inf
+ * scores: the softmax kernel keeps P = 0 for it (max skips NaN), which would
+ * make it look empty. Rare (non-finite inputs only), so decide here, in
+ * float64 from the inputs, as the reference does: any NaN score makes the row
+ * NaN; all -inf makes it O = 0, LSE = -inf.
+ */
+static int row_has_nan_score(const fa_problem *p, int64_t b, int64_t h, int64_t i, int64_t lo,
+                             int64_t hi, double slope)
+{
+    const int64_t hk = fa_kv_head(p, h);
+    for (int64_t j = lo; j < hi; j++) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < p->d; c++)
+            dot += fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, c)) * fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, c));
+        if (isnan(fa_score_transform(p, dot, slope, i, j))) return 1;
+    }
+    return 0;
+}
+
 /* One task: (batch b, head h, Q block starting at row i0 with br rows). */
 static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_dims *g,
                        flash_scratch *sc, const flash_packed *kv, int64_t b, int64_t h, int64_t i0,
@@ -289,8 +309,17 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     for (int r = 0; r < br; r++) {
         const int64_t i = i0 + r;
         const float *orow = sc->oa + (size_t)r * g->ldo;
-        const float l = sc->l[r];
-        const int empty = sc->m[r] == -INFINITY;
+        float l = sc->l[r];
+        /* empty is decided from the key range, never from m (see row_has_nan_score) */
+        int empty = !(sc->lo[r] < sc->hi[r]);
+        if (!empty && sc->m[r] == -INFINITY) {
+            if (row_has_nan_score(p, b, h, i, sc->lo[r], sc->hi[r], slope)) {
+                l = NAN;
+                sc->m[r] = NAN;
+            } else {
+                empty = 1;
+            }
+        }
         const float inv = empty ? 0.0f : 1.0f / l;
         if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
             float *dst = (float *)p->o.data + fa_off4(&p->o, b, i, h, 0);
