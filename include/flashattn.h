@@ -17,7 +17,24 @@
  *     iff `j >= i + seqlen_k - seqlen_q - window_left` (unless window_left < 0)
  *     and `j <= i + seqlen_k - seqlen_q + window_right` (unless window_right < 0).
  *     `causal` means window_right = 0.
- *   - A query row with no visible key gets O = 0 and LSE = -inf.
+ *   - A query row with no visible key gets O = 0 and LSE = -inf. "No visible
+ *     key" is decided from the mask alone: a row that sees keys but whose
+ *     scores are NaN (a NaN in q, say) gets NaN, never the empty-row result.
+ *   - The full semantics: docs/semantics.md.
+ *
+ * Reproducibility. The flash path's bits are identical for any thread count
+ * and across runs, for a given (kernel ISA, block sizes). Both follow the
+ * machine: the ISA is the best one the CPU supports, the blocks are derived
+ * from the detected L2 (fa_block_sizes). To get the same bits on another
+ * machine, pin both: FA_ISA=... (or fa_context_create with an ISA) and
+ * FA_BLOCK_Q / FA_BLOCK_K (or fa_options::block_q / block_k); `flashattn
+ * info` prints what is in force.
+ *
+ * Versioned structs. fa_options, fa_check_options and fa_check_report begin
+ * with `struct_size`, set by their *_default() / *_init() functions to the
+ * size the caller was compiled with; the library reads (and, for the report,
+ * writes) only the fields that fit in it, so a program compiled against an
+ * older header keeps working when later versions append fields.
  *
  * Errors are values: every function returns an ::fa_status; a message naming
  * the problem is available from fa_last_error() on the calling thread.
@@ -28,6 +45,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,11 +54,11 @@ extern "C" {
 /** @brief Major version: changes when the ABI breaks. */
 #define FA_VERSION_MAJOR 0
 /** @brief Minor version: new functions or fields, compatible. */
-#define FA_VERSION_MINOR 2
+#define FA_VERSION_MINOR 3
 /** @brief Patch version: fixes only. */
 #define FA_VERSION_PATCH 0
 /** @brief Library version string, "MAJOR.MINOR.PATCH". */
-#define FA_VERSION "0.2.0"
+#define FA_VERSION "0.3.0"
 /** @brief The version as one comparable number: MAJOR*10000 + MINOR*100 + PATCH. */
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -96,6 +114,9 @@ typedef enum fa_dtype {
     FA_DTYPE_COUNT /**< Number of dtypes (not a dtype). */
 } fa_dtype;
 
+/** @brief Largest head dimension (d and d_v) accepted; larger gives FA_ERR_SHAPE. */
+#define FA_HEAD_DIM_MAX 4096
+
 /** @brief Maximum rank of a tensor descriptor. */
 #define FA_MAX_RANK 4
 
@@ -124,9 +145,19 @@ typedef enum fa_impl {
 } fa_impl;
 
 /**
+ * @brief A reusable execution context (see fa_context_create()): a pinned
+ * kernel ISA, a default thread count, and a scratch arena reused across calls.
+ */
+typedef struct fa_context fa_context;
+
+/**
  * @brief Attention options. Initialize with fa_options_default().
+ *
+ * Fields after `standard_max_bytes` were added in 0.3; later versions only
+ * append. The library reads only the first `struct_size` bytes.
  */
 typedef struct fa_options {
+    size_t struct_size;       /**< sizeof(fa_options) of the caller; set by fa_options_default(). */
     double scale;             /**< Softmax scale; 0 selects the default 1/sqrt(d). Must be finite. */
     int causal;               /**< Non-zero: causal mask (sets window_right = 0). */
     int64_t window_left;      /**< Keys to the left of the diagonal; < 0 means unbounded. */
@@ -138,13 +169,63 @@ typedef struct fa_options {
     int block_q;              /**< Flash row block Br; 0 derives it from the cache sizes. */
     int block_k;              /**< Flash column block Bc; 0 derives it from the cache sizes. */
     size_t standard_max_bytes;/**< Cap on the standard path's S/P scratch; 0 = default (1 GiB). */
+    int64_t pack_max_bytes;   /**< Cap on the K/V (forward) and Q/K (backward) panels the flash path
+                                   packs once and shares between threads; 0 packs per tile; < 0 (the
+                                   default) uses FA_FLASH_SHARED_MAX or 16 MiB. */
+    fa_context *context;      /**< NULL, or a context from fa_context_create(). */
 } fa_options;
 
 /** @brief Default cap on the standard path's materialized S and P, in bytes. */
 #define FA_STANDARD_DEFAULT_MAX_BYTES ((size_t)1 << 30)
 
-/** @brief Returns options with every field at its default (non-causal, no window, flash). */
+/**
+ * @brief Set the first @p struct_size bytes of @p opt to the defaults
+ * (non-causal, no window, flash, pack_max_bytes -1) with
+ * `opt->struct_size = struct_size`. The ABI-stable way to initialize options.
+ */
+FA_API void fa_options_init(fa_options *opt, size_t struct_size);
+
+#if defined(FA_BUILDING_LIBRARY) || defined(FA_NO_INLINE_DEFAULTS)
+/** @brief Options with every field at its default (for bindings that mirror
+ *  this exact struct; C code gets the inline version below). */
 FA_API fa_options fa_options_default(void);
+#else
+/** @brief Options with every field at its default (non-causal, no window,
+ *  flash), struct_size = the sizeof this code was compiled with. */
+static inline fa_options fa_options_default(void)
+{
+    fa_options o;
+    fa_options_init(&o, sizeof o);
+    return o;
+}
+#endif
+
+/**
+ * @brief Create a context: a kernel ISA, a default thread count and a scratch
+ * arena that calls given this context (fa_options::context) reuse.
+ *
+ * With a context, a call's scratch (per-thread tiles, packed panels, the
+ * backward's D) comes from the arena, which grows to the largest call seen,
+ * so a loop of same-shaped calls allocates nothing after the first. One
+ * context serves one call at a time; a second thread using it concurrently
+ * is correct but allocates as without a context.
+ *
+ * @param ctx          Receives the context.
+ * @param isa          "scalar", "avx2", "avx512", "neon", or NULL / "" for the
+ *                     dispatcher's choice (FA_ISA or the best supported).
+ * @param num_threads  Threads of calls whose options say 0; 0: the OpenMP default.
+ * @return FA_OK, FA_ERR_ISA (unknown or unsupported ISA), FA_ERR_OPTION, FA_ERR_NOMEM.
+ */
+FA_API fa_status fa_context_create(fa_context **ctx, const char *isa, int num_threads);
+
+/** @brief Free a context and its arena. NULL is allowed. */
+FA_API void fa_context_destroy(fa_context *ctx);
+
+/** @brief Name of the context's kernel ISA. */
+FA_API const char *fa_context_isa(const fa_context *ctx);
+
+/** @brief Bytes the context's arena holds now (0 before the first call). */
+FA_API size_t fa_context_arena_bytes(const fa_context *ctx);
 
 /**
  * @brief Fill a tensor descriptor.
@@ -169,6 +250,12 @@ FA_API size_t fa_dtype_size(fa_dtype dtype);
 FA_API const char *fa_dtype_name(fa_dtype dtype);
 
 /**
+ * @brief Element at logical index @p index (t->rank entries) as a double;
+ * NaN for a NULL or out-of-range argument.
+ */
+FA_API double fa_tensor_get(const fa_tensor *t, const int64_t *index);
+
+/**
  * @brief Exact attention forward pass: O = softmax(mask(scale Q K^T)) V.
  *
  * @param q    Query  `[batch][seqlen_q][heads][d]`, any dtype.
@@ -182,7 +269,12 @@ FA_API const char *fa_dtype_name(fa_dtype dtype);
  * @return FA_OK or an error status (see fa_last_error()).
  *
  * Inputs may contain NaN or Inf; the computation does not crash, and a NaN in
- * a key or value row reaches only the query rows that see it.
+ * a key or value row reaches only the query rows that see it; a NaN in a query
+ * row gives that row O = NaN and LSE = NaN (it sees keys: it is not empty).
+ *
+ * Outputs must not overlap q, k, v, the ALiBi slopes or each other, and must
+ * not have a zero stride on a dimension longer than 1: FA_ERR_STRIDE.
+ * d and d_v must be in 1..FA_HEAD_DIM_MAX.
  */
 FA_API fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                      fa_tensor *o, fa_tensor *lse, const fa_options *opt);
@@ -231,7 +323,8 @@ FA_API fa_status fa_get_cpu_info(fa_cpu_info *info);
  * the score tile S and O_i — clamped to [16, 512]; Br is then rounded down to
  * the kernel's register-block rows. `opt->block_q`/`block_k` (when non-zero)
  * and the environment variables FA_BLOCK_Q / FA_BLOCK_K override the derived
- * values.
+ * values. The blocks (with the ISA) determine the flash path's bits: pin them
+ * to reproduce results across machines with different L2 sizes.
  *
  * @param d        Head dimension of Q and K.
  * @param d_v      Head dimension of V and O.
@@ -327,6 +420,7 @@ FA_API void fa_alloc_stats_reset(void);
 
 /** @brief Options of fa_check(). Initialize with fa_check_options_default(). */
 typedef struct fa_check_options {
+    size_t struct_size;  /**< sizeof(fa_check_options) of the caller; set by fa_check_options_default(). */
     /** Precision the tested kernel ran in: FA_BF16, FA_F16 or FA_F32 (FA_F64 is
      *  checked with the f32 rule). FA_CHECK_DTYPE_AUTO (the default) takes the
      *  lowest precision among the dtypes of q, k, v and the tested output. */
@@ -361,6 +455,7 @@ typedef struct fa_check_row {
  * Indices are logical: (batch, row, head, col) of O `[batch][seqlen_q][heads][d_v]`.
  */
 typedef struct fa_check_report {
+    size_t struct_size;        /**< Set by the caller (fa_check_report_init()); fa_check writes only this many bytes. */
     int pass;                  /**< 1: the output (and the LSE, when given) is within tolerance. */
     int out_pass;              /**< 1: the output is within tolerance. */
     int lse_pass;              /**< 1: the LSE is within tolerance (1 when no LSE was given). */
@@ -426,8 +521,31 @@ typedef struct fa_check_report {
     double lse_worst_ref;      /**< Reference LSE there (with the offset when it applies). */
 } fa_check_report;
 
-/** @brief Default check options: dtype auto, emulation rule, all rows, seed 0. */
+/** @brief Set the first @p struct_size bytes of @p opt to the default check
+ *  options, with `opt->struct_size = struct_size`. */
+FA_API void fa_check_options_init(fa_check_options *opt, size_t struct_size);
+
+#if defined(FA_BUILDING_LIBRARY) || defined(FA_NO_INLINE_DEFAULTS)
+/** @brief Default check options (for bindings that mirror this exact struct). */
 FA_API fa_check_options fa_check_options_default(void);
+#else
+/** @brief Default check options: dtype auto, emulation rule, all rows, seed 0. */
+static inline fa_check_options fa_check_options_default(void)
+{
+    fa_check_options o;
+    fa_check_options_init(&o, sizeof o);
+    return o;
+}
+#endif
+
+/** @brief An empty report with struct_size set, ready for fa_check(). */
+static inline fa_check_report fa_check_report_init(void)
+{
+    fa_check_report r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    return r;
+}
 
 /**
  * @brief Check a tested attention output (and optionally its LSE) against the
@@ -441,7 +559,9 @@ FA_API fa_check_options fa_check_options_default(void);
  * @param attn     The attention options the tested kernel ran with (mask, scale,
  *                 softcap, ALiBi); impl, threads and blocks are ignored. NULL: defaults.
  * @param copt     Check options, NULL for fa_check_options_default().
- * @param report   Receives the findings (zeroed first); free with fa_check_report_free().
+ * @param report   Receives the findings (its first report->struct_size bytes are zeroed
+ *                 first; initialize it with fa_check_report_init()); free with
+ *                 fa_check_report_free().
  * @return FA_OK when the comparison ran — the verdict is report->pass, not the
  *         status — or an error status for bad arguments (shape mismatch,
  *         non-finite inputs: FA_ERR_NONFINITE, ...) with a message naming the
@@ -462,8 +582,17 @@ FA_API void fa_check_report_free(fa_check_report *report);
  */
 FA_API size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t size);
 
-/** @brief sizeof(fa_check_report) etc., for bindings that mirror the structs:
- *         0 = fa_tensor, 1 = fa_options, 2 = fa_check_options, 3 = fa_check_report. */
+/** @brief The structs whose sizes fa_check_abi_size() reports. */
+typedef enum fa_abi_struct {
+    FA_ABI_TENSOR = 0,        /**< fa_tensor */
+    FA_ABI_OPTIONS = 1,       /**< fa_options */
+    FA_ABI_CHECK_OPTIONS = 2, /**< fa_check_options */
+    FA_ABI_CHECK_REPORT = 3,  /**< fa_check_report */
+    FA_ABI_STRUCT_COUNT       /**< Number of entries (not a struct). */
+} fa_abi_struct;
+
+/** @brief sizeof the library's struct @p which (an ::fa_abi_struct), for
+ *         bindings that mirror the structs; 0 for an unknown value. */
 FA_API size_t fa_check_abi_size(int which);
 
 /** @} */
@@ -474,7 +603,7 @@ FA_API size_t fa_check_abi_size(int which);
  * @defgroup backward Backward pass (flashattn grad)
  *
  * fa_backward() computes the gradients of a scalar loss with respect to Q, K
- * and V, given dO = dLoss/dO, with FlashAttention-2's semantics (DESIGN.md):
+ * and V, given dO = dLoss/dO, with FlashAttention-2's semantics (docs/semantics.md):
  *
  *     P    = exp(s - LSE)           (the softmax, from the final logits s)
  *     D_i  = dO_i . O_i
@@ -491,8 +620,8 @@ FA_API size_t fa_check_abi_size(int which);
  * FA_IMPL_FLASH (tiled, float32, recomputes P from Q, K and LSE tile by tile,
  * never materializing seqlen_q x seqlen_k; scratch O(threads x block), plus
  * O(batch x heads x seqlen_q) for D and at most 16 MiB of packed operand
- * panels; the environment variable FA_FLASH_SHARED_MAX (bytes) lowers that
- * cap, 0 packing per tile instead). FA_IMPL_STANDARD is not available for
+ * panels; fa_options::pack_max_bytes or the environment variable
+ * FA_FLASH_SHARED_MAX (bytes, e.g. 4M) changes that cap, 0 packing per tile instead). FA_IMPL_STANDARD is not available for
  * the backward pass and returns FA_ERR_IMPL. Both implementations are
  * deterministic: the same inputs give the same bits for any thread count (no
  * atomics; every output element is accumulated by one thread in a fixed order).
@@ -522,7 +651,8 @@ FA_API size_t fa_check_abi_size(int which);
  *         FA_IMPL_STANDARD.
  *
  * Every element of dq, dk and dv is written (keys no query sees get 0). The
- * outputs must not overlap each other or the inputs. Inputs should be finite:
+ * outputs must not overlap each other or the inputs, nor have a zero stride on
+ * a dimension longer than 1 (FA_ERR_STRIDE). Inputs should be finite:
  * a NaN or Inf in an input gives NaN gradients wherever it is reached (it may
  * reach more elements than in the forward pass), but never a crash.
  */
@@ -531,6 +661,22 @@ FA_API fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_te
                       fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt);
 
 /** @} */
+
+/**
+ * @brief Measure the FMA throughput of an ISA's kernels on this machine.
+ *
+ * Runs independent FMA chains on full vectors of @p isa on @p threads threads
+ * (0: the OpenMP default) for about @p seconds (at least 0.05 s; the loop is
+ * repeated until that much time has passed, best of 3), and reports GFLOP/s:
+ * the ceiling that benchmarks state their fraction of.
+ *
+ * @return FA_OK, FA_ERR_ISA when the ISA is unknown, not built or not
+ *         supported here, FA_ERR_NULL_ARG, FA_ERR_OPTION.
+ */
+FA_API fa_status fa_measure_fma_peak(const char *isa, int threads, double seconds, double *gflops);
+
+/** @brief 1 if kernels for @p isa are built in and this CPU runs them, else 0. */
+FA_API int fa_isa_supported(const char *isa);
 
 #ifdef __cplusplus
 }

@@ -64,15 +64,17 @@ class _Tensor(ctypes.Structure):
 
 
 class _Options(ctypes.Structure):
-    _fields_ = [("scale", ctypes.c_double), ("causal", ctypes.c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("scale", ctypes.c_double), ("causal", ctypes.c_int),
                 ("window_left", _i64), ("window_right", _i64), ("softcap", ctypes.c_double),
                 ("alibi_slopes", ctypes.POINTER(_Tensor)), ("impl", ctypes.c_int),
                 ("num_threads", ctypes.c_int), ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
-                ("standard_max_bytes", ctypes.c_size_t)]
+                ("standard_max_bytes", ctypes.c_size_t),
+                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p)]
 
 
 class _CheckOptions(ctypes.Structure):
-    _fields_ = [("dtype", ctypes.c_int), ("use_tolerance", ctypes.c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int), ("use_tolerance", ctypes.c_int),
                 ("atol", ctypes.c_double), ("rtol", ctypes.c_double),
                 ("sample_rows", _i64), ("seed", ctypes.c_uint64), ("num_threads", ctypes.c_int),
                 ("q_name", ctypes.c_char_p), ("k_name", ctypes.c_char_p),
@@ -87,6 +89,7 @@ class _CheckRow(ctypes.Structure):
 
 _D = ctypes.c_double
 _REPORT_FIELDS = [
+    ("struct_size", ctypes.c_size_t),
     ("pass_", ctypes.c_int), ("out_pass", ctypes.c_int), ("lse_pass", ctypes.c_int),
     ("dtype", ctypes.c_int), ("use_tolerance", ctypes.c_int),
     ("atol", _D), ("rtol", _D), ("bound", _D),
@@ -111,6 +114,11 @@ _REPORT_FIELDS = [
 
 class _Report(ctypes.Structure):
     _fields_ = _REPORT_FIELDS
+
+    def __init__(self, *args, **kwargs):
+        # fa_check reads how much of the report it may write from struct_size
+        super().__init__(*args, **kwargs)
+        self.struct_size = ctypes.sizeof(_Report)
 
 
 class FlashAttnError(RuntimeError):

@@ -1,7 +1,7 @@
 /*
  * backward.c — the attention backward pass: dQ, dK, dV from dO.
  *
- * The math (DESIGN.md, "Semantics"). For one (batch, query head), with the
+ * The math (docs/semantics.md). For one (batch, query head), with the
  * final logits s_ij (scale, softcap, ALiBi, mask, as in the forward pass),
  *
  *     P_ij = exp(s_ij - LSE_i)            the softmax, recomputed from the LSE
@@ -66,18 +66,13 @@
 #include <stdlib.h>
 
 #include "kernels/kernels.h"
+#include "pack.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #define DIM(x) ((long long)(x))
-
-/* Sizes saturate instead of wrapping: a zero-stride view can have a seqlen of
- * ~2^62 with little memory behind it, and a wrapped size would allocate a
- * small buffer that the loops then overrun. SIZE_MAX makes fa_malloc fail. */
-static size_t mul_sat(size_t a, size_t b) { return b != 0 && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
-static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 
 /* ceil(n / b) for n >= 0, b >= 1, without overflowing n + b - 1 */
 static int64_t nblocks(int64_t n, int64_t b) { return n > 0 ? (n - 1) / b + 1 : 0; }
@@ -89,109 +84,6 @@ static int64_t nblocks(int64_t n, int64_t b) { return n > 0 ? (n - 1) / b + 1 : 
 #else
 #define FA_SIMD
 #endif
-
-/* Default backward block: the forward's rule gives blocks for S, Q_i, K_j, V_j
- * and O_i; the backward keeps about twice that hot per tile (S and dP, Q_i and
- * dO_i in two layouts, K_j, V_j and their gradients), so without an explicit
- * request (opt->block_q/k, FA_BLOCK_Q/K) it is capped at 128. */
-#define FA_BWD_BLOCK_MAX 128
-
-/* ------------------------------------------------------------------------ */
-/* Validation and the public entry point                                     */
-/* ------------------------------------------------------------------------ */
-
-/* t must be a rank-4 tensor of exactly the given shape (that of `like_name`). */
-static fa_status check_like(const fa_tensor *t, const char *name, const int64_t *shape,
-                            const char *like_name)
-{
-    if (!t) return fa_fail(FA_ERR_NULL_ARG, "%s: tensor is NULL", name);
-    if (fa_dtype_size(t->dtype) == 0)
-        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", name, (int)t->dtype);
-    if (t->rank != 4) return fa_fail(FA_ERR_SHAPE, "%s: expected rank 4, got rank %d", name, t->rank);
-    for (int r = 0; r < 4; r++) {
-        if (t->shape[r] != shape[r])
-            return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld,%lld,%lld] should be [%lld,%lld,%lld,%lld] (%s)",
-                           name, DIM(t->shape[0]), DIM(t->shape[1]), DIM(t->shape[2]), DIM(t->shape[3]),
-                           DIM(shape[0]), DIM(shape[1]), DIM(shape[2]), DIM(shape[3]), like_name);
-        if (t->stride[r] < 0)
-            return fa_fail(FA_ERR_STRIDE, "%s: stride %d is negative (%lld)", name, r, DIM(t->stride[r]));
-    }
-    if (shape[0] > 0 && shape[1] > 0 && shape[2] > 0 && shape[3] > 0 && !t->data)
-        return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", name);
-    return FA_OK;
-}
-
-fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
-                      const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout,
-                      fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt)
-{
-    fa_problem p;
-    fa_status st = fa_make_problem(q, k, v, o, lse, opt, &p);
-    if (st != FA_OK) return st;
-    const int64_t nb = p.batch > 0 ? p.batch : 1;
-    const int64_t o_shape[4] = {p.batch, p.seqlen_q, p.heads, p.dv};
-    /* O's element count, which no input bounds when d_v > d: refuse what cannot be indexed */
-    if (p.seqlen_q > 0 && p.dv > INT64_MAX / 8 / nb / p.seqlen_q / p.heads)
-        return fa_fail(FA_ERR_TOO_LARGE, "dout: [%lld, %lld, %lld, %lld] has too many elements",
-                       DIM(p.batch), DIM(p.seqlen_q), DIM(p.heads), DIM(p.dv));
-    const int64_t k_shape[4] = {p.batch, p.seqlen_k, p.heads_k, p.d};
-    const int64_t v_shape[4] = {p.batch, p.seqlen_k, p.heads_k, p.dv};
-    const int64_t q_shape[4] = {p.batch, p.seqlen_q, p.heads, p.d};
-    if ((st = check_like(dout, "dout", o_shape, "the shape of o: [batch, seqlen_q, heads, d_v]")) != FA_OK ||
-        (st = check_like(dq, "dq", q_shape, "the shape of q")) != FA_OK ||
-        (st = check_like(dk, "dk", k_shape, "the shape of k")) != FA_OK ||
-        (st = check_like(dv, "dv", v_shape, "the shape of v")) != FA_OK)
-        return st;
-    const fa_impl impl = opt ? opt->impl : FA_IMPL_FLASH;
-    if (impl == FA_IMPL_STANDARD)
-        return fa_fail(FA_ERR_IMPL, "backward: implementation 'standard' not available; use flash or reference");
-    if (p.batch == 0) {
-        fa_clear_error();
-        return FA_OK;
-    }
-    if (impl == FA_IMPL_FLASH) { /* backward blocks: see FA_BWD_BLOCK_MAX */
-        const char *eq = getenv("FA_BLOCK_Q"), *ek = getenv("FA_BLOCK_K");
-        if (!(opt && opt->block_q) && !(eq && *eq) && p.block_q > FA_BWD_BLOCK_MAX) p.block_q = FA_BWD_BLOCK_MAX;
-        if (!(opt && opt->block_k) && !(ek && *ek) && p.block_k > FA_BWD_BLOCK_MAX) p.block_k = FA_BWD_BLOCK_MAX;
-    }
-
-    /* O and LSE: the caller's, or recomputed by this implementation's forward
-     * pass (float64 for the reference, float32 for flash). */
-    void *o_tmp = NULL, *lse_tmp = NULL;
-    if (!o || !lse) {
-        const fa_dtype tdt = impl == FA_IMPL_REFERENCE ? FA_F64 : FA_F32;
-        const size_t esz = fa_dtype_size(tdt);
-        const size_t o_n = (size_t)(p.batch * p.seqlen_q * p.heads * p.dv);
-        const size_t l_n = (size_t)(p.batch * p.heads * p.seqlen_q);
-        const int64_t l_shape[3] = {p.batch, p.heads, p.seqlen_q};
-        o_tmp = fa_malloc(mul_sat(o_n ? o_n : 1, esz));   /* O   [B][Sq][H][dv] */
-        lse_tmp = fa_malloc(mul_sat(l_n ? l_n : 1, esz)); /* LSE [B][H][Sq] */
-        if (!o_tmp || !lse_tmp) {
-            fa_free(o_tmp);
-            fa_free(lse_tmp);
-            return fa_fail(FA_ERR_NOMEM, "backward: could not allocate %zu bytes to recompute O and LSE",
-                           mul_sat(add_sat(o_n, l_n), esz));
-        }
-        fa_problem fp = p;
-        fa_tensor_make(&fp.o, o_tmp, tdt, 4, o_shape, NULL);
-        fa_tensor_make(&fp.lse, lse_tmp, tdt, 3, l_shape, NULL);
-        st = p.seqlen_q == 0 ? FA_OK
-             : impl == FA_IMPL_REFERENCE ? fa_reference_forward(&fp) : fa_flash_forward(&fp);
-        if (!o) p.o = fp.o;
-        if (!lse) p.lse = fp.lse;
-    }
-    if (st == FA_OK) {
-        switch (impl) {
-        case FA_IMPL_REFERENCE: st = fa_reference_backward(&p, dout, dq, dk, dv); break;
-        case FA_IMPL_FLASH: st = fa_flash_backward(&p, dout, dq, dk, dv); break;
-        default: st = fa_fail(FA_ERR_IMPL, "unknown implementation %d", (int)impl); break;
-        }
-    }
-    fa_free(o_tmp);
-    fa_free(lse_tmp);
-    if (st == FA_OK) fa_clear_error();
-    return st;
-}
 
 static double load_lse(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 {
@@ -206,8 +98,8 @@ static double load_lse(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 static size_t reference_scratch_doubles(const fa_problem *p)
 {
     /* K [Sk][d] + V [Sk][dv] as float64, dK [Sk][d] + dV [Sk][dv] accumulators, q_i [d], dO_i [dv], dq_i [d] */
-    const size_t dsum = add_sat((size_t)p->d, (size_t)p->dv);
-    return add_sat(mul_sat(mul_sat(2, (size_t)p->seqlen_k), dsum), add_sat(mul_sat(2, dsum), 1));
+    const size_t dsum = fa_add_sat((size_t)p->d, (size_t)p->dv);
+    return fa_add_sat(fa_mul_sat(fa_mul_sat(2, (size_t)p->seqlen_k), dsum), fa_add_sat(fa_mul_sat(2, dsum), 1));
 }
 
 /* All query heads of kv head hk in batch b: writes dQ of those heads and dK, dV of hk. */
@@ -276,10 +168,10 @@ fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, cons
     const int64_t tasks = p->batch * p->heads_k;
     int failed = 0;
 #ifdef _OPENMP
-#pragma omp parallel num_threads(p->num_threads)
+#pragma omp parallel num_threads(fa_threads_for(p, p->batch * p->heads_k))
 #endif
     {
-        double *scratch = fa_malloc(mul_sat(reference_scratch_doubles(p), sizeof(double)));
+        double *scratch = fa_scratch_alloc(p, fa_mul_sat(reference_scratch_doubles(p), sizeof(double)));
         if (!scratch) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -294,11 +186,11 @@ fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, cons
             if (failed) continue;
             reference_backward_task(p, dout, dq, dk, dv, t / p->heads_k, t % p->heads_k, scratch);
         }
-        fa_free(scratch);
+        fa_scratch_free(p, scratch);
     }
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "reference backward: could not allocate %zu bytes per thread",
-                       mul_sat(reference_scratch_doubles(p), sizeof(double)));
+                       fa_mul_sat(reference_scratch_doubles(p), sizeof(double)));
     return FA_OK;
 }
 
@@ -362,11 +254,11 @@ static size_t bwd_scratch_floats(const fa_problem *p, const bwd_dims *g)
 {
     const size_t br = (size_t)g->br, bc = (size_t)g->bc, d = (size_t)p->d, dv = (size_t)p->dv;
     const size_t lmax = g->ldr > g->ldc ? g->ldr : g->ldc;
-    const size_t rows_d = mul_sat(2 * br + 2 * bc, g->ldd);       /* qr, dqa, kr, dka */
-    const size_t rows_dv = mul_sat(br + 2 * bc, g->lddv);         /* dor, vr, dva */
-    const size_t panels = mul_sat(add_sat(d, dv), g->ldr + g->ldc); /* qt, dot, kt, vt */
+    const size_t rows_d = fa_mul_sat(2 * br + 2 * bc, g->ldd);       /* qr, dqa, kr, dka */
+    const size_t rows_dv = fa_mul_sat(br + 2 * bc, g->lddv);         /* dor, vr, dva */
+    const size_t panels = fa_mul_sat(fa_add_sat(d, dv), g->ldr + g->ldc); /* qt, dot, kt, vt */
     const size_t tiles = 2 * bc * g->ldr + 2 * br * g->ldc;       /* st, dpt, s, dp */
-    return add_sat(add_sat(rows_d, rows_dv), add_sat(panels, tiles + 2 * g->ldr + 2 * lmax + 4 * round16(br) + 64));
+    return fa_add_sat(fa_add_sat(rows_d, rows_dv), fa_add_sat(panels, tiles + 2 * g->ldr + 2 * lmax + 4 * round16(br) + 64));
 }
 
 static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch *sc)
@@ -374,7 +266,7 @@ static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch
     const size_t br = (size_t)g->br, bc = (size_t)g->bc, d = (size_t)p->d, dv = (size_t)p->dv;
     const size_t lmax = g->ldr > g->ldc ? g->ldr : g->ldc;
     const size_t n = bwd_scratch_floats(p, g);
-    float *cur = fa_malloc(mul_sat(n, sizeof(float)));
+    float *cur = fa_scratch_alloc(p, fa_mul_sat(n, sizeof(float)));
     if (!cur) return 0;
     memset(cur, 0, n * sizeof(float)); /* padding columns of the panels stay zero */
     sc->base = cur;
@@ -403,31 +295,21 @@ static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch
     return 1;
 }
 
-/* dst[r][c] = T[b][row0 + r][head][c] for r < n, c < width (rows of a BSHD tensor). */
+/* Rows row0..row0+n of (batch b, head) of t: the one packer (pack.c). */
 static void pack_rows(const fa_tensor *t, int64_t b, int64_t row0, int n, int64_t head, int64_t width,
                       float *dst, size_t ld)
 {
-    for (int r = 0; r < n; r++)
-        fa_gather_f32(t, fa_off4(t, b, row0 + r, head, 0), t->stride[3], width, dst + (size_t)r * ld);
+    const fa_rows src = fa_rows_of(t, b, head);
+    assert(width == src.width);
+    fa_pack_rows(&src, row0, n, dst, ld, 0);
 }
 
-/* dst[c][r] = T[b][row0 + r][head][c] for r < n, c < width; columns n..round16(n) zeroed. */
 static void pack_transposed(const fa_kernels *kern, const fa_tensor *t, int64_t b, int64_t row0, int n,
                             int64_t head, int64_t width, float *dst, size_t ld)
 {
-    if (t->dtype == FA_F32 && t->stride[3] == 1 && kern->transpose) {
-        kern->transpose(n, (int)width, (const float *)t->data + fa_off4(t, b, row0, head, 0),
-                        (size_t)t->stride[1], dst, ld);
-    } else {
-        for (int r = 0; r < n; r++) {
-            const int64_t off = fa_off4(t, b, row0 + r, head, 0);
-            for (int64_t c = 0; c < width; c++)
-                dst[(size_t)c * ld + (size_t)r] = fa_load_f32(t, off + c * t->stride[3]);
-        }
-    }
-    const int pad = (int)round16((size_t)n);
-    for (int64_t c = 0; c < width; c++)
-        for (int r = n; r < pad; r++) dst[(size_t)c * ld + (size_t)r] = 0.0f;
+    const fa_rows src = fa_rows_of(t, b, head);
+    assert(width == src.width);
+    fa_pack_transposed(kern, &src, row0, n, dst, ld);
 }
 
 /* T[b][row0 + r][head][c] = scale * src[r][c] for r < n, c < width. */
@@ -448,7 +330,7 @@ static void store_rows(const fa_tensor *t, int64_t b, int64_t row0, int n, int64
 
 /*
  * Operands packed once per (batch, kv head) and shared by all threads, when
- * they fit in FA_BWD_SHARED_MAX_BYTES (as the forward does for K and V):
+ * they fit in p->pack_max_bytes (as the forward does for K and V):
  * packing per tile costs a transpose of every Q block for every K block (and
  * vice versa), ~15% of the time at N = 2048, d = 64, since BSHD rows are far
  * apart. Beyond the cap each task packs its own tiles: memory stays
@@ -463,32 +345,29 @@ typedef struct bwd_packed {
     float *a, *b, *c, *e;
 } bwd_packed;
 
-#define FA_BWD_SHARED_MAX_BYTES ((size_t)16 << 20)
-
-static size_t shared_cap(void)
+static size_t shared_cap(const fa_problem *p)
 {
-    const char *env = getenv("FA_FLASH_SHARED_MAX"); /* bytes; 0 forces per-tile packing */
-    const size_t cap = env && *env ? (size_t)strtoull(env, NULL, 10) : FA_BWD_SHARED_MAX_BYTES;
+    const size_t cap = p->pack_max_bytes; /* 0 forces per-tile packing */
     return cap < SIZE_MAX / 4 ? cap : SIZE_MAX / 4; /* a saturated size never fits */
 }
 
 static size_t packed_q_floats(const fa_problem *p, const bwd_dims *g)
 {
-    const size_t nblk = mul_sat((size_t)nblocks(p->seqlen_q, g->br), (size_t)(p->heads / p->heads_k));
-    const size_t dsum = add_sat((size_t)p->d, (size_t)p->dv);
-    return mul_sat(nblk, add_sat(mul_sat(dsum, g->ldr), mul_sat((size_t)g->br, g->ldd + g->lddv)));
+    const size_t nblk = fa_mul_sat((size_t)nblocks(p->seqlen_q, g->br), (size_t)(p->heads / p->heads_k));
+    const size_t dsum = fa_add_sat((size_t)p->d, (size_t)p->dv);
+    return fa_mul_sat(nblk, fa_add_sat(fa_mul_sat(dsum, g->ldr), fa_mul_sat((size_t)g->br, g->ldd + g->lddv)));
 }
 
 static size_t packed_k_floats(const fa_problem *p, const bwd_dims *g)
 {
     const size_t nkb = (size_t)nblocks(p->seqlen_k, g->bc);
-    const size_t dsum = add_sat((size_t)p->d, (size_t)p->dv);
-    return mul_sat(nkb, add_sat(mul_sat(dsum, g->ldc), mul_sat((size_t)g->bc, g->ldd)));
+    const size_t dsum = fa_add_sat((size_t)p->d, (size_t)p->dv);
+    return fa_mul_sat(nkb, fa_add_sat(fa_mul_sat(dsum, g->ldc), fa_mul_sat((size_t)g->bc, g->ldd)));
 }
 
 static bwd_packed packed_q_layout(const fa_problem *p, const bwd_dims *g, float *base)
 {
-    const size_t nblk = mul_sat((size_t)nblocks(p->seqlen_q, g->br), (size_t)(p->heads / p->heads_k));
+    const size_t nblk = fa_mul_sat((size_t)nblocks(p->seqlen_q, g->br), (size_t)(p->heads / p->heads_k));
     bwd_packed q;
     q.a = base;
     q.b = q.a + nblk * (size_t)p->d * g->ldr;
@@ -682,31 +561,29 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
 fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
                             const fa_tensor *dk, const fa_tensor *dv)
 {
-    fa_status st;
-    const fa_kernels *kern = fa_kernels_get(&st);
-    if (!kern) return st;
+    const fa_kernels *kern = p->kern;
     const bwd_dims g = bwd_layout(p);
     const int64_t nqb = nblocks(p->seqlen_q, g.br);
     const int64_t nkb = nblocks(p->seqlen_k, g.bc);
     const int64_t rows = p->batch * p->heads * p->seqlen_q;
     const int64_t group = p->heads / p->heads_k;
-    float *dvec = fa_malloc(mul_sat((size_t)(rows > 0 ? rows : 1), sizeof(float))); /* D [B][H][Sq] */
+    float *dvec = fa_scratch_alloc(p, fa_mul_sat((size_t)(rows > 0 ? rows : 1), sizeof(float))); /* D [B][H][Sq] */
     if (!dvec) return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate D (%lld rows)", DIM(rows));
     int failed = 0;
 
     /* shared packing, each pass on its own, when it fits under the cap */
-    const size_t cap = shared_cap();
+    const size_t cap = shared_cap(p);
     const size_t qfl = packed_q_floats(p, &g), kfl = packed_k_floats(p, &g);
-    const size_t qbytes = mul_sat(qfl, sizeof(float)) <= cap ? qfl * sizeof(float) : 0;
-    const size_t kbytes = mul_sat(kfl, sizeof(float)) <= cap ? kfl * sizeof(float) : 0;
+    const size_t qbytes = fa_mul_sat(qfl, sizeof(float)) <= cap ? qfl * sizeof(float) : 0;
+    const size_t kbytes = fa_mul_sat(kfl, sizeof(float)) <= cap ? kfl * sizeof(float) : 0;
     const size_t sbytes = qbytes > kbytes ? qbytes : kbytes;
-    float *shared = sbytes ? fa_malloc(sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
+    float *shared = sbytes ? fa_scratch_alloc(p, sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
     bwd_packed qpack = {NULL, NULL, NULL, NULL}, kpack = {NULL, NULL, NULL, NULL};
     if (shared && qbytes) qpack = packed_q_layout(p, &g, shared);
     if (shared && kbytes) kpack = packed_k_layout(p, &g, shared);
 
 #ifdef _OPENMP
-#pragma omp parallel num_threads(p->num_threads)
+#pragma omp parallel num_threads(fa_threads_for(p, rows > p->batch * p->heads_k * nkb ? rows : p->batch * p->heads_k * nkb))
 #endif
     {
         bwd_scratch sc;
@@ -801,12 +678,12 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                 bwd_task_dq(p, kern, &g, &sc, NULL, dvec, dout, dq, b, h, i0, br);
             }
         }
-        fa_free(sc.base);
+        fa_scratch_free(p, sc.base);
     }
-    fa_free(dvec);
-    fa_free(shared);
+    fa_scratch_free(p, dvec);
+    fa_scratch_free(p, shared);
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate %zu bytes of per-thread scratch",
-                       mul_sat(bwd_scratch_floats(p, &g), sizeof(float)));
+                       fa_mul_sat(bwd_scratch_floats(p, &g), sizeof(float)));
     return FA_OK;
 }

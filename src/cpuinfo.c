@@ -4,12 +4,16 @@
  * Sources, in order: glibc's sysconf(_SC_LEVEL*_CACHE_*) (which reads CPUID
  * on x86), then Linux sysfs (/sys/devices/system/cpu/cpu0/cache/index*), then
  * fallback defaults (32 KiB L1d, 1 MiB L2, 64-byte lines) that suit most
- * laptops and servers of the last decade. The result is computed once.
- * FA_L1D_BYTES / FA_L2_BYTES override it (for experiments and teaching).
+ * laptops and servers of the last decade. The result is computed once, under
+ * pthread_once (concurrent first calls are safe). FA_L1D_BYTES / FA_L2_BYTES
+ * override it (for experiments and teaching; parsed strictly by config.c — a
+ * malformed value is reported by the calls that plan blocks, and ignored here).
  */
-#include "internal.h"
+#include "config.h"
 
+#include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -56,23 +60,13 @@ static size_t sysfs_cache(int want_level, const char *want_type, size_t *line)
     return 0;
 }
 
-static size_t env_bytes(const char *name)
-{
-    const char *s = getenv(name);
-    if (!s || !*s) return 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*end == 'K' || *end == 'k') v *= 1024;
-    else if (*end == 'M' || *end == 'm') v *= 1024 * 1024;
-    return (size_t)v;
-}
+static size_t c1, c2, c3, cl;
+static int src;
+static pthread_once_t caches_once = PTHREAD_ONCE_INIT;
 
-void fa_detect_caches(size_t *l1d, size_t *l2, size_t *l3, size_t *line, int *source)
+static void detect(void)
 {
-    static int done;
-    static size_t c1, c2, c3, cl;
-    static int src;
-    if (!done) {
+    {
         long a = -1, b = -1, c = -1, d = -1;
 #ifdef _SC_LEVEL1_DCACHE_SIZE
         a = sysconf(_SC_LEVEL1_DCACHE_SIZE);
@@ -97,11 +91,16 @@ void fa_detect_caches(size_t *l1d, size_t *l2, size_t *l3, size_t *line, int *so
         if (!c1) c1 = 32 * 1024;
         if (!c2) c2 = 1024 * 1024;
         if (!cl) cl = 64;
-        size_t e1 = env_bytes("FA_L1D_BYTES"), e2 = env_bytes("FA_L2_BYTES");
-        if (e1) { c1 = e1; src = 3; }
-        if (e2) { c2 = e2; src = 3; }
-        done = 1;
+        fa_status st;
+        const fa_env *e = fa_env_get(&st);
+        if (e && e->l1d) { c1 = e->l1d; src = 3; }
+        if (e && e->l2) { c2 = e->l2; src = 3; }
     }
+}
+
+void fa_detect_caches(size_t *l1d, size_t *l2, size_t *l3, size_t *line, int *source)
+{
+    pthread_once(&caches_once, detect);
     *l1d = c1;
     *l2 = c2;
     *l3 = c3;

@@ -57,6 +57,7 @@
 #include <stdlib.h>
 
 #include "kernels/kernels.h"
+#include "pack.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -65,12 +66,18 @@
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 /*
- * Largest shared K^T/V packing (one batch x kv head) the driver will allocate.
- * 16 MiB holds N = 8192 at d = 128 (8 MiB + flags) or N = 16384 at d = 64;
- * it sits in a typical L3. Beyond it each
+ * The largest shared K^T/V packing the driver will allocate is
+ * p->pack_max_bytes (default FA_PACK_DEFAULT_MAX_BYTES, 16 MiB: N = 8192 at
+ * d = 128 or N = 16384 at d = 64; it sits in a typical L3). Beyond it each
  * task packs tiles itself and memory stays O(threads x block).
+ *
+ * K and V reach the driver through the one packer (pack.c): K_j transposed
+ * into Kt, V_j copied into contiguous rows. V_j is always copied, even when
+ * it is float32 already: in BSHD its rows are heads*d_v floats apart (often
+ * a multiple of 4 KiB), which maps a whole tile onto a few cache sets and
+ * defeats the hardware prefetcher; the copy costs Bc*d_v moves per tile and
+ * measured ~12% faster.
  */
-#define FA_FLASH_SHARED_MAX_BYTES ((size_t)16 << 20)
 
 /* Per-thread scratch, laid out in one allocation. */
 typedef struct flash_scratch {
@@ -124,7 +131,7 @@ static size_t scratch_floats(const fa_problem *p, const flash_dims *g)
 
 static int scratch_alloc(const fa_problem *p, const flash_dims *g, flash_scratch *sc)
 {
-    float *base = fa_malloc(scratch_floats(p, g) * sizeof(float));
+    float *base = fa_scratch_alloc(p, scratch_floats(p, g) * sizeof(float));
     if (!base) return 0;
     float *cur = base;
     sc->base = base;
@@ -141,59 +148,6 @@ static int scratch_alloc(const fa_problem *p, const flash_dims *g, flash_scratch
     /* the padding columns of Kt must be zero: kernels may compute them */
     memset(sc->kt, 0, (size_t)p->d * g->ldk * sizeof(float));
     return 1;
-}
-
-/* Kt[c][j] = K[b][j0 + j][hk][c] for c < d, j < bc; columns bc..round16(bc) zeroed. */
-static void pack_kt(const fa_problem *p, const fa_kernels *kern, int64_t b, int64_t hk, int64_t j0,
-                    int bc, const flash_dims *g, float *kt)
-{
-    const int64_t d = p->d;
-    const fa_tensor *K = &p->k;
-    if (K->dtype == FA_F32 && K->stride[3] == 1 && kern->transpose) {
-        kern->transpose(bc, (int)d, (const float *)K->data + fa_off4(K, b, j0, hk, 0),
-                        (size_t)K->stride[1], kt, g->ldk);
-    } else if (K->dtype == FA_F32 && K->stride[3] == 1) {
-        /*
-         * Transpose 16 keys at a time: each c then fills one whole 64-byte line
-         * of Kt. Writing one column at a time instead strides by ldk floats and
-         * thrashes a handful of L1 sets; this order is ~10x faster.
-         */
-        for (int jb = 0; jb < bc; jb += 16) {
-            const int nj = bc - jb < 16 ? bc - jb : 16;
-            const float *krow[16];
-            for (int jj = 0; jj < nj; jj++)
-                krow[jj] = (const float *)K->data + fa_off4(K, b, j0 + jb + jj, hk, 0);
-            for (int64_t c = 0; c < d; c++) {
-                float *dst = kt + (size_t)c * g->ldk + (size_t)jb;
-                for (int jj = 0; jj < nj; jj++) dst[jj] = krow[jj][c];
-            }
-        }
-    } else {
-        for (int j = 0; j < bc; j++)
-            for (int64_t c = 0; c < d; c++)
-                kt[(size_t)c * g->ldk + (size_t)j] = fa_load_f32(K, fa_off4(K, b, j0 + j, hk, c));
-    }
-    const int pad = (int)round16((size_t)bc);
-    for (int64_t c = 0; c < d; c++)
-        for (int j = bc; j < pad; j++) kt[(size_t)c * g->ldk + (size_t)j] = 0.0f;
-}
-
-/*
- * V_j is always copied into contiguous rows, even when it is float32 already:
- * in BSHD its rows are heads*d_v floats apart (often a multiple of 4 KiB),
- * which maps a whole tile onto a few cache sets and defeats the hardware
- * prefetcher; the copy costs Bc*d_v moves per tile and measured ~12% faster.
- */
-static int pack_v(const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int bc,
-                  const flash_dims *g, float *vj)
-{
-    float bad = 0.0f; /* 0 * x stays 0 for finite x; becomes NaN for Inf or NaN */
-    for (int j = 0; j < bc; j++) {
-        float *row = vj + (size_t)j * g->ldv;
-        fa_gather_f32(&p->v, fa_off4(&p->v, b, j0 + j, hk, 0), p->v.stride[3], p->dv, row);
-        for (int64_t c = 0; c < p->dv; c++) bad += 0.0f * row[c];
-    }
-    return isnan(bad);
 }
 
 /*
@@ -243,7 +197,7 @@ static void prefetch_tile(const fa_problem *p, int64_t b, int64_t hk, int64_t j0
 
 /*
  * Finish the scores of tile S (rows i0.., keys j0..) after qk has scaled them:
- * softcap, ALiBi and the mask, in DESIGN.md's order. (The scale multiplies the
+ * softcap, ALiBi and the mask, in docs/semantics.md's order. (The scale multiplies the
  * dot product inside qk rather than being folded into Q beforehand, as
  * FlashAttention also does: scale * (q . k) keeps scores that tie in q . k
  * tied, which matters when the scale is huge.)
@@ -272,6 +226,26 @@ static void transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, 
             row[j] = s;
         }
     }
+}
+
+/*
+ * A row that sees keys but whose running max stayed -inf had only NaN or -inf
+ * scores: the softmax kernel keeps P = 0 for it (max skips NaN), which would
+ * make it look empty. Rare (non-finite inputs only), so decide here, in
+ * float64 from the inputs, as the reference does: any NaN score makes the row
+ * NaN; all -inf makes it O = 0, LSE = -inf.
+ */
+static int row_has_nan_score(const fa_problem *p, int64_t b, int64_t h, int64_t i, int64_t lo,
+                             int64_t hi, double slope)
+{
+    const int64_t hk = fa_kv_head(p, h);
+    for (int64_t j = lo; j < hi; j++) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < p->d; c++)
+            dot += fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, c)) * fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, c));
+        if (isnan(fa_score_transform(p, dot, slope, i, j))) return 1;
+    }
+    return 0;
 }
 
 /* One task: (batch b, head h, Q block starting at row i0 with br rows). */
@@ -312,8 +286,9 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
                 vj = kv->v + (size_t)j0 * g->ldv;
                 v_bad = kv->v_bad[kb];
             } else {
-                pack_kt(p, kern, b, hk, j0, bc, g, sc->kt);
-                v_bad = pack_v(p, b, hk, j0, bc, g, sc->vj);
+                const fa_rows ks = fa_rows_of(&p->k, b, hk), vs = fa_rows_of(&p->v, b, hk);
+                fa_pack_transposed(kern, &ks, j0, bc, sc->kt, g->ldk);
+                v_bad = fa_pack_rows(&vs, j0, bc, sc->vj, g->ldv, 1);
                 kt = sc->kt;
                 vj = sc->vj;
                 if (kb + 1 < kb1) prefetch_tile(p, b, hk, j0 + g->bc, g->bc);
@@ -334,8 +309,17 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     for (int r = 0; r < br; r++) {
         const int64_t i = i0 + r;
         const float *orow = sc->oa + (size_t)r * g->ldo;
-        const float l = sc->l[r];
-        const int empty = sc->m[r] == -INFINITY;
+        float l = sc->l[r];
+        /* empty is decided from the key range, never from m (see row_has_nan_score) */
+        int empty = !(sc->lo[r] < sc->hi[r]);
+        if (!empty && sc->m[r] == -INFINITY) {
+            if (row_has_nan_score(p, b, h, i, sc->lo[r], sc->hi[r], slope)) {
+                l = NAN;
+                sc->m[r] = NAN;
+            } else {
+                empty = 1;
+            }
+        }
         const float inv = empty ? 0.0f : 1.0f / l;
         if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
             float *dst = (float *)p->o.data + fa_off4(&p->o, b, i, h, 0);
@@ -361,9 +345,7 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
 {
     const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
     const size_t per_kb = (size_t)p->d * g->ldk + (size_t)g->bc * g->ldv; /* floats per key block */
-    size_t cap = FA_FLASH_SHARED_MAX_BYTES;
-    const char *env = getenv("FA_FLASH_SHARED_MAX"); /* bytes; 0 forces per-tile packing */
-    if (env && *env) cap = (size_t)strtoull(env, NULL, 10);
+    size_t cap = p->pack_max_bytes; /* 0 forces per-tile packing */
     if (cap > SIZE_MAX / 4) cap = SIZE_MAX / 4;
     /* Decide before multiplying: a strided view can have seqlen_k ~ 2^62, and
      * nkb * per_kb would wrap to a small size that seems to fit. */
@@ -405,11 +387,9 @@ size_t fa_flash_workspace(const fa_problem *p)
 
 fa_status fa_flash_forward(const fa_problem *p)
 {
-    fa_status st;
-    const fa_kernels *kern = fa_kernels_get(&st);
-    if (!kern) return st;
+    const fa_kernels *kern = p->kern;
     const flash_dims g = flash_layout(p);
-    assert(g.br >= 1 && g.bc >= 1);
+    assert(kern && g.br >= 1 && g.bc >= 1);
 
     const int64_t nqb = (p->seqlen_q + g.br - 1) / g.br;
     const int64_t nkb = (p->seqlen_k + g.bc - 1) / g.bc;
@@ -431,14 +411,14 @@ fa_status fa_flash_forward(const fa_problem *p)
     const size_t slot = shared_plan(p, &g, &per_pass);
     char *shared = NULL;
     if (per_pass > 0) {
-        shared = fa_malloc((size_t)per_pass * slot);
+        shared = fa_scratch_alloc(p, (size_t)per_pass * slot);
         if (!shared)
             return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes for packed K/V",
                            (size_t)per_pass * slot);
     }
 
 #ifdef _OPENMP
-#pragma omp parallel num_threads(p->num_threads)
+#pragma omp parallel num_threads(fa_threads_for(p, p->batch * p->heads * nqb))
 #endif
     {
         flash_scratch sc;
@@ -467,8 +447,9 @@ fa_status fa_flash_forward(const fa_problem *p)
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
                     const int64_t j0 = kb * g.bc;
                     const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
-                    pack_kt(p, kern, b, hk, j0, bc, &g, kv.kt + (size_t)kb * (size_t)p->d * g.ldk);
-                    kv.v_bad[kb] = (unsigned char)pack_v(p, b, hk, j0, bc, &g, kv.v + (size_t)j0 * g.ldv);
+                    const fa_rows ks = fa_rows_of(&p->k, b, hk), vs = fa_rows_of(&p->v, b, hk);
+                    fa_pack_transposed(kern, &ks, j0, bc, kv.kt + (size_t)kb * (size_t)p->d * g.ldk, g.ldk);
+                    kv.v_bad[kb] = (unsigned char)fa_pack_rows(&vs, j0, bc, kv.v + (size_t)j0 * g.ldv, g.ldv, 1);
                 }
                 /* then every Q block of every query head that reads them */
 #ifdef _OPENMP
@@ -501,9 +482,9 @@ fa_status fa_flash_forward(const fa_problem *p)
                 flash_task(p, kern, &g, &sc, NULL, b, h, i0, br);
             }
         }
-        fa_free(sc.base);
+        fa_scratch_free(p, sc.base);
     }
-    fa_free(shared);
+    fa_scratch_free(p, shared);
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes of per-thread scratch",
                        fa_flash_workspace(p));

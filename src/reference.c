@@ -1,7 +1,7 @@
 /*
  * reference.c — the specification written as code: the trusted result.
  *
- * One query row at a time, in float64, straight from DESIGN.md:
+ * One query row at a time, in float64, straight from docs/semantics.md:
  *
  *   s_j   = scale * (q_i . k_j)                      for visible keys j
  *   s_j   = softcap * tanh(s_j / softcap)            if softcap > 0
@@ -77,11 +77,11 @@ fa_status fa_reference_forward(const fa_problem *p)
         return fa_fail(FA_ERR_NOMEM, "reference: seqlen_k %lld needs more row scratch than can be allocated",
                        (long long)p->seqlen_k);
 #ifdef _OPENMP
-#pragma omp parallel num_threads(p->num_threads)
+#pragma omp parallel num_threads(fa_threads_for(p, rows))
 #endif
     {
-        double *s = fa_malloc(((size_t)p->seqlen_k + 1) * sizeof(double)); /* [Sk] */
-        double *acc = fa_malloc((size_t)p->dv * sizeof(double));           /* [dv] */
+        double *s = fa_scratch_alloc(p, ((size_t)p->seqlen_k + 1) * sizeof(double)); /* [Sk] */
+        double *acc = fa_scratch_alloc(p, (size_t)p->dv * sizeof(double));           /* [dv] */
         if (!s || !acc) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -99,8 +99,8 @@ fa_status fa_reference_forward(const fa_problem *p)
             int64_t b = r / (p->seqlen_q * p->heads);
             reference_row(p, b, i, h, s, acc);
         }
-        fa_free(s);
-        fa_free(acc);
+        fa_scratch_free(p, s);
+        fa_scratch_free(p, acc);
     }
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "reference: could not allocate %zu bytes of row scratch",

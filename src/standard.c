@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "kernels/kernels.h"
+#include "pack.h"
 
 /* Rows per micro-kernel call, and the d_v chunk of the P V accumulator. */
 #define STD_ROWS 32
@@ -56,45 +57,35 @@ fa_status fa_standard_forward(const fa_problem *p)
                        "above the cap of %zu MiB; use the flash path or raise the cap",
                        s_bytes >> 20, (long long)Sq, (long long)Sk, p->standard_max_bytes >> 20);
 
-    float *S = fa_malloc(s_bytes ? s_bytes : sizeof(float));               /* [Sq][ldk] */
-    float *Q = fa_malloc((size_t)Sq * (size_t)d * sizeof(float));          /* [Sq][d] */
-    float *Kt = fa_malloc((size_t)d * ldk * sizeof(float) + sizeof(float)); /* [d][ldk] */
-    float *V = fa_malloc(((size_t)Sk * (size_t)dv + 1) * sizeof(float));   /* [Sk][dv] */
-    float *rowm = fa_malloc((size_t)Sq * sizeof(float));                   /* [Sq] row max */
-    float *rowl = fa_malloc((size_t)Sq * sizeof(float));                   /* [Sq] row sum */
+    float *S = fa_scratch_alloc(p, s_bytes ? s_bytes : sizeof(float));               /* [Sq][ldk] */
+    float *Q = fa_scratch_alloc(p, (size_t)Sq * (size_t)d * sizeof(float));          /* [Sq][d] */
+    float *Kt = fa_scratch_alloc(p, (size_t)d * ldk * sizeof(float) + sizeof(float)); /* [d][ldk] */
+    float *V = fa_scratch_alloc(p, ((size_t)Sk * (size_t)dv + 1) * sizeof(float));   /* [Sk][dv] */
+    float *rowm = fa_scratch_alloc(p, (size_t)Sq * sizeof(float));                   /* [Sq] row max */
+    float *rowl = fa_scratch_alloc(p, (size_t)Sq * sizeof(float));                   /* [Sq] row sum */
     if (!S || !Q || !Kt || !V || !rowm || !rowl) {
-        fa_free(S); fa_free(Q); fa_free(Kt); fa_free(V); fa_free(rowm); fa_free(rowl);
+        fa_scratch_free(p, S); fa_scratch_free(p, Q); fa_scratch_free(p, Kt); fa_scratch_free(p, V); fa_scratch_free(p, rowm); fa_scratch_free(p, rowl);
         return fa_fail(FA_ERR_NOMEM, "standard: could not allocate %zu bytes", fa_standard_workspace(p));
     }
     const float scale = (float)p->scale;
-    fa_status st;
-    const fa_kernels *kern = fa_kernels_get(&st);
-    if (!kern) {
-        fa_free(S); fa_free(Q); fa_free(Kt); fa_free(V); fa_free(rowm); fa_free(rowl);
-        return st;
-    }
+    const fa_kernels *kern = p->kern;
 
     for (int64_t b = 0; b < p->batch; b++) {
         for (int64_t h = 0; h < p->heads; h++) {
             const int64_t hk = fa_kv_head(p, h);
             const double slope = fa_alibi_slope(p, b, h);
 
-            /* pack this head: Q, K transposed, V row-major (all float32) */
-            for (int64_t i = 0; i < Sq; i++) {
-                fa_gather_f32(&p->q, fa_off4(&p->q, b, i, h, 0), p->q.stride[3], d, Q + i * d);
-            }
-            float bad = 0.0f; /* stays 0 unless V holds Inf or NaN */
-            for (int64_t j = 0; j < Sk; j++) {
-                for (int64_t c = 0; c < d; c++)
-                    Kt[(size_t)c * ldk + (size_t)j] = fa_load_f32(&p->k, fa_off4(&p->k, b, j, hk, c));
-                fa_gather_f32(&p->v, fa_off4(&p->v, b, j, hk, 0), p->v.stride[3], dv, V + j * dv);
-                for (int64_t c = 0; c < dv; c++) bad += 0.0f * V[j * dv + c];
-            }
-            const int v_bad = isnan(bad);
+            /* pack this head through the one packer: Q rows, K transposed, V rows
+             * (all float32; v_bad: V holds Inf or NaN) */
+            const fa_rows qs = fa_rows_of(&p->q, b, h), ks = fa_rows_of(&p->k, b, hk),
+                          vs = fa_rows_of(&p->v, b, hk);
+            fa_pack_rows(&qs, 0, (int)Sq, Q, (size_t)d, 0);
+            fa_pack_transposed(kern, &ks, 0, (int)Sk, Kt, ldk);
+            const int v_bad = fa_pack_rows(&vs, 0, (int)Sk, V, (size_t)dv, 1);
 
             /* 1. S = scale * Q K^T for all rows, one row block per kernel call */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(p->num_threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(fa_threads_for(p, (Sq + STD_ROWS - 1) / STD_ROWS))
 #endif
             for (int64_t i0 = 0; i0 < Sq; i0 += STD_ROWS) {
                 const int br = (int)(Sq - i0 < STD_ROWS ? Sq - i0 : STD_ROWS);
@@ -103,7 +94,7 @@ fa_status fa_standard_forward(const fa_problem *p)
 
             /* 2. transforms, mask, and P = softmax(S) row by row, in place */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(p->num_threads)
+#pragma omp parallel for schedule(static) num_threads(fa_threads_for(p, (Sq + STD_ROWS - 1) / STD_ROWS))
 #endif
             for (int64_t i = 0; i < Sq; i++) {
                 float *srow = S + (size_t)i * ldk; /* [Sk] */
@@ -135,7 +126,7 @@ fa_status fa_standard_forward(const fa_problem *p)
 
             /* 3. O = P V / l, one row block per kernel call */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(p->num_threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(fa_threads_for(p, (Sq + STD_ROWS - 1) / STD_ROWS))
 #endif
             for (int64_t i0 = 0; i0 < Sq; i0 += STD_ROWS) {
                 const int br = (int)(Sq - i0 < STD_ROWS ? Sq - i0 : STD_ROWS);
@@ -178,11 +169,11 @@ fa_status fa_standard_forward(const fa_problem *p)
             }
         }
     }
-    fa_free(S);
-    fa_free(Q);
-    fa_free(Kt);
-    fa_free(V);
-    fa_free(rowm);
-    fa_free(rowl);
+    fa_scratch_free(p, S);
+    fa_scratch_free(p, Q);
+    fa_scratch_free(p, Kt);
+    fa_scratch_free(p, V);
+    fa_scratch_free(p, rowm);
+    fa_scratch_free(p, rowl);
     return FA_OK;
 }

@@ -147,21 +147,34 @@ static void emu_row(const double *src, int64_t n, fa_dtype dt, int round, float 
 /* Options and argument checking                                             */
 /* ------------------------------------------------------------------------ */
 
+void fa_check_options_init(fa_check_options *opt, size_t struct_size)
+{
+    if (!opt) return;
+    fa_check_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = struct_size;
+    o.dtype = FA_CHECK_DTYPE_AUTO;
+    memcpy(opt, &o, struct_size < sizeof o ? struct_size : sizeof o);
+}
+
 fa_check_options fa_check_options_default(void)
 {
     fa_check_options o;
-    memset(&o, 0, sizeof o);
-    o.dtype = FA_CHECK_DTYPE_AUTO;
+    fa_check_options_init(&o, sizeof o);
     return o;
 }
+
+/* The first published sizes with struct_size (0.3.0); later versions append. */
+#define CHECK_OPTIONS_MIN_SIZE (offsetof(fa_check_options, lse_name) + sizeof(const char *))
+#define CHECK_REPORT_MIN_SIZE (offsetof(fa_check_report, lse_worst_ref) + sizeof(double))
 
 size_t fa_check_abi_size(int which)
 {
     switch (which) {
-    case 0: return sizeof(fa_tensor);
-    case 1: return sizeof(fa_options);
-    case 2: return sizeof(fa_check_options);
-    case 3: return sizeof(fa_check_report);
+    case FA_ABI_TENSOR: return sizeof(fa_tensor);
+    case FA_ABI_OPTIONS: return sizeof(fa_options);
+    case FA_ABI_CHECK_OPTIONS: return sizeof(fa_check_options);
+    case FA_ABI_CHECK_REPORT: return sizeof(fa_check_report);
     default: return 0;
     }
 }
@@ -177,20 +190,6 @@ static const char *name_or(const char *name, const char *fallback)
 typedef struct check_names {
     const char *q, *k, *v, *out, *lse;
 } check_names;
-
-/* Re-label fa_forward's validation message ("q: ...") with the caller's names. */
-static fa_status relabel(fa_status st, const check_names *nm)
-{
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", fa_last_error());
-    const char *labels[3][2] = {{"q:", nm->q}, {"k:", nm->k}, {"v:", nm->v}};
-    for (int i = 0; i < 3; i++) {
-        size_t n = strlen(labels[i][0]);
-        if (strncmp(msg, labels[i][0], n) == 0)
-            return fa_fail(st, "%s:%s", labels[i][1], msg + n);
-    }
-    return fa_fail(st, "%s", msg);
-}
 
 /* Index of the first non-finite element of a rank-4 tensor, or -1. */
 static int64_t find_nonfinite4(const fa_tensor *t, int64_t idx[4])
@@ -219,51 +218,26 @@ static fa_status require_finite(const fa_tensor *t, const char *name)
 }
 
 /*
- * Validate everything and fill the problem. q/k/v and the attention options
- * go through fa_forward's own rules (via fa_workspace_bytes), so check and
- * forward accept exactly the same problems.
+ * Validate everything and fill the problem: q, k, v, the tested output and
+ * LSE and the attention options go through the one validator (problem.c), so
+ * check and forward accept exactly the same problems and resolve the options
+ * (window clamp included) the same way; then the check options and the
+ * finiteness of the inputs.
  */
 static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
-                             const fa_tensor *out, const fa_tensor *lse, const fa_options *attn_in,
+                             const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
                              const fa_check_options *co, const check_names *nm, fa_problem *p)
 {
-    fa_options attn = attn_in ? *attn_in : fa_options_default();
-    attn.impl = FA_IMPL_REFERENCE; /* block sizes etc. are irrelevant here */
-    attn.block_q = attn.block_k = 0;
-    attn.num_threads = 0;
-    size_t ws;
-    fa_status st = fa_workspace_bytes(q, k, v, &attn, &ws);
-    if (st != FA_OK) return relabel(st, nm);
-
-    if (!out) return fa_fail(FA_ERR_NULL_ARG, "%s: tested output is NULL", nm->out);
-    if (fa_dtype_size(out->dtype) == 0)
-        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", nm->out, (int)out->dtype);
-    if (out->rank != 4)
-        return fa_fail(FA_ERR_SHAPE, "%s: expected rank 4 [batch, seqlen_q, heads, d_v], got rank %d",
-                       nm->out, out->rank);
-    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], dv = v->shape[3];
-    if (out->shape[0] != B || out->shape[1] != Sq || out->shape[2] != H || out->shape[3] != dv)
-        return fa_fail(FA_ERR_SHAPE,
-                       "%s: shape [%lld,%lld,%lld,%lld] should be [%lld,%lld,%lld,%lld] "
-                       "(batch and seqlen_q of %s, heads of %s, d_v of %s)",
-                       nm->out, DIM(out->shape[0]), DIM(out->shape[1]), DIM(out->shape[2]),
-                       DIM(out->shape[3]), DIM(B), DIM(Sq), DIM(H), DIM(dv), nm->q, nm->q, nm->v);
-    for (int r = 0; r < 4; r++)
-        if (out->stride[r] < 0) return fa_fail(FA_ERR_STRIDE, "%s: negative stride", nm->out);
-    if (fa_tensor_numel(out) > 0 && !out->data)
-        return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", nm->out);
-    if (lse) {
-        if (lse->dtype != FA_F32 && lse->dtype != FA_F64)
-            return fa_fail(FA_ERR_DTYPE, "%s: LSE dtype must be f32 or f64 (got %s)", nm->lse,
-                           fa_dtype_name(lse->dtype));
-        if (lse->rank != 3 || lse->shape[0] != B || lse->shape[1] != H || lse->shape[2] != Sq)
-            return fa_fail(FA_ERR_SHAPE, "%s: LSE shape must be [batch=%lld, heads=%lld, seqlen_q=%lld]",
-                           nm->lse, DIM(B), DIM(H), DIM(Sq));
-        for (int r = 0; r < 3; r++)
-            if (lse->stride[r] < 0) return fa_fail(FA_ERR_STRIDE, "%s: negative stride", nm->lse);
-        if (fa_tensor_numel(lse) > 0 && !lse->data)
-            return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", nm->lse);
+    if (!out) {
+        /* q, k, v first, so their messages come before the output's */
+        const fa_names n0 = {nm->q, nm->k, nm->v, nm->out, nm->lse};
+        fa_status st0 = fa_resolve(FA_PURPOSE_CHECK, q, k, v, NULL, NULL, attn, &n0, p);
+        if (st0 != FA_OK) return st0;
+        return fa_fail(FA_ERR_NULL_ARG, "%s: tested output is NULL", nm->out);
     }
+    const fa_names names = {nm->q, nm->k, nm->v, nm->out, nm->lse};
+    fa_status st = fa_resolve(FA_PURPOSE_CHECK, q, k, v, out, lse, attn, &names, p);
+    if (st != FA_OK) return st;
 
     if (co->dtype != FA_CHECK_DTYPE_AUTO && dtype_bits(co->dtype) == 0)
         return fa_fail(FA_ERR_DTYPE, "check: dtype %d is not f32, f16, bf16 or f64", (int)co->dtype);
@@ -281,28 +255,7 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
     if ((st = require_finite(q, nm->q)) != FA_OK) return st;
     if ((st = require_finite(k, nm->k)) != FA_OK) return st;
     if ((st = require_finite(v, nm->v)) != FA_OK) return st;
-
-    /* The problem, resolved exactly as api.c resolves it. */
-    memset(p, 0, sizeof *p);
-    p->batch = B;
-    p->seqlen_q = Sq;
-    p->heads = H;
-    p->d = q->shape[3];
-    p->seqlen_k = k->shape[1];
-    p->heads_k = k->shape[2];
-    p->dv = dv;
-    p->q = *q;
-    p->k = *k;
-    p->v = *v;
-    p->o = *out;
-    if (lse) p->lse = *lse;
-    p->scale = attn.scale != 0.0 ? attn.scale : 1.0 / sqrt((double)p->d);
-    p->softcap = attn.softcap;
-    p->window_left = attn.window_left < 0 ? -1 : attn.window_left;
-    p->window_right = attn.window_right < 0 ? -1 : attn.window_right;
-    if (attn.causal) p->window_right = 0;
-    if (attn.alibi_slopes) p->alibi = *attn.alibi_slopes;
-    p->num_threads = co->num_threads > 0 ? co->num_threads : fa_default_threads();
+    if (co->num_threads > 0) p->num_threads = co->num_threads;
     return FA_OK;
 }
 
@@ -768,19 +721,18 @@ static void verdict_lse(const check_ctx *cx, const fa_check_options *co, fa_chec
 
 void fa_check_report_free(fa_check_report *report)
 {
-    if (!report) return;
+    if (!report || report->struct_size < CHECK_REPORT_MIN_SIZE) return;
+    const size_t rsize = report->struct_size;
     fa_free(report->head_fail);
     fa_free(report->head_max_abs_err);
-    memset(report, 0, sizeof *report);
+    memset(report, 0, rsize < sizeof *report ? rsize : sizeof *report);
+    report->struct_size = rsize;
 }
 
-fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
-                   const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
-                   const fa_check_options *copt, fa_check_report *report)
+static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                           const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
+                           const fa_check_options co, fa_check_report *report)
 {
-    if (!report) return fa_fail(FA_ERR_NULL_ARG, "fa_check: report is NULL");
-    memset(report, 0, sizeof *report);
-    fa_check_options co = copt ? *copt : fa_check_options_default();
     const check_names nm = {name_or(co.q_name, "q"), name_or(co.k_name, "k"), name_or(co.v_name, "v"),
                             name_or(co.out_name, "out"), name_or(co.lse_name, "lse")};
     fa_problem p;
@@ -873,7 +825,7 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
      * (.gomp_critical_user_NAME) that libflashattn.so would export. */
     omp_lock_t merge_lock;
     omp_init_lock(&merge_lock);
-#pragma omp parallel num_threads(p.num_threads)
+#pragma omp parallel num_threads(fa_threads_for(&p, items))
 #endif
     {
         row_scratch s;
@@ -954,6 +906,39 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
     return FA_OK;
 }
 
+fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                   const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
+                   const fa_check_options *copt, fa_check_report *report)
+{
+    if (!report) return fa_fail(FA_ERR_NULL_ARG, "fa_check: report is NULL");
+    const size_t rsize = report->struct_size;
+    if (rsize < CHECK_REPORT_MIN_SIZE)
+        return fa_fail(FA_ERR_OPTION,
+                       "fa_check: report->struct_size is %zu, smaller than any fa_check_report (%zu); "
+                       "initialize the report with fa_check_report_init()",
+                       rsize, (size_t)CHECK_REPORT_MIN_SIZE);
+    memset(report, 0, rsize < sizeof *report ? rsize : sizeof *report);
+    report->struct_size = rsize;
+    fa_check_options co = fa_check_options_default();
+    if (copt) {
+        if (copt->struct_size < CHECK_OPTIONS_MIN_SIZE)
+            return fa_fail(FA_ERR_OPTION,
+                           "fa_check: check options struct_size %zu is smaller than any fa_check_options "
+                           "(%zu); initialize them with fa_check_options_default()",
+                           copt->struct_size, (size_t)CHECK_OPTIONS_MIN_SIZE);
+        memcpy(&co, copt, copt->struct_size < sizeof co ? copt->struct_size : sizeof co);
+        co.struct_size = sizeof co;
+    }
+    /* the findings go into a full, current report, then the caller's part of it */
+    fa_check_report full;
+    memset(&full, 0, sizeof full);
+    full.struct_size = sizeof full;
+    fa_status st = check_run(q, k, v, out, lse, attn, co, &full);
+    memcpy(report, &full, rsize < sizeof full ? rsize : sizeof full);
+    report->struct_size = rsize;
+    return st;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The text report                                                           */
 /* ------------------------------------------------------------------------ */
@@ -978,11 +963,15 @@ static void put(text *t, const char *fmt, ...)
     if (n > 0) t->len += (size_t)n;
 }
 
-size_t fa_check_report_format(const fa_check_report *r, char *buf, size_t size)
+size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t size)
 {
     text t = {buf, buf ? size : 0, 0};
     if (t.size) t.buf[0] = '\0';
-    if (!r) return 0;
+    if (!report || report->struct_size < CHECK_REPORT_MIN_SIZE) return 0;
+    fa_check_report full; /* fields the caller's (older) report lacks read as 0 */
+    memset(&full, 0, sizeof full);
+    memcpy(&full, report, report->struct_size < sizeof full ? report->struct_size : sizeof full);
+    const fa_check_report *r = &full;
     put(&t, "problem: batch=%lld seqlen_q=%lld seqlen_k=%lld heads=%lld heads_k=%lld d=%lld d_v=%lld\n",
         DIM(r->batch), DIM(r->seqlen_q), DIM(r->seqlen_k), DIM(r->heads), DIM(r->heads_k), DIM(r->d),
         DIM(r->dv));

@@ -8,6 +8,15 @@ for t in "$build"/tests/test_*; do
     echo "=== $(basename "$t")"
     if "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $(basename "$t")"; fi
 done
+# The drivers under every ISA the CPU runs (the loop above used the one chosen at start-up).
+isas=$("$build"/flashattn info 2>/dev/null | sed -n 's/^supported: \(.*\) (FA_ISA.*/\1/p')
+[ -n "$isas" ] || { echo "flashattn info lists no supported ISA"; fail=$((fail+1)); failed="$failed isa-list"; }
+for isa in $isas; do
+    for s in test_forward test_backward test_determinism; do
+        echo "=== $s (FA_ISA=$isa)"
+        if FA_ISA=$isa "$build/tests/$s"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $s/$isa"; fi
+    done
+done
 for t in tests/test_*.sh; do
     [ -f "$t" ] || continue
     echo "=== $(basename "$t")"

@@ -188,10 +188,10 @@ static void run_case(const bcase *c)
         g_pt[x] = tu_alloc4(c->grad_dtype, shp[x][0], shp[x][1], shp[x][2], shp[x][3], c->bhsd);
         tu_poison(&g_pt[x]);
     }
-    setenv("FA_FLASH_SHARED_MAX", "0", 1);
+    opt.pack_max_bytes = 0;
     st = fa_backward(&in.q.t, &in.k.t, &in.v.t, c->pass_o_lse ? &o_fl.t : NULL,
                      c->pass_o_lse ? &lse_fl.t : NULL, &in.dout.t, &g_pt[0].t, &g_pt[1].t, &g_pt[2].t, &opt);
-    unsetenv("FA_FLASH_SHARED_MAX");
+    opt.pack_max_bytes = -1;
     if (st != FA_OK) fail_msg("flash backward (per-tile packing) failed: %s (%s)", fa_last_error(), what);
     for (int x = 0; x < 3; x++) {
         if (memcmp(g_pt[x].mem, g_fl[x].mem, g_fl[x].bytes) != 0)
@@ -606,7 +606,8 @@ static void test_backward_rejects_bad_arguments(void **state)
     free_inputs(&in);
 }
 
-/* Ensure a zero-stride view with a huge seqlen_k is refused (NOMEM), not an overrun of a wrapped size. */
+/* Ensure zero-stride gradient views of a huge seqlen_k are refused (STRIDE: every key would
+ * write one element), not written by several threads or overrun through a wrapped size. */
 static void test_reference_backward_refuses_huge_strided_views(void **state)
 {
     (void)state;
@@ -627,8 +628,9 @@ static void test_reference_backward_refuses_huge_strided_views(void **state)
     fa_options opt = fa_options_default();
     opt.impl = FA_IMPL_REFERENCE;
     opt.num_threads = 1;
-    assert_int_equal(fa_backward(&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, &opt), FA_ERR_NOMEM);
-    assert_int_equal(fa_backward(&q, &k, &v, NULL, NULL, &dout, &dq, &dk, &dv, &opt), FA_ERR_NOMEM);
+    assert_int_equal(fa_backward(&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, &opt), FA_ERR_STRIDE);
+    assert_non_null(strstr(fa_last_error(), "dk: stride"));
+    assert_int_equal(fa_backward(&q, &k, &v, NULL, NULL, &dout, &dq, &dk, &dv, &opt), FA_ERR_STRIDE);
 }
 
 /* Ensure the flash backward never allocates anything proportional to seqlen_q x seqlen_k. */

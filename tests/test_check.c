@@ -140,7 +140,7 @@ static void plain_attention(const problem *p, tu_tensor *o, fa_dtype dt, int cau
 static fa_check_report run_check(const problem *p, const tu_tensor *o, const tu_tensor *lse,
                                  const fa_options *opt, const fa_check_options *co)
 {
-    fa_check_report r;
+    fa_check_report r = fa_check_report_init();
     fa_status st = fa_check(&p->q.t, &p->k.t, &p->v.t, &o->t, lse ? &lse->t : NULL, opt, co, &r);
     if (st != FA_OK) fail_msg("fa_check: %s", fa_last_error());
     return r;
@@ -552,7 +552,7 @@ static void test_check_rejects_bad_arguments_naming_the_tensor(void **state)
     co.out_name = "o_gpu.npy";
     co.k_name = "k_gpu.npy";
     co.lse_name = "lse_gpu.npy";
-    fa_check_report r;
+    fa_check_report r = fa_check_report_init();
 
     tu_tensor wrong = tu_alloc4(FA_F32, 1, 7, 2, 8, 0);
     assert_int_equal(fa_check(&p.q.t, &p.k.t, &p.v.t, &wrong.t, NULL, NULL, &co, &r), FA_ERR_SHAPE);

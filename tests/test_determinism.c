@@ -41,9 +41,8 @@ static void run_flash(const dcase *c, const tu_tensor *q, const tu_tensor *k, co
     opt.block_q = c->bq;
     opt.block_k = c->bk;
     opt.num_threads = threads;
-    if (c->shared_max) setenv("FA_FLASH_SHARED_MAX", c->shared_max, 1);
+    if (c->shared_max) opt.pack_max_bytes = strtoll(c->shared_max, NULL, 10);
     fa_status st = fa_forward(&q->t, &k->t, &v->t, &o->t, &lse->t, &opt);
-    unsetenv("FA_FLASH_SHARED_MAX");
     if (st != FA_OK) fail_msg("flash with %d threads: %s", threads, fa_last_error());
 }
 

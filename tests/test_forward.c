@@ -57,6 +57,9 @@ static void describe(const tcase *c, fa_impl impl, char *buf, size_t n)
 }
 
 /* Run one case for `impl` and compare against the reference; returns max error. */
+/* fa_options::pack_max_bytes of the flash runs: -1 default, 0 per-tile packing */
+static int64_t pack_max = -1;
+
 static double run_case(const tcase *c, fa_impl impl)
 {
     static uint64_t counter;
@@ -83,6 +86,7 @@ static double run_case(const tcase *c, fa_impl impl)
     opt.scale = c->scale;
     opt.block_q = c->bq;
     opt.block_k = c->bk;
+    opt.pack_max_bytes = pack_max;
     if (c->alibi) {
         int64_t shape[2] = {c->B, c->H};
         slopes = c->alibi == 1 ? tu_alloc(FA_F32, 1, shape + 1) : tu_alloc(FA_F32, 2, shape);
@@ -124,9 +128,9 @@ static void run_both(const tcase *c)
 {
     run_case(c, FA_IMPL_FLASH);
     /* and the per-tile packing path that long sequences take */
-    setenv("FA_FLASH_SHARED_MAX", "0", 1);
+    pack_max = 0;
     run_case(c, FA_IMPL_FLASH);
-    unsetenv("FA_FLASH_SHARED_MAX");
+    pack_max = -1;
     run_case(c, FA_IMPL_STANDARD);
 }
 

@@ -276,7 +276,7 @@ static void test_nonfinite_when_check_inputs_contain_nan(void **state)
     float *q = f->q.mem;
     float saved = q[7];
     q[7] = NAN;
-    fa_check_report report;
+    fa_check_report report = fa_check_report_init();
     fa_status st = fa_check(&f->q.t, &f->k.t, &f->v.t, &f->o.t, NULL, NULL, NULL, &report);
     q[7] = saved;
     fa_check_report_free(&report);
@@ -302,6 +302,104 @@ static void test_backward_reports_impl_null_and_shape_errors(void **state)
     expect_status(fa_backward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, &dout.t, &dq.t, &bad, &dv.t, &opt),
                   FA_ERR_SHAPE, NULL, f);
     tu_free(&dq); tu_free(&dk); tu_free(&dv); tu_free(&dout);
+}
+
+/* Ensure FA_ERR_STRIDE when an output overlaps an input or another output: the header
+ * has always promised it, and with shared storage one element is written by one row and
+ * read by another (issue 10). */
+static void test_stride_when_an_output_overlaps_an_input_or_an_output(void **state)
+{
+    fixture *f = *state;
+    /* o written over q (same shape: [1][5][4][8]) */
+    fa_tensor o_on_q = f->o.t;
+    o_on_q.data = f->q.t.data;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o_on_q, &f->lse.t, NULL), FA_ERR_STRIDE, "o: overlaps q", f);
+    /* o overlapping v only in its last element */
+    tu_tensor big = tu_alloc4(FA_F32, 1, 12, 4, 8, 0);
+    fa_tensor o_part = f->o.t, v_part = f->v.t;
+    o_part.data = big.mem;
+    v_part.data = (float *)big.mem + 5 * 4 * 8 - 1;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &v_part, &o_part, &f->lse.t, NULL), FA_ERR_STRIDE, "overlaps v", f);
+    /* adjacent but disjoint: fine */
+    v_part.data = (float *)big.mem + 5 * 4 * 8;
+    assert_int_equal(fa_forward(&f->q.t, &f->k.t, &v_part, &o_part, &f->lse.t, NULL), FA_OK);
+    /* lse inside o */
+    fa_tensor lse_in_o = f->lse.t;
+    lse_in_o.data = (float *)f->o.mem + 8;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &f->o.t, &lse_in_o, NULL), FA_ERR_STRIDE, "overlaps", f);
+    tu_free(&big);
+    /* backward: dk written over dv */
+    tu_tensor dout = tu_alloc4(FA_F32, 1, 5, 4, 8, 0), dq = tu_alloc4(FA_F32, 1, 5, 4, 8, 0);
+    tu_tensor dk = tu_alloc4(FA_F32, 1, 6, 2, 8, 0);
+    uint64_t rng = tu_seed() ^ 0x0fe;
+    tu_fill(&dout, &rng, -1, 1);
+    fa_tensor dv_on_dk = dk.t;
+    expect_status(fa_backward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, &dout.t, &dq.t, &dk.t, &dv_on_dk, NULL),
+                  FA_ERR_STRIDE, "dk: overlaps dv", f);
+    expect_status(fa_backward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, &dout.t, &dout.t, &dk.t, &f->v.t, NULL),
+                  FA_ERR_STRIDE, "dq: overlaps", f);
+    tu_free(&dout); tu_free(&dq); tu_free(&dk);
+}
+
+/* Ensure FA_ERR_STRIDE when an output has a zero stride on a dimension longer than 1
+ * (several rows, and several threads, would write one element); a zero stride on an
+ * extent-1 dimension is harmless and accepted. */
+static void test_stride_when_an_output_has_a_zero_stride(void **state)
+{
+    fixture *f = *state;
+    for (int r = 1; r < 4; r++) {
+        fa_tensor o = f->o.t;
+        o.stride[r] = 0;
+        expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o, NULL, NULL), FA_ERR_STRIDE, "stride", f);
+    }
+    fa_tensor lse = f->lse.t;
+    lse.stride[2] = 0;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &f->o.t, &lse, NULL), FA_ERR_STRIDE, "lse: stride 2 is 0", f);
+    fa_tensor o = f->o.t;
+    o.stride[0] = 0; /* batch is 1 */
+    assert_int_equal(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o, &f->lse.t, NULL), FA_OK);
+}
+
+/* Ensure the limits are checked with clear statuses: head dims above FA_HEAD_DIM_MAX
+ * (they reach int kernel parameters; with a zero-stride view a huge d costs no memory),
+ * a strided view whose largest offset overflows, and a standard-path seqlen_k beyond int. */
+static void test_limits_of_head_dims_offsets_and_seqlen(void **state)
+{
+    fixture *f = *state;
+    float one[8] = {0.5f, -0.25f, 0.125f, 1, 0, 0, 0, 0};
+    float out[64];
+    const int64_t zero[4] = {0, 0, 0, 0};
+    /* d = 2^40 through zero strides: SHAPE, not an int overflow in the block rule */
+    const int64_t huge_d = (int64_t)1 << 40;
+    const int64_t qs[4] = {1, 2, 1, huge_d}, vs[4] = {1, 2, 1, 4}, os[4] = {1, 2, 1, 4};
+    fa_tensor q, k, v, o;
+    assert_int_equal(fa_tensor_make(&q, one, FA_F32, 4, qs, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, one, FA_F32, 4, qs, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, one, FA_F32, 4, vs, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&o, out, FA_F32, 4, os, NULL), FA_OK);
+    expect_status(fa_forward(&q, &k, &v, &o, NULL, NULL), FA_ERR_SHAPE, "head dim d must be in 1..4096", f);
+    /* d_v = FA_HEAD_DIM_MAX + 1 */
+    const int64_t qs2[4] = {1, 2, 1, 4}, vs2[4] = {1, 2, 1, FA_HEAD_DIM_MAX + 1};
+    assert_int_equal(fa_tensor_make(&q, one, FA_F32, 4, qs2, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, one, FA_F32, 4, qs2, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, one, FA_F32, 4, vs2, zero), FA_OK);
+    expect_status(fa_forward(&q, &k, &v, &o, NULL, NULL), FA_ERR_SHAPE, "d_v", f);
+    int br, bc;
+    expect_status(fa_block_sizes(64, (int64_t)1 << 40, NULL, &br, &bc), FA_ERR_SHAPE, "head dims", f);
+    /* a view whose last element lies beyond 2^63 bytes */
+    const int64_t big_stride[4] = {0, (int64_t)1 << 61, 0, 1};
+    assert_int_equal(fa_tensor_make(&q, one, FA_F32, 4, qs2, big_stride), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, one, FA_F32, 4, qs2, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, one, FA_F32, 4, vs, zero), FA_OK);
+    expect_status(fa_forward(&q, &k, &v, &o, NULL, NULL), FA_ERR_STRIDE, "q: the largest offset", f);
+    /* standard with seqlen_k beyond INT_MAX (zero-stride K and V: no memory) */
+    const int64_t ks3[4] = {1, ((int64_t)1 << 31) + 1, 1, 4};
+    assert_int_equal(fa_tensor_make(&q, one, FA_F32, 4, qs2, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, one, FA_F32, 4, ks3, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, one, FA_F32, 4, ks3, zero), FA_OK);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_STANDARD;
+    expect_status(fa_forward(&q, &k, &v, &o, NULL, &opt), FA_ERR_TOO_LARGE, "seqlen_k", f);
 }
 
 /* Ensure every status has its own name, and an out-of-range one is "unknown". */
@@ -337,6 +435,9 @@ int main(void)
         cmocka_unit_test(test_io_and_format_when_files_are_missing_or_malformed),
         cmocka_unit_test(test_nonfinite_when_check_inputs_contain_nan),
         cmocka_unit_test(test_backward_reports_impl_null_and_shape_errors),
+        cmocka_unit_test(test_stride_when_an_output_overlaps_an_input_or_an_output),
+        cmocka_unit_test(test_stride_when_an_output_has_a_zero_stride),
+        cmocka_unit_test(test_limits_of_head_dims_offsets_and_seqlen),
         cmocka_unit_test(test_every_status_has_a_distinct_name),
     };
     tu_seed();

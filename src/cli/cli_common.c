@@ -20,8 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
-
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -277,7 +275,7 @@ int cli_load_array(const char *path, int want_rank, int require_finite, const ch
             fa_tensor flat;
             int64_t n = arr->numel;
             fa_tensor_make(&flat, arr->data, arr->dtype, 1, &n, NULL);
-            double x = fa_load_f64(&flat, bad);
+            double x = fa_tensor_get(&flat, &bad);
             cli_die("%s: %s at index %s; inputs must be finite", path,
                     isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf", multi_index(arr, bad, ix, sizeof ix));
             fa_npy_free(arr);

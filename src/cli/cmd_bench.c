@@ -34,9 +34,6 @@
 #include <unistd.h>
 
 #include "flashattn.h"
-#include "internal.h"
-#include "kernels/fma_peak.h"
-#include "kernels/kernels.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -137,30 +134,13 @@ static void cpu_model(char *buf, size_t n)
     fclose(f);
 }
 
-/* FMA peak in GFLOP/s for the ISA in use on `threads` threads (best of 5). */
+/* FMA peak in GFLOP/s for the ISA in use on `threads` threads (the library's
+ * timed loop: calibrated to run ~0.3 s, best of 3). */
 static double measure_peak(const char *isa, int threads)
 {
-    double best = 0.0;
-    for (int rep = 0; rep < 5; rep++) {
-        double flops = 0.0;
-        float sink = 0.0f;
-        double t0 = now_s();
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(+ : flops)
-#endif
-        {
-            float local = 0.0f;
-            flops += fa_fma_peak_loop(isa, 20000000L / (strcmp(isa, "scalar") ? 1 : 16), &local);
-#ifdef _OPENMP
-#pragma omp atomic
-#endif
-            sink += local;
-        }
-        double t = now_s() - t0;
-        if (sink == 12345.0f) fprintf(stderr, " "); /* keep the work */
-        if (t > 0 && flops / t / 1e9 > best) best = flops / t / 1e9;
-    }
-    return best;
+    double gflops = 0.0;
+    if (fa_measure_fma_peak(isa, threads, 0.3, &gflops) != FA_OK) return 0.0;
+    return gflops;
 }
 
 /* ---- standard attention on BLAS ------------------------------------------- */
@@ -270,7 +250,8 @@ static double check_rows(const fa_tensor *q, const fa_tensor *k, const fa_tensor
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t c = 0; c < dv; c++) {
                         double want = ref[((b * r + i) * H + h) * dv + c];
-                        double got = ((const float *)o->data)[fa_off4(o, b, Sq - r + i, h, c)];
+                        const int64_t at[4] = {b, Sq - r + i, h, c};
+                        double got = fa_tensor_get(o, at);
                         double e = fabs(got - want);
                         if (!(e <= err)) err = e; /* NaN propagates */
                     }
@@ -370,7 +351,10 @@ int cmd_bench(int argc, char **argv)
     cfg.repeats = 5;
     cfg.warmup = 1;
     cfg.check = 1;
-    cfg.threads = fa_default_threads();
+    {
+        fa_cpu_info ci;
+        cfg.threads = fa_get_cpu_info(&ci) == FA_OK ? ci.max_threads : 1;
+    }
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -174,7 +174,7 @@ int cmd_check(int argc, char **argv)
     }
     double t_load = cli_now() - t0;
 
-    fa_check_report rep;
+    fa_check_report rep = fa_check_report_init();
     t0 = cli_now();
     fa_status st = fa_check(&in.q_t, &in.k_t, &in.v_t, &o_t, lse_path ? &lse_t : NULL, &attn.opt, &co, &rep);
     double t_check = cli_now() - t0;

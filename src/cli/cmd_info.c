@@ -79,5 +79,15 @@ int cmd_info(int argc, char **argv)
            cache_source_name(info.cache_source));
     printf("blocks   : flash keeps a Br x d block of Q and a Bc x d block of K and V in the L2 (\"SRAM\")\n");
     if (print_blocks(&info, 64) || print_blocks(&info, 128)) return CLI_EXIT_USAGE;
+    printf("supported: ");
+    static const char *const isas[] = {"scalar", "avx2", "avx512", "neon"};
+    for (int i = 0; i < 4; i++)
+        if (fa_isa_supported(isas[i])) printf("%s ", isas[i]);
+    printf("(FA_ISA=<name> runs any of them)\n");
+    int br, bc;
+    if (fa_block_sizes(128, 128, NULL, &br, &bc) != FA_OK) return cli_die_status(FA_ERR_OPTION);
+    printf("bits     : identical for any thread count, for a given (ISA, Br, Bc); the blocks follow the\n"
+           "           detected L2, so another machine may differ. To reproduce these bits elsewhere (d=128):\n"
+           "           FA_ISA=%s FA_BLOCK_Q=%d FA_BLOCK_K=%d\n", info.isa, br, bc);
     return CLI_EXIT_OK;
 }

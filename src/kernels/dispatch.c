@@ -10,8 +10,8 @@
  * values with a message (fa_fail), for the caller to report.
  *
  * Also here, because it is the one file that knows every ISA's name: the
- * FMA peak loop by ISA name (fma_peak.h), which benchmarks time to report
- * their fraction of the machine's ceiling.
+ * FMA peak loop by ISA name (fma_peak.h) and fa_measure_fma_peak(), the
+ * public, timed version of it that benchmarks report their fraction of.
  */
 #include "kernels.h"
 
@@ -20,7 +20,12 @@
 #include <string.h>
 
 #include "fma_peak.h"
-#include "internal.h"
+#include "status.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <time.h>
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -139,4 +144,62 @@ double fa_fma_peak_loop(const char *isa, long iters, float *sink)
     if (strcmp(isa, "neon") == 0) return fa_fma_loop_neon(iters, sink);
 #endif
     return 0.0;
+}
+
+int fa_isa_supported(const char *isa) { return isa && fa_kernels_by_name(isa) != NULL; }
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+fa_status fa_measure_fma_peak(const char *isa, int threads, double seconds, double *gflops)
+{
+    if (!isa || !gflops) return fa_fail(FA_ERR_NULL_ARG, "fa_measure_fma_peak: null argument");
+    *gflops = 0.0;
+    if (!fa_kernels_by_name(isa))
+        return fa_fail(FA_ERR_ISA, "fa_measure_fma_peak: ISA '%s' is unknown, not built, or not supported by this CPU", isa);
+    if (threads < 0 || !(seconds >= 0.0) || seconds > 60.0)
+        return fa_fail(FA_ERR_OPTION, "fa_measure_fma_peak: threads must be >= 0 and seconds in 0..60");
+#ifdef _OPENMP
+    if (threads == 0) threads = omp_get_max_threads();
+#else
+    threads = 1;
+#endif
+    if (seconds < 0.05) seconds = 0.05;
+    /* Calibrate: grow the iteration count until one run takes >= 1/8 of the
+     * budget, so a run is long against timer resolution, frequency ramp-up and
+     * thread start-up; then keep the best of 3 full-length runs. */
+    long iters = 1L << 16;
+    float sink = 0.0f;
+    for (;;) {
+        const double t0 = now_seconds();
+        fa_fma_peak_loop(isa, iters, &sink);
+        const double t = now_seconds() - t0;
+        if (t >= seconds / 8 || iters > (1L << 40)) {
+            if (t > 0) iters = (long)((double)iters * (seconds / 3) / t) + 1;
+            break;
+        }
+        iters *= 2;
+    }
+    double best = 0.0;
+    for (int rep = 0; rep < 3; rep++) {
+        double flops = 0.0;
+        const double t0 = now_seconds();
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+#endif
+        {
+            float local = 0.0f;
+            flops += fa_fma_peak_loop(isa, iters, &local);
+            if (local == 12345.0f) flops += 0.0; /* keeps the work (the loop also writes it) */
+        }
+        const double t = now_seconds() - t0;
+        if (t > 0 && flops / t / 1e9 > best) best = flops / t / 1e9;
+    }
+    *gflops = best;
+    (void)sink;
+    return FA_OK;
 }

@@ -1,0 +1,136 @@
+/*
+ * config.c — the environment, read once and strictly; the block-size rule.
+ */
+#include "config.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "status.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+int fa_parse_bytes(const char *s, size_t *bytes)
+{
+    if (!s || *s < '0' || *s > '9') return -1;
+    unsigned long long v = 0;
+    const char *c = s;
+    for (; *c >= '0' && *c <= '9'; c++) {
+        if (v > (ULLONG_MAX - 9) / 10) return -1;
+        v = v * 10 + (unsigned long long)(*c - '0');
+    }
+    unsigned shift = 0;
+    if (*c == 'K' || *c == 'k') shift = 10;
+    else if (*c == 'M' || *c == 'm') shift = 20;
+    else if (*c == 'G' || *c == 'g') shift = 30;
+    if (shift) {
+        c++;
+        if (c[0] == 'i' && c[1] == 'B') c += 2;
+    }
+    if (*c != '\0') return -1;
+    if (shift && v > (SIZE_MAX >> shift)) return -1;
+    if (v > SIZE_MAX) return -1;
+    *bytes = (size_t)(v << shift);
+    return 0;
+}
+
+static fa_env env;
+static fa_status env_status = FA_OK;
+static char env_message[256];
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
+static int env_block(const char *name, int *out)
+{
+    const char *s = getenv(name);
+    *out = 0;
+    if (!s || !*s) return 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s < '0' || *s > '9' || *end != '\0' || v < 1 || v > FA_BLOCK_MAX) {
+        snprintf(env_message, sizeof env_message, "%s=%s: must be an integer in 1..%d", name, s,
+                 FA_BLOCK_MAX);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int env_size(const char *name, size_t *out, int *set)
+{
+    const char *s = getenv(name);
+    *out = 0;
+    if (set) *set = 0;
+    if (!s || !*s) return 0;
+    if (fa_parse_bytes(s, out) != 0) {
+        snprintf(env_message, sizeof env_message,
+                 "%s=%s: expected a byte count like 65536, 64K, 16M or 1G (binary units)", name, s);
+        return -1;
+    }
+    if (set) *set = 1;
+    return 0;
+}
+
+static void env_read(void)
+{
+    if (env_block("FA_BLOCK_Q", &env.block_q) || env_block("FA_BLOCK_K", &env.block_k) ||
+        env_size("FA_FLASH_SHARED_MAX", &env.pack_max, &env.has_pack_max) ||
+        env_size("FA_L1D_BYTES", &env.l1d, NULL) || env_size("FA_L2_BYTES", &env.l2, NULL))
+        env_status = FA_ERR_OPTION;
+}
+
+const fa_env *fa_env_get(fa_status *status)
+{
+    pthread_once(&env_once, env_read);
+    *status = env_status;
+    if (env_status != FA_OK) {
+        fa_fail(env_status, "%s", env_message);
+        return NULL;
+    }
+    return &env;
+}
+
+int fa_default_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+void fa_block_rule(int64_t d, int64_t dv, int row_block, int *br, int *bc)
+{
+    /*
+     * The rule. The paper (GPU) takes Bc = M / 4d and Br = min(Bc, d) for an
+     * SRAM of M words. On a CPU the fast tier is the per-core L2 (M = L2 /
+     * 4 floats), which is large next to d, and what one task keeps hot is
+     *     Q_i [Br][d] + K_j^T [d][Bc] + V_j [Bc][dv] + S [Br][Bc] + O_i [Br][dv]
+     * floats. Every K/V tile is re-read Sq/Br times, so Br should be as large
+     * as the cache allows, not capped at d. We take square blocks B = Br = Bc,
+     * the largest multiple of 16 with
+     *     B^2 + B (d + dv) + B (d + dv)  <=  (3/4) M
+     * (3/4 leaves room for the next tile and the stack), clamped to [16, 512],
+     * then Br rounded down to the kernel's register-block rows. Measured on a
+     * 1 MiB-L2 Zen 5 core at d = 128 (docs/performance.md): B = 256 runs ~15%
+     * faster than the paper's (Br, Bc) = (128, 512).
+     */
+    size_t l1, l2, l3, line;
+    int src;
+    fa_detect_caches(&l1, &l2, &l3, &line, &src);
+    const int64_t m_words = (int64_t)(l2 / sizeof(float));
+    const int64_t budget = m_words / 4 * 3;
+    const int64_t dsum = d + dv; /* d, dv <= FA_HEAD_DIM_MAX: no overflow below */
+    int64_t blk = 16;
+    while (blk + 16 <= 512 && (blk + 16) * (blk + 16) + 2 * (blk + 16) * dsum <= budget) blk += 16;
+    int64_t b_r = blk;
+    int rb = row_block > 0 ? row_block : 1;
+    if (b_r >= rb) b_r -= b_r % rb;
+    *br = (int)b_r;
+    *bc = (int)blk;
+}

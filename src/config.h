@@ -1,0 +1,61 @@
+/*
+ * config.h — configuration: the environment (read once, strictly), the
+ * detected caches, the default thread count, and the block-size rule.
+ *
+ * Environment variables (all optional; read once, on first use, and never
+ * again — setenv after the first call has no effect):
+ *   FA_BLOCK_Q, FA_BLOCK_K   integers 1..FA_BLOCK_MAX: pin the flash blocks
+ *   FA_FLASH_SHARED_MAX      bytes, e.g. 0, 4096, 64K, 16M, 1G (binary units;
+ *                            K/KiB, M/MiB, G/GiB): cap on the shared packing
+ *   FA_L1D_BYTES, FA_L2_BYTES  bytes, same syntax: override the caches
+ * A malformed value (e.g. "16MB", "-1", "12x") is refused: every call that
+ * depends on it returns FA_ERR_OPTION naming the variable. FA_ISA is read by
+ * kernels/dispatch.c until a kernel table has been chosen.
+ */
+#ifndef FA_CONFIG_H
+#define FA_CONFIG_H
+
+#include "flashattn.h"
+
+#include <stddef.h>
+
+/* Largest block a user may pin (options or environment). */
+#define FA_BLOCK_MAX 1024
+
+/* Default cap of the K/V (forward) and Q/K (backward) panels packed once and
+ * shared by all threads: 16 MiB holds N = 8192 at d = 128 or N = 16384 at d = 64. */
+#define FA_PACK_DEFAULT_MAX_BYTES ((size_t)16 << 20)
+
+/* Default backward block: the forward's rule gives blocks for S, Q_i, K_j, V_j
+ * and O_i; the backward keeps about twice that hot per tile (S and dP, Q_i and
+ * dO_i in two layouts, K_j, V_j and their gradients), so unless the blocks are
+ * pinned (opt->block_q/k, FA_BLOCK_Q/K) it caps them at 128. */
+#define FA_BWD_BLOCK_MAX 128
+
+typedef struct fa_env {
+    int block_q, block_k;  /* 0: not set */
+    int has_pack_max;      /* FA_FLASH_SHARED_MAX was set */
+    size_t pack_max;
+    size_t l1d, l2;        /* 0: not set */
+} fa_env;
+
+/* The environment, parsed once (thread-safe). NULL when a variable is
+ * malformed; then the status is returned and fa_last_error() names it. */
+const fa_env *fa_env_get(fa_status *status);
+
+/* Parse "123", "64K", "16M", "1G", "2KiB"... into bytes (binary units).
+ * Returns 0 on success, -1 when malformed or overflowing. */
+int fa_parse_bytes(const char *s, size_t *bytes);
+
+/* Detected caches (cpuinfo.c): computed once (thread-safe), FA_L1D_BYTES /
+ * FA_L2_BYTES applied. */
+void fa_detect_caches(size_t *l1d, size_t *l2, size_t *l3, size_t *line, int *source);
+
+/* Number of OpenMP threads a parallel region gets by default (1 without OpenMP). */
+int fa_default_threads(void);
+
+/* The derived square block B for head dims d and dv from the L2 rule (see
+ * fa_block_sizes in flashattn.h), Br rounded down to `row_block`. */
+void fa_block_rule(int64_t d, int64_t dv, int row_block, int *br, int *bc);
+
+#endif /* FA_CONFIG_H */

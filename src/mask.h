@@ -1,0 +1,70 @@
+/*
+ * mask.h — the mask band, ALiBi and the score transform: the semantics of
+ * docs/semantics.md, written once for every implementation.
+ */
+#ifndef FA_MASK_H
+#define FA_MASK_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "problem.h"
+#include "tensor.h"
+
+/* ALiBi slope of (batch b, query head h); 0 when ALiBi is off. */
+static inline double fa_alibi_slope(const fa_problem *p, int64_t b, int64_t h)
+{
+    if (!p->alibi.data) return 0.0;
+    if (p->alibi.rank == 1) return fa_load_f64(&p->alibi, h * p->alibi.stride[0]);
+    return fa_load_f64(&p->alibi, b * p->alibi.stride[0] + h * p->alibi.stride[1]);
+}
+
+/* KV head read by query head h (GQA/MQA). */
+static inline int64_t fa_kv_head(const fa_problem *p, int64_t h)
+{
+    return h / (p->heads / p->heads_k);
+}
+
+/* Offset of LSE element (b, h, i) of LSE [B][H][Sq]. */
+static inline int64_t fa_lse_off(const fa_problem *p, int64_t b, int64_t h, int64_t i)
+{
+    return b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2];
+}
+
+/*
+ * Visible keys of query row i are the half-open range [*lo, *hi), possibly
+ * empty (*lo >= *hi). The band is aligned to the bottom-right corner:
+ *   j >= i + Sk - Sq - window_left   (if window_left >= 0)
+ *   j <= i + Sk - Sq + window_right  (if window_right >= 0)
+ * A row is "empty" (O = 0, LSE = -inf) exactly when this range is empty;
+ * implementations decide emptiness from here, never from a running max
+ * (a NaN score must give NaN, not an empty row).
+ */
+static inline void fa_key_range(const fa_problem *p, int64_t i, int64_t *lo, int64_t *hi)
+{
+    int64_t diag = i + p->seqlen_k - p->seqlen_q;
+    int64_t l = 0, h = p->seqlen_k;
+    /* Written as comparisons of differences that cannot overflow, so that any
+     * window up to INT64_MAX means what it says: diag - 0 and (Sk - 1) - diag =
+     * Sq - 1 - i are in range, and each bound is computed only when it binds. */
+    if (p->window_left >= 0 && diag > p->window_left) l = diag - p->window_left;
+    if (p->window_right >= 0 && p->window_right < h - 1 - diag) h = diag + p->window_right + 1;
+    if (h < l) h = l;
+    *lo = l;
+    *hi = h;
+}
+
+/* The score transform after the dot product: scale, softcap, ALiBi (double). */
+static inline double fa_score_transform(const fa_problem *p, double dot, double slope,
+                                        int64_t i, int64_t j)
+{
+    double s = p->scale * dot;
+    if (p->softcap > 0.0) s = p->softcap * tanh(s / p->softcap);
+    if (slope != 0.0) {
+        int64_t rel = i + p->seqlen_k - p->seqlen_q - j;
+        s -= slope * (double)(rel < 0 ? -rel : rel);
+    }
+    return s;
+}
+
+#endif /* FA_MASK_H */

@@ -1,0 +1,312 @@
+/*
+ * problem.c — the one validator: arguments and options in, one resolved
+ * fa_problem out, for forward, backward, workspace queries and fa_check.
+ *
+ * Everything a caller can get wrong is caught here with a message naming the
+ * argument (fa_last_error()): ranks, dtypes, shapes, strides (negative; the
+ * largest reachable offset must fit 64 bits), head dims (1..FA_HEAD_DIM_MAX),
+ * options (scale, softcap, window, threads, impl, blocks), ALiBi slopes, and
+ * the environment (config.c). Outputs are checked by the entry points with
+ * fa_check_output (overlap, zero strides), since only they know which tensors
+ * a call writes.
+ */
+#include "problem.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "config.h"
+#include "context.h"
+#include "kernels/kernels.h"
+#include "mask.h"
+#include "status.h"
+#include "tensor.h"
+
+#define DIM(x) ((long long)(x))
+
+/* ------------------------------------------------------------------------ */
+/* Versioned options                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Size of the first published fa_options with a struct_size (0.3.0): every
+ * later version only appends fields. */
+#define FA_OPTIONS_MIN_SIZE offsetof(fa_options, standard_max_bytes) + sizeof(size_t)
+
+void fa_options_init(fa_options *opt, size_t struct_size)
+{
+    if (!opt) return;
+    fa_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = struct_size;
+    o.window_left = -1;
+    o.window_right = -1;
+    o.impl = FA_IMPL_FLASH;
+    o.pack_max_bytes = -1;
+    memcpy(opt, &o, struct_size < sizeof o ? struct_size : sizeof o);
+}
+
+fa_options fa_options_default(void)
+{
+    fa_options o;
+    fa_options_init(&o, sizeof o);
+    return o;
+}
+
+fa_status fa_options_read(const fa_options *in, fa_options *out)
+{
+    fa_options_init(out, sizeof *out);
+    if (!in) return FA_OK;
+    if (in->struct_size < FA_OPTIONS_MIN_SIZE)
+        return fa_fail(FA_ERR_OPTION,
+                       "options: struct_size %zu is smaller than any fa_options (%zu); "
+                       "initialize options with fa_options_default()",
+                       in->struct_size, (size_t)FA_OPTIONS_MIN_SIZE);
+    /* A newer caller's extra fields are not known here and are not read. */
+    const size_t n = in->struct_size < sizeof *out ? in->struct_size : sizeof *out;
+    memcpy(out, in, n);
+    out->struct_size = sizeof *out;
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* dtype, rank, shape >= 0, strides >= 0, element count and the largest
+ * reachable offset within int64 (also in bytes), data pointer. */
+static fa_status check_tensor(const fa_tensor *t, const char *name, int rank)
+{
+    if (!t) return fa_fail(FA_ERR_NULL_ARG, "%s: tensor is NULL", name);
+    if (fa_dtype_size(t->dtype) == 0)
+        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", name, (int)t->dtype);
+    if (t->rank != rank)
+        return fa_fail(FA_ERR_SHAPE, "%s: expected rank %d, got rank %d", name, rank, t->rank);
+    int64_t n = 1;
+    int empty = 0;
+    for (int r = 0; r < rank; r++) {
+        if (t->shape[r] < 0)
+            return fa_fail(FA_ERR_SHAPE, "%s: dimension %d is negative (%lld)", name, r, DIM(t->shape[r]));
+        if (t->stride[r] < 0)
+            return fa_fail(FA_ERR_STRIDE, "%s: stride %d is negative (%lld)", name, r, DIM(t->stride[r]));
+        if (t->shape[r] > 0 && n > INT64_MAX / t->shape[r])
+            return fa_fail(FA_ERR_SHAPE, "%s: element count overflows 64 bits", name);
+        n *= t->shape[r];
+        if (t->shape[r] == 0) empty = 1;
+    }
+    if (!empty) {
+        /* the last element's offset, sum (shape - 1) * stride, in elements and in bytes */
+        const int64_t esz = (int64_t)fa_dtype_size(t->dtype);
+        int64_t last = 0;
+        for (int r = 0; r < rank; r++) {
+            const int64_t ext = t->shape[r] - 1;
+            if (ext > 0 && t->stride[r] > (INT64_MAX / esz - last) / ext)
+                return fa_fail(FA_ERR_STRIDE,
+                               "%s: the largest offset (dimension %d, stride %lld) overflows the address space",
+                               name, r, DIM(t->stride[r]));
+            last += ext * t->stride[r];
+        }
+    }
+    if (n > 0 && !t->data) return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", name);
+    return FA_OK;
+}
+
+fa_status fa_check_tensor4(const fa_tensor *t, const char *name, const int64_t *shape,
+                           const char *shape_desc)
+{
+    if (t && t->rank == 4 && shape) {
+        for (int r = 0; r < 4; r++)
+            if (t->shape[r] != shape[r])
+                return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld,%lld,%lld] should be [%lld,%lld,%lld,%lld] (%s)",
+                               name, DIM(t->shape[0]), DIM(t->shape[1]), DIM(t->shape[2]), DIM(t->shape[3]),
+                               DIM(shape[0]), DIM(shape[1]), DIM(shape[2]), DIM(shape[3]), shape_desc);
+    }
+    return check_tensor(t, name, 4);
+}
+
+/* Byte range [*lo, *hi) a (checked, non-empty) tensor can touch. */
+static int byte_range(const fa_tensor *t, uintptr_t *lo, uintptr_t *hi)
+{
+    if (!t || !t->data || fa_tensor_numel(t) == 0) return 0;
+    const uint64_t esz = fa_dtype_size(t->dtype);
+    uint64_t last = 0;
+    for (int r = 0; r < t->rank; r++) last += (uint64_t)(t->shape[r] - 1) * (uint64_t)t->stride[r];
+    *lo = (uintptr_t)t->data;
+    *hi = *lo + (uintptr_t)((last + 1) * esz);
+    return 1;
+}
+
+fa_status fa_check_output(const fa_tensor *out, const char *name, const fa_tensor *const *others,
+                          const char *const *other_names, int n_others)
+{
+    if (!out || fa_tensor_numel(out) == 0) return FA_OK;
+    for (int r = 0; r < out->rank; r++)
+        if (out->shape[r] > 1 && out->stride[r] == 0)
+            return fa_fail(FA_ERR_STRIDE,
+                           "%s: stride %d is 0 on a dimension of extent %lld; an output needs one "
+                           "element per index", name, r, DIM(out->shape[r]));
+    uintptr_t a0, a1, b0, b1;
+    byte_range(out, &a0, &a1);
+    for (int x = 0; x < n_others; x++) {
+        if (!others[x] || !byte_range(others[x], &b0, &b1)) continue;
+        if (a0 < b1 && b0 < a1)
+            return fa_fail(FA_ERR_STRIDE, "%s: overlaps %s in memory; outputs must not share storage "
+                           "with the inputs or with each other", name, other_names[x]);
+    }
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The resolver                                                              */
+/* ------------------------------------------------------------------------ */
+
+static const char *nm(const char *name, const char *fallback) { return name && *name ? name : fallback; }
+
+fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                     const fa_tensor *o, const fa_tensor *lse, const fa_options *opt_in,
+                     const fa_names *names, fa_problem *p)
+{
+    const fa_names none = {NULL, NULL, NULL, NULL, NULL};
+    if (!names) names = &none;
+    const char *qn = nm(names->q, "q"), *kn = nm(names->k, "k"), *vn = nm(names->v, "v");
+    const char *on = nm(names->o, "o"), *ln = nm(names->lse, "lse");
+    fa_options opt;
+    fa_status st = fa_options_read(opt_in, &opt);
+    if (st != FA_OK) return st;
+    if ((st = check_tensor(q, qn, 4)) != FA_OK) return st;
+    if ((st = check_tensor(k, kn, 4)) != FA_OK) return st;
+    if ((st = check_tensor(v, vn, 4)) != FA_OK) return st;
+
+    memset(p, 0, sizeof *p);
+    p->batch = q->shape[0];
+    p->seqlen_q = q->shape[1];
+    p->heads = q->shape[2];
+    p->d = q->shape[3];
+    p->seqlen_k = k->shape[1];
+    p->heads_k = k->shape[2];
+    p->dv = v->shape[3];
+
+    if (p->d < 1 || p->d > FA_HEAD_DIM_MAX)
+        return fa_fail(FA_ERR_SHAPE, "%s: head dim d must be in 1..%d (got %lld)", qn, FA_HEAD_DIM_MAX, DIM(p->d));
+    if (p->dv < 1 || p->dv > FA_HEAD_DIM_MAX)
+        return fa_fail(FA_ERR_SHAPE, "%s: head dim d_v must be in 1..%d (got %lld)", vn, FA_HEAD_DIM_MAX, DIM(p->dv));
+    if (p->heads < 1) return fa_fail(FA_ERR_SHAPE, "%s: heads must be >= 1 (got %lld)", qn, DIM(p->heads));
+    if (p->heads_k < 1) return fa_fail(FA_ERR_SHAPE, "%s: heads_k must be >= 1 (got %lld)", kn, DIM(p->heads_k));
+    if (k->shape[0] != p->batch)
+        return fa_fail(FA_ERR_SHAPE, "%s: batch %lld does not match %s batch %lld", kn, DIM(k->shape[0]), qn, DIM(p->batch));
+    if (k->shape[3] != p->d)
+        return fa_fail(FA_ERR_SHAPE, "%s: head dim %lld does not match %s head dim %lld", kn, DIM(k->shape[3]), qn, DIM(p->d));
+    if (v->shape[0] != p->batch)
+        return fa_fail(FA_ERR_SHAPE, "%s: batch %lld does not match %s batch %lld", vn, DIM(v->shape[0]), qn, DIM(p->batch));
+    if (v->shape[1] != p->seqlen_k)
+        return fa_fail(FA_ERR_SHAPE, "%s: seqlen %lld does not match %s seqlen %lld", vn, DIM(v->shape[1]), kn, DIM(p->seqlen_k));
+    if (v->shape[2] != p->heads_k)
+        return fa_fail(FA_ERR_SHAPE, "%s: heads %lld does not match %s heads %lld", vn, DIM(v->shape[2]), kn, DIM(p->heads_k));
+    if (p->heads % p->heads_k != 0)
+        return fa_fail(FA_ERR_HEADS, "%s: heads (%lld) is not a multiple of %s heads (%lld)", qn, DIM(p->heads), kn, DIM(p->heads_k));
+    if (o) {
+        const int64_t os[4] = {p->batch, p->seqlen_q, p->heads, p->dv};
+        if (o->rank == 4 &&
+            (o->shape[0] != os[0] || o->shape[1] != os[1] || o->shape[2] != os[2] || o->shape[3] != os[3]))
+            return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld,%lld,%lld] should be [%lld,%lld,%lld,%lld] "
+                           "(batch and seqlen_q of %s, heads of %s, d_v of %s)",
+                           on, DIM(o->shape[0]), DIM(o->shape[1]), DIM(o->shape[2]), DIM(o->shape[3]),
+                           DIM(os[0]), DIM(os[1]), DIM(os[2]), DIM(os[3]), qn, qn, vn);
+        if ((st = check_tensor(o, on, 4)) != FA_OK) return st;
+    }
+    if (lse) {
+        if ((st = check_tensor(lse, ln, 3)) != FA_OK) return st;
+        if (lse->dtype != FA_F32 && lse->dtype != FA_F64)
+            return fa_fail(FA_ERR_DTYPE, "%s: dtype must be f32 or f64 (got %s)", ln, fa_dtype_name(lse->dtype));
+        if (lse->shape[0] != p->batch || lse->shape[1] != p->heads || lse->shape[2] != p->seqlen_q)
+            return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld,%lld] should be [batch=%lld, heads=%lld, seqlen_q=%lld]",
+                           ln, DIM(lse->shape[0]), DIM(lse->shape[1]), DIM(lse->shape[2]),
+                           DIM(p->batch), DIM(p->heads), DIM(p->seqlen_q));
+    }
+
+    /* options */
+    if (!isfinite(opt.scale)) return fa_fail(FA_ERR_OPTION, "scale must be finite (got %g)", opt.scale);
+    p->scale = opt.scale != 0.0 ? opt.scale : 1.0 / sqrt((double)p->d);
+    if (!isfinite(opt.softcap) || opt.softcap < 0.0)
+        return fa_fail(FA_ERR_OPTION, "softcap must be >= 0 and finite (got %g)", opt.softcap);
+    p->softcap = opt.softcap;
+    p->window_left = opt.window_left < 0 ? -1 : opt.window_left;
+    p->window_right = opt.window_right < 0 ? -1 : opt.window_right;
+    if (opt.causal) p->window_right = 0;
+    /* A window as wide as both sequences hides nothing: make it unbounded, so
+     * the band arithmetic (i + Sk - Sq +- window) can never overflow. */
+    if (p->window_left > p->seqlen_q + p->seqlen_k) p->window_left = -1;
+    if (p->window_right > p->seqlen_q + p->seqlen_k) p->window_right = -1;
+
+    if (opt.alibi_slopes) {
+        const fa_tensor *a = opt.alibi_slopes;
+        if (a->dtype != FA_F32 && a->dtype != FA_F64)
+            return fa_fail(FA_ERR_ALIBI, "alibi slopes: dtype must be f32 or f64 (got %s)", fa_dtype_name(a->dtype));
+        if (a->rank == 1) {
+            if (a->shape[0] != p->heads)
+                return fa_fail(FA_ERR_ALIBI, "alibi slopes: shape [%lld] should be [heads=%lld] or [batch, heads]",
+                               DIM(a->shape[0]), DIM(p->heads));
+        } else if (a->rank == 2) {
+            if (a->shape[0] != p->batch || a->shape[1] != p->heads)
+                return fa_fail(FA_ERR_ALIBI, "alibi slopes: shape [%lld,%lld] should be [batch=%lld, heads=%lld]",
+                               DIM(a->shape[0]), DIM(a->shape[1]), DIM(p->batch), DIM(p->heads));
+        } else {
+            return fa_fail(FA_ERR_ALIBI, "alibi slopes: rank %d should be 1 [heads] or 2 [batch, heads]", a->rank);
+        }
+        for (int r = 0; r < a->rank; r++)
+            if (a->stride[r] < 0) return fa_fail(FA_ERR_ALIBI, "alibi slopes: negative stride");
+        if (!a->data) return fa_fail(FA_ERR_ALIBI, "alibi slopes: data pointer is NULL");
+        p->alibi = *a;
+        for (int64_t b = 0; b < (a->rank == 2 ? p->batch : 1); b++)
+            for (int64_t h = 0; h < p->heads; h++)
+                if (!isfinite(fa_alibi_slope(p, b, h)))
+                    return fa_fail(FA_ERR_ALIBI, "alibi slopes: non-finite slope at head %lld", DIM(h));
+    }
+
+    p->q = *q;
+    p->k = *k;
+    p->v = *v;
+    if (o) p->o = *o;
+    if (lse) p->lse = *lse;
+    if (purpose == FA_PURPOSE_CHECK) { /* impl, threads, blocks: the checker's own */
+        p->impl = FA_IMPL_REFERENCE;
+        p->num_threads = fa_default_threads();
+        return FA_OK;
+    }
+
+    if ((int)opt.impl < 0 || opt.impl >= FA_IMPL_COUNT)
+        return fa_fail(FA_ERR_IMPL, "unknown implementation %d", (int)opt.impl);
+    p->impl = opt.impl;
+    p->context = opt.context;
+    if (opt.num_threads < 0)
+        return fa_fail(FA_ERR_OPTION, "num_threads must be >= 0 (got %d)", opt.num_threads);
+    const int ctx_threads = opt.context ? fa_context_threads_(opt.context) : 0;
+    p->num_threads = opt.num_threads > 0 ? opt.num_threads : ctx_threads > 0 ? ctx_threads : fa_default_threads();
+    p->standard_max_bytes = opt.standard_max_bytes ? opt.standard_max_bytes : FA_STANDARD_DEFAULT_MAX_BYTES;
+    if (p->impl == FA_IMPL_STANDARD && p->seqlen_k > INT_MAX)
+        return fa_fail(FA_ERR_TOO_LARGE, "standard: seqlen_k %lld exceeds %d keys; use the flash path",
+                       DIM(p->seqlen_k), INT_MAX);
+
+    /* the environment, the kernel table, blocks, packing cap */
+    const fa_env *env = fa_env_get(&st);
+    if (!env) return st;
+    p->kern = opt.context ? fa_context_kernels_(opt.context) : fa_kernels_get(&st);
+    if (!p->kern) return st;
+    if (opt.block_q < 0 || opt.block_q > FA_BLOCK_MAX)
+        return fa_fail(FA_ERR_OPTION, "block_q %d is outside 0..%d", opt.block_q, FA_BLOCK_MAX);
+    if (opt.block_k < 0 || opt.block_k > FA_BLOCK_MAX)
+        return fa_fail(FA_ERR_OPTION, "block_k %d is outside 0..%d", opt.block_k, FA_BLOCK_MAX);
+    fa_block_rule(p->d, p->dv, p->kern->row_block, &p->block_q, &p->block_k);
+    if (env->block_q) { p->block_q = env->block_q; p->blocks_pinned_q = 1; }
+    if (env->block_k) { p->block_k = env->block_k; p->blocks_pinned_k = 1; }
+    if (opt.block_q) { p->block_q = opt.block_q; p->blocks_pinned_q = 1; }
+    if (opt.block_k) { p->block_k = opt.block_k; p->blocks_pinned_k = 1; }
+    if (purpose == FA_PURPOSE_BACKWARD) { /* see FA_BWD_BLOCK_MAX */
+        if (!p->blocks_pinned_q && p->block_q > FA_BWD_BLOCK_MAX) p->block_q = FA_BWD_BLOCK_MAX;
+        if (!p->blocks_pinned_k && p->block_k > FA_BWD_BLOCK_MAX) p->block_k = FA_BWD_BLOCK_MAX;
+    }
+    if (opt.pack_max_bytes >= 0) p->pack_max_bytes = (size_t)opt.pack_max_bytes;
+    else p->pack_max_bytes = env->has_pack_max ? env->pack_max : FA_PACK_DEFAULT_MAX_BYTES;
+    return FA_OK;
+}

@@ -1,0 +1,106 @@
+/*
+ * problem.h — the one checked description of an attention problem.
+ *
+ * fa_resolve() (problem.c) is the one validator: fa_forward, fa_backward,
+ * fa_workspace_bytes and fa_check all turn their arguments into an
+ * fa_problem through it, so they accept exactly the same problems and
+ * resolve the options (scale, mask band, window clamp, threads, blocks,
+ * packing cap) the same way. Implementations (reference.c, standard.c,
+ * flash.c, backward.c, validate.c) receive only resolved problems and never
+ * re-validate.
+ *
+ * Indexing convention, used everywhere:
+ *   Q: [B][Sq][H][d]     element (b, i, h, c)  at  q.data + b*st0 + i*st1 + h*st2 + c*st3
+ *   K: [B][Sk][Hk][d]    V: [B][Sk][Hk][dv]    O: [B][Sq][H][dv]    LSE: [B][H][Sq]
+ * Strides are in elements and may be anything (BSHD, BHSD, ...).
+ *
+ * Per-sequence geometry: batch entry b has its own query rows (start, length)
+ * and keys (offset, length), fa_problem_seq(). Today every entry is the
+ * uniform [0, Sq) x [0, Sk) (p->seq == NULL); varlen and the KV cache will
+ * fill p->seq.
+ */
+#ifndef FA_PROBLEM_H
+#define FA_PROBLEM_H
+
+#include "flashattn.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct fa_kernels;
+struct fa_arena;
+
+/* Geometry of one batch entry. */
+typedef struct fa_seq {
+    int64_t q_start;  /* first query row of this entry */
+    int64_t q_len;    /* query rows */
+    int64_t k_offset; /* first key of this entry */
+    int64_t k_len;    /* keys */
+} fa_seq;
+
+typedef struct fa_problem {
+    int64_t batch, seqlen_q, seqlen_k, heads, heads_k, d, dv;
+    const fa_seq *seq;           /* [batch] or NULL: uniform (see fa_problem_seq) */
+    fa_tensor q, k, v, o;        /* copies of the caller's descriptors (o may be empty) */
+    fa_tensor lse;               /* lse.data == NULL when not requested */
+    fa_impl impl;
+    double scale;                /* resolved: 1/sqrt(d) when the caller gave 0 */
+    int64_t window_left;         /* < 0: unbounded (clamped: never wider than Sq + Sk) */
+    int64_t window_right;        /* < 0: unbounded; causal folded in as 0 */
+    double softcap;              /* 0: off */
+    fa_tensor alibi;             /* alibi.data == NULL when off; rank 1 [H] or rank 2 [B][H] */
+    int num_threads;             /* resolved: >= 1 */
+    int block_q, block_k;        /* flash blocks (forward blocks; backward.c caps its own) */
+    int blocks_pinned_q, blocks_pinned_k; /* 1: the caller or FA_BLOCK_Q/K chose them */
+    size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
+    size_t standard_max_bytes;   /* resolved cap */
+    const struct fa_kernels *kern; /* the kernel table (the context's, or the dispatched one) */
+    const fa_context *context;   /* the caller's context, or NULL */
+    struct fa_arena *arena;      /* the context's scratch arena during a call, or NULL */
+} fa_problem;
+
+/* Geometry of batch entry b. */
+static inline fa_seq fa_problem_seq(const fa_problem *p, int64_t b)
+{
+    if (p->seq) return p->seq[b];
+    fa_seq s = {0, p->seqlen_q, 0, p->seqlen_k};
+    return s;
+}
+
+/* What the request is for: decides which tensors are required. */
+typedef enum fa_purpose {
+    FA_PURPOSE_FORWARD = 0,  /* o required (unless workspace query) */
+    FA_PURPOSE_WORKSPACE,    /* q, k, v and options only */
+    FA_PURPOSE_BACKWARD,     /* o and lse optional (recomputed) */
+    FA_PURPOSE_CHECK         /* o is the tested output; impl/threads/blocks ignored */
+} fa_purpose;
+
+/* Names used in messages (NULL fields: "q", "k", "v", "o", "lse"). */
+typedef struct fa_names {
+    const char *q, *k, *v, *o, *lse;
+} fa_names;
+
+/*
+ * The one validator: check q, k, v (and o, lse when given) and the options,
+ * and fill *p. `opt` may be NULL (defaults) and may be a smaller, older
+ * fa_options (its struct_size says how much of it to read).
+ */
+fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                     const fa_tensor *o, const fa_tensor *lse, const fa_options *opt,
+                     const fa_names *names, fa_problem *p);
+
+/* Copy a caller's fa_options of any (older or newer) size into the current
+ * layout: fields the caller's struct lacks keep their defaults. */
+fa_status fa_options_read(const fa_options *in, fa_options *out);
+
+/* A rank-4 tensor check shared by the entry points: dtype, rank, exact shape
+ * (when `shape` is not NULL), strides, data pointer, largest reachable offset. */
+fa_status fa_check_tensor4(const fa_tensor *t, const char *name, const int64_t *shape,
+                           const char *shape_desc);
+
+/* Refuse an output that overlaps another tensor the call reads or writes,
+ * or that has a zero stride on a dimension longer than 1 (FA_ERR_STRIDE). */
+fa_status fa_check_output(const fa_tensor *out, const char *name, const fa_tensor *const *others,
+                          const char *const *other_names, int n_others);
+
+#endif /* FA_PROBLEM_H */

@@ -1,0 +1,82 @@
+/*
+ * tensor.c — tensor descriptors, dtype names and sizes, gathering rows.
+ */
+#include "tensor.h"
+
+#include "status.h"
+
+size_t fa_dtype_size(fa_dtype dtype)
+{
+    switch (dtype) {
+    case FA_F32: return 4;
+    case FA_F64: return 8;
+    case FA_F16: return 2;
+    case FA_BF16: return 2;
+    default: return 0;
+    }
+}
+
+const char *fa_dtype_name(fa_dtype dtype)
+{
+    switch (dtype) {
+    case FA_F32: return "f32";
+    case FA_F64: return "f64";
+    case FA_F16: return "f16";
+    case FA_BF16: return "bf16";
+    default: return "invalid";
+    }
+}
+
+fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
+                         const int64_t *shape, const int64_t *stride)
+{
+    if (!t || !shape) return fa_fail(FA_ERR_NULL_ARG, "fa_tensor_make: null argument");
+    if (rank < 1 || rank > FA_MAX_RANK)
+        return fa_fail(FA_ERR_SHAPE, "fa_tensor_make: rank %d is outside 1..%d", rank, FA_MAX_RANK);
+    if (fa_dtype_size(dtype) == 0)
+        return fa_fail(FA_ERR_DTYPE, "fa_tensor_make: invalid dtype %d", (int)dtype);
+    memset(t, 0, sizeof *t);
+    t->data = data;
+    t->dtype = dtype;
+    t->rank = rank;
+    int64_t running = 1;
+    for (int r = rank - 1; r >= 0; r--) {
+        if (shape[r] < 0)
+            return fa_fail(FA_ERR_SHAPE, "fa_tensor_make: dimension %d is negative (%lld)", r,
+                           (long long)shape[r]);
+        t->shape[r] = shape[r];
+        t->stride[r] = stride ? stride[r] : running;
+        if (shape[r] > 0 && running > INT64_MAX / shape[r])
+            return fa_fail(FA_ERR_SHAPE, "fa_tensor_make: element count overflows 64 bits");
+        running *= shape[r] > 0 ? shape[r] : 1;
+    }
+    return FA_OK;
+}
+
+int64_t fa_tensor_numel(const fa_tensor *t)
+{
+    if (!t) return 0;
+    int64_t n = 1;
+    for (int r = 0; r < t->rank; r++) n *= t->shape[r];
+    return n;
+}
+
+double fa_tensor_get(const fa_tensor *t, const int64_t *index)
+{
+    if (!t || !index || !t->data || t->rank < 1 || t->rank > FA_MAX_RANK) return NAN;
+    int64_t off = 0;
+    for (int r = 0; r < t->rank; r++) {
+        if (index[r] < 0 || index[r] >= t->shape[r]) return NAN;
+        off += index[r] * t->stride[r];
+    }
+    return fa_load_f64(t, off);
+}
+
+void fa_gather_f32(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, float *dst)
+{
+    if (t->dtype == FA_F32 && inc == 1) {
+        memcpy(dst, (const float *)t->data + off, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = fa_load_f32(t, off + i * inc);
+}

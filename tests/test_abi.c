@@ -1,0 +1,234 @@
+/*
+ * test_abi.c — the versioned structs and fa_context.
+ *
+ *   - A caller compiled against an older, smaller fa_options (the 0.3.0
+ *     layout, before pack_max_bytes and context were appended) still works:
+ *     the library reads only struct_size bytes, so whatever lies after the
+ *     caller's struct is never read (here: bytes that would be a wild
+ *     context pointer), and the result is bit-identical to the same options
+ *     given in the current layout.
+ *   - A zero struct_size (options not initialized by *_default()) is refused
+ *     with a message saying how to initialize them, never read as garbage.
+ *   - fa_check writes no further than the caller's report->struct_size.
+ *   - fa_check_abi_size answers by name (fa_abi_struct), 0 when unknown.
+ *   - fa_context: every ISA this CPU supports can be pinned; a second call
+ *     with the same shapes allocates nothing (the arena is reused) and gives
+ *     the same bits; an unknown ISA is FA_ERR_ISA.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* fa_options as published in 0.3.0 before pack_max_bytes and context: a
+ * prefix of today's struct, field for field. */
+typedef struct options_v030 {
+    size_t struct_size;
+    double scale;
+    int causal;
+    int64_t window_left, window_right;
+    double softcap;
+    const fa_tensor *alibi_slopes;
+    fa_impl impl;
+    int num_threads;
+    int block_q, block_k;
+    size_t standard_max_bytes;
+} options_v030;
+
+typedef struct small {
+    tu_tensor q, k, v, o, lse;
+} small;
+
+static small make_small(uint64_t salt)
+{
+    small s;
+    uint64_t rng = tu_seed() ^ salt;
+    s.q = tu_alloc4(FA_F32, 2, 37, 4, 32, 0);
+    s.k = tu_alloc4(FA_F32, 2, 53, 2, 32, 0);
+    s.v = tu_alloc4(FA_F32, 2, 53, 2, 24, 0);
+    s.o = tu_alloc4(FA_F32, 2, 37, 4, 24, 0);
+    const int64_t ls[3] = {2, 4, 37};
+    s.lse = tu_alloc(FA_F32, 3, ls);
+    tu_fill(&s.q, &rng, -1, 1);
+    tu_fill(&s.k, &rng, -1, 1);
+    tu_fill(&s.v, &rng, -1, 1);
+    tu_poison(&s.o);
+    tu_poison(&s.lse);
+    return s;
+}
+
+static void free_small(small *s)
+{
+    tu_free(&s->q); tu_free(&s->k); tu_free(&s->v); tu_free(&s->o); tu_free(&s->lse);
+}
+
+/* Ensure the older options layout is a prefix of the current one (the premise of the test below). */
+static void test_old_options_layout_is_a_prefix(void **state)
+{
+    (void)state;
+    assert_int_equal(offsetof(options_v030, standard_max_bytes), offsetof(fa_options, standard_max_bytes));
+    assert_int_equal(offsetof(options_v030, block_k), offsetof(fa_options, block_k));
+    assert_true(sizeof(options_v030) < sizeof(fa_options));
+}
+
+/* Ensure a caller built against the older, smaller fa_options still works after fields were
+ * appended, with the bytes after its struct never read (they would be a wild context pointer). */
+static void test_older_smaller_options_still_work(void **state)
+{
+    (void)state;
+    small a = make_small(0xab1), b = make_small(0xab1);
+    fa_options cur = fa_options_default();
+    cur.causal = 1;
+    cur.window_left = 9;
+    cur.softcap = 7.5;
+    cur.num_threads = 2;
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+
+    unsigned char *buf = malloc(sizeof(fa_options) + 64);
+    memset(buf, 0x5a, sizeof(fa_options) + 64); /* after the old struct: garbage */
+    options_v030 old;
+    memset(&old, 0, sizeof old);
+    old.struct_size = sizeof old;
+    old.window_left = 9;
+    old.window_right = -1;
+    old.causal = 1;
+    old.softcap = 7.5;
+    old.impl = FA_IMPL_FLASH;
+    old.num_threads = 2;
+    memcpy(buf, &old, sizeof old);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
+    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
+    assert_memory_equal(a.lse.mem, b.lse.mem, a.lse.bytes);
+    free(buf);
+    free_small(&a);
+    free_small(&b);
+}
+
+/* Ensure options with struct_size 0 (not initialized by fa_options_default) are refused. */
+static void test_uninitialized_struct_size_is_refused(void **state)
+{
+    (void)state;
+    small s = make_small(0xab2);
+    fa_options opt;
+    memset(&opt, 0, sizeof opt);
+    assert_int_equal(fa_forward(&s.q.t, &s.k.t, &s.v.t, &s.o.t, NULL, &opt), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "fa_options_default"));
+    fa_check_report r;
+    memset(&r, 0, sizeof r);
+    assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.o.t, NULL, NULL, NULL, &r), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "fa_check_report_init"));
+    fa_check_options co;
+    memset(&co, 0, sizeof co);
+    r = fa_check_report_init();
+    assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.o.t, NULL, NULL, &co, &r), FA_ERR_OPTION);
+    free_small(&s);
+}
+
+/* Ensure fa_check writes its report and not one byte past the caller's struct_size. */
+static void test_check_writes_only_the_callers_report(void **state)
+{
+    (void)state;
+    small s = make_small(0xab3);
+    assert_int_equal(fa_forward(&s.q.t, &s.k.t, &s.v.t, &s.o.t, &s.lse.t, NULL), FA_OK);
+    unsigned char *buf = malloc(sizeof(fa_check_report) + 64);
+    memset(buf, 0xcc, sizeof(fa_check_report) + 64);
+    fa_check_report init = fa_check_report_init();
+    memcpy(buf, &init, sizeof init);
+    fa_check_report *r = (fa_check_report *)(void *)buf;
+    assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.o.t, &s.lse.t, NULL, NULL, r), FA_OK);
+    assert_int_equal(r->pass, 1);
+    assert_int_equal(r->struct_size, sizeof(fa_check_report));
+    for (size_t x = sizeof(fa_check_report); x < sizeof(fa_check_report) + 64; x++) assert_int_equal(buf[x], 0xcc);
+    char text[64];
+    assert_true(fa_check_report_format(r, text, sizeof text) > 0);
+    fa_check_report_free(r);
+    assert_int_equal(r->struct_size, sizeof(fa_check_report)); /* kept, so the report can be reused */
+    free(buf);
+    free_small(&s);
+}
+
+/* Ensure fa_check_abi_size answers by name, and 0 for an unknown struct. */
+static void test_abi_sizes_by_name(void **state)
+{
+    (void)state;
+    assert_int_equal(fa_check_abi_size(FA_ABI_TENSOR), sizeof(fa_tensor));
+    assert_int_equal(fa_check_abi_size(FA_ABI_OPTIONS), sizeof(fa_options));
+    assert_int_equal(fa_check_abi_size(FA_ABI_CHECK_OPTIONS), sizeof(fa_check_options));
+    assert_int_equal(fa_check_abi_size(FA_ABI_CHECK_REPORT), sizeof(fa_check_report));
+    assert_int_equal(fa_check_abi_size(FA_ABI_STRUCT_COUNT), 0);
+    assert_int_equal(fa_check_abi_size(-1), 0);
+    assert_int_equal(fa_options_default().struct_size, sizeof(fa_options));
+    assert_int_equal(fa_check_options_default().struct_size, sizeof(fa_check_options));
+}
+
+/* Ensure a context pins each supported ISA, reuses its arena (no allocation on the second
+ * same-shaped call), and gives the same bits as the first call; forward and backward. */
+static void test_context_reuses_its_arena_for_every_isa(void **state)
+{
+    (void)state;
+    static const char *const isas[] = {"scalar", "avx2", "avx512", "neon"};
+    fa_cpu_info info;
+    assert_int_equal(fa_get_cpu_info(&info), FA_OK);
+    int ran = 0;
+    for (int x = 0; x < 4; x++) {
+        if (!fa_isa_supported(isas[x])) continue;
+        fa_context *ctx = NULL;
+        assert_int_equal(fa_context_create(&ctx, isas[x], 2), FA_OK);
+        assert_string_equal(fa_context_isa(ctx), isas[x]);
+        small a = make_small(0xab4), b = make_small(0xab4), c = make_small(0xab4);
+        fa_options opt = fa_options_default();
+        opt.context = ctx;
+        opt.causal = 1;
+        assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &opt), FA_OK);
+        assert_true(fa_context_arena_bytes(ctx) > 0);
+        fa_alloc_stats st;
+        fa_alloc_stats_reset();
+        assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, &opt), FA_OK);
+        fa_alloc_stats_get(&st);
+        if (st.total_allocs != 0)
+            fail_msg("%s: the second call with a context allocated %zu times", isas[x], st.total_allocs);
+        assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
+        /* the same ISA without a context (when it is the dispatched one): the same bits */
+        if (strcmp(isas[x], info.isa) == 0) {
+            opt.context = NULL;
+            assert_int_equal(fa_forward(&c.q.t, &c.k.t, &c.v.t, &c.o.t, &c.lse.t, &opt), FA_OK);
+            assert_memory_equal(a.o.mem, c.o.mem, a.o.bytes);
+            opt.context = ctx;
+        }
+        /* backward through the context: the second call allocates nothing either */
+        tu_tensor dq = tu_alloc4(FA_F32, 2, 37, 4, 32, 0), dk = tu_alloc4(FA_F32, 2, 53, 2, 32, 0);
+        tu_tensor dv = tu_alloc4(FA_F32, 2, 53, 2, 24, 0);
+        assert_int_equal(fa_backward(&a.q.t, &a.k.t, &a.v.t, NULL, NULL, &a.o.t, &dq.t, &dk.t, &dv.t, &opt), FA_OK);
+        fa_alloc_stats_reset();
+        assert_int_equal(fa_backward(&a.q.t, &a.k.t, &a.v.t, NULL, NULL, &a.o.t, &dq.t, &dk.t, &dv.t, &opt), FA_OK);
+        fa_alloc_stats_get(&st);
+        if (st.total_allocs != 0)
+            fail_msg("%s: the second backward with a context allocated %zu times", isas[x], st.total_allocs);
+        tu_free(&dq); tu_free(&dk); tu_free(&dv);
+        free_small(&a); free_small(&b); free_small(&c);
+        fa_context_destroy(ctx);
+        ran++;
+    }
+    assert_true(ran >= 1);
+    fa_context *ctx = (fa_context *)1;
+    assert_int_equal(fa_context_create(&ctx, "mmx", 0), FA_ERR_ISA);
+    assert_null(ctx);
+    assert_non_null(strstr(fa_last_error(), "mmx"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_old_options_layout_is_a_prefix),
+        cmocka_unit_test(test_older_smaller_options_still_work),
+        cmocka_unit_test(test_uninitialized_struct_size_is_refused),
+        cmocka_unit_test(test_check_writes_only_the_callers_report),
+        cmocka_unit_test(test_abi_sizes_by_name),
+        cmocka_unit_test(test_context_reuses_its_arena_for_every_isa),
+    };
+    tu_seed();
+    return cmocka_run_group_tests_name("abi", tests, NULL, NULL);
+}
