@@ -357,7 +357,7 @@ out:
     return rc;
 }
 
-int cmd_bench(int argc, char **argv)
+static int bench_main(int argc, char **argv)
 {
     const char *impls = NULL, *csv_path = NULL;
     long ns[MAX_LIST] = {1024, 2048, 4096, 8192}, ds[MAX_LIST] = {64, 128};
@@ -503,4 +503,10 @@ int cmd_bench(int argc, char **argv)
         rc = 2;
     }
     return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    cli_guard_runtime_exit();
+    return cli_finish(bench_main(argc, argv));
 }
