@@ -71,7 +71,7 @@ for r in rows:
         errs.append(f"{r['pass']} N={n}: gflops {r['gflops']} but FLOPs/time = {flops / (ms * 1e-3) / 1e9:.3f}")
     if r["gbps"] != "" or r["bw_fraction"] != "": errs.append("gbps/bw_fraction should be empty")
     if not float(r["lib_peak_mib"]) > 0: errs.append(f"lib_peak_mib {r['lib_peak_mib']} (flash allocates scratch)")
-if errs: sys.exit(print("; ".join(errs)))
+if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
 
 # ---- SIGINT / SIGTERM keep the previous CSV -----------------------------------------------
@@ -97,7 +97,7 @@ if not seen: errs.append("no temporary CSV while the bench ran")
 if rc != -sig: errs.append(f"exit {rc}, expected death by the signal")
 if temps(): errs.append(f"temporaries left: {temps()}")
 if open("keep.csv").read() != "previous,csv\n": errs.append("the previous CSV was changed")
-if errs: sys.exit(print("; ".join(errs)))
+if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
 done
 

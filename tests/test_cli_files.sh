@@ -133,7 +133,7 @@ while not temps() and p.poll() is None and time.time() < deadline:
     time.sleep(0.02)
 if not temps():
     p.kill(); p.wait()
-    sys.exit(print("no temporary appeared while the save waited for the FIFO; exit", p.returncode))
+    sys.exit(print("no temporary appeared while the save waited for the FIFO; exit", p.returncode) or 1)
 p.send_signal(sig)
 rc = p.wait(timeout=20)
 errs = []
@@ -142,7 +142,7 @@ if temps(): errs.append(f"temporaries left: {temps()}")
 if open("keep.npy", "rb").read() != b"old output\n": errs.append("keep.npy was changed")
 if not os.path.exists("lse_fifo") or not stat.S_ISFIFO(os.stat("lse_fifo").st_mode):
     errs.append("lse_fifo is no longer a FIFO")
-if errs: sys.exit(print("; ".join(errs)))
+if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
 done
 
