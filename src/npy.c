@@ -26,18 +26,34 @@
  * (utf-8 headers, for structured dtypes with unicode names) is rejected by
  * name: no array we accept ever needs it.
  *
- * Loading a regular file reads the header first and then the data straight
- * into its 64-byte aligned buffer, so a 1 GiB tensor costs 1 GiB, not 2.
- * Anything else (a pipe, /dev/stdin) is read whole and parsed in memory by
- * fa_npy_parse, which is also the fuzzer's entry point.
+ * Loading reads the header first and then the data straight into its 64-byte
+ * aligned buffer, so a 1 GiB tensor costs 1 GiB, not 2. A regular file's
+ * length is checked against the header before anything is allocated; a pipe
+ * or device (/dev/stdin, /dev/zero) is read for exactly the bytes its header
+ * declares plus one (to tell trailing data from the end), never "until the
+ * end", so an endless stream cannot exhaust memory. fa_npy_parse parses an
+ * in-memory image (the fuzzer's entry point).
  *
- * Saving writes to a temporary file next to the destination, then renames it
- * over the destination: rename(2) within a directory is atomic, so readers
- * see the old file or the complete new one, and a failure at any step unlinks
- * the temporary and leaves nothing behind. The temporary is created with
- * open(O_CREAT | O_EXCL, 0666) and a unique name rather than mkstemp(), whose
- * 0600 mode would survive the rename and surprise the user; 0666 honours the
- * umask like any other new file.
+ * Saving (the fa_outfile layer, also used for the bench CSV) first decides
+ * what the path names, and never replaces what is not a regular file:
+ *   - a character device or a FIFO (/dev/null, a `mknod` node, a named pipe,
+ *     /dev/fd/N of a process substitution) is written in place, as a shell
+ *     redirection would; nothing is renamed over it;
+ *   - a regular file, or a name that does not exist yet, is written to a
+ *     temporary ".fa-XXXXXX" in the directory of the path *after* its symbolic
+ *     links are resolved (so a link stays a link and its target gets the
+ *     data), then renamed over that target: rename(2) within a directory is
+ *     atomic, readers see the old file or the complete new one, and a failure
+ *     at any step unlinks the temporary. The short temporary name leaves room
+ *     for any name the file system accepts (255 bytes). A replaced file keeps
+ *     its permission bits (and, when root replaces it, its owner);
+ *   - directories, block devices and sockets are refused, and so is an
+ *     existing file the caller may not write by its permission bits -- for
+ *     root too, who could: a 0444 file is not ours to overwrite.
+ * Live temporaries are registered so that fa_outfile_cleanup_signal(), called
+ * from a SIGINT/SIGTERM handler, removes them with async-signal-safe unlink(2).
+ * The temporary is created with open(O_CREAT | O_EXCL, 0666), not mkstemp(),
+ * whose 0600 mode would survive the rename; 0666 honours the umask.
  *
  * This file never prints: errors are fa_fail() statuses whose message starts
  * with the file name.
@@ -47,12 +63,15 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -442,34 +461,66 @@ static ssize_t read_full(int fd, void *buf, size_t n)
     return (ssize_t)got;
 }
 
-/* A pipe or other unsized file: read it whole, then parse in memory. */
+/*
+ * A pipe, a device or another file of unknown size: the header first (so
+ * /dev/zero is refused by its magic after 10 bytes), then exactly the data
+ * the header declares, straight into place, then one more byte to tell the
+ * end of the file from trailing data. Never more than header + data + 1
+ * bytes are read, whatever the stream holds.
+ */
 static fa_status load_stream(int fd, const char *path, fa_npy *arr)
 {
-    size_t cap = 1 << 16, len = 0;
-    unsigned char *buf = malloc(cap);
-    if (!buf) return fa_fail(FA_ERR_NOMEM, "%s: out of memory reading the file", path);
-    for (;;) {
-        if (len == cap) {
-            unsigned char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-            if (!bigger) {
-                free(buf);
-                return fa_fail(FA_ERR_NOMEM, "%s: out of memory reading the file", path);
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-        ssize_t r = read_full(fd, buf + len, cap - len);
-        if (r < 0) {
-            int e = errno;
-            free(buf);
-            return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(e));
-        }
-        len += (size_t)r;
-        if (len < cap) break;
+    unsigned char prefix[NPY_PREFIX_V2];
+    ssize_t r = read_full(fd, prefix, NPY_PREFIX_V1);
+    if (r < 0) return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+    size_t got = (size_t)r;
+    if (got == NPY_PREFIX_V1 && memcmp(prefix, NPY_MAGIC, NPY_MAGIC_LEN) == 0 && prefix[6] == 2) {
+        r = read_full(fd, prefix + got, NPY_PREFIX_V2 - NPY_PREFIX_V1);
+        if (r < 0) return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+        got += (size_t)r;
     }
-    fa_status st = fa_npy_parse(buf, len, path, arr);
-    free(buf);
-    return st;
+    size_t prefix_len, header_len;
+    /* a short read is the whole stream; otherwise its length is not known yet */
+    size_t known = got < NPY_PREFIX_V1 || (prefix[6] == 2 && got < NPY_PREFIX_V2) ? got : SIZE_MAX;
+    fa_status st = parse_prefix(prefix, got, known, path, &prefix_len, &header_len);
+    if (st != FA_OK) return st;
+
+    char *text = malloc(header_len);
+    if (!text) return fa_fail(FA_ERR_NOMEM, "%s: out of memory reading the header", path);
+    r = read_full(fd, text, header_len);
+    if (r < 0 || (size_t)r != header_len) {
+        int e = errno;
+        free(text);
+        if (r < 0) return fa_fail(FA_ERR_IO, "%s: reading the header failed: %s", path, strerror(e));
+        return fa_fail(FA_ERR_FORMAT,
+                       "%s: truncated: header length %zu runs past the end of the file (%zu bytes)",
+                       path, header_len, prefix_len + (size_t)r);
+    }
+    npy_header h;
+    memset(&h, 0, sizeof h);
+    st = parse_header(text, header_len, path, &h);
+    free(text);
+    if (st != FA_OK) return st;
+
+    if ((st = npy_alloc(&h, path, arr)) != FA_OK) return st;
+    r = read_full(fd, arr->data, h.data_bytes);
+    if (r < 0 || (size_t)r != h.data_bytes) {
+        int e = errno;
+        fa_npy_free(arr);
+        if (r < 0) return fa_fail(FA_ERR_IO, "%s: reading the data failed: %s", path, strerror(e));
+        return fa_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
+                       path, h.data_bytes, (size_t)r);
+    }
+    unsigned char extra;
+    r = read_full(fd, &extra, 1);
+    if (r != 0) {
+        int e = errno;
+        fa_npy_free(arr);
+        if (r < 0) return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(e));
+        return fa_fail(FA_ERR_FORMAT, "%s: trailing data after the array: expected %zu data bytes, found more",
+                       path, h.data_bytes);
+    }
+    return FA_OK;
 }
 
 /* A regular file of known size: header first, then the data straight into place. */
@@ -619,82 +670,430 @@ static size_t build_header(fa_dtype dtype, int rank, const int64_t *shape, char 
     return total;
 }
 
-static fa_status write_full(int fd, const void *buf, size_t n, const char *path)
+/* ------------------------------------------------------------------------ */
+/* Output files                                                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Signal cleanup. Every temporary that exists is listed here, so that a
+ * SIGINT/SIGTERM handler (the CLI's) can remove it with nothing but unlink(2),
+ * which is async-signal-safe. A slot is 0 (free), 1 (live: name holds a file
+ * of ours) or 2 (being filled). Signals are blocked while a temporary is
+ * created and registered, and while it is renamed or removed and
+ * unregistered, so a handler never sees a name that is not (or no longer)
+ * ours.
+ */
+enum { OUT_SLOTS = 16 };
+static char out_slot_name[OUT_SLOTS][PATH_MAX];
+static atomic_int out_slot_state[OUT_SLOTS];
+
+static void block_signals(sigset_t *old)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGPIPE);
+    sigprocmask(SIG_BLOCK, &set, old);
+}
+
+static void restore_signals(const sigset_t *old)
+{
+    sigprocmask(SIG_SETMASK, old, NULL);
+}
+
+/* Claim a free slot for `name`; -1 if none is free or the name does not fit. */
+static int slot_register(const char *name)
+{
+    size_t n = strlen(name);
+    if (n >= PATH_MAX) return -1;
+    for (int s = 0; s < OUT_SLOTS; s++) {
+        int expected = 0;
+        if (atomic_compare_exchange_strong(&out_slot_state[s], &expected, 2)) {
+            memcpy(out_slot_name[s], name, n + 1);
+            atomic_store(&out_slot_state[s], 1);
+            return s;
+        }
+    }
+    return -1;
+}
+
+static void slot_release(int s)
+{
+    if (s >= 0) atomic_store(&out_slot_state[s], 0);
+}
+
+void fa_outfile_cleanup_signal(void)
+{
+    for (int s = 0; s < OUT_SLOTS; s++)
+        if (atomic_load(&out_slot_state[s]) == 1) unlink(out_slot_name[s]);
+}
+
+/* Directory part of `path` ("." if none, "/" for "/x"), malloc'd. */
+static char *dir_part(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    char *d = malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, path, n);
+    d[n] = '\0';
+    return d;
+}
+
+char *fa_path_resolve_links(const char *path)
+{
+    char *cur = strdup(path);
+    if (!cur) return NULL;
+    for (int hops = 0; hops < 40; hops++) {
+        struct stat lsb;
+        if (lstat(cur, &lsb) != 0 || !S_ISLNK(lsb.st_mode)) return cur; /* missing, or not a link */
+        char link[PATH_MAX];
+        ssize_t n = readlink(cur, link, sizeof link - 1);
+        if (n < 0) {
+            int e = errno;
+            free(cur);
+            errno = e;
+            return NULL;
+        }
+        link[n] = '\0';
+        char *next;
+        if (link[0] == '/') {
+            next = strdup(link);
+        } else { /* relative to the directory holding the link */
+            char *dir = dir_part(cur);
+            next = dir ? malloc(strlen(dir) + 1 + (size_t)n + 1) : NULL;
+            if (next) sprintf(next, "%s/%s", dir, link);
+            free(dir);
+        }
+        free(cur);
+        if (!next) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        cur = next;
+    }
+    free(cur);
+    errno = ELOOP;
+    return NULL;
+}
+
+/* Is the caller in group g? */
+static int in_group(gid_t g)
+{
+    if (g == getegid()) return 1;
+    gid_t groups[256];
+    int n = getgroups(256, groups);
+    for (int i = 0; i < n; i++)
+        if (groups[i] == g) return 1;
+    return 0;
+}
+
+/*
+ * May the caller write this existing file? The kernel's answer (faccessat
+ * with the effective ids: ACLs, read-only mounts), and for root, who passes
+ * every permission check, the permission bits read as for anyone else: the
+ * owner's bits if root owns the file, the group's if root is in its group,
+ * else the others'. A 0444 file is not something to overwrite because root
+ * can.
+ */
+static int may_write(const char *path, const struct stat *sb)
+{
+    if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0) return 0;
+    if (geteuid() != 0) return 1;
+    if (sb->st_uid == geteuid()) return (sb->st_mode & S_IWUSR) != 0;
+    if (in_group(sb->st_gid)) return (sb->st_mode & S_IWGRP) != 0;
+    return (sb->st_mode & S_IWOTH) != 0;
+}
+
+/*
+ * Decide how `path` is written, without touching anything:
+ *   *through = 1: an existing character device or FIFO, written in place;
+ *   *through = 0: a regular file (existing or new) replaced through a
+ *                 temporary beside *target, the path with its symlinks
+ *                 resolved (malloc'd); *old is its stat if it exists.
+ * Directories, block devices, sockets, files the caller could not write
+ * (see may_write) and directories the caller cannot create files in are
+ * refused with a message naming `path`.
+ */
+static fa_status classify(const char *path, int *through, char **target, struct stat *old, int *exists)
+{
+    *through = 0;
+    *target = NULL;
+    *exists = 0;
+    if (!path) return fa_fail(FA_ERR_NULL_ARG, "output path is NULL");
+    if (!*path) return fa_fail(FA_ERR_IO, "empty file name given for an output file");
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode)) return fa_fail(FA_ERR_IO, "%s: is a directory, not a file name", path);
+        if (S_ISBLK(sb.st_mode))
+            return fa_fail(FA_ERR_IO, "%s: is a block device; refusing to write a .npy file onto it", path);
+        if (!S_ISREG(sb.st_mode) && !S_ISCHR(sb.st_mode) && !S_ISFIFO(sb.st_mode))
+            return fa_fail(FA_ERR_IO, "%s: is not a regular file, character device or FIFO; refusing to write to it",
+                           path);
+        if (!may_write(path, &sb))
+            return fa_fail(FA_ERR_IO, "%s: not writable (mode %04o, owner uid %ld); refusing to replace it", path,
+                           (unsigned)(sb.st_mode & 07777), (long)sb.st_uid);
+        if (!S_ISREG(sb.st_mode)) {
+            *through = 1;
+            return FA_OK;
+        }
+        *exists = 1;
+        *old = sb;
+    } else if (errno != ENOENT) {
+        return fa_fail(FA_ERR_IO, "%s: cannot write there: %s", path, strerror(errno));
+    }
+    char *t = fa_path_resolve_links(path);
+    if (!t) return fa_fail(FA_ERR_IO, "%s: cannot resolve its symbolic links: %s", path, strerror(errno));
+    char *dir = dir_part(t);
+    if (!dir) {
+        free(t);
+        return fa_fail(FA_ERR_NOMEM, "%s: out of memory", path);
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        fa_status st = fa_fail(FA_ERR_IO, "%s: cannot write there: directory '%s': %s", path, dir, strerror(errno));
+        free(dir);
+        free(t);
+        return st;
+    }
+    free(dir);
+    *target = t;
+    return FA_OK;
+}
+
+fa_status fa_outfile_check(const char *path)
+{
+    int through, exists;
+    char *target;
+    struct stat old;
+    fa_status st = classify(path, &through, &target, &old, &exists);
+    free(target);
+    return st;
+}
+
+/*
+ * Create "<dir of target>/.fa-XXXXXX" exclusively: a short name, so that any
+ * target name the file system accepts (up to 255 bytes) leaves room for it.
+ * Mode 0666 minus the umask, as for any new file (mkstemp's 0600 would
+ * survive the rename), or the mode and owner of the file being replaced.
+ */
+static int create_temp(fa_outfile *f, const struct stat *old, int exists)
+{
+    static atomic_uint counter;
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    char *dir = dir_part(f->target);
+    if (!dir) return -1;
+    size_t cap = strlen(dir) + 16;
+    char *name = malloc(cap);
+    if (!name) {
+        free(dir);
+        return -1;
+    }
+    int fd = -1;
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)ts.tv_nsec * 0xbf58476d1ce4e5b9ull ^
+                     (uint64_t)atomic_fetch_add(&counter, 1u) * 0x94d049bb133111ebull;
+        char suffix[7];
+        for (int i = 0; i < 6; i++) {
+            suffix[i] = alphabet[x % 62];
+            x /= 62;
+        }
+        suffix[6] = '\0';
+        snprintf(name, cap, "%s/.fa-%s", dir, suffix);
+        sigset_t mask;
+        block_signals(&mask);
+        fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0) f->slot = slot_register(name);
+        int e = errno;
+        restore_signals(&mask);
+        errno = e;
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    free(dir);
+    if (fd < 0) {
+        int e = errno;
+        free(name);
+        errno = e;
+        return -1;
+    }
+    if (exists) {
+        /* keep the replaced file's permissions, and (root only) its owner */
+        if (geteuid() == 0 && (old->st_uid != 0 || old->st_gid != getegid()))
+            (void)!fchown(fd, old->st_uid, old->st_gid);
+        (void)!fchmod(fd, old->st_mode & 0777);
+    }
+    f->tmp = name;
+    return fd;
+}
+
+fa_status fa_outfile_open(fa_outfile *f, const char *path)
+{
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    f->slot = -1;
+    f->name = path;
+    struct stat old;
+    int exists;
+    fa_status st = classify(path, &f->through, &f->target, &old, &exists);
+    if (st != FA_OK) return st;
+    if (f->through) {
+        /* a device or FIFO: written in place (a FIFO waits here for its reader) */
+        do {
+            f->fd = open(path, O_WRONLY | O_CLOEXEC);
+        } while (f->fd < 0 && errno == EINTR);
+        if (f->fd < 0) return fa_fail(FA_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+        return FA_OK;
+    }
+    f->fd = create_temp(f, &old, exists);
+    if (f->fd < 0) {
+        st = fa_fail(FA_ERR_IO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
+        free(f->target);
+        f->target = NULL;
+        return st;
+    }
+    return FA_OK;
+}
+
+fa_status fa_outfile_write(fa_outfile *f, const void *buf, size_t n)
 {
     size_t done = 0;
     while (done < n) {
         size_t chunk = n - done < ((size_t)1 << 30) ? n - done : ((size_t)1 << 30);
-        ssize_t w = write(fd, (const char *)buf + done, chunk);
+        ssize_t w = write(f->fd, (const char *)buf + done, chunk);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return fa_fail(FA_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+            return fa_fail(FA_ERR_IO, "%s: write failed: %s", f->name, strerror(errno));
         }
         done += (size_t)w;
     }
     return FA_OK;
 }
 
-/* Create "<path>.tmp.<pid>.<n>" exclusively; *tmp receives the malloc'd name. */
-static int create_temp(const char *path, char **tmp)
+/* Remove the temporary (if any) and forget it; signals blocked meanwhile. */
+static void drop_temp(fa_outfile *f)
 {
-    static atomic_uint counter;
-    size_t cap = strlen(path) + 64;
-    char *name = malloc(cap);
-    if (!name) return -1;
-    for (int attempt = 0; attempt < 100; attempt++) {
-        unsigned n = atomic_fetch_add(&counter, 1u);
-        snprintf(name, cap, "%s.tmp.%ld.%u", path, (long)getpid(), n);
-        int fd = open(name, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (fd >= 0) {
-            *tmp = name;
-            return fd;
-        }
-        if (errno != EEXIST) break;
+    if (!f->tmp) return;
+    sigset_t mask;
+    block_signals(&mask);
+    unlink(f->tmp);
+    slot_release(f->slot);
+    restore_signals(&mask);
+    f->slot = -1;
+    free(f->tmp);
+    f->tmp = NULL;
+}
+
+fa_status fa_outfile_commit(fa_outfile *f)
+{
+    fa_status st = FA_OK;
+    if (f->fd >= 0) {
+        if (!f->through && fsync(f->fd) != 0 && errno != EINVAL && errno != EROFS)
+            st = fa_fail(FA_ERR_IO, "%s: fsync failed: %s", f->name, strerror(errno));
+        if (close(f->fd) != 0 && st == FA_OK)
+            st = fa_fail(FA_ERR_IO, "%s: close failed: %s", f->name, strerror(errno));
+        f->fd = -1;
     }
-    int e = errno;
-    free(name);
-    errno = e;
-    return -1;
+    if (st == FA_OK && f->tmp) {
+        sigset_t mask;
+        block_signals(&mask);
+        int r = rename(f->tmp, f->target);
+        int e = errno;
+        if (r == 0) slot_release(f->slot);
+        restore_signals(&mask);
+        if (r != 0) {
+            st = fa_fail(FA_ERR_IO, "%s: cannot rename the finished file into place: %s", f->name, strerror(e));
+        } else {
+            f->slot = -1;
+            free(f->tmp);
+            f->tmp = NULL;
+        }
+    }
+    if (st != FA_OK) {
+        drop_temp(f);
+        free(f->target);
+        f->target = NULL;
+        return st;
+    }
+    f->committed = 1;
+    return FA_OK;
+}
+
+void fa_outfile_abort(fa_outfile *f)
+{
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    drop_temp(f);
+    free(f->target);
+    f->target = NULL;
+}
+
+void fa_outfile_free(fa_outfile *f)
+{
+    if (f->fd >= 0 || f->tmp) {
+        fa_outfile_abort(f);
+        return;
+    }
+    free(f->target);
+    f->target = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Saving .npy files                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Validate the arguments of a save; *bytes receives the data size. */
+static fa_status check_save_args(const char *name, const void *data, fa_dtype dtype, int rank,
+                                 const int64_t *shape, size_t *bytes)
+{
+    if ((unsigned)dtype >= FA_DTYPE_COUNT)
+        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", name, (int)dtype);
+    if (rank < 0 || rank > FA_MAX_RANK)
+        return fa_fail(FA_ERR_SHAPE, "%s: rank %d is outside 0..%d", name, rank, FA_MAX_RANK);
+    if (rank > 0 && !shape) return fa_fail(FA_ERR_NULL_ARG, "%s: shape is NULL", name);
+    size_t itemsize = fa_dtype_size(dtype);
+    size_t numel = 1;
+    for (int i = 0; i < rank; i++) {
+        if (shape[i] < 0)
+            return fa_fail(FA_ERR_SHAPE, "%s: negative extent %lld in shape", name, (long long)shape[i]);
+        if (shape[i] != 0 && numel > SIZE_MAX / itemsize / (size_t)shape[i])
+            return fa_fail(FA_ERR_SHAPE, "%s: shape is too large", name);
+        numel *= (size_t)shape[i];
+    }
+    *bytes = numel * itemsize;
+    if (*bytes > 0 && !data) return fa_fail(FA_ERR_NULL_ARG, "%s: data is NULL", name);
+    return FA_OK;
+}
+
+fa_status fa_npy_write(fa_outfile *f, const void *data, fa_dtype dtype, int rank, const int64_t *shape)
+{
+    size_t data_bytes;
+    fa_status st = check_save_args(f->name, data, dtype, rank, shape, &data_bytes);
+    if (st != FA_OK) return st;
+    char header[512];
+    size_t header_len = build_header(dtype, rank, shape, header, sizeof header);
+    assert(header_len > 0); /* rank <= 4 headers are ~128 bytes */
+    if ((st = fa_outfile_write(f, header, header_len)) != FA_OK) return st;
+    return fa_outfile_write(f, data, data_bytes);
 }
 
 fa_status fa_npy_save(const char *path, const void *data, fa_dtype dtype,
                       int rank, const int64_t *shape)
 {
     if (!path) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_save: path is NULL");
-    if ((unsigned)dtype >= FA_DTYPE_COUNT)
-        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", path, (int)dtype);
-    if (rank < 0 || rank > FA_MAX_RANK)
-        return fa_fail(FA_ERR_SHAPE, "%s: rank %d is outside 0..%d", path, rank, FA_MAX_RANK);
-    if (rank > 0 && !shape) return fa_fail(FA_ERR_NULL_ARG, "%s: shape is NULL", path);
-    size_t itemsize = fa_dtype_size(dtype);
-    size_t numel = 1;
-    for (int i = 0; i < rank; i++) {
-        if (shape[i] < 0)
-            return fa_fail(FA_ERR_SHAPE, "%s: negative extent %lld in shape", path, (long long)shape[i]);
-        if (shape[i] != 0 && numel > SIZE_MAX / itemsize / (size_t)shape[i])
-            return fa_fail(FA_ERR_SHAPE, "%s: shape is too large", path);
-        numel *= (size_t)shape[i];
+    size_t data_bytes;
+    fa_status st = check_save_args(*path ? path : "fa_npy_save", data, dtype, rank, shape, &data_bytes);
+    if (st != FA_OK) return st;
+    fa_outfile f;
+    if ((st = fa_outfile_open(&f, path)) != FA_OK) return st;
+    if ((st = fa_npy_write(&f, data, dtype, rank, shape)) != FA_OK) {
+        fa_outfile_abort(&f);
+        return st;
     }
-    size_t data_bytes = numel * itemsize;
-    if (data_bytes > 0 && !data) return fa_fail(FA_ERR_NULL_ARG, "%s: data is NULL", path);
-
-    char header[512];
-    size_t header_len = build_header(dtype, rank, shape, header, sizeof header);
-    assert(header_len > 0); /* rank <= 4 headers are ~128 bytes */
-
-    char *tmp = NULL;
-    int fd = create_temp(path, &tmp);
-    if (fd < 0) return fa_fail(FA_ERR_IO, "%s: cannot create a file there: %s", path, strerror(errno));
-    fa_status st = write_full(fd, header, header_len, path);
-    if (st == FA_OK) st = write_full(fd, data, data_bytes, path);
-    if (st == FA_OK && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-        st = fa_fail(FA_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
-    if (close(fd) != 0 && st == FA_OK)
-        st = fa_fail(FA_ERR_IO, "%s: close failed: %s", path, strerror(errno));
-    if (st == FA_OK && rename(tmp, path) != 0)
-        st = fa_fail(FA_ERR_IO, "%s: cannot rename the finished file into place: %s", path,
-                     strerror(errno));
-    if (st != FA_OK) unlink(tmp);
-    free(tmp);
+    st = fa_outfile_commit(&f);
+    fa_outfile_free(&f);
     return st;
 }

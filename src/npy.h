@@ -7,8 +7,11 @@
  * header dict's keys and values, shape (non-negative, no overflow), and the
  * file length, which must equal header + numel * itemsize exactly.
  *
- * Writes go to a temporary file in the same directory which is renamed over
- * the destination only when complete: a failure never leaves a partial file.
+ * Writes go to a temporary file beside the destination (symlinks resolved)
+ * which is renamed over it only when complete: a failure never leaves a
+ * partial file. Character devices and FIFOs are written in place, never
+ * replaced; directories, block devices, sockets and files the caller may not
+ * write (by permission bits, even as root) are refused.
  *
  * Errors are returned as fa_status with a message via fa_fail(), which the
  * caller reads with fa_last_error(); messages name the file.
@@ -20,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* An array loaded from a .npy file; owns its data (free with fa_npy_free). */
 typedef struct fa_npy {
@@ -44,10 +48,53 @@ fa_status fa_npy_as_tensor(const fa_npy *arr, fa_tensor *t);
 
 /*
  * Write a C-contiguous array as .npy v1.0 (v2.0 if the header needs it).
- * FA_BF16 is written as '<u2'. Atomic: temp file + rename.
+ * FA_BF16 is written as '<u2'. Atomic for regular files (see fa_outfile).
  */
 fa_status fa_npy_save(const char *path, const void *data, fa_dtype dtype,
                       int rank, const int64_t *shape);
+
+/* ---- Output files: atomic replace, or write-through for devices and FIFOs ---- */
+
+typedef struct fa_outfile {
+    int fd;             /* open descriptor (the temporary, or the device/FIFO), -1 when closed */
+    int through;        /* 1: an existing character device or FIFO, written in place */
+    int slot;           /* signal-cleanup registration of the temporary, -1 if none */
+    int committed;      /* 1 after a successful fa_outfile_commit */
+    char *target;       /* replace mode: the path with its symlinks resolved (renamed onto) */
+    char *tmp;          /* replace mode: the temporary beside target, until committed */
+    const char *name;   /* the caller's spelling of the path, for messages */
+} fa_outfile;
+
+/* Would fa_outfile_open accept `path`? Checks only (empty name, directory,
+ * block device, socket, not writable, directory not writable); creates nothing. */
+fa_status fa_outfile_check(const char *path);
+
+/* Start writing `path`: create the temporary, or open the device/FIFO (a FIFO
+ * blocks until a reader opens it). On error nothing was created. */
+fa_status fa_outfile_open(fa_outfile *f, const char *path);
+
+/* Append n bytes. */
+fa_status fa_outfile_write(fa_outfile *f, const void *buf, size_t n);
+
+/* Finish: fsync, close and rename the temporary over the target (or close the
+ * device/FIFO). On error the temporary is removed and the target untouched. */
+fa_status fa_outfile_commit(fa_outfile *f);
+
+/* Give up: close and remove the temporary; the target is untouched. */
+void fa_outfile_abort(fa_outfile *f);
+
+/* Release what a committed (or aborted) fa_outfile still holds. */
+void fa_outfile_free(fa_outfile *f);
+
+/* Remove every live temporary with unlink(2) only: safe to call from a signal handler. */
+void fa_outfile_cleanup_signal(void);
+
+/* `path` with the symbolic links of its last component followed (also dangling
+ * ones, up to 40 hops), malloc'd; NULL with errno set on failure. */
+char *fa_path_resolve_links(const char *path);
+
+/* Write the .npy header and data of a C-contiguous array to an open fa_outfile. */
+fa_status fa_npy_write(fa_outfile *f, const void *data, fa_dtype dtype, int rank, const int64_t *shape);
 
 /* Index of the first NaN/Inf element (flat, C order), or -1 if all finite. */
 int64_t fa_npy_find_nonfinite(const fa_npy *arr);

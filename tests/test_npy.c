@@ -8,7 +8,9 @@
  *   2. Every dtype round-trips through fa_npy_save / fa_npy_load on random data.
  *   3. Malformed files, built here byte by byte from a valid one, are each
  *      refused with the right status and a one-line message naming the file;
- *      a failed save leaves no file behind.
+ *      a pipe is read only as far as its header says; a failed save leaves no
+ *      file behind; a save writes FIFOs in place, follows symlinks, keeps a
+ *      replaced file's mode, takes 255-byte names and refuses read-only files.
  *
  * Tests run from the repository root (tests/run_tests.sh does), or with
  * FA_NPY_FIXTURES pointing at tests/data/npy.
@@ -360,6 +362,48 @@ static void test_npy_reads_from_a_pipe(void **state)
     free(img);
 }
 
+/*
+ * Ensure a pipe is read for exactly what its header declares: trailing bytes
+ * after the data are refused (the reader stops one byte past the data, so an
+ * endless stream cannot exhaust memory), and a stream that is not .npy is
+ * refused after its first bytes, with the pipe still holding the rest (the
+ * write end is closed, so an old reader that read "to the end" would finish).
+ */
+static void test_npy_reads_a_pipe_only_as_far_as_its_header_says(void **state)
+{
+    (void)state;
+    size_t len;
+    unsigned char *img = slurp(fixture("f32_2x3.npy"), &len);
+    int fds[2];
+    char path[64];
+    fa_npy a;
+    static const unsigned char extra[4096] = {0};
+
+    assert_int_equal(pipe(fds), 0);
+    assert_int_equal(write(fds[1], img, len), (ssize_t)len);
+    assert_int_equal(write(fds[1], extra, sizeof extra), (ssize_t)sizeof extra);
+    close(fds[1]);
+    snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
+    assert_int_equal(fa_npy_load(path, &a), FA_ERR_FORMAT);
+    assert_non_null(strstr(fa_last_error(), "trailing data"));
+    /* the reader took header + data + 1 byte, no more */
+    char rest[8192];
+    assert_int_equal(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
+    assert_int_equal(read(fds[0], rest, sizeof rest), (ssize_t)sizeof extra - 1);
+    close(fds[0]);
+
+    assert_int_equal(pipe(fds), 0);
+    assert_int_equal(write(fds[1], extra, sizeof extra), (ssize_t)sizeof extra); /* zeros */
+    close(fds[1]);
+    snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
+    assert_int_equal(fa_npy_load(path, &a), FA_ERR_FORMAT);
+    assert_non_null(strstr(fa_last_error(), "not a .npy file"));
+    assert_int_equal(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
+    assert_int_equal(read(fds[0], rest, sizeof rest), (ssize_t)sizeof extra - 10);
+    close(fds[0]);
+    free(img);
+}
+
 /* Ensure headers other writers produce (any key order, double quotes, no trailing comma,
  * extra spaces, 16-byte alignment of old numpy, Python 2 'L' suffixes) are accepted. */
 static void test_npy_accepts_header_variants(void **state)
@@ -652,6 +696,109 @@ static void test_npy_save_replaces_existing_file(void **state)
     unlink(path);
 }
 
+/* Ensure a FIFO is written in place, never replaced by a regular file. */
+static void test_npy_save_writes_through_a_fifo(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("fifo.npy");
+    assert_int_equal(mkfifo(path, 0644), 0);
+    int rd = open(path, O_RDONLY | O_NONBLOCK); /* a reader, so the writer's open does not wait */
+    assert_true(rd >= 0);
+    int64_t shape[2] = {2, 3};
+    assert_int_equal(fa_npy_save(path, data_2x3, FA_F32, 2, shape), FA_OK);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_true(S_ISFIFO(sb.st_mode));
+    size_t len;
+    unsigned char *want = slurp(fixture("f32_2x3.npy"), &len);
+    unsigned char got[1024];
+    assert_int_equal(read(rd, got, sizeof got), (ssize_t)len);
+    assert_memory_equal(got, want, len);
+    free(want);
+    close(rd);
+    unlink(path);
+}
+
+/* Ensure a symlink stays a symlink (also a dangling one) and its target gets the data. */
+static void test_npy_save_follows_symlinks(void **state)
+{
+    (void)state;
+    char target[512], link[512], dangling[512], fresh[512];
+    snprintf(target, sizeof target, "%s", tmp_path("target.npy"));
+    snprintf(link, sizeof link, "%s", tmp_path("link.npy"));
+    snprintf(dangling, sizeof dangling, "%s", tmp_path("dangling.npy"));
+    snprintf(fresh, sizeof fresh, "%s", tmp_path("fresh.npy"));
+    write_bytes(target, "old", 3);
+    assert_int_equal(symlink("target.npy", link), 0);
+    assert_int_equal(symlink("fresh.npy", dangling), 0);
+    int64_t shape[2] = {2, 3};
+    assert_int_equal(fa_npy_save(link, data_2x3, FA_F32, 2, shape), FA_OK);
+    assert_int_equal(fa_npy_save(dangling, data_2x3, FA_F32, 2, shape), FA_OK);
+    struct stat sb;
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    assert_int_equal(lstat(dangling, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    const char *files[2] = {target, fresh};
+    for (int i = 0; i < 2; i++) {
+        fa_npy a;
+        assert_int_equal(fa_npy_load(files[i], &a), FA_OK);
+        assert_memory_equal(a.data, data_2x3, sizeof data_2x3);
+        fa_npy_free(&a);
+    }
+    unlink(link);
+    unlink(dangling);
+    unlink(target);
+    unlink(fresh);
+}
+
+/* Ensure a file the caller may not write by its permission bits is refused, unchanged (root too). */
+static void test_npy_save_refuses_a_read_only_file(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("readonly.npy");
+    write_bytes(path, "keep", 4);
+    assert_int_equal(chmod(path, 0444), 0);
+    int64_t shape[2] = {2, 3};
+    assert_int_equal(fa_npy_save(path, data_2x3, FA_F32, 2, shape), FA_ERR_IO);
+    assert_non_null(strstr(fa_last_error(), "not writable"));
+    size_t len;
+    unsigned char *got = slurp(path, &len);
+    assert_int_equal(len, 4);
+    assert_memory_equal(got, "keep", 4);
+    free(got);
+    unlink(path);
+}
+
+/* Ensure the longest names a file system takes (255 bytes) can be saved: the temporary name is short. */
+static void test_npy_save_accepts_255_byte_names(void **state)
+{
+    (void)state;
+    char name[256];
+    memset(name, 'x', 251);
+    memcpy(name + 251, ".npy", 5);
+    int64_t shape[2] = {2, 3};
+    int before = dir_entries(tmpdir);
+    assert_int_equal(fa_npy_save(tmp_path(name), data_2x3, FA_F32, 2, shape), FA_OK);
+    assert_int_equal(dir_entries(tmpdir), before + 1);
+    unlink(tmp_path(name));
+}
+
+/* Ensure a replaced file keeps its permission bits. */
+static void test_npy_save_keeps_the_mode_of_a_replaced_file(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("mode.npy");
+    write_bytes(path, "old", 3);
+    assert_int_equal(chmod(path, 0640), 0);
+    int64_t shape[2] = {2, 3};
+    assert_int_equal(fa_npy_save(path, data_2x3, FA_F32, 2, shape), FA_OK);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0640);
+    unlink(path);
+}
+
 /* Ensure invalid save arguments are refused before anything is created. */
 static void test_npy_save_rejects_bad_arguments(void **state)
 {
@@ -719,6 +866,7 @@ int main(void)
         cmocka_unit_test(test_npy_writes_files_identical_to_numpy),
         cmocka_unit_test(test_npy_round_trips_every_dtype),
         cmocka_unit_test(test_npy_reads_from_a_pipe),
+        cmocka_unit_test(test_npy_reads_a_pipe_only_as_far_as_its_header_says),
         cmocka_unit_test(test_npy_accepts_header_variants),
         cmocka_unit_test(test_npy_rejects_empty_file),
         cmocka_unit_test(test_npy_rejects_bad_magic),
@@ -737,6 +885,11 @@ int main(void)
         cmocka_unit_test(test_npy_save_leaves_no_file_when_rename_fails),
         cmocka_unit_test(test_npy_save_leaves_no_file_when_directory_not_writable),
         cmocka_unit_test(test_npy_save_replaces_existing_file),
+        cmocka_unit_test(test_npy_save_writes_through_a_fifo),
+        cmocka_unit_test(test_npy_save_follows_symlinks),
+        cmocka_unit_test(test_npy_save_refuses_a_read_only_file),
+        cmocka_unit_test(test_npy_save_accepts_255_byte_names),
+        cmocka_unit_test(test_npy_save_keeps_the_mode_of_a_replaced_file),
         cmocka_unit_test(test_npy_save_rejects_bad_arguments),
         cmocka_unit_test(test_npy_find_nonfinite_reports_first_bad_index),
     };

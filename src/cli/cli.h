@@ -32,6 +32,7 @@
 #ifndef FA_CLI_H
 #define FA_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "flashattn.h"
@@ -89,10 +90,14 @@ int cli_is_help(const char *arg);
  */
 int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
 
-/* Parse a whole decimal integer in [lo, hi] / a finite double; on error print
- * "flashattn: OPT: ..." and return -1, else 0. */
+/* Parse a whole decimal integer in [lo, hi] / a finite double (subnormals
+ * accepted; overflow and underflow to 0 refused as too large / too small);
+ * on error print "flashattn: OPT: ..." and return -1, else 0. */
 int cli_parse_int(const char *opt, const char *text, long long lo, long long hi, long long *out);
 int cli_parse_double(const char *opt, const char *text, double *out);
+
+/* A positive byte count, optionally suffixed K, M, G or T (powers of 1024). */
+int cli_parse_bytes(const char *opt, const char *text, size_t *out);
 
 /* ------------------------------------------------------------------------ */
 /* Attention options: MASK OPTIONS and execution options                     */
@@ -116,7 +121,8 @@ void cli_attn_init(cli_attn *a);
  */
 int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a);
 
-/* Execution options at argv[*i]: --impl NAME  --threads T  --block-q N  --block-k N.
+/* Execution options at argv[*i]: --impl NAME  --threads T  --block-q N  --block-k N
+ * --standard-max-bytes N.
  * Same return convention. */
 int cli_parse_exec_option(int argc, char **argv, int *i, cli_attn *a);
 
@@ -165,10 +171,41 @@ void cli_qkv_free(cli_qkv *in);
 int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in);
 
 /*
- * Fail early, before a long computation, if `path` cannot be created: its
- * directory must exist and be writable. Returns 0 or prints and returns 2.
+ * Fail early, before a long computation, if output `path` (given as option
+ * `opt`) cannot be written: an empty name, a directory, a block device, a
+ * file the caller may not write (permission bits, even as root), a missing
+ * or unwritable directory (fa_outfile_check). Returns 0 or prints and returns 2.
  */
-int cli_check_writable(const char *path);
+int cli_check_output(const char *opt, const char *path);
+
+/* An option and the file it names (path NULL: not given). */
+typedef struct cli_named {
+    const char *opt;
+    const char *path;
+} cli_named;
+
+/*
+ * cli_check_output for every output, then refuse (exit 2, one line) two
+ * outputs that are the same file, or an output that is one of the inputs,
+ * under any spelling: compared by device and inode for existing files, and
+ * by the directory's device and inode plus the name (symlinks resolved) for
+ * new ones. Two outputs into one character device (/dev/null) are allowed.
+ */
+int cli_check_files(const char *cmd, const cli_named *outs, int nout, const cli_named *ins, int nin);
+
+/* Install SIGINT/SIGTERM/SIGHUP/SIGPIPE handlers that remove live temporary
+ * files (fa_outfile_cleanup_signal) and then die of the signal. */
+void cli_cleanup_on_signals(void);
+
+/*
+ * libgomp ends the process with exit(1) when it cannot create threads, which
+ * would read as "mismatch" for check. cli_guard_runtime_exit() (at a
+ * subcommand's start) registers an atexit handler that turns any exit that
+ * is not the subcommand's own return (cli_finish(rc)) into exit status 2 with
+ * a line on stderr.
+ */
+void cli_guard_runtime_exit(void);
+int cli_finish(int rc);
 
 /* One output file for cli_save_outputs: a C-contiguous array. */
 typedef struct cli_output {
@@ -180,9 +217,11 @@ typedef struct cli_output {
 } cli_output;
 
 /*
- * Save several outputs as .npy, all or none: each save is atomic, and if one
- * fails the files already saved by this call are removed. Returns 0, or
- * prints one line and returns CLI_EXIT_USAGE.
+ * Save several outputs as .npy, all or none: every output is first written
+ * to its temporary (devices and FIFOs: written through), and only when all
+ * succeeded are they renamed into place; if a rename fails, the outputs
+ * already renamed are removed. Temporaries are removed on SIGINT/SIGTERM.
+ * Returns 0, or prints one line and returns CLI_EXIT_USAGE.
  */
 int cli_save_outputs(const cli_output *outs, int n);
 
@@ -192,6 +231,12 @@ int cli_parse_dtype(const char *opt, const char *text, fa_dtype *dtype);
 /* ------------------------------------------------------------------------ */
 /* Small utilities                                                           */
 /* ------------------------------------------------------------------------ */
+
+/* Element x (flat, C order) of data of dtype t as a double (bf16 from its bit pattern). */
+double cli_element(const void *data, fa_dtype t, int64_t x);
+
+/* "(0, 3, 1, 7)": the multi-index of flat element `flat` of arr into buf[size]; returns buf. */
+const char *cli_multi_index(const fa_npy *arr, int64_t flat, char *buf, size_t size);
 
 /* Monotonic clock in seconds. */
 double cli_now(void);

@@ -11,12 +11,15 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +44,8 @@ int cli_die(const char *fmt, ...)
 int cli_die_status(fa_status st)
 {
     const char *msg = fa_last_error();
+    if (st == FA_ERR_TOO_LARGE) /* the standard path's cap: say which option raises it */
+        return cli_die("%s (--standard-max-bytes N)", msg && *msg ? msg : fa_status_string(st));
     return cli_die("%s", msg && *msg ? msg : fa_status_string(st));
 }
 
@@ -96,11 +101,44 @@ int cli_parse_double(const char *opt, const char *text, double *out)
     char *end;
     errno = 0;
     double v = strtod(text, &end);
-    if (end == text || *end != '\0' || errno == ERANGE || !isfinite(v)) {
+    if (end == text || *end != '\0' || isnan(v) || (isinf(v) && errno != ERANGE)) {
         cli_die("%s: expected a finite number, got '%s'", opt, text);
         return -1;
     }
-    *out = v;
+    if (errno == ERANGE && fabs(v) >= DBL_MAX) {
+        cli_die("%s: '%s' is too large (beyond the double range, about 1.8e308)", opt, text);
+        return -1;
+    }
+    if (errno == ERANGE && v == 0) {
+        cli_die("%s: '%s' is too small: it underflows to 0 (the smallest double is about 4.9e-324)", opt, text);
+        return -1;
+    }
+    *out = v; /* a subnormal (ERANGE with v != 0) is a finite number: accepted */
+    return 0;
+}
+
+int cli_parse_bytes(const char *opt, const char *text, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    unsigned shift = 0;
+    if (end != text && *end && !end[1]) {
+        switch (*end) {
+        case 'K': case 'k': shift = 10; end++; break;
+        case 'M': case 'm': shift = 20; end++; break;
+        case 'G': case 'g': shift = 30; end++; break;
+        case 'T': case 't': shift = 40; end++; break;
+        default: break;
+        }
+    }
+    if (end == text || *end != '\0' || errno == ERANGE || text[0] == '-' || v == 0 ||
+        v > (unsigned long long)(SIZE_MAX >> shift)) {
+        cli_die("%s: expected a positive byte count (optionally with K, M, G or T, powers of 1024), got '%s'",
+                opt, text);
+        return -1;
+    }
+    *out = (size_t)(v << shift);
     return 0;
 }
 
@@ -135,7 +173,8 @@ const char cli_exec_help[] =
     "  --impl NAME        flash (default), reference (float64 loops) or standard (materializes S)\n"
     "  --threads T        OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
     "  --block-q N        flash row block Br (default: derived from the caches, see `flashattn info`)\n"
-    "  --block-k N        flash key block Bc\n";
+    "  --block-k N        flash key block Bc\n"
+    "  --standard-max-bytes N  cap on the standard path's S/P scratch (default 1G; K, M, G, T suffixes)\n";
 
 void cli_attn_init(cli_attn *a)
 {
@@ -226,6 +265,10 @@ int cli_parse_exec_option(int argc, char **argv, int *i, cli_attn *a)
         a->opt.block_k = (int)n;
         return 1;
     }
+    if ((r = cli_opt_value(argc, argv, i, "--standard-max-bytes", &val)) != 0) {
+        if (r < 0 || cli_parse_bytes("--standard-max-bytes", val, &a->opt.standard_max_bytes) != 0) return -1;
+        return 1;
+    }
     return 0;
 }
 
@@ -242,8 +285,7 @@ const char *cli_shape(int rank, const int64_t *shape, char *buf, size_t size)
     return buf;
 }
 
-/* "(0, 3, 1, 7)": the multi-index of flat element `flat` of a C-order array. */
-static const char *multi_index(const fa_npy *arr, int64_t flat, char *buf, size_t size)
+const char *cli_multi_index(const fa_npy *arr, int64_t flat, char *buf, size_t size)
 {
     int64_t idx[FA_MAX_RANK] = {0};
     for (int r = arr->rank - 1; r >= 0; r--) {
@@ -255,6 +297,27 @@ static const char *multi_index(const fa_npy *arr, int64_t flat, char *buf, size_
         n += (size_t)snprintf(buf + n, size - n, r ? ", %lld" : "%lld", (long long)idx[r]);
     if (n < size) snprintf(buf + n, size - n, ")");
     return buf;
+}
+
+double cli_element(const void *data, fa_dtype t, int64_t x)
+{
+    switch (t) {
+    case FA_F32: return ((const float *)data)[x];
+    case FA_F64: return ((const double *)data)[x];
+    case FA_BF16: {
+        uint32_t bits = (uint32_t)((const uint16_t *)data)[x] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    case FA_F16: {
+        const uint16_t h = ((const uint16_t *)data)[x];
+        const int e = (h >> 10) & 31, m = h & 1023;
+        const double a = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+        return h >> 15 ? -a : a;
+    }
+    default: return NAN;
+    }
 }
 
 int cli_load_array(const char *path, int want_rank, int require_finite, const char *role,
@@ -277,7 +340,7 @@ int cli_load_array(const char *path, int want_rank, int require_finite, const ch
             fa_tensor_make(&flat, arr->data, arr->dtype, 1, &n, NULL);
             double x = fa_tensor_get(&flat, &bad);
             cli_die("%s: %s at index %s; inputs must be finite", path,
-                    isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf", multi_index(arr, bad, ix, sizeof ix));
+                    isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf", cli_multi_index(arr, bad, ix, sizeof ix));
             fa_npy_free(arr);
             return CLI_EXIT_USAGE;
         }
@@ -376,39 +439,171 @@ int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in)
     return 0;
 }
 
-/* Directory part of `path` into buf ("." if none). */
-static const char *dir_of(const char *path, char *buf, size_t size)
+int cli_check_output(const char *opt, const char *path)
 {
-    const char *slash = strrchr(path, '/');
-    if (!slash) return ".";
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
-    if (n >= size) n = size - 1;
-    memcpy(buf, path, n);
-    buf[n] = '\0';
-    return buf;
+    if (!*path) return cli_die("%s: empty file name", opt);
+    fa_status st = fa_outfile_check(path);
+    return st == FA_OK ? 0 : cli_die_status(st);
 }
 
-int cli_check_writable(const char *path)
+/* Identity of a file: device and inode if it exists, else the device and
+ * inode of its directory (symlinks resolved) and its name there. */
+typedef struct file_id {
+    int known, exists, chr;
+    dev_t dev;
+    ino_t ino;
+    char *name;                 /* last component, when !exists */
+} file_id;
+
+static void get_file_id(const char *path, file_id *id)
 {
-    char buf[4096];
-    const char *dir = dir_of(path, buf, sizeof buf);
-    if (access(dir, W_OK | X_OK) != 0)
-        return cli_die("%s: cannot write there: directory '%s': %s", path, dir, strerror(errno));
-    return 0;
+    memset(id, 0, sizeof *id);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        id->known = id->exists = 1;
+        id->chr = S_ISCHR(sb.st_mode);
+        id->dev = sb.st_dev;
+        id->ino = sb.st_ino;
+        return;
+    }
+    char *t = fa_path_resolve_links(path);
+    if (!t) return;
+    char *slash = strrchr(t, '/');
+    const char *dir = ".";
+    if (slash) {
+        *slash = '\0';
+        dir = slash == t ? "/" : t;
+    }
+    if (stat(dir, &sb) == 0) {
+        id->known = 1;
+        id->dev = sb.st_dev;
+        id->ino = sb.st_ino;
+        id->name = strdup(slash ? slash + 1 : t);
+        if (!id->name) id->known = 0;
+    }
+    free(t);
+}
+
+static int same_id(const file_id *a, const file_id *b)
+{
+    if (!a->known || !b->known || a->exists != b->exists || a->dev != b->dev || a->ino != b->ino) return 0;
+    return a->exists || strcmp(a->name, b->name) == 0;
+}
+
+int cli_check_files(const char *cmd, const cli_named *outs, int nout, const cli_named *ins, int nin)
+{
+    enum { MAX_FILES = 16 };
+    if (nout > MAX_FILES || nin > MAX_FILES) return cli_die("%s: too many files", cmd);
+    for (int i = 0; i < nout; i++)
+        if (outs[i].path && cli_check_output(outs[i].opt, outs[i].path)) return CLI_EXIT_USAGE;
+    file_id out_id[MAX_FILES], in_id[MAX_FILES];
+    for (int i = 0; i < nout; i++) {
+        memset(&out_id[i], 0, sizeof out_id[i]);
+        if (outs[i].path) get_file_id(outs[i].path, &out_id[i]);
+    }
+    for (int i = 0; i < nin; i++) {
+        memset(&in_id[i], 0, sizeof in_id[i]);
+        if (ins[i].path) get_file_id(ins[i].path, &in_id[i]);
+    }
+    int rc = 0;
+    for (int i = 0; i < nout && !rc; i++) {
+        /* two outputs into one character device (/dev/null twice) is harmless */
+        for (int j = i + 1; j < nout && !rc; j++)
+            if (same_id(&out_id[i], &out_id[j]) && !out_id[i].chr)
+                rc = cli_die("%s: %s %s and %s %s are the same file; give each output its own file", cmd,
+                             outs[i].opt, outs[i].path, outs[j].opt, outs[j].path);
+        for (int j = 0; j < nin && !rc; j++)
+            if (same_id(&out_id[i], &in_id[j]) && !out_id[i].chr)
+                rc = cli_die("%s: output %s %s is the input %s %s; write the output to another file", cmd,
+                             outs[i].opt, outs[i].path, ins[j].opt, ins[j].path);
+    }
+    for (int i = 0; i < nout; i++) free(out_id[i].name);
+    for (int i = 0; i < nin; i++) free(in_id[i].name);
+    return rc;
+}
+
+/* SIGINT/SIGTERM/SIGHUP/SIGPIPE: remove the temporaries, then die of the signal. */
+static void on_fatal_signal(int sig)
+{
+    fa_outfile_cleanup_signal();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void cli_cleanup_on_signals(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        /* a signal the caller ignores (nohup, trap '' INT) stays ignored */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        sigaction(sigs[i], &sa, NULL);
+    }
 }
 
 int cli_save_outputs(const cli_output *outs, int n)
 {
-    for (int i = 0; i < n; i++) {
+    enum { MAX_OUT = 8 };
+    if (n > MAX_OUT) return cli_die("internal: too many outputs");
+    cli_cleanup_on_signals();
+    fa_outfile f[MAX_OUT];
+    int used[MAX_OUT] = {0};
+    fa_status st = FA_OK;
+    /* 1. every output into its temporary (or through to its device/FIFO) */
+    for (int i = 0; i < n && st == FA_OK; i++) {
         if (!outs[i].path) continue;
-        fa_status st = fa_npy_save(outs[i].path, outs[i].data, outs[i].dtype, outs[i].rank, outs[i].shape);
-        if (st != FA_OK) {
-            for (int j = 0; j < i; j++)
-                if (outs[j].path) unlink(outs[j].path);
-            return cli_die_status(st);
+        if ((st = fa_outfile_open(&f[i], outs[i].path)) != FA_OK) break;
+        used[i] = 1;
+        st = fa_npy_write(&f[i], outs[i].data, outs[i].dtype, outs[i].rank, outs[i].shape);
+    }
+    if (st != FA_OK) {
+        for (int i = 0; i < n; i++)
+            if (used[i]) fa_outfile_abort(&f[i]);
+        return cli_die_status(st);
+    }
+    /* 2. rename them all into place; if one fails, remove those already renamed */
+    int failed = -1;
+    for (int i = 0; i < n && failed < 0; i++)
+        if (used[i] && (st = fa_outfile_commit(&f[i])) != FA_OK) failed = i;
+    if (failed >= 0) {
+        for (int i = 0; i < n; i++) {
+            if (!used[i]) continue;
+            if (i < failed && !f[i].through && f[i].target) unlink(f[i].target);
+            if (i > failed) fa_outfile_abort(&f[i]);
         }
     }
-    return 0;
+    for (int i = 0; i < n; i++)
+        if (used[i]) fa_outfile_free(&f[i]);
+    return failed >= 0 ? cli_die_status(st) : 0;
+}
+
+/* An exit() that is not a return from a subcommand: the OpenMP runtime's. */
+static volatile int cli_finished;
+
+static void exit_guard(void)
+{
+    if (cli_finished) return;
+    fflush(stdout);
+    fputs("flashattn: the OpenMP runtime stopped the program (see its message above; e.g. threads "
+          "could not be created: try fewer --threads)\n", stderr);
+    _exit(CLI_EXIT_USAGE);
+}
+
+void cli_guard_runtime_exit(void)
+{
+    static int registered;
+    if (!registered && atexit(exit_guard) == 0) registered = 1;
+}
+
+int cli_finish(int rc)
+{
+    cli_finished = 1;
+    return rc;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -15,8 +15,27 @@
  *      causal; the fraction of the FMA peak that this command measures itself
  *      (an FMA-throughput loop on the ISA in use, on the same thread count).
  *   4. peak RSS: the process's high-water mark over the run, reset before each
- *      measurement through /proc/self/clear_refs (Linux), plus the bytes the
- *      library itself allocated (its counting allocator).
+ *      measurement through /proc/self/clear_refs (Linux), plus the peak bytes
+ *      the library itself allocated during the measured runs (its counting
+ *      allocator, fa_alloc_stats).
+ *
+ * `--pass bwd` times fa_backward (flash or reference) given O and LSE from one
+ * forward run, with FLOPs = 2.5 x the forward's (FlashAttention-2's count:
+ * five N^2 d matrix products instead of two), halved when causal. Its check is
+ * dQ of the last CHECK_ROWS query rows against the float64 reference backward
+ * of those rows alone (dQ of a row depends only on that row of Q and dO, and
+ * slicing the last rows keeps the mask alignment), under check-grad's f32 rule
+ * max|err| <= 1e-6 + 1e-4 max|ref|.
+ *
+ * Sanity first: every option is range-checked (threads as for run/check),
+ * lists are at most MAX_LIST long and never cut, and before any work the
+ * memory each configuration needs is estimated (the arrays, the N x N scores
+ * of standard and blas, the reference's check buffers) and refused if it
+ * exceeds MemAvailable (/proc/meminfo), and the total time is bounded below
+ * by its FLOPs at the measured FMA peak and refused above --max-seconds;
+ * both messages carry the estimate. The CSV is written to a temporary beside
+ * it, row by row as they finish, and renamed over it at the end: an
+ * interrupted bench (SIGINT/SIGTERM) leaves the previous CSV intact.
  *
  * `blas` is standard attention on CBLAS sgemm (OpenBLAS), built only when the
  * Makefile finds OpenBLAS: S = Q K^T and O = P V as two sgemm calls per head,
@@ -47,12 +66,25 @@
 #define MAX_LIST 16
 
 static const char *bench_usage =
-    "usage: flashattn bench [--impl flash,standard,blas] [--n 1024,2048,4096,8192] [--d 64,128]\n"
-    "                       [--batch B] [--heads H] [--heads-k HK] [--causal] [--threads T]\n"
-    "                       [--repeats R] [--warmup W] [--csv FILE] [--no-check]\n"
+    "usage: flashattn bench [--impl flash,standard,blas] [--pass fwd,bwd] [--n 1024,2048,4096,8192]\n"
+    "                       [--d 64,128] [--batch B] [--heads H] [--heads-k HK] [--causal]\n"
+    "                       [--threads T] [--repeats R] [--warmup W] [--csv FILE] [--no-check]\n"
+    "                       [--max-seconds S]\n"
     "Times attention implementations side by side on random float32 inputs and\n"
-    "reports median/min/max time, GFLOP/s (4*Sq*Sk*d per head, half if causal),\n"
-    "the fraction of a measured FMA peak, and peak memory.\n";
+    "reports median/min/max time, GFLOP/s (4*Sq*Sk*d per head, half if causal;\n"
+    "x2.5 for --pass bwd), the fraction of a measured FMA peak, and peak memory.\n"
+    "\n"
+    "  --impl LIST     flash, standard, reference, blas (if built); bwd: flash, reference\n"
+    "  --pass LIST     fwd (default) and/or bwd (fa_backward given O and LSE)\n"
+    "  --n, --d LIST   up to 16 comma-separated values each\n"
+    "  --batch B, --heads H, --heads-k HK   1..1000000 (HK divides H; default HK = H)\n"
+    "  --threads T     1..4096 (default: OMP_NUM_THREADS or all cores)\n"
+    "  --repeats R     1..200 timed runs (more, up to 3R, while under 1 s in all)\n"
+    "  --warmup W      0..100 warm-up runs (the checked run counts as the first)\n"
+    "  --max-seconds S refuse a bench whose time at the measured FMA peak exceeds S (default 3600)\n"
+    "  --csv FILE      also write the rows as CSV (replaced atomically at the end)\n"
+    "Options take their value as the next argument or after '=' (--n=64).\n"
+    "Memory is estimated before any work and checked against MemAvailable.\n";
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -63,20 +95,84 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int parse_list(const char *s, long *out, int max)
+/*
+ * A comma-separated list of integers in [lo, hi], at most MAX_LIST of them.
+ * Returns the count, or -1 after printing what is wrong (an empty entry, a
+ * value out of range, or too many values: never cut silently).
+ */
+static int parse_list(const char *opt, const char *s, long long lo, long long hi, long long *out)
 {
     int n = 0;
-    while (*s && n < max) {
+    const char *p = s;
+    for (;;) {
+        char item[64];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item) {
+            cli_die("bench: %s: expected a comma-separated list of integers in %lld..%lld, got '%s'", opt, lo, hi, s);
+            return -1;
+        }
+        if (n == MAX_LIST) {
+            cli_die("bench: %s: at most %d values, got more in '%s'", opt, MAX_LIST, s);
+            return -1;
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
         char *end;
         errno = 0;
-        long v = strtol(s, &end, 10);
-        if (end == s || errno || v <= 0) return -1;
+        long long v = strtoll(item, &end, 10);
+        if (*end || errno == ERANGE || v < lo || v > hi) {
+            cli_die("bench: %s: expected integers in %lld..%lld, got '%s'", opt, lo, hi, item);
+            return -1;
+        }
         out[n++] = v;
-        if (*end == ',') s = end + 1;
-        else if (*end == '\0') break;
-        else return -1;
+        if (p[len] == '\0') return n;
+        p += len + 1;
     }
-    return n;
+}
+
+/* Split a comma-separated list of names into names[max] (pointing into buf). */
+static int split_names(const char *opt, const char *s, char *buf, size_t cap, const char **names, int max)
+{
+    if (strlen(s) >= cap) {
+        cli_die("bench: %s: list too long: '%s'", opt, s);
+        return -1;
+    }
+    strcpy(buf, s);
+    int n = 0;
+    char *p = buf;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0) {
+            cli_die("bench: %s: empty name in '%s'", opt, s);
+            return -1;
+        }
+        if (n == max) {
+            cli_die("bench: %s: at most %d names, got more in '%s'", opt, max, s);
+            return -1;
+        }
+        names[n++] = p;
+        if (p[len] == '\0') return n;
+        p[len] = '\0';
+        p += len + 1;
+    }
+}
+
+/* MemAvailable from /proc/meminfo in bytes, or -1 if unknown. */
+static double mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    double bytes = -1;
+    while (fgets(line, sizeof line, f)) {
+        long long kb;
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) {
+            bytes = (double)kb * 1024.0;
+            break;
+        }
+    }
+    fclose(f);
+    return bytes;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -195,12 +291,12 @@ typedef struct bench_cfg {
     int causal, threads, repeats, warmup, check;
     const char *isa;
     double peak;
-    FILE *csv;
+    fa_outfile *csv;
 } bench_cfg;
 
-/* Run impl once. Returns 0 on success; prints the error and returns 2 otherwise. */
+/* Run impl's forward once. Returns 0 on success; prints the error and returns 2 otherwise. */
 static int run_once(const char *impl, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
-                    fa_tensor *o, const bench_cfg *cfg)
+                    fa_tensor *o, fa_tensor *lse, const bench_cfg *cfg)
 {
 #ifdef FA_HAVE_BLAS
     if (strcmp(impl, "blas") == 0) {
@@ -216,9 +312,31 @@ static int run_once(const char *impl, const fa_tensor *q, const fa_tensor *k, co
     opt.num_threads = cfg->threads;
     opt.standard_max_bytes = (size_t)8 << 30;
     fa_status st = fa_impl_from_name(impl, &opt.impl);
-    if (st == FA_OK) st = fa_forward(q, k, v, o, NULL, &opt);
+    if (st == FA_OK) st = fa_forward(q, k, v, o, lse, &opt);
     if (st != FA_OK) {
         fprintf(stderr, "flashattn bench: %s: %s\n", impl, fa_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+/* The tensors of one backward measurement. */
+typedef struct bwd_io {
+    fa_tensor o, lse, dout, dq, dk, dv;
+} bwd_io;
+
+/* Run impl's backward once (O and LSE given). Returns 0, or prints and returns 2. */
+static int run_bwd_once(const char *impl, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                        bwd_io *io, const bench_cfg *cfg)
+{
+    fa_options opt = fa_options_default();
+    opt.causal = cfg->causal;
+    opt.num_threads = cfg->threads;
+    fa_status st = fa_impl_from_name(impl, &opt.impl);
+    if (st == FA_OK)
+        st = fa_backward(q, k, v, &io->o, &io->lse, &io->dout, &io->dq, &io->dk, &io->dv, &opt);
+    if (st != FA_OK) {
+        fprintf(stderr, "flashattn bench: %s backward: %s\n", impl, fa_last_error());
         return 2;
     }
     return 0;
@@ -260,89 +378,218 @@ static double check_rows(const fa_tensor *q, const fa_tensor *k, const fa_tensor
     return err;
 }
 
-static int bench_one(const char *impl, int64_t n, int64_t d, const bench_cfg *cfg, uint64_t *rng)
+/*
+ * dQ of the last CHECK_ROWS rows of every (batch, head) against the float64
+ * reference backward of those rows alone (Q and dO sliced; K, V whole).
+ * Returns max|err| / (1e-6 + 1e-4 max|ref|): <= 1 passes (check-grad's f32 rule).
+ */
+static double check_bwd_rows(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, const bwd_io *io,
+                             const bench_cfg *cfg)
+{
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], d = q->shape[3];
+    const int64_t Sk = k->shape[1], Hk = k->shape[2], dv = v->shape[3];
+    const int64_t r = Sq < CHECK_ROWS ? Sq : CHECK_ROWS;
+    fa_tensor qs = *q, dos = io->dout;
+    qs.shape[1] = r;
+    qs.data = (float *)q->data + (Sq - r) * q->stride[1];
+    dos.shape[1] = r;
+    dos.data = (float *)io->dout.data + (Sq - r) * io->dout.stride[1];
+    int64_t sq[4] = {B, r, H, d}, sk[4] = {B, Sk, Hk, d}, sv[4] = {B, Sk, Hk, dv};
+    double *dq = malloc((size_t)(B * r * H * d) * sizeof(double));
+    double *dk = malloc((size_t)(B * Sk * Hk * d) * sizeof(double));
+    double *dvv = malloc((size_t)(B * Sk * Hk * dv) * sizeof(double));
+    double ratio = INFINITY;
+    fa_tensor tq, tk, tv;
+    if (dq && dk && dvv && fa_tensor_make(&tq, dq, FA_F64, 4, sq, NULL) == FA_OK &&
+        fa_tensor_make(&tk, dk, FA_F64, 4, sk, NULL) == FA_OK && fa_tensor_make(&tv, dvv, FA_F64, 4, sv, NULL) == FA_OK) {
+        fa_options opt = fa_options_default();
+        opt.causal = cfg->causal;
+        opt.impl = FA_IMPL_REFERENCE;
+        opt.num_threads = cfg->threads;
+        if (fa_backward(&qs, k, v, NULL, NULL, &dos, &tq, &tk, &tv, &opt) == FA_OK) {
+            double err = 0.0, max_ref = 0.0;
+            const float *got = io->dq.data;
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t i = 0; i < r; i++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t c = 0; c < d; c++) {
+                            double want = dq[((b * r + i) * H + h) * d + c];
+                            double x = got[b * io->dq.stride[0] + (Sq - r + i) * io->dq.stride[1] +
+                                           h * io->dq.stride[2] + c * io->dq.stride[3]];
+                            double e = fabs(x - want);
+                            if (!(e <= err)) err = e; /* NaN propagates */
+                            if (fabs(want) > max_ref) max_ref = fabs(want);
+                        }
+            ratio = err / (1e-6 + 1e-4 * max_ref);
+        }
+    }
+    free(dq);
+    free(dk);
+    free(dvv);
+    return ratio;
+}
+
+/* Fill n floats with uniform values in [-1, 1) from a 64-bit LCG. */
+static void fill_random(float *x, size_t n, uint64_t *rng)
+{
+    for (size_t i = 0; i < n; i++) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((*rng >> 40) * 0x1.0p-24 * 2.0 - 1.0);
+    }
+}
+
+static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const bench_cfg *cfg, uint64_t *rng)
 {
     const int64_t B = cfg->batch, H = cfg->heads, Hk = cfg->heads_k;
-    int64_t qs[4] = {B, n, H, d}, ks[4] = {B, n, Hk, d};
-    size_t nq = (size_t)(B * n * H * d), nk = (size_t)(B * n * Hk * d);
-    float *qd = malloc(nq * sizeof(float)), *kd = malloc(nk * sizeof(float));
-    float *vd = malloc(nk * sizeof(float)), *od = malloc(nq * sizeof(float));
-    if (!qd || !kd || !vd || !od) {
-        free(qd); free(kd); free(vd); free(od);
-        fprintf(stderr, "flashattn bench: out of memory for N=%lld d=%lld\n", (long long)n, (long long)d);
-        return 2;
+    int64_t qs[4] = {B, n, H, d}, ks[4] = {B, n, Hk, d}, ls[3] = {B, H, n};
+    size_t nq = (size_t)(B * n * H * d), nk = (size_t)(B * n * Hk * d), nl = (size_t)(B * H * n);
+    float *buf[10] = {NULL};
+    /* q k v o | lse dout dq dk dv (backward only) */
+    const size_t count[10] = {nq, nk, nk, nq, nl, nq, nq, nk, nk, 0};
+    const int nbuf = bwd ? 9 : 4;
+    for (int x = 0; x < nbuf; x++) {
+        buf[x] = malloc((count[x] ? count[x] : 1) * sizeof(float));
+        if (!buf[x]) {
+            for (int y = 0; y < x; y++) free(buf[y]);
+            fprintf(stderr, "flashattn bench: out of memory for N=%lld d=%lld\n", (long long)n, (long long)d);
+            return 2;
+        }
     }
-    for (size_t i = 0; i < nq; i++) {
-        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
-        qd[i] = (float)((*rng >> 40) * 0x1.0p-24 * 2.0 - 1.0);
-    }
-    for (size_t i = 0; i < nk; i++) {
-        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
-        kd[i] = (float)((*rng >> 40) * 0x1.0p-24 * 2.0 - 1.0);
-        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
-        vd[i] = (float)((*rng >> 40) * 0x1.0p-24 * 2.0 - 1.0);
-    }
+    fill_random(buf[0], nq, rng);
+    fill_random(buf[1], nk, rng);
+    fill_random(buf[2], nk, rng);
     fa_tensor q, k, v, o;
-    fa_tensor_make(&q, qd, FA_F32, 4, qs, NULL);
-    fa_tensor_make(&k, kd, FA_F32, 4, ks, NULL);
-    fa_tensor_make(&v, vd, FA_F32, 4, ks, NULL);
-    fa_tensor_make(&o, od, FA_F32, 4, qs, NULL);
+    bwd_io io;
+    fa_tensor_make(&q, buf[0], FA_F32, 4, qs, NULL);
+    fa_tensor_make(&k, buf[1], FA_F32, 4, ks, NULL);
+    fa_tensor_make(&v, buf[2], FA_F32, 4, ks, NULL);
+    fa_tensor_make(&o, buf[3], FA_F32, 4, qs, NULL);
+    if (bwd) {
+        fill_random(buf[5], nq, rng);
+        io.o = o;
+        fa_tensor_make(&io.lse, buf[4], FA_F32, 3, ls, NULL);
+        fa_tensor_make(&io.dout, buf[5], FA_F32, 4, qs, NULL);
+        fa_tensor_make(&io.dq, buf[6], FA_F32, 4, qs, NULL);
+        fa_tensor_make(&io.dk, buf[7], FA_F32, 4, ks, NULL);
+        fa_tensor_make(&io.dv, buf[8], FA_F32, 4, ks, NULL);
+    }
 
     int rc = 0;
+    double err = NAN;
     reset_peak_rss();
-    fa_alloc_stats_reset();
-    /* 1. check first */
-    memset(od, 0xff, nq * sizeof(float));
-    if ((rc = run_once(impl, &q, &k, &v, &o, cfg)) != 0) goto out;
-    double err = cfg->check ? check_rows(&q, &k, &v, &o, cfg) : NAN;
-    if (cfg->check && !(err <= 1e-4)) {
-        fprintf(stderr, "flashattn bench: %s N=%lld d=%lld: max error %.3g against the reference; not timing a wrong result\n",
-                impl, (long long)n, (long long)d, err);
-        rc = 1;
-        goto out;
+    /* 1. check first (the backward needs O and LSE from one forward run anyway) */
+    memset(buf[3], 0xff, nq * sizeof(float));
+    if ((rc = run_once(impl, &q, &k, &v, &o, bwd ? &io.lse : NULL, cfg)) != 0) goto out;
+    if (bwd) {
+        memset(buf[6], 0xff, nq * sizeof(float));
+        if ((rc = run_bwd_once(impl, &q, &k, &v, &io, cfg)) != 0) goto out;
+        err = cfg->check ? check_bwd_rows(&q, &k, &v, &io, cfg) : NAN;
+        if (cfg->check && !(err <= 1.0)) {
+            fprintf(stderr, "flashattn bench: %s bwd N=%lld d=%lld: dQ error %.3g times the bound "
+                    "1e-6 + 1e-4 max|ref| against the reference; not timing a wrong result\n",
+                    impl, (long long)n, (long long)d, err);
+            rc = 1;
+            goto out;
+        }
+    } else {
+        err = cfg->check ? check_rows(&q, &k, &v, &o, cfg) : NAN;
+        if (cfg->check && !(err <= 1e-4)) {
+            fprintf(stderr, "flashattn bench: %s N=%lld d=%lld: max error %.3g against the reference; not timing a wrong result\n",
+                    impl, (long long)n, (long long)d, err);
+            rc = 1;
+            goto out;
+        }
     }
-    /* 2. warm up, then repeat */
-    for (int w = 1; w < cfg->warmup; w++) run_once(impl, &q, &k, &v, &o, cfg);
-    double times[256];
+    /* 2. warm up, then repeat; the library's allocations are counted over these runs */
+    fa_alloc_stats_reset();
+    for (int w = 1; w < cfg->warmup && rc == 0; w++)
+        rc = bwd ? run_bwd_once(impl, &q, &k, &v, &io, cfg) : run_once(impl, &q, &k, &v, &o, NULL, cfg);
+    double times[3 * 200];
     int reps = 0;
     double spent = 0.0;
-    while (reps < 256 && (reps < cfg->repeats || (spent < 1.0 && reps < 3 * cfg->repeats))) {
+    while (rc == 0 && reps < (int)(sizeof times / sizeof times[0]) &&
+           (reps < cfg->repeats || (spent < 1.0 && reps < 3 * cfg->repeats))) {
         double t0 = now_s();
-        run_once(impl, &q, &k, &v, &o, cfg);
+        rc = bwd ? run_bwd_once(impl, &q, &k, &v, &io, cfg) : run_once(impl, &q, &k, &v, &o, NULL, cfg);
         times[reps] = now_s() - t0;
         spent += times[reps++];
-        if (isatty(2)) fprintf(stderr, "\r  %s N=%lld d=%lld: run %d", impl, (long long)n, (long long)d, reps);
+        if (isatty(2)) fprintf(stderr, "\r  %s %s N=%lld d=%lld: run %d", impl, bwd ? "bwd" : "fwd", (long long)n,
+                               (long long)d, reps);
     }
     if (isatty(2)) fprintf(stderr, "\r%60s\r", "");
+    if (rc != 0) goto out;
     qsort(times, (size_t)reps, sizeof(double), cmp_double);
     double med = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
     double flops = 4.0 * (double)n * (double)n * (double)d * (double)(B * H);
+    if (bwd) flops *= 2.5;
     if (cfg->causal) flops *= 0.5;
     double gflops = flops / med / 1e9;
     double frac = cfg->peak > 0 ? gflops / cfg->peak : 0.0;
     fa_alloc_stats as;
     fa_alloc_stats_get(&as);
+    double lib_mib = (double)as.peak_bytes / 1048576.0;
     double rss = peak_rss_mib();
     const char *isa = strcmp(impl, "blas") == 0 ? "openblas" : cfg->isa;
-    printf("%-9s %-8s %6lld %4lld %9.2f %9.2f %9.2f %8.1f %6.1f%% %9.1f %9.1f %9.1e\n", impl, isa,
-           (long long)n, (long long)d, med * 1e3, times[0] * 1e3, times[reps - 1] * 1e3, gflops,
-           100.0 * frac, rss, (double)as.peak_bytes / 1048576.0, err);
+    printf("%-9s %-4s %-8s %6lld %4lld %9.2f %9.2f %9.2f %8.1f %6.1f%% %9.1f %9.1f %9.1e\n", impl,
+           bwd ? "bwd" : "fwd", isa, (long long)n, (long long)d, med * 1e3, times[0] * 1e3, times[reps - 1] * 1e3,
+           gflops, 100.0 * frac, rss, lib_mib, err);
     fflush(stdout);
-    if (cfg->csv)
-        fprintf(cfg->csv, "%s,fwd,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f\n", impl,
-                isa, cfg->threads, (long long)B, (long long)H, (long long)Hk, (long long)n, (long long)n,
-                (long long)d, cfg->causal, med * 1e3, times[0] * 1e3, times[reps - 1] * 1e3, gflops, frac,
-                rss);
+    if (cfg->csv) {
+        char row[512];
+        int len = snprintf(row, sizeof row,
+                           "%s,%s,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,,,%.2f\n", impl,
+                           bwd ? "bwd" : "fwd", isa, cfg->threads, (long long)B, (long long)H, (long long)Hk,
+                           (long long)n, (long long)n, (long long)d, cfg->causal, med * 1e3, times[0] * 1e3,
+                           times[reps - 1] * 1e3, gflops, frac, rss, lib_mib);
+        if (fa_outfile_write(cfg->csv, row, (size_t)len) != FA_OK) {
+            cli_die_status(FA_ERR_IO);
+            rc = 2;
+        }
+    }
 out:
-    free(qd); free(kd); free(vd); free(od);
+    for (int x = 0; x < nbuf; x++) free(buf[x]);
     return rc;
 }
 
-int cmd_bench(int argc, char **argv)
+/* ---- estimates ---------------------------------------------------------------- */
+
+/* Bytes one configuration needs, in double (no overflow for any accepted option). */
+static double estimate_bytes(const char *impl, int bwd, double n, double d, const bench_cfg *cfg)
 {
-    const char *impls = NULL, *csv_path = NULL;
-    long ns[MAX_LIST] = {1024, 2048, 4096, 8192}, ds[MAX_LIST] = {64, 128};
+    const double B = (double)cfg->batch, H = (double)cfg->heads, Hk = (double)cfg->heads_k;
+    const double nq = B * n * H * d, nk = B * n * Hk * d, r = n < CHECK_ROWS ? n : CHECK_ROWS;
+    double bytes = 4.0 * (2 * nq + 2 * nk);                  /* Q, K, V, O float32 */
+    if (bwd) {
+        bytes += 4.0 * (2 * nq + 2 * nk + B * H * n);        /* dO, dQ, dK, dV, LSE */
+        bytes += 4.0 * B * H * n + (16 << 20);               /* the backward's D and packed panels */
+        if (cfg->check) bytes += 8.0 * (B * r * H * d + 2 * nk); /* reference dQ rows, dK, dV */
+    } else if (cfg->check) {
+        bytes += 8.0 * B * r * H * d;                        /* reference rows */
+    }
+    if (strcmp(impl, "standard") == 0 || strcmp(impl, "blas") == 0)
+        bytes += 4.0 * n * (n + 16);                          /* the N x N scores S (and P in place) */
+    bytes += (double)cfg->threads * (2 << 20);               /* per-thread scratch allowance */
+    return bytes;
+}
+
+/* FLOPs of one run. */
+static double run_flops(int bwd, double n, double d, const bench_cfg *cfg)
+{
+    double f = 4.0 * n * n * d * (double)cfg->batch * (double)cfg->heads * (bwd ? 2.5 : 1.0);
+    return cfg->causal ? 0.5 * f : f;
+}
+
+static int has_backward(const char *impl)
+{
+    return strcmp(impl, "flash") == 0 || strcmp(impl, "reference") == 0;
+}
+
+static int bench_main(int argc, char **argv)
+{
+    const char *impls = NULL, *passes = "fwd", *csv_path = NULL;
+    long long ns[MAX_LIST] = {1024, 2048, 4096, 8192}, ds[MAX_LIST] = {64, 128};
     int nn = 4, nd = 2;
+    double max_seconds = 3600.0;
     bench_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.batch = 1;
@@ -357,66 +604,59 @@ int cmd_bench(int argc, char **argv)
     }
 
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = (i + 1 < argc) ? argv[i + 1] : NULL;
-#define NEED_VAL()                                                                      \
-    do {                                                                                \
-        if (!val) {                                                                     \
-            fprintf(stderr, "flashattn bench: %s needs a value\n", a);                  \
-            return 2;                                                                   \
-        }                                                                               \
-        i++;                                                                            \
-    } while (0)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        const char *val;
+        long long x;
+        int r;
+        if (cli_is_help(argv[i])) {
             fputs(bench_usage, stdout);
             return 0;
-        } else if (!strcmp(a, "--impl")) {
-            NEED_VAL(); impls = val;
-        } else if (!strcmp(a, "--n")) {
-            NEED_VAL();
-            if ((nn = parse_list(val, ns, MAX_LIST)) <= 0) {
-                fprintf(stderr, "flashattn bench: --n: expected a comma-separated list of positive integers, got '%s'\n", val);
-                return 2;
-            }
-        } else if (!strcmp(a, "--d")) {
-            NEED_VAL();
-            if ((nd = parse_list(val, ds, MAX_LIST)) <= 0) {
-                fprintf(stderr, "flashattn bench: --d: expected a comma-separated list of positive integers, got '%s'\n", val);
-                return 2;
-            }
-        } else if (!strcmp(a, "--batch") || !strcmp(a, "--heads") || !strcmp(a, "--heads-k") ||
-                   !strcmp(a, "--threads") || !strcmp(a, "--repeats") || !strcmp(a, "--warmup")) {
-            NEED_VAL();
-            char *end;
-            long x = strtol(val, &end, 10);
-            if (*end || x < (strcmp(a, "--warmup") ? 1 : 0) || x > 1000000) {
-                fprintf(stderr, "flashattn bench: %s: invalid value '%s'\n", a, val);
-                return 2;
-            }
-            if (!strcmp(a, "--batch")) cfg.batch = x;
-            else if (!strcmp(a, "--heads")) cfg.heads = x;
-            else if (!strcmp(a, "--heads-k")) cfg.heads_k = x;
-            else if (!strcmp(a, "--threads")) cfg.threads = (int)x;
-            else if (!strcmp(a, "--repeats")) cfg.repeats = (int)(x > 200 ? 200 : x);
-            else cfg.warmup = (int)x;
-        } else if (!strcmp(a, "--causal")) {
-            cfg.causal = 1;
-        } else if (!strcmp(a, "--no-check")) {
-            cfg.check = 0;
-        } else if (!strcmp(a, "--csv")) {
-            NEED_VAL(); csv_path = val;
-        } else {
-            fprintf(stderr, "flashattn bench: unknown option '%s' (see flashattn bench --help)\n", a);
-            return 2;
         }
-#undef NEED_VAL
+        if (strcmp(argv[i], "--causal") == 0) {
+            cfg.causal = 1;
+        } else if (strcmp(argv[i], "--no-check") == 0) {
+            cfg.check = 0;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--impl", &val)) != 0) {
+            if (r < 0) return 2;
+            impls = val;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--pass", &val)) != 0) {
+            if (r < 0) return 2;
+            passes = val;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--n", &val)) != 0) {
+            if (r < 0 || (nn = parse_list("--n", val, 1, INT32_MAX, ns)) < 0) return 2;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--d", &val)) != 0) {
+            if (r < 0 || (nd = parse_list("--d", val, 1, 1 << 16, ds)) < 0) return 2;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--batch", &val)) != 0) {
+            if (r < 0 || cli_parse_int("--batch", val, 1, 1000000, &x)) return 2;
+            cfg.batch = x;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--heads", &val)) != 0) {
+            if (r < 0 || cli_parse_int("--heads", val, 1, 1000000, &x)) return 2;
+            cfg.heads = x;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--heads-k", &val)) != 0) {
+            if (r < 0 || cli_parse_int("--heads-k", val, 1, 1000000, &x)) return 2;
+            cfg.heads_k = x;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--threads", &val)) != 0) {
+            if (r < 0 || cli_parse_int("--threads", val, 1, 4096, &x)) return 2;
+            cfg.threads = (int)x;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--repeats", &val)) != 0) {
+            if (r < 0 || cli_parse_int("--repeats", val, 1, 200, &x)) return 2;
+            cfg.repeats = (int)x;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--warmup", &val)) != 0) {
+            if (r < 0 || cli_parse_int("--warmup", val, 0, 100, &x)) return 2;
+            cfg.warmup = (int)x;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--max-seconds", &val)) != 0) {
+            if (r < 0 || cli_parse_double("--max-seconds", val, &max_seconds)) return 2;
+            if (max_seconds <= 0) return cli_die("--max-seconds: must be > 0, got '%s'", val);
+        } else if ((r = cli_opt_value(argc, argv, &i, "--csv", &val)) != 0) {
+            if (r < 0) return 2;
+            csv_path = val;
+        } else {
+            return cli_unknown_option("bench", argv[i]);
+        }
     }
     if (!cfg.heads_k) cfg.heads_k = cfg.heads;
-    if (cfg.heads % cfg.heads_k) {
-        fprintf(stderr, "flashattn bench: --heads %lld is not a multiple of --heads-k %lld\n",
-                (long long)cfg.heads, (long long)cfg.heads_k);
-        return 2;
-    }
+    if (cfg.heads % cfg.heads_k)
+        return cli_die("bench: --heads %lld is not a multiple of --heads-k %lld", (long long)cfg.heads,
+                       (long long)cfg.heads_k);
     if (!impls) {
 #ifdef FA_HAVE_BLAS
         impls = "flash,standard,blas";
@@ -424,67 +664,130 @@ int cmd_bench(int argc, char **argv)
         impls = "flash,standard";
 #endif
     }
-    /* validate the impl list before doing any work */
-    char list[256];
-    snprintf(list, sizeof list, "%s", impls);
-    const char *names[8];
-    int nimpl = 0;
-    for (char *tok = strtok(list, ","); tok && nimpl < 8; tok = strtok(NULL, ",")) {
+    /* validate the impl and pass lists before doing any work */
+    char list[256], plist[64];
+    const char *names[8], *pass_names[2];
+    int nimpl = split_names("--impl", impls, list, sizeof list, names, 8);
+    if (nimpl < 0) return 2;
+    for (int c = 0; c < nimpl; c++) {
         fa_impl dummy;
-        if (strcmp(tok, "blas") == 0) {
+        if (strcmp(names[c], "blas") == 0) {
 #ifndef FA_HAVE_BLAS
-            fprintf(stderr, "flashattn bench: impl 'blas' is not built (install libopenblas-dev and rebuild)\n");
-            return 2;
+            return cli_die("bench: impl 'blas' is not built (install libopenblas-dev and rebuild)");
 #endif
-        } else if (fa_impl_from_name(tok, &dummy) != FA_OK) {
-            fprintf(stderr, "flashattn bench: %s\n", fa_last_error());
-            return 2;
+        } else if (fa_impl_from_name(names[c], &dummy) != FA_OK) {
+            return cli_die("bench: --impl: %s", fa_last_error());
         }
-        names[nimpl++] = tok;
     }
+    int npass = split_names("--pass", passes, plist, sizeof plist, pass_names, 2);
+    if (npass < 0) return 2;
+    int do_pass[2] = {0, 0}; /* fwd, bwd */
+    for (int p = 0; p < npass; p++) {
+        if (strcmp(pass_names[p], "fwd") == 0) do_pass[0] = 1;
+        else if (strcmp(pass_names[p], "bwd") == 0) do_pass[1] = 1;
+        else return cli_die("bench: --pass: expected fwd and/or bwd, got '%s'", pass_names[p]);
+    }
+    int runs_bwd = 0;
+    for (int c = 0; c < nimpl; c++) runs_bwd |= has_backward(names[c]);
+    if (do_pass[1] && !runs_bwd && !do_pass[0])
+        return cli_die("bench: --pass bwd: none of --impl %s has a backward pass (flash and reference do)", impls);
+
+    /* memory: every configuration must fit in what the system has available */
+    const double avail = mem_available();
+    double seconds_at_peak_flops = 0.0;
+    char b1[32], b2[32];
+    for (int a = 0; a < nd; a++)
+        for (int b = 0; b < nn; b++)
+            for (int c = 0; c < nimpl; c++)
+                for (int p = 0; p < 2; p++) {
+                    if (!do_pass[p] || (p == 1 && !has_backward(names[c]))) continue;
+                    double need = estimate_bytes(names[c], p, (double)ns[b], (double)ds[a], &cfg);
+                    if (avail > 0 && need > avail)
+                        return cli_die("bench: %s %s N=%lld d=%lld needs about %s (Q, K, V, O%s%s), more than the "
+                                       "%s available (MemAvailable); use smaller --n, --d, --batch or --heads",
+                                       names[c], p ? "bwd" : "fwd", ns[b], ds[a],
+                                       cli_bytes(need >= 1.8e19 ? SIZE_MAX : (size_t)need, b1, sizeof b1),
+                                       p ? ", the gradients" : "",
+                                       strcmp(names[c], "standard") == 0 || strcmp(names[c], "blas") == 0
+                                           ? ", the N x N scores" : "",
+                                       cli_bytes((size_t)avail, b2, sizeof b2));
+                    const int runs = 1 + (cfg.warmup > 1 ? cfg.warmup - 1 : 0) + cfg.repeats + (p ? 1 : 0);
+                    seconds_at_peak_flops += runs * run_flops(p, (double)ns[b], (double)ds[a], &cfg);
+                }
 
     fa_cpu_info info;
-    if (fa_get_cpu_info(&info) != FA_OK) {
-        fprintf(stderr, "flashattn bench: %s\n", fa_last_error());
-        return 2;
-    }
+    if (fa_get_cpu_info(&info) != FA_OK) return cli_die("bench: %s", fa_last_error());
     cfg.isa = info.isa;
 #ifdef FA_HAVE_BLAS
     openblas_set_num_threads(cfg.threads);
 #endif
+    /* the FMA peak: more threads than CPUs add no FMA throughput, only time */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int probe_threads = cpus > 0 && cfg.threads > cpus ? (int)cpus : cfg.threads;
+    cfg.peak = measure_peak(info.isa, probe_threads);
+    /* time: bounded below by the FLOPs at the measured peak */
+    if (cfg.peak > 0) {
+        double secs = seconds_at_peak_flops / (cfg.peak * 1e9);
+        if (secs > max_seconds)
+            return cli_die("bench: the runs asked for need at least %.3g s (%.3g FLOP at the measured FMA peak of "
+                           "%.1f GFLOP/s), more than --max-seconds %.0f; use smaller sizes or raise --max-seconds",
+                           secs, seconds_at_peak_flops, cfg.peak, max_seconds);
+    }
+
+    fa_outfile csv;
+    if (csv_path) {
+        if (cli_check_output("--csv", csv_path)) return 2;
+        cli_cleanup_on_signals();
+        if (fa_outfile_open(&csv, csv_path) != FA_OK) return cli_die_status(FA_ERR_IO);
+        cfg.csv = &csv;
+        static const char header[] =
+            "impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,gflops,"
+            "peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib\n";
+        if (fa_outfile_write(&csv, header, sizeof header - 1) != FA_OK) {
+            fa_outfile_abort(&csv);
+            return cli_die_status(FA_ERR_IO);
+        }
+    }
+
     char model[256];
     cpu_model(model, sizeof model);
-    cfg.peak = measure_peak(info.isa, cfg.threads);
-    printf("flashattn bench — %s, %ld logical CPUs\n", model, sysconf(_SC_NPROCESSORS_ONLN));
-    printf("ISA %s (%d float32 lanes), %d thread%s, measured FMA peak %.1f GFLOP/s\n", info.isa,
-           info.simd_width, cfg.threads, cfg.threads == 1 ? "" : "s", cfg.peak);
-    printf("float32, batch %lld, heads %lld (kv heads %lld), %s; FLOPs = 4*N^2*d per head%s\n",
+    printf("flashattn bench — %s, %ld logical CPUs\n", model, cpus);
+    printf("ISA %s (%d float32 lanes), %d thread%s, measured FMA peak %.1f GFLOP/s%s\n", info.isa,
+           info.simd_width, cfg.threads, cfg.threads == 1 ? "" : "s", cfg.peak,
+           probe_threads < cfg.threads ? " (probed on as many threads as CPUs)" : "");
+    printf("float32, batch %lld, heads %lld (kv heads %lld), %s; FLOPs = 4*N^2*d per head%s%s\n",
            (long long)cfg.batch, (long long)cfg.heads, (long long)cfg.heads_k,
-           cfg.causal ? "causal" : "non-causal", cfg.causal ? " / 2" : "");
-    printf("times are median (min, max) of >= %d runs after %d warm-up; check = max |err| of the last %d rows vs float64\n\n",
-           cfg.repeats, cfg.warmup, CHECK_ROWS);
-    printf("%-9s %-8s %6s %4s %9s %9s %9s %8s %7s %9s %9s %9s\n", "impl", "isa", "N", "d", "med_ms",
+           cfg.causal ? "causal" : "non-causal", cfg.causal ? " / 2" : "", do_pass[1] ? ", x2.5 for bwd" : "");
+    printf("times are median (min, max) of >= %d runs after %d warm-up; check = max |err| of the last %d rows vs float64%s\n",
+           cfg.repeats, cfg.warmup, CHECK_ROWS,
+           do_pass[1] ? " (bwd: dQ error / (1e-6 + 1e-4 max|ref|), <= 1 passes)" : "");
+    if (do_pass[1])
+        for (int c = 0; c < nimpl; c++)
+            if (!has_backward(names[c])) printf("(%s has no backward pass: no bwd rows for it)\n", names[c]);
+    printf("\n%-9s %-4s %-8s %6s %4s %9s %9s %9s %8s %7s %9s %9s %9s\n", "impl", "pass", "isa", "N", "d", "med_ms",
            "min_ms", "max_ms", "GFLOP/s", "peak", "rss_MiB", "lib_MiB", "check");
+    fflush(stdout);
 
-    if (csv_path) {
-        cfg.csv = fopen(csv_path, "w");
-        if (!cfg.csv) {
-            fprintf(stderr, "flashattn bench: %s: %s\n", csv_path, strerror(errno));
-            return 2;
-        }
-        fprintf(cfg.csv, "impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,gflops,peak_fraction,peak_rss_mib\n");
-    }
     uint64_t rng = 0x5eed1234abcdull;
     int rc = 0;
     for (int a = 0; a < nd; a++)
         for (int b = 0; b < nn; b++)
-            for (int c = 0; c < nimpl; c++) {
-                int r = bench_one(names[c], ns[b], ds[a], &cfg, &rng);
-                if (r > rc) rc = r;
-            }
-    if (cfg.csv && fclose(cfg.csv) != 0) {
-        fprintf(stderr, "flashattn bench: %s: write failed\n", csv_path);
-        rc = 2;
+            for (int p = 0; p < 2; p++)
+                for (int c = 0; c < nimpl; c++) {
+                    if (!do_pass[p] || (p == 1 && !has_backward(names[c]))) continue;
+                    int r = bench_one(names[c], p, ns[b], ds[a], &cfg, &rng);
+                    if (r > rc) rc = r;
+                }
+    /* the rows measured are facts even if another configuration failed: keep them */
+    if (cfg.csv) {
+        if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_status(FA_ERR_IO);
+        fa_outfile_free(&csv);
     }
     return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    cli_guard_runtime_exit();
+    return cli_finish(bench_main(argc, argv));
 }

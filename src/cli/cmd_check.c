@@ -14,6 +14,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +67,42 @@ static int parse_seed(const char *text, uint64_t *out)
     return 0;
 }
 
-int cmd_check(int argc, char **argv)
+/*
+ * The default rule rounds Q, K and V to the tested precision; a value that
+ * rounds to infinity there (|x| >= 65520 for f16, the largest finite being
+ * 65504; >= 0x1.ffp127 for bf16) makes the emulation's error NaN and its bound
+ * meaningless, so any output would "pass". Refuse it by name instead.
+ * Returns 0, or prints and returns 2.
+ */
+static int check_emulation_range(const fa_check_options *co, const cli_qkv *in, const fa_npy *out)
+{
+    static const int bits[FA_DTYPE_COUNT] = {[FA_F32] = 24, [FA_F64] = 53, [FA_F16] = 11, [FA_BF16] = 8};
+    fa_dtype dt = co->dtype;
+    if (dt == FA_CHECK_DTYPE_AUTO) {
+        const fa_dtype all[4] = {in->q.dtype, in->k.dtype, in->v.dtype, out->dtype};
+        dt = all[0];
+        for (int x = 1; x < 4; x++)
+            if (bits[all[x]] < bits[dt]) dt = all[x];
+    }
+    double limit = dt == FA_F16 ? 65520.0 : dt == FA_BF16 ? 0x1.ffp127 : 0.0;
+    if (limit == 0.0) return 0;
+    const fa_npy *arrs[3] = {&in->q, &in->k, &in->v};
+    const char *paths[3] = {in->q_path, in->k_path, in->v_path};
+    for (int a = 0; a < 3; a++)
+        for (int64_t x = 0; x < arrs[a]->numel; x++) {
+            double value = cli_element(arrs[a]->data, arrs[a]->dtype, x);
+            if (fabs(value) >= limit) {
+                char ix[96];
+                return cli_die("%s: %g at index %s overflows %s (largest finite %s): the %s emulation of the "
+                               "default rule would be inf/NaN; check with --atol/--rtol, or a wider --dtype",
+                               paths[a], value, cli_multi_index(arrs[a], x, ix, sizeof ix), fa_dtype_name(dt),
+                               dt == FA_F16 ? "65504" : "3.39e38", fa_dtype_name(dt));
+            }
+        }
+    return 0;
+}
+
+static int check_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *o_path = NULL, *lse_path = NULL;
     const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *rows_text = NULL;
@@ -172,6 +208,7 @@ int cmd_check(int argc, char **argv)
             goto done;
         }
     }
+    if (!co.use_tolerance && check_emulation_range(&co, &in, &o_arr)) goto done;
     double t_load = cli_now() - t0;
 
     fa_check_report rep = fa_check_report_init();
@@ -207,4 +244,10 @@ done:
     cli_attn_free(&attn);
     cli_qkv_free(&in);
     return rc;
+}
+
+int cmd_check(int argc, char **argv)
+{
+    cli_guard_runtime_exit();
+    return cli_finish(check_main(argc, argv));
 }

@@ -65,28 +65,6 @@ typedef struct grad_cmp {
     int64_t n_fail, worst;   /* flat C-order index of the largest error, -1 if none */
 } grad_cmp;
 
-/* Element x of a C-order array of dtype t, as double (bf16 as its bit pattern). */
-static double element(const void *data, fa_dtype t, int64_t x)
-{
-    switch (t) {
-    case FA_F32: return ((const float *)data)[x];
-    case FA_F64: return ((const double *)data)[x];
-    case FA_BF16: {
-        uint32_t bits = (uint32_t)((const uint16_t *)data)[x] << 16;
-        float f;
-        memcpy(&f, &bits, 4);
-        return f;
-    }
-    case FA_F16: {
-        const uint16_t h = ((const uint16_t *)data)[x];
-        const int e = (h >> 10) & 31, m = h & 1023;
-        const double a = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
-        return h >> 15 ? -a : a;
-    }
-    default: return NAN;
-    }
-}
-
 /* test and ref (float64) are C-order arrays of the same shape. */
 static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol, double rtol)
 {
@@ -97,7 +75,7 @@ static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol
         if (fabs(r[x]) > c.max_ref) c.max_ref = fabs(r[x]);
     c.bound = atol + rtol * c.max_ref;
     for (int64_t x = 0; x < n; x++) {
-        const double t = element(test->data, test->dtype, x);
+        const double t = cli_element(test->data, test->dtype, x);
         const double err = isfinite(t) ? fabs(t - r[x]) : INFINITY;
         if (err > c.bound) c.n_fail++;
         if (c.worst < 0 || err > c.max_err) {
@@ -108,7 +86,7 @@ static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol
     return c;
 }
 
-int cmd_check_grad(int argc, char **argv)
+static int check_grad_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *do_path = NULL;
     const char *paths[3] = {NULL, NULL, NULL};
@@ -240,7 +218,7 @@ int cmd_check_grad(int argc, char **argv)
             }
             printf("; worst at (%lld, %lld, %lld, %lld): test %.6g, ref %.6g", (long long)idx[0],
                    (long long)idx[1], (long long)idx[2], (long long)idx[3],
-                   element(test_t[x].data, test_t[x].dtype, c.worst), ((const double *)ref_mem[x])[c.worst]);
+                   cli_element(test_t[x].data, test_t[x].dtype, c.worst), ((const double *)ref_mem[x])[c.worst]);
         }
         printf("\n");
     }
@@ -255,4 +233,10 @@ done:
     cli_attn_free(&attn);
     cli_qkv_free(&in);
     return rc;
+}
+
+int cmd_check_grad(int argc, char **argv)
+{
+    cli_guard_runtime_exit();
+    return cli_finish(check_grad_main(argc, argv));
 }

@@ -232,7 +232,7 @@ static void print_row(const demo_result *r, double gflop)
     else printf("   (%d runs, %.1f..%.1f ms)\n", r->runs, r->min_ms, r->max_ms);
 }
 
-int cmd_demo(int argc, char **argv)
+static int demo_main(int argc, char **argv)
 {
     demo_problem p;
     memset(&p, 0, sizeof p);
@@ -338,4 +338,10 @@ done:
     free(o);
     free(p.ref);
     return rc;
+}
+
+int cmd_demo(int argc, char **argv)
+{
+    cli_guard_runtime_exit();
+    return cli_finish(demo_main(argc, argv));
 }

@@ -57,7 +57,7 @@ static int load_dout(const char *path, const cli_qkv *in, fa_npy *arr, fa_tensor
     return 0;
 }
 
-int cmd_grad(int argc, char **argv)
+static int grad_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *do_path = NULL;
     const char *dq_path = NULL, *dk_path = NULL, *dv_path = NULL, *dtype_text = NULL;
@@ -92,10 +92,10 @@ int cmd_grad(int argc, char **argv)
                        : "--dv DV.npy");
     fa_dtype out_dtype = FA_F32;
     if (dtype_text && cli_parse_dtype("--dtype-out", dtype_text, &out_dtype) != 0) return CLI_EXIT_USAGE;
-    if (strcmp(dq_path, dk_path) == 0 || strcmp(dq_path, dv_path) == 0 || strcmp(dk_path, dv_path) == 0)
-        return cli_die("grad: --dq, --dk and --dv must name three different files");
-    if (cli_check_writable(dq_path) || cli_check_writable(dk_path) || cli_check_writable(dv_path))
-        return CLI_EXIT_USAGE;
+    const cli_named outs_named[3] = {{"--dq", dq_path}, {"--dk", dk_path}, {"--dv", dv_path}};
+    const cli_named ins_named[5] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--dout", do_path},
+                                    {"--alibi", attn.alibi_path}};
+    if (cli_check_files("grad", outs_named, 3, ins_named, 5)) return CLI_EXIT_USAGE;
 
     cli_qkv in;
     if (cli_load_qkv(&in, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
@@ -154,4 +154,10 @@ done:
     cli_attn_free(&attn);
     cli_qkv_free(&in);
     return rc;
+}
+
+int cmd_grad(int argc, char **argv)
+{
+    cli_guard_runtime_exit();
+    return cli_finish(grad_main(argc, argv));
 }

@@ -35,7 +35,7 @@ static const char run_usage[] =
     "%s\n%s\n"
     "Exit status: 0 ok; 2 bad usage or bad input (one line on stderr naming the file; no output written).\n";
 
-int cmd_run(int argc, char **argv)
+static int run_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *o_path = NULL, *lse_path = NULL;
     const char *dtype_text = NULL;
@@ -66,9 +66,9 @@ int cmd_run(int argc, char **argv)
                        !q_path ? "-q Q.npy" : !k_path ? "-k K.npy" : !v_path ? "-v V.npy" : "-o O.npy");
     fa_dtype out_dtype = FA_F32;
     if (dtype_text && cli_parse_dtype("--dtype-out", dtype_text, &out_dtype) != 0) return CLI_EXIT_USAGE;
-    if (lse_path && strcmp(lse_path, o_path) == 0)
-        return cli_die("run: -o and --lse name the same file '%s'", o_path);
-    if (cli_check_writable(o_path) || (lse_path && cli_check_writable(lse_path))) return CLI_EXIT_USAGE;
+    const cli_named outs_named[2] = {{"-o", o_path}, {"--lse", lse_path}};
+    const cli_named ins_named[4] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--alibi", attn.alibi_path}};
+    if (cli_check_files("run", outs_named, 2, ins_named, 4)) return CLI_EXIT_USAGE;
 
     cli_qkv in;
     if (cli_load_qkv(&in, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
@@ -125,4 +125,10 @@ done:
     cli_attn_free(&attn);
     cli_qkv_free(&in);
     return rc;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    cli_guard_runtime_exit();
+    return cli_finish(run_main(argc, argv));
 }

@@ -1,0 +1,105 @@
+#!/bin/sh
+# test_bench_cli.sh — `flashattn bench`: sanity limits, --pass bwd, the CSV (issue 17).
+#
+# Usage: sh tests/test_bench_cli.sh BUILD_DIR   (tests/run_tests.sh passes it)
+#
+#   - absurd requests are refused with exit 2 and one line before any work:
+#     sizes whose products overflowed (--n 4294967296 --d 4294967296), memory
+#     beyond MemAvailable and time beyond --max-seconds (both with the
+#     estimate in the message), --threads above 4096, --repeats/--warmup out
+#     of range, an empty or malformed --impl/--pass, a --n list longer than 16;
+#   - `--opt=value` is accepted like `--opt value`;
+#   - --pass fwd,bwd gives fwd and bwd rows; the CSV keeps its column order and
+#     adds gbps, bw_fraction (empty) and lib_peak_mib; bwd GFLOP/s use 2.5x the
+#     forward FLOPs;
+#   - an interrupted bench (SIGINT, SIGTERM) keeps the previous CSV and leaves
+#     no temporary.
+# Tiny sizes only: a few seconds (timings on a shared machine mean nothing here).
+set -u
+. "$(dirname "$0")/cli_test_lib.sh"
+cli_test_setup test_bench_cli "${1:-build}"
+
+# expect_fail DESC NEEDLE ARGS...: `flashattn bench ARGS` exits 2 with one line containing NEEDLE
+expect_fail() {
+    desc=$1; needle=$2; shift 2
+    timeout 60 "$fa" bench "$@" >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" != 2 ]; then bad "$desc: exit $rc, expected 2 ($(cat err.txt))"
+    elif [ "$(wc -l <err.txt)" != 1 ]; then bad "$desc: not one stderr line: $(cat err.txt)"
+    elif ! grep -q "^flashattn" err.txt || ! grep -qF -- "$needle" err.txt; then
+        bad "$desc: stderr lacks '$needle': $(cat err.txt)"
+    else ok; fi
+}
+TINY="--impl flash --n 32 --d 16 --heads 1 --threads 1 --repeats 1"
+
+expect_fail "--n and --d of 2^32" "--n" --n 4294967296 --d 4294967296 --impl flash --threads 1
+expect_fail "memory beyond MemAvailable" "MemAvailable" --impl standard --n 2000000000 --d 1 --heads 1 --threads 1
+grep -q "needs about" err.txt || bad "the memory refusal does not give the estimate: $(cat err.txt)"
+expect_fail "time beyond --max-seconds" "need at least" --impl flash --n 1000000 --d 1 --heads 1 --threads 1 --max-seconds 1
+expect_fail "--threads 1000000" "--threads" $TINY --threads 1000000
+expect_fail "--repeats 1000" "--repeats" $TINY --repeats 1000
+expect_fail "--warmup 1000000" "--warmup" $TINY --warmup 1000000
+expect_fail "--impl ''" "--impl" --impl "" --n 32 --d 16
+expect_fail "--impl flash," "--impl" --impl flash, --n 32 --d 16
+expect_fail "--impl bogus" "bogus" --impl bogus --n 32 --d 16
+expect_fail "--pass ''" "--pass" $TINY --pass ""
+expect_fail "--pass sideways" "--pass" $TINY --pass sideways
+expect_fail "--pass bwd without a backward" "backward" --impl standard --pass bwd --n 32 --d 16
+expect_fail "17 values of --n" "at most 16" --impl flash --n 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17 --d 16
+expect_fail "--n 0" "--n" --impl flash --n 0 --d 16
+expect_fail "--csv ''" "--csv: empty file name" $TINY --csv ""
+expect_fail "unknown option" "unknown option '--bogus'" $TINY --bogus
+
+# ---- --opt=value, fwd and bwd rows, the CSV ------------------------------------------
+if timeout 120 "$fa" bench --impl=flash --pass=fwd,bwd --n=32,48 --d=16 --heads=2 --threads=1 --repeats=1 \
+        --warmup=0 --csv=b.csv >out.txt 2>err.txt; then ok
+else bad "bench --opt=value with fwd,bwd: exit $? $(cat err.txt)"; fi
+if python3 - <<'EOF'; then ok; else bad "the CSV is wrong"; fi
+import csv, sys
+rows = list(csv.DictReader(open("b.csv")))
+head = open("b.csv").readline().strip().split(",")
+want = ("impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,"
+        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib").split(",")
+errs = []
+if head != want: errs.append(f"columns {head}")
+if sorted((r["pass"], r["seqlen_q"]) for r in rows) != [("bwd", "32"), ("bwd", "48"), ("fwd", "32"), ("fwd", "48")]:
+    errs.append(f"rows {[(r['pass'], r['seqlen_q']) for r in rows]}")
+for r in rows:
+    n, d, h, ms = int(r["seqlen_q"]), int(r["d"]), int(r["heads"]), float(r["median_ms"])
+    flops = 4 * n * n * d * h * (2.5 if r["pass"] == "bwd" else 1.0)
+    if abs(float(r["gflops"]) - flops / (ms * 1e-3) / 1e9) > 0.011 + 0.01 * float(r["gflops"]):
+        errs.append(f"{r['pass']} N={n}: gflops {r['gflops']} but FLOPs/time = {flops / (ms * 1e-3) / 1e9:.3f}")
+    if r["gbps"] != "" or r["bw_fraction"] != "": errs.append("gbps/bw_fraction should be empty")
+    if not float(r["lib_peak_mib"]) > 0: errs.append(f"lib_peak_mib {r['lib_peak_mib']} (flash allocates scratch)")
+if errs: sys.exit(print("; ".join(errs)) or 1)
+EOF
+
+# ---- SIGINT / SIGTERM keep the previous CSV -----------------------------------------------
+printf 'previous,csv\n' >keep.csv
+for sig in INT TERM; do
+    if python3 - "$fa" "$sig" <<'EOF'; then ok; else bad "SIG$sig during a bench"; fi
+import os, signal, subprocess, sys, time
+fa, sig = sys.argv[1], getattr(signal, "SIG" + sys.argv[2])
+temps = lambda: [f for f in os.listdir(".") if f.startswith(".fa-")]
+# 8 configurations of >= 200 runs each: seconds here, long enough on any machine to see the temporary
+p = subprocess.Popen([fa, "bench", "--impl", "flash", "--n", "256,256,256,256,256,256,256,256", "--d", "64",
+                      "--heads", "1", "--threads", "1", "--repeats", "200", "--no-check", "--csv", "keep.csv"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+deadline = time.time() + 20
+while not temps() and p.poll() is None and time.time() < deadline:
+    time.sleep(0.01)
+seen = bool(temps())
+if p.poll() is None:
+    p.send_signal(sig)
+rc = p.wait(timeout=60)
+errs = []
+if not seen: errs.append("no temporary CSV while the bench ran")
+if rc != -sig: errs.append(f"exit {rc}, expected death by the signal")
+if temps(): errs.append(f"temporaries left: {temps()}")
+if open("keep.csv").read() != "previous,csv\n": errs.append("the previous CSV was changed")
+if errs: sys.exit(print("; ".join(errs)) or 1)
+EOF
+done
+
+echo "test_bench_cli.sh: $pass passed, $fail failed"
+[ "$fail" = 0 ]
