@@ -867,14 +867,12 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
     /* Pass 1. */
     pass1_stats tot;
     init_stats(&tot);
+    int nomem = 0;
 #ifdef _OPENMP
     /* A local lock, not a named `omp critical`: a named one is a global symbol
      * (.gomp_critical_user_NAME) that libflashattn.so would export. */
     omp_lock_t merge_lock;
     omp_init_lock(&merge_lock);
-#endif
-    int nomem = 0;
-#ifdef _OPENMP
 #pragma omp parallel num_threads(p.num_threads)
 #endif
     {
