@@ -161,6 +161,9 @@ docs:
 cuda:
 	@echo "make cuda: no CUDA kernels yet (see cuda/README.md)" >&2; exit 2
 
+install: all
+# (the install and uninstall rules: mk/install.mk)
+
 clean:
 	rm -rf $(BUILD)
 

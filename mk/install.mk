@@ -11,7 +11,8 @@
 #   $(LIBDIR)/libflashattn.so.MAJOR              the soname link (what programs load)
 #   $(LIBDIR)/libflashattn.so                    the link-time link (what -lflashattn finds)
 #   $(LIBDIR)/pkgconfig/flashattn.pc             for `pkg-config --cflags --libs flashattn`
-#   $(MANDIR)/man1/flashattn.1                   the man page
+#   $(MANDIR)/man1/flashattn.1                   the man page (its .TH line given
+#                                                this version from the header)
 # The .pc file is written at install time for the PREFIX/LIBDIR given then.
 # DESTDIR only prefixes the copies (staging for a package); paths written into
 # flashattn.pc never contain it. After a plain install as root into /usr/lib or
@@ -65,7 +66,8 @@ install: all $(BUILD)/flashattn.pc
 	ln -sf $(SO_REAL) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libflashattn.so
 	$(INSTALL) -m 644 $(BUILD)/flashattn.pc $(DESTDIR)$(PCDIR)/flashattn.pc
-	$(INSTALL) -m 644 docs/flashattn.1 $(DESTDIR)$(MANDIR)/man1/flashattn.1
+	sed '/^\.TH /s/"flashattn [0-9.]*"/"flashattn $(VERSION)"/' docs/flashattn.1 >$(BUILD)/flashattn.1
+	$(INSTALL) -m 644 $(BUILD)/flashattn.1 $(DESTDIR)$(MANDIR)/man1/flashattn.1
 	@case "$(DESTDIR):$(LIBDIR)" in :/usr/lib|:/usr/local/lib) \
 	    [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null 2>&1 && ldconfig 2>/dev/null || true;; esac
 	@echo "install: flashattn $(VERSION) in $(DESTDIR)$(PREFIX)"
