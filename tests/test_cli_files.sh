@@ -36,7 +36,7 @@ np.save("q.npy", rand(B, Sq, H, d))
 np.save("k.npy", rand(B, Sk, H, d))
 np.save("v.npy", rand(B, Sk, H, d))
 np.save("do.npy", rand(B, Sq, H, d))
-np.save("v_big.npy", rand(B, Sk, H, d) * 1e5)      # beyond float16's 65504
+np.save("v_big.npy", 1e5 + rand(B, Sk, H, d))        # beyond float16 65504, and so is O
 np.save("q_f16.npy", rand(B, Sq, H, d).astype("<f2"))
 EOF
 
@@ -195,6 +195,13 @@ expect_fail "f16 check whose emulation overflows" "overflow" \
     $fa check -q q.npy -k k.npy -v v_big.npy --out o_big.npy --dtype f16
 if $fa check -q q.npy -k k.npy -v v_big.npy --out o_big.npy --dtype f16 --atol 1 >out.txt 2>err.txt; then ok
 else bad "an explicit tolerance does not use the emulation: exit $? $(cat err.txt)"; fi
+
+# ---- 17.3 (CLI half): run warns when it writes non-finite values ----------------------------
+if $fa run -q q.npy -k k.npy -v v_big.npy -o o_f16.npy --dtype-out f16 >out.txt 2>err.txt &&
+   grep -q "^flashattn: warning: o_f16.npy: .* not finite" err.txt && [ -f o_f16.npy ]; then ok
+else bad "f16 output beyond 65504 without a warning: exit $? $(cat err.txt)"; fi
+if $RUN -o o_clean.npy --lse l_clean.npy --causal >out.txt 2>err.txt && [ ! -s err.txt ]; then ok
+else bad "a finite run (LSE with -inf rows allowed) printed: $(cat err.txt)"; fi
 
 # ---- 17.7 (CLI half): threads that cannot be created ---------------------------------
 # 4096 threads with 8 MiB stacks do not fit in 400 MB of address space.

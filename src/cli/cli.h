@@ -235,6 +235,10 @@ int cli_parse_dtype(const char *opt, const char *text, fa_dtype *dtype);
 /* Element x (flat, C order) of data of dtype t as a double (bf16 from its bit pattern). */
 double cli_element(const void *data, fa_dtype t, int64_t x);
 
+/* Count the NaN/Inf among n elements (-inf allowed if allow_neg_inf: an LSE's
+ * empty rows) and, if any, print one warning line naming `path`; returns the count. */
+int64_t cli_warn_nonfinite(const char *path, const void *data, fa_dtype t, int64_t n, int allow_neg_inf);
+
 /* "(0, 3, 1, 7)": the multi-index of flat element `flat` of arr into buf[size]; returns buf. */
 const char *cli_multi_index(const fa_npy *arr, int64_t flat, char *buf, size_t size);
 

@@ -105,6 +105,10 @@ static int run_main(int argc, char **argv)
         goto done;
     }
 
+    /* written anyway (the caller asked for this dtype), but never silently */
+    cli_warn_nonfinite(o_path, o_mem, out_dtype, (int64_t)o_numel, 0);
+    if (lse_path) cli_warn_nonfinite(lse_path, lse_mem, FA_F32, (int64_t)lse_numel, 1);
+
     cli_output outs[2] = {
         {o_path, o_mem, out_dtype, 4, o_shape},
         {lse_path, lse_mem, FA_F32, 3, lse_shape},
