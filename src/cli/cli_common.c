@@ -615,6 +615,7 @@ static void exit_guard(void)
 void cli_guard_runtime_exit(void)
 {
     static int registered;
+    cli_finished = 0; /* a process calling several subcommands (the fuzzer) re-arms it */
     if (!registered && atexit(exit_guard) == 0) registered = 1;
 }
 
