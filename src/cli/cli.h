@@ -11,8 +11,10 @@
  *   - every error is ONE line on stderr, "flashattn: <message>", naming the file
  *     when a file is at fault (library messages from npy.c already do);
  *   - an unknown option is an error, never ignored;
- *   - no output file is left behind on any error (fa_npy_save is atomic; a
- *     command writing several files removes the earlier ones if a later fails).
+ *   - no output file is left behind on any error: outputs are checked before any
+ *     work (cli_check_files), every output goes to its temporary before any is
+ *     renamed into place (cli_save_outputs), and temporaries are removed on
+ *     SIGINT/SIGTERM; devices and FIFOs are written in place, never replaced.
  *
  * Typical use, as in cmd_run.c:
  *

@@ -4,12 +4,13 @@
  *   Q.npy [B][Sq][H][d], K.npy [B][Sk][Hk][d], V.npy [B][Sk][Hk][dv]
  *     -> O.npy [B][Sq][H][dv] (float32 unless --dtype-out), LSE.npy [B][H][Sq] float32
  *
- * Order of work: parse every option, check the output directories are
- * writable, load and cross-check the inputs, compute, then save. Nothing is
- * written until the result exists, each save is atomic (npy.c), and if the
- * LSE save fails after O was saved, O is removed: on any error no output file
- * is left behind (an O.npy that existed before the run is gone too, rather
- * than silently left stale next to a fresh LSE).
+ * Order of work: parse every option, check the outputs (writable, not a
+ * directory, not the same file as another output or an input, under any
+ * spelling: cli_check_files), load and cross-check the inputs, compute, then
+ * save. Nothing is written until the result exists, and O and LSE are saved
+ * all or none (cli_save_outputs: both temporaries complete before either is
+ * renamed). An output holding NaN/Inf (e.g. --dtype-out f16 beyond 65504) is
+ * written with a warning on stderr.
  */
 #include "cli.h"
 
