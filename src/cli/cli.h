@@ -11,8 +11,10 @@
  *   - every error is ONE line on stderr, "flashattn: <message>", naming the file
  *     when a file is at fault (library messages from npy.c already do);
  *   - an unknown option is an error, never ignored;
- *   - no output file is left behind on any error (fa_npy_save is atomic; a
- *     command writing several files removes the earlier ones if a later fails).
+ *   - no output file is left behind on any error: outputs are checked before any
+ *     work (cli_check_files), every output goes to its temporary before any is
+ *     renamed into place (cli_save_outputs), and temporaries are removed on
+ *     SIGINT/SIGTERM; devices and FIFOs are written in place, never replaced.
  *
  * Typical use, as in cmd_run.c:
  *
@@ -234,6 +236,10 @@ int cli_parse_dtype(const char *opt, const char *text, fa_dtype *dtype);
 
 /* Element x (flat, C order) of data of dtype t as a double (bf16 from its bit pattern). */
 double cli_element(const void *data, fa_dtype t, int64_t x);
+
+/* Count the NaN/Inf among n elements (-inf allowed if allow_neg_inf: an LSE's
+ * empty rows) and, if any, print one warning line naming `path`; returns the count. */
+int64_t cli_warn_nonfinite(const char *path, const void *data, fa_dtype t, int64_t n, int allow_neg_inf);
 
 /* "(0, 3, 1, 7)": the multi-index of flat element `flat` of arr into buf[size]; returns buf. */
 const char *cli_multi_index(const fa_npy *arr, int64_t flat, char *buf, size_t size);

@@ -320,6 +320,22 @@ double cli_element(const void *data, fa_dtype t, int64_t x)
     }
 }
 
+int64_t cli_warn_nonfinite(const char *path, const void *data, fa_dtype t, int64_t n, int allow_neg_inf)
+{
+    int64_t bad = 0, first = -1;
+    for (int64_t x = 0; x < n; x++) {
+        const double e = cli_element(data, t, x);
+        if (isfinite(e) || (allow_neg_inf && e == -INFINITY)) continue;
+        if (first < 0) first = x;
+        bad++;
+    }
+    if (bad)
+        fprintf(stderr, "flashattn: warning: %s: %lld of %lld values are not finite (the first at flat index %lld)%s\n",
+                path, (long long)bad, (long long)n, (long long)first,
+                t == FA_F16 ? "; float16 holds at most 65504, --dtype-out f32 does not overflow" : "");
+    return bad;
+}
+
 int cli_load_array(const char *path, int want_rank, int require_finite, const char *role,
                    fa_npy *arr, fa_tensor *t)
 {
@@ -597,6 +613,7 @@ static void exit_guard(void)
 void cli_guard_runtime_exit(void)
 {
     static int registered;
+    cli_finished = 0; /* a process calling several subcommands (the fuzzer) re-arms it */
     if (!registered && atexit(exit_guard) == 0) registered = 1;
 }
 

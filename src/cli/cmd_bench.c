@@ -692,6 +692,8 @@ static int bench_main(int argc, char **argv)
     if (do_pass[1] && !runs_bwd && !do_pass[0])
         return cli_die("bench: --pass bwd: none of --impl %s has a backward pass (flash and reference do)", impls);
 
+    if (csv_path && cli_check_output("--csv", csv_path)) return 2;
+
     /* memory: every configuration must fit in what the system has available */
     const double avail = mem_available();
     double seconds_at_peak_flops = 0.0;
@@ -736,7 +738,6 @@ static int bench_main(int argc, char **argv)
 
     fa_outfile csv;
     if (csv_path) {
-        if (cli_check_output("--csv", csv_path)) return 2;
         cli_cleanup_on_signals();
         if (fa_outfile_open(&csv, csv_path) != FA_OK) return cli_die_status(FA_ERR_IO);
         cfg.csv = &csv;

@@ -134,6 +134,10 @@ static int grad_main(int argc, char **argv)
         goto done;
     }
 
+    const char *grad_paths[3] = {dq_path, dk_path, dv_path};
+    for (int x = 0; x < 3; x++) /* written anyway, but never silently */
+        cli_warn_nonfinite(grad_paths[x], mem[x], out_dtype, fa_tensor_numel(&grads[x]), 0);
+
     cli_output outs[3] = {
         {dq_path, mem[0], out_dtype, 4, shapes[0]},
         {dk_path, mem[1], out_dtype, 4, shapes[1]},

@@ -4,12 +4,13 @@
  *   Q.npy [B][Sq][H][d], K.npy [B][Sk][Hk][d], V.npy [B][Sk][Hk][dv]
  *     -> O.npy [B][Sq][H][dv] (float32 unless --dtype-out), LSE.npy [B][H][Sq] float32
  *
- * Order of work: parse every option, check the output directories are
- * writable, load and cross-check the inputs, compute, then save. Nothing is
- * written until the result exists, each save is atomic (npy.c), and if the
- * LSE save fails after O was saved, O is removed: on any error no output file
- * is left behind (an O.npy that existed before the run is gone too, rather
- * than silently left stale next to a fresh LSE).
+ * Order of work: parse every option, check the outputs (writable, not a
+ * directory, not the same file as another output or an input, under any
+ * spelling: cli_check_files), load and cross-check the inputs, compute, then
+ * save. Nothing is written until the result exists, and O and LSE are saved
+ * all or none (cli_save_outputs: both temporaries complete before either is
+ * renamed). An output holding NaN/Inf (e.g. --dtype-out f16 beyond 65504) is
+ * written with a warning on stderr.
  */
 #include "cli.h"
 
@@ -104,6 +105,10 @@ static int run_main(int argc, char **argv)
         cli_die_status(st);
         goto done;
     }
+
+    /* written anyway (the caller asked for this dtype), but never silently */
+    cli_warn_nonfinite(o_path, o_mem, out_dtype, (int64_t)o_numel, 0);
+    if (lse_path) cli_warn_nonfinite(lse_path, lse_mem, FA_F32, (int64_t)lse_numel, 1);
 
     cli_output outs[2] = {
         {o_path, o_mem, out_dtype, 4, o_shape},
