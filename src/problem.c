@@ -336,9 +336,10 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     const int ctx_threads = opt.context ? fa_context_threads_(opt.context) : 0;
     p->num_threads = opt.num_threads > 0 ? opt.num_threads : ctx_threads > 0 ? ctx_threads : fa_default_threads();
     p->standard_max_bytes = opt.standard_max_bytes ? opt.standard_max_bytes : FA_STANDARD_DEFAULT_MAX_BYTES;
-    if (p->impl == FA_IMPL_STANDARD && p->seqlen_k > INT_MAX)
-        return fa_fail(FA_ERR_TOO_LARGE, "standard: seqlen_k %lld exceeds %d keys; use the flash path",
-                       DIM(p->seqlen_k), INT_MAX);
+    if (p->impl == FA_IMPL_STANDARD && (p->seqlen_k > INT_MAX || p->seqlen_q > INT_MAX))
+        return fa_fail(FA_ERR_TOO_LARGE, "standard: seqlen_q %lld, seqlen_k %lld: above %d rows or keys "
+                       "(its kernels index with int); use the flash path",
+                       DIM(p->seqlen_q), DIM(p->seqlen_k), INT_MAX);
 
     /* the environment, the kernel table, blocks, packing cap */
     const fa_env *env = fa_env_get(&st);
