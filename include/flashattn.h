@@ -274,7 +274,9 @@ FA_API double fa_tensor_get(const fa_tensor *t, const int64_t *index);
  *
  * Outputs must not overlap q, k, v, the ALiBi slopes or each other, and must
  * not have a zero stride on a dimension longer than 1: FA_ERR_STRIDE.
- * d and d_v must be in 1..FA_HEAD_DIM_MAX.
+ * d and d_v must be in 1..FA_HEAD_DIM_MAX (FA_ERR_SHAPE); the largest element
+ * offset of every view must fit 64 bits in bytes (FA_ERR_STRIDE); the standard
+ * path takes at most INT_MAX query rows and keys (FA_ERR_TOO_LARGE).
  */
 FA_API fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                      fa_tensor *o, fa_tensor *lse, const fa_options *opt);

@@ -51,23 +51,11 @@ fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt_in, int *
     fa_options opt;
     fa_status st = fa_options_read(opt_in, &opt);
     if (st != FA_OK) return st;
-    if (opt.block_q < 0 || opt.block_q > FA_BLOCK_MAX)
-        return fa_fail(FA_ERR_OPTION, "block_q %d is outside 0..%d", opt.block_q, FA_BLOCK_MAX);
-    if (opt.block_k < 0 || opt.block_k > FA_BLOCK_MAX)
-        return fa_fail(FA_ERR_OPTION, "block_k %d is outside 0..%d", opt.block_k, FA_BLOCK_MAX);
-    const fa_env *env = fa_env_get(&st);
-    if (!env) return st;
-    const fa_kernels *kern = fa_kernels_get(&st);
+    if (!fa_env_get(&st)) return st;
+    const fa_kernels *kern = opt.context ? fa_context_kernels_(opt.context) : fa_kernels_get(&st);
     if (!kern) return st;
-    int br, bc;
-    fa_block_rule(d, d_v, kern->row_block, &br, &bc);
-    if (env->block_q) br = env->block_q;
-    if (env->block_k) bc = env->block_k;
-    if (opt.block_q) br = opt.block_q;
-    if (opt.block_k) bc = opt.block_k;
-    *block_q = br;
-    *block_k = bc;
-    return FA_OK;
+    int pq, pk;
+    return fa_resolve_blocks(d, d_v, &opt, kern, block_q, block_k, &pq, &pk);
 }
 
 fa_status fa_get_cpu_info(fa_cpu_info *info)

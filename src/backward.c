@@ -126,7 +126,7 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
         const double slope = fa_alibi_slope(p, b, h);
         for (int64_t i = 0; i < p->seqlen_q; i++) {
             int64_t lo, hi;
-            fa_key_range(p, i, &lo, &hi);
+            fa_key_range(p, b, i, &lo, &hi);
             const double L = load_lse(p, b, h, i);
             double D = 0.0;
             for (int64_t x = 0; x < d; x++) qi[x] = fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, x));
@@ -397,7 +397,7 @@ static int load_row_info(const fa_problem *p, const float *dvec, int64_t b, int6
     int any = 0;
     for (int r = 0; r < br; r++) {
         const int64_t i = i0 + r;
-        fa_key_range(p, i, &sc->lo[r], &sc->hi[r]);
+        fa_key_range(p, b, i, &sc->lo[r], &sc->hi[r]);
         sc->lse[r] = (float)load_lse(p, b, h, i);
         sc->dd[r] = dvec[(b * p->heads + h) * p->seqlen_q + i];
         if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j1 && sc->hi[r] > j0) any = 1;

@@ -103,34 +103,3 @@ int fa_default_threads(void)
     return 1;
 #endif
 }
-
-void fa_block_rule(int64_t d, int64_t dv, int row_block, int *br, int *bc)
-{
-    /*
-     * The rule. The paper (GPU) takes Bc = M / 4d and Br = min(Bc, d) for an
-     * SRAM of M words. On a CPU the fast tier is the per-core L2 (M = L2 /
-     * 4 floats), which is large next to d, and what one task keeps hot is
-     *     Q_i [Br][d] + K_j^T [d][Bc] + V_j [Bc][dv] + S [Br][Bc] + O_i [Br][dv]
-     * floats. Every K/V tile is re-read Sq/Br times, so Br should be as large
-     * as the cache allows, not capped at d. We take square blocks B = Br = Bc,
-     * the largest multiple of 16 with
-     *     B^2 + B (d + dv) + B (d + dv)  <=  (3/4) M
-     * (3/4 leaves room for the next tile and the stack), clamped to [16, 512],
-     * then Br rounded down to the kernel's register-block rows. Measured on a
-     * 1 MiB-L2 Zen 5 core at d = 128 (docs/performance.md): B = 256 runs ~15%
-     * faster than the paper's (Br, Bc) = (128, 512).
-     */
-    size_t l1, l2, l3, line;
-    int src;
-    fa_detect_caches(&l1, &l2, &l3, &line, &src);
-    const int64_t m_words = (int64_t)(l2 / sizeof(float));
-    const int64_t budget = m_words / 4 * 3;
-    const int64_t dsum = d + dv; /* d, dv <= FA_HEAD_DIM_MAX: no overflow below */
-    int64_t blk = 16;
-    while (blk + 16 <= 512 && (blk + 16) * (blk + 16) + 2 * (blk + 16) * dsum <= budget) blk += 16;
-    int64_t b_r = blk;
-    int rb = row_block > 0 ? row_block : 1;
-    if (b_r >= rb) b_r -= b_r % rb;
-    *br = (int)b_r;
-    *bc = (int)blk;
-}

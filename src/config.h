@@ -1,6 +1,8 @@
 /*
  * config.h — configuration: the environment (read once, strictly), the
- * detected caches, the default thread count, and the block-size rule.
+ * detected caches (cpuinfo.c, which reads the environment from here), and
+ * the default thread count. The block-size rule that uses them is
+ * problem.c's (fa_resolve_blocks).
  *
  * Environment variables (all optional; read once, on first use, and never
  * again — setenv after the first call has no effect):
@@ -54,8 +56,5 @@ void fa_detect_caches(size_t *l1d, size_t *l2, size_t *l3, size_t *line, int *so
 /* Number of OpenMP threads a parallel region gets by default (1 without OpenMP). */
 int fa_default_threads(void);
 
-/* The derived square block B for head dims d and dv from the L2 rule (see
- * fa_block_sizes in flashattn.h), Br rounded down to `row_block`. */
-void fa_block_rule(int64_t d, int64_t dv, int row_block, int *br, int *bc);
 
 #endif /* FA_CONFIG_H */

@@ -195,59 +195,6 @@ static void prefetch_tile(const fa_problem *p, int64_t b, int64_t hk, int64_t j0
     }
 }
 
-/*
- * Finish the scores of tile S (rows i0.., keys j0..) after qk has scaled them:
- * softcap, ALiBi and the mask, in docs/semantics.md's order. (The scale multiplies the
- * dot product inside qk rather than being folded into Q beforehand, as
- * FlashAttention also does: scale * (q . k) keeps scores that tie in q . k
- * tied, which matters when the scale is huge.)
- */
-static void transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, int bc,
-                           double slope, const flash_scratch *sc, size_t lds)
-{
-    const int transform = p->softcap > 0.0 || slope != 0.0;
-    const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
-    for (int r = 0; r < br; r++) {
-        float *row = sc->s + (size_t)r * lds;
-        const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
-        const int jlo = lo > 0 ? (lo < bc ? (int)lo : bc) : 0;
-        const int jhi = hi < bc ? (hi > jlo ? (int)hi : jlo) : bc;
-        for (int j = 0; j < jlo; j++) row[j] = -INFINITY;
-        for (int j = jhi; j < bc; j++) row[j] = -INFINITY;
-        if (!transform) continue;
-        const int64_t i = i0 + r;
-        for (int j = jlo; j < jhi; j++) {
-            float s = row[j];
-            if (cap > 0.0f) s = cap * tanhf(s * inv_cap);
-            if (slope != 0.0) {
-                int64_t rel = i + p->seqlen_k - p->seqlen_q - (j0 + j);
-                s -= (float)(slope * (double)(rel < 0 ? -rel : rel));
-            }
-            row[j] = s;
-        }
-    }
-}
-
-/*
- * A row that sees keys but whose running max stayed -inf had only NaN or -inf
- * scores: the softmax kernel keeps P = 0 for it (max skips NaN), which would
- * make it look empty. Rare (non-finite inputs only), so decide here, in
- * float64 from the inputs, as the reference does: any NaN score makes the row
- * NaN; all -inf makes it O = 0, LSE = -inf.
- */
-static int row_has_nan_score(const fa_problem *p, int64_t b, int64_t h, int64_t i, int64_t lo,
-                             int64_t hi, double slope)
-{
-    const int64_t hk = fa_kv_head(p, h);
-    for (int64_t j = lo; j < hi; j++) {
-        double dot = 0.0;
-        for (int64_t c = 0; c < p->d; c++)
-            dot += fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, c)) * fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, c));
-        if (isnan(fa_score_transform(p, dot, slope, i, j))) return 1;
-    }
-    return 0;
-}
-
 /* One task: (batch b, head h, Q block starting at row i0 with br rows). */
 static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_dims *g,
                        flash_scratch *sc, const flash_packed *kv, int64_t b, int64_t h, int64_t i0,
@@ -262,7 +209,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     for (int r = 0; r < br; r++) {
         float *qrow = sc->qi + (size_t)r * g->ldq;
         fa_gather_f32(&p->q, fa_off4(&p->q, b, i0 + r, h, 0), p->q.stride[3], d, qrow);
-        fa_key_range(p, i0 + r, &sc->lo[r], &sc->hi[r]);
+        fa_key_range(p, b, i0 + r, &sc->lo[r], &sc->hi[r]);
         if (sc->lo[r] < sc->hi[r]) {
             if (sc->lo[r] < jmin) jmin = sc->lo[r];
             if (sc->hi[r] > jmax) jmax = sc->hi[r];
@@ -296,7 +243,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
             const size_t ldv = g->ldv;
 
             kern->qk(br, bc, (int)d, sc->qi, g->ldq, kt, g->ldk, (float)p->scale, sc->s, g->lds);
-            transform_tile(p, i0, br, j0, bc, slope, sc, g->lds);
+            fa_transform_tile(p, i0, br, j0, bc, slope, sc->lo, sc->hi, sc->s, g->lds);
             kern->softmax(br, bc, sc->s, g->lds, sc->m, sc->l, sc->alpha);
             if (v_bad)
                 pv_masked_rows(kern, br, j0, bc, dv, sc, g->lds, vj, ldv, g->ldo);
@@ -313,7 +260,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         /* empty is decided from the key range, never from m (see row_has_nan_score) */
         int empty = !(sc->lo[r] < sc->hi[r]);
         if (!empty && sc->m[r] == -INFINITY) {
-            if (row_has_nan_score(p, b, h, i, sc->lo[r], sc->hi[r], slope)) {
+            if (fa_row_has_nan_score(p, b, h, i, sc->lo[r], sc->hi[r], slope)) {
                 l = NAN;
                 sc->m[r] = NAN;
             } else {

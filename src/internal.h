@@ -10,9 +10,10 @@
  *   pack.c                       the one packer: rows and transposed panels of a KV source
  *   problem.c                    the one validator: arguments + options -> fa_problem
  *   context.c                    fa_context and its scratch arena
- *   config.c cpuinfo.c           environment (read once), caches, threads, block rule
+ *   cpuinfo.c                    detected caches
+ *   config.c                     environment (read once, strictly), threads
  *   kernels/                     micro-kernel tables and their dispatch
- *   tensor.c mask.h              element access and conversion; mask band, ALiBi
+ *   tensor.c mask.h transform.c  element access and conversion; mask band, ALiBi, score transforms
  *   alloc.c status.c             the counting allocator; errors as values
  *
  * This header gathers the shared ones for the implementation files (and for

@@ -32,18 +32,21 @@ static inline int64_t fa_lse_off(const fa_problem *p, int64_t b, int64_t h, int6
 }
 
 /*
- * Visible keys of query row i are the half-open range [*lo, *hi), possibly
- * empty (*lo >= *hi). The band is aligned to the bottom-right corner:
+ * Visible keys of query row i of batch entry b are the half-open range
+ * [*lo, *hi), possibly empty (*lo >= *hi), in the entry's own key numbering
+ * (fa_problem_seq: Sq and Sk below are the entry's q_len and k_len). The band
+ * is aligned to the bottom-right corner:
  *   j >= i + Sk - Sq - window_left   (if window_left >= 0)
  *   j <= i + Sk - Sq + window_right  (if window_right >= 0)
  * A row is "empty" (O = 0, LSE = -inf) exactly when this range is empty;
  * implementations decide emptiness from here, never from a running max
  * (a NaN score must give NaN, not an empty row).
  */
-static inline void fa_key_range(const fa_problem *p, int64_t i, int64_t *lo, int64_t *hi)
+static inline void fa_key_range(const fa_problem *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi)
 {
-    int64_t diag = i + p->seqlen_k - p->seqlen_q;
-    int64_t l = 0, h = p->seqlen_k;
+    const fa_seq sq = fa_problem_seq(p, b);
+    int64_t diag = i + sq.k_len - sq.q_len;
+    int64_t l = 0, h = sq.k_len;
     /* Written as comparisons of differences that cannot overflow, so that any
      * window up to INT64_MAX means what it says: diag - 0 and (Sk - 1) - diag =
      * Sq - 1 - i are in range, and each bound is computed only when it binds. */
@@ -66,5 +69,17 @@ static inline double fa_score_transform(const fa_problem *p, double dot, double 
     }
     return s;
 }
+
+/*
+ * Finish a float32 score tile S (rows i0.., keys j0..; qk has scaled it):
+ * softcap, ALiBi, then -inf outside each row's visible keys [lo_rows[r],
+ * hi_rows[r]) (transform.c; used by flash and standard).
+ */
+void fa_transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, int bc, double slope,
+                       const int64_t *lo_rows, const int64_t *hi_rows, float *s, size_t lds);
+
+/* Has row i of (b, h) a NaN score among keys [lo, hi)? (float64, from the inputs) */
+int fa_row_has_nan_score(const fa_problem *p, int64_t b, int64_t h, int64_t i, int64_t lo, int64_t hi,
+                         double slope);
 
 #endif /* FA_MASK_H */

@@ -89,6 +89,13 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
                      const fa_tensor *o, const fa_tensor *lse, const fa_options *opt,
                      const fa_names *names, fa_problem *p);
 
+/* The flash blocks for head dims d, dv (the one place they are decided): the
+ * L2 rule for kernel table `kern`, then FA_BLOCK_Q/K, then opt->block_q/k;
+ * *pinned_q/k say whether the rule was overridden. opt: a resolved (current
+ * layout) fa_options. */
+fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const struct fa_kernels *kern,
+                            int *br, int *bc, int *pinned_q, int *pinned_k);
+
 /* Copy a caller's fa_options of any (older or newer) size into the current
  * layout: fields the caller's struct lacks keep their defaults. */
 fa_status fa_options_read(const fa_options *in, fa_options *out);

@@ -36,7 +36,7 @@ static void reference_row(const fa_problem *p, int64_t b, int64_t i, int64_t h, 
     const int64_t hk = fa_kv_head(p, h);
     const double slope = fa_alibi_slope(p, b, h);
     int64_t lo, hi;
-    fa_key_range(p, i, &lo, &hi);
+    fa_key_range(p, b, i, &lo, &hi);
 
     double m = -INFINITY;
     for (int64_t j = lo; j < hi; j++) {

@@ -92,36 +92,30 @@ fa_status fa_standard_forward(const fa_problem *p)
                 kern->qk(br, (int)Sk, (int)d, Q + i0 * d, (size_t)d, Kt, ldk, scale, S + (size_t)i0 * ldk, ldk);
             }
 
-            /* 2. transforms, mask, and P = softmax(S) row by row, in place */
+            /* 2. transforms, mask, and P = softmax(S) in place: the flash path's own
+             * float32 transforms (transform.c) and SIMD softmax kernel, one row block at
+             * a time, so flash vs standard differs in the S round trip, not in the math */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(fa_threads_for(p, (Sq + STD_ROWS - 1) / STD_ROWS))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(fa_threads_for(p, (Sq + STD_ROWS - 1) / STD_ROWS))
 #endif
-            for (int64_t i = 0; i < Sq; i++) {
-                float *srow = S + (size_t)i * ldk; /* [Sk] */
-                int64_t lo, hi;
-                fa_key_range(p, i, &lo, &hi);
-                float m = -INFINITY;
-                for (int64_t j = 0; j < Sk; j++) {
-                    float s = srow[j];
-                    if (p->softcap > 0.0) s = (float)(p->softcap * tanh(s / p->softcap));
-                    if (slope != 0.0) {
-                        int64_t rel = i + Sk - Sq - j;
-                        s -= (float)(slope * (double)(rel < 0 ? -rel : rel));
-                    }
-                    if (j < lo || j >= hi) s = -INFINITY;
-                    srow[j] = s;
-                    if (isnan(s) || s > m) m = s;
+            for (int64_t i0 = 0; i0 < Sq; i0 += STD_ROWS) {
+                const int br = (int)(Sq - i0 < STD_ROWS ? Sq - i0 : STD_ROWS);
+                int64_t lo[STD_ROWS], hi[STD_ROWS];
+                float alpha[STD_ROWS];
+                for (int r = 0; r < br; r++) {
+                    fa_key_range(p, b, i0 + r, &lo[r], &hi[r]);
+                    rowm[i0 + r] = -INFINITY;
+                    rowl[i0 + r] = 0.0f;
                 }
-                float l = 0.0f;
-                if (m != -INFINITY) {
-                    for (int64_t j = 0; j < Sk; j++) srow[j] -= m;
-                    kern->vexp((int)Sk, srow, srow);
-                    for (int64_t j = 0; j < Sk; j++) l += srow[j];
-                } else {
-                    for (int64_t j = 0; j < Sk; j++) srow[j] = 0.0f;
-                }
-                rowm[i] = m;
-                rowl[i] = l;
+                float *sblk = S + (size_t)i0 * ldk; /* [br][ldk] */
+                fa_transform_tile(p, i0, br, 0, (int)Sk, slope, lo, hi, sblk, ldk);
+                kern->softmax(br, (int)Sk, sblk, ldk, rowm + i0, rowl + i0, alpha);
+                /* empty is decided from the key range; a row that sees keys but has only
+                 * NaN/-inf scores is NaN or empty as the reference decides (transform.c) */
+                for (int r = 0; r < br; r++)
+                    if (lo[r] < hi[r] && rowm[i0 + r] == -INFINITY &&
+                        fa_row_has_nan_score(p, b, h, i0 + r, lo[r], hi[r], slope))
+                        rowm[i0 + r] = rowl[i0 + r] = NAN;
             }
 
             /* 3. O = P V / l, one row block per kernel call */
@@ -145,7 +139,7 @@ fa_status fa_standard_forward(const fa_problem *p)
                          * reach rows that cannot see that key */
                         for (int r = 0; r < br; r++) {
                             int64_t lo, hi;
-                            fa_key_range(p, i0 + r, &lo, &hi);
+                            fa_key_range(p, b, i0 + r, &lo, &hi);
                             if (lo < hi && rowm[i0 + r] != -INFINITY)
                                 kern->pv(1, (int)(hi - lo), nc, S + (size_t)(i0 + r) * ldk + lo, ldk,
                                          V + lo * dv + c0, (size_t)dv, ones, acc + r * STD_DV_CHUNK,

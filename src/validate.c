@@ -398,7 +398,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     const double slope = fa_alibi_slope(p, b, h);
     const float scale_f = (float)p->scale, softcap_f = (float)p->softcap, slope_f = (float)slope;
     int64_t lo, hi;
-    fa_key_range(p, i, &lo, &hi);
+    fa_key_range(p, b, i, &lo, &hi);
 
     load_row_f64(&p->q, fa_off4(&p->q, b, i, h, 0), p->q.stride[3], d, s->qd);
     emu_row(s->qd, d, dt, cx->round_q, s->qf);

@@ -3,11 +3,27 @@
  *
  * Every case draws fresh random inputs (seed printed; FA_TEST_SEED replays),
  * poisons the outputs with NaN so an unwritten element cannot hide, runs the
- * implementation under test and the reference, and requires
- *   max |O - O_ref| <= 5e-5  and  max |LSE - LSE_ref| <= 5e-5,
- * with -inf LSE and zero O matched exactly on rows with no visible key.
- * 5e-5 is the acceptance bound of the core-library issue: float32 storage and
- * accumulation over up to 1000 keys and d = 256 stay well inside it.
+ * implementation under test and the reference, and holds the error to the
+ * project's one tolerance model: fa_check's emulation (a plain float32
+ * attention of the same inputs, its error against the float64 reference
+ * measured element by element). With e the tested output's error and e_emu
+ * the emulation's, per case:
+ *
+ *   max  e <= 8 max  e_emu + 2^-20 max|O_ref|
+ *   mean e <= 4 mean e_emu + 2^-24 max|O_ref|
+ *   |LSE - LSE_ref| <= 4 max e_emu(LSE) + 2^-20 max(1, max|LSE_ref|)
+ *
+ * (low-precision outputs are emulated in their dtype, fa_check's rule), with
+ * -inf LSE and zero O matched exactly on rows with no visible key. Why these
+ * factors: the tested kernel and the emulation are two samples of the same
+ * float32 rounding noise — different summation orders, a polynomial exp — and
+ * the max over thousands of elements is a noisy statistic: over 2493 runs (3
+ * ISAs x 3 seeds x every case here) max e / max e_emu reached 3.7 and mean e /
+ * mean e_emu 2.25; fa_check's own 2x factor failed a correct scalar kernel
+ * once (logits ~500). The floors are a few float32 roundings of the largest
+ * value, for cases where the emulation is exact by chance. Typical bounds are
+ * ~1e-7, where the old fixed 5e-5 was 800-1700x the measured error; a wrong
+ * mask, scale or tile edge moves the mean by orders of magnitude.
  */
 #include "test_util.h"
 
@@ -17,8 +33,6 @@
 #include <string.h>
 
 #include "internal.h"
-
-#define TOL 5e-5
 
 typedef struct tcase {
     int64_t B, Sq, Sk, H, Hk, d, dv;
@@ -54,6 +68,26 @@ static void describe(const tcase *c, fa_impl impl, char *buf, size_t n)
              (long long)c->Hk, (long long)c->d, (long long)c->dv, c->causal, (long long)c->wl,
              (long long)c->wr, c->softcap, c->alibi, fa_dtype_name(c->in_dtype),
              fa_dtype_name(c->out_dtype), c->bhsd, c->bq, c->bk, c->range);
+}
+
+/*
+ * The LSE bound, by the same emulation rule as O: four times the LSE error of a plain float32
+ * attention (fa_check's emulation, rep->lse_emu_max_abs_err) plus a floor of 2^-20
+ * relative to max(1, max|LSE_ref|) — four float32 roundings of the largest LSE, for
+ * the final m + ln(l) and its store, where the emulation's error can be near zero by
+ * chance.
+ */
+static double lse_bound(const fa_check_report *rep, const tu_tensor *lse_ref)
+{
+    double mx = 1.0;
+    int64_t idx[3];
+    for (idx[0] = 0; idx[0] < lse_ref->t.shape[0]; idx[0]++)
+        for (idx[1] = 0; idx[1] < lse_ref->t.shape[1]; idx[1]++)
+            for (idx[2] = 0; idx[2] < lse_ref->t.shape[2]; idx[2]++) {
+                const double x = fabs(tu_get(lse_ref, idx));
+                if (isfinite(x) && x > mx) mx = x;
+            }
+    return 4.0 * rep->lse_emu_max_abs_err + 0x1p-20 * mx;
 }
 
 /* Run one case for `impl` and compare against the reference; returns max error. */
@@ -109,14 +143,30 @@ static double run_case(const tcase *c, fa_impl impl)
         fail_msg("unwritten (NaN) outputs: O %lld, LSE %lld (%s)", (long long)tu_count_nan(&o),
                  (long long)tu_count_nan(&lse), what);
 
-    double tol = TOL;
-    if (c->out_dtype == FA_F16) tol += 1.0 / 1024; /* half of 2^-10 relative on |O| <= 1, twice */
-    if (c->out_dtype == FA_BF16) tol += 1.0 / 128;
+    /* O: the project's one tolerance model, fa_check's emulation rule (see the top comment) */
+    fa_check_options co = fa_check_options_default();
+    fa_check_report rep = fa_check_report_init();
+    st = fa_check(&q.t, &k.t, &v.t, &o.t, &lse.t, &opt, &co, &rep);
+    if (st != FA_OK) fail_msg("fa_check failed: %s (%s)", fa_last_error(), what);
     int64_t where;
-    double eo = tu_max_abs_diff(&o, &o_ref, &where);
-    if (eo > tol) fail_msg("O error %.3g at flat index %lld exceeds %.3g (%s)", eo, (long long)where, tol, what);
+    const double eo = tu_max_abs_diff(&o, &o_ref, &where);
+    const double max_bound = 8.0 * rep.emu_max_abs_err + 0x1p-20 * rep.max_abs_ref;
+    const double mean_bound = 4.0 * rep.emu_mean_abs_err + 0x1p-24 * rep.max_abs_ref;
+    if (!(eo <= max_bound) || !(rep.max_abs_err <= max_bound) || !(rep.mean_abs_err <= mean_bound)) {
+        char text[2048];
+        fa_check_report_format(&rep, text, sizeof text);
+        fail_msg("O error max %.3g (bound %.3g), mean %.3g (bound %.3g) (%s):\n%s", eo, max_bound,
+                 rep.mean_abs_err, mean_bound, what, text);
+    }
+    /* LSE: -inf matched exactly on empty rows (tu_max_abs_diff), else the LSE bound below */
     double el = tu_max_abs_diff(&lse, &lse_ref, &where);
-    if (el > TOL) fail_msg("LSE error %.3g at flat index %lld exceeds %.3g (%s)", el, (long long)where, TOL, what);
+    const double lse_tol = lse_bound(&rep, &lse_ref);
+    if (getenv("FA_TEST_VERBOSE"))
+        printf("  %-9s O max err %.2e bound %.2e | mean %.2e bound %.2e | LSE err %.2e bound %.2e\n",
+               fa_impl_name(impl), eo, max_bound, rep.mean_abs_err, mean_bound, el, lse_tol);
+    if (!(el <= lse_tol))
+        fail_msg("LSE error %.3g at flat index %lld exceeds %.3g (%s)", el, (long long)where, lse_tol, what);
+    fa_check_report_free(&rep);
 
     tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&o); tu_free(&o_ref);
     tu_free(&lse); tu_free(&lse_ref);
@@ -354,6 +404,66 @@ static void test_flash_matches_reference_with_large_logits(void **state)
     run_both(&c);
 }
 
+/* Does the flash path pack K/V once (shared) for this seqlen_k at d = 64 under the default cap?
+ * (fa_workspace_bytes counts the shared packing; per-tile packing has none.) */
+static int packs_shared(const tu_tensor *q, int64_t sk)
+{
+    fa_tensor k, v;
+    const int64_t shape[4] = {1, sk, 1, 64}, zero[4] = {0, 0, 0, 0};
+    fa_tensor_make(&k, q->mem, FA_F32, 4, shape, zero); /* shape only: nothing is read */
+    fa_tensor_make(&v, q->mem, FA_F32, 4, shape, zero);
+    fa_options opt = fa_options_default();
+    size_t with = 0, without = 0;
+    assert_int_equal(fa_workspace_bytes(&q->t, &k, &v, &opt, &with), FA_OK);
+    opt.pack_max_bytes = 0;
+    assert_int_equal(fa_workspace_bytes(&q->t, &k, &v, &opt, &without), FA_OK);
+    return with > without;
+}
+
+/* Ensure the shared-packing cap sits where documented (16 MiB: K^T and V of ~32K keys at
+ * d = 64, 512 bytes a key; N = 16384 well inside), and that on both sides of the boundary
+ * the result matches the reference and is bit-identical to per-tile packing. */
+static void test_flash_matches_reference_at_the_shared_packing_cap(void **state)
+{
+    (void)state;
+    tu_tensor q = tu_alloc4(FA_F32, 1, 33, 1, 64, 0);
+    uint64_t rng = tu_seed() ^ 0x16c;
+    tu_fill(&q, &rng, -1, 1);
+    assert_true(packs_shared(&q, 16384));
+    int64_t lo = 16384, hi = 1 << 17; /* packs_shared(lo), !packs_shared(hi) */
+    assert_false(packs_shared(&q, hi));
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (packs_shared(&q, mid)) lo = mid; else hi = mid;
+    }
+    /* the largest shared seqlen_k: 512 bytes a key plus one flag byte a block, padded to a block */
+    if (lo > 32768 || lo < 32768 - 1024)
+        fail_msg("shared packing stops at seqlen_k = %lld at d = 64; 16 MiB should hold ~32768 keys", (long long)lo);
+    const int64_t sks[2] = {lo, lo + 1};
+    for (int x = 0; x < 2; x++) {
+        tcase c = base_case(33, sks[x], 64);
+        c.H = 1; c.Hk = 1;
+        c.causal = x; /* the causal band also crosses every key block */
+        run_case(&c, FA_IMPL_FLASH); /* default cap: shared for sks[0], per tile for sks[1] */
+        pack_max = 0;
+        run_case(&c, FA_IMPL_FLASH);
+        pack_max = -1;
+        /* the same inputs through both packings: the same bits */
+        tu_tensor k = tu_alloc4(FA_F32, 1, sks[x], 1, 64, 0), v = tu_alloc4(FA_F32, 1, sks[x], 1, 64, 0);
+        tu_tensor o1 = tu_alloc4(FA_F32, 1, 33, 1, 64, 0), o2 = tu_alloc4(FA_F32, 1, 33, 1, 64, 0);
+        tu_fill(&k, &rng, -1, 1);
+        tu_fill(&v, &rng, -1, 1);
+        fa_options opt = fa_options_default();
+        opt.causal = x;
+        assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o1.t, NULL, &opt), FA_OK);
+        opt.pack_max_bytes = 0;
+        assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o2.t, NULL, &opt), FA_OK);
+        assert_memory_equal(o1.mem, o2.mem, o1.bytes);
+        tu_free(&k); tu_free(&v); tu_free(&o1); tu_free(&o2);
+    }
+    tu_free(&q);
+}
+
 /* Ensure a batch of several sequences matches (batch offsets are right). */
 static void test_flash_matches_reference_with_batches(void **state)
 {
@@ -382,6 +492,7 @@ int main(void)
         cmocka_unit_test(test_flash_matches_reference_with_odd_block_sizes),
         cmocka_unit_test(test_flash_matches_reference_with_large_logits),
         cmocka_unit_test(test_flash_matches_reference_with_batches),
+        cmocka_unit_test(test_flash_matches_reference_at_the_shared_packing_cap),
     };
     return cmocka_run_group_tests_name("forward", tests, NULL, NULL);
 }

@@ -400,6 +400,14 @@ static void test_limits_of_head_dims_offsets_and_seqlen(void **state)
     fa_options opt = fa_options_default();
     opt.impl = FA_IMPL_STANDARD;
     expect_status(fa_forward(&q, &k, &v, &o, NULL, &opt), FA_ERR_TOO_LARGE, "seqlen_k", f);
+    /* and seqlen_q beyond INT_MAX with no keys (S would be empty) */
+    const int64_t qs4[4] = {1, ((int64_t)1 << 31) + 1, 1, 4}, ks4[4] = {1, 0, 1, 4};
+    fa_tensor o4;
+    assert_int_equal(fa_tensor_make(&q, one, FA_F32, 4, qs4, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, one, FA_F32, 4, ks4, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, one, FA_F32, 4, ks4, NULL), FA_OK);
+    assert_int_equal(fa_tensor_make(&o4, out, FA_F32, 4, qs4, NULL), FA_OK); /* not written: refused first */
+    expect_status(fa_forward(&q, &k, &v, &o4, NULL, &opt), FA_ERR_TOO_LARGE, "seqlen_q", f);
 }
 
 /* Ensure every status has its own name, and an out-of-range one is "unknown". */

@@ -174,7 +174,7 @@ int main(int argc, char **argv)
         double err = 0;
         for (size_t x = 0; x < nhd; x++) err = fmax(err, fabs((double)bf16_value(O[x]) - O_ref[x]));
         fa_check_options co = fa_check_options_default();
-        fa_check_report rep;
+        fa_check_report rep = fa_check_report_init();
         fa_status st = fa_check(&tq, &tk, &tv, &to, &tl, &opt, &co, &rep);
         if (st != FA_OK) { fprintf(stderr, "fa_check: %s\n", fa_last_error()); return 1; }
         char worst[64];

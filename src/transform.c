@@ -1,0 +1,62 @@
+/*
+ * transform.c — the float32 score transforms shared by the flash and standard
+ * forward passes (softcap, ALiBi, mask), and the rule that decides a row
+ * whose scores are all NaN or -inf. The float64 versions are mask.h's.
+ */
+#include "mask.h"
+
+#include <math.h>
+
+/*
+ * Finish the scores of tile S (rows i0.., keys j0..) after qk has scaled them:
+ * softcap, ALiBi and the mask, in docs/semantics.md's order. (The scale multiplies the
+ * dot product inside qk rather than being folded into Q beforehand, as
+ * FlashAttention also does: scale * (q . k) keeps scores that tie in q . k
+ * tied, which matters when the scale is huge.)
+ */
+void fa_transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, int bc, double slope,
+                       const int64_t *lo_rows, const int64_t *hi_rows, float *s, size_t lds)
+{
+    const int transform = p->softcap > 0.0 || slope != 0.0;
+    const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
+    for (int r = 0; r < br; r++) {
+        float *row = s + (size_t)r * lds;
+        const int64_t lo = lo_rows[r] - j0, hi = hi_rows[r] - j0; /* tile-relative */
+        const int jlo = lo > 0 ? (lo < bc ? (int)lo : bc) : 0;
+        const int jhi = hi < bc ? (hi > jlo ? (int)hi : jlo) : bc;
+        for (int j = 0; j < jlo; j++) row[j] = -INFINITY;
+        for (int j = jhi; j < bc; j++) row[j] = -INFINITY;
+        if (!transform) continue;
+        const int64_t i = i0 + r;
+        for (int j = jlo; j < jhi; j++) {
+            float x = row[j];
+            if (cap > 0.0f) x = cap * tanhf(x * inv_cap);
+            if (slope != 0.0) {
+                int64_t rel = i + p->seqlen_k - p->seqlen_q - (j0 + j);
+                x -= (float)(slope * (double)(rel < 0 ? -rel : rel));
+            }
+            row[j] = x;
+        }
+    }
+}
+
+/*
+ * A row that sees keys but whose running max stayed -inf had only NaN or -inf
+ * scores: the softmax kernel keeps P = 0 for it (max skips NaN), which would
+ * make it look empty. Rare (non-finite inputs only), so decide here, in
+ * float64 from the inputs, as the reference does: any NaN score makes the row
+ * NaN; all -inf makes it O = 0, LSE = -inf.
+ */
+int fa_row_has_nan_score(const fa_problem *p, int64_t b, int64_t h, int64_t i, int64_t lo,
+                             int64_t hi, double slope)
+{
+    const int64_t hk = fa_kv_head(p, h);
+    for (int64_t j = lo; j < hi; j++) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < p->d; c++)
+            dot += fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, c)) * fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, c));
+        if (isnan(fa_score_transform(p, dot, slope, i, j))) return 1;
+    }
+    return 0;
+}
+
