@@ -130,9 +130,6 @@ docs:
 	@mkdir -p $(BUILD)/docs
 	doxygen docs/Doxyfile
 
-cuda:
-	@echo "make cuda: no CUDA kernels yet (see cuda/README.md)" >&2; exit 2
-
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BUILD)/flashattn $(DESTDIR)$(PREFIX)/bin/
