@@ -344,11 +344,18 @@ struct rng {
     double normal() { return sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform()); }
 };
 
+/* x[i] ~ normal(0, 1) rounded to t. Chunks of 2^16 elements draw from their own
+ * stream (seed, chunk), so the values do not depend on the thread count. */
 static void fill_normal(std::vector<h16> &x, size_t n, uint64_t seed, cuda_dtype t)
 {
     x.resize(n);
-    rng r{seed};
-    for (size_t i = 0; i < n; i++) x[i] = float_to_h16((float)r.normal(), t);
+    const long long chunks = (long long)((n + 65535) / 65536);
+#pragma omp parallel for schedule(static)
+    for (long long c = 0; c < chunks; c++) {
+        rng r{seed * 0x9e3779b97f4a7c15ULL + (uint64_t)c * 0xd1b54a32d192ed03ULL};
+        const size_t end = std::min(n, (size_t)(c + 1) * 65536);
+        for (size_t i = (size_t)c * 65536; i < end; i++) x[i] = float_to_h16((float)r.normal(), t);
+    }
 }
 
 /* numpy .npy, version 1.0, C order. descr: "<u2" (bf16 bit patterns), "<f2", "<f4". */

@@ -33,7 +33,7 @@ endif
 
 $(CUDA_DIR)/%.o: cuda/%.cu cuda/common.cuh cuda/ladder.h include/flashattn.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) -Iinclude -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -Iinclude -c $< -o $@
 
 $(CUDA_BIN): $(CUDA_OBJS) $(BUILD)/libflashattn.a
 	$(NVCC) $(CUDA_ARCH) -o $@ $(CUDA_OBJS) $(BUILD)/libflashattn.a $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lm
