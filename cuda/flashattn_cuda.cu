@@ -1091,6 +1091,7 @@ static int run(const harness_opts *o)
             fprintf(stderr, "flashattn-cuda: --csv: cannot open %s: %s\n", o->csv, strerror(errno));
             return 2;
         }
+        fseek(f, 0, SEEK_END);
         if (ftell(f) == 0)
             fprintf(f, "kernel,dtype,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,window_left,window_right,softcap,"
                        "repeats,ms_median,ms_min,ms_max,tflops,probe_tflops,frac_probe,check,note\n");

@@ -55,7 +55,7 @@ SHAPES="128:16384:0:16:16:1 128:16384:1:16:16:1 128:4096:0:16:16:4 128:4096:1:16
 64:16384:0:16:16:1 64:16384:1:16:16:1 64:4096:0:16:16:4 64:4096:1:16:16:4 64:1024:0:16:16:16 64:1024:1:16:16:16"
 
 say "== PyTorch SDPA ($(left) s left)"
-PYTHONUNBUFFERED=1 python3 cuda/sdpa_bench.py --csv "$CSV" --bwd --repeats 20 --max-seconds 0.5 \
+PYTHONUNBUFFERED=1 python3 cuda/sdpa_bench.py --csv "$CSV" --bwd --repeats 20 --max-seconds 0.4 \
     --deadline $((START + BUDGET * 35 / 100)) --shapes "$(echo $SHAPES | tr ' ' ',')" >> "$LOG" 2>&1 ||
     say "sdpa_bench.py failed (see run.log)"
 
@@ -73,7 +73,7 @@ EOF
         fi
         echo "-- kernel $k d=$d N=$n causal=$c H=$h:$hk B=$b" >> "$LOG"
         "$BIN" --kernel $k --d "$d" --seqlen "$n" --heads "$h" --heads-k "$hk" --batch "$b" $causal \
-            --dtype bf16 --repeats 20 --max-seconds 1.5 --csv "$CSV" >> "$LOG" 2>&1
+            --dtype bf16 --repeats 20 --max-seconds 1 --csv "$CSV" >> "$LOG" 2>&1
         rc=$?
         [ $rc -ne 0 ] && say "FAILED (exit $rc): kernel $k d=$d N=$n causal=$c H=$h:$hk B=$b"
     done
