@@ -4,7 +4,7 @@
  * Previous rung (03_flash2.cu): the forward pass, which leaves O and the LSE
  *   (m + ln l per query row) behind — all the backward needs to rebuild P.
  * What this rung adds (Dao 2023, FlashAttention-2, Algorithm 2), given dO:
- *     D_i  = dO_i . O_i                                 (kernel 1, one warp per row)
+ *     D_i  = dO_i . O_i                                 (kernel 1, one thread per row)
  *     P    = e^{s - LSE}       recomputed tile by tile, never stored
  *     dV   = P^T dO,   dP = dO V^T,   dS = P o (dP - D)  (o: elementwise)
  *     dS  *= 1 - (s / softcap)^2                        when softcap is on (s: the capped logit)
@@ -40,26 +40,30 @@ constexpr float L2E = 1.4426950408889634f;
 template <int D> __host__ __device__ constexpr int ld() { return D + 4; }
 template <int D> constexpr size_t smem_bytes() { return sizeof(float) * (4 * BT * ld<D>() + BT * LDP + 2 * BT); }
 
-/* 1. D[b][h][i] = dO_i . O_i (float). One warp per row (b, h, i). */
+/* 1. D[b][h][i] = dO_i . O_i (float). One thread per row (b, h, i), one fmaf chain over
+ *    c = 0 .. d-1: the same order in which the tile products form dP_ij = dO_i . v_j
+ *    (common.cuh's warp_mm_abt). Where a row's whole probability sits on one key (seqlen_k = 1,
+ *    say), O_i = v_j exactly, so dP_ij - D_i is exactly 0 and so are dS, dQ and dK — as they
+ *    are mathematically; a differently ordered sum would leave float32 rounding noise there,
+ *    which check-grad's rule (relative to max|G_ref| = 0) rightly rejects. */
 template <typename T, int D>
 __global__ void bwd_dot_do_o(attn_shape p, const T *__restrict__ o, const T *__restrict__ dout, float *__restrict__ Dg)
 {
-    const long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
+    const long long row = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (row >= (long long)p.batch * p.heads * p.seqlen_q) return;
     const long long i = row % p.seqlen_q;
     const int h = (int)((row / p.seqlen_q) % p.heads), b = (int)(row / ((long long)p.seqlen_q * p.heads));
     const long long base = bshd(b, i, h, p.seqlen_q, p.heads, D);
     float acc = 0.0f;
-    for (int c = lane * 8; c < D; c += 256) {
+#pragma unroll 4
+    for (int c = 0; c < D; c += 8) {
         float x[8], y[8];
         to_float8(*reinterpret_cast<const uint4 *>(o + base + c), x, (T *)nullptr);
         to_float8(*reinterpret_cast<const uint4 *>(dout + base + c), y, (T *)nullptr);
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc = fmaf(x[e], y[e], acc);
+        for (int e = 0; e < 8; e++) acc = fmaf(y[e], x[e], acc);
     }
-    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    if (lane == 0) Dg[row] = acc;
+    Dg[row] = acc;
 }
 
 /* P and dS of one tile element: x = scale (q . k) (raw), dp = (dO V^T) element, lse, Drow of the query. */
@@ -249,7 +253,7 @@ template <typename T, int D> cudaError_t launch(const bwd_args &a)
     const T *q = static_cast<const T *>(a.q), *k = static_cast<const T *>(a.k), *v = static_cast<const T *>(a.v);
     const T *o = static_cast<const T *>(a.o), *dout = static_cast<const T *>(a.dout);
     const long long rows = (long long)p.batch * p.heads * p.seqlen_q;
-    bwd_dot_do_o<T, D><<<(unsigned)((rows * 32 + 255) / 256), 256, 0, a.stream>>>(p, o, dout, Dg);
+    bwd_dot_do_o<T, D><<<(unsigned)((rows + 255) / 256), 256, 0, a.stream>>>(p, o, dout, Dg);
 
     const size_t smem = smem_bytes<D>();
     cudaError_t e = cudaFuncSetAttribute(bwd_dk_dv<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
