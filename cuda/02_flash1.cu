@@ -26,7 +26,7 @@
  * What it leaves out, and why it is slower than rung 03 (the point of this rung):
  *   - O_i (float), m_i and l_i make a round trip through global memory for every
  *     (i, j) tile, and Q_i is re-read and re-converted for every tile: per tile
- *     64 x d x (2 + 4 + 4) bytes of extra traffic, ~2x what K_j and V_j cost;
+ *     64 x d x (2 + 4 + 4) bytes of extra traffic, 2.5x what K_j and V_j cost;
  *   - O_i is rescaled and divided by l_new after every key block (rung 03
  *     divides once); the blocks of a launch cannot keep anything on chip
  *     between launches, and each launch is a grid-wide barrier (seqlen_k / 64
@@ -35,8 +35,9 @@
  * Memory traffic it expects (per head, N = seqlen_q = seqlen_k, Br = Bc = 64):
  *   K, V read once per query block, as in rung 03: 2 N d (N / 64) elements of T;
  *   plus per tile Q_i (T) and O_i (float, read and written): N/64 x N x d x
- *   (2 + 8) bytes. At N = 16384, d = 128, H = 16: 8.6 GB of K/V plus ~43 GB of
- *   Q and O traffic (most of it from L2, which holds O for a few heads at a time).
+ *   (2 + 8) bytes. At N = 16384, d = 128, H = 16: 34 GB of K/V (as rung 03) plus
+ *   86 GB of Q and O traffic, against 2.2 TFLOP; O_acc (128 MB) does not fit the
+ *   60 MB L2, so most of the O traffic reaches HBM.
  * Workspace: O_acc float [batch][seqlen_q][heads][d], m and l float [batch][heads][seqlen_q].
  */
 #include "ladder.h"

@@ -41,8 +41,9 @@
  * Memory traffic it expects (per head, N = seqlen_q = seqlen_k, causal halves the K/V
  *   part): Q read once and O written once (2 N d elements of T) plus K and V read
  *   once per query block: 2 N d (N / Br). At N = 16384, d = 128, bf16, H = 16:
- *   16 x (8 MiB + 512 MiB) = 8.3 GB, against 2.2 TFLOP: 265 FLOP per byte, far
- *   above the H200's ~15 FLOP/byte balance for FP32 CUDA cores. This rung is
+ *   16 x (8 MiB + 2 GiB) = 34 GB, against 2.2 TFLOP: 64 FLOP per byte, above the
+ *   H200's ~14 FLOP/byte balance for FP32 CUDA cores (60 TFLOP/s over 4.3 TB/s),
+ *   and one head's K and V (8 MiB) fit the 60 MB L2 (the hit rate was not measured). This rung is
  *   bound by the FMA issue rate and the shared-memory reads that feed it.
  * Shared memory (floats, LD = d + 4 padding): Q_i [64][LD] scaled by `scale`,
  *   K_j then V_j in one buffer [64][LD], P [64][68]: 83 KiB at d = 128, so two

@@ -35,14 +35,22 @@ def main():
         print(f"| {r['kernel']} | {r['dtype']} | {r['d']} | {r['seqlen_q']} | {heads} | {r['causal']} | "
               f"{float(r['tflops']):.2f} | {frac} | {ratio(r, 'sdpa_flash')} | {ratio(r, 'sdpa_cudnn')} | {r['check']} |")
     print()
-    print("| SDPA backend | d | N | heads | causal | TFLOP/s |")
-    print("|---|---|---|---|---|---|")
+    print("PyTorch SDPA, same run, bf16, TFLOP/s (forward / backward):")
+    print()
+    print("| d | N | heads | causal | flash | cuDNN | memory-efficient |")
+    print("|---|---|---|---|---|---|---|")
+    shapes = []
     for r in rows:
-        if r["kernel"].startswith("sdpa"):
-            heads = r["heads"] if r["heads"] == r["heads_k"] else f"{r['heads']}:{r['heads_k']}"
-            tf = r["tflops"] if r["check"] == "torch" else f"unsupported ({r['note']})"
-            print(f"| {r['kernel']} | {r['d']} | {r['seqlen_q']} | {heads} | {r['causal']} | {tf} |")
-
+        key = (r["d"], r["seqlen_q"], r["heads"], r["heads_k"], r["causal"])
+        if r["kernel"].startswith("sdpa") and key not in shapes:
+            shapes.append(key)
+    for d, n, h, hk, c in shapes:
+        cells = []
+        for b in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):
+            f, w = sdpa.get((b, d, n, h, hk, c)), sdpa.get((b + "_bwd", d, n, h, hk, c))
+            cells.append(f"{f:.0f} / {w:.0f}" if f and w else f"{f:.0f} / -" if f else "unsupported")
+        heads = h if h == hk else f"{h}:{hk}"
+        print(f"| {d} | {n} | {heads} | {c} | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main()
