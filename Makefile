@@ -158,9 +158,6 @@ docs:
 	@mkdir -p $(BUILD)/docs
 	$(DOXYGEN) docs/Doxyfile
 
-cuda:
-	@echo "make cuda: no CUDA kernels yet (see cuda/README.md)" >&2; exit 2
-
 install: all
 # (the install and uninstall rules: mk/install.mk)
 

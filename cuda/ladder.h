@@ -1,0 +1,32 @@
+/*
+ * ladder.h — the rungs as the harness sees them: one forward (or backward)
+ * launcher per rung and the workspace it needs. Each launcher enqueues its
+ * kernels on args.stream and returns the launch status (cudaGetLastError);
+ * it never synchronizes. d must be 64 or 128; the harness checks that.
+ */
+#ifndef FA_CUDA_LADDER_H
+#define FA_CUDA_LADDER_H
+
+#include "common.cuh"
+
+/* 01_naive.cu: S and P materialized in global memory, three kernels. */
+size_t naive_workspace_bytes(const attn_shape &sh);
+cudaError_t naive_forward(const fwd_args &a);
+
+/* 02_flash1.cu: FlashAttention-1 loop order, one launch per key block. */
+size_t flash1_workspace_bytes(const attn_shape &sh);
+cudaError_t flash1_forward(const fwd_args &a);
+
+/* 03_flash2.cu: FlashAttention-2 forward. */
+size_t flash2_workspace_bytes(const attn_shape &sh);
+cudaError_t flash2_forward(const fwd_args &a);
+
+/* 03b_flash2_bwd.cu: FlashAttention-2 backward (needs O and LSE of the forward). */
+size_t flash2_bwd_workspace_bytes(const attn_shape &sh);
+cudaError_t flash2_backward(const bwd_args &a);
+
+/* fma_probe.cu: the FP32 CUDA-core ceiling. Runs `iters` FMAs on 8 independent
+ * chains per thread; returns FLOPs performed (2 per FMA). */
+double fma_probe_launch(float *sink, int blocks, int iters, cudaStream_t stream);
+
+#endif /* FA_CUDA_LADDER_H */

@@ -1,0 +1,47 @@
+# mk/cuda.mk — the CUDA ladder (cuda/NN_*.cu) and its harness build/cuda/flashattn-cuda.
+#
+#   make cuda          build the rungs and the harness with nvcc (without nvcc: says so, succeeds)
+#   make cuda-test     the harness's CPU-side self-test (no GPU needed; what CI runs)
+#   sh cuda/run_h200.sh OUTDIR   on a GPU machine: build, validate and time the grid, PyTorch SDPA beside it
+#
+# The harness links libflashattn.a: every rung is validated by the library's own fa_check.
+# Targets: sm_90 machine code plus compute_80 PTX (portable: the driver compiles it for any
+# later GPU). Nothing in rungs 01-03b needs sm_90a (no wgmma/setmaxnreg); part 2 adds it per file.
+# NVCC=..., CUDA_ARCH=..., NVCCFLAGS=... override.
+
+NVCC      ?= nvcc
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80
+NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
+HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
+CUDA_DIR  := $(BUILD)/cuda
+CUDA_SRCS := $(sort $(wildcard cuda/[0-9][0-9]*.cu)) cuda/fma_probe.cu cuda/flashattn_cuda.cu
+CUDA_OBJS := $(CUDA_SRCS:cuda/%.cu=$(CUDA_DIR)/%.o)
+CUDA_BIN  := $(CUDA_DIR)/flashattn-cuda
+CUDA_CSV  ?= cuda/results/h200.csv
+
+.PHONY: cuda-test
+
+ifeq ($(HAVE_NVCC),)
+cuda cuda-test:
+	@echo "make $@: nvcc not found, so the CUDA ladder is not built (install the CUDA toolkit or set NVCC=/path/to/nvcc)."
+else
+cuda: $(CUDA_BIN)
+
+cuda-test: $(CUDA_BIN)
+	./$(CUDA_BIN) --self-test
+endif
+
+$(CUDA_DIR)/%.o: cuda/%.cu cuda/common.cuh cuda/ladder.h include/flashattn.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -Iinclude -c $< -o $@
+
+$(CUDA_BIN): $(CUDA_OBJS) $(BUILD)/libflashattn.a
+	$(NVCC) $(CUDA_ARCH) -o $@ $(CUDA_OBJS) $(BUILD)/libflashattn.a $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lm
+
+# `make plots` draws the ladder against PyTorch SDPA from the committed CSV, when it is there.
+ifneq ($(wildcard $(CUDA_CSV)),)
+plots: $(BUILD)/plots/cuda_ladder.png
+$(BUILD)/plots/cuda_ladder.png: plots/cuda_ladder.gp $(CUDA_CSV)
+	@mkdir -p $(dir $@)
+	$(or $(GNUPLOT),gnuplot) -e "csv='$(CUDA_CSV)'; out='$@'" $<
+endif
