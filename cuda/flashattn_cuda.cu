@@ -436,7 +436,7 @@ static int check_forward(host_problem &hp, const harness_opts *o, long long samp
     co.num_threads = o->threads;
     co.out_name = label;
     co.lse_name = "lse";
-    fa_check_report rep;
+    fa_check_report rep = fa_check_report_init();
     fa_status st = fa_check(&q, &k, &v, &out, &lse, &attn, &co, &rep);
     if (st != FA_OK) {
         fprintf(stderr, "flashattn-cuda: fa_check: %s\n", fa_last_error());
@@ -741,7 +741,7 @@ static int self_test(void)
                 fa_options attn = make_fa_options(&ho, ss);
                 fa_check_options co = fa_check_options_default();
                 co.dtype = dt;
-                fa_check_report rep;
+                fa_check_report rep = fa_check_report_init();
                 fa_status st = fa_check(&q, &k, &v, &out, NULL, &attn, &co, &rep);
                 st_expect(st == FA_OK && !rep.pass && rep.worst_batch == c.b - 1 && rep.worst_row == c.sq - 1 &&
                               rep.worst_head == c.h - 1 && rep.worst_col == 3,
