@@ -140,7 +140,7 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
                 for (int64_t x = 0; x < d; x++) dot += qi[x] * kd[j * d + x];
                 const double t = p->scale * dot;             /* scaled score */
                 const double u = c > 0.0 ? c * tanh(t / c) : t; /* softcapped */
-                const int64_t rel = i + Sk - p->seqlen_q - j;
+                const int64_t rel = i + fa_diag_offset(p, b) - j;
                 const double s = u - slope * (double)(rel < 0 ? -rel : rel); /* ALiBi */
                 const double P = exp(s - L);
                 double dP = 0.0;
@@ -502,7 +502,7 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
                 while (r2 < br && sc->lo[r2] <= key) r2++;
                 tile_line(p, kern, sc->g, br, r1, r2 > r1 ? r2 : r1, sc->st + (size_t)j * g->ldr,
                           sc->dpt + (size_t)j * g->ldr, sc->lse, sc->dd, 1, slope,
-                          i0 + p->seqlen_k - p->seqlen_q - key, 1);
+                          i0 + fa_diag_offset(p, b) - key, 1);
             }
             kern->pv(bc, br, (int)dvd, sc->st, g->ldr, dor, g->lddv, sc->ones, sc->dva, g->lddv);
             kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
@@ -550,7 +550,7 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
                 const int va = lo > 0 ? (lo < bc ? (int)lo : bc) : 0;
                 const int vb = hi < bc ? (hi > va ? (int)hi : va) : bc;
                 tile_line(p, kern, sc->g, bc, va, vb, sc->s + (size_t)r * g->ldc, sc->dp + (size_t)r * g->ldc,
-                          sc->lse + r, sc->dd + r, 0, slope, i0 + r + p->seqlen_k - p->seqlen_q - j0, -1);
+                          sc->lse + r, sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1);
             }
             kern->pv(br, bc, (int)d, sc->dp, g->ldc, kr, g->ldd, sc->ones, sc->dqa, g->ldd);
         }

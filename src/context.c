@@ -111,6 +111,6 @@ void *fa_scratch_alloc(const fa_problem *p, size_t bytes)
 void fa_scratch_free(const fa_problem *p, void *ptr)
 {
     const fa_arena *a = p->arena;
-    if (a && ptr && (char *)ptr >= a->base && (char *)ptr < a->base + a->cap) return;
+    if (a && ptr && a->base && (char *)ptr >= a->base && (char *)ptr < a->base + a->cap) return;
     fa_free(ptr);
 }

@@ -243,7 +243,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
             const size_t ldv = g->ldv;
 
             kern->qk(br, bc, (int)d, sc->qi, g->ldq, kt, g->ldk, (float)p->scale, sc->s, g->lds);
-            fa_transform_tile(p, i0, br, j0, bc, slope, sc->lo, sc->hi, sc->s, g->lds);
+            fa_transform_tile(p, b, i0, br, j0, bc, slope, sc->lo, sc->hi, sc->s, g->lds);
             kern->softmax(br, bc, sc->s, g->lds, sc->m, sc->l, sc->alpha);
             if (v_bad)
                 pv_masked_rows(kern, br, j0, bc, dv, sc, g->lds, vj, ldv, g->ldo);

@@ -31,6 +31,14 @@ static inline int64_t fa_lse_off(const fa_problem *p, int64_t b, int64_t h, int6
     return b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2];
 }
 
+/* The diagonal's offset in batch entry b: query row i lines up with key
+ * i + fa_diag_offset(p, b) (bottom-right alignment: k_len - q_len). */
+static inline int64_t fa_diag_offset(const fa_problem *p, int64_t b)
+{
+    const fa_seq sq = fa_problem_seq(p, b);
+    return sq.k_len - sq.q_len;
+}
+
 /*
  * Visible keys of query row i of batch entry b are the half-open range
  * [*lo, *hi), possibly empty (*lo >= *hi), in the entry's own key numbering
@@ -57,25 +65,26 @@ static inline void fa_key_range(const fa_problem *p, int64_t b, int64_t i, int64
     *hi = h;
 }
 
-/* The score transform after the dot product: scale, softcap, ALiBi (double). */
-static inline double fa_score_transform(const fa_problem *p, double dot, double slope,
+/* The score transform after the dot product: scale, softcap, ALiBi (double),
+ * for query row i and key j of batch entry b. */
+static inline double fa_score_transform(const fa_problem *p, double dot, double slope, int64_t b,
                                         int64_t i, int64_t j)
 {
     double s = p->scale * dot;
     if (p->softcap > 0.0) s = p->softcap * tanh(s / p->softcap);
     if (slope != 0.0) {
-        int64_t rel = i + p->seqlen_k - p->seqlen_q - j;
+        int64_t rel = i + fa_diag_offset(p, b) - j;
         s -= slope * (double)(rel < 0 ? -rel : rel);
     }
     return s;
 }
 
 /*
- * Finish a float32 score tile S (rows i0.., keys j0..; qk has scaled it):
+ * Finish a float32 score tile S (batch entry b, rows i0.., keys j0..; qk has scaled it):
  * softcap, ALiBi, then -inf outside each row's visible keys [lo_rows[r],
  * hi_rows[r]) (transform.c; used by flash and standard).
  */
-void fa_transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, int bc, double slope,
+void fa_transform_tile(const fa_problem *p, int64_t b, int64_t i0, int br, int64_t j0, int bc, double slope,
                        const int64_t *lo_rows, const int64_t *hi_rows, float *s, size_t lds);
 
 /* Has row i of (b, h) a NaN score among keys [lo, hi)? (float64, from the inputs) */

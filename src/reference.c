@@ -44,7 +44,7 @@ static void reference_row(const fa_problem *p, int64_t b, int64_t i, int64_t h, 
         for (int64_t c = 0; c < p->d; c++)
             dot += fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, c)) *
                    fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, c));
-        s[j] = fa_score_transform(p, dot, slope, i, j);
+        s[j] = fa_score_transform(p, dot, slope, b, i, j);
         if (isnan(s[j]) || s[j] > m) m = s[j]; /* NaN, once seen, sticks */
     }
     for (int64_t c = 0; c < p->dv; c++) acc[c] = 0.0;

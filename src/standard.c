@@ -108,7 +108,7 @@ fa_status fa_standard_forward(const fa_problem *p)
                     rowl[i0 + r] = 0.0f;
                 }
                 float *sblk = S + (size_t)i0 * ldk; /* [br][ldk] */
-                fa_transform_tile(p, i0, br, 0, (int)Sk, slope, lo, hi, sblk, ldk);
+                fa_transform_tile(p, b, i0, br, 0, (int)Sk, slope, lo, hi, sblk, ldk);
                 kern->softmax(br, (int)Sk, sblk, ldk, rowm + i0, rowl + i0, alpha);
                 /* empty is decided from the key range; a row that sees keys but has only
                  * NaN/-inf scores is NaN or empty as the reference decides (transform.c) */

@@ -14,7 +14,7 @@
  * FlashAttention also does: scale * (q . k) keeps scores that tie in q . k
  * tied, which matters when the scale is huge.)
  */
-void fa_transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, int bc, double slope,
+void fa_transform_tile(const fa_problem *p, int64_t b, int64_t i0, int br, int64_t j0, int bc, double slope,
                        const int64_t *lo_rows, const int64_t *hi_rows, float *s, size_t lds)
 {
     const int transform = p->softcap > 0.0 || slope != 0.0;
@@ -32,7 +32,7 @@ void fa_transform_tile(const fa_problem *p, int64_t i0, int br, int64_t j0, int 
             float x = row[j];
             if (cap > 0.0f) x = cap * tanhf(x * inv_cap);
             if (slope != 0.0) {
-                int64_t rel = i + p->seqlen_k - p->seqlen_q - (j0 + j);
+                int64_t rel = i + fa_diag_offset(p, b) - (j0 + j);
                 x -= (float)(slope * (double)(rel < 0 ? -rel : rel));
             }
             row[j] = x;
@@ -55,7 +55,7 @@ int fa_row_has_nan_score(const fa_problem *p, int64_t b, int64_t h, int64_t i, i
         double dot = 0.0;
         for (int64_t c = 0; c < p->d; c++)
             dot += fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, c)) * fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, c));
-        if (isnan(fa_score_transform(p, dot, slope, i, j))) return 1;
+        if (isnan(fa_score_transform(p, dot, slope, b, i, j))) return 1;
     }
     return 0;
 }

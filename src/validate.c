@@ -432,11 +432,11 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
                 df += qf[c] * xf[c];
             }
         }
-        double sdj = fa_score_transform(p, dd, slope, i, j);
+        double sdj = fa_score_transform(p, dd, slope, b, i, j);
         float sfj = df;
         if (softcap_f > 0.0f) sfj = softcap_f * tanhf(sfj / softcap_f);
         if (slope != 0.0) {
-            int64_t rel = i + p->seqlen_k - p->seqlen_q - j;
+            int64_t rel = i + fa_diag_offset(p, b) - j;
             sfj -= slope_f * (float)(rel < 0 ? -rel : rel);
         }
         s->sd[j] = sdj;
@@ -492,7 +492,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     row_result *rr = &cx->rr[w];
     rr->lse_ref = empty ? -INFINITY : md + log(ld);
     rr->lse_emu = empty ? -INFINITY : (double)(mf + logf(lf));
-    rr->lse_offset = slope * (double)(i + p->seqlen_k - p->seqlen_q);
+    rr->lse_offset = slope * (double)(i + fa_diag_offset(p, b));
     rr->lse_test = NAN;
     if (p->lse.data)
         rr->lse_test = fa_load_f64(&p->lse, fa_lse_off(p, b, h, i));
