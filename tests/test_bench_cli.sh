@@ -36,6 +36,9 @@ expect_fail "--n and --d of 2^32" "--n" --n 4294967296 --d 4294967296 --impl fla
 expect_fail "memory beyond MemAvailable" "MemAvailable" --impl standard --n 2000000000 --d 1 --heads 1 --threads 1
 grep -q "needs about" err.txt || bad "the memory refusal does not give the estimate: $(cat err.txt)"
 expect_fail "time beyond --max-seconds" "need at least" --impl flash --n 1000000 --d 1 --heads 1 --threads 1 --max-seconds 1
+# the reference's float64 loops are timed at their own measured rate, not at the FMA peak
+# (N=4096, d=64, one head: 8.6 GFLOP, seconds at ~1 GFLOP/s, milliseconds at the peak)
+expect_fail "reference time beyond --max-seconds" "reference's measured" --impl reference --n 4096 --d 64 --heads 1 --repeats 1 --warmup 0 --no-check --max-seconds 0.5
 expect_fail "--threads 1000000" "--threads" $TINY --threads 1000000
 expect_fail "--repeats 1000" "--repeats" $TINY --repeats 1000
 expect_fail "--warmup 1000000" "--warmup" $TINY --warmup 1000000

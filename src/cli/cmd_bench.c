@@ -579,6 +579,41 @@ static double run_flops(int bwd, double n, double d, const bench_cfg *cfg)
     return cfg->causal ? 0.5 * f : f;
 }
 
+/* The reference's float64 loops run far below the FMA peak, so a time bound
+ * at the peak would let `--impl reference` ask for hours. Measure its rate on
+ * a small problem (B=1, H=1, N=256, d=64: 17 MFLOP, a few ms) with the
+ * threads asked for; 0 if it cannot be measured. */
+static double measure_reference_gflops(int threads)
+{
+    enum { N = 256, D = 64 };
+    float *buf = malloc(sizeof(float) * 4 * N * D);
+    if (!buf) return 0;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 4 * N * D; i++) {           /* never zeros: a small LCG in [-1, 1) */
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        buf[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    }
+    int64_t shape[4] = {1, N, 1, D};
+    fa_tensor q, k, v, o;
+    fa_tensor_make(&q, buf, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&k, buf + N * D, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&v, buf + 2 * N * D, FA_F32, 4, shape, NULL);
+    fa_tensor_make(&o, buf + 3 * N * D, FA_F32, 4, shape, NULL);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_REFERENCE;
+    opt.num_threads = threads;
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        if (fa_forward(&q, &k, &v, &o, NULL, &opt) != FA_OK) break;
+        double dt = now_s() - t0;
+        double rate = 4.0 * N * N * D / (dt > 1e-9 ? dt : 1e-9) / 1e9;
+        if (rate > best) best = rate;
+    }
+    free(buf);
+    return best;
+}
+
 static int has_backward(const char *impl)
 {
     return strcmp(impl, "flash") == 0 || strcmp(impl, "reference") == 0;
@@ -590,6 +625,7 @@ static int bench_main(int argc, char **argv)
     long long ns[MAX_LIST] = {1024, 2048, 4096, 8192}, ds[MAX_LIST] = {64, 128};
     int nn = 4, nd = 2;
     double max_seconds = 3600.0;
+    double reference_flops = 0;   /* the reference's share, timed at its own measured rate */
     bench_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.batch = 1;
@@ -714,7 +750,9 @@ static int bench_main(int argc, char **argv)
                                            ? ", the N x N scores" : "",
                                        cli_bytes((size_t)avail, b2, sizeof b2));
                     const int runs = 1 + (cfg.warmup > 1 ? cfg.warmup - 1 : 0) + cfg.repeats + (p ? 1 : 0);
-                    seconds_at_peak_flops += runs * run_flops(p, (double)ns[b], (double)ds[a], &cfg);
+                    double f = runs * run_flops(p, (double)ns[b], (double)ds[a], &cfg);
+                    if (strcmp(names[c], "reference") == 0) reference_flops += f;
+                    else seconds_at_peak_flops += f;
                 }
 
     fa_cpu_info info;
@@ -728,11 +766,20 @@ static int bench_main(int argc, char **argv)
     int probe_threads = cpus > 0 && cfg.threads > cpus ? (int)cpus : cfg.threads;
     cfg.peak = measure_peak(info.isa, probe_threads);
     /* time: bounded below by the FLOPs at the measured peak */
+    if (reference_flops > 0) {
+        double ref_rate = measure_reference_gflops(cfg.threads);
+        if (ref_rate > 0 && reference_flops / (ref_rate * 1e9) > max_seconds)
+            return cli_die("bench: the reference runs asked for need about %.3g s (%.3g FLOP at the "
+                           "reference's measured %.2f GFLOP/s), more than --max-seconds %.3g; use smaller "
+                           "sizes or raise --max-seconds",
+                           reference_flops / (ref_rate * 1e9), reference_flops, ref_rate, max_seconds);
+        if (ref_rate > 0) seconds_at_peak_flops += reference_flops / ref_rate * (cfg.peak > 0 ? cfg.peak : 0);
+    }
     if (cfg.peak > 0) {
         double secs = seconds_at_peak_flops / (cfg.peak * 1e9);
         if (secs > max_seconds)
             return cli_die("bench: the runs asked for need at least %.3g s (%.3g FLOP at the measured FMA peak of "
-                           "%.1f GFLOP/s), more than --max-seconds %.0f; use smaller sizes or raise --max-seconds",
+                           "%.1f GFLOP/s), more than --max-seconds %.3g; use smaller sizes or raise --max-seconds",
                            secs, seconds_at_peak_flops, cfg.peak, max_seconds);
     }
 
