@@ -330,6 +330,13 @@ def _fa_dtype(arr, name="array", bf16_bits=None):
 def _torch_to_numpy(t, name):
     """A host numpy view (or copy) of a torch tensor; bf16 becomes uint16 bits."""
     t = t.detach()
+    # A tensor may carry a lazy negation or conjugation bit (x.conj().imag,
+    # torch._neg_view): DLPack and .numpy() would export the raw storage and drop
+    # the sign. Materialize those bits first (a no-op for ordinary tensors).
+    if hasattr(t, "resolve_neg"):
+        t = t.resolve_neg()
+    if hasattr(t, "resolve_conj"):
+        t = t.resolve_conj()
     if t.device.type != "cpu":
         t = t.to("cpu")
     if str(t.dtype) == "torch.bfloat16":

@@ -160,3 +160,20 @@ def test_alibi_slopes_as_torch_tensors_are_read_by_value(gen):
     for s in (slopes, slopes.to(torch.bfloat16), slopes.to(torch.float16)):  # exact in all three
         o = fa.attention(q, k, v, causal=True, alibi_slopes=s)
         np.testing.assert_array_equal(o.numpy(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensors_with_a_negation_or_conjugation_bit_are_read_by_value(gen, device):
+    """Ensure x.conj().imag (a lazily negated view) is read as its values, not its raw storage."""
+    q, k, v = qkv(gen, torch.float32, device)
+    neg_k = torch.complex(k, k).conj().imag   # = -k, a negation bit over k's storage
+    assert neg_k.is_neg()
+    o = fa.attention(q, neg_k, v)
+    want = fa.attention(q, (-k).clone(), v)
+    assert torch.equal(o, want)
+    d0 = torch.ones_like(o) + o               # a dO of O's shape, never zeros
+    neg_dout = torch.complex(d0, d0).conj().imag
+    g = fa.grad(q, k, v, neg_dout)
+    g_want = fa.grad(q, k, v, (-d0).clone())
+    for a, b in zip(g, g_want):
+        assert torch.equal(a, b)
