@@ -863,8 +863,43 @@ static fa_status classify(const char *path, int *through, char **target, struct 
     return FA_OK;
 }
 
+/*
+ * "/dev/stdout", "/dev/stderr", "/dev/fd/N" and "/proc/self/fd/N" name a stream
+ * the caller already opened (`-o /dev/stdout >> log`). Resolving them to the
+ * file behind and replacing that file would drop what the shell appended
+ * before and after; they are written through the open descriptor instead, at
+ * its offset and in its mode. Returns N, or -1 for any other path.
+ */
+static int open_stream_fd(const char *path)
+{
+    if (strcmp(path, "/dev/stdout") == 0) return 1;
+    if (strcmp(path, "/dev/stderr") == 0) return 2;
+    const char *num = NULL;
+    if (strncmp(path, "/dev/fd/", 8) == 0) num = path + 8;
+    else if (strncmp(path, "/proc/self/fd/", 14) == 0) num = path + 14;
+    if (!num || *num < '0' || *num > '9') return -1;
+    long n = 0;
+    for (const char *c = num; *c; c++) {
+        if (*c < '0' || *c > '9' || n > 1000000) return -1;
+        n = n * 10 + (*c - '0');
+    }
+    return (int)n;
+}
+
+/* FA_OK if descriptor fd is open for writing. */
+static fa_status stream_writable(const char *path, int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0) return fa_fail(FA_ERR_IO, "%s: descriptor %d is not open", path, fd);
+    if ((fl & O_ACCMODE) == O_RDONLY)
+        return fa_fail(FA_ERR_IO, "%s: descriptor %d is open for reading only", path, fd);
+    return FA_OK;
+}
+
 fa_status fa_outfile_check(const char *path)
 {
+    int sfd = path ? open_stream_fd(path) : -1;
+    if (sfd >= 0) return stream_writable(path, sfd);
     int through, exists;
     char *target;
     struct stat old;
@@ -936,6 +971,15 @@ fa_status fa_outfile_open(fa_outfile *f, const char *path)
     f->fd = -1;
     f->slot = -1;
     f->name = path;
+    int sfd = path ? open_stream_fd(path) : -1;
+    if (sfd >= 0) {
+        fa_status sst = stream_writable(path, sfd);
+        if (sst != FA_OK) return sst;
+        f->fd = fcntl(sfd, F_DUPFD_CLOEXEC, 3);
+        if (f->fd < 0) return fa_fail(FA_ERR_IO, "%s: cannot duplicate descriptor %d: %s", path, sfd, strerror(errno));
+        f->through = 1;
+        return FA_OK;
+    }
     struct stat old;
     int exists;
     fa_status st = classify(path, &f->through, &f->target, &old, &exists);

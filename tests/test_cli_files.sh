@@ -154,6 +154,18 @@ if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
 done
 
+# ---- an open stream (-o /dev/stdout >> log) is written through, not replaced -----------
+printf 'log line 1\n' >log.bin
+{ $RUN -o /dev/stdout 2>/dev/null; echo "log line 2"; } >>log.bin
+if python3 - <<'EOF'; then ok; else bad "-o /dev/stdout appended to a log replaced the log"; fi
+import io, sys, numpy as np
+d = open("log.bin", "rb").read()
+if not (d.startswith(b"log line 1\n") and d.endswith(b"log line 2\n")): sys.exit(1)
+o = np.load(io.BytesIO(d[len(b"log line 1\n"):-len(b"log line 2\n")]))
+sys.exit(0 if o.shape == np.load("q.npy").shape and np.isfinite(o).all() else 1)
+EOF
+expect_fail "-o /dev/fd/N of a closed descriptor" "not open" $RUN -o /dev/fd/97
+
 # ---- 17.2: the same file under two spellings ---------------------------------------
 expect_fail "-o X --lse ./X (new)" "are the same file" $RUN -o X.npy --lse ./X.npy
 [ -e X.npy ] && bad "X.npy was written"
