@@ -36,6 +36,21 @@ INSTALLED_FILES = $(BINDIR)/flashattn $(INCLUDEDIR)/flashattn.h $(LIBDIR)/libfla
 
 .PHONY: install uninstall
 
+# Install paths are split on spaces by the recipes (`rm -f $(DIR)/x` with DIR
+# "/tmp/a b" removes /tmp/a): refuse a path with whitespace, and a relative one
+# (flashattn.pc would carry it and work only from this directory), before any
+# file is touched.
+ifneq ($(filter install uninstall,$(MAKECMDGOALS)),)
+empty :=
+space := $(empty) $(empty)
+tab   := $(empty)	$(empty)
+INSTALL_PATH_VARS = PREFIX DESTDIR BINDIR LIBDIR INCLUDEDIR MANDIR PCDIR
+$(foreach v,$(INSTALL_PATH_VARS),$(if $(findstring $(space),$(value $(v)))$(findstring $(tab),$(value $(v))),\
+    $(error make install: $(v)="$(value $(v))" contains whitespace; choose a path without spaces)))
+$(foreach v,$(filter-out DESTDIR,$(INSTALL_PATH_VARS)),$(if $(filter /%,$($(v))),,\
+    $(error make install: $(v)=$($(v)) is not an absolute path; give one starting with /)))
+endif
+
 # A path of the .pc relative to ${prefix} where it lies under it.
 pc_path = $(if $(filter $(PREFIX)/%,$(1)),$${prefix}/$(patsubst $(PREFIX)/%,%,$(1)),$(1))
 

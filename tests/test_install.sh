@@ -126,5 +126,14 @@ mk uninstall DESTDIR="$stage" PREFIX=/opt/fa >/dev/null 2>&1 || bad "make uninst
 left=$(find "$stage" ! -type d)
 check "DESTDIR uninstall left no file (left: $left)" test -z "$left"
 
+# ---- install paths the recipes would split or that the .pc cannot carry --------
+echo keep >"$tmp/precious"
+if mk uninstall PREFIX="$tmp/precious x" >"$tmp/sp.out" 2>&1; then bad "uninstall accepted a PREFIX with a space"
+else grep -q "contains whitespace" "$tmp/sp.out" && ok || bad "PREFIX with a space: $(cat "$tmp/sp.out")"; fi
+check "uninstall with a spaced PREFIX removed nothing outside it" test -f "$tmp/precious"
+if mk install PREFIX=relative-prefix >"$tmp/rel.out" 2>&1; then bad "install accepted a relative PREFIX"
+else grep -q "not an absolute path" "$tmp/rel.out" && ok || bad "relative PREFIX: $(cat "$tmp/rel.out")"; fi
+check "a refused install created nothing" test ! -e "$root/relative-prefix"
+
 echo "test_install: $pass passed, $fail failed"
 [ "$fail" = 0 ]
