@@ -3,7 +3,7 @@
  * mask rule, bf16/fp16 <-> float, tile loads, and the two register-blocked
  * warp products (S = Q K^T and O += P V).
  *
- * Layouts (DESIGN.md, FlashAttention's BSHD order, all C-contiguous):
+ * Layouts (docs/semantics.md, FlashAttention's BSHD order, all C-contiguous):
  *   Q   [batch][seqlen_q][heads  ][d]     T = __nv_bfloat16 or __half
  *   K,V [batch][seqlen_k][heads_k][d]     T      (d_v = d in this ladder)
  *   O   [batch][seqlen_q][heads  ][d]     T

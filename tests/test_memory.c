@@ -6,7 +6,7 @@
  * exactly, independent of the C library's allocator and of page-level RSS.
  *
  *   - flash at N = 65536, d = 64, one head, causal: below 16 MiB of scratch
- *     (DESIGN.md's target), i.e. O(threads x block), with 1 and 2 threads;
+ *     (the project's memory target, docs/performance.md), i.e. O(threads x block), with 1 and 2 threads;
  *   - standard at the same size refuses with FA_ERR_TOO_LARGE (S would be
  *     16 GiB) before allocating anything, and says so in fa_workspace_bytes.
  *

@@ -1,7 +1,7 @@
 #!/bin/sh
 # tools/perf_table.sh BUILD OUTDIR — the measurements behind docs/performance.md.
 #
-# Runs `flashattn bench` for the figures of issue 3 / DESIGN.md (all in one
+# Runs `flashattn bench` for the figures of issue 3 and docs/performance.md (all in one
 # session, so ratios are side by side) and prints markdown tables built from
 # the CSV rows. Takes a few minutes: standard attention at N = 8192 is slow by
 # design. Run it on an otherwise idle machine; it reports medians anyway.
