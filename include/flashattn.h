@@ -117,6 +117,26 @@ typedef enum fa_dtype {
 /** @brief Largest head dimension (d and d_v) accepted; larger gives FA_ERR_SHAPE. */
 #define FA_HEAD_DIM_MAX 4096
 
+/**
+ * @name Accepted ranges of the score parameters
+ * The flash and standard paths compute scores in float32, so every path
+ * (reference and fa_check included, so that check and run agree) refuses a
+ * parameter whose float32 image would be 0 or infinite, or whose product
+ * would overflow float32 (FA_ERR_OPTION / FA_ERR_ALIBI, naming the value and
+ * the range). See docs/semantics.md.
+ * @{
+ */
+/** @brief Largest |scale|: FLT_MAX. (Any smaller nonzero scale is accepted: below FLT_MIN its
+ * float32 image is subnormal or 0, which moves a float32 score by at most ~2.4e-7.) */
+#define FA_SCALE_MAX 3.4028234663852886e+38
+/** @brief Smallest softcap other than 0 (off): 2^-126, so that 1/softcap is a float32. */
+#define FA_SOFTCAP_MIN 1.1754943508222875e-38
+/** @brief Largest softcap: 2^126, so that 1/softcap is a normal float32. */
+#define FA_SOFTCAP_MAX 8.507059173023462e+37
+/** @brief Largest ALiBi bias |slope| x (max(seqlen_q, seqlen_k) - 1): FLT_MAX / 2. */
+#define FA_ALIBI_BIAS_MAX 1.7014117331926443e+38
+/** @} */
+
 /** @brief Maximum rank of a tensor descriptor. */
 #define FA_MAX_RANK 4
 
@@ -158,12 +178,12 @@ typedef struct fa_context fa_context;
  */
 typedef struct fa_options {
     size_t struct_size;       /**< sizeof(fa_options) of the caller; set by fa_options_default(). */
-    double scale;             /**< Softmax scale; 0 selects the default 1/sqrt(d). Must be finite. */
+    double scale;             /**< Softmax scale; 0 selects the default 1/sqrt(d). Else |scale| <= FA_SCALE_MAX. */
     int causal;               /**< Non-zero: causal mask (sets window_right = 0). */
     int64_t window_left;      /**< Keys to the left of the diagonal; < 0 means unbounded. */
     int64_t window_right;     /**< Keys to the right of the diagonal; < 0 means unbounded. */
-    double softcap;           /**< > 0 enables s = softcap * tanh(s / softcap); 0 disables. */
-    const fa_tensor *alibi_slopes; /**< NULL, or float32/float64 slopes `[heads]` or `[batch][heads]`. */
+    double softcap;           /**< > 0 enables s = softcap * tanh(s / softcap) (in [FA_SOFTCAP_MIN, FA_SOFTCAP_MAX]); 0 disables. */
+    const fa_tensor *alibi_slopes; /**< NULL, or float32/float64 finite slopes `[heads]` or `[batch][heads]`; |slope| x (max(Sq, Sk) - 1) <= FA_ALIBI_BIAS_MAX. */
     fa_impl impl;             /**< Which implementation runs. */
     int num_threads;          /**< OpenMP threads; 0 uses the OpenMP default. */
     int block_q;              /**< Flash row block Br; 0 derives it from the cache sizes. */

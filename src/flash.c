@@ -322,7 +322,11 @@ size_t fa_flash_workspace(const fa_problem *p)
     flash_dims g = flash_layout(p);
     int64_t per_pass;
     size_t slot = shared_plan(p, &g, &per_pass);
-    return (size_t)p->num_threads * scratch_floats(p, &g) * sizeof(float) + (size_t)per_pass * slot;
+    /* per thread that gets a task: the parallel region's own clamp */
+    const int64_t nqb = (p->seqlen_q + g.br - 1) / g.br;
+    const size_t threads = (size_t)fa_threads_for(p, p->batch * p->heads * nqb);
+    return fa_add_sat(fa_mul_sat(threads, fa_mul_sat(scratch_floats(p, &g), sizeof(float))),
+                      fa_mul_sat((size_t)per_pass, slot));
 }
 
 /* Run tasks t in [0, n) of (batch b, kv head hk): query heads of the group x Q blocks. */

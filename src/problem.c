@@ -12,6 +12,7 @@
  */
 #include "problem.h"
 
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -278,10 +279,24 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     }
 
     /* options */
+    /* The ranges (docs/semantics.md): flash and standard compute in float32, so a
+     * parameter whose float32 image is 0 or inf, or whose product overflows
+     * float32, would give a silently wrong or non-finite result there. Every
+     * path (the float64 reference and fa_check included) refuses them, so that
+     * check and run agree on what is accepted. */
     if (!isfinite(opt.scale)) return fa_fail(FA_ERR_OPTION, "scale must be finite (got %g)", opt.scale);
+    /* (A |scale| below FLT_MIN is carried as a float32 subnormal or 0: the score
+     * error is then at most FLT_MAX * 2^-150 ~ 2.4e-7 absolute, and the softmax
+     * is as right as float32 makes it; it is accepted.) */
+    if (!(fabs(opt.scale) <= FA_SCALE_MAX))
+        return fa_fail(FA_ERR_OPTION, "scale %g is outside the float32 range: |scale| must be <= %g",
+                       opt.scale, FA_SCALE_MAX);
     p->scale = opt.scale != 0.0 ? opt.scale : 1.0 / sqrt((double)p->d);
     if (!isfinite(opt.softcap) || opt.softcap < 0.0)
         return fa_fail(FA_ERR_OPTION, "softcap must be >= 0 and finite (got %g)", opt.softcap);
+    if (opt.softcap != 0.0 && !(opt.softcap >= FA_SOFTCAP_MIN && opt.softcap <= FA_SOFTCAP_MAX))
+        return fa_fail(FA_ERR_OPTION, "softcap %g is outside the float32 range: it must be 0 (off) or in [%g, %g]",
+                       opt.softcap, FA_SOFTCAP_MIN, FA_SOFTCAP_MAX);
     p->softcap = opt.softcap;
     p->window_left = opt.window_left < 0 ? -1 : opt.window_left;
     p->window_right = opt.window_right < 0 ? -1 : opt.window_right;
@@ -310,10 +325,20 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
             if (a->stride[r] < 0) return fa_fail(FA_ERR_ALIBI, "alibi slopes: negative stride");
         if (!a->data) return fa_fail(FA_ERR_ALIBI, "alibi slopes: data pointer is NULL");
         p->alibi = *a;
+        const int64_t max_dist = (p->seqlen_q > p->seqlen_k ? p->seqlen_q : p->seqlen_k) - 1;
         for (int64_t b = 0; b < (a->rank == 2 ? p->batch : 1); b++)
             for (int64_t h = 0; h < p->heads; h++)
-                if (!isfinite(fa_alibi_slope(p, b, h)))
+            {
+                const double slope = fa_alibi_slope(p, b, h);
+                if (!isfinite(slope))
                     return fa_fail(FA_ERR_ALIBI, "alibi slopes: non-finite slope at head %lld", DIM(h));
+                /* the largest bias is |slope| x the largest distance |i + Sk - Sq - j| */
+                if (fabs(slope) * (double)max_dist > FA_ALIBI_BIAS_MAX)
+                    return fa_fail(FA_ERR_ALIBI, "alibi slopes: slope %g at head %lld times the largest distance "
+                                   "%lld exceeds %g (float32 range): |slope| must be <= %g here",
+                                   slope, DIM(h), DIM(max_dist), FA_ALIBI_BIAS_MAX,
+                                   FA_ALIBI_BIAS_MAX / (double)(max_dist > 0 ? max_dist : 1));
+            }
     }
 
     p->q = *q;

@@ -23,10 +23,12 @@
 
 size_t fa_reference_workspace(const fa_problem *p)
 {
-    /* per thread: scores [Sk] + output accumulator [dv], both float64 */
-    if ((uint64_t)p->seqlen_k + (uint64_t)p->dv > SIZE_MAX / sizeof(double) / (size_t)p->num_threads)
+    /* per thread that gets a task (the parallel region's clamp): scores [Sk] +
+     * output accumulator [dv], both float64 */
+    const size_t threads = (size_t)fa_threads_for(p, p->batch * p->heads * p->seqlen_q);
+    if ((uint64_t)p->seqlen_k + (uint64_t)p->dv > SIZE_MAX / sizeof(double) / threads)
         return SIZE_MAX; /* a zero-stride view can make seqlen_k ~ 2^62: saturate, do not wrap */
-    return (size_t)p->num_threads * ((size_t)p->seqlen_k + (size_t)p->dv) * sizeof(double);
+    return threads * ((size_t)p->seqlen_k + (size_t)p->dv) * sizeof(double);
 }
 
 /* Compute one query row (b, i, h) into o/lse. s: [Sk] scratch, acc: [dv]. */

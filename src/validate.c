@@ -218,6 +218,31 @@ static fa_status require_finite(const fa_tensor *t, const char *name)
 }
 
 /*
+ * The default rule's emulation rounds Q, K and V to the tested precision `dt`;
+ * a value that rounds to infinity there (|x| > 65504 for f16, about 3.39e38
+ * for bf16, beyond FLT_MAX for f32 from f64) would make the emulated error NaN
+ * and its bound infinite, so that any output "passes". Refuse it by name.
+ */
+static fa_status require_emulable(const fa_tensor *t, const char *name, fa_dtype dt)
+{
+    for (int64_t a = 0; a < t->shape[0]; a++)
+        for (int64_t b = 0; b < t->shape[1]; b++)
+            for (int64_t c = 0; c < t->shape[2]; c++)
+                for (int64_t e = 0; e < t->shape[3]; e++) {
+                    const double x = fa_load_f64(t, fa_off4(t, a, b, c, e));
+                    if (isfinite(round_to(dt, (float)x))) continue;
+                    return fa_fail(FA_ERR_NONFINITE,
+                                   "%s: element [%lld,%lld,%lld,%lld] = %g overflows %s (largest finite %s): "
+                                   "the %s emulation of the default rule would be inf/NaN; check with an "
+                                   "explicit atol/rtol or a wider dtype",
+                                   name, DIM(a), DIM(b), DIM(c), DIM(e), x, fa_dtype_name(dt),
+                                   dt == FA_F16 ? "65504" : dt == FA_BF16 ? "3.39e38" : "3.40e38",
+                                   fa_dtype_name(dt));
+                }
+    return FA_OK;
+}
+
+/*
  * Validate everything and fill the problem: q, k, v, the tested output and
  * LSE and the attention options go through the one validator (problem.c), so
  * check and forward accept exactly the same problems and resolve the options
@@ -748,6 +773,11 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
             if (dtype_bits(all[x]) < dtype_bits(dt)) dt = all[x];
     }
     if (dt == FA_F64) dt = FA_F32;
+    if (!co.use_tolerance) {
+        if ((st = require_emulable(q, nm.q, dt)) != FA_OK) return st;
+        if ((st = require_emulable(k, nm.k, dt)) != FA_OK) return st;
+        if ((st = require_emulable(v, nm.v, dt)) != FA_OK) return st;
+    }
     r->dtype = dt;
     r->use_tolerance = co.use_tolerance != 0;
     r->batch = p.batch;

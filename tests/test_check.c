@@ -592,6 +592,59 @@ static void test_check_rejects_bad_arguments_naming_the_tensor(void **state)
     free_problem(&p);
 }
 
+/*
+ * Ensure fa_check itself (not only the CLI) refuses inputs that overflow the
+ * emulated precision under the default rule (beyond 65504 for f16, ~3.39e38
+ * for bf16): the emulation would be inf/NaN and the bound infinite, so any
+ * output would pass. In range (60000 in f16) the bound stays finite and a
+ * wrong output fails; an explicit tolerance does not use the emulation.
+ */
+static void test_check_refuses_inputs_beyond_the_emulated_range(void **state)
+{
+    (void)state;
+    const fa_dtype dts[2] = {FA_F16, FA_BF16};
+    const float big[2] = {70000.0f, 3.4e38f};
+    for (int t = 0; t < 2; t++) {
+        problem p = make_problem(1, 9, 11, 2, 1, 8, FA_F32, 1.0, 0);
+        tu_tensor o = alloc_out(&p, FA_F32);
+        reference(&p, &o, NULL, NULL);
+        float *od = o.t.data;
+        od[5] += 0.25f; /* wrong: must never pass */
+        float *kd = p.k.t.data;
+        const float saved = kd[7];
+        kd[7] = -big[t];
+        fa_check_options co = fa_check_options_default();
+        co.dtype = dts[t];
+        co.k_name = "k_gpu.npy";
+        fa_check_report r = fa_check_report_init();
+        assert_int_equal(fa_check(&p.q.t, &p.k.t, &p.v.t, &o.t, NULL, NULL, &co, &r), FA_ERR_NONFINITE);
+        assert_non_null(strstr(fa_last_error(), "k_gpu.npy"));
+        assert_non_null(strstr(fa_last_error(), fa_dtype_name(dts[t])));
+        assert_false(r.pass);
+        fa_check_report_free(&r);
+        /* an explicit tolerance does not rely on the emulation */
+        co.use_tolerance = 1;
+        co.atol = 1e-3;
+        r = run_check(&p, &o, NULL, NULL, &co);
+        expect_verdict(&r, 0, "explicit atol with a wrong output");
+        fa_check_report_free(&r);
+        if (dts[t] == FA_F16) { /* in range: a finite bound, and the wrong output fails */
+            kd[7] = 60000.0f;
+            co.use_tolerance = 0;
+            co.atol = 0.0;
+            reference(&p, &o, NULL, NULL);
+            od[5] += 0.25f;
+            r = run_check(&p, &o, NULL, NULL, &co);
+            assert_true(isfinite(r.bound) && isfinite(r.emu_mean_abs_err));
+            expect_verdict(&r, 0, "f16 at 60000 with a wrong output");
+            fa_check_report_free(&r);
+        }
+        kd[7] = saved;
+        tu_free(&o);
+        free_problem(&p);
+    }
+}
+
 /* Ensure the text report states the rule, both errors, the worst element and the verdict. */
 static void test_check_report_text_explains_the_verdict(void **state)
 {
@@ -643,6 +696,7 @@ int main(void)
         cmocka_unit_test(test_check_lse_accepts_flash_attention_2_alibi_offset),
         cmocka_unit_test(test_check_explicit_tolerance_replaces_the_rule),
         cmocka_unit_test(test_check_rejects_bad_arguments_naming_the_tensor),
+        cmocka_unit_test(test_check_refuses_inputs_beyond_the_emulated_range),
         cmocka_unit_test(test_check_report_text_explains_the_verdict),
     };
     return cmocka_run_group_tests_name("check", tests, NULL, NULL);

@@ -169,12 +169,61 @@ static void test_standard_refuses_n_65536_without_allocating(void **state)
     assert_int_equal(after.peak_bytes, before.current_bytes); /* nothing was allocated */
 }
 
+/*
+ * Ensure scratch is sized per thread that gets a task, not per requested
+ * thread: a 4-token problem at num_threads = 1024 plans (fa_workspace_bytes)
+ * exactly what it plans at 4 threads (it has at most 4 tasks: 4 rows for the
+ * reference, one block for flash and standard), and every implementation
+ * allocates under 1 MiB (it was ~4 KiB x 1024 per implementation before;
+ * flash, whose per-thread scratch is about 4 MiB, far more). Then the result
+ * is checked against the reference, so the bound is not met by doing nothing.
+ */
+static void test_scratch_is_per_thread_with_a_task(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x1024;
+    tu_tensor q = tu_alloc4(FA_F32, 1, 4, 1, D, 0), k = tu_alloc4(FA_F32, 1, 4, 1, D, 0);
+    tu_tensor v = tu_alloc4(FA_F32, 1, 4, 1, D, 0), o = tu_alloc4(FA_F32, 1, 4, 1, D, 0);
+    tu_tensor ref = tu_alloc4(FA_F32, 1, 4, 1, D, 0);
+    tu_fill(&q, &rng, -1, 1);
+    tu_fill(&k, &rng, -1, 1);
+    tu_fill(&v, &rng, -1, 1);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_REFERENCE;
+    assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &ref.t, NULL, &opt), FA_OK);
+    const fa_impl impls[3] = {FA_IMPL_FLASH, FA_IMPL_STANDARD, FA_IMPL_REFERENCE};
+    for (int x = 0; x < 3; x++) {
+        opt.impl = impls[x];
+        size_t one = 0, many = 0;
+        opt.num_threads = 4;
+        assert_int_equal(fa_workspace_bytes(&q.t, &k.t, &v.t, &opt, &one), FA_OK);
+        opt.num_threads = 1024;
+        assert_int_equal(fa_workspace_bytes(&q.t, &k.t, &v.t, &opt, &many), FA_OK);
+        if (many != one) fail_msg("impl %d: workspace %zu bytes at 1024 threads, %zu at 4", (int)impls[x], many, one);
+        tu_poison(&o);
+        fa_alloc_stats before, after;
+        fa_alloc_stats_reset();
+        fa_alloc_stats_get(&before);
+        fa_status st = fa_forward(&q.t, &k.t, &v.t, &o.t, NULL, &opt);
+        fa_alloc_stats_get(&after);
+        if (st != FA_OK) fail_msg("impl %d: %s", (int)impls[x], fa_last_error());
+        const size_t peak = after.peak_bytes - before.current_bytes;
+        print_message("[ memory   ] impl %d, 4 tokens, 1024 threads: peak %zu bytes (planned %zu)\n",
+                      (int)impls[x], peak, many);
+        if (peak > ((size_t)1 << 20) && peak > 2 * one)
+            fail_msg("impl %d: a 4-token problem at 1024 threads allocated %zu bytes", (int)impls[x], peak);
+        if (!(tu_max_abs_diff(&o, &ref, NULL) <= 1e-5)) fail_msg("impl %d: wrong result", (int)impls[x]);
+    }
+    tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&o); tu_free(&ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_standard_refuses_n_65536_without_allocating),
         cmocka_unit_test(test_flash_scratch_stays_below_16_mib_at_n_65536),
         cmocka_unit_test(test_flash_backward_scratch_stays_below_16_mib_at_n_65536),
+        cmocka_unit_test(test_scratch_is_per_thread_with_a_task),
     };
     tu_seed();
     return cmocka_run_group_tests_name("memory", tests, setup, teardown);

@@ -174,6 +174,23 @@ def test_check_nan_output_fails_and_bad_input_raises(rng):
         fa.check(q, k, v, o)
 
 
+def test_check_refuses_inputs_beyond_f16_instead_of_passing_anything(rng):
+    # fa_check's f16 emulation rounds inputs to f16: 7e4 would be inf there and
+    # the bound infinite, so any output would pass; the library refuses it.
+    q, k, v = qkv(rng)
+    o = model(q, k, v)[0]
+    o[0, 0, 0, 0] += 0.5  # wrong
+    k[0, 1, 0, 2] = 7e4
+    with pytest.raises(fa.FlashAttnError, match="65504"):
+        fa.check(q, k, v, o, dtype="f16")
+    assert not fa.check(q, k, v, o, atol=1e-3).passed  # an explicit tolerance still checks
+    k[0, 1, 0, 2] = 6e4  # in range: a finite bound, and the wrong output fails
+    o = model(q, k, v)[0]
+    o[0, 0, 0, 0] += 0.5
+    rep = fa.check(q, k, v, o, dtype="f16")
+    assert not rep.passed and np.isfinite(rep.bound)
+
+
 def test_check_matches_flash_output_in_f32(rng):
     q, k, v = qkv(rng, Sq=33, Sk=70, d=64)
     o, lse = fa.attention(q, k, v, causal=True, window=(20, 0), return_lse=True)
