@@ -273,7 +273,11 @@ FA_API double fa_tensor_get(const fa_tensor *t, const int64_t *index);
  * row gives that row O = NaN and LSE = NaN (it sees keys: it is not empty).
  *
  * Outputs must not overlap q, k, v, the ALiBi slopes or each other, and must
- * not have a zero stride on a dimension longer than 1: FA_ERR_STRIDE.
+ * map distinct indices to distinct elements (no zero stride on a dimension
+ * longer than 1; sorted by stride, each stride larger than the furthest offset
+ * the smaller dimensions reach): FA_ERR_STRIDE. The overlap test between two
+ * tensors compares their address ranges, so outputs interleaved in one buffer
+ * without sharing an element (e.g. a packed dqkv) are refused too.
  * d and d_v must be in 1..FA_HEAD_DIM_MAX (FA_ERR_SHAPE); the largest element
  * offset of every view must fit 64 bits in bytes (FA_ERR_STRIDE); the standard
  * path takes at most INT_MAX query rows and keys (FA_ERR_TOO_LARGE).
@@ -653,8 +657,10 @@ FA_API size_t fa_check_abi_size(int which);
  *         FA_IMPL_STANDARD.
  *
  * Every element of dq, dk and dv is written (keys no query sees get 0). The
- * outputs must not overlap each other or the inputs, nor have a zero stride on
- * a dimension longer than 1 (FA_ERR_STRIDE). Inputs should be finite:
+ * outputs must not overlap each other or the inputs, and each must map
+ * distinct indices to distinct elements (FA_ERR_STRIDE; see fa_forward: the
+ * address-range test also refuses outputs interleaved in one buffer, such as
+ * a packed dqkv). Inputs should be finite:
  * a NaN or Inf in an input gives NaN gradients wherever it is reached (it may
  * reach more elements than in the forward pass), but never a crash.
  */

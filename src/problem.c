@@ -146,6 +146,28 @@ fa_status fa_check_output(const fa_tensor *out, const char *name, const fa_tenso
             return fa_fail(FA_ERR_STRIDE,
                            "%s: stride %d is 0 on a dimension of extent %lld; an output needs one "
                            "element per index", name, r, DIM(out->shape[r]));
+    /* Distinct indices must reach distinct elements, or several rows (and
+     * threads) write one element: with the dimensions of extent > 1 sorted by
+     * stride, each stride must exceed the furthest offset the smaller ones
+     * reach. (Sufficient, and necessary for strides that nest; a layout that
+     * interleaves two dimensions without collisions is refused too.) */
+    int dims[FA_MAX_RANK], nd = 0;
+    for (int r = 0; r < out->rank; r++)
+        if (out->shape[r] > 1) {
+            int x = nd++;
+            while (x > 0 && out->stride[dims[x - 1]] > out->stride[r]) { dims[x] = dims[x - 1]; x--; }
+            dims[x] = r;
+        }
+    int64_t reach = 0; /* fits: check_tensor bounded the largest offset */
+    for (int x = 0; x < nd; x++) {
+        const int r = dims[x];
+        if (out->stride[r] <= reach)
+            return fa_fail(FA_ERR_STRIDE,
+                           "%s: stride %d (%lld) overlaps the smaller dimensions, which reach offset %lld; "
+                           "an output needs one element per index",
+                           name, r, DIM(out->stride[r]), DIM(reach));
+        reach += (out->shape[r] - 1) * out->stride[r];
+    }
     uintptr_t a0, a1, b0, b1;
     byte_range(out, &a0, &a1);
     for (int x = 0; x < n_others; x++) {
