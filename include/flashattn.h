@@ -34,7 +34,12 @@
  * with `struct_size`, set by their *_default() / *_init() functions to the
  * size the caller was compiled with; the library reads (and, for the report,
  * writes) only the fields that fit in it, so a program compiled against an
- * older header keeps working when later versions append fields.
+ * older header keeps working when later versions append fields. A
+ * struct_size that is no published layout's size is refused (FA_ERR_OPTION),
+ * and so is a newer caller's larger struct unless every byte this library
+ * does not know is zero; fa_check writes back report->struct_size = the
+ * bytes it wrote (min of the caller's size and the library's). Bindings fill
+ * their mirror with fa_options_init(&o, sizeof mirror), not by value.
  *
  * Errors are values: every function returns an ::fa_status; a message naming
  * the problem is available from fa_last_error() on the calling thread.
@@ -179,9 +184,10 @@ typedef struct fa_options {
 #define FA_STANDARD_DEFAULT_MAX_BYTES ((size_t)1 << 30)
 
 /**
- * @brief Set the first @p struct_size bytes of @p opt to the defaults
- * (non-causal, no window, flash, pack_max_bytes -1) with
- * `opt->struct_size = struct_size`. The ABI-stable way to initialize options.
+ * @brief Zero the first @p struct_size bytes of @p opt, then set the fields
+ * that fit to the defaults (non-causal, no window, flash, pack_max_bytes -1)
+ * with `opt->struct_size = struct_size`; writes nothing past struct_size.
+ * The ABI-stable way to initialize options.
  */
 FA_API void fa_options_init(fa_options *opt, size_t struct_size);
 
