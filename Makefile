@@ -118,12 +118,18 @@ VERSION       := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
 ifneq ($(words $(VERSION_MAJOR) $(VERSION_MINOR) $(VERSION_PATCH)),3)
 $(error Makefile: could not read FA_VERSION_MAJOR/MINOR/PATCH from include/flashattn.h)
 endif
-SONAME        := libflashattn.so.$(VERSION_MAJOR)
+# The soname names the ABI. While MAJOR is 0 every MINOR may break it (0.2 ->
+# 0.3 changed the fa_options layout: a 0.2 program must not load a 0.3 library
+# under the same name), so it is libflashattn.so.0.MINOR (libflashattn.so.0.3);
+# from 1.0 on it is libflashattn.so.MAJOR.
+SOVERSION     := $(if $(filter 0,$(VERSION_MAJOR)),$(VERSION_MAJOR).$(VERSION_MINOR),$(VERSION_MAJOR))
+SONAME        := libflashattn.so.$(SOVERSION)
 
-# The shared library carries its soname (libflashattn.so.MAJOR); the link of
-# that name next to it lets programs linked against build/ run from there.
-$(BUILD)/libflashattn.so: $(LIB_OBJS)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+# The shared library carries its soname (see SOVERSION); the link of that
+# name next to it lets programs linked against build/ run from there.
+# (relinked when the Makefile changes, so a new soname reaches an existing build/)
+$(BUILD)/libflashattn.so: $(LIB_OBJS) Makefile
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,$(SONAME) -o $@ $(LIB_OBJS) $(LDLIBS)
 	ln -sf libflashattn.so $(BUILD)/$(SONAME)
 
 $(BUILD)/flashattn: $(CLI_OBJS) $(BUILD)/libflashattn.a

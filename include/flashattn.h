@@ -34,7 +34,12 @@
  * with `struct_size`, set by their *_default() / *_init() functions to the
  * size the caller was compiled with; the library reads (and, for the report,
  * writes) only the fields that fit in it, so a program compiled against an
- * older header keeps working when later versions append fields.
+ * older header keeps working when later versions append fields. A
+ * struct_size that is no published layout's size is refused (FA_ERR_OPTION),
+ * and so is a newer caller's larger struct unless every byte this library
+ * does not know is zero; fa_check writes back report->struct_size = the
+ * bytes it wrote (min of the caller's size and the library's). Bindings fill
+ * their mirror with fa_options_init(&o, sizeof mirror), not by value.
  *
  * Errors are values: every function returns an ::fa_status; a message naming
  * the problem is available from fa_last_error() on the calling thread.
@@ -199,9 +204,10 @@ typedef struct fa_options {
 #define FA_STANDARD_DEFAULT_MAX_BYTES ((size_t)1 << 30)
 
 /**
- * @brief Set the first @p struct_size bytes of @p opt to the defaults
- * (non-causal, no window, flash, pack_max_bytes -1) with
- * `opt->struct_size = struct_size`. The ABI-stable way to initialize options.
+ * @brief Zero the first @p struct_size bytes of @p opt, then set the fields
+ * that fit to the defaults (non-causal, no window, flash, pack_max_bytes -1)
+ * with `opt->struct_size = struct_size`; writes nothing past struct_size.
+ * The ABI-stable way to initialize options.
  */
 FA_API void fa_options_init(fa_options *opt, size_t struct_size);
 
@@ -293,7 +299,11 @@ FA_API double fa_tensor_get(const fa_tensor *t, const int64_t *index);
  * row gives that row O = NaN and LSE = NaN (it sees keys: it is not empty).
  *
  * Outputs must not overlap q, k, v, the ALiBi slopes or each other, and must
- * not have a zero stride on a dimension longer than 1: FA_ERR_STRIDE.
+ * map distinct indices to distinct elements (no zero stride on a dimension
+ * longer than 1; sorted by stride, each stride larger than the furthest offset
+ * the smaller dimensions reach): FA_ERR_STRIDE. The overlap test between two
+ * tensors compares their address ranges, so outputs interleaved in one buffer
+ * without sharing an element (e.g. a packed dqkv) are refused too.
  * d and d_v must be in 1..FA_HEAD_DIM_MAX (FA_ERR_SHAPE); the largest element
  * offset of every view must fit 64 bits in bytes (FA_ERR_STRIDE); the standard
  * path takes at most INT_MAX query rows and keys (FA_ERR_TOO_LARGE).
@@ -673,8 +683,10 @@ FA_API size_t fa_check_abi_size(int which);
  *         FA_IMPL_STANDARD.
  *
  * Every element of dq, dk and dv is written (keys no query sees get 0). The
- * outputs must not overlap each other or the inputs, nor have a zero stride on
- * a dimension longer than 1 (FA_ERR_STRIDE). Inputs should be finite:
+ * outputs must not overlap each other or the inputs, and each must map
+ * distinct indices to distinct elements (FA_ERR_STRIDE; see fa_forward: the
+ * address-range test also refuses outputs interleaved in one buffer, such as
+ * a packed dqkv). Inputs should be finite:
  * a NaN or Inf in an input gives NaN gradients wherever it is reached (it may
  * reach more elements than in the forward pass), but never a crash.
  */

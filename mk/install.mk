@@ -7,8 +7,9 @@
 #   $(BINDIR)/flashattn                          the CLI
 #   $(INCLUDEDIR)/flashattn.h                    the whole public API
 #   $(LIBDIR)/libflashattn.a                     static library
-#   $(LIBDIR)/libflashattn.so.MAJOR.MINOR.PATCH  shared library, soname libflashattn.so.MAJOR,
-#   $(LIBDIR)/libflashattn.so.MAJOR              the soname link (what programs load)
+#   $(LIBDIR)/libflashattn.so.MAJOR.MINOR.PATCH  shared library, soname libflashattn.so.SOVERSION
+#                                                (0.MINOR while MAJOR is 0, else MAJOR: see Makefile)
+#   $(LIBDIR)/libflashattn.so.SOVERSION          the soname link (what programs load)
 #   $(LIBDIR)/libflashattn.so                    the link-time link (what -lflashattn finds)
 #   $(LIBDIR)/pkgconfig/flashattn.pc             for `pkg-config --cflags --libs flashattn`
 #   $(MANDIR)/man1/flashattn.1                   the man page (its .TH line given

@@ -169,8 +169,12 @@ def library():
     lib.fa_last_error.restype = ctypes.c_char_p
     lib.fa_status_string.restype = ctypes.c_char_p
     lib.fa_status_string.argtypes = [ctypes.c_int]
-    lib.fa_options_default.restype = _Options
-    lib.fa_check_options_default.restype = _CheckOptions
+    # the by-value *_default() exports return the library's own layout; the
+    # mirror is filled with *_init(ptr, sizeof mirror), which writes no more
+    lib.fa_options_init.argtypes = [ctypes.POINTER(_Options), ctypes.c_size_t]
+    lib.fa_options_init.restype = None
+    lib.fa_check_options_init.argtypes = [ctypes.POINTER(_CheckOptions), ctypes.c_size_t]
+    lib.fa_check_options_init.restype = None
     lib.fa_check_abi_size.restype = ctypes.c_size_t
     lib.fa_check_abi_size.argtypes = [ctypes.c_int]
     tp = ctypes.POINTER(_Tensor)
@@ -184,11 +188,15 @@ def library():
     lib.fa_check_report_free.argtypes = [ctypes.POINTER(_Report)]
     lib.fa_check_report_format.argtypes = [ctypes.POINTER(_Report), ctypes.c_char_p, ctypes.c_size_t]
     lib.fa_check_report_format.restype = ctypes.c_size_t
+    # fa_tensor is not versioned: exact match. The versioned structs carry
+    # struct_size, so a library whose struct is larger (a newer version that
+    # appended fields) still reads this older mirror; a smaller one cannot.
     for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report)):
         want = lib.fa_check_abi_size(which)
-        if want != ctypes.sizeof(cls):
+        ok = want == ctypes.sizeof(cls) if cls is _Tensor else want >= ctypes.sizeof(cls)
+        if not ok:
             raise OSError(f"flashattn: {cls.__name__} is {ctypes.sizeof(cls)} bytes here but "
-                          f"{want} in {path}; python/flashattn.py is out of date with the header")
+                          f"{want} in {path}; python/flashattn.py is out of date with the library")
     _lib = lib
     return lib
 
@@ -424,7 +432,8 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
         raise ValueError(f"impl must be one of {sorted(_IMPLS)}, got {impl!r}")
     num_threads = _int_arg(num_threads, "num_threads", 0, _INT_MAX)
     lib = library()
-    opt = lib.fa_options_default()
+    opt = _Options()
+    lib.fa_options_init(ctypes.byref(opt), ctypes.sizeof(_Options))
     opt.scale = scale
     opt.causal = int(bool(causal))
     opt.window_left = wl
@@ -595,7 +604,8 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
     opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep)
-    co = lib.fa_check_options_default()
+    co = _CheckOptions()
+    lib.fa_check_options_init(ctypes.byref(co), ctypes.sizeof(_CheckOptions))
     if dtype is not None:
         co.dtype = _dtype_code(dtype, "dtype")
     if atol is not None or rtol is not None:

@@ -257,15 +257,13 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         const int64_t i = i0 + r;
         const float *orow = sc->oa + (size_t)r * g->ldo;
         float l = sc->l[r];
-        /* empty is decided from the key range, never from m (see row_has_nan_score) */
-        int empty = !(sc->lo[r] < sc->hi[r]);
+        /* empty is decided from the key range only, never from m: a row that sees
+         * keys but whose running max stayed -inf (NaN scores, or float32 scores that
+         * all overflowed to -inf) cannot be computed in float32 and is NaN */
+        const int empty = !(sc->lo[r] < sc->hi[r]);
         if (!empty && sc->m[r] == -INFINITY) {
-            if (fa_row_has_nan_score(p, b, h, i, sc->lo[r], sc->hi[r], slope)) {
-                l = NAN;
-                sc->m[r] = NAN;
-            } else {
-                empty = 1;
-            }
+            l = NAN;
+            sc->m[r] = NAN;
         }
         const float inv = empty ? 0.0f : 1.0f / l;
         if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {

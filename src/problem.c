@@ -31,13 +31,37 @@
 /* Versioned options                                                         */
 /* ------------------------------------------------------------------------ */
 
-/* Size of the first published fa_options with a struct_size (0.3.0): every
- * later version only appends fields. */
-#define FA_OPTIONS_MIN_SIZE offsetof(fa_options, standard_max_bytes) + sizeof(size_t)
+/* The end of fa_options as 0.3.0 first laid it out (through
+ * standard_max_bytes, before pack_max_bytes and context were appended): a
+ * caller compiled against it sends this size (tests/test_abi.c). */
+#define FA_OPTIONS_MIN_SIZE (offsetof(fa_options, standard_max_bytes) + sizeof(size_t))
+
+fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *known, int n_known,
+                               const char *what, const char *init_fn)
+{
+    const size_t size = *(const size_t *)in;
+    for (int x = 0; x < n_known; x++)
+        if (size == known[x]) return FA_OK;
+    if (size > lib_size && size <= FA_STRUCT_SIZE_MAX) {
+        /* a newer caller: accepted when every field this library does not know is zero */
+        const unsigned char *tail = (const unsigned char *)in + lib_size;
+        for (size_t x = 0; x < size - lib_size; x++)
+            if (tail[x])
+                return fa_fail(FA_ERR_OPTION, "%s from a newer flashattn: fields this library does not "
+                               "know are set (struct_size %zu, this library's is %zu)",
+                               what, size, lib_size);
+        return FA_OK;
+    }
+    return fa_fail(FA_ERR_OPTION, "%s: struct_size %zu is not the size of any %s layout (this library's "
+                   "is %zu); initialize it with %s() (a caller built against flashattn 0.2, whose "
+                   "options begin with `double scale`, must be rebuilt)",
+                   what, size, what, lib_size, init_fn);
+}
 
 void fa_options_init(fa_options *opt, size_t struct_size)
 {
     if (!opt) return;
+    memset(opt, 0, struct_size);
     fa_options o;
     memset(&o, 0, sizeof o);
     o.struct_size = struct_size;
@@ -59,12 +83,10 @@ fa_status fa_options_read(const fa_options *in, fa_options *out)
 {
     fa_options_init(out, sizeof *out);
     if (!in) return FA_OK;
-    if (in->struct_size < FA_OPTIONS_MIN_SIZE)
-        return fa_fail(FA_ERR_OPTION,
-                       "options: struct_size %zu is smaller than any fa_options (%zu); "
-                       "initialize options with fa_options_default()",
-                       in->struct_size, (size_t)FA_OPTIONS_MIN_SIZE);
-    /* A newer caller's extra fields are not known here and are not read. */
+    static const size_t known[] = {FA_OPTIONS_MIN_SIZE, sizeof(fa_options)};
+    fa_status st = fa_struct_size_check(in, sizeof *out, known, (int)(sizeof known / sizeof known[0]),
+                                        "fa_options", "fa_options_default");
+    if (st != FA_OK) return st;
     const size_t n = in->struct_size < sizeof *out ? in->struct_size : sizeof *out;
     memcpy(out, in, n);
     out->struct_size = sizeof *out;
@@ -147,6 +169,28 @@ fa_status fa_check_output(const fa_tensor *out, const char *name, const fa_tenso
             return fa_fail(FA_ERR_STRIDE,
                            "%s: stride %d is 0 on a dimension of extent %lld; an output needs one "
                            "element per index", name, r, DIM(out->shape[r]));
+    /* Distinct indices must reach distinct elements, or several rows (and
+     * threads) write one element: with the dimensions of extent > 1 sorted by
+     * stride, each stride must exceed the furthest offset the smaller ones
+     * reach. (Sufficient, and necessary for strides that nest; a layout that
+     * interleaves two dimensions without collisions is refused too.) */
+    int dims[FA_MAX_RANK], nd = 0;
+    for (int r = 0; r < out->rank; r++)
+        if (out->shape[r] > 1) {
+            int x = nd++;
+            while (x > 0 && out->stride[dims[x - 1]] > out->stride[r]) { dims[x] = dims[x - 1]; x--; }
+            dims[x] = r;
+        }
+    int64_t reach = 0; /* fits: check_tensor bounded the largest offset */
+    for (int x = 0; x < nd; x++) {
+        const int r = dims[x];
+        if (out->stride[r] <= reach)
+            return fa_fail(FA_ERR_STRIDE,
+                           "%s: stride %d (%lld) overlaps the smaller dimensions, which reach offset %lld; "
+                           "an output needs one element per index",
+                           name, r, DIM(out->stride[r]), DIM(reach));
+        reach += (out->shape[r] - 1) * out->stride[r];
+    }
     uintptr_t a0, a1, b0, b1;
     byte_range(out, &a0, &a1);
     for (int x = 0; x < n_others; x++) {

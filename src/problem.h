@@ -100,6 +100,17 @@ fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const 
  * layout: fields the caller's struct lacks keep their defaults. */
 fa_status fa_options_read(const fa_options *in, fa_options *out);
 
+/* Largest struct_size a versioned struct may claim: a bound far above any
+ * layout, so a garbage size (e.g. the `double scale` that began a 0.2
+ * fa_options) is refused before any byte past the library's struct is read. */
+#define FA_STRUCT_SIZE_MAX ((size_t)1 << 16)
+
+/* Refuse a versioned struct whose first member, struct_size, is neither one of
+ * the `known` published sizes nor a newer caller's larger size whose bytes past
+ * `lib_size` are all zero. `what` names the struct, `init_fn` its initializer. */
+fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *known, int n_known,
+                               const char *what, const char *init_fn);
+
 /* A rank-4 tensor check shared by the entry points: dtype, rank, exact shape
  * (when `shape` is not NULL), strides, data pointer, largest reachable offset. */
 fa_status fa_check_tensor4(const fa_tensor *t, const char *name, const int64_t *shape,

@@ -110,12 +110,11 @@ fa_status fa_standard_forward(const fa_problem *p)
                 float *sblk = S + (size_t)i0 * ldk; /* [br][ldk] */
                 fa_transform_tile(p, b, i0, br, 0, (int)Sk, slope, lo, hi, sblk, ldk);
                 kern->softmax(br, (int)Sk, sblk, ldk, rowm + i0, rowl + i0, alpha);
-                /* empty is decided from the key range; a row that sees keys but has only
-                 * NaN/-inf scores is NaN or empty as the reference decides (transform.c) */
+                /* empty is decided from the key range only: a row that sees keys but
+                 * whose max stayed -inf (NaN scores, or float32 scores that all
+                 * overflowed to -inf) cannot be computed in float32 and is NaN */
                 for (int r = 0; r < br; r++)
-                    if (lo[r] < hi[r] && rowm[i0 + r] == -INFINITY &&
-                        fa_row_has_nan_score(p, b, h, i0 + r, lo[r], hi[r], slope))
-                        rowm[i0 + r] = rowl[i0 + r] = NAN;
+                    if (lo[r] < hi[r] && rowm[i0 + r] == -INFINITY) rowm[i0 + r] = rowl[i0 + r] = NAN;
             }
 
             /* 3. O = P V / l, one row block per kernel call */

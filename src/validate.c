@@ -150,6 +150,7 @@ static void emu_row(const double *src, int64_t n, fa_dtype dt, int round, float 
 void fa_check_options_init(fa_check_options *opt, size_t struct_size)
 {
     if (!opt) return;
+    memset(opt, 0, struct_size);
     fa_check_options o;
     memset(&o, 0, sizeof o);
     o.struct_size = struct_size;
@@ -942,20 +943,23 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
 {
     if (!report) return fa_fail(FA_ERR_NULL_ARG, "fa_check: report is NULL");
     const size_t rsize = report->struct_size;
-    if (rsize < CHECK_REPORT_MIN_SIZE)
+    /* the report is written, not read: any size from the first published one up
+     * to FA_STRUCT_SIZE_MAX is taken, and only its known part is written */
+    if (rsize < CHECK_REPORT_MIN_SIZE || rsize > FA_STRUCT_SIZE_MAX)
         return fa_fail(FA_ERR_OPTION,
-                       "fa_check: report->struct_size is %zu, smaller than any fa_check_report (%zu); "
-                       "initialize the report with fa_check_report_init()",
-                       rsize, (size_t)CHECK_REPORT_MIN_SIZE);
-    memset(report, 0, rsize < sizeof *report ? rsize : sizeof *report);
-    report->struct_size = rsize;
-    fa_check_options co = fa_check_options_default();
+                       "fa_check: report->struct_size is %zu, not the size of any fa_check_report (this "
+                       "library's is %zu); initialize the report with fa_check_report_init()",
+                       rsize, sizeof *report);
+    const size_t wsize = rsize < sizeof *report ? rsize : sizeof *report;
+    memset(report, 0, wsize);
+    report->struct_size = wsize;
+    fa_check_options co;
+    fa_check_options_init(&co, sizeof co);
     if (copt) {
-        if (copt->struct_size < CHECK_OPTIONS_MIN_SIZE)
-            return fa_fail(FA_ERR_OPTION,
-                           "fa_check: check options struct_size %zu is smaller than any fa_check_options "
-                           "(%zu); initialize them with fa_check_options_default()",
-                           copt->struct_size, (size_t)CHECK_OPTIONS_MIN_SIZE);
+        static const size_t known[] = {CHECK_OPTIONS_MIN_SIZE, sizeof(fa_check_options)};
+        fa_status st0 = fa_struct_size_check(copt, sizeof co, known, (int)(sizeof known / sizeof known[0]),
+                                             "fa_check_options", "fa_check_options_default");
+        if (st0 != FA_OK) return st0;
         memcpy(&co, copt, copt->struct_size < sizeof co ? copt->struct_size : sizeof co);
         co.struct_size = sizeof co;
     }
@@ -964,8 +968,8 @@ fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
     memset(&full, 0, sizeof full);
     full.struct_size = sizeof full;
     fa_status st = check_run(q, k, v, out, lse, attn, co, &full);
-    memcpy(report, &full, rsize < sizeof full ? rsize : sizeof full);
-    report->struct_size = rsize;
+    memcpy(report, &full, wsize);
+    report->struct_size = wsize; /* what was written: min(the caller's size, the library's) */
     return st;
 }
 

@@ -10,6 +10,11 @@
  *   - A zero struct_size (options not initialized by *_default()) is refused
  *     with a message saying how to initialize them, never read as garbage.
  *   - fa_check writes no further than the caller's report->struct_size.
+ *   - *_init writes exactly struct_size bytes (zeroed, then the defaults that
+ *     fit); a newer caller's larger struct is accepted when the fields this
+ *     library does not know are zero and refused when one is set; a
+ *     struct_size that is no published layout (a 0.2 caller's `double scale`)
+ *     is refused; fa_check writes back struct_size = what it wrote.
  *   - fa_check_abi_size answers by name (fa_abi_struct), 0 when unknown.
  *   - fa_context: every ISA this CPU supports can be pinned; a second call
  *     with the same shapes allocates nothing (the arena is reused) and gives
@@ -150,6 +155,154 @@ static void test_check_writes_only_the_callers_report(void **state)
     free_small(&s);
 }
 
+/* Ensure *_init writes exactly the caller's struct_size bytes: zero (padding included) then
+ * the defaults that fit, never a byte past a smaller (older) caller's struct. */
+static void test_init_writes_only_the_callers_size(void **state)
+{
+    (void)state;
+    unsigned char buf[sizeof(fa_options) + 64];
+    memset(buf, 0x5a, sizeof buf);
+    fa_options_init((fa_options *)(void *)buf, sizeof(options_v030));
+    options_v030 old;
+    memcpy(&old, buf, sizeof old);
+    assert_int_equal(old.struct_size, sizeof(options_v030));
+    assert_int_equal(old.window_left, -1);
+    assert_int_equal(old.impl, FA_IMPL_FLASH);
+    assert_true(old.scale == 0.0 && old.causal == 0 && old.alibi_slopes == NULL);
+    for (size_t x = sizeof(options_v030); x < sizeof buf; x++) assert_int_equal(buf[x], 0x5a);
+    /* padding zeroed too: the struct equals the one built from a zeroed buffer */
+    unsigned char ref[sizeof(fa_options) + 64];
+    memset(ref, 0, sizeof ref);
+    fa_options_init((fa_options *)(void *)ref, sizeof(options_v030));
+    assert_memory_equal(buf, ref, sizeof(options_v030));
+    /* a newer caller's larger struct: all of it set, the unknown tail zero */
+    memset(buf, 0x5a, sizeof buf);
+    fa_options_init((fa_options *)(void *)buf, sizeof(fa_options) + 32);
+    for (size_t x = sizeof(fa_options); x < sizeof(fa_options) + 32; x++) assert_int_equal(buf[x], 0);
+    for (size_t x = sizeof(fa_options) + 32; x < sizeof buf; x++) assert_int_equal(buf[x], 0x5a);
+    unsigned char cbuf[sizeof(fa_check_options) + 64];
+    memset(cbuf, 0x5a, sizeof cbuf);
+    fa_check_options_init((fa_check_options *)(void *)cbuf, 16);
+    for (size_t x = 16; x < sizeof cbuf; x++) assert_int_equal(cbuf[x], 0x5a);
+}
+
+/* Ensure a newer caller's larger options are accepted when the fields this library does not
+ * know are zero (same bits as the current layout), refused when any of them is set. */
+static void test_newer_larger_options_need_a_zero_tail(void **state)
+{
+    (void)state;
+    small a = make_small(0xab5), b = make_small(0xab5);
+    fa_options cur = fa_options_default();
+    cur.causal = 1;
+    cur.num_threads = 2;
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+
+    const size_t big = sizeof(fa_options) + 40;
+    unsigned char *buf = malloc(big);
+    memset(buf, 0, big);
+    fa_options_init((fa_options *)(void *)buf, big);
+    fa_options *nw = (fa_options *)(void *)buf;
+    nw->causal = 1;
+    nw->num_threads = 2;
+    assert_int_equal(nw->struct_size, big);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, nw), FA_OK);
+    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
+    buf[big - 3] = 1; /* a field of the newer version is set */
+    tu_poison(&b.o);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, nw), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "newer flashattn"));
+
+    /* the same for fa_check_options */
+    const size_t cbig = sizeof(fa_check_options) + 24;
+    unsigned char *cbuf = malloc(cbig);
+    memset(cbuf, 0, cbig);
+    fa_check_options_init((fa_check_options *)(void *)cbuf, cbig);
+    fa_check_report r = fa_check_report_init();
+    assert_int_equal(fa_check(&a.q.t, &a.k.t, &a.v.t, &a.o.t, NULL, &cur, (fa_check_options *)(void *)cbuf, &r),
+                     FA_OK);
+    assert_int_equal(r.pass, 1);
+    fa_check_report_free(&r);
+    cbuf[cbig - 1] = 7;
+    r = fa_check_report_init();
+    assert_int_equal(fa_check(&a.q.t, &a.k.t, &a.v.t, &a.o.t, NULL, &cur, (fa_check_options *)(void *)cbuf, &r),
+                     FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "newer flashattn"));
+    fa_check_report_free(&r);
+    free(cbuf);
+    free(buf);
+    free_small(&a);
+    free_small(&b);
+}
+
+/* fa_options as 0.2 laid it out: no struct_size, `double scale` first. */
+typedef struct options_v02 {
+    double scale;
+    int causal;
+    int64_t window_left, window_right;
+    double softcap;
+    const fa_tensor *alibi_slopes;
+    fa_impl impl;
+    int num_threads;
+} options_v02;
+
+/* Ensure a struct_size that is no published layout is refused with a clear message: a size
+ * between two layouts, a 0.2-compiled caller (its `double scale` read as struct_size), and
+ * a garbage check options / report size. */
+static void test_garbage_struct_size_is_refused(void **state)
+{
+    (void)state;
+    small s = make_small(0xab6);
+    unsigned char buf[sizeof(fa_options) + 64];
+    memset(buf, 0, sizeof buf);
+    fa_options_init((fa_options *)(void *)buf, sizeof(options_v030) + 4);
+    assert_int_equal(fa_forward(&s.q.t, &s.k.t, &s.v.t, &s.o.t, NULL, (fa_options *)(void *)buf), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "not the size of any fa_options"));
+    const double scales[] = {0.125, 1.0, 0.088388347648318};
+    for (int x = 0; x < 3; x++) {
+        options_v02 old;
+        memset(&old, 0, sizeof old);
+        old.scale = scales[x];
+        old.window_left = old.window_right = -1;
+        memset(buf, 0, sizeof buf);
+        memcpy(buf, &old, sizeof old);
+        assert_int_equal(fa_forward(&s.q.t, &s.k.t, &s.v.t, &s.o.t, NULL, (fa_options *)(void *)buf),
+                         FA_ERR_OPTION);
+        assert_non_null(strstr(fa_last_error(), "0.2"));
+    }
+    fa_check_options co = fa_check_options_default();
+    co.struct_size = sizeof co - 8;
+    fa_check_report r = fa_check_report_init();
+    assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.q.t, NULL, NULL, &co, &r), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "fa_check_options"));
+    r.struct_size = (size_t)1 << 40;
+    assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.q.t, NULL, NULL, NULL, &r), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "fa_check_report"));
+    free_small(&s);
+}
+
+/* Ensure a newer caller's larger report gets the library's part written and struct_size set
+ * to what was written, min(caller's, library's); its tail is left alone. */
+static void test_check_writes_back_the_size_it_wrote(void **state)
+{
+    (void)state;
+    small s = make_small(0xab7);
+    assert_int_equal(fa_forward(&s.q.t, &s.k.t, &s.v.t, &s.o.t, &s.lse.t, NULL), FA_OK);
+    const size_t big = sizeof(fa_check_report) + 48;
+    unsigned char *buf = malloc(big);
+    memset(buf, 0xcc, big);
+    fa_check_report init = fa_check_report_init();
+    init.struct_size = big;
+    memcpy(buf, &init, sizeof init);
+    fa_check_report *r = (fa_check_report *)(void *)buf;
+    assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.o.t, &s.lse.t, NULL, NULL, r), FA_OK);
+    assert_int_equal(r->pass, 1);
+    assert_int_equal(r->struct_size, sizeof(fa_check_report));
+    for (size_t x = sizeof(fa_check_report); x < big; x++) assert_int_equal(buf[x], 0xcc);
+    fa_check_report_free(r);
+    free(buf);
+    free_small(&s);
+}
+
 /* Ensure fa_check_abi_size answers by name, and 0 for an unknown struct. */
 static void test_abi_sizes_by_name(void **state)
 {
@@ -226,6 +379,10 @@ int main(void)
         cmocka_unit_test(test_older_smaller_options_still_work),
         cmocka_unit_test(test_uninitialized_struct_size_is_refused),
         cmocka_unit_test(test_check_writes_only_the_callers_report),
+        cmocka_unit_test(test_init_writes_only_the_callers_size),
+        cmocka_unit_test(test_newer_larger_options_need_a_zero_tail),
+        cmocka_unit_test(test_garbage_struct_size_is_refused),
+        cmocka_unit_test(test_check_writes_back_the_size_it_wrote),
         cmocka_unit_test(test_abi_sizes_by_name),
         cmocka_unit_test(test_context_reuses_its_arena_for_every_isa),
     };

@@ -30,6 +30,9 @@ mk() { make -C "$root" --no-print-directory BUILD="$build" "$@"; }
 
 version=$(sed -n 's/^#define FA_VERSION "\(.*\)"/\1/p' "$root/include/flashattn.h")
 major=${version%%.*}
+# the soname's version: 0.MINOR while MAJOR is 0 (every 0.x may break the ABI), else MAJOR
+minor=${version#*.}; minor=${minor%%.*}
+if [ "$major" = 0 ]; then sover="0.$minor"; else sover=$major; fi
 
 # ---- install ---------------------------------------------------------------
 if ! mk install PREFIX="$prefix" >"$tmp/install.log" 2>&1; then
@@ -39,13 +42,13 @@ for f in bin/flashattn include/flashattn.h lib/libflashattn.a lib/libflashattn.s
          lib/pkgconfig/flashattn.pc share/man/man1/flashattn.1; do
     check "installed $f" test -f "$prefix/$f"
 done
-check "libflashattn.so.$major -> libflashattn.so.$version" \
-    test "$(readlink "$prefix/lib/libflashattn.so.$major")" = "libflashattn.so.$version"
-check "libflashattn.so -> libflashattn.so.$major" \
-    test "$(readlink "$prefix/lib/libflashattn.so")" = "libflashattn.so.$major"
+check "libflashattn.so.$sover -> libflashattn.so.$version" \
+    test "$(readlink "$prefix/lib/libflashattn.so.$sover")" = "libflashattn.so.$version"
+check "libflashattn.so -> libflashattn.so.$sover" \
+    test "$(readlink "$prefix/lib/libflashattn.so")" = "libflashattn.so.$sover"
 soname=$(LC_ALL=C readelf -d "$prefix/lib/libflashattn.so.$version" 2>/dev/null |
          sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p')
-check "soname is libflashattn.so.$major (got '$soname')" test "$soname" = "libflashattn.so.$major"
+check "soname is libflashattn.so.$sover (got '$soname')" test "$soname" = "libflashattn.so.$sover"
 
 # ---- pkg-config and the example program -------------------------------------
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
@@ -56,7 +59,7 @@ cc=${CC:-cc}
 if $cc -std=c11 -Wall -Wextra -Werror ${CFLAGS:-} -o "$tmp/example" "$root/docs/examples/example.c" \
         $(pkg-config --cflags --libs flashattn) ${LDFLAGS:-} -lm 2>"$tmp/cc.log"; then
     ok
-    check "example links libflashattn.so.$major" sh -c "readelf -d '$tmp/example' | grep -q 'NEEDED.*libflashattn.so.$major'"
+    check "example links libflashattn.so.$sover" sh -c "readelf -d '$tmp/example' | grep -q 'NEEDED.*libflashattn.so.$sover\]'"
     if LD_LIBRARY_PATH="$prefix/lib" "$tmp/example" >"$tmp/ex.out" 2>&1; then ok; else bad "example (shared) failed:"; fi
     cat "$tmp/ex.out"
     check "example reports fa_version()" grep -q "^libflashattn $version (ISA: scalar" "$tmp/ex.out"

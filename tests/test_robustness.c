@@ -403,6 +403,53 @@ static void test_empty_rows_are_zero_with_minus_infinite_lse(void **state)
     }
 }
 
+/*
+ * Ensure a row that sees keys but whose float32 scores all overflow to -inf
+ * (q = (1e20, 0, 0, 0), keys (-1e20, 0, 0, 0): finite inputs) is NaN in flash
+ * and standard, never the empty-row answer O = 0, LSE = -inf: emptiness comes
+ * from the key range, and such a row cannot be computed in float32. The
+ * float64 reference gives the mean of v.
+ */
+static void test_row_whose_scores_all_overflow_is_nan_not_empty(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x0f1;
+    problem p = problem_alloc(1, 2, 2, 1, 1, 4, 4);
+    tu_fill(&p.q, &rng, -1, 1);
+    tu_fill(&p.v, &rng, -1, 1);
+    for (int64_t j = 0; j < 2; j++)
+        for (int64_t c = 0; c < 4; c++) *at4(&p.k, 0, j, 0, c) = c == 0 ? -1e20f : 0.0f;
+    *at4(&p.q, 0, 0, 0, 0) = 1e20f; /* row 0: every score is -1e40 * scale, -inf in float32 */
+    for (int64_t c = 1; c < 4; c++) *at4(&p.q, 0, 0, 0, c) = 0.0f;
+    *at4(&p.q, 0, 1, 0, 0) = 0.0f; /* row 1: q . k = 0 for both keys, finite */
+    fa_options opt = fa_options_default();
+    tu_tensor o_ref, l_ref;
+    run(&p, opt, FA_IMPL_REFERENCE, &o_ref, &l_ref);
+    for (int64_t c = 0; c < 4; c++) { /* the reference: both scores equal, O = mean of v */
+        const int64_t idx[4] = {0, 0, 0, c};
+        const double mean = 0.5 * ((double)*at4(&p.v, 0, 0, 0, c) + (double)*at4(&p.v, 0, 1, 0, c));
+        assert_true(fabs(tu_get(&o_ref, idx) - mean) <= 1e-12);
+    }
+    for (int m = 1; m < 3; m++) {
+        tu_tensor o, l;
+        run(&p, opt, all_impls[m], &o, &l);
+        const int64_t l0[3] = {0, 0, 0}, l1[3] = {0, 0, 1};
+        if (!isnan(tu_get(&l, l0)))
+            fail_msg("%s: overflowed row has LSE %g, not NaN", fa_impl_name(all_impls[m]), tu_get(&l, l0));
+        for (int64_t c = 0; c < 4; c++) {
+            const int64_t i0[4] = {0, 0, 0, c}, i1[4] = {0, 1, 0, c};
+            if (!isnan(tu_get(&o, i0)))
+                fail_msg("%s: overflowed row has O[%lld] = %g, not NaN", fa_impl_name(all_impls[m]),
+                         (long long)c, tu_get(&o, i0));
+            assert_true(fabs(tu_get(&o, i1) - tu_get(&o_ref, i1)) <= TOL);
+        }
+        assert_true(fabs(tu_get(&l, l1) - tu_get(&l_ref, l1)) <= TOL);
+        tu_free(&o); tu_free(&l);
+    }
+    tu_free(&o_ref); tu_free(&l_ref);
+    problem_free(&p);
+}
+
 /* Ensure d = 1, d_v = 1 and seqlen 1 (each side) match the reference. */
 static void test_all_match_reference_when_dims_are_one(void **state)
 {
@@ -577,6 +624,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_query_is_confined_to_its_row),
         cmocka_unit_test(test_infinite_key_is_confined_to_rows_that_see_it),
         cmocka_unit_test(test_empty_rows_are_zero_with_minus_infinite_lse),
+        cmocka_unit_test(test_row_whose_scores_all_overflow_is_nan_not_empty),
         cmocka_unit_test(test_all_match_reference_when_dims_are_one),
         cmocka_unit_test(test_flash_is_exact_when_seqlen_k_exceeds_2_pow_32),
         cmocka_unit_test(test_all_match_reference_when_window_is_int64_max),

@@ -360,6 +360,42 @@ static void test_stride_when_an_output_has_a_zero_stride(void **state)
     assert_int_equal(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o, &f->lse.t, NULL), FA_OK);
 }
 
+/* Ensure FA_ERR_STRIDE when an output overlaps ITSELF through non-zero strides (two indices
+ * reach one element, written by several rows and threads), and that valid permuted
+ * layouts are still accepted. */
+static void test_stride_when_an_output_overlaps_itself(void **state)
+{
+    fixture *f = *state;
+    /* o [1][5][4][8] with seqlen stride 1 and d stride 1: (s=1, c=0) and (s=0, c=1) collide */
+    fa_tensor o = f->o.t;
+    o.stride[0] = 160; o.stride[1] = 1; o.stride[2] = 8; o.stride[3] = 1;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o, NULL, NULL), FA_ERR_STRIDE, "o: stride", f);
+    /* heads stride 7 < 8 = d's reach + 1 */
+    o = f->o.t;
+    o.stride[0] = 160; o.stride[1] = 32; o.stride[2] = 7; o.stride[3] = 1;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o, NULL, NULL), FA_ERR_STRIDE, "o: stride 2", f);
+    /* lse [1][4][5] with heads stride 1 and seqlen stride 1 */
+    fa_tensor lse = f->lse.t;
+    lse.stride[0] = 20; lse.stride[1] = 1; lse.stride[2] = 1;
+    expect_status(fa_forward(&f->q.t, &f->k.t, &f->v.t, &f->o.t, &lse, NULL), FA_ERR_STRIDE, "lse: stride", f);
+    /* backward: dq self-overlapping */
+    tu_tensor dout = tu_alloc4(FA_F32, 1, 5, 4, 8, 0), dq = tu_alloc4(FA_F32, 1, 5, 4, 8, 0);
+    tu_tensor dk = tu_alloc4(FA_F32, 1, 6, 2, 8, 0), dv = tu_alloc4(FA_F32, 1, 6, 2, 8, 0);
+    uint64_t rng = tu_seed() ^ 0x0ff;
+    tu_fill(&dout, &rng, -1, 1);
+    fa_tensor dq_bad = dq.t;
+    dq_bad.stride[1] = 1; dq_bad.stride[3] = 1;
+    expect_status(fa_backward(&f->q.t, &f->k.t, &f->v.t, NULL, NULL, &dout.t, &dq_bad, &dk.t, &dv.t, NULL),
+                  FA_ERR_STRIDE, "dq: stride", f);
+    tu_free(&dout); tu_free(&dq); tu_free(&dk); tu_free(&dv);
+    /* valid, not C-order: seqlen fastest, then d, then heads (column-major), and BHSD */
+    o = f->o.t;
+    o.stride[0] = 160; o.stride[1] = 1; o.stride[2] = 40; o.stride[3] = 5;
+    assert_int_equal(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o, &f->lse.t, NULL), FA_OK);
+    o.stride[1] = 8; o.stride[2] = 40; o.stride[3] = 1;
+    assert_int_equal(fa_forward(&f->q.t, &f->k.t, &f->v.t, &o, &f->lse.t, NULL), FA_OK);
+}
+
 /* Ensure the limits are checked with clear statuses: head dims above FA_HEAD_DIM_MAX
  * (they reach int kernel parameters; with a zero-stride view a huge d costs no memory),
  * a strided view whose largest offset overflows, and a standard-path seqlen_k beyond int. */
@@ -445,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_backward_reports_impl_null_and_shape_errors),
         cmocka_unit_test(test_stride_when_an_output_overlaps_an_input_or_an_output),
         cmocka_unit_test(test_stride_when_an_output_has_a_zero_stride),
+        cmocka_unit_test(test_stride_when_an_output_overlaps_itself),
         cmocka_unit_test(test_limits_of_head_dims_offsets_and_seqlen),
         cmocka_unit_test(test_every_status_has_a_distinct_name),
     };
