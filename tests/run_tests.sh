@@ -19,8 +19,16 @@ for isa in $isas; do
         if FA_ISA=$isa "$build/tests/$s"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $s/$isa"; fi
     done
 done
+# Under the sanitizers (make sanitize sets FA_SANITIZED) the scripts that only
+# build, install or package another copy of the project add build time and no
+# sanitizer coverage of the library: they run in the plain `make test`.
+san_skip="test_install.sh test_python_install.sh test_plots.sh test_probes.sh test_tsan.sh test_neon.sh"
 for t in tests/test_*.sh; do
     [ -f "$t" ] || continue
+    if [ -n "${FA_SANITIZED:-}" ] && echo " $san_skip " | grep -q " $(basename "$t") "; then
+        echo "=== $(basename "$t"): skipped under the sanitizers (runs in make test)"
+        continue
+    fi
     echo "=== $(basename "$t")"
     if sh "$t" "$build"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $(basename "$t")"; fi
 done
