@@ -87,8 +87,4 @@ static inline double fa_score_transform(const fa_problem *p, double dot, double 
 void fa_transform_tile(const fa_problem *p, int64_t b, int64_t i0, int br, int64_t j0, int bc, double slope,
                        const int64_t *lo_rows, const int64_t *hi_rows, float *s, size_t lds);
 
-/* Has row i of (b, h) a NaN score among keys [lo, hi)? (float64, from the inputs) */
-int fa_row_has_nan_score(const fa_problem *p, int64_t b, int64_t h, int64_t i, int64_t lo, int64_t hi,
-                         double slope);
-
 #endif /* FA_MASK_H */

@@ -40,23 +40,3 @@ void fa_transform_tile(const fa_problem *p, int64_t b, int64_t i0, int br, int64
     }
 }
 
-/*
- * A row that sees keys but whose running max stayed -inf had only NaN or -inf
- * scores: the softmax kernel keeps P = 0 for it (max skips NaN), which would
- * make it look empty. Rare (non-finite inputs only), so decide here, in
- * float64 from the inputs, as the reference does: any NaN score makes the row
- * NaN; all -inf makes it O = 0, LSE = -inf.
- */
-int fa_row_has_nan_score(const fa_problem *p, int64_t b, int64_t h, int64_t i, int64_t lo,
-                             int64_t hi, double slope)
-{
-    const int64_t hk = fa_kv_head(p, h);
-    for (int64_t j = lo; j < hi; j++) {
-        double dot = 0.0;
-        for (int64_t c = 0; c < p->d; c++)
-            dot += fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, c)) * fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, c));
-        if (isnan(fa_score_transform(p, dot, slope, b, i, j))) return 1;
-    }
-    return 0;
-}
-
