@@ -49,6 +49,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <vector>
@@ -806,7 +807,27 @@ static int self_test(void)
         st_expect(check_backward(hp, &ho, FA_IMPL_REFERENCE, 0, NULL, 0) == 0, "a corrupted dK element fails");
     }
 
-    /* 5. FLOP count */
+    /* 5. --save's .npy writer: a 64-byte-aligned v1.0 header, then the data */
+    {
+        char dir[] = "/tmp/flashattn-cuda-selftest-XXXXXX";
+        int ok = mkdtemp(dir) != NULL;
+        const float data[6] = {1, 2, 3, 4, 5, 6};
+        const long long shape[2] = {2, 3};
+        ok = ok && write_npy(dir, "x.npy", "<f4", data, 4, 2, shape) == 0;
+        char path[128], buf[256];
+        snprintf(path, sizeof path, "%s/x.npy", dir);
+        FILE *f = ok ? fopen(path, "rb") : NULL;
+        size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) fclose(f);
+        const size_t hl = n >= 10 ? (size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8 : 0;
+        ok = ok && n == 10 + hl + sizeof data && (10 + hl) % 64 == 0 && !memcmp(buf, "\x93NUMPY\x01\x00", 8) &&
+             strstr(buf + 10, "'shape': (2, 3)") != NULL && !memcmp(buf + 10 + hl, data, sizeof data);
+        remove(path);
+        rmdir(dir);
+        st_expect(ok, "--save writes numpy .npy v1.0 (aligned header, shape, C-order data)");
+    }
+
+    /* 6. FLOP count */
     {
         harness_opts ho;
         opts_default(&ho);
@@ -1010,9 +1031,16 @@ static int run(const harness_opts *o)
                   write_npy(o->save_dir, "dk.npy", descr, hp.dk.data(), 2, 4, ks) ||
                   write_npy(o->save_dir, "dv.npy", descr, hp.dv.data(), 2, 4, ks);
         if (bad) return 2;
+        char mask[160] = "";
+        if (o->causal) strcat(mask, " --causal");
+        if (o->window_left >= 0 || o->window_right >= 0)
+            snprintf(mask + strlen(mask), sizeof mask - strlen(mask), " --window %lld,%lld", o->window_left,
+                     o->window_right);
+        if (o->softcap > 0) snprintf(mask + strlen(mask), sizeof mask - strlen(mask), " --softcap %.17g", o->softcap);
+        if (o->scale != 0) snprintf(mask + strlen(mask), sizeof mask - strlen(mask), " --scale %.17g", o->scale);
         printf("saved to %s/: flashattn %s -q q.npy -k k.npy -v v.npy %s --dtype %s%s\n", o->save_dir,
                bwd ? "check-grad" : "check", bwd ? "--dout do.npy --dq dq.npy --dk dk.npy --dv dv.npy" : "--out o.npy --lse lse.npy",
-               dt == DT_BF16 ? "bf16" : "f16", o->causal ? " --causal" : "");
+               dt == DT_BF16 ? "bf16" : "f16", mask);
     }
 
     /* 3. validation by libflashattn */

@@ -28,7 +28,7 @@ else
 cuda: $(CUDA_BIN)
 
 cuda-test: $(CUDA_BIN)
-	./$(CUDA_BIN) --self-test
+	$(CUDA_BIN) --self-test
 endif
 
 $(CUDA_DIR)/%.o: cuda/%.cu cuda/common.cuh cuda/ladder.h include/flashattn.h
