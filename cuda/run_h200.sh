@@ -8,7 +8,9 @@
 # causal and not; GQA 32:8 at d 128, N 4096 — and PyTorch's SDPA backends (flash, cuDNN,
 # memory-efficient, forward and backward) on the same shapes, in the same run, into one CSV:
 # OUTDIR/h200.csv. Every ladder row is validated by libflashattn before it is timed (the
-# `check` column says how); a validation failure is logged and the run goes on.
+# `check` column says how) — except backward rows too large for the CPU reference, which are
+# timed only (harness exit 3, `check` = skipped, logged as NOT validated); a validation
+# failure is logged and the run goes on.
 #
 # The card is power-capped under sustained load, so only numbers from one run compare; the
 # FP32 FMA ceiling is re-measured by every harness call (probe_tflops) and nvidia-smi logs the
@@ -75,7 +77,8 @@ EOF
         "$BIN" --kernel $k --d "$d" --seqlen "$n" --heads "$h" --heads-k "$hk" --batch "$b" $causal \
             --dtype bf16 --repeats 20 --max-seconds 1 --csv "$CSV" >> "$LOG" 2>&1
         rc=$?
-        [ $rc -ne 0 ] && say "FAILED (exit $rc): kernel $k d=$d N=$n causal=$c H=$h:$hk B=$b"
+        if [ $rc -eq 3 ]; then say "timed, NOT validated (beyond the CPU reference's budget): kernel $k d=$d N=$n causal=$c H=$h:$hk B=$b"
+        elif [ $rc -ne 0 ]; then say "FAILED (exit $rc): kernel $k d=$d N=$n causal=$c H=$h:$hk B=$b"; fi
     done
 done
 
