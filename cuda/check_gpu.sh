@@ -64,6 +64,11 @@ for k in 01 02 03 03b; do
     done
     one "racecheck $k d=128" $SAN --tool racecheck "$BIN" --kernel $k --d 128 --heads 2 --heads-k 1 \
         --seqlen-q 100 --seqlen-k 150 --causal --no-time
+    # full (unmasked) tiles, a window and softcap: the paths the causal shape above does not take
+    one "memcheck  $k d=64 window+softcap" $SAN --tool memcheck "$BIN" --kernel $k --d 64 --heads 2 \
+        --seqlen 192 --window 40,7 --softcap 20 --no-time
+    one "racecheck $k d=64 full tiles" $SAN --tool racecheck "$BIN" --kernel $k --d 64 --heads 2 \
+        --seqlen 192 --no-time
 done
 
 echo "check_gpu: $((runs - fails)) of $runs runs passed"
