@@ -12,8 +12,9 @@
  *     (m_i, l_i, O_i) of every query row, exactly;
  *   - the tile products read 16-byte pieces of float tiles in shared memory and
  *     reuse each one for 8 to 16 register FMAs (the warp products of common.cuh,
- *     the same ones rung 03 uses, so the difference between 02 and 03 is the
- *     loop order and nothing else).
+ *     the same ones rung 03 uses, so nothing in the tile code differs between
+ *     02 and 03: the loop order does, and with it the per-block divide by l,
+ *     the O/m/l round trips and the launch count listed below).
  *   The loop order is the paper's: for each key block j (outer, one kernel
  *   launch each, in order) and every query block i (inner, the blocks of the
  *   launch, in parallel):

@@ -19,8 +19,12 @@
  *   by one thread in a fixed order; there are no atomics, so a run gives the same
  *   bits every time. The price: kernel 3 recomputes S and dP (2 of the 5 tile
  *   products) that kernel 2 already formed: 7 products instead of FlashAttention-2's
- *   5 (which accumulates dQ with atomic adds in float, in an order that changes
- *   from run to run). TFLOP/s are counted on FlashAttention's 5 (2.5 x the forward).
+ *   5 (whose default accumulates dQ with atomic adds in float, in an order that
+ *   changes from run to run; it also has a deterministic mode, which orders those
+ *   adds at some cost in speed). TFLOP/s are counted on FlashAttention's 5 (2.5 x
+ *   the forward). The score is recomputed here as scale (q . k), while the forward
+ *   forms (scale q) . k: the recomputed P can differ from the forward's in the last
+ *   bits (within the tolerance; D = dO . O is exact against dP's own order).
  * What it leaves out: tensor cores, asynchronous copies, and a dQ accumulation
  *   that avoids the recomputation (FlashAttention-3's semaphore-ordered atomics).
  * Memory traffic it expects (per head, N = seqlen_q = seqlen_k, blocks of 64):

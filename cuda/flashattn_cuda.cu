@@ -245,6 +245,11 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
     if (o->heads_k == 0) o->heads_k = o->heads;
     if (o->heads % o->heads_k != 0)
         return fail_msg(err, n, "--heads (%d) is not a multiple of --heads-k (%d)", o->heads, o->heads_k);
+    /* rung 01 launches one block row per query row (grid.y) and one per (batch, head) (grid.z):
+     * CUDA caps both at 65535 */
+    if (o->kernel == RUNG_NAIVE && (o->seqlen_q > 65535 || (long long)o->batch * o->heads > 65535))
+        return fail_msg(err, n, "--kernel 01: seqlen_q (%d) and batch x heads (%lld) must be at most 65535 "
+                        "(its grid's y and z limits)", o->seqlen_q, (long long)o->batch * o->heads);
     if (o->kernel == RUNG_FLASH2_BWD && o->no_time && o->grad_ref == GREF_NONE)
         return fail_msg(err, n, "--grad-ref none with --no-time leaves nothing to do");
     return 0;
