@@ -19,6 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
 import flashattn as fa  # noqa: E402
+sys.path.insert(0, HERE)
+import ref_numpy  # noqa: E402  (tests/, the independent float64 model)
 
 try:
     fa.library()
@@ -26,26 +28,9 @@ except OSError as e:  # pragma: no cover - only without a build
     pytest.skip(f"libflashattn.so not available: {e}", allow_module_level=True)
 
 
-def bf16_bits(x):
-    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def bf16_value(bits):
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
-
-
 def model(q, k, v, causal=False):
-    """float64 attention in BSHD, bottom-right causal, GQA by repeating kv heads."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    B, Sq, H, d = q.shape
-    Sk, Hk = k.shape[1], k.shape[2]
-    k, v = np.repeat(k, H // Hk, axis=2), np.repeat(v, H // Hk, axis=2)
-    s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(d)
-    if causal:
-        s = np.where(np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + Sk - Sq, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), v)
+    """O of the independent float64 model (tests/ref_numpy.py)."""
+    return ref_numpy.attention_forward(q, k, v, causal=causal)[0]
 
 
 @pytest.fixture
@@ -155,7 +140,7 @@ def test_out_dtype_accepts_the_documented_names(qkv, name, np_type, tol):
     impl = "reference" if np_type == np.float64 else "flash"
     o = fa.attention(q, k, v, out_dtype=name, impl=impl)
     assert o.dtype == np_type
-    got = bf16_value(o) if np_type == np.uint16 else o.astype(np.float64)
+    got = ref_numpy.bf16_bits_to_float64(o) if np_type == np.uint16 else o.astype(np.float64)
     want = model(q, k, v)
     assert np.abs(got - want).max() <= tol * max(1.0, np.abs(want).max())
 
@@ -200,16 +185,16 @@ def test_integer_arrays_are_refused(qkv, int_type):
 
 def test_bf16_bits_flag_reads_int16_and_can_refuse_uint16(qkv):
     q, k, v = qkv
-    qb, kb, vb = bf16_bits(q), bf16_bits(k), bf16_bits(v)
+    qb, kb, vb = ref_numpy.float_to_bf16_bits(q), ref_numpy.float_to_bf16_bits(k), ref_numpy.float_to_bf16_bits(v)
     from_uint16 = fa.attention(qb, kb, vb, impl="reference")   # the compatible default
     from_int16 = fa.attention(qb.view(np.int16), kb.view(np.int16), vb.view(np.int16),
                               impl="reference", bf16_bits=True)
     np.testing.assert_array_equal(from_uint16, from_int16)
-    want = model(bf16_value(qb), bf16_value(kb), bf16_value(vb))
+    want = model(ref_numpy.bf16_bits_to_float64(qb), ref_numpy.bf16_bits_to_float64(kb), ref_numpy.bf16_bits_to_float64(vb))
     np.testing.assert_allclose(from_uint16, want, atol=2e-5)
     with pytest.raises(TypeError, match="int16 array refused"):
         fa.attention(qb.view(np.int16), kb, vb)
     with pytest.raises(TypeError, match="uint16 array refused"):
         fa.attention(qb, kb, vb, bf16_bits=False)
-    rep = fa.check(qb.view(np.int16), kb, vb, bf16_bits(want), bf16_bits=True)
+    rep = fa.check(qb.view(np.int16), kb, vb, ref_numpy.float_to_bf16_bits(want), bf16_bits=True)
     assert rep.passed and rep.dtype == "bf16"

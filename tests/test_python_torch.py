@@ -22,6 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
 import flashattn as fa  # noqa: E402
+sys.path.insert(0, HERE)
+import ref_numpy  # noqa: E402  (tests/, the independent float64 model)
 
 try:
     fa.library()
@@ -35,16 +37,8 @@ DTYPES = {"float32": (torch.float32, 2e-5), "float64": (torch.float64, 1e-12),
 
 
 def model(q, k, v, causal=False):
-    """float64 attention in BSHD, bottom-right causal, GQA by repeating kv heads."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    B, Sq, H, d = q.shape
-    Sk, Hk = k.shape[1], k.shape[2]
-    k, v = np.repeat(k, H // Hk, axis=2), np.repeat(v, H // Hk, axis=2)
-    s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(d)
-    if causal:
-        s = np.where(np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + Sk - Sq, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), v)
+    """O of the independent float64 model (tests/ref_numpy.py)."""
+    return ref_numpy.attention_forward(q, k, v, causal=causal)[0]
 
 
 def as_numpy(t):

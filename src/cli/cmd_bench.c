@@ -773,7 +773,8 @@ static int bench_main(int argc, char **argv)
                            "reference's measured %.2f GFLOP/s), more than --max-seconds %.3g; use smaller "
                            "sizes or raise --max-seconds",
                            reference_flops / (ref_rate * 1e9), reference_flops, ref_rate, max_seconds);
-        if (ref_rate > 0) seconds_at_peak_flops += reference_flops / ref_rate * (cfg.peak > 0 ? cfg.peak : 0);
+        /* in the FLOPs at the peak that take the same time; unmeasured: at the peak (a lower bound) */
+        seconds_at_peak_flops += ref_rate > 0 && cfg.peak > 0 ? reference_flops / ref_rate * cfg.peak : reference_flops;
     }
     if (cfg.peak > 0) {
         double secs = seconds_at_peak_flops / (cfg.peak * 1e9);
