@@ -263,6 +263,30 @@ static fa_status parse_extent(cursor *c, int64_t *value)
 }
 
 /* (a, b, c) with an optional trailing comma; a 1-tuple needs its comma: (3,). */
+/*
+ * The element count of a shape whose extents are all >= 0, under the one rule the
+ * loader and the saver share (so that every array one accepts the other does):
+ * any zero extent makes the array empty whatever the others are; otherwise
+ * numel * itemsize must fit in both int64 and size_t. Returns 0 if it does not.
+ */
+static int npy_numel(fa_dtype dtype, int rank, const int64_t *shape, int64_t *numel)
+{
+    uint64_t limit = (uint64_t)INT64_MAX < SIZE_MAX ? (uint64_t)INT64_MAX : (uint64_t)SIZE_MAX;
+    limit /= fa_dtype_size(dtype);
+    for (int i = 0; i < rank; i++)
+        if (shape[i] == 0) {
+            *numel = 0;
+            return 1;
+        }
+    uint64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        if (n > limit / (uint64_t)shape[i]) return 0;
+        n *= (uint64_t)shape[i];
+    }
+    *numel = (int64_t)n;
+    return 1;
+}
+
 static fa_status parse_shape(cursor *c, npy_header *h)
 {
     fa_status st;
@@ -378,20 +402,9 @@ static fa_status parse_header(const char *text, size_t len, const char *name, np
         return fa_fail(FA_ERR_FORMAT, "%s: Fortran order not supported (save a C-order array, "
                        "e.g. np.ascontiguousarray)", name);
 
-    /* numel * itemsize must fit in int64 and size_t; any zero extent makes it 0 */
-    size_t itemsize = fa_dtype_size(h->dtype);
-    uint64_t limit = (uint64_t)INT64_MAX < SIZE_MAX ? (uint64_t)INT64_MAX : (uint64_t)SIZE_MAX;
-    limit /= itemsize;
-    int64_t numel = 1;
-    for (int i = 0; i < h->rank; i++)
-        if (h->shape[i] == 0) numel = 0;
-    for (int i = 0; i < h->rank && numel != 0; i++) {
-        if ((uint64_t)numel > limit / (uint64_t)h->shape[i])
-            return fa_fail(FA_ERR_FORMAT, "%s: shape is too large: its byte size overflows", name);
-        numel *= h->shape[i];
-    }
-    h->numel = numel;
-    h->data_bytes = (size_t)numel * itemsize;
+    if (!npy_numel(h->dtype, h->rank, h->shape, &h->numel))
+        return fa_fail(FA_ERR_FORMAT, "%s: shape is too large: its byte size overflows", name);
+    h->data_bytes = (size_t)h->numel * fa_dtype_size(h->dtype);
     return FA_OK;
 }
 
@@ -1098,16 +1111,13 @@ static fa_status check_save_args(const char *name, const void *data, fa_dtype dt
     if (rank < 0 || rank > FA_MAX_RANK)
         return fa_fail(FA_ERR_SHAPE, "%s: rank %d is outside 0..%d", name, rank, FA_MAX_RANK);
     if (rank > 0 && !shape) return fa_fail(FA_ERR_NULL_ARG, "%s: shape is NULL", name);
-    size_t itemsize = fa_dtype_size(dtype);
-    size_t numel = 1;
-    for (int i = 0; i < rank; i++) {
+    for (int i = 0; i < rank; i++)
         if (shape[i] < 0)
             return fa_fail(FA_ERR_SHAPE, "%s: negative extent %lld in shape", name, (long long)shape[i]);
-        if (shape[i] != 0 && numel > SIZE_MAX / itemsize / (size_t)shape[i])
-            return fa_fail(FA_ERR_SHAPE, "%s: shape is too large", name);
-        numel *= (size_t)shape[i];
-    }
-    *bytes = numel * itemsize;
+    int64_t numel;
+    if (!npy_numel(dtype, rank, shape, &numel))
+        return fa_fail(FA_ERR_SHAPE, "%s: shape is too large: its byte size overflows", name);
+    *bytes = (size_t)numel * fa_dtype_size(dtype);
     if (*bytes > 0 && !data) return fa_fail(FA_ERR_NULL_ARG, "%s: data is NULL", name);
     return FA_OK;
 }

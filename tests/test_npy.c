@@ -813,6 +813,32 @@ static void test_npy_save_rejects_bad_arguments(void **state)
     assert_false(file_exists(path));
 }
 
+/*
+ * Ensure the saver and the loader share one size rule (a libFuzzer find: the loader
+ * accepted an empty array whose other extent was near INT64_MAX, the saver refused
+ * to write it back): any zero extent makes an array empty, whatever the others are;
+ * a non-empty shape whose byte size overflows is refused by both.
+ */
+static void test_npy_save_and_load_agree_on_huge_extents(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("huge_empty.npy");
+    int64_t empty[4] = {INT64_C(7709648557549551617), 0, 1, 1};
+    assert_int_equal(fa_npy_save(path, NULL, FA_F32, 4, empty), FA_OK);
+    fa_npy a;
+    assert_int_equal(fa_npy_load(path, &a), FA_OK);
+    assert_int_equal(a.numel, 0);
+    assert_true(a.shape[0] == empty[0] && a.shape[1] == 0);
+    fa_npy_free(&a);
+
+    int64_t over[2] = {INT64_C(1) << 40, INT64_C(1) << 22}; /* 2^62 elements * 4 bytes */
+    const char *bad = tmp_path("huge_full.npy");
+    assert_int_equal(fa_npy_save(bad, data_2x3, FA_F32, 2, over), FA_ERR_SHAPE);
+    assert_false(file_exists(bad));
+    static const char hdr[] = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 4194304), }";
+    assert_dict_fails("huge_full.npy", hdr, FA_ERR_FORMAT, "overflows");
+}
+
 /* ------------------------------------------------------------------------ */
 /* Non-finite scan                                                           */
 /* ------------------------------------------------------------------------ */
@@ -891,6 +917,7 @@ int main(void)
         cmocka_unit_test(test_npy_save_accepts_255_byte_names),
         cmocka_unit_test(test_npy_save_keeps_the_mode_of_a_replaced_file),
         cmocka_unit_test(test_npy_save_rejects_bad_arguments),
+        cmocka_unit_test(test_npy_save_and_load_agree_on_huge_extents),
         cmocka_unit_test(test_npy_find_nonfinite_reports_first_bad_index),
     };
     return cmocka_run_group_tests_name("npy", tests, group_setup, group_teardown);
