@@ -107,17 +107,19 @@ static fa_status check_tensor(const fa_tensor *t, const char *name, int rank)
     if (t->rank != rank)
         return fa_fail(FA_ERR_SHAPE, "%s: expected rank %d, got rank %d", name, rank, t->rank);
     int64_t n = 1;
-    int empty = 0;
+    int empty = 0; /* any zero extent: no element, whatever the other extents */
+    for (int r = 0; r < rank; r++)
+        if (t->shape[r] == 0) empty = 1;
     for (int r = 0; r < rank; r++) {
         if (t->shape[r] < 0)
             return fa_fail(FA_ERR_SHAPE, "%s: dimension %d is negative (%lld)", name, r, DIM(t->shape[r]));
         if (t->stride[r] < 0)
             return fa_fail(FA_ERR_STRIDE, "%s: stride %d is negative (%lld)", name, r, DIM(t->stride[r]));
-        if (t->shape[r] > 0 && n > INT64_MAX / t->shape[r])
+        if (!empty && n > INT64_MAX / t->shape[r])
             return fa_fail(FA_ERR_SHAPE, "%s: element count overflows 64 bits", name);
-        n *= t->shape[r];
-        if (t->shape[r] == 0) empty = 1;
+        if (!empty) n *= t->shape[r];
     }
+    if (empty) n = 0;
     if (!empty) {
         /* the last element's offset, sum (shape - 1) * stride, in elements and in bytes */
         const int64_t esz = (int64_t)fa_dtype_size(t->dtype);

@@ -39,6 +39,13 @@ fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
     t->data = data;
     t->dtype = dtype;
     t->rank = rank;
+    /* Any zero extent makes the tensor empty, whatever the other extents are
+     * (the rule of the .npy reader and of the validator): its element count is
+     * 0 and cannot overflow, and since no element is ever addressed its
+     * default strides merely saturate. */
+    int empty = 0;
+    for (int r = 0; r < rank; r++)
+        if (shape[r] == 0) empty = 1;
     int64_t running = 1;
     for (int r = rank - 1; r >= 0; r--) {
         if (shape[r] < 0)
@@ -46,9 +53,12 @@ fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
                            (long long)shape[r]);
         t->shape[r] = shape[r];
         t->stride[r] = stride ? stride[r] : running;
-        if (shape[r] > 0 && running > INT64_MAX / shape[r])
-            return fa_fail(FA_ERR_SHAPE, "fa_tensor_make: element count overflows 64 bits");
-        running *= shape[r] > 0 ? shape[r] : 1;
+        if (shape[r] > 1 && running > INT64_MAX / shape[r]) {
+            if (!empty) return fa_fail(FA_ERR_SHAPE, "fa_tensor_make: element count overflows 64 bits");
+            running = INT64_MAX;
+        } else {
+            running *= shape[r] > 0 ? shape[r] : 1;
+        }
     }
     return FA_OK;
 }
