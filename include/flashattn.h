@@ -469,6 +469,14 @@ typedef struct fa_check_options {
     const char *v_name;   /**< Name of v in messages (default "v"). */
     const char *out_name; /**< Name of the tested output in messages (default "out"). */
     const char *lse_name; /**< Name of the tested LSE in messages (default "lse"). */
+    /* Appended in 0.4 (low-precision inputs). */
+    /** An ::fa_qformat: the format Q, K and V were stored in (they are passed
+     *  dequantized, see fa_dequantize). Not FA_QF_NONE: the low-precision rule
+     *  (FlashAttention-3's FP8 rule) replaces the dtype rule; dtype is ignored. */
+    int qkv_format;
+    /** An ::fa_kernel_model: also emulate that kernel's data path and hold the
+     *  output to 2x its error (needs qkv_format). */
+    int kernel_model;
 } fa_check_options;
 
 /** @brief One failing query row in a report. */
@@ -551,6 +559,22 @@ typedef struct fa_check_report {
     int64_t lse_worst_row;     /**< Row of the largest LSE error: query row. */
     double lse_worst_test;     /**< Tested LSE there. */
     double lse_worst_ref;      /**< Reference LSE there (with the offset when it applies). */
+
+    /* Appended in 0.4: portable metrics (every report) and the low-precision rule. */
+    double cos_sim;            /**< Cosine similarity of test and reference over the finite checked elements. */
+    double rel_l1;             /**< Relative L1: sum |test - ref| / sum |ref|. */
+    double rmse;               /**< Root mean square error. */
+    double sqnr_db;            /**< 10 log10(sum ref^2 / sum (test - ref)^2) in dB (+inf when equal). */
+    int qkv_format;            /**< The ::fa_qformat of the low-precision rule, FA_QF_NONE when off. */
+    int p_format;              /**< Format P was rounded to in the baseline (::fa_qformat). */
+    int kernel_model;          /**< The ::fa_kernel_model emulated, or 0. */
+    double model_max_abs_err;  /**< Max abs error of the kernel model vs the reference. */
+    double model_bound;        /**< 2 * model_max_abs_err + atol (the model's bound, applied too). */
+    int64_t model_n_fail;      /**< Elements beyond model_bound. */
+    double row_scale_test;     /**< Worst row of the tested output: the factor a with test ~ a * ref (least squares). */
+    double row_scale_model;    /**< The same for the kernel model, or for the baseline without one (its largest |a - 1|). */
+    int p_mismatch;            /**< 1: rows of the output are scaled against the reference well beyond the
+                                    model (P saturated, or row sums not from the P used in P.V). */
 } fa_check_report;
 
 /** @brief Set the first @p struct_size bytes of @p opt to the default check
@@ -626,6 +650,125 @@ typedef enum fa_abi_struct {
 /** @brief sizeof the library's struct @p which (an ::fa_abi_struct), for
  *         bindings that mirror the structs; 0 for an unknown value. */
 FA_API size_t fa_check_abi_size(int which);
+
+/** @} */
+
+/* ---- low-precision inputs (FP8, FP4, INT8): see docs/validation.md ---- */
+
+/**
+ * @defgroup lowprec Low-precision inputs (FP8, FP4, INT8)
+ *
+ * GPU kernels that run in FP8 or FP4 read Q, K and V as 8- or 4-bit codes plus
+ * scales. The library decodes them exactly (256-entry tables built from the
+ * bit definitions) into float32/float64 tensors that every other entry point
+ * takes; `run --impl reference` on them is exact attention on the dequantized
+ * values, and fa_check judges a low-precision kernel's output with
+ * fa_check_options::qkv_format set (FlashAttention-3's FP8 rule, see
+ * fa_check).
+ *
+ * Formats (value of a code; S = sign bit):
+ *   - FA_QF_E4M3 (FP8 e4m3fn): bias 7, no infinity, 0x7f/0xff NaN, max 448.
+ *   - FA_QF_E5M2 (FP8 e5m2): bias 15, IEEE-like, 0x7c/0xfc infinity, max 57344.
+ *   - FA_QF_E2M1 (FP4): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (codes
+ *     0x0..0xf); one code per byte (upper nibble 0), or two per byte
+ *     (fa_qtensor::packed: element 2i in the low nibble, 2i+1 in the high).
+ *   - FA_QF_INT8: two's complement, value = code (symmetric, no zero point).
+ *   - FA_QF_E8M0 (MX block scale): 2^(code - 127), 0xff NaN.
+ * Encoders round to nearest, ties to even, and saturate to the largest finite
+ * value (as the GPU's cvt.rn.satfinite does; INT8 to +-127); NaN gives the
+ * format's NaN code (0 for FP4 and INT8, which have none).
+ * @{
+ */
+
+/** @brief Number formats of low-precision codes. */
+typedef enum fa_qformat {
+    FA_QF_NONE = 0, /**< Not a low-precision input. */
+    FA_QF_E4M3,     /**< FP8 e4m3fn. */
+    FA_QF_E5M2,     /**< FP8 e5m2. */
+    FA_QF_E2M1,     /**< FP4 e2m1. */
+    FA_QF_INT8,     /**< Symmetric INT8. */
+    FA_QF_E8M0,     /**< MX scale: a power of two (block scales only). */
+    FA_QF_COUNT     /**< Number of formats (not a format). */
+} fa_qformat;
+
+/** @brief "e4m3", "e5m2", "e2m1", "int8", "e8m0" ("none" for FA_QF_NONE), or NULL. */
+FA_API const char *fa_qformat_name(int format);
+
+/** @brief The format named @p name (as fa_qformat_name spells it; "e4m3fn" too), or FA_QF_NONE. */
+FA_API fa_qformat fa_qformat_parse(const char *name);
+
+/**
+ * @brief The exact value of every code 0..255 of @p format.
+ *
+ * Codes that are no number of the format (e2m1 bytes above 0x0f, which only
+ * occur unpacked) are NaN. @return FA_OK, FA_ERR_NULL_ARG, FA_ERR_OPTION for
+ * an unknown format.
+ */
+FA_API fa_status fa_qformat_table(int format, double table[256]);
+
+/** @brief The value of one code (NaN for an unknown format). */
+FA_API double fa_qformat_decode(int format, unsigned code);
+
+/** @brief The code of @p x: round to nearest even, saturating (see above). */
+FA_API unsigned fa_qformat_encode(int format, double x);
+
+/** @brief How a fa_qtensor is scaled. */
+typedef enum fa_qscale_kind {
+    FA_QSCALE_NONE = 0, /**< value = decoded code. */
+    FA_QSCALE_TENSOR,   /**< value = code * fa_qtensor::scale (one fp32 for the tensor). */
+    FA_QSCALE_HEAD,     /**< value = code * head_scale[b][h / (heads / scale_heads)] (FlashAttention-3's
+                             per-(batch, kv head) fp32 descales: Q's too are per kv head). */
+    FA_QSCALE_NVFP4,    /**< value = code * e4m3 block scale (one per 16 elements) * global_scale. */
+    FA_QSCALE_MXFP4,    /**< value = code * e8m0 block scale (one per 32 elements). */
+    FA_QSCALE_COUNT     /**< Number of kinds (not a kind). */
+} fa_qscale_kind;
+
+/**
+ * @brief A low-precision tensor: codes plus scales, logical shape
+ *        `[batch][seqlen][heads][dim]` (Q, K or V).
+ *
+ * Codes and block scales are C-contiguous bytes. Packed e2m1 holds dim/2
+ * bytes per row (dim must be even). Block scales run along fa_qtensor::scale_axis:
+ * 3 (the head dim, the default: Q and K) or 1 (tokens: V as FP4 kernels quantize
+ * it); their shape is the tensor's with that axis replaced by ceil(extent / block).
+ */
+typedef struct fa_qtensor {
+    const uint8_t *codes;       /**< The codes. */
+    int format;                 /**< An ::fa_qformat other than FA_QF_NONE and FA_QF_E8M0. */
+    int packed;                 /**< e2m1 only: two codes per byte, the first in the low nibble. */
+    int64_t shape[4];           /**< Logical shape (elements, not bytes). */
+    int scale_kind;             /**< An ::fa_qscale_kind. */
+    double scale;               /**< FA_QSCALE_TENSOR: the scale. */
+    const float *head_scale;    /**< FA_QSCALE_HEAD: `[batch][scale_heads]` float32. */
+    int64_t scale_heads;        /**< FA_QSCALE_HEAD: heads of head_scale; must divide shape[2]. */
+    const uint8_t *block_scale; /**< NVFP4: e4m3 codes (>= 0); MXFP4: e8m0 codes. */
+    int64_t block_scale_shape[4]; /**< Shape of block_scale. */
+    int scale_axis;             /**< 3 (head dim; also 0 means 3) or 1 (tokens). */
+    double global_scale;        /**< NVFP4: the fp32 per-tensor scale (0 means 1). */
+} fa_qtensor;
+
+/** @brief Block length of a block-scale kind: 16 (NVFP4), 32 (MXFP4), else 0. */
+FA_API int64_t fa_qscale_block(int scale_kind);
+
+/**
+ * @brief Decode @p x into @p out (float32 or float64, rank 4, shape = x->shape,
+ *        any strides).
+ *
+ * Refused with one message naming @p name (e.g. the file): an unknown format
+ * or scale kind, a code that is NaN or infinite (inputs must be finite) or no
+ * e2m1 code, scales of the wrong shape, a NaN or infinite scale, a negative
+ * NVFP4 block scale, an odd dim for packed e2m1. Nothing is written on error.
+ */
+FA_API fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out);
+
+/** @brief Kernel data paths fa_check can emulate (fa_check_options::kernel_model). */
+typedef enum fa_kernel_model {
+    FA_KERNEL_MODEL_NONE = 0, /**< The default rule only. */
+    FA_KERNEL_MODEL_FA3,      /**< FlashAttention-3 FP8: P scaled by 256 (exp2 offset 8), rounded to the
+                                   format, row sums from the unrounded values, key blocks of 128 visited
+                                   last to first with a running max, fp32 accumulators, bf16 output. */
+    FA_KERNEL_MODEL_COUNT     /**< Number of models (not a model). */
+} fa_kernel_model;
 
 /** @} */
 

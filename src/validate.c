@@ -34,6 +34,7 @@
  * prints and Python returns.
  */
 #include "internal.h"
+#include "lowprec.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -273,6 +274,15 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
         if (!(co->rtol >= 0.0) || !isfinite(co->rtol))
             return fa_fail(FA_ERR_OPTION, "check: rtol must be finite and >= 0 (got %g)", co->rtol);
     }
+    if (co->qkv_format < FA_QF_NONE || co->qkv_format >= FA_QF_E8M0)
+        return fa_fail(FA_ERR_OPTION, "check: qkv_format %d is not e4m3, e5m2, e2m1 or int8", co->qkv_format);
+    if (co->kernel_model < 0 || co->kernel_model >= FA_KERNEL_MODEL_COUNT)
+        return fa_fail(FA_ERR_OPTION, "check: unknown kernel model %d", co->kernel_model);
+    if (co->kernel_model && !co->qkv_format)
+        return fa_fail(FA_ERR_OPTION, "check: a kernel model needs the low-precision format of q, k, v "
+                       "(qkv_format)");
+    if (co->kernel_model == FA_KERNEL_MODEL_FA3 && co->qkv_format == FA_QF_E2M1)
+        return fa_fail(FA_ERR_OPTION, "check: the fa3 kernel model is FP8 (e4m3, e5m2; int8 Q/K), not e2m1");
     if (co->sample_rows < 0)
         return fa_fail(FA_ERR_OPTION, "check: sample_rows must be >= 0 (got %lld)", DIM(co->sample_rows));
     if (co->num_threads < 0)
@@ -341,6 +351,8 @@ typedef struct row_scratch {
     double *od;  /* [dv] reference output accumulator */
     float *of;   /* [dv] emulated output accumulator */
     const float *f16; /* [65536] float16 -> float32 table (shared, read-only), or NULL */
+    fa_lp_model_scratch lp; /* kernel model (low-precision rule with a model) */
+    double *om;  /* [dv] kernel model's output row */
 } row_scratch;
 
 /* What pass 1 keeps per checked row (besides the per-element arrays). */
@@ -395,6 +407,12 @@ typedef struct pass1_stats {
     double worst_err;      /* -1: none yet */
     int64_t worst_item, worst_col;
     double worst_test, worst_ref, worst_emu;
+    /* portable metrics, over finite tested elements */
+    double m_tr, m_tt, m_rr, m_abs_ref, m_sq;
+    /* low-precision rule: the kernel model, and per-row scale factors */
+    double model_max;
+    int64_t model_sat;
+    double alpha_test, alpha_ref_model; /* the row factor farthest from 1 (test), and the model's */
 } pass1_stats;
 
 typedef struct check_ctx {
@@ -406,6 +424,8 @@ typedef struct check_ctx {
     double *err;                 /* [items][dv] |O_test - O_ref| (inf: non-finite) */
     float *absref;               /* [items][dv] |O_ref| */
     row_result *rr;              /* [items] */
+    int pfmt;                    /* low-precision rule: format of P (fa_qformat), 0 when off */
+    int model;                   /* fa_kernel_model, 0 when off */
 } check_ctx;
 
 static inline int64_t item_row(const check_ctx *cx, int64_t w)
@@ -471,8 +491,12 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
         if (sfj > mf) mf = sfj;
     }
 
+    if (cx->model)
+        fa_lp_model_row(cx->model, cx->pfmt, p, b, hk, s->sf, lo, hi, &s->lp, s->om, &ps->model_sat);
+
     /* Softmax and P·V. Reference normalizes at the end; the emulation, like a
-     * plain implementation, materializes P = softmax(S) in the dtype first. */
+     * plain implementation, materializes P = softmax(S) in the dtype first
+     * (in the low-precision format under the low-precision rule). */
     double ld = 0.0;
     float lf = 0.0f;
     for (int64_t j = lo; j < hi; j++) {
@@ -481,6 +505,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
         ld += s->sd[j];
         lf += s->sf[j];
     }
+    if (cx->pfmt && hi > lo) fa_lp_round_p(cx->pfmt, s->sf + lo, hi - lo, lf);
     for (int64_t c = 0; c < dv; c++) {
         s->od[c] = 0.0;
         s->of[c] = 0.0f;
@@ -490,7 +515,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
         const int wide = load_kv_row(&p->v, fa_off4(&p->v, b, j, hk, 0), p->v.stride[3], dv, dt,
                                      cx->round_v, s, &xf);
         const double pd = s->sd[j];
-        const float pf = round_to(dt, s->sf[j] / lf);
+        const float pf = cx->pfmt ? s->sf[j] : round_to(dt, s->sf[j] / lf);
         double *od = s->od;
         float *of = s->of;
         const double *xd = s->xd;
@@ -526,11 +551,27 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     /* Compare. */
     double *err = cx->err + w * dv;
     float *absref = cx->absref + w * dv;
+    double row_tr = 0.0, row_rr = 0.0, row_mr = 0.0;
+    int row_finite = 1;
     for (int64_t c = 0; c < dv; c++) {
         const double ref = empty ? 0.0 : s->od[c] / ld;
         const double emu = empty ? 0.0 : (double)round_to(dt, s->of[c]);
         const double test = fa_load_f64(&p->o, fa_off4(&p->o, b, i, h, c));
         const double e_emu = fabs(emu - ref);
+        const double mod = cx->model ? s->om[c] : emu; /* what the row factor of a sound kernel looks like */
+        if (cx->model && fabs(mod - ref) > ps->model_max) ps->model_max = fabs(mod - ref);
+        row_rr += ref * ref;
+        row_mr += mod * ref;
+        if (isfinite(test)) {
+            row_tr += test * ref;
+            ps->m_tr += test * ref;
+            ps->m_tt += test * test;
+            ps->m_rr += ref * ref;
+            ps->m_abs_ref += fabs(ref);
+            ps->m_sq += (test - ref) * (test - ref);
+        } else {
+            row_finite = 0;
+        }
         if (e_emu > ps->emu_max) ps->emu_max = e_emu;
         ps->emu_sum += e_emu;
         if (fabs(ref) > ps->max_abs_ref) ps->max_abs_ref = fabs(ref);
@@ -555,6 +596,11 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
             ps->worst_emu = emu;
         }
     }
+    if (row_rr > 0.0) {
+        const double at = row_tr / row_rr, am = row_mr / row_rr;
+        if (row_finite && fabs(at - 1.0) > fabs(ps->alpha_test - 1.0)) ps->alpha_test = at;
+        if (fabs(am - 1.0) > fabs(ps->alpha_ref_model - 1.0)) ps->alpha_ref_model = am;
+    }
 }
 
 /* Fold thread statistics `t` into `a`; ties on the worst element go to the earlier one. */
@@ -566,6 +612,15 @@ static void merge_stats(pass1_stats *a, const pass1_stats *t)
     if (t->max_abs_ref > a->max_abs_ref) a->max_abs_ref = t->max_abs_ref;
     if (t->emu_max > a->emu_max) a->emu_max = t->emu_max;
     a->emu_sum += t->emu_sum;
+    a->m_tr += t->m_tr;
+    a->m_tt += t->m_tt;
+    a->m_rr += t->m_rr;
+    a->m_abs_ref += t->m_abs_ref;
+    a->m_sq += t->m_sq;
+    if (t->model_max > a->model_max) a->model_max = t->model_max;
+    a->model_sat += t->model_sat;
+    if (fabs(t->alpha_test - 1.0) > fabs(a->alpha_test - 1.0)) a->alpha_test = t->alpha_test;
+    if (fabs(t->alpha_ref_model - 1.0) > fabs(a->alpha_ref_model - 1.0)) a->alpha_ref_model = t->alpha_ref_model;
     if (t->worst_err > a->worst_err ||
         (t->worst_err == a->worst_err && t->worst_err >= 0 &&
          (t->worst_item < a->worst_item ||
@@ -585,17 +640,26 @@ static void init_stats(pass1_stats *s)
     s->worst_err = -1.0;
     s->worst_item = INT64_MAX;
     s->worst_col = INT64_MAX;
+    s->alpha_test = 1.0;
+    s->alpha_ref_model = 1.0;
 }
 
 static void scratch_free(row_scratch *s)
 {
     fa_free(s->sd); fa_free(s->sf); fa_free(s->qd); fa_free(s->qf);
     fa_free(s->xd); fa_free(s->xe); fa_free(s->xf); fa_free(s->od); fa_free(s->of);
+    fa_free(s->om); fa_lp_model_scratch_free(&s->lp);
     memset(s, 0, sizeof *s); /* s->f16 is owned by fa_check */
 }
 
-static int scratch_alloc(row_scratch *s, const fa_problem *p)
+static int scratch_alloc(row_scratch *s, const fa_problem *p, int model)
 {
+    memset(s, 0, sizeof *s);
+    if (model && (!fa_lp_model_scratch_alloc(&s->lp, p) ||
+                  !(s->om = fa_malloc((size_t)p->dv * sizeof(double))))) {
+        scratch_free(s);
+        return 0;
+    }
     const size_t sk = (size_t)p->seqlen_k + 1, d = (size_t)p->d, dv = (size_t)p->dv;
     const size_t x = d > dv ? d : dv;
     s->sd = fa_malloc(sk * sizeof(double));
@@ -774,6 +838,7 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
             if (dtype_bits(all[x]) < dtype_bits(dt)) dt = all[x];
     }
     if (dt == FA_F64) dt = FA_F32;
+    if (co.qkv_format) dt = FA_BF16; /* low-precision kernels write bf16 (FlashAttention-3's FP8 output) */
     if (!co.use_tolerance) {
         if ((st = require_emulable(q, nm.q, dt)) != FA_OK) return st;
         if ((st = require_emulable(k, nm.k, dt)) != FA_OK) return st;
@@ -804,9 +869,15 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     memset(&cx, 0, sizeof cx);
     cx.p = &p;
     cx.dt = dt;
-    cx.round_q = needs_rounding(q->dtype, dt);
-    cx.round_k = needs_rounding(k->dtype, dt);
-    cx.round_v = needs_rounding(v->dtype, dt);
+    /* the low-precision rule takes q, k, v as dequantized: not rounded again */
+    cx.round_q = !co.qkv_format && needs_rounding(q->dtype, dt);
+    cx.round_k = !co.qkv_format && needs_rounding(k->dtype, dt);
+    cx.round_v = !co.qkv_format && needs_rounding(v->dtype, dt);
+    cx.pfmt = co.qkv_format ? fa_lp_p_format(co.qkv_format) : 0;
+    cx.model = co.qkv_format ? co.kernel_model : 0;
+    r->qkv_format = co.qkv_format;
+    r->p_format = cx.pfmt;
+    r->kernel_model = cx.model;
     const int64_t BH = p.batch * p.heads;
     const int sampling = co.sample_rows > 0 && co.sample_rows < p.seqlen_q;
     cx.per_bh = sampling ? co.sample_rows : p.seqlen_q;
@@ -862,7 +933,7 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
         row_scratch s;
         pass1_stats ps;
         init_stats(&ps);
-        int ok = scratch_alloc(&s, &p);
+        int ok = scratch_alloc(&s, &p, cx.model);
         s.f16 = f16;
         if (!ok) {
 #ifdef _OPENMP
@@ -910,6 +981,21 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
         r->rtol = 0.0;
         r->bound = 2.0 * tot.emu_max + r->atol;
     }
+    if (cx.model) {
+        r->model_max_abs_err = tot.model_max;
+        r->model_bound = 2.0 * tot.model_max + r->atol;
+        if (!co.use_tolerance) r->bound = r->model_bound; /* the kernel's own data path: the tighter baseline */
+    }
+    /* portable metrics (thu-ml's CosSim / Rel-L1 / RMSE, torchao's SQNR) */
+    r->cos_sim = tot.m_tt > 0.0 && tot.m_rr > 0.0 ? tot.m_tr / sqrt(tot.m_tt * tot.m_rr)
+                                                  : (tot.m_tt == tot.m_rr ? 1.0 : 0.0);
+    r->rel_l1 = tot.m_abs_ref > 0.0 ? tot.sum_abs / tot.m_abs_ref : (tot.sum_abs > 0.0 ? INFINITY : 0.0);
+    r->rmse = tot.n_finite ? sqrt(tot.m_sq / (double)tot.n_finite) : 0.0;
+    r->sqnr_db = tot.m_sq > 0.0 ? 10.0 * log10(tot.m_rr / tot.m_sq) : INFINITY;
+    r->row_scale_test = tot.alpha_test;
+    r->row_scale_model = tot.alpha_ref_model;
+    if (co.qkv_format)
+        r->p_mismatch = fabs(tot.alpha_test - 1.0) > 2.0 * fabs(tot.alpha_ref_model - 1.0) + 0x1p-7;
     r->ratio = tot.emu_max > 0.0 ? r->max_abs_err / tot.emu_max
                                  : (r->max_abs_err > 0.0 ? INFINITY : 0.0);
     if (tot.worst_err >= 0.0 && tot.worst_item != INT64_MAX) {
@@ -925,6 +1011,7 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
 
     /* Pass 2. */
     verdict_out(&cx, &co, r, items);
+    if (cx.model) r->model_n_fail = r->n_fail;
     r->lse_pass = 1;
     if (lse) verdict_lse(&cx, &co, r, items);
     r->pass = r->out_pass && r->lse_pass;
@@ -1015,7 +1102,13 @@ size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t s
             (unsigned long long)r->seed);
     else
         put(&t, "rows checked: all %lld\n", DIM(r->rows_checked));
-    if (r->use_tolerance)
+    if (r->qkv_format && !r->use_tolerance)
+        put(&t, "rule: low-precision (%s inputs), FlashAttention-3's FP8 rule: max |test - ref| <= 2 * error of "
+                "a plain attention with the normalized P rounded to %s%s + atol (atol = %.3g = 2^-9 * max|ref|, "
+                "bf16 output)\n",
+            fa_qformat_name(r->qkv_format), fa_qformat_name(r->p_format),
+            r->p_format == FA_QF_E2M1 ? " in blocks of 16 with e4m3 scales" : "", r->atol);
+    else if (r->use_tolerance)
         put(&t, "rule: explicit, |test - ref| <= atol + rtol*|ref| with atol=%.3g rtol=%.3g\n",
             r->atol, r->rtol);
     else
@@ -1024,8 +1117,22 @@ size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t s
             fa_dtype_name(r->dtype), r->atol, -(int)round(log2(atol_unit(r->dtype))));
     put(&t, "output  max abs err %.6g   mean abs err %.6g   max rel err %.6g   mean rel err %.6g\n",
         r->max_abs_err, r->mean_abs_err, r->max_rel_err, r->mean_rel_err);
+    put(&t, "metrics: cos sim %.8f   rel L1 %.4g   RMSE %.4g   SQNR %.2f dB\n", r->cos_sim, r->rel_l1, r->rmse,
+        r->sqnr_db);
     put(&t, "emulated %s baseline: max abs err %.6g   mean abs err %.6g   (max |ref| %.6g)\n",
-        fa_dtype_name(r->dtype), r->emu_max_abs_err, r->emu_mean_abs_err, r->max_abs_ref);
+        r->qkv_format ? fa_qformat_name(r->p_format) : fa_dtype_name(r->dtype), r->emu_max_abs_err,
+        r->emu_mean_abs_err, r->max_abs_ref);
+    if (r->kernel_model)
+        put(&t, "kernel model fa3 (P*256 rounded to %s, row sums unrounded, key blocks last to first): max abs "
+                "err %.6g; bound 2 * that + atol = %.6g applies\n",
+            fa_qformat_name(r->p_format), r->model_max_abs_err, r->model_bound);
+    if (r->qkv_format)
+        put(&t, "row scale (test ~ a * ref, worst row): a = %.6f; %s: a = %.6f%s\n", r->row_scale_test,
+            r->kernel_model ? "kernel model" : "baseline", r->row_scale_model,
+            r->p_mismatch ? "  -> P/ROW-SUM MISMATCH or a wrong V descale: rows are scaled beyond what P "
+                            "rounding explains (P saturated at the format's max, or the row sum not from the P "
+                            "used in P.V)"
+                          : "");
     if (!r->use_tolerance)
         put(&t, "tested / emulated max error: %.3g   (bound %.6g; pass needs ratio <= ~2)\n",
             r->ratio, r->bound);

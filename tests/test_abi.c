@@ -270,10 +270,13 @@ static void test_garbage_struct_size_is_refused(void **state)
         assert_non_null(strstr(fa_last_error(), "0.2"));
     }
     fa_check_options co = fa_check_options_default();
-    co.struct_size = sizeof co - 8;
+    co.struct_size = offsetof(fa_check_options, qkv_format) + 4; /* between the 0.3 layout and 0.4's */
     fa_check_report r = fa_check_report_init();
     assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.q.t, NULL, NULL, &co, &r), FA_ERR_OPTION);
     assert_non_null(strstr(fa_last_error(), "fa_check_options"));
+    co.struct_size = offsetof(fa_check_options, qkv_format); /* 0.3's layout, before the low-precision fields */
+    assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.o.t, NULL, NULL, &co, &r), FA_OK);
+    fa_check_report_free(&r);
     r.struct_size = (size_t)1 << 40;
     assert_int_equal(fa_check(&s.q.t, &s.k.t, &s.v.t, &s.q.t, NULL, NULL, NULL, &r), FA_ERR_OPTION);
     assert_non_null(strstr(fa_last_error(), "fa_check_report"));
