@@ -79,7 +79,8 @@ class _CheckOptions(ctypes.Structure):
                 ("sample_rows", _i64), ("seed", ctypes.c_uint64), ("num_threads", ctypes.c_int),
                 ("q_name", ctypes.c_char_p), ("k_name", ctypes.c_char_p),
                 ("v_name", ctypes.c_char_p), ("out_name", ctypes.c_char_p),
-                ("lse_name", ctypes.c_char_p)]
+                ("lse_name", ctypes.c_char_p),
+                ("qkv_format", ctypes.c_int), ("kernel_model", ctypes.c_int)]
 
 
 class _CheckRow(ctypes.Structure):
@@ -109,7 +110,15 @@ _REPORT_FIELDS = [
     ("lse_fa2_alibi_offset", ctypes.c_int),
     ("lse_worst_batch", _i64), ("lse_worst_head", _i64), ("lse_worst_row", _i64),
     ("lse_worst_test", _D), ("lse_worst_ref", _D),
+    ("cos_sim", _D), ("rel_l1", _D), ("rmse", _D), ("sqnr_db", _D),
+    ("qkv_format", ctypes.c_int), ("p_format", ctypes.c_int), ("kernel_model", ctypes.c_int),
+    ("model_max_abs_err", _D), ("model_bound", _D), ("model_n_fail", _i64),
+    ("row_scale_test", _D), ("row_scale_model", _D), ("p_mismatch", ctypes.c_int),
 ]
+
+# low-precision formats (fa_qformat) and kernel models (fa_kernel_model)
+QFORMATS = {"none": 0, "e4m3": 1, "e5m2": 2, "e2m1": 3, "int8": 4, "e8m0": 5}
+KERNEL_MODELS = {None: 0, "fa3": 1}
 
 
 class _Report(ctypes.Structure):
@@ -557,6 +566,10 @@ class CheckReport:
         self.passed = bool(rep.pass_)
         del self.pass_
         self.dtype = _DTYPE_STR.get(rep.dtype, str(rep.dtype))
+        names = {c: n for n, c in QFORMATS.items()}
+        self.qkv_format = names.get(rep.qkv_format, str(rep.qkv_format))
+        self.p_format = names.get(rep.p_format, str(rep.p_format))
+        self.p_mismatch = bool(rep.p_mismatch)
         self.fail_rows = [dict(batch=r.batch, row=r.row, head=r.head, n_fail=r.n_fail,
                                worst_col=r.worst_col, max_abs_err=r.max_abs_err)
                           for r in rep.fail_rows[:rep.n_fail_rows]]
@@ -579,7 +592,7 @@ class CheckReport:
 
 def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
           alibi_slopes=None, dtype=None, atol=None, rtol=None, sample_rows=0, seed=0,
-          num_threads=0, bf16_bits=None):
+          num_threads=0, bf16_bits=None, qkv_format=None, kernel_model=None):
     """Check a tested attention output (and optionally its LSE) against the
     float64 reference, by the library's one tolerance model.
 
@@ -591,8 +604,13 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
     the default emulation rule by |out - ref| <= atol + rtol * |ref| (either
     given; the other defaults to 0). sample_rows: check that many random
     query rows per (batch, head), drawn with seed (0 <= seed < 2**64).
-    Options and bf16_bits as in attention(). Returns a CheckReport (true when
-    it passed); raises FlashAttnError on bad input.
+    Options and bf16_bits as in attention().
+    qkv_format: "e4m3", "e5m2", "e2m1" or "int8" when the kernel read Q, K, V
+    in that format: pass them dequantized (see dequantize()); the
+    low-precision rule (FlashAttention-3's FP8 rule, bf16 output) replaces the
+    dtype rule. kernel_model="fa3" also emulates FlashAttention-3's FP8 data
+    path. Every report has cos_sim, rel_l1, rmse and sqnr_db.
+    Returns a CheckReport (true when it passed); raises FlashAttnError on bad input.
     """
     lib = library()
     keep = []
@@ -615,6 +633,13 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
     co.sample_rows = _int_arg(sample_rows, "sample_rows", 0, _INT64_MAX)
     co.seed = _int_arg(seed, "seed", 0, _UINT64_MAX)
     co.num_threads = _int_arg(num_threads, "num_threads", 0, _INT_MAX)
+    if qkv_format is not None:
+        if qkv_format not in ("e4m3", "e5m2", "e2m1", "int8"):
+            raise ValueError(f"qkv_format must be 'e4m3', 'e5m2', 'e2m1' or 'int8', got {qkv_format!r}")
+        co.qkv_format = QFORMATS[qkv_format]
+    if kernel_model not in KERNEL_MODELS:
+        raise ValueError(f"kernel_model must be None or 'fa3', got {kernel_model!r}")
+    co.kernel_model = KERNEL_MODELS[kernel_model]
     rep = _Report()
     st = lib.fa_check(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
                       ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt),
@@ -628,3 +653,82 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         return CheckReport(rep, buf.value.decode())
     finally:
         lib.fa_check_report_free(ctypes.byref(rep))
+
+
+# ---- low-precision inputs --------------------------------------------------------
+
+class _QTensor(ctypes.Structure):
+    _fields_ = [("codes", ctypes.c_void_p), ("format", ctypes.c_int), ("packed", ctypes.c_int),
+                ("shape", _i64 * 4), ("scale_kind", ctypes.c_int), ("scale", ctypes.c_double),
+                ("head_scale", ctypes.c_void_p), ("scale_heads", _i64),
+                ("block_scale", ctypes.c_void_p), ("block_scale_shape", _i64 * 4),
+                ("scale_axis", ctypes.c_int), ("global_scale", ctypes.c_double)]
+
+
+def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_format=None,
+               global_scale=None, along="d", packed=False):
+    """Decode low-precision codes exactly into a float64 array (fa_dequantize).
+
+    codes: uint8 array [batch, seqlen, heads, dim] (dim/2 bytes when packed:
+    two e2m1 codes per byte, the first in the low nibble). qkv_format: "e4m3",
+    "e5m2", "e2m1" or "int8". One scale: descale = a number (per tensor) or a
+    float32 array [batch, heads_k] (FlashAttention-3's; for Q, heads_k divides
+    its heads and head h uses h // (heads // heads_k)); or block_scales (uint8
+    codes) with scale_format "nvfp4" (e4m3 per 16, times global_scale) or
+    "mxfp4" (e8m0 per 32), along "d" (the last axis) or "tokens" (axis 1).
+    """
+    lib = library()
+    lib.fa_dequantize.argtypes = [ctypes.POINTER(_QTensor), ctypes.c_char_p, ctypes.POINTER(_Tensor)]
+    lib.fa_dequantize.restype = ctypes.c_int
+    if qkv_format not in ("e4m3", "e5m2", "e2m1", "int8"):
+        raise ValueError(f"qkv_format must be 'e4m3', 'e5m2', 'e2m1' or 'int8', got {qkv_format!r}")
+    c = np.ascontiguousarray(_as_array(codes, "codes"))
+    if c.dtype != np.uint8 or c.ndim != 4:
+        raise ValueError(f"codes must be a 4-d uint8 array, got {c.dtype} with {c.ndim} dims")
+    x = _QTensor()
+    x.codes = c.ctypes.data
+    x.format = QFORMATS[qkv_format]
+    x.packed = 1 if packed else 0
+    shape = list(c.shape)
+    if packed:
+        shape[3] *= 2
+    for i in range(4):
+        x.shape[i] = shape[i]
+    keep = [c]
+    if descale is not None and block_scales is not None:
+        raise ValueError("give descale or block_scales, not both")
+    if descale is not None:
+        if np.ndim(descale) == 0:
+            x.scale_kind = 1
+            x.scale = float(np.float32(descale))
+        else:
+            ds = np.ascontiguousarray(descale, dtype=np.float32)
+            if ds.ndim != 2:
+                raise ValueError(f"descale must be a number or a [batch, heads_k] array, got {ds.ndim} dims")
+            keep.append(ds)
+            x.scale_kind = 2
+            x.head_scale = ds.ctypes.data
+            x.scale_heads = ds.shape[1]
+            if ds.shape[0] != shape[0]:
+                raise ValueError(f"descale has batch {ds.shape[0]}, codes {shape[0]}")
+    elif block_scales is not None:
+        if scale_format not in ("nvfp4", "mxfp4"):
+            raise ValueError(f"scale_format must be 'nvfp4' or 'mxfp4', got {scale_format!r}")
+        bs = np.ascontiguousarray(block_scales)
+        if bs.dtype != np.uint8 or bs.ndim != 4:
+            raise ValueError("block_scales must be a 4-d uint8 array of scale codes")
+        keep.append(bs)
+        x.scale_kind = 3 if scale_format == "nvfp4" else 4
+        x.block_scale = bs.ctypes.data
+        for i in range(4):
+            x.block_scale_shape[i] = bs.shape[i]
+        if along not in ("d", "tokens"):
+            raise ValueError(f"along must be 'd' or 'tokens', got {along!r}")
+        x.scale_axis = 3 if along == "d" else 1
+        x.global_scale = float(np.float32(1.0 if global_scale is None else global_scale))
+    out = np.empty(shape, dtype=np.float64)
+    t = _tensor(out, "out")
+    st = lib.fa_dequantize(ctypes.byref(x), b"codes", ctypes.byref(t))
+    if st != 0:
+        _raise(st)
+    return out

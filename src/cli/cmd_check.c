@@ -12,6 +12,7 @@
  * fa_check_report_format()'s text.
  */
 #include "cli.h"
+#include "cli_lowprec.h"
 
 #include <errno.h>
 #include <math.h>
@@ -23,6 +24,7 @@ static const char check_usage[] =
     "usage: flashattn check -q Q.npy -k K.npy -v V.npy --out O_TEST.npy [--lse LSE_TEST.npy]\n"
     "                       [MASK OPTIONS] [--dtype f32|f16|bf16] [--atol A --rtol R]\n"
     "                       [--sample-rows K] [--seed S] [--threads T]\n"
+    "                       [--qkv-format e4m3|e5m2|e2m1|int8 [SCALES] [--kernel-model fa3]]\n"
     "\n"
     "Compares a tested attention output against the float64 reference computed from the\n"
     "same Q, K, V and mask options (FlashAttention semantics, masks aligned bottom-right).\n"
@@ -42,6 +44,9 @@ static const char check_usage[] =
     "  --sample-rows K    check K random query rows per (batch, head) exactly: O(K * seqlen_k * d)\n"
     "  --seed S           seed of the row sampler (default 0)\n"
     "  --threads T        OpenMP threads (default: all cores)\n"
+    "  --kernel-model M   with --qkv-format: also emulate kernel M's data path (fa3: P scaled by\n"
+    "                     256 and rounded, row sums unrounded, key blocks last to first) and hold\n"
+    "                     the output to 2x that model's error\n"
     "\n"
     "Default rule (FlashAttention's own test rule, on the CPU): a plain attention is computed\n"
     "the way a low-precision kernel would (inputs rounded to the dtype, scores in float32,\n"
@@ -49,7 +54,13 @@ static const char check_usage[] =
     "2x that emulation's max error, plus atol = a * max|ref| (a = 2^-9 bf16, 2^-12 f16,\n"
     "2^-18 f32). NaN or Inf in the tested output always fails. See docs/validation.md.\n"
     "\n"
-    "%s\n"
+    "Low-precision rule (--qkv-format): the reference is exact attention on the dequantized\n"
+    "inputs; the baseline is FlashAttention-3's FP8 one (a plain attention with the normalized P\n"
+    "rounded to the format before P.V, bf16 output); the tested max error must be at most 2x the\n"
+    "baseline's plus atol = 2^-9 * max|ref|. Every report also gives cosine similarity,\n"
+    "relative L1, RMSE and SQNR.\n"
+    "\n"
+    "%s\n%s\n"
     "Exit status: 0 within tolerance; 1 mismatch; 2 bad usage or bad input (one line on\n"
     "stderr naming the file).\n";
 
@@ -107,16 +118,21 @@ static int check_main(int argc, char **argv)
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *o_path = NULL, *lse_path = NULL;
     const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *rows_text = NULL;
     const char *seed_text = NULL, *threads_text = NULL;
+    const char *model_text = NULL;
     cli_attn attn;
     cli_attn_init(&attn);
+    cli_lowprec lp;
+    cli_lowprec_init(&lp);
 
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_is_help(argv[i])) {
-            printf(check_usage, cli_mask_help);
+            printf(check_usage, cli_mask_help, cli_lowprec_help);
             return CLI_EXIT_OK;
         }
         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_lowprec_parse(argc, argv, &i, &lp)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--kernel-model", &model_text)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
@@ -164,6 +180,17 @@ static int check_main(int argc, char **argv)
         if (cli_parse_int("--threads", threads_text, 1, 4096, &n) != 0) return CLI_EXIT_USAGE;
         co.num_threads = (int)n;
     }
+    if (cli_lowprec_validate(&lp)) return CLI_EXIT_USAGE;
+    co.qkv_format = lp.format;
+    if (model_text) {
+        if (strcmp(model_text, "fa3") != 0)
+            return cli_die("--kernel-model: expected fa3, got '%s'", model_text);
+        if (!lp.format) return cli_die("--kernel-model %s needs --qkv-format", model_text);
+        if (lp.format == FA_QF_E2M1)
+            return cli_die("--kernel-model fa3 is FlashAttention-3's FP8 path; --qkv-format e2m1 has no such model");
+        co.kernel_model = FA_KERNEL_MODEL_FA3;
+    }
+    if (lp.format && dtype_text) return cli_die("--dtype: the low-precision rule (--qkv-format) fixes the output to bf16");
     co.q_name = q_path;
     co.k_name = k_path;
     co.v_name = v_path;
@@ -172,7 +199,7 @@ static int check_main(int argc, char **argv)
 
     double t0 = cli_now();
     cli_qkv in;
-    if (cli_load_qkv(&in, q_path, k_path, v_path)) {
+    if (lp.format ? cli_lowprec_load_qkv(&in, q_path, k_path, v_path, &lp) : cli_load_qkv(&in, q_path, k_path, v_path)) {
         cli_attn_free(&attn);
         return CLI_EXIT_USAGE;
     }

@@ -13,6 +13,7 @@
  * written with a warning on stderr.
  */
 #include "cli.h"
+#include "cli_lowprec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,7 @@ static const char run_usage[] =
     "                     (natural log; -inf for a row with no visible key)\n"
     "  --dtype-out T      dtype of O: f32 (default), f64, f16 or bf16 (written as <u2)\n"
     "\n"
-    "%s\n%s\n"
+    "%s\n%s\n%s\n"
     "Exit status: 0 ok; 2 bad usage or bad input (one line on stderr naming the file; no output written).\n";
 
 static int run_main(int argc, char **argv)
@@ -42,14 +43,17 @@ static int run_main(int argc, char **argv)
     const char *dtype_text = NULL;
     cli_attn attn;
     cli_attn_init(&attn);
+    cli_lowprec lp;
+    cli_lowprec_init(&lp);
 
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_is_help(argv[i])) {
-            printf(run_usage, cli_mask_help, cli_exec_help);
+            printf(run_usage, cli_mask_help, cli_exec_help, cli_lowprec_help);
             return CLI_EXIT_OK;
         }
         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_lowprec_parse(argc, argv, &i, &lp)) != 0 ||
             (r = cli_parse_exec_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
@@ -68,11 +72,15 @@ static int run_main(int argc, char **argv)
     fa_dtype out_dtype = FA_F32;
     if (dtype_text && cli_parse_dtype("--dtype-out", dtype_text, &out_dtype) != 0) return CLI_EXIT_USAGE;
     const cli_named outs_named[2] = {{"-o", o_path}, {"--lse", lse_path}};
-    const cli_named ins_named[4] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--alibi", attn.alibi_path}};
-    if (cli_check_files("run", outs_named, 2, ins_named, 4)) return CLI_EXIT_USAGE;
+    if (cli_lowprec_validate(&lp)) return CLI_EXIT_USAGE;
+    cli_named ins_named[10] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--alibi", attn.alibi_path}};
+    const int n_ins = 4 + cli_lowprec_inputs(&lp, ins_named + 4);
+    if (cli_check_files("run", outs_named, 2, ins_named, n_ins)) return CLI_EXIT_USAGE;
 
     cli_qkv in;
-    if (cli_load_qkv(&in, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
+    if (cli_lowprec_active(&lp) ? cli_lowprec_load_qkv(&in, q_path, k_path, v_path, &lp)
+                                : cli_load_qkv(&in, q_path, k_path, v_path))
+        return CLI_EXIT_USAGE;
     if (cli_attn_load_alibi(&attn, &in)) {
         cli_qkv_free(&in);
         return CLI_EXIT_USAGE;
@@ -119,6 +127,9 @@ static int run_main(int argc, char **argv)
     fa_cpu_info info;
     char sh[96];
     fa_get_cpu_info(&info);
+    if (lp.format)
+        printf("inputs: %s codes decoded exactly (%s); attention on the dequantized values\n",
+               fa_qformat_name(lp.format), lp.scale_format ? lp.scale_format : "descales");
     printf("wrote %s %s %s%s%s (%s, %s, %d threads, %.1f ms)\n", o_path, cli_shape(4, o_shape, sh, sizeof sh),
            fa_dtype_name(out_dtype), lse_path ? " and " : "", lse_path ? lse_path : "",
            fa_impl_name(attn.opt.impl), attn.opt.impl == FA_IMPL_REFERENCE ? "float64 loops" : info.isa,

@@ -1,0 +1,380 @@
+/*
+ * cli_lowprec.c — low-precision inputs for `run` and `check`.
+ *
+ * Q, K and V arrive as `|u1` code files (numpy has no FP8/FP4 dtypes; the
+ * format is named by --qkv-format), each with at most one scale: a
+ * FlashAttention-3 descale (--descale-x: a number for a per-tensor scale, or
+ * a float32 [batch, heads_k] file — Q's too is per kv head), or block scales
+ * (--scale-x FILE with --scale-format nvfp4|mxfp4, codes `|u1`, along d for Q
+ * and K and along tokens for V unless --v-scale-along d; NVFP4 with
+ * --global-scale-x). fa_dequantize decodes them into float64 arrays that the
+ * subcommand then uses like any Q, K, V.
+ *
+ * The `|u1` reader here is deliberately small and strict (magic, version,
+ * header, descr '|u1', C order, shape, exact file length).
+ */
+#include "cli_lowprec.h"
+#include "alloc.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char cli_lowprec_help[] =
+    "LOW-PRECISION INPUTS (Q, K, V as |u1 code files):\n"
+    "  --qkv-format F     e4m3 (FP8 e4m3fn), e5m2, e2m1 (FP4) or int8: the codes of -q, -k, -v\n"
+    "  --fp4-packed       e2m1 with two codes per byte, the first in the low nibble\n"
+    "  --descale-q X      Q's scale: a number (per tensor) or a float32 [batch, heads_k] file\n"
+    "  --descale-k X      (FlashAttention-3's descales: Q's too is per kv head); likewise K, V\n"
+    "  --descale-v X\n"
+    "  --scale-q F        block scales (|u1 codes) with --scale-format: along d for Q and K,\n"
+    "  --scale-k F        along tokens for V (shape [batch, ceil(seqlen/block), heads, d_v])\n"
+    "  --scale-v F\n"
+    "  --scale-format S   nvfp4 (e4m3 scale per 16 elements) or mxfp4 (e8m0 per 32)\n"
+    "  --global-scale-q G the fp32 per-tensor scale of NVFP4 (default 1); also -k, -v\n"
+    "  --v-scale-along A  tokens (default) or d: the axis of V's block scales\n"
+    "  Values are code * scale, decoded exactly; the reference is exact attention on them.\n";
+
+static const char *const tname[3] = {"q", "k", "v"};
+
+void cli_lowprec_init(cli_lowprec *lp)
+{
+    memset(lp, 0, sizeof *lp);
+}
+
+int cli_lowprec_parse(int argc, char **argv, int *i, cli_lowprec *lp)
+{
+    if (!strcmp(argv[*i], "--fp4-packed")) {
+        lp->packed = 1;
+        return 1;
+    }
+    static const char *const descale[3] = {"--descale-q", "--descale-k", "--descale-v"};
+    static const char *const scale[3] = {"--scale-q", "--scale-k", "--scale-v"};
+    static const char *const global[3] = {"--global-scale-q", "--global-scale-k", "--global-scale-v"};
+    int r;
+    if ((r = cli_opt_value(argc, argv, i, "--qkv-format", &lp->format_text)) != 0) return r;
+    if ((r = cli_opt_value(argc, argv, i, "--scale-format", &lp->scale_format)) != 0) return r;
+    if ((r = cli_opt_value(argc, argv, i, "--v-scale-along", &lp->v_scale_along)) != 0) return r;
+    for (int t = 0; t < 3; t++) {
+        if ((r = cli_opt_value(argc, argv, i, descale[t], &lp->descale[t])) != 0) return r;
+        if ((r = cli_opt_value(argc, argv, i, scale[t], &lp->scale[t])) != 0) return r;
+        if ((r = cli_opt_value(argc, argv, i, global[t], &lp->global[t])) != 0) return r;
+    }
+    return 0;
+}
+
+int cli_lowprec_active(const cli_lowprec *lp)
+{
+    if (lp->format_text || lp->packed || lp->scale_format || lp->v_scale_along) return 1;
+    for (int t = 0; t < 3; t++)
+        if (lp->descale[t] || lp->scale[t] || lp->global[t]) return 1;
+    return 0;
+}
+
+/* A whole number (per-tensor scale)? */
+static int parse_number(const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0') return 0;
+    *out = v;
+    return 1;
+}
+
+int cli_lowprec_validate(cli_lowprec *lp)
+{
+    if (!cli_lowprec_active(lp)) return 0;
+    if (!lp->format_text)
+        return cli_die("low-precision options need --qkv-format e4m3|e5m2|e2m1|int8");
+    lp->format = fa_qformat_parse(lp->format_text);
+    if (lp->format == FA_QF_NONE || lp->format == FA_QF_E8M0)
+        return cli_die("--qkv-format: expected e4m3, e5m2, e2m1 or int8, got '%s'", lp->format_text);
+    if (lp->packed && lp->format != FA_QF_E2M1)
+        return cli_die("--fp4-packed: only e2m1 codes are packed two per byte (--qkv-format %s)", lp->format_text);
+    int any_block = 0;
+    for (int t = 0; t < 3; t++) {
+        if (lp->descale[t] && lp->scale[t])
+            return cli_die("--descale-%s and --scale-%s: one scale per tensor", tname[t], tname[t]);
+        if (lp->global[t] && !lp->scale[t])
+            return cli_die("--global-scale-%s needs --scale-%s (NVFP4 block scales)", tname[t], tname[t]);
+        if (lp->global[t]) {
+            double g;
+            if (cli_parse_double("--global-scale", lp->global[t], &g) != 0) return 2;
+        }
+        if (lp->descale[t] && !lp->descale[t][0])
+            return cli_die("--descale-%s: empty value", tname[t]);
+        any_block |= lp->scale[t] != NULL;
+    }
+    if (any_block && !lp->scale_format)
+        return cli_die("--scale-q/-k/-v need --scale-format nvfp4|mxfp4");
+    if (lp->scale_format && strcmp(lp->scale_format, "nvfp4") && strcmp(lp->scale_format, "mxfp4"))
+        return cli_die("--scale-format: expected nvfp4 or mxfp4, got '%s'", lp->scale_format);
+    if (lp->scale_format && !any_block)
+        return cli_die("--scale-format %s: give the block scales with --scale-q/-k/-v", lp->scale_format);
+    if (lp->scale_format && !strcmp(lp->scale_format, "mxfp4"))
+        for (int t = 0; t < 3; t++)
+            if (lp->global[t]) return cli_die("--global-scale-%s: MXFP4 has no global scale", tname[t]);
+    if (lp->v_scale_along && strcmp(lp->v_scale_along, "d") && strcmp(lp->v_scale_along, "tokens"))
+        return cli_die("--v-scale-along: expected d or tokens, got '%s'", lp->v_scale_along);
+    return 0;
+}
+
+int cli_lowprec_inputs(const cli_lowprec *lp, cli_named *ins)
+{
+    static const char *const descale[3] = {"--descale-q", "--descale-k", "--descale-v"};
+    static const char *const scale[3] = {"--scale-q", "--scale-k", "--scale-v"};
+    int n = 0;
+    for (int t = 0; t < 3; t++) {
+        double x;
+        if (lp->descale[t] && !parse_number(lp->descale[t], &x)) ins[n++] = (cli_named){descale[t], lp->descale[t]};
+        if (lp->scale[t]) ins[n++] = (cli_named){scale[t], lp->scale[t]};
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* A strict reader of `|u1` .npy files                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct u1_array {
+    uint8_t *data;
+    int rank;
+    int64_t shape[FA_MAX_RANK];
+    int64_t numel;
+} u1_array;
+
+static void u1_free(u1_array *a)
+{
+    free(a->data);
+    memset(a, 0, sizeof *a);
+}
+
+/* Returns 0, or prints one line naming the file and returns 2. */
+static int u1_load(const char *path, const char *role, u1_array *a)
+{
+    memset(a, 0, sizeof *a);
+    FILE *f = fopen(path, "rb");
+    if (!f) return cli_die("%s: cannot open: %s", path, strerror(errno));
+    unsigned char pre[12];
+    size_t got = fread(pre, 1, 10, f);
+    if (got < 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+        fclose(f);
+        return cli_die("%s: not a .npy file (bad magic)", path);
+    }
+    size_t hlen;
+    const int major = pre[6];
+    if (major == 1) {
+        hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
+    } else if (major == 2 || major == 3) {
+        if (fread(pre + 10, 1, 2, f) != 2) {
+            fclose(f);
+            return cli_die("%s: truncated .npy header", path);
+        }
+        hlen = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+    } else {
+        fclose(f);
+        return cli_die("%s: unsupported .npy version %d", path, major);
+    }
+    if (hlen > (1u << 20)) {
+        fclose(f);
+        return cli_die("%s: .npy header of %zu bytes is too long", path, hlen);
+    }
+    char *h = malloc(hlen + 1);
+    if (!h || fread(h, 1, hlen, f) != hlen) {
+        free(h);
+        fclose(f);
+        return cli_die("%s: truncated .npy header", path);
+    }
+    h[hlen] = '\0';
+    const char *d = strstr(h, "'descr':");
+    const char *fo = strstr(h, "'fortran_order':");
+    const char *sh = strstr(h, "'shape':");
+    int bad = 0;
+    if (!d || !fo || !sh) bad = cli_die("%s: malformed .npy header", path);
+    else {
+        d += 8;
+        while (*d == ' ') d++;
+        if (strncmp(d, "'|u1'", 5) != 0) {
+            char descr[16] = "";
+            sscanf(d, "'%15[^']'", descr);
+            bad = cli_die("%s: %s must hold uint8 codes ('|u1'), got '%s'", path, role, descr);
+        } else {
+            fo += 16;
+            while (*fo == ' ') fo++;
+            if (strncmp(fo, "False", 5) != 0) bad = cli_die("%s: Fortran order is not supported", path);
+        }
+    }
+    if (!bad) {
+        const char *p = strchr(sh, '(');
+        a->numel = 1;
+        if (!p) bad = cli_die("%s: malformed shape in .npy header", path);
+        for (p = p ? p + 1 : NULL; !bad && p && *p != ')';) {
+            while (*p == ' ' || *p == ',') p++;
+            if (*p == ')') break;
+            char *end;
+            errno = 0;
+            long long v = strtoll(p, &end, 10);
+            if (end == p || v < 0 || errno) {
+                bad = cli_die("%s: malformed shape in .npy header", path);
+                break;
+            }
+            if (a->rank == FA_MAX_RANK) {
+                bad = cli_die("%s: rank above %d", path, FA_MAX_RANK);
+                break;
+            }
+            a->shape[a->rank++] = v;
+            if (v && a->numel > INT64_MAX / v) bad = cli_die("%s: shape too large", path);
+            a->numel *= v;
+            p = end;
+        }
+    }
+    free(h);
+    if (!bad) {
+        a->data = malloc(a->numel ? (size_t)a->numel : 1);
+        if (!a->data) bad = cli_die("%s: out of memory", path);
+        else if (fread(a->data, 1, (size_t)a->numel, f) != (size_t)a->numel)
+            bad = cli_die("%s: truncated: %lld code bytes expected", path, (long long)a->numel);
+        else if (fgetc(f) != EOF)
+            bad = cli_die("%s: longer than its header says (%lld code bytes)", path, (long long)a->numel);
+    }
+    fclose(f);
+    if (bad) u1_free(a);
+    return bad ? CLI_EXIT_USAGE : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Loading and decoding Q, K, V                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Decode tensor t (0 q, 1 k, 2 v) from its codes into arr (float64). */
+static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batch, int64_t heads_k,
+                    fa_npy *arr, fa_tensor *view)
+{
+    static const char *const role[3] = {"Q [batch, seqlen_q, heads, d]", "K [batch, seqlen_k, heads_k, d]",
+                                        "V [batch, seqlen_k, heads_k, d_v]"};
+    u1_array codes, bs;
+    memset(&bs, 0, sizeof bs);
+    if (u1_load(path, role[t], &codes)) return CLI_EXIT_USAGE;
+    int rc = CLI_EXIT_USAGE;
+    fa_npy ds;
+    memset(&ds, 0, sizeof ds);
+    char sh[96];
+    fa_qtensor x;
+    memset(&x, 0, sizeof x);
+    if (codes.rank != 4) {
+        cli_die("%s: expected rank 4 for %s, got rank %d %s", path, role[t], codes.rank,
+                cli_shape(codes.rank, codes.shape, sh, sizeof sh));
+        goto out;
+    }
+    x.codes = codes.data;
+    x.format = lp->format;
+    x.packed = lp->packed;
+    for (int a = 0; a < 4; a++) x.shape[a] = codes.shape[a];
+    if (lp->packed) x.shape[3] *= 2;
+    if (x.shape[0] != batch && batch > 0) {
+        cli_die("%s: batch %lld does not match the batch of Q (%lld)", path, (long long)x.shape[0], (long long)batch);
+        goto out;
+    }
+    double num;
+    if (lp->descale[t] && parse_number(lp->descale[t], &num)) {
+        if (!isfinite(num)) {
+            cli_die("--descale-%s: %s is not a finite scale", tname[t], lp->descale[t]);
+            goto out;
+        }
+        x.scale_kind = FA_QSCALE_TENSOR;
+        x.scale = (double)(float)num; /* an fp32 scale, as kernels take it */
+    } else if (lp->descale[t]) {
+        if (cli_load_array(lp->descale[t], 2, 0, "descales [batch, heads_k]", &ds, NULL)) goto out;
+        if (ds.dtype != FA_F32) {
+            cli_die("%s: descales must be float32 ('<f4'), got %s", lp->descale[t], fa_dtype_name(ds.dtype));
+            goto out;
+        }
+        const int64_t hk = heads_k > 0 ? heads_k : x.shape[2];
+        if (ds.shape[0] != x.shape[0] || ds.shape[1] != hk) {
+            cli_die("%s: descales of shape %s should be [batch, heads_k] = [%lld, %lld] (FlashAttention-3's "
+                    "layout; Q's too is per kv head)",
+                    lp->descale[t], cli_shape(2, ds.shape, sh, sizeof sh), (long long)x.shape[0], (long long)hk);
+            goto out;
+        }
+        x.scale_kind = FA_QSCALE_HEAD;
+        x.head_scale = ds.data;
+        x.scale_heads = hk;
+    } else if (lp->scale[t]) {
+        if (u1_load(lp->scale[t], "block scales", &bs)) goto out;
+        if (bs.rank != 4) {
+            cli_die("%s: block scales must have rank 4, got rank %d", lp->scale[t], bs.rank);
+            goto out;
+        }
+        x.scale_kind = !strcmp(lp->scale_format, "nvfp4") ? FA_QSCALE_NVFP4 : FA_QSCALE_MXFP4;
+        x.block_scale = bs.data;
+        for (int a = 0; a < 4; a++) x.block_scale_shape[a] = bs.shape[a];
+        x.scale_axis = (t == 2 && !(lp->v_scale_along && !strcmp(lp->v_scale_along, "d"))) ? 1 : 3;
+        x.global_scale = 1.0;
+        if (lp->global[t]) {
+            cli_parse_double("--global-scale", lp->global[t], &num);
+            x.global_scale = (double)(float)num;
+        }
+    }
+    arr->dtype = FA_F64;
+    arr->rank = 4;
+    arr->numel = 1;
+    for (int a = 0; a < 4; a++) {
+        arr->shape[a] = x.shape[a];
+        arr->numel *= x.shape[a];
+    }
+    arr->data = fa_malloc((size_t)(arr->numel ? arr->numel : 1) * sizeof(double));
+    if (!arr->data) {
+        cli_die("%s: out of memory decoding %lld elements", path, (long long)arr->numel);
+        goto out;
+    }
+    fa_status st;
+    if ((st = fa_npy_as_tensor(arr, view)) != FA_OK || (st = fa_dequantize(&x, path, view)) != FA_OK) {
+        cli_die_status(st);
+        fa_npy_free(arr);
+        goto out;
+    }
+    rc = 0;
+out:
+    u1_free(&codes);
+    u1_free(&bs);
+    fa_npy_free(&ds);
+    return rc;
+}
+
+int cli_lowprec_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path,
+                         const cli_lowprec *lp)
+{
+    memset(in, 0, sizeof *in);
+    in->q_path = q_path;
+    in->k_path = k_path;
+    in->v_path = v_path;
+    /* K first: Q's per-(batch, kv head) descales need heads_k */
+    if (load_one(1, k_path, lp, 0, 0, &in->k, &in->k_t)) goto fail;
+    if (load_one(2, v_path, lp, in->k.shape[0], in->k.shape[2], &in->v, &in->v_t)) goto fail;
+    if (load_one(0, q_path, lp, in->k.shape[0], in->k.shape[2], &in->q, &in->q_t)) goto fail;
+    const int64_t *q = in->q.shape, *k = in->k.shape, *v = in->v.shape;
+    in->batch = q[0];
+    in->seqlen_q = q[1];
+    in->heads = q[2];
+    in->d = q[3];
+    in->seqlen_k = k[1];
+    in->heads_k = k[2];
+    in->dv = v[3];
+    if (k[3] != q[3])
+        cli_die("%s: head dim %lld does not match %s head dim %lld", k_path, (long long)k[3], q_path, (long long)q[3]);
+    else if (v[1] != k[1])
+        cli_die("%s: seqlen %lld does not match %s seqlen %lld", v_path, (long long)v[1], k_path, (long long)k[1]);
+    else if (v[2] != k[2])
+        cli_die("%s: heads %lld does not match %s heads %lld", v_path, (long long)v[2], k_path, (long long)k[2]);
+    else if (in->heads % in->heads_k != 0)
+        cli_die("%s: heads (%lld) is not a multiple of %s heads (%lld)", q_path, (long long)in->heads, k_path,
+                (long long)in->heads_k);
+    else
+        return 0;
+fail:
+    cli_qkv_free(in);
+    return CLI_EXIT_USAGE;
+}
