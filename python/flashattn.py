@@ -70,7 +70,9 @@ class _Options(ctypes.Structure):
                 ("alibi_slopes", ctypes.POINTER(_Tensor)), ("impl", ctypes.c_int),
                 ("num_threads", ctypes.c_int), ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
                 ("standard_max_bytes", ctypes.c_size_t),
-                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p)]
+                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int)]
+
+_ALIGNS = {"bottom-right": 0, "top-left": 1}
 
 
 class _CheckOptions(ctypes.Structure):
@@ -424,9 +426,11 @@ def _alibi_array(slopes):
     return a
 
 
-def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep):
+def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align="bottom-right"):
     """fa_options from the keyword arguments, every value checked first."""
     scale = _scale_arg(scale)
+    if align not in _ALIGNS:
+        raise ValueError(f"align must be 'bottom-right' or 'top-left', got {align!r}")
     if window is None:
         wl = wr = None
     else:
@@ -450,6 +454,7 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     opt.softcap = softcap
     opt.impl = _IMPLS[impl]
     opt.num_threads = num_threads
+    opt.align = _ALIGNS[align]
     if alibi_slopes is not None:
         a = _alibi_array(alibi_slopes)
         ta = _tensor(a, "alibi_slopes")
@@ -470,12 +475,13 @@ def _torch_device(*xs):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
-              num_threads=0, bf16_bits=None):
+              num_threads=0, bf16_bits=None, align="bottom-right"):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
     q, k, v: numpy arrays or torch tensors (any device; copied to the host).
     window: (left, right) in keys, None or -1 for unbounded (other negative
-    values are refused); masks are aligned bottom-right (docs/semantics.md).
+    values are refused); masks are aligned bottom-right (docs/semantics.md), or
+    top-left (PyTorch SDPA's is_causal) with align="top-left".
     scale: None for 1/sqrt(d); 0 is refused. out_dtype: "f32" (default),
     "f64", "f16", "bf16", or a numpy/torch dtype. Returns O and, with
     return_lse, LSE float32 [batch, heads, seqlen_q]. Given numpy inputs these
@@ -493,7 +499,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     B, Sq, H = q.shape[:3]
     dv = v.shape[3]
     code = _dtype_code(out_dtype, "out_dtype")
-    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
     o, to = _output((B, Sq, H, dv), code)
     lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
     st = lib.fa_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
@@ -510,7 +516,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
 
 def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softcap=0.0,
          scale=None, alibi_slopes=None, impl="flash", grad_dtype=np.float32, num_threads=0,
-         bf16_bits=None):
+         bf16_bits=None, align="bottom-right"):
     """Attention backward pass (fa_backward): returns (dq, dk, dv).
 
     dout is dLoss/dO ``[batch, seqlen_q, heads, d_v]``. out and lse are the
@@ -537,7 +543,7 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
         out, lse = _as_array(out, "out"), _as_array(lse, "lse")
         to, tl = _tensor(out, "out", bf16_bits), _tensor(lse, "lse", bf16_bits)
     code = _dtype_code(grad_dtype, "grad_dtype")
-    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
     (dq, tdq), (dk, tdk), (dv, tdv) = (_output(x.shape, code) for x in (q, k, v))
     st = lib.fa_backward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
                          ctypes.byref(to) if to is not None else None,
@@ -592,7 +598,7 @@ class CheckReport:
 
 def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
           alibi_slopes=None, dtype=None, atol=None, rtol=None, sample_rows=0, seed=0,
-          num_threads=0, bf16_bits=None, qkv_format=None, kernel_model=None):
+          num_threads=0, bf16_bits=None, align="bottom-right", qkv_format=None, kernel_model=None):
     """Check a tested attention output (and optionally its LSE) against the
     float64 reference, by the library's one tolerance model.
 
@@ -621,7 +627,7 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         lse_a = _as_array(lse, "lse")
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
-    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
     co = _CheckOptions()
     lib.fa_check_options_init(ctypes.byref(co), ctypes.sizeof(_CheckOptions))
     if dtype is not None:

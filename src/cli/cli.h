@@ -117,7 +117,7 @@ void cli_attn_init(cli_attn *a);
 
 /*
  * MASK OPTIONS at argv[*i]:
- *   --causal  --window L,R  --softcap C  --scale S  --alibi SLOPES.npy
+ *   --causal  --window L,R  --softcap C  --scale S  --alibi SLOPES.npy  --align bottom-right|top-left
  * Returns 1 if consumed (with *i advanced past its value), 0 if argv[*i] is
  * not a mask option, -1 after printing an error for a bad value.
  */

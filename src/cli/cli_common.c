@@ -161,6 +161,8 @@ int cli_parse_dtype(const char *opt, const char *text, fa_dtype *dtype)
 const char cli_mask_help[] =
     "MASK OPTIONS (FlashAttention semantics; masks aligned to the bottom-right corner):\n"
     "  --causal           key j visible to query i iff j <= i + seqlen_k - seqlen_q\n"
+    "  --align A          bottom-right (default, FlashAttention's) or top-left (PyTorch\n"
+    "                     SDPA's is_causal: drop the seqlen_k - seqlen_q term everywhere)\n"
     "  --window L,R       sliding window: L keys left, R keys right of the diagonal;\n"
     "                     -1 = unbounded on that side (--causal sets R = 0)\n"
     "  --softcap C        s = C * tanh(s / C) after scaling (0 = off)\n"
@@ -225,6 +227,16 @@ int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a)
         if (r < 0 || cli_parse_double("--scale", val, &a->opt.scale) != 0) return -1;
         if (a->opt.scale == 0) {
             cli_die("--scale: must be non-zero (omit it for the default 1/sqrt(d))");
+            return -1;
+        }
+        return 1;
+    }
+    if ((r = cli_opt_value(argc, argv, i, "--align", &val)) != 0) {
+        if (r < 0) return -1;
+        if (strcmp(val, "bottom-right") == 0) a->opt.align = FA_ALIGN_BOTTOM_RIGHT;
+        else if (strcmp(val, "top-left") == 0) a->opt.align = FA_ALIGN_TOP_LEFT;
+        else {
+            cli_die("--align: expected bottom-right or top-left, got '%s'", val);
             return -1;
         }
         return 1;
