@@ -785,6 +785,10 @@ typedef enum fa_kernel_model {
     FA_KERNEL_MODEL_FA3,      /**< FlashAttention-3 FP8: P scaled by 256 (exp2 offset 8), rounded to the
                                    format, row sums from the unrounded values, key blocks of 128 visited
                                    last to first with a running max, fp32 accumulators, bf16 output. */
+    FA_KERNEL_MODEL_SAGE,     /**< SageAttention: FP8 P scaled by 448 (exp2 offset log2 448), row sums
+                                   unrounded, key blocks of 64 first to last (SageAttention2); for e2m1,
+                                   SageAttention3's two-level P: 448*6 exp(s - m), per 16 keys an e4m3
+                                   scale max/6, e2m1 elements (blocks of 128). */
     FA_KERNEL_MODEL_COUNT     /**< Number of models (not a model). */
 } fa_kernel_model;
 

@@ -120,7 +120,7 @@ _REPORT_FIELDS = [
 
 # low-precision formats (fa_qformat) and kernel models (fa_kernel_model)
 QFORMATS = {"none": 0, "e4m3": 1, "e5m2": 2, "e2m1": 3, "int8": 4, "e8m0": 5}
-KERNEL_MODELS = {None: 0, "fa3": 1}
+KERNEL_MODELS = {None: 0, "fa3": 1, "sage": 2}
 
 
 class _Report(ctypes.Structure):
@@ -644,7 +644,7 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
             raise ValueError(f"qkv_format must be 'e4m3', 'e5m2', 'e2m1' or 'int8', got {qkv_format!r}")
         co.qkv_format = QFORMATS[qkv_format]
     if kernel_model not in KERNEL_MODELS:
-        raise ValueError(f"kernel_model must be None or 'fa3', got {kernel_model!r}")
+        raise ValueError(f"kernel_model must be None, 'fa3' or 'sage', got {kernel_model!r}")
     co.kernel_model = KERNEL_MODELS[kernel_model]
     rep = _Report()
     st = lib.fa_check(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),

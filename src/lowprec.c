@@ -387,25 +387,35 @@ void fa_lp_model_scratch_free(fa_lp_model_scratch *s)
  * sum adds the unrounded p~; P.V uses p~ rounded to the format, accumulated
  * in float32; when m grows, sum and accumulator are rescaled by exp(m_old -
  * m). The output is acc / sum, rounded to bf16 (the kernel's output dtype).
+ *
+ * SageAttention (csrc/qattn/attn_utils.cuh, sageattn3 softmax_fused.h, as
+ * read): the same online softmax with key blocks visited first to last; FP8
+ * P with the static offset log2 448 (p~ in (0, 448]), blocks of 64; FP4
+ * (SageAttention3) p~ = 448*6 exp(s - m), and per 16 keys a scale max/6: the
+ * elements rounded to e2m1 against the fp32 scale, multiplied back by the
+ * scale rounded to e4m3, blocks of 128.
  */
 void fa_lp_model_row(int model, int p_format, const fa_problem *p, int64_t b, int64_t hk,
                      const float *s, int64_t lo, int64_t hi, fa_lp_model_scratch *sc, double *out,
                      int64_t *n_sat)
 {
-    (void)model;
     const int64_t dv = p->dv;
-    const float offset = 8.0f, log2e = 1.4426950408889634f;
-    const double pmax = p_format == FA_QF_E5M2 ? 57344.0 : p_format == FA_QF_E2M1 ? 6.0 : 448.0;
+    const int sage = model == FA_KERNEL_MODEL_SAGE, fp4 = p_format == FA_QF_E2M1;
+    const int64_t bn = sage && !fp4 ? 64 : MODEL_BLOCK_N;
+    const float offset = !sage ? 8.0f : fp4 ? 11.392317422778761f /* log2(448*6) */ : 8.807354922057604f;
+    const float log2e = 1.4426950408889634f;
+    const double pmax = p_format == FA_QF_E5M2 ? 57344.0 : fp4 ? 448.0 * 6.0 : 448.0;
     float m = -INFINITY, l = 0.0f;
     for (int64_t c = 0; c < dv; c++) sc->acc[c] = 0.0f;
     if (hi <= lo) {
         for (int64_t c = 0; c < dv; c++) out[c] = 0.0;
         return;
     }
-    const int64_t nb_lo = lo / MODEL_BLOCK_N, nb_hi = (hi - 1) / MODEL_BLOCK_N;
-    for (int64_t nb = nb_hi; nb >= nb_lo; nb--) {
-        const int64_t j0 = nb * MODEL_BLOCK_N > lo ? nb * MODEL_BLOCK_N : lo;
-        const int64_t j1 = (nb + 1) * MODEL_BLOCK_N < hi ? (nb + 1) * MODEL_BLOCK_N : hi;
+    const int64_t nb_lo = lo / bn, nb_hi = (hi - 1) / bn;
+    for (int64_t step = 0; step <= nb_hi - nb_lo; step++) {
+        const int64_t nb = sage ? nb_lo + step : nb_hi - step; /* FA3: last to first */
+        const int64_t j0 = nb * bn > lo ? nb * bn : lo;
+        const int64_t j1 = (nb + 1) * bn < hi ? (nb + 1) * bn : hi;
         float mb = m;
         for (int64_t j = j0; j < j1; j++)
             if (s[j] > mb) mb = s[j];
@@ -417,9 +427,26 @@ void fa_lp_model_row(int model, int p_format, const fa_problem *p, int64_t b, in
         }
         for (int64_t j = j0; j < j1; j++) {
             const float pt = exp2f((s[j] - m) * log2e + offset);
+            sc->pt[j - j0] = pt;
             l += pt;
             if (pt > pmax) (*n_sat)++;
-            const float p8 = (float)fa_lp_round(p_format, (double)pt);
+        }
+        if (fp4) { /* two-level: e2m1 elements under an e4m3 scale per 16 keys (absolute key index) */
+            for (int64_t g0 = j0; g0 < j1; g0 = (g0 / 16 + 1) * 16) {
+                const int64_t g1 = (g0 / 16 + 1) * 16 < j1 ? (g0 / 16 + 1) * 16 : j1;
+                float mx = 0.0f;
+                for (int64_t j = g0; j < g1; j++)
+                    if (sc->pt[j - j0] > mx) mx = sc->pt[j - j0];
+                const float scl = mx / 6.0f;
+                const float scl8 = (float)fa_lp_round(FA_QF_E4M3, scl);
+                for (int64_t j = g0; j < g1; j++)
+                    sc->pt[j - j0] = scl > 0.0f ? (float)fa_lp_round(FA_QF_E2M1, sc->pt[j - j0] / scl) * scl8 : 0.0f;
+            }
+        } else {
+            for (int64_t j = j0; j < j1; j++) sc->pt[j - j0] = (float)fa_lp_round(p_format, sc->pt[j - j0]);
+        }
+        for (int64_t j = j0; j < j1; j++) {
+            const float p8 = sc->pt[j - j0];
             if (p8 == 0.0f) continue;
             const int64_t off = fa_off4(&p->v, b, j, hk, 0);
             for (int64_t c = 0; c < dv; c++)

@@ -282,7 +282,8 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
         return fa_fail(FA_ERR_OPTION, "check: a kernel model needs the low-precision format of q, k, v "
                        "(qkv_format)");
     if (co->kernel_model == FA_KERNEL_MODEL_FA3 && co->qkv_format == FA_QF_E2M1)
-        return fa_fail(FA_ERR_OPTION, "check: the fa3 kernel model is FP8 (e4m3, e5m2; int8 Q/K), not e2m1");
+        return fa_fail(FA_ERR_OPTION, "check: the fa3 kernel model is FP8 (e4m3, e5m2; int8 Q/K), not e2m1 "
+                       "(the sage model covers FP4)");
     if (co->sample_rows < 0)
         return fa_fail(FA_ERR_OPTION, "check: sample_rows must be >= 0 (got %lld)", DIM(co->sample_rows));
     if (co->num_threads < 0)
@@ -1122,10 +1123,15 @@ size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t s
     put(&t, "emulated %s baseline: max abs err %.6g   mean abs err %.6g   (max |ref| %.6g)\n",
         r->qkv_format ? fa_qformat_name(r->p_format) : fa_dtype_name(r->dtype), r->emu_max_abs_err,
         r->emu_mean_abs_err, r->max_abs_ref);
-    if (r->kernel_model)
+    if (r->kernel_model == FA_KERNEL_MODEL_FA3)
         put(&t, "kernel model fa3 (P*256 rounded to %s, row sums unrounded, key blocks last to first): max abs "
                 "err %.6g; bound 2 * that + atol = %.6g applies\n",
             fa_qformat_name(r->p_format), r->model_max_abs_err, r->model_bound);
+    else if (r->kernel_model == FA_KERNEL_MODEL_SAGE)
+        put(&t, "kernel model sage (%s, row sums unrounded, key blocks first to last): max abs err %.6g; "
+                "bound 2 * that + atol = %.6g applies\n",
+            r->p_format == FA_QF_E2M1 ? "P*2688 in e2m1 under an e4m3 scale per 16 keys" : "P*448 rounded to e4m3",
+            r->model_max_abs_err, r->model_bound);
     if (r->qkv_format)
         put(&t, "row scale (test ~ a * ref, worst row): a = %.6f; %s: a = %.6f%s\n", r->row_scale_test,
             r->kernel_model ? "kernel model" : "baseline", r->row_scale_model,
@@ -1133,7 +1139,9 @@ size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t s
                             "rounding explains (P saturated at the format's max, or the row sum not from the P "
                             "used in P.V)"
                           : "");
-    if (!r->use_tolerance)
+    if (!r->use_tolerance && r->kernel_model)
+        put(&t, "tested / emulated max error: %.3g   (bound %.6g, from the kernel model)\n", r->ratio, r->bound);
+    else if (!r->use_tolerance)
         put(&t, "tested / emulated max error: %.3g   (bound %.6g; pass needs ratio <= ~2)\n",
             r->ratio, r->bound);
     if (r->worst_batch >= 0)

@@ -150,7 +150,7 @@ def bf16(x):
     return ref_numpy.float_to_bf16_bits(x)
 
 
-def fa3_fp8_kernel(q8, k8, v8, dq, dk, dv, offset=8.0, block=128, fmt=E4M3, p_fmt=None):
+def fa3_fp8_kernel(q8, k8, v8, dq, dk, dv, offset=8.0, block=128, fmt=E4M3, p_fmt=None, reverse=True):
     """FlashAttention-3's FP8 forward, emulated: fp32 everywhere, as read from
     hopper/softmax.h and the sm90 mainloop. q8/k8/v8 are codes, descales are
     [B, Hk]. offset 8 gives P in (0, 256]; a larger offset makes P saturate."""
@@ -170,7 +170,7 @@ def fa3_fp8_kernel(q8, k8, v8, dq, dk, dv, offset=8.0, block=128, fmt=E4M3, p_fm
             l = np.zeros(Sq, np.float32)
             acc = np.zeros((Sq, v8.shape[3]), np.float32)
             nblocks = (Sk + block - 1) // block
-            for nb in range(nblocks - 1, -1, -1):
+            for nb in (range(nblocks - 1, -1, -1) if reverse else range(nblocks)):
                 j0, j1 = nb * block, min(Sk, (nb + 1) * block)
                 sb = s[:, j0:j1] * sl2
                 mnew = np.maximum(m, sb.max(axis=1))
@@ -369,6 +369,9 @@ def test_fp4_kernel_emulation_passes_and_wrong_global_scale_fails(tmp_path):
     r = run(args(good, vg))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "in blocks of 16 with e4m3 scales" in r.stdout
+    r = run(args(good, vg) + ["--kernel-model", "sage"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "kernel model sage (P*2688 in e2m1" in r.stdout
     # the kernel used V's global scale twice (off by 2x)
     bad = save(tmp_path / "o_bad.npy", fp4_kernel(q, k, v * 2))
     r = run(args(bad, vg))
@@ -492,3 +495,19 @@ def test_e5m2_and_int8_kernels_pass_and_a_wrong_descale_fails(fp8_problem, fmt, 
                          p_fmt=p_fmt)
     r = run(args(save(t / f"o_{name}_bad.npy", bad)))
     assert r.returncode == 1, r.stdout + r.stderr
+
+
+def test_sageattention_style_fp8_kernel_passes_the_sage_model(fp8_problem):
+    """SageAttention2's P path (static offset log2 448, blocks of 64 first to last) on FP8 inputs."""
+    p = fp8_problem
+    out = fa3_fp8_kernel(p["q8"], p["k8"], p["v8"], p["dq"], p["dk"], p["dv"], offset=np.log2(448.0),
+                         block=64, reverse=False)
+    o = save(p["tmp"] / "o_sage.npy", out)
+    for extra in ([], ["--kernel-model", "sage"]):
+        r = run(check_args(p, o, *extra))
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert "kernel model sage (P*448" in r.stdout
+    sat = fa3_fp8_kernel(p["q8"], p["k8"], p["v8"], p["dq"], p["dk"], p["dv"], offset=np.log2(448.0) + 3,
+                         block=64, reverse=False)
+    r = run(check_args(p, save(p["tmp"] / "o_sage_sat.npy", sat), "--kernel-model", "sage"))
+    assert r.returncode == 1 and "P/ROW-SUM MISMATCH" in r.stdout, r.stdout

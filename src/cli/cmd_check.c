@@ -24,7 +24,7 @@ static const char check_usage[] =
     "usage: flashattn check -q Q.npy -k K.npy -v V.npy --out O_TEST.npy [--lse LSE_TEST.npy]\n"
     "                       [MASK OPTIONS] [--dtype f32|f16|bf16] [--atol A --rtol R]\n"
     "                       [--sample-rows K] [--seed S] [--threads T]\n"
-    "                       [--qkv-format e4m3|e5m2|e2m1|int8 [SCALES] [--kernel-model fa3]]\n"
+    "                       [--qkv-format e4m3|e5m2|e2m1|int8 [SCALES] [--kernel-model fa3|sage]]\n"
     "\n"
     "Compares a tested attention output against the float64 reference computed from the\n"
     "same Q, K, V and mask options (FlashAttention semantics, masks aligned bottom-right).\n"
@@ -45,8 +45,9 @@ static const char check_usage[] =
     "  --seed S           seed of the row sampler (default 0)\n"
     "  --threads T        OpenMP threads (default: all cores)\n"
     "  --kernel-model M   with --qkv-format: also emulate kernel M's data path (fa3: P scaled by\n"
-    "                     256 and rounded, row sums unrounded, key blocks last to first) and hold\n"
-    "                     the output to 2x that model's error\n"
+    "                     256 and rounded, row sums unrounded, key blocks last to first; sage:\n"
+    "                     SageAttention's P*448 in e4m3, or for e2m1 P*2688 in e2m1 under e4m3\n"
+    "                     scales per 16 keys) and hold the output to 2x that model's error\n"
     "\n"
     "Default rule (FlashAttention's own test rule, on the CPU): a plain attention is computed\n"
     "the way a low-precision kernel would (inputs rounded to the dtype, scores in float32,\n"
@@ -183,12 +184,12 @@ static int check_main(int argc, char **argv)
     if (cli_lowprec_validate(&lp)) return CLI_EXIT_USAGE;
     co.qkv_format = lp.format;
     if (model_text) {
-        if (strcmp(model_text, "fa3") != 0)
-            return cli_die("--kernel-model: expected fa3, got '%s'", model_text);
+        if (strcmp(model_text, "fa3") != 0 && strcmp(model_text, "sage") != 0)
+            return cli_die("--kernel-model: expected fa3 or sage, got '%s'", model_text);
         if (!lp.format) return cli_die("--kernel-model %s needs --qkv-format", model_text);
-        if (lp.format == FA_QF_E2M1)
-            return cli_die("--kernel-model fa3 is FlashAttention-3's FP8 path; --qkv-format e2m1 has no such model");
-        co.kernel_model = FA_KERNEL_MODEL_FA3;
+        co.kernel_model = strcmp(model_text, "fa3") == 0 ? FA_KERNEL_MODEL_FA3 : FA_KERNEL_MODEL_SAGE;
+        if (lp.format == FA_QF_E2M1 && co.kernel_model == FA_KERNEL_MODEL_FA3)
+            return cli_die("--kernel-model fa3 is FlashAttention-3's FP8 path; for e2m1 use --kernel-model sage");
     }
     if (lp.format && dtype_text) return cli_die("--dtype: the low-precision rule (--qkv-format) fixes the output to bf16");
     co.q_name = q_path;
