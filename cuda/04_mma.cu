@@ -55,10 +55,13 @@
  * Memory traffic (per head, N = seqlen_q = seqlen_k): Q read and O written once,
  *   K and V read once per query block of 64: 2 N d (N / 64) elements — 2 GiB per
  *   head at N = 16384, d = 128, mostly L2 hits (one head's K, V is 8 MiB).
- * Resources (nvcc 13.0, -Xptxas -v, sm_90; see the report in mk/cuda.mk's
- *   cuda-regs target): registers d=128 bf16/fp16: 168 / 168, d=64: 104 / 104;
- *   0 bytes spill, 0 stack. Shared memory: Q 64 x d + STAGES x (K + V) 64 x d
- *   halves: 80 KiB at d = 128 (two blocks per SM), 56 KiB at d = 64.
+ * Resources (nvcc 13.0, sm_90, `make cuda-regs`): 250 registers at d = 128 (bf16 and
+ *   fp16; __launch_bounds__(128, 2): two blocks, 8 warps per SM, the register file
+ *   full), 168 at d = 64 (three blocks); 0 bytes spilled, 0 bytes of stack — and a
+ *   spill would fail the build (mk/cuda.mk: -Xptxas -warn-spills,-Werror for 04*).
+ *   Shared memory: Q 64 x d + STAGES x (K + V) 64 x d halves: 80 KiB at d = 128,
+ *   56 KiB at d = 64. The 250 registers are acc (64 fp32), S (32), Q's fragments (32)
+ *   and the ldmatrix addresses the compiler hoists out of the key loop.
  */
 #include "ladder.h"
 #include "mma.cuh"
