@@ -16,12 +16,13 @@
  *     kernel 1 (D = rowsum(dO o O)): one warp per 16 rows; the row dot products are
  *       taken on the tensor cores too, as the diagonal of the 16 x 16 tile dO_w O_w^T,
  *       so that D_i is formed by exactly the instruction sequence that forms dP_ij =
- *       dO_i . v_j in kernel 3 (same k order, same start): where a row's whole
- *       probability sits on one key (seqlen_k = 1, say), O_i = v_j, so dP_ij - D_i is
- *       exactly 0 and so are dS, dQ and dK, as they are mathematically (rung 03b's
- *       header says why check-grad insists). Kernel 2 forms dP^T = V dO^T with A and B
- *       swapped: the products are exact in fp32 and summed in the same k order, so the
- *       same bits are expected — check_gpu.sh's seqlen_k = 1 shape tests it;
+ *       dO_i . v_j in kernel 3 (same operands in the same A/B roles, same k order,
+ *       same start): where a row's whole probability sits on one key (seqlen_k = 1,
+ *       say), O_i = v_j, so dP_ij - D_i is exactly 0 and so are dS, dQ and dK, as they
+ *       are mathematically (rung 03b's header says why check-grad insists). Kernel 2
+ *       forms dP^T = V dO^T, A and B the other way round, so kernel 1 also forms the
+ *       diagonal of O_w dO_w^T for it (Dt; the same number unless the tensor core's sum
+ *       depends on which operand is A) — no reliance on that symmetry;
  *     kernel 2 (dK, dV): one block of 4 warps per 64 keys (16 per warp); it walks
  *       the query blocks of BQ rows (32 at d = 128, 64 at d = 64) that can see them,
  *       for every query head of the GQA group in a fixed order:
@@ -51,7 +52,7 @@
  *   mostly L2 hits.
  * Resources (nvcc 13.0, sm_90, `make cuda-regs`; bf16 and fp16 alike), 128 threads a block,
  *   __launch_bounds__(128, 2) for kernels 2 and 3 (two blocks, 8 warps per SM):
- *     kernel 1: 46 registers (d = 128) / 32 (d = 64), 32 KiB / 16 KiB shared;
+ *     kernel 1: 55 registers (d = 128) / 38 (d = 64), 32 KiB / 16 KiB shared;
  *     kernel 2: 255 / 240 registers, 64.5 KiB / 49 KiB shared;
  *     kernel 3: 244 / 222 registers, 96 KiB / 48 KiB shared;
  *   0 bytes spilled, 0 stack everywhere (a spill fails the build: -Xptxas -warn-spills,-Werror).
@@ -76,11 +77,12 @@ template <int D> constexpr size_t k2_smem() { return (size_t)2 * BK * D * 2 + (s
 /* Kernel 3's: Q, dO (BM x D), then STAGES x {K, V (KQ x D)}. */
 template <int D> constexpr size_t k3_smem() { return (size_t)2 * BM * D * 2 + (size_t)STAGES * 2 * KQ * D * 2; }
 
-/* 1. D[b][h][i] = dO_i . O_i, as the diagonal of dO_w O_w^T on the tensor cores. Grid
- *    (ceil(Sq / 64), heads, batch), 4 warps of 16 rows. */
+/* 1. D[b][h][i] = dO_i . O_i, as the diagonal of dO_w O_w^T on the tensor cores (kernel 3's
+ *    operand order: A = dO, B = V), and Dt, the same dot as the diagonal of O_w dO_w^T (kernel 2's
+ *    order: A = V, B = dO). Grid (ceil(Sq / 64), heads, batch), 4 warps of 16 rows. */
 template <typename T, int D>
 __global__ void __launch_bounds__(NT) bwd_dot_do_o_mma(attn_shape p, const T *__restrict__ o, const T *__restrict__ dout,
-                                                       float *__restrict__ Dg)
+                                                       float *__restrict__ Dg, float *__restrict__ Dt)
 {
     extern __shared__ uint4 smem_u4[];
     const uint32_t sdO = smem_addr(smem_u4), sO = sdO + BM * D * 2;
@@ -95,11 +97,19 @@ __global__ void __launch_bounds__(NT) bwd_dot_do_o_mma(attn_shape p, const T *__
     cp_async_wait<0>();
     __syncthreads();
     float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    float ct[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     mma_abt_smem<T, 2, D>(c, sdO, warp * 16, sO + warp * 16 * D * 2);
-    if (t4 == (g >> 1)) {
+    mma_abt_smem<T, 2, D>(ct, sO, warp * 16, sdO + warp * 16 * D * 2);
+    if (t4 == (g >> 1)) { /* the lane that holds diagonal elements (g, g) and (g + 8, g + 8) */
         const long long r = ((long long)b * p.heads + h) * p.seqlen_q + i0 + warp * 16 + g;
-        if (warp * 16 + g < rows) Dg[r] = (g & 1) ? c[0][1] : c[0][0];
-        if (warp * 16 + g + 8 < rows) Dg[r + 8] = (g & 1) ? c[1][3] : c[1][2];
+        if (warp * 16 + g < rows) {
+            Dg[r] = (g & 1) ? c[0][1] : c[0][0];
+            Dt[r] = (g & 1) ? ct[0][1] : ct[0][0];
+        }
+        if (warp * 16 + g + 8 < rows) {
+            Dg[r + 8] = (g & 1) ? c[1][3] : c[1][2];
+            Dt[r + 8] = (g & 1) ? ct[1][3] : ct[1][2];
+        }
     }
 }
 
@@ -314,7 +324,7 @@ __global__ void __launch_bounds__(NT, 2)
 template <typename T, int D> cudaError_t launch(const bwd_args &a)
 {
     const attn_shape &p = a.sh;
-    float *Dg = static_cast<float *>(a.work);
+    float *Dg = static_cast<float *>(a.work), *Dt = Dg + (size_t)p.batch * p.heads * p.seqlen_q;
     const T *q = static_cast<const T *>(a.q), *k = static_cast<const T *>(a.k), *v = static_cast<const T *>(a.v);
     const T *o = static_cast<const T *>(a.o), *dout = static_cast<const T *>(a.dout);
     const size_t s1 = (size_t)2 * BM * D * 2, s2 = k2_smem<D>(), s3 = k3_smem<D>();
@@ -324,8 +334,8 @@ template <typename T, int D> cudaError_t launch(const bwd_args &a)
     if (e == cudaSuccess) e = cudaFuncSetAttribute(bwd_dq_mma<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s3);
     if (e != cudaSuccess) return e;
     const dim3 gq((p.seqlen_q + BM - 1) / BM, p.heads, p.batch), gk((p.seqlen_k + BK - 1) / BK, p.heads_k, p.batch);
-    bwd_dot_do_o_mma<T, D><<<gq, NT, s1, a.stream>>>(p, o, dout, Dg);
-    bwd_dk_dv_mma<T, D><<<gk, NT, s2, a.stream>>>(p, q, k, v, dout, a.lse, Dg, static_cast<T *>(a.dk),
+    bwd_dot_do_o_mma<T, D><<<gq, NT, s1, a.stream>>>(p, o, dout, Dg, Dt);
+    bwd_dk_dv_mma<T, D><<<gk, NT, s2, a.stream>>>(p, q, k, v, dout, a.lse, Dt, static_cast<T *>(a.dk),
                                                  static_cast<T *>(a.dv));
     bwd_dq_mma<T, D><<<gq, NT, s3, a.stream>>>(p, q, k, v, dout, a.lse, Dg, static_cast<T *>(a.dq));
     return cudaGetLastError();
@@ -333,6 +343,6 @@ template <typename T, int D> cudaError_t launch(const bwd_args &a)
 
 } // namespace
 
-size_t mma_bwd_workspace_bytes(const attn_shape &p) { return sizeof(float) * (size_t)p.batch * p.heads * p.seqlen_q; }
+size_t mma_bwd_workspace_bytes(const attn_shape &p) { return 2 * sizeof(float) * (size_t)p.batch * p.heads * p.seqlen_q; }
 
 cudaError_t mma_backward(const bwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch, a); }
