@@ -172,6 +172,6 @@ fi
     date -u '+end: %Y-%m-%d %H:%M:%S UTC'
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv
 } >> "$OUTDIR/device.txt" 2>&1
-say "== done in $(( $(date +%s) - START )) s; $fails failed; $(grep -c '^ok ' "$LOG") ok; csv rows: $(($(wc -l < "$CSV") - 1))"
+say "== done in $(( $(date +%s) - START )) s; $fails failed; $(grep -c '^ok ' "$LOG") ok; $(grep -c '^skipped' "$LOG") skipped (budget); csv rows: $(($(wc -l < "$CSV") - 1))"
 python3 cuda/results_table.py "$CSV" | tee -a "$LOG"
 [ $fails -eq 0 ]
