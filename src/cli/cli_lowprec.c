@@ -9,12 +9,8 @@
  * and K and along tokens for V unless --v-scale-along d; NVFP4 with
  * --global-scale-x). fa_dequantize decodes them into float64 arrays that the
  * subcommand then uses like any Q, K, V.
- *
- * The `|u1` reader here is deliberately small and strict (magic, version,
- * header, descr '|u1', C order, shape, exact file length).
  */
 #include "cli_lowprec.h"
-#include "alloc.h"
 
 #include <errno.h>
 #include <math.h>
@@ -136,116 +132,6 @@ int cli_lowprec_inputs(const cli_lowprec *lp, cli_named *ins)
 }
 
 /* ------------------------------------------------------------------------ */
-/* A strict reader of `|u1` .npy files                                       */
-/* ------------------------------------------------------------------------ */
-
-typedef struct u1_array {
-    uint8_t *data;
-    int rank;
-    int64_t shape[FA_MAX_RANK];
-    int64_t numel;
-} u1_array;
-
-static void u1_free(u1_array *a)
-{
-    free(a->data);
-    memset(a, 0, sizeof *a);
-}
-
-/* Returns 0, or prints one line naming the file and returns 2. */
-static int u1_load(const char *path, const char *role, u1_array *a)
-{
-    memset(a, 0, sizeof *a);
-    FILE *f = fopen(path, "rb");
-    if (!f) return cli_die("%s: cannot open: %s", path, strerror(errno));
-    unsigned char pre[12];
-    size_t got = fread(pre, 1, 10, f);
-    if (got < 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
-        fclose(f);
-        return cli_die("%s: not a .npy file (bad magic)", path);
-    }
-    size_t hlen;
-    const int major = pre[6];
-    if (major == 1) {
-        hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
-    } else if (major == 2 || major == 3) {
-        if (fread(pre + 10, 1, 2, f) != 2) {
-            fclose(f);
-            return cli_die("%s: truncated .npy header", path);
-        }
-        hlen = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
-    } else {
-        fclose(f);
-        return cli_die("%s: unsupported .npy version %d", path, major);
-    }
-    if (hlen > (1u << 20)) {
-        fclose(f);
-        return cli_die("%s: .npy header of %zu bytes is too long", path, hlen);
-    }
-    char *h = malloc(hlen + 1);
-    if (!h || fread(h, 1, hlen, f) != hlen) {
-        free(h);
-        fclose(f);
-        return cli_die("%s: truncated .npy header", path);
-    }
-    h[hlen] = '\0';
-    const char *d = strstr(h, "'descr':");
-    const char *fo = strstr(h, "'fortran_order':");
-    const char *sh = strstr(h, "'shape':");
-    int bad = 0;
-    if (!d || !fo || !sh) bad = cli_die("%s: malformed .npy header", path);
-    else {
-        d += 8;
-        while (*d == ' ') d++;
-        if (strncmp(d, "'|u1'", 5) != 0) {
-            char descr[16] = "";
-            sscanf(d, "'%15[^']'", descr);
-            bad = cli_die("%s: %s must hold uint8 codes ('|u1'), got '%s'", path, role, descr);
-        } else {
-            fo += 16;
-            while (*fo == ' ') fo++;
-            if (strncmp(fo, "False", 5) != 0) bad = cli_die("%s: Fortran order is not supported", path);
-        }
-    }
-    if (!bad) {
-        const char *p = strchr(sh, '(');
-        a->numel = 1;
-        if (!p) bad = cli_die("%s: malformed shape in .npy header", path);
-        for (p = p ? p + 1 : NULL; !bad && p && *p != ')';) {
-            while (*p == ' ' || *p == ',') p++;
-            if (*p == ')') break;
-            char *end;
-            errno = 0;
-            long long v = strtoll(p, &end, 10);
-            if (end == p || v < 0 || errno) {
-                bad = cli_die("%s: malformed shape in .npy header", path);
-                break;
-            }
-            if (a->rank == FA_MAX_RANK) {
-                bad = cli_die("%s: rank above %d", path, FA_MAX_RANK);
-                break;
-            }
-            a->shape[a->rank++] = v;
-            if (v && a->numel > INT64_MAX / v) bad = cli_die("%s: shape too large", path);
-            a->numel *= v;
-            p = end;
-        }
-    }
-    free(h);
-    if (!bad) {
-        a->data = malloc(a->numel ? (size_t)a->numel : 1);
-        if (!a->data) bad = cli_die("%s: out of memory", path);
-        else if (fread(a->data, 1, (size_t)a->numel, f) != (size_t)a->numel)
-            bad = cli_die("%s: truncated: %lld code bytes expected", path, (long long)a->numel);
-        else if (fgetc(f) != EOF)
-            bad = cli_die("%s: longer than its header says (%lld code bytes)", path, (long long)a->numel);
-    }
-    fclose(f);
-    if (bad) u1_free(a);
-    return bad ? CLI_EXIT_USAGE : 0;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Loading and decoding Q, K, V                                              */
 /* ------------------------------------------------------------------------ */
 
@@ -255,20 +141,15 @@ static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batc
 {
     static const char *const role[3] = {"Q [batch, seqlen_q, heads, d]", "K [batch, seqlen_k, heads_k, d]",
                                         "V [batch, seqlen_k, heads_k, d_v]"};
-    u1_array codes, bs;
+    static const int64_t any4[4] = {-1, -1, -1, -1};
+    fa_npy codes, bs, ds;
     memset(&bs, 0, sizeof bs);
-    if (u1_load(path, role[t], &codes)) return CLI_EXIT_USAGE;
-    int rc = CLI_EXIT_USAGE;
-    fa_npy ds;
     memset(&ds, 0, sizeof ds);
+    if (cli_load_codes(path, role[t], 4, any4, &codes)) return CLI_EXIT_USAGE;
+    int rc = CLI_EXIT_USAGE;
     char sh[96];
     fa_qtensor x;
     memset(&x, 0, sizeof x);
-    if (codes.rank != 4) {
-        cli_die("%s: expected rank 4 for %s, got rank %d %s", path, role[t], codes.rank,
-                cli_shape(codes.rank, codes.shape, sh, sizeof sh));
-        goto out;
-    }
     x.codes = codes.data;
     x.format = lp->format;
     x.packed = lp->packed;
@@ -303,11 +184,7 @@ static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batc
         x.head_scale = ds.data;
         x.scale_heads = hk;
     } else if (lp->scale[t]) {
-        if (u1_load(lp->scale[t], "block scales", &bs)) goto out;
-        if (bs.rank != 4) {
-            cli_die("%s: block scales must have rank 4, got rank %d", lp->scale[t], bs.rank);
-            goto out;
-        }
+        if (cli_load_codes(lp->scale[t], "block scales", 4, any4, &bs)) goto out;
         x.scale_kind = !strcmp(lp->scale_format, "nvfp4") ? FA_QSCALE_NVFP4 : FA_QSCALE_MXFP4;
         x.block_scale = bs.data;
         for (int a = 0; a < 4; a++) x.block_scale_shape[a] = bs.shape[a];
@@ -325,21 +202,27 @@ static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batc
         arr->shape[a] = x.shape[a];
         arr->numel *= x.shape[a];
     }
-    arr->data = fa_malloc((size_t)(arr->numel ? arr->numel : 1) * sizeof(double));
+    arr->data = malloc((size_t)(arr->numel ? arr->numel : 1) * sizeof(double)); /* fa_npy_free frees it */
     if (!arr->data) {
         cli_die("%s: out of memory decoding %lld elements", path, (long long)arr->numel);
         goto out;
     }
     fa_status st;
-    if ((st = fa_npy_as_tensor(arr, view)) != FA_OK || (st = fa_dequantize(&x, path, view)) != FA_OK) {
+    arr->type = FA_NPY_F64;
+    if ((st = fa_npy_as_tensor(arr, view)) != FA_OK) {
+        cli_die_npy(st);
+        fa_npy_free(arr);
+        goto out;
+    }
+    if ((st = fa_dequantize(&x, path, view)) != FA_OK) {
         cli_die_status(st);
         fa_npy_free(arr);
         goto out;
     }
     rc = 0;
 out:
-    u1_free(&codes);
-    u1_free(&bs);
+    fa_npy_free(&codes);
+    fa_npy_free(&bs);
     fa_npy_free(&ds);
     return rc;
 }
