@@ -592,7 +592,9 @@ typedef struct fa_check_report {
     double row_scale_test;     /**< Worst row of the tested output: the factor a with test ~ a * ref (least squares). */
     double row_scale_model;    /**< The same for the kernel model, or for the baseline without one (its largest |a - 1|). */
     int p_mismatch;            /**< 1: rows of the output are scaled against the reference well beyond the
-                                    model (P saturated, or row sums not from the P used in P.V). */
+                                    model (P saturated, or row sums not from the P used in P.V, or a wrong
+                                    V descale), and that scaling explains at least 80% of the squared error. */
+    double row_scale_explained;/**< Fraction of the squared error that a per-row factor (test ~ a * ref) explains. */
 } fa_check_report;
 
 /** @brief Set the first @p struct_size bytes of @p opt to the default check
