@@ -695,7 +695,7 @@ typedef struct fa_diagnose_options {
     int64_t sample_rows;  /**< Rows per (batch, head); 0: every row. Row 0 and the last row are always among them. */
     uint64_t seed;        /**< Seed of the row sampler. */
     int num_threads;      /**< OpenMP threads; 0: the OpenMP default. */
-    double min_explained; /**< List candidates explaining at least this fraction (default 0.5). */
+    double min_explained; /**< List candidates explaining at least this fraction (default 0.8). */
 } fa_diagnose_options;
 
 /** @brief What fa_diagnose() found. Initialize with fa_diagnose_report_init(); free with fa_diagnose_report_free(). */
@@ -717,7 +717,7 @@ typedef struct fa_diagnose_report {
 } fa_diagnose_report;
 
 /** @brief Set the first @p struct_size bytes of @p opt to the defaults (auto dtype,
- *  every row, seed 0, min_explained 0.5). */
+ *  every row, seed 0, min_explained 0.8). */
 FA_API void fa_diagnose_options_init(fa_diagnose_options *opt, size_t struct_size);
 
 /** @brief An empty report with struct_size set, ready for fa_diagnose(). */

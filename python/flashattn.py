@@ -704,7 +704,7 @@ class DiagnoseReport:
 
 
 def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
-             alibi_slopes=None, dtype=None, sample_rows=32, seed=0, min_explained=0.5,
+             alibi_slopes=None, dtype=None, sample_rows=32, seed=0, min_explained=0.8,
              num_threads=0, bf16_bits=None, align="bottom-right"):
     """Name the known mistake behind a wrong output (fa_diagnose; `check --diagnose`).
 

@@ -58,7 +58,11 @@ typedef struct dg_ctx {
     int nt;             /* threads */
     double r0o, r0l;    /* reference residuals */
     double floor_o, floor_l; /* residuals at the rounding floor (over all sampled rows) */
+    double *ro_ref, *rl_ref; /* [n] the reference's residual per row */
     int sig_o, sig_l;
+    int64_t fit[DG_FIT_ROWS]; /* the sampled rows with the largest reference error: where fits run */
+    int64_t nfit;
+    double fit_o, fit_l;      /* reference residuals on them */
 } dg_ctx;
 
 typedef struct dg_scratch {
@@ -441,11 +445,26 @@ static double score(const dg_ctx *cx, const dg_variant *v)
     return explained(cx, ro, rl, cx->r0o, cx->r0l);
 }
 
-/* The best of nv variants; its index in *best. */
+/* The best of nv variants; its index in *best. With many rows, the variants
+ * are first compared on the rows where the error is largest (cx->fit) and
+ * only the winner is scored on every row. */
 static double best_of(const dg_ctx *cx, const dg_variant *vs, int nv, int *best)
 {
-    double top = -INFINITY;
     *best = 0;
+    if (nv > 1 && cx->n > 2 * cx->nfit) {
+        double top = -INFINITY;
+        for (int x = 0; x < nv; x++) {
+            double ro, rl;
+            if (residuals(cx, &vs[x], cx->fit, cx->nfit, NULL, NULL, &ro, &rl) != 0) return NAN;
+            const double e = explained(cx, ro, rl, cx->fit_o, cx->fit_l);
+            if (e > top) {
+                top = e;
+                *best = x;
+            }
+        }
+        return score(cx, &vs[*best]);
+    }
+    double top = -INFINITY;
     for (int x = 0; x < nv; x++) {
         const double e = score(cx, &vs[x]);
         if (e > top) {
@@ -456,24 +475,24 @@ static double best_of(const dg_ctx *cx, const dg_variant *vs, int nv, int *best)
     return top;
 }
 
-/* Scale factor fit on a subset of rows: grid over 2^(k/4), k in -28..28, then golden section. */
+/* Scale factor fit on a subset of rows: grid over 2^(k/2), k in -14..14, then golden section. */
 static double fit_scale(const dg_ctx *cx, const int64_t *rows, int64_t nr, double bo, double bl)
 {
     const fa_problem *p = cx->p;
     dg_variant v = dg_variant_reference(p);
     double best_x = 0.0, best_e = -INFINITY;
-    for (int k = -28; k <= 28; k++) {
+    for (int k = -14; k <= 14; k++) {
         if (k == 0) continue;
-        v.scale = p->scale * exp2(k / 4.0);
+        v.scale = p->scale * exp2(k / 2.0);
         double ro, rl;
         if (residuals(cx, &v, rows, nr, NULL, NULL, &ro, &rl) != 0) return 1.0;
         const double e = explained(cx, ro, rl, bo, bl);
         if (e > best_e) {
             best_e = e;
-            best_x = k / 4.0;
+            best_x = k / 2.0;
         }
     }
-    double a = best_x - 0.25, c = best_x + 0.25;
+    double a = best_x - 0.5, c = best_x + 0.5;
     const double g = 0.5 * (sqrt(5.0) - 1.0);
     double x1 = c - g * (c - a), x2 = a + g * (c - a), f1, f2;
     double ro, rl;
@@ -483,7 +502,7 @@ static double fit_scale(const dg_ctx *cx, const int64_t *rows, int64_t nr, doubl
     v.scale = p->scale * exp2(x2);
     residuals(cx, &v, rows, nr, NULL, NULL, &ro, &rl);
     f2 = explained(cx, ro, rl, bo, bl);
-    for (int it = 0; it < 24; it++) {
+    for (int it = 0; it < 22; it++) {
         if (f1 > f2) {
             c = x2;
             x2 = x1;
@@ -512,13 +531,8 @@ static void cand_scale(const dg_ctx *cx, dg_list *L)
 {
     const fa_problem *p = cx->p;
     consider(L, "scale");
-    int64_t rows[DG_FIT_ROWS];
-    const int64_t nr = cx->n < DG_FIT_ROWS ? cx->n : DG_FIT_ROWS;
-    for (int64_t x = 0; x < nr; x++) rows[x] = x * cx->n / nr;
-    double bo, bl;
     dg_variant v = dg_variant_reference(p);
-    if (residuals(cx, &v, rows, nr, NULL, NULL, &bo, &bl) != 0) return;
-    const double f = fit_scale(cx, rows, nr, bo, bl);
+    const double f = fit_scale(cx, cx->fit, cx->nfit, cx->fit_o, cx->fit_l);
     v.scale = p->scale * f;
     const double e = score(cx, &v);
     const double used = v.scale, d = (double)p->d;
@@ -705,12 +719,30 @@ static void cand_gqa(const dg_ctx *cx, dg_list *L)
         free(map);
         return;
     }
+    int64_t *rows = malloc((size_t)n * sizeof *rows);
+    if (!rows) {
+        free(ro);
+        free(rl);
+        free(map);
+        return;
+    }
     for (int64_t j = 0; j < Hk; j++) {
+        /* a row's own kv head gives the reference: its residuals are known */
+        int64_t nr = 0;
+        for (int64_t w = 0; w < n; w++) {
+            if (fa_kv_head(p, cx->it[w].h) == j) {
+                ro[j * n + w] = cx->ro_ref[w];
+                rl[j * n + w] = cx->rl_ref[w];
+            } else {
+                rows[nr++] = w;
+            }
+        }
         dg_variant v = dg_variant_reference(p);
         v.kvh = j;
         double so, sl;
-        residuals(cx, &v, NULL, n, ro + j * n, rl + j * n, &so, &sl);
+        residuals(cx, &v, rows, nr, ro + j * n, rl + j * n, &so, &sl);
     }
+    free(rows);
     const double wo = cx->sig_o && cx->r0o > 0 ? 1.0 / cx->r0o : 0.0;
     const double wl = cx->sig_l && cx->r0l > 0 ? 1.0 / cx->r0l : 0.0;
     for (int64_t h = 0; h < H; h++) {
@@ -782,7 +814,7 @@ void fa_diagnose_options_init(fa_diagnose_options *opt, size_t struct_size)
     memset(&o, 0, sizeof o);
     o.struct_size = struct_size;
     o.dtype = FA_CHECK_DTYPE_AUTO;
-    o.min_explained = 0.5;
+    o.min_explained = 0.8;
     memcpy(opt, &o, struct_size < sizeof o ? struct_size : sizeof o);
 }
 
@@ -828,11 +860,13 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
     cx.orf = malloc((size_t)(cx.n * dv) * sizeof(double));
     cx.lrf = malloc((size_t)cx.n * sizeof(double));
     if (lse) cx.lt = malloc((size_t)cx.n * sizeof(double));
-    double *ro = malloc((size_t)cx.n * sizeof(double));
+    double *ro = malloc((size_t)cx.n * sizeof(double)), *rl = calloc((size_t)cx.n, sizeof(double));
+    cx.ro_ref = ro;
+    cx.rl_ref = rl;
     rep->head_rel_rms = calloc((size_t)H, sizeof(double));
     rep->batch_rel_rms = calloc((size_t)B, sizeof(double));
     double *hs = calloc((size_t)(2 * H + 2 * B), sizeof(double));
-    if (!cx.it || !cx.ot || !cx.orf || !cx.lrf || (lse && !cx.lt) || !ro || !rep->head_rel_rms ||
+    if (!cx.it || !cx.ot || !cx.orf || !cx.lrf || (lse && !cx.lt) || !ro || !rl || !rep->head_rel_rms ||
         !rep->batch_rel_rms || !hs)
         goto out;
     rep->n_heads = H;
@@ -933,7 +967,8 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         hs[2 * H + cx.it[w].b] += a;
         hs[2 * H + B + cx.it[w].b] += r2;
         if (cx.lt) {
-            cx.r0l += l_diff(cx.lt[w], cx.lrf[w]);
+            rl[w] = l_diff(cx.lt[w], cx.lrf[w]);
+            cx.r0l += rl[w];
             if (isfinite(cx.lrf[w])) {
                 lsq += l_diff(cx.lt[w], cx.lrf[w]);
                 lref2 += cx.lrf[w] * cx.lrf[w];
@@ -964,6 +999,26 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         const double lr = nl ? sqrt(lref2 / (double)nl) : 0.0;
         cx.sig_l = rep->lse_rms > 5e-4 * (lr > 1.0 ? lr : 1.0);
         cx.floor_l = 25e-8 * (lr > 1.0 ? lr * lr : 1.0) * n1;
+    }
+    /* the fit rows: largest normalized reference residual first */
+    {
+        const double wo = cx.r0o > 0 ? 1.0 / cx.r0o : 0.0, wl = cx.r0l > 0 ? 1.0 / cx.r0l : 0.0;
+        cx.nfit = cx.n < DG_FIT_ROWS ? cx.n : DG_FIT_ROWS;
+        for (int64_t x = 0; x < cx.nfit; x++) cx.fit[x] = -1;
+        for (int64_t w = 0; w < cx.n; w++) {
+            const double e = (cx.sig_o ? wo * ro[w] : 0.0) + (cx.sig_l ? wl * rl[w] : 0.0);
+            int64_t x = cx.nfit;
+            while (x > 0 && (cx.fit[x - 1] < 0 ||
+                             e > (cx.sig_o ? wo * ro[cx.fit[x - 1]] : 0.0) + (cx.sig_l ? wl * rl[cx.fit[x - 1]] : 0.0)))
+                x--;
+            if (x >= cx.nfit) continue;
+            memmove(cx.fit + x + 1, cx.fit + x, (size_t)(cx.nfit - 1 - x) * sizeof cx.fit[0]);
+            cx.fit[x] = w;
+        }
+        for (int64_t x = 0; x < cx.nfit; x++) {
+            cx.fit_o += ro[cx.fit[x]];
+            cx.fit_l += rl[cx.fit[x]];
+        }
     }
     rep->out_significant = cx.sig_o;
     rep->lse_significant = cx.sig_l;
@@ -1000,6 +1055,7 @@ out:
     free(cx.lt);
     free(cx.dots);
     free(ro);
+    free(rl);
     free(hs);
     return st;
 }

@@ -296,3 +296,16 @@ def test_python_diagnose():
         fa.diagnose(q, k, v, f32(o)[:, :3], window=(5, 0))
     with pytest.raises(fa.FlashAttnError):
         fa.diagnose(q, k, v, f32(o), min_explained=2.0)
+
+
+def test_unknown_mistake_gets_none(tmp_path):
+    """An output no known mistake explains (random numbers of the reference's size): none, with
+    the candidates considered named; the same rows with a small bias that no class models too."""
+    q, k, v = problem(H=6, Hk=3, Sq=30, Sk=50)
+    o, lse = R.attention_forward(q, k, v, causal=True)
+    junk = rand(o.shape, 9) * np.std(o)
+    rc, lines, out = diagnose(tmp_path, q, k, v, junk, None, ["--causal"])
+    assert rc == 1 and lines[0].startswith("diagnosis: none (no known mistake"), f"seed {SEED}: {out}"
+    assert "gqa-head-map" in lines[0] and "missing-rescale" in lines[0]
+    rc, lines, out = diagnose(tmp_path, q, k, v, f32(o + 0.05), lse, ["--causal"])
+    assert rc == 1 and lines[0].startswith("diagnosis: none"), f"seed {SEED}: {out}"
