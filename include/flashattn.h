@@ -282,7 +282,9 @@ FA_API size_t fa_context_arena_bytes(const fa_context *ctx);
 FA_API fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
                          const int64_t *shape, const int64_t *stride);
 
-/** @brief Number of elements of a tensor (product of its shape). */
+/** @brief Number of elements of a tensor (product of its shape; 0 when any extent
+ *  is 0). -1 when the shape is invalid: a negative extent, a rank outside
+ *  1..FA_MAX_RANK, or a product that overflows int64. */
 FA_API int64_t fa_tensor_numel(const fa_tensor *t);
 
 /** @brief Size in bytes of one element of `dtype` (0 for an invalid dtype). */

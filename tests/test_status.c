@@ -150,6 +150,11 @@ static void test_shape_when_shapes_are_inconsistent(void **state)
     int64_t empty_huge[4] = {2, INT64_MAX / 2, 0, 3};
     assert_int_equal(fa_tensor_make(&t, x, FA_F32, 4, empty_huge, NULL), FA_OK);
     assert_int_equal(fa_tensor_numel(&t), 0);
+    fa_tensor bad = t;
+    bad.shape[2] = 2; /* now (2, INT64_MAX/2, 2, 3): the product overflows */
+    assert_int_equal(fa_tensor_numel(&bad), -1);
+    bad.shape[2] = -1;
+    assert_int_equal(fa_tensor_numel(&bad), -1);
     int bq, bk;
     expect_status(fa_block_sizes(0, 8, NULL, &bq, &bk), FA_ERR_SHAPE, NULL, f);
 }

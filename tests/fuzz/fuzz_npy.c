@@ -78,10 +78,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t item = fa_dtype_size(arr.dtype);
     require(item != 0, "dtype is valid");
     int64_t n = 1;
+    int empty = 0; /* any zero extent: empty, whatever the others (their product may overflow) */
     for (int r = 0; r < arr.rank; r++) {
         require(arr.shape[r] >= 0, "extents are non-negative");
-        n *= arr.shape[r];
+        if (arr.shape[r] == 0) empty = 1;
     }
+    for (int r = 0; r < arr.rank && !empty; r++) n *= arr.shape[r];
+    if (empty) n = 0;
     require(n == arr.numel, "numel is the product of the extents");
     size_t bytes = (size_t)n * item;
     require(bytes <= size, "data fits in the input");
