@@ -49,6 +49,12 @@ int cli_die_status(fa_status st)
     return cli_die("%s", msg && *msg ? msg : fa_status_string(st));
 }
 
+int cli_die_npy(fa_status st)
+{
+    const char *msg = fa_npy_last_error();
+    return cli_die("%s", msg && *msg ? msg : fa_status_string(st));
+}
+
 int cli_unknown_option(const char *cmd, const char *arg)
 {
     if (arg[0] == '-')
@@ -352,8 +358,15 @@ int cli_load_array(const char *path, int want_rank, int require_finite, const ch
                    fa_npy *arr, fa_tensor *t)
 {
     fa_status st = fa_npy_load(path, arr);
-    if (st != FA_OK) return cli_die_status(st);
+    if (st != FA_OK) return cli_die_npy(st);
     char sh[96], ix[96];
+    if (arr->dtype == FA_DTYPE_COUNT) { /* an int32 or uint8 file where a float array belongs */
+        cli_die("%s: unsupported dtype '%s' for %s: %s files are index or code files, not float arrays "
+                "('<f4', '<f8', '<f2', or '<u2' as bfloat16)",
+                path, fa_npy_type_descr(arr->type), role, fa_npy_type_name(arr->type));
+        fa_npy_free(arr);
+        return CLI_EXIT_USAGE;
+    }
     if ((want_rank > 0 && arr->rank != want_rank) || arr->rank < 1) {
         cli_die("%s: expected rank %d for %s, got rank %d %s", path, want_rank > 0 ? want_rank : 1,
                 role, arr->rank, cli_shape(arr->rank, arr->shape, sh, sizeof sh));
@@ -375,9 +388,54 @@ int cli_load_array(const char *path, int want_rank, int require_finite, const ch
     }
     if (t && (st = fa_npy_as_tensor(arr, t)) != FA_OK) {
         fa_npy_free(arr);
-        return cli_die("%s: %s", path, fa_last_error());
+        return cli_die("%s: %s", path, fa_npy_last_error());
     }
     return 0;
+}
+
+/* "[3, *]": an expected shape, * for an extent that may be anything (< 0). */
+static const char *want_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
+{
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int r = 0; r < rank && n < size; r++) {
+        if (shape && shape[r] >= 0) n += (size_t)snprintf(buf + n, size - n, r ? ", %lld" : "%lld", (long long)shape[r]);
+        else n += (size_t)snprintf(buf + n, size - n, r ? ", *" : "*");
+    }
+    if (n < size) snprintf(buf + n, size - n, "]");
+    return buf;
+}
+
+/* An integer file of one type, rank and shape (see cli_load_index). */
+static int load_ints(const char *path, fa_npy_type want, const char *role, int want_rank,
+                     const int64_t *want_shape, fa_npy *arr)
+{
+    fa_status st = fa_npy_load(path, arr);
+    if (st != FA_OK) return cli_die_npy(st);
+    char want_sh[96], sh[96];
+    int shape_ok = want_rank < 0 || arr->rank == want_rank;
+    for (int r = 0; shape_ok && want_shape && r < want_rank; r++)
+        if (want_shape[r] >= 0 && arr->shape[r] != want_shape[r]) shape_ok = 0;
+    if (arr->type != want || !shape_ok) {
+        if (want_rank >= 0)
+            want_shape_str(want_rank, want_shape, want_sh, sizeof want_sh);
+        cli_die("%s: %s must be %s ('%s') of %s%s, found %s ('%s') of shape %s", path, role,
+                fa_npy_type_name(want), fa_npy_type_descr(want), want_rank >= 0 ? "shape " : "any shape",
+                want_rank >= 0 ? want_sh : "", fa_npy_type_name(arr->type),
+                fa_npy_type_descr(arr->type), cli_shape(arr->rank, arr->shape, sh, sizeof sh));
+        fa_npy_free(arr);
+        return CLI_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int cli_load_index(const char *path, const char *role, int want_rank, const int64_t *want_shape, fa_npy *arr)
+{
+    return load_ints(path, FA_NPY_I32, role, want_rank, want_shape, arr);
+}
+
+int cli_load_codes(const char *path, const char *role, int want_rank, const int64_t *want_shape, fa_npy *arr)
+{
+    return load_ints(path, FA_NPY_U8, role, want_rank, want_shape, arr);
 }
 
 void cli_qkv_free(cli_qkv *in)
@@ -471,7 +529,7 @@ int cli_check_output(const char *opt, const char *path)
 {
     if (!*path) return cli_die("%s: empty file name", opt);
     fa_status st = fa_outfile_check(path);
-    return st == FA_OK ? 0 : cli_die_status(st);
+    return st == FA_OK ? 0 : cli_die_npy(st);
 }
 
 /* Identity of a file: device and inode if it exists, else the device and
@@ -592,7 +650,7 @@ int cli_save_outputs(const cli_output *outs, int n)
     if (st != FA_OK) {
         for (int i = 0; i < n; i++)
             if (used[i]) fa_outfile_abort(&f[i]);
-        return cli_die_status(st);
+        return cli_die_npy(st);
     }
     /* 2. rename them all into place; if one fails, remove those already renamed */
     int failed = -1;
@@ -607,7 +665,7 @@ int cli_save_outputs(const cli_output *outs, int n)
     }
     for (int i = 0; i < n; i++)
         if (used[i]) fa_outfile_free(&f[i]);
-    return failed >= 0 ? cli_die_status(st) : 0;
+    return failed >= 0 ? cli_die_npy(st) : 0;
 }
 
 /* An exit() that is not a return from a subcommand: the OpenMP runtime's. */
