@@ -638,12 +638,121 @@ typedef enum fa_abi_struct {
     FA_ABI_OPTIONS = 1,       /**< fa_options */
     FA_ABI_CHECK_OPTIONS = 2, /**< fa_check_options */
     FA_ABI_CHECK_REPORT = 3,  /**< fa_check_report */
+    FA_ABI_DIAGNOSE_OPTIONS = 4, /**< fa_diagnose_options */
+    FA_ABI_DIAGNOSE_REPORT = 5,  /**< fa_diagnose_report */
     FA_ABI_STRUCT_COUNT       /**< Number of entries (not a struct). */
 } fa_abi_struct;
 
 /** @brief sizeof the library's struct @p which (an ::fa_abi_struct), for
  *         bindings that mirror the structs; 0 for an unknown value. */
 FA_API size_t fa_check_abi_size(int which);
+
+/** @} */
+
+/* ---- diagnosis (flashattn check --diagnose): issue 13 ---- */
+
+/**
+ * @defgroup diagnose Why did a kernel fail (flashattn check --diagnose)
+ *
+ * fa_diagnose() names the known mistake behind a wrong attention output. On
+ * sampled query rows it evaluates a float64 model of the reference under each
+ * candidate mistake of the vocabulary (docs/validation.md, "Why did my kernel
+ * fail") that the problem's shape makes possible, fits the mistake's parameter
+ * where it has one (a scale factor, a window shift, a head map, a log base, a
+ * tile size), and ranks the candidates by the fraction of the error each
+ * explains:
+ *
+ *     explained = 1 - ||T - C||^2 / ||T - R||^2      (T tested, C candidate, R reference)
+ *
+ * on the sampled rows, averaged over the output and the LSE when both are
+ * wrong. A candidate is listed when it explains at least
+ * fa_diagnose_options::min_explained. When the tested error is at the rounding
+ * level of the kernel's precision (relative RMS below 2^-6 bf16, 2^-9 f16,
+ * 2^-16 f32; LSE RMS below 5e-4 max(1, RMS LSE)) nothing is listed.
+ *
+ * Ids available now: causal-top-left, scale, softcap-missing, softcap-order,
+ * lse-log2, lse-unscaled, gqa-head-map, window-shift, empty-row,
+ * missing-rescale, tail-tile, layout-transposed. Reserved for features the
+ * library does not have yet: varlen-leak, varlen-offset, paged-index,
+ * kv-append-offset, rotary-pairing, rotary-offset, split-combine, sink-missing,
+ * dropout-mask, p-saturation, descale.
+ * @{
+ */
+
+/** @brief Entries of fa_diagnose_report::items. */
+#define FA_DIAG_MAX 8
+
+/** @brief One diagnosis: a vocabulary id, how much of the error it explains, its fitted parameter. */
+typedef struct fa_diagnosis {
+    char id[24];          /**< Vocabulary id, e.g. "scale". */
+    double explained;     /**< Fraction of the error it explains (<= 1). */
+    double param;         /**< The fitted parameter as a number (factor, shift, base, tile), or NaN. */
+    char detail[160];     /**< The fitted parameter in words. */
+} fa_diagnosis;
+
+/** @brief Options of fa_diagnose(). Initialize with fa_diagnose_options_init(). */
+typedef struct fa_diagnose_options {
+    size_t struct_size;   /**< sizeof(fa_diagnose_options) of the caller. */
+    fa_dtype dtype;       /**< Precision the kernel ran in (sets the rounding floor); FA_CHECK_DTYPE_AUTO (default). */
+    int64_t sample_rows;  /**< Rows per (batch, head); 0: every row. Row 0 and the last row are always among them. */
+    uint64_t seed;        /**< Seed of the row sampler. */
+    int num_threads;      /**< OpenMP threads; 0: the OpenMP default. */
+    double min_explained; /**< List candidates explaining at least this fraction (default 0.8). */
+} fa_diagnose_options;
+
+/** @brief What fa_diagnose() found. Initialize with fa_diagnose_report_init(); free with fa_diagnose_report_free(). */
+typedef struct fa_diagnose_report {
+    size_t struct_size;        /**< Set by fa_diagnose_report_init(). */
+    int n;                     /**< Diagnoses listed in items (0: none). */
+    fa_diagnosis items[FA_DIAG_MAX]; /**< Best first. */
+    int out_significant;       /**< 1: the output's error is above the rounding floor. */
+    int lse_significant;       /**< 1: an LSE was given and its error is above its floor. */
+    double out_rel_rms;        /**< ||T - R|| / ||R|| over the sampled rows (inf with NaN/Inf). */
+    double lse_rms;            /**< RMS LSE error over sampled rows with visible keys (0: no LSE). */
+    int64_t rows_sampled;      /**< Query rows evaluated (all batches and heads). */
+    int n_considered;          /**< Candidates the shape made possible and that were evaluated. */
+    char considered[256];      /**< Their ids, comma-separated. */
+    int64_t n_heads;           /**< Length of head_rel_rms. */
+    double *head_rel_rms;      /**< [heads] relative RMS output error per query head. */
+    int64_t n_batch;           /**< Length of batch_rel_rms. */
+    double *batch_rel_rms;     /**< [batch] relative RMS output error per batch entry (sequence). */
+} fa_diagnose_report;
+
+/** @brief Set the first @p struct_size bytes of @p opt to the defaults (auto dtype,
+ *  every row, seed 0, min_explained 0.8). */
+FA_API void fa_diagnose_options_init(fa_diagnose_options *opt, size_t struct_size);
+
+/** @brief An empty report with struct_size set, ready for fa_diagnose(). */
+static inline fa_diagnose_report fa_diagnose_report_init(void)
+{
+    fa_diagnose_report r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    return r;
+}
+
+/**
+ * @brief Diagnose a tested output (and LSE): which known mistake explains its error.
+ *
+ * Arguments as for fa_check() (same validation, same names in messages:
+ * fa_check_options' defaults); @p dopt NULL selects the defaults. Cost:
+ * O(rows x seqlen_k x (d + d_v)) per candidate evaluation, with the dot
+ * products cached per row when they fit in 256 MiB.
+ * @return FA_OK when the diagnosis ran (the findings are in @p report), or an error status.
+ */
+FA_API fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                             const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
+                             const fa_diagnose_options *dopt, fa_diagnose_report *report);
+
+/** @brief Free the arrays a report owns and zero it. Safe on a zeroed report. */
+FA_API void fa_diagnose_report_free(fa_diagnose_report *report);
+
+/**
+ * @brief The text `flashattn check --diagnose` prints: `diagnosis: <id> (explains X% of
+ * the error; <parameter>)` lines best first, or `diagnosis: none (...)`, then the
+ * per-head and per-sequence error tables. snprintf-like.
+ */
+FA_API size_t fa_diagnose_report_format(const fa_diagnose_report *report, char *buf, size_t size);
 
 /** @} */
 

@@ -45,7 +45,7 @@ import os
 
 import numpy as np
 
-__all__ = ["attention", "grad", "check", "CheckReport", "FlashAttnError", "library"]
+__all__ = ["attention", "grad", "check", "CheckReport", "diagnose", "DiagnoseReport", "FlashAttnError", "library"]
 
 # ---- the C declarations, mirrored (checked against fa_check_abi_size) -------
 
@@ -123,6 +123,32 @@ class _Report(ctypes.Structure):
         self.struct_size = ctypes.sizeof(_Report)
 
 
+FA_DIAG_MAX = 8
+
+
+class _Diagnosis(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_char * 24), ("explained", ctypes.c_double), ("param", ctypes.c_double),
+                ("detail", ctypes.c_char * 160)]
+
+
+class _DiagnoseOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int), ("sample_rows", _i64),
+                ("seed", ctypes.c_uint64), ("num_threads", ctypes.c_int), ("min_explained", ctypes.c_double)]
+
+
+class _DiagnoseReport(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("n", ctypes.c_int), ("items", _Diagnosis * FA_DIAG_MAX),
+                ("out_significant", ctypes.c_int), ("lse_significant", ctypes.c_int),
+                ("out_rel_rms", ctypes.c_double), ("lse_rms", ctypes.c_double), ("rows_sampled", _i64),
+                ("n_considered", ctypes.c_int), ("considered", ctypes.c_char * 256),
+                ("n_heads", _i64), ("head_rel_rms", ctypes.POINTER(ctypes.c_double)),
+                ("n_batch", _i64), ("batch_rel_rms", ctypes.POINTER(ctypes.c_double))]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.struct_size = ctypes.sizeof(_DiagnoseReport)
+
+
 class FlashAttnError(RuntimeError):
     """A library call failed; the message is fa_last_error()'s."""
 
@@ -190,10 +216,18 @@ def library():
     lib.fa_check_report_free.argtypes = [ctypes.POINTER(_Report)]
     lib.fa_check_report_format.argtypes = [ctypes.POINTER(_Report), ctypes.c_char_p, ctypes.c_size_t]
     lib.fa_check_report_format.restype = ctypes.c_size_t
+    lib.fa_diagnose_options_init.argtypes = [ctypes.POINTER(_DiagnoseOptions), ctypes.c_size_t]
+    lib.fa_diagnose_options_init.restype = None
+    lib.fa_diagnose.argtypes = [tp, tp, tp, tp, tp, ctypes.POINTER(_Options),
+                                ctypes.POINTER(_DiagnoseOptions), ctypes.POINTER(_DiagnoseReport)]
+    lib.fa_diagnose.restype = ctypes.c_int
+    lib.fa_diagnose_report_free.argtypes = [ctypes.POINTER(_DiagnoseReport)]
+    lib.fa_diagnose_report_format.argtypes = [ctypes.POINTER(_DiagnoseReport), ctypes.c_char_p, ctypes.c_size_t]
+    lib.fa_diagnose_report_format.restype = ctypes.c_size_t
     # fa_tensor is not versioned: exact match. The versioned structs carry
     # struct_size, so a library whose struct is larger (a newer version that
     # appended fields) still reads this older mirror; a smaller one cannot.
-    for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report)):
+    for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report, _DiagnoseOptions, _DiagnoseReport)):
         want = lib.fa_check_abi_size(which)
         ok = want == ctypes.sizeof(cls) if cls is _Tensor else want >= ctypes.sizeof(cls)
         if not ok:
@@ -634,3 +668,77 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         return CheckReport(rep, buf.value.decode())
     finally:
         lib.fa_check_report_free(ctypes.byref(rep))
+
+
+# ---- diagnose ---------------------------------------------------------------------
+
+class DiagnoseReport:
+    """What fa_diagnose found. ``diagnoses`` is a list of dicts (id, explained,
+    param, detail), best first, empty for "diagnosis: none"; ``text`` is what
+    `flashattn check --diagnose` prints; head_rel_rms / batch_rel_rms are the
+    per-head and per-sequence error tables (numpy arrays)."""
+
+    def __init__(self, rep, text):
+        self.diagnoses = [dict(id=d.id.decode(), explained=d.explained, param=d.param,
+                               detail=d.detail.decode()) for d in rep.items[:rep.n]]
+        self.out_significant = bool(rep.out_significant)
+        self.lse_significant = bool(rep.lse_significant)
+        self.out_rel_rms = rep.out_rel_rms
+        self.lse_rms = rep.lse_rms
+        self.rows_sampled = rep.rows_sampled
+        self.considered = [x for x in rep.considered.decode().split(", ") if x]
+        self.head_rel_rms = np.array([rep.head_rel_rms[i] for i in range(rep.n_heads)])
+        self.batch_rel_rms = np.array([rep.batch_rel_rms[i] for i in range(rep.n_batch)])
+        self.text = text
+
+    @property
+    def first(self):
+        """The best diagnosis id, or None."""
+        return self.diagnoses[0]["id"] if self.diagnoses else None
+
+    def __repr__(self):
+        return f"DiagnoseReport(first={self.first!r}, diagnoses={len(self.diagnoses)})"
+
+    def __str__(self):
+        return self.text
+
+
+def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
+             alibi_slopes=None, dtype=None, sample_rows=32, seed=0, min_explained=0.8,
+             num_threads=0, bf16_bits=None, align="bottom-right"):
+    """Name the known mistake behind a wrong output (fa_diagnose; `check --diagnose`).
+
+    Arguments as for check(); sample_rows rows per (batch, head) are evaluated
+    (0: all). Returns a DiagnoseReport; raises FlashAttnError on bad input.
+    """
+    lib = library()
+    keep = []
+    arrs = [_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"))]
+    tq, tk, tv, to = (_tensor(a, n, bf16_bits) for a, n in zip(arrs, ("q", "k", "v", "out")))
+    tl = None
+    if lse is not None:
+        lse_a = _as_array(lse, "lse")
+        keep.append(lse_a)
+        tl = _tensor(lse_a, "lse", bf16_bits)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
+    do = _DiagnoseOptions()
+    lib.fa_diagnose_options_init(ctypes.byref(do), ctypes.sizeof(_DiagnoseOptions))
+    if dtype is not None:
+        do.dtype = _dtype_code(dtype, "dtype")
+    do.sample_rows = _int_arg(sample_rows, "sample_rows", 0, _INT64_MAX)
+    do.seed = _int_arg(seed, "seed", 0, _UINT64_MAX)
+    do.num_threads = _int_arg(num_threads, "num_threads", 0, _INT_MAX)
+    do.min_explained = _float_arg(min_explained, "min_explained")
+    rep = _DiagnoseReport()
+    st = lib.fa_diagnose(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
+                         ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt),
+                         ctypes.byref(do), ctypes.byref(rep))
+    if st != 0:
+        _raise(st)
+    try:
+        n = lib.fa_diagnose_report_format(ctypes.byref(rep), None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.fa_diagnose_report_format(ctypes.byref(rep), buf, n + 1)
+        return DiagnoseReport(rep, buf.value.decode())
+    finally:
+        lib.fa_diagnose_report_free(ctypes.byref(rep))

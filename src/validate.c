@@ -176,6 +176,8 @@ size_t fa_check_abi_size(int which)
     case FA_ABI_OPTIONS: return sizeof(fa_options);
     case FA_ABI_CHECK_OPTIONS: return sizeof(fa_check_options);
     case FA_ABI_CHECK_REPORT: return sizeof(fa_check_report);
+    case FA_ABI_DIAGNOSE_OPTIONS: return sizeof(fa_diagnose_options);
+    case FA_ABI_DIAGNOSE_REPORT: return sizeof(fa_diagnose_report);
     default: return 0;
     }
 }

@@ -58,6 +58,7 @@ int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_check_grad(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */

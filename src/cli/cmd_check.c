@@ -22,7 +22,7 @@
 static const char check_usage[] =
     "usage: flashattn check -q Q.npy -k K.npy -v V.npy --out O_TEST.npy [--lse LSE_TEST.npy]\n"
     "                       [MASK OPTIONS] [--dtype f32|f16|bf16] [--atol A --rtol R]\n"
-    "                       [--sample-rows K] [--seed S] [--threads T]\n"
+    "                       [--sample-rows K] [--seed S] [--threads T] [--diagnose]\n"
     "\n"
     "Compares a tested attention output against the float64 reference computed from the\n"
     "same Q, K, V and mask options (FlashAttention semantics, masks aligned bottom-right).\n"
@@ -42,6 +42,11 @@ static const char check_usage[] =
     "  --sample-rows K    check K random query rows per (batch, head) exactly: O(K * seqlen_k * d)\n"
     "  --seed S           seed of the row sampler (default 0)\n"
     "  --threads T        OpenMP threads (default: all cores)\n"
+    "  --diagnose         also name the known mistake that explains the error, best first:\n"
+    "                     'diagnosis: <id> (explains X%% of the error; <fitted parameter>)' or\n"
+    "                     'diagnosis: none', with per-head and per-sequence error tables; it\n"
+    "                     samples --sample-rows K rows per (batch, head) (default 32); see\n"
+    "                     docs/validation.md, \"Why did my kernel fail\"\n"
     "\n"
     "Default rule (FlashAttention's own test rule, on the CPU): a plain attention is computed\n"
     "the way a low-precision kernel would (inputs rounded to the dtype, scores in float32,\n"
@@ -102,11 +107,42 @@ static int check_emulation_range(const fa_check_options *co, const cli_qkv *in, 
     return 0;
 }
 
+/* `--diagnose`: fa_diagnose on the same rows budget, printed after the check report.
+ * Returns 0, or prints one line and returns 2. */
+static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_tensor *lse_t, const cli_attn *attn,
+                           const fa_check_options *co)
+{
+    fa_diagnose_options dopt;
+    fa_diagnose_options_init(&dopt, sizeof dopt);
+    dopt.dtype = co->dtype;
+    dopt.sample_rows = co->sample_rows > 0 ? co->sample_rows : 32;
+    dopt.seed = co->seed;
+    dopt.num_threads = co->num_threads;
+    fa_diagnose_report rep = fa_diagnose_report_init();
+    const double t0 = cli_now();
+    fa_status st = fa_diagnose(&in->q_t, &in->k_t, &in->v_t, o_t, lse_t, &attn->opt, &dopt, &rep);
+    if (st != FA_OK) return cli_die_status(st);
+    const double t = cli_now() - t0;
+    size_t len = fa_diagnose_report_format(&rep, NULL, 0);
+    char *text = malloc(len + 1);
+    if (!text) {
+        fa_diagnose_report_free(&rep);
+        return cli_die("check: out of memory formatting the diagnosis");
+    }
+    fa_diagnose_report_format(&rep, text, len + 1);
+    fputs(text, stdout);
+    printf("time: diagnose %.2f s\n", t);
+    free(text);
+    fa_diagnose_report_free(&rep);
+    return 0;
+}
+
 static int check_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *o_path = NULL, *lse_path = NULL;
     const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *rows_text = NULL;
     const char *seed_text = NULL, *threads_text = NULL;
+    int diagnose = 0;
     cli_attn attn;
     cli_attn_init(&attn);
 
@@ -115,6 +151,10 @@ static int check_main(int argc, char **argv)
         if (cli_is_help(argv[i])) {
             printf(check_usage, cli_mask_help);
             return CLI_EXIT_OK;
+        }
+        if (strcmp(argv[i], "--diagnose") == 0) {
+            diagnose = 1;
+            continue;
         }
         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
@@ -238,6 +278,7 @@ static int check_main(int argc, char **argv)
     free(text);
     rc = rep.pass ? CLI_EXIT_OK : CLI_EXIT_MISMATCH;
     fa_check_report_free(&rep);
+    if (diagnose && print_diagnosis(&in, &o_t, lse_path ? &lse_t : NULL, &attn, &co) != 0) rc = CLI_EXIT_USAGE;
 done:
     fa_npy_free(&o_arr);
     fa_npy_free(&lse_arr);
