@@ -325,7 +325,7 @@ size_t fa_flash_workspace(const fa_problem *p)
  * shorter than the longest, the block is past its end). */
 static int64_t block_rows(const fa_problem *p, int64_t b, int64_t i0, int blk)
 {
-    const int64_t q_len = p->seq ? p->seq[b].q_len : p->seqlen_q;
+    const int64_t q_len = fa_problem_seq(p, b).q_len;
     return q_len - i0 < blk ? q_len - i0 : blk;
 }
 

@@ -51,6 +51,10 @@ typedef struct fa_problem {
     int64_t batch, seqlen_q, seqlen_k, heads, heads_k, d, dv;
     const fa_seq *seq;           /* [batch] or NULL: uniform (see fa_problem_seq); seqlen_q,
                                     seqlen_k are then the largest q_len, k_len */
+    /* varlen (fa_varlen): the geometry is read from these arrays (fa_problem_seq);
+     * q, k, v, o are then rank-4 views [1][total][heads][width], lse [1][heads][total_q] */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k; /* [batch + 1], or NULL */
+    const int32_t *seqused_k;    /* [batch], or NULL */
     fa_tensor q, k, v, o;        /* copies of the caller's descriptors (o may be empty) */
     fa_tensor lse;               /* lse.data == NULL when not requested */
     fa_impl impl;
@@ -73,6 +77,12 @@ typedef struct fa_problem {
 static inline fa_seq fa_problem_seq(const fa_problem *p, int64_t b)
 {
     if (p->seq) return p->seq[b];
+    if (p->cu_seqlens_q) { /* varlen: tensor batch 0, rows from the prefix sums */
+        const int64_t k0 = p->cu_seqlens_k[b];
+        fa_seq s = {0, p->cu_seqlens_q[b], (int64_t)p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b],
+                    0, k0, p->seqused_k ? (int64_t)p->seqused_k[b] : p->cu_seqlens_k[b + 1] - k0};
+        return s;
+    }
     fa_seq s = {b, 0, p->seqlen_q, b, 0, p->seqlen_k};
     return s;
 }
@@ -125,6 +135,20 @@ fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *kn
  * (when `shape` is not NULL), strides, data pointer, largest reachable offset. */
 fa_status fa_check_tensor4(const fa_tensor *t, const char *name, const int64_t *shape,
                            const char *shape_desc);
+
+/* Geometry-aware shape check of an extra per-row tensor of the call (dout,
+ * dq, dk, dv): rows like q (kside = 0) or like k (kside = 1), `width`
+ * elements per row; rank 4 [B][S][H][width], or rank 3 [total][H][width] for
+ * varlen. *view receives the rank-4 view the implementations index. */
+fa_status fa_check_rows_tensor(const fa_problem *p, const fa_tensor *t, const char *name, int kside,
+                               int64_t width, const char *desc, fa_tensor *view);
+
+/* Write `value` into every row of the rank-4 view t (rows like q, or like k
+ * with kside = 1) that no sequence owns, and, for lse (a [B][H][S] view, with
+ * t = NULL), the LSE of query rows no sequence owns. No-op for uniform
+ * batches, where every row is owned. */
+fa_status fa_fill_unowned_rows(const fa_problem *p, const fa_tensor *t, int kside, double value);
+fa_status fa_fill_unowned_lse(const fa_problem *p, const fa_tensor *lse, double value);
 
 /* Refuse an output that overlaps another tensor the call reads or writes,
  * or that has a zero stride on a dimension longer than 1 (FA_ERR_STRIDE). */

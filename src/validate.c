@@ -179,6 +179,7 @@ size_t fa_check_abi_size(int which)
     case FA_ABI_OPTIONS: return sizeof(fa_options);
     case FA_ABI_CHECK_OPTIONS: return sizeof(fa_check_options);
     case FA_ABI_CHECK_REPORT: return sizeof(fa_check_report);
+    case FA_ABI_VARLEN: return sizeof(fa_varlen);
     default: return 0;
     }
 }
@@ -281,9 +282,10 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
     if (co->num_threads < 0)
         return fa_fail(FA_ERR_OPTION, "check: num_threads must be >= 0 (got %d)", co->num_threads);
 
-    if ((st = require_finite(q, nm->q)) != FA_OK) return st;
-    if ((st = require_finite(k, nm->k)) != FA_OK) return st;
-    if ((st = require_finite(v, nm->v)) != FA_OK) return st;
+    /* (p->q, k, v: the rank-4 views fa_resolve made of varlen's packed tensors) */
+    if ((st = require_finite(&p->q, nm->q)) != FA_OK) return st;
+    if ((st = require_finite(&p->k, nm->k)) != FA_OK) return st;
+    if ((st = require_finite(&p->v, nm->v)) != FA_OK) return st;
     if (co->num_threads > 0) p->num_threads = co->num_threads;
     return FA_OK;
 }
@@ -793,9 +795,9 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     }
     if (dt == FA_F64) dt = FA_F32;
     if (!co.use_tolerance) {
-        if ((st = require_emulable(q, nm.q, dt)) != FA_OK) return st;
-        if ((st = require_emulable(k, nm.k, dt)) != FA_OK) return st;
-        if ((st = require_emulable(v, nm.v, dt)) != FA_OK) return st;
+        if ((st = require_emulable(&p.q, nm.q, dt)) != FA_OK) return st;
+        if ((st = require_emulable(&p.k, nm.k, dt)) != FA_OK) return st;
+        if ((st = require_emulable(&p.v, nm.v, dt)) != FA_OK) return st;
     }
     r->dtype = dt;
     r->use_tolerance = co.use_tolerance != 0;
