@@ -108,6 +108,7 @@ typedef enum fa_status {
     FA_ERR_IO,              /**< File could not be opened, read, or written. */
     FA_ERR_FORMAT,          /**< A file is malformed (bad .npy header, truncated, ...). */
     FA_ERR_NONFINITE,       /**< NaN or Inf where finite values are required. */
+    FA_ERR_INDEX,           /**< An index array (cu_seqlens, seqused_k) is invalid; the message names the index. */
     FA_STATUS_COUNT         /**< Number of status codes (not a status). */
 } fa_status;
 
@@ -177,6 +178,65 @@ typedef enum fa_impl {
 typedef struct fa_context fa_context;
 
 /**
+ * @brief A variable-length batch: FlashAttention's `flash_attn_varlen_func`
+ * layout, given to any call through fa_options::varlen. Initialize with
+ * fa_varlen_init() (or fa_varlen_default()).
+ *
+ * The sequences are concatenated along the rows, and the tensors lose their
+ * batch dimension:
+ *   q `[total_q][heads][d]`, k `[total_k][heads_k][d]`, v `[total_k][heads_k][d_v]`
+ *   (rank 3), o and dout `[total_q][heads][d_v]`, dq `[total_q][heads][d]`,
+ *   dk `[total_k][heads_k][d]`, dv `[total_k][heads_k][d_v]` (rank 3), and
+ *   lse `[heads][total_q]` (rank 2).
+ * Sequence b (0 <= b < batch) owns query rows cu_seqlens_q[b] ..
+ * cu_seqlens_q[b+1] - 1 and keys cu_seqlens_k[b] .. cu_seqlens_k[b] + n_b - 1,
+ * where n_b = cu_seqlens_k[b+1] - cu_seqlens_k[b], or seqused_k[b] when
+ * seqused_k is given (the rest of that sequence's keys are ignored).
+ * Everything is per sequence: causal and window masks are aligned to the
+ * bottom-right corner of that sequence's own q_len x n_b matrix, ALiBi
+ * distances likewise, and `[batch][heads]` ALiBi slopes are indexed by the
+ * sequence. Zero-length sequences (queries or keys) are allowed; a query row
+ * with no key gets O = 0 and LSE = -inf, as any empty row.
+ *
+ * Rows no sequence owns (past cu_seqlens_q[batch], or keys past
+ * seqused_k[b]) are written too: O = 0 and LSE = -inf for such query rows,
+ * dQ = 0, and dK = dV = 0 for keys no query sees.
+ *
+ * Checked on every call (FA_ERR_INDEX, the message names the array and the
+ * index): cu_seqlens_q[0] and cu_seqlens_k[0] are 0; neither decreases; no
+ * entry is past total_q (q.shape[0]) or total_k (k.shape[0]); 0 <=
+ * seqused_k[b] <= cu_seqlens_k[b+1] - cu_seqlens_k[b]. The arrays are read
+ * by the call only; they must stay valid during it.
+ */
+typedef struct fa_varlen {
+    size_t struct_size;            /**< sizeof(fa_varlen) of the caller; set by fa_varlen_init(). */
+    int64_t batch;                 /**< Number of sequences (>= 0). */
+    const int32_t *cu_seqlens_q;   /**< `[batch + 1]` prefix sums of the query lengths, from 0. */
+    const int32_t *cu_seqlens_k;   /**< `[batch + 1]` prefix sums of the key lengths, from 0. */
+    const int32_t *seqused_k;      /**< NULL, or `[batch]`: sequence b uses only its first seqused_k[b] keys. */
+    const char *cu_seqlens_q_name; /**< Name in messages (e.g. a file name); NULL: none. */
+    const char *cu_seqlens_k_name; /**< Name in messages; NULL: none. */
+    const char *seqused_k_name;    /**< Name in messages; NULL: none. */
+} fa_varlen;
+
+/** @brief Set every field of `vl` to its default (no arrays, batch 0), and
+ *  struct_size to `struct_size` (the caller's sizeof(fa_varlen)). */
+FA_API void fa_varlen_init(fa_varlen *vl, size_t struct_size);
+
+#if defined(FA_BUILDING_LIBRARY) || defined(FA_NO_INLINE_DEFAULTS)
+/** @brief A fa_varlen with every field at its default. */
+FA_API fa_varlen fa_varlen_default(void);
+#else
+/** @brief A fa_varlen with every field at its default. */
+static inline fa_varlen fa_varlen_default(void)
+{
+    fa_varlen v;
+    fa_varlen_init(&v, sizeof v);
+    return v;
+}
+#endif
+
+/**
  * @brief Attention options. Initialize with fa_options_default().
  *
  * Fields after `standard_max_bytes` were added in 0.3; later versions only
@@ -202,6 +262,8 @@ typedef struct fa_options {
     int align;                /**< Mask alignment (an ::fa_align): FA_ALIGN_BOTTOM_RIGHT (0, the default,
                                    FlashAttention's) or FA_ALIGN_TOP_LEFT (PyTorch SDPA's is_causal).
                                    Added after 0.3.0's context. */
+    const fa_varlen *varlen;  /**< NULL, or a variable-length batch (see fa_varlen): the tensors are
+                                   then packed, without a batch dimension. Appended after 0.3.0 (after align). */
 } fa_options;
 
 /**
@@ -311,6 +373,11 @@ FA_API double fa_tensor_get(const fa_tensor *t, const int64_t *index);
  *             (natural log; -inf for rows with no visible key). May be NULL.
  * @param opt  Options, or NULL for fa_options_default().
  * @return FA_OK or an error status (see fa_last_error()).
+ *
+ * With opt->varlen (a variable-length batch, see fa_varlen) q, k, v and o are
+ * packed without a batch dimension (`[total][heads][d]`) and lse is
+ * `[heads][total_q]`; the same holds for fa_backward, fa_check and
+ * fa_workspace_bytes.
  *
  * Inputs may contain NaN or Inf; the computation does not crash, and a NaN in
  * a key or value row reaches only the query rows that see it; a NaN in a query
@@ -640,6 +707,7 @@ typedef enum fa_abi_struct {
     FA_ABI_CHECK_REPORT = 3,  /**< fa_check_report */
     FA_ABI_DIAGNOSE_OPTIONS = 4, /**< fa_diagnose_options */
     FA_ABI_DIAGNOSE_REPORT = 5,  /**< fa_diagnose_report */
+    FA_ABI_VARLEN = 6,           /**< fa_varlen */
     FA_ABI_STRUCT_COUNT       /**< Number of entries (not a struct). */
 } fa_abi_struct;
 

@@ -15,6 +15,12 @@ out ``[batch, seqlen_q, heads, d_v]``, lse ``[batch, heads, seqlen_q]``.
 Any strides are accepted (a transposed BHSD view works without a copy).
 Semantics (masks, scale, softcap, ALiBi, empty rows): docs/semantics.md.
 
+Variable-length batches (``flash_attn_varlen_func``'s layout): pass int32
+``cu_seqlens_q`` and ``cu_seqlens_k`` ([batch + 1] prefix sums from 0) and
+optionally ``seqused_k`` ([batch]); q is then ``[total_q, heads, d]``, k and v
+``[total_k, heads_k, d]``, out ``[total_q, heads, d_v]`` and lse
+``[heads, total_q]``, and every mask is aligned per sequence.
+
 Inputs: numpy arrays (or anything ``np.asarray`` takes) and torch tensors.
 Element types: float32, float64, float16 and bfloat16. A torch tensor of any
 of these, on any device, is copied to the host (zero-copy through DLPack when
@@ -70,9 +76,18 @@ class _Options(ctypes.Structure):
                 ("alibi_slopes", ctypes.POINTER(_Tensor)), ("impl", ctypes.c_int),
                 ("num_threads", ctypes.c_int), ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
                 ("standard_max_bytes", ctypes.c_size_t),
-                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int)]
+                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int),
+                ("varlen", ctypes.c_void_p)]
 
 _ALIGNS = {"bottom-right": 0, "top-left": 1}
+
+
+class _Varlen(ctypes.Structure):
+    _i32p = ctypes.POINTER(ctypes.c_int32)
+    _fields_ = [("struct_size", ctypes.c_size_t), ("batch", _i64),
+                ("cu_seqlens_q", _i32p), ("cu_seqlens_k", _i32p), ("seqused_k", _i32p),
+                ("cu_seqlens_q_name", ctypes.c_char_p), ("cu_seqlens_k_name", ctypes.c_char_p),
+                ("seqused_k_name", ctypes.c_char_p)]
 
 
 class _CheckOptions(ctypes.Structure):
@@ -203,6 +218,8 @@ def library():
     lib.fa_options_init.restype = None
     lib.fa_check_options_init.argtypes = [ctypes.POINTER(_CheckOptions), ctypes.c_size_t]
     lib.fa_check_options_init.restype = None
+    lib.fa_varlen_init.argtypes = [ctypes.POINTER(_Varlen), ctypes.c_size_t]
+    lib.fa_varlen_init.restype = None
     lib.fa_check_abi_size.restype = ctypes.c_size_t
     lib.fa_check_abi_size.argtypes = [ctypes.c_int]
     tp = ctypes.POINTER(_Tensor)
@@ -227,7 +244,7 @@ def library():
     # fa_tensor is not versioned: exact match. The versioned structs carry
     # struct_size, so a library whose struct is larger (a newer version that
     # appended fields) still reads this older mirror; a smaller one cannot.
-    for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report, _DiagnoseOptions, _DiagnoseReport)):
+    for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report, _DiagnoseOptions, _DiagnoseReport, _Varlen)):
         want = lib.fa_check_abi_size(which)
         ok = want == ctypes.sizeof(cls) if cls is _Tensor else want >= ctypes.sizeof(cls)
         if not ok:
@@ -488,6 +505,50 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     return opt
 
 
+def _index_array(x, name):
+    """An int32 index array (cu_seqlens, seqused_k): integers that fit int32, rank 1."""
+    if _is_torch(x):
+        x = x.detach().to("cpu").numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int32), got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"{name} must have rank 1, got shape {a.shape}")
+    if a.size and (a.min() < -2 ** 31 or a.max() > 2 ** 31 - 1):
+        raise ValueError(f"{name} holds values outside the int32 range")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep):
+    """A fa_varlen pointer from the varlen arguments, or None (all None). The
+    values are checked by the library (FlashAttnError naming the index)."""
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        if seqused_k is not None:
+            raise ValueError("seqused_k needs cu_seqlens_q and cu_seqlens_k")
+        return None
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k")
+    cq = _index_array(cu_seqlens_q, "cu_seqlens_q")
+    ck = _index_array(cu_seqlens_k, "cu_seqlens_k")
+    if cq.size < 1 or ck.size != cq.size:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 1 entries "
+                         f"(got {cq.size} and {ck.size})")
+    vl = _Varlen()
+    library().fa_varlen_init(ctypes.byref(vl), ctypes.sizeof(_Varlen))
+    vl.batch = cq.size - 1
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    vl.cu_seqlens_q = cq.ctypes.data_as(i32p)
+    vl.cu_seqlens_k = ck.ctypes.data_as(i32p)
+    keep += [cq, ck, vl]
+    if seqused_k is not None:
+        u = _index_array(seqused_k, "seqused_k")
+        if u.size != cq.size - 1:
+            raise ValueError(f"seqused_k must have batch = {cq.size - 1} entries, got {u.size}")
+        vl.seqused_k = u.ctypes.data_as(i32p)
+        keep.append(u)
+    return vl
+
+
 def _torch_device(*xs):
     """The device of the first torch tensor among xs, or None if none is one."""
     for x in xs:
@@ -500,7 +561,8 @@ def _torch_device(*xs):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
-              num_threads=0, bf16_bits=None, align="bottom-right"):
+              num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
+              seqused_k=None):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
     q, k, v: numpy arrays or torch tensors (any device; copied to the host).
@@ -513,20 +575,31 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     are numpy arrays (bf16 O as uint16 bit patterns); given torch tensors,
     torch tensors on the first torch input's device (bf16 O as torch.bfloat16).
     bf16_bits: see the module doc (None: uint16 inputs are bf16 bits).
+    cu_seqlens_q, cu_seqlens_k, seqused_k: a variable-length batch (module
+    doc): q [total_q, heads, d], k/v [total_k, heads_k, d], O [total_q, heads,
+    d_v], LSE [heads, total_q]; alibi_slopes [batch, heads] are per sequence.
     """
     lib = library()
     keep = []
     device = _torch_device(q, k, v)
     q, k, v = (_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     tq, tk, tv = (_tensor(a, n, bf16_bits) for a, n in ((q, "q"), (k, "k"), (v, "v")))
-    if q.ndim != 4 or v.ndim != 4:
-        raise ValueError("q, k, v must be rank 4 [batch, seqlen, heads, d]")
-    B, Sq, H = q.shape[:3]
-    dv = v.shape[3]
+    vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     code = _dtype_code(out_dtype, "out_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
-    o, to = _output((B, Sq, H, dv), code)
-    lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
+    if vl is not None:
+        if q.ndim != 3 or v.ndim != 3:
+            raise ValueError("varlen: q, k, v must be rank 3 [total, heads, d]")
+        opt.varlen = ctypes.addressof(vl)
+        o, to = _output((q.shape[0], q.shape[1], v.shape[2]), code)
+        lse, tl = _output((q.shape[1], q.shape[0]), FA_F32) if return_lse else (None, None)
+    else:
+        if q.ndim != 4 or v.ndim != 4:
+            raise ValueError("q, k, v must be rank 4 [batch, seqlen, heads, d]")
+        B, Sq, H = q.shape[:3]
+        dv = v.shape[3]
+        o, to = _output((B, Sq, H, dv), code)
+        lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
     st = lib.fa_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
                         ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt))
     if st != 0:
@@ -541,7 +614,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
 
 def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softcap=0.0,
          scale=None, alibi_slopes=None, impl="flash", grad_dtype=np.float32, num_threads=0,
-         bf16_bits=None, align="bottom-right"):
+         bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
     """Attention backward pass (fa_backward): returns (dq, dk, dv).
 
     dout is dLoss/dO ``[batch, seqlen_q, heads, d_v]``. out and lse are the
@@ -553,14 +626,18 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
     torch tensors on the device of the first of q, k, v, dout that is one.
     impl: "flash" or "reference" ("standard" has no backward pass and raises
     FlashAttnError).
-    Options and bf16_bits as in attention().
+    Options, bf16_bits and the varlen arguments as in attention() (varlen:
+    every array without its batch dimension, the gradients too).
     """
     lib = library()
     keep = []
     device = _torch_device(q, k, v, dout)
     q, k, v, dout = (_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or dout.ndim != 4:
-        raise ValueError("q, k, v, dout must be rank 4 [batch, seqlen, heads, d]")
+    vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
+    rank = 3 if vl is not None else 4
+    if q.ndim != rank or k.ndim != rank or v.ndim != rank or dout.ndim != rank:
+        raise ValueError("q, k, v, dout must be rank 3 [total, heads, d] (varlen)" if vl is not None else
+                         "q, k, v, dout must be rank 4 [batch, seqlen, heads, d]")
     tq, tk, tv, tdo = (_tensor(x, n, bf16_bits)
                        for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
     to = tl = None
@@ -569,6 +646,8 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
         to, tl = _tensor(out, "out", bf16_bits), _tensor(lse, "lse", bf16_bits)
     code = _dtype_code(grad_dtype, "grad_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
+    if vl is not None:
+        opt.varlen = ctypes.addressof(vl)
     (dq, tdq), (dk, tdk), (dv, tdv) = (_output(x.shape, code) for x in (q, k, v))
     st = lib.fa_backward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
                          ctypes.byref(to) if to is not None else None,
@@ -619,7 +698,8 @@ class CheckReport:
 
 def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
           alibi_slopes=None, dtype=None, atol=None, rtol=None, sample_rows=0, seed=0,
-          num_threads=0, bf16_bits=None, align="bottom-right"):
+          num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
+          seqused_k=None):
     """Check a tested attention output (and optionally its LSE) against the
     float64 reference, by the library's one tolerance model.
 
@@ -631,8 +711,10 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
     the default emulation rule by |out - ref| <= atol + rtol * |ref| (either
     given; the other defaults to 0). sample_rows: check that many random
     query rows per (batch, head), drawn with seed (0 <= seed < 2**64).
-    Options and bf16_bits as in attention(). Returns a CheckReport (true when
-    it passed); raises FlashAttnError on bad input.
+    Options, bf16_bits and the varlen arguments as in attention() (varlen:
+    the report's batch and row name the sequence and the row within it).
+    Returns a CheckReport (true when it passed); raises FlashAttnError on bad
+    input.
     """
     lib = library()
     keep = []
@@ -644,6 +726,9 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
     opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
+    vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
+    if vl is not None:
+        opt.varlen = ctypes.addressof(vl)
     co = _CheckOptions()
     lib.fa_check_options_init(ctypes.byref(co), ctypes.sizeof(_CheckOptions))
     if dtype is not None:

@@ -250,3 +250,58 @@ def attention_backward(q, k, v, dout, scale=None, causal=False, window=(-1, -1),
             dk[b, :, hk, :] += scale * (ds.T @ q[b, :, h, :])
             dv[b, :, hk, :] += p.T @ do
     return dq, dk, dv
+
+
+def _varlen_spans(cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """(q0, q1, k0, k1) of each sequence of a variable-length batch."""
+    cq = [int(x) for x in cu_seqlens_q]
+    ck = [int(x) for x in cu_seqlens_k]
+    spans = []
+    for b in range(len(cq) - 1):
+        nk = ck[b + 1] - ck[b] if seqused_k is None else int(seqused_k[b])
+        spans.append((cq[b], cq[b + 1], ck[b], ck[b] + nk))
+    return spans
+
+
+def _seq_alibi(alibi, b):
+    """A sequence's slopes: [H] as given, or row b of [batch, H]."""
+    if alibi is None:
+        return None
+    alibi = np.asarray(alibi, dtype=np.float64)
+    return alibi if alibi.ndim == 1 else alibi[b]
+
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, alibi=None, **opts):
+    """(o [total_q, H, dv], lse [H, total_q]) of a variable-length batch
+    (flash_attn_varlen_func's layout): each sequence is its own problem, with
+    its own lengths for the masks; rows no sequence owns get O = 0, LSE = -inf.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    o = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    for b, (q0, q1, k0, k1) in enumerate(_varlen_spans(cu_seqlens_q, cu_seqlens_k, seqused_k)):
+        if q1 == q0:
+            continue
+        ob, lb = attention_forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                   alibi=_seq_alibi(alibi, b), **opts)
+        o[q0:q1] = ob[0]
+        lse[:, q0:q1] = lb[0]
+    return o, lse
+
+
+def varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k=None, alibi=None, **opts):
+    """(dq, dk, dv) of a variable-length batch; rows no sequence owns get 0."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    dout = np.asarray(dout, dtype=np.float64)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b, (q0, q1, k0, k1) in enumerate(_varlen_spans(cu_seqlens_q, cu_seqlens_k, seqused_k)):
+        if q1 == q0 or k1 == k0:
+            continue                                                   # no query or no key: no gradient
+        g = attention_backward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1],
+                               alibi=_seq_alibi(alibi, b), **opts)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv

@@ -194,6 +194,212 @@ void cli_attn_free(cli_attn *a)
 {
     fa_npy_free(&a->alibi);
     a->opt.alibi_slopes = NULL;
+    free(a->cu_q);
+    free(a->cu_k);
+    free(a->seqused);
+    a->cu_q = a->cu_k = a->seqused = NULL;
+    a->opt.varlen = NULL;
+}
+
+const char cli_varlen_help[] =
+    "VARIABLE-LENGTH BATCHES (FlashAttention's varlen layout; int32 <i4 .npy index files):\n"
+    "  --cu-seqlens-q F   [batch+1] prefix sums of the query lengths, from 0; Q, O, dO, dQ are then\n"
+    "                     [total_q, heads, x] and LSE [heads, total_q]\n"
+    "  --cu-seqlens-k F   [batch+1] prefix sums of the key lengths; K, V, dK, dV [total_k, heads_k, x]\n"
+    "  --seqused-k F      [batch]: sequence b uses only its first seqused_k[b] keys\n"
+    "                     (masks are aligned per sequence; rows no sequence owns get O = 0, LSE = -inf)\n";
+
+int cli_parse_varlen_option(int argc, char **argv, int *i, cli_attn *a)
+{
+    int r;
+    if ((r = cli_opt_value(argc, argv, i, "--cu-seqlens-q", &a->cu_q_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--cu-seqlens-k", &a->cu_k_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--seqused-k", &a->seqused_path)) != 0)
+        return r < 0 ? -1 : 1;
+    return 0;
+}
+
+int cli_attn_is_varlen(const cli_attn *a)
+{
+    return a->cu_q_path || a->cu_k_path;
+}
+
+/*
+ * A minimal reader for int32 index arrays ('<i4', C order, rank 1..2), until
+ * the .npy module reads integer arrays: magic, version, header length, the
+ * header's descr / fortran_order / shape, and the exact file length.
+ * Returns 0 with *out (malloc'ed, numel entries) and shape, or prints one line
+ * naming the file and returns CLI_EXIT_USAGE.
+ */
+static int load_i32(const char *path, const char *role, int max_rank, int32_t **out, int *rank, int64_t shape[2])
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return cli_die("%s: cannot open (%s)", path, strerror(errno));
+    unsigned char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            if (cap >= ((size_t)1 << 31)) {
+                fclose(f);
+                free(buf);
+                return cli_die("%s: an index file of more than 2 GiB is not supported", path);
+            }
+            cap = cap ? 2 * cap : 4096;
+            unsigned char *nb = realloc(buf, cap);
+            if (!nb) {
+                fclose(f);
+                free(buf);
+                return cli_die("%s: out of memory", path);
+            }
+            buf = nb;
+        }
+        const size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    const int io_error = ferror(f);
+    fclose(f);
+    int rc = CLI_EXIT_USAGE;
+    if (io_error) {
+        cli_die("%s: read error", path);
+        goto out;
+    }
+    if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) {
+        cli_die("%s: not a .npy file (bad magic)", path);
+        goto out;
+    }
+    const int major = buf[6];
+    size_t hlen, start;
+    if (major == 1) {
+        hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
+        start = 10;
+    } else if ((major == 2 || major == 3) && len >= 12) {
+        hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
+        start = 12;
+    } else {
+        cli_die("%s: unsupported .npy version %d", path, major);
+        goto out;
+    }
+    if (hlen > len - start || hlen > 65536) {
+        cli_die("%s: truncated .npy header", path);
+        goto out;
+    }
+    char header[65537];
+    memcpy(header, buf + start, hlen);
+    header[hlen] = '\0';
+    const char *d = strstr(header, "'descr':"), *fo = strstr(header, "'fortran_order':"),
+               *sh = strstr(header, "'shape':");
+    if (!d || !fo || !sh) {
+        cli_die("%s: malformed .npy header (descr, fortran_order and shape are required)", path);
+        goto out;
+    }
+    d += 8;
+    while (*d == ' ') d++;
+    if (strncmp(d, "'<i4'", 5) != 0) {
+        char got[16] = "";
+        sscanf(d, "'%15[^']", got);
+        cli_die("%s: %s must be int32 ('<i4'), got '%s'", path, role, got);
+        goto out;
+    }
+    fo += 16;
+    while (*fo == ' ') fo++;
+    if (strncmp(fo, "False", 5) != 0) {
+        cli_die("%s: Fortran-order arrays are not supported", path);
+        goto out;
+    }
+    sh += 8;
+    while (*sh == ' ') sh++;
+    if (*sh++ != '(') {
+        cli_die("%s: malformed shape in the .npy header", path);
+        goto out;
+    }
+    *rank = 0;
+    int64_t numel = 1;
+    for (;;) {
+        while (*sh == ' ') sh++;
+        if (*sh == ')') break;
+        char *end;
+        errno = 0;
+        long long v = strtoll(sh, &end, 10);
+        if (end == sh || v < 0 || errno == ERANGE || v > INT32_MAX) {
+            cli_die("%s: malformed shape in the .npy header", path);
+            goto out;
+        }
+        if (*rank >= max_rank) {
+            cli_die("%s: %s must have rank %s%d", path, role, max_rank > 1 ? "at most " : "", max_rank);
+            goto out;
+        }
+        shape[(*rank)++] = v;
+        numel *= v;
+        sh = end;
+        while (*sh == ' ') sh++;
+        if (*sh == ',') sh++;
+    }
+    if (*rank == 0) {
+        cli_die("%s: %s must have rank %d, got a scalar", path, role, max_rank);
+        goto out;
+    }
+    if ((uint64_t)(len - start - hlen) != (uint64_t)numel * 4) {
+        cli_die("%s: file holds %zu data bytes, the header's shape needs %lld", path, len - start - hlen,
+                (long long)(numel * 4));
+        goto out;
+    }
+    *out = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(int32_t));
+    if (!*out) {
+        cli_die("%s: out of memory", path);
+        goto out;
+    }
+    const unsigned char *data = buf + start + hlen;
+    for (int64_t x = 0; x < numel; x++) /* little-endian bytes, whatever the host */
+        (*out)[x] = (int32_t)((uint32_t)data[4 * x] | (uint32_t)data[4 * x + 1] << 8 |
+                              (uint32_t)data[4 * x + 2] << 16 | (uint32_t)data[4 * x + 3] << 24);
+    rc = 0;
+out:
+    free(buf);
+    return rc;
+}
+
+int cli_attn_load_varlen(cli_attn *a, const cli_qkv *in)
+{
+    (void)in;
+    if (!cli_attn_is_varlen(a)) {
+        if (a->seqused_path) return cli_die("--seqused-k needs --cu-seqlens-q and --cu-seqlens-k");
+        return 0;
+    }
+    if (!a->cu_q_path || !a->cu_k_path)
+        return cli_die("varlen: %s needs %s too", a->cu_q_path ? "--cu-seqlens-q" : "--cu-seqlens-k",
+                       a->cu_q_path ? "--cu-seqlens-k" : "--cu-seqlens-q");
+    int rank;
+    int64_t nq[2], nk[2], nu[2];
+    if (load_i32(a->cu_q_path, "cu_seqlens_q", 1, &a->cu_q, &rank, nq) ||
+        load_i32(a->cu_k_path, "cu_seqlens_k", 1, &a->cu_k, &rank, nk) ||
+        (a->seqused_path && load_i32(a->seqused_path, "seqused_k", 1, &a->seqused, &rank, nu))) {
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    if (nq[0] < 1) {
+        cli_die("%s: cu_seqlens_q needs batch + 1 >= 1 entries, got 0", a->cu_q_path);
+    } else if (nk[0] != nq[0]) {
+        cli_die("%s: cu_seqlens_k has %lld entries, %s has %lld (both are [batch + 1])", a->cu_k_path,
+                (long long)nk[0], a->cu_q_path, (long long)nq[0]);
+    } else if (a->seqused_path && nu[0] != nq[0] - 1) {
+        cli_die("%s: seqused_k has %lld entries, should be batch = %lld (from %s)", a->seqused_path,
+                (long long)nu[0], (long long)(nq[0] - 1), a->cu_q_path);
+    } else {
+        a->varlen = fa_varlen_default();
+        a->varlen.batch = nq[0] - 1;
+        a->varlen.cu_seqlens_q = a->cu_q;
+        a->varlen.cu_seqlens_k = a->cu_k;
+        a->varlen.seqused_k = a->seqused;
+        a->varlen.cu_seqlens_q_name = a->cu_q_path;
+        a->varlen.cu_seqlens_k_name = a->cu_k_path;
+        a->varlen.seqused_k_name = a->seqused_path;
+        a->opt.varlen = &a->varlen;
+        return 0;
+    }
+    cli_attn_free(a);
+    return CLI_EXIT_USAGE;
 }
 
 int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a)
@@ -445,19 +651,30 @@ void cli_qkv_free(cli_qkv *in)
     fa_npy_free(&in->v);
 }
 
-int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path)
+static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path, int packed)
 {
     memset(in, 0, sizeof *in);
     in->q_path = q_path;
     in->k_path = k_path;
     in->v_path = v_path;
-    if (cli_load_array(q_path, 4, 1, "Q [batch, seqlen_q, heads, d]", &in->q, &in->q_t) ||
-        cli_load_array(k_path, 4, 1, "K [batch, seqlen_k, heads_k, d]", &in->k, &in->k_t) ||
-        cli_load_array(v_path, 4, 1, "V [batch, seqlen_k, heads_k, d_v]", &in->v, &in->v_t)) {
+    in->packed = packed;
+    if (packed ? (cli_load_array(q_path, 3, 1, "Q [total_q, heads, d] (varlen)", &in->q, &in->q_t) ||
+                  cli_load_array(k_path, 3, 1, "K [total_k, heads_k, d] (varlen)", &in->k, &in->k_t) ||
+                  cli_load_array(v_path, 3, 1, "V [total_k, heads_k, d_v] (varlen)", &in->v, &in->v_t))
+               : (cli_load_array(q_path, 4, 1, "Q [batch, seqlen_q, heads, d]", &in->q, &in->q_t) ||
+                  cli_load_array(k_path, 4, 1, "K [batch, seqlen_k, heads_k, d]", &in->k, &in->k_t) ||
+                  cli_load_array(v_path, 4, 1, "V [batch, seqlen_k, heads_k, d_v]", &in->v, &in->v_t))) {
         cli_qkv_free(in);
         return CLI_EXIT_USAGE;
     }
-    const int64_t *q = in->q.shape, *k = in->k.shape, *v = in->v.shape;
+    /* a packed array reads as [1, total, heads, x] below */
+    int64_t q4[4] = {1, 0, 0, 0}, k4[4] = {1, 0, 0, 0}, v4[4] = {1, 0, 0, 0};
+    for (int r = packed; r < 4; r++) {
+        q4[r] = in->q.shape[r - packed];
+        k4[r] = in->k.shape[r - packed];
+        v4[r] = in->v.shape[r - packed];
+    }
+    const int64_t *q = q4, *k = k4, *v = v4;
     in->batch = q[0];
     in->seqlen_q = q[1];
     in->heads = q[2];
@@ -500,6 +717,21 @@ int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char
     return 0;
 }
 
+int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path)
+{
+    return load_qkv(in, q_path, k_path, v_path, 0);
+}
+
+int cli_load_qkv_packed(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path)
+{
+    return load_qkv(in, q_path, k_path, v_path, 1);
+}
+
+int cli_load_inputs(cli_qkv *in, const cli_attn *a, const char *q_path, const char *k_path, const char *v_path)
+{
+    return load_qkv(in, q_path, k_path, v_path, cli_attn_is_varlen(a));
+}
+
 int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in)
 {
     if (!a->alibi_path) return 0;
@@ -507,12 +739,13 @@ int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in)
     if (cli_load_array(path, 0, 1, "ALiBi slopes [heads] or [batch, heads]", &a->alibi, &a->alibi_t))
         return CLI_EXIT_USAGE;
     char sh[96];
+    const int64_t batch = a->opt.varlen ? a->varlen.batch : in->batch; /* varlen: per sequence */
     int ok_shape = (a->alibi.rank == 1 && a->alibi.shape[0] == in->heads) ||
-                   (a->alibi.rank == 2 && a->alibi.shape[0] == in->batch && a->alibi.shape[1] == in->heads);
+                   (a->alibi.rank == 2 && a->alibi.shape[0] == batch && a->alibi.shape[1] == in->heads);
     if (!ok_shape) {
         cli_die("%s: ALiBi slopes of shape %s should be [heads] = [%lld] or [batch, heads] = [%lld, %lld]",
                 path, cli_shape(a->alibi.rank, a->alibi.shape, sh, sizeof sh), (long long)in->heads,
-                (long long)in->batch, (long long)in->heads);
+                (long long)batch, (long long)in->heads);
         cli_attn_free(a);
         return CLI_EXIT_USAGE;
     }

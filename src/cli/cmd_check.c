@@ -54,7 +54,7 @@ static const char check_usage[] =
     "2x that emulation's max error, plus atol = a * max|ref| (a = 2^-9 bf16, 2^-12 f16,\n"
     "2^-18 f32). NaN or Inf in the tested output always fails. See docs/validation.md.\n"
     "\n"
-    "%s\n"
+    "%s\n%s\n"
     "Exit status: 0 within tolerance; 1 mismatch; 2 bad usage or bad input (one line on\n"
     "stderr naming the file).\n";
 
@@ -149,7 +149,7 @@ static int check_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_is_help(argv[i])) {
-            printf(check_usage, cli_mask_help);
+            printf(check_usage, cli_mask_help, cli_varlen_help);
             return CLI_EXIT_OK;
         }
         if (strcmp(argv[i], "--diagnose") == 0) {
@@ -157,6 +157,7 @@ static int check_main(int argc, char **argv)
             continue;
         }
         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_parse_varlen_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
@@ -212,7 +213,7 @@ static int check_main(int argc, char **argv)
 
     double t0 = cli_now();
     cli_qkv in;
-    if (cli_load_qkv(&in, q_path, k_path, v_path)) {
+    if (cli_load_inputs(&in, &attn, q_path, k_path, v_path)) {
         cli_attn_free(&attn);
         return CLI_EXIT_USAGE;
     }
@@ -222,29 +223,34 @@ static int check_main(int argc, char **argv)
     memset(&o_arr, 0, sizeof o_arr);
     memset(&lse_arr, 0, sizeof lse_arr);
     char sh[96];
-    if (cli_attn_load_alibi(&attn, &in)) goto done;
+    if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_alibi(&attn, &in)) goto done;
 
-    /* The tested output: NaN/Inf are findings, not bad input. */
-    if (cli_load_array(o_path, 4, 0, "O [batch, seqlen_q, heads, d_v]", &o_arr, &o_t)) goto done;
-    if (o_arr.shape[0] != in.batch || o_arr.shape[1] != in.seqlen_q || o_arr.shape[2] != in.heads ||
-        o_arr.shape[3] != in.dv) {
-        cli_die("%s: shape %s should be [batch, seqlen_q, heads, d_v] = [%lld, %lld, %lld, %lld] "
-                "(from %s and %s)",
-                o_path, cli_shape(4, o_arr.shape, sh, sizeof sh), (long long)in.batch,
-                (long long)in.seqlen_q, (long long)in.heads, (long long)in.dv, q_path, v_path);
+    /* The tested output: NaN/Inf are findings, not bad input. (varlen: without the batch of 1) */
+    const int skip = cli_skip(&in);
+    const int64_t o_want[4] = {in.batch, in.seqlen_q, in.heads, in.dv}, lse_want[3] = {in.batch, in.heads, in.seqlen_q};
+    const char *o_role = skip ? "O [total_q, heads, d_v] (varlen)" : "O [batch, seqlen_q, heads, d_v]";
+    const char *lse_role = skip ? "LSE [heads, total_q] (varlen)" : "LSE [batch, heads, seqlen_q]";
+    if (cli_load_array(o_path, 4 - skip, 0, o_role, &o_arr, &o_t)) goto done;
+    if (memcmp(o_arr.shape, o_want + skip, (size_t)(4 - skip) * sizeof(int64_t)) != 0) {
+        char want[96];
+        cli_die("%s: shape %s should be %s = %s (from %s and %s)", o_path,
+                cli_shape(4 - skip, o_arr.shape, sh, sizeof sh),
+                skip ? "[total_q, heads, d_v]" : "[batch, seqlen_q, heads, d_v]",
+                cli_shape(4 - skip, o_want + skip, want, sizeof want), q_path, v_path);
         goto done;
     }
     if (lse_path) {
-        if (cli_load_array(lse_path, 3, 0, "LSE [batch, heads, seqlen_q]", &lse_arr, &lse_t)) goto done;
+        if (cli_load_array(lse_path, 3 - skip, 0, lse_role, &lse_arr, &lse_t)) goto done;
         if (lse_arr.dtype != FA_F32 && lse_arr.dtype != FA_F64) {
             cli_die("%s: LSE must be float32 or float64, got %s", lse_path, fa_dtype_name(lse_arr.dtype));
             goto done;
         }
-        if (lse_arr.shape[0] != in.batch || lse_arr.shape[1] != in.heads ||
-            lse_arr.shape[2] != in.seqlen_q) {
-            cli_die("%s: shape %s should be [batch, heads, seqlen_q] = [%lld, %lld, %lld] (from %s)",
-                    lse_path, cli_shape(3, lse_arr.shape, sh, sizeof sh), (long long)in.batch,
-                    (long long)in.heads, (long long)in.seqlen_q, q_path);
+        if (memcmp(lse_arr.shape, lse_want + skip, (size_t)(3 - skip) * sizeof(int64_t)) != 0) {
+            char want[96];
+            cli_die("%s: shape %s should be %s = %s (from %s)", lse_path,
+                    cli_shape(3 - skip, lse_arr.shape, sh, sizeof sh),
+                    skip ? "[heads, total_q]" : "[batch, heads, seqlen_q]",
+                    cli_shape(3 - skip, lse_want + skip, want, sizeof want), q_path);
             goto done;
         }
     }
