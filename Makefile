@@ -148,9 +148,18 @@ check-deps:
 	@CC="$(CC)" sh tests/check_deps.sh
 
 TEST_SUPPORT = tests/test_util.c
+# The .npy reader/writer is the CLI's (src/cli/npy.c), not the library's: the
+# suites that test it link its object beside the library.
+# test_cli_npy tests the CLI's loaders of index and code files (cli_common.c).
+NPY_OBJ   = $(BUILD)/src/cli/npy.o
+NPY_TESTS = $(BUILD)/tests/test_npy $(BUILD)/tests/test_status
+$(NPY_TESTS): $(NPY_OBJ)
+$(NPY_TESTS): TEST_OBJS = $(NPY_OBJ)
+$(BUILD)/tests/test_cli_npy: $(NPY_OBJ) $(BUILD)/src/cli/cli_common.o
+$(BUILD)/tests/test_cli_npy: TEST_OBJS = $(NPY_OBJ) $(BUILD)/src/cli/cli_common.o
 $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) tests/test_util.h $(BUILD)/libflashattn.a $(BUILD)/flashattn
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT) $(BUILD)/libflashattn.a $(LDFLAGS) -lcmocka $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT) $(TEST_OBJS) $(BUILD)/libflashattn.a $(LDFLAGS) -lcmocka $(LDLIBS)
 
 test: check-deps
 	@$(MAKE) --no-print-directory $(TEST_BINS)

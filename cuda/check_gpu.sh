@@ -1,10 +1,10 @@
 #!/bin/sh
 # cuda/check_gpu.sh — correctness of every rung on a GPU machine, on small shapes (about a minute).
 #
-#   sh cuda/check_gpu.sh [LOGFILE]
+#   sh cuda/check_gpu.sh [LOGFILE]            (RUNGS="04 04b" sh cuda/check_gpu.sh: only those rungs)
 #
 # 1. builds libflashattn and the ladder, runs the self-test;
-# 2. validates every rung (01 02 03 03b) in bf16 and fp16 on shapes chosen to hit the edges —
+# 2. validates every rung (01 02 03 03b 04 04b, or $RUNGS) in bf16 and fp16 on shapes chosen to hit the edges —
 #    tails (lengths not multiples of 64), bottom-right causal with seqlen_q != seqlen_k, rows with
 #    no visible key, sliding windows with softcap, GQA and MQA, d = 64 and 128 — with
 #    libflashattn's fa_check / check-grad rule over all rows (--no-time);
@@ -12,6 +12,7 @@
 # Prints one line per run and a final count; exit status 1 if anything failed.
 set -u
 LOG=${1:-build/cuda/check_gpu.log}
+RUNGS=${RUNGS:-01 02 03 03b 04 04b}
 BIN=build/cuda/flashattn-cuda
 mkdir -p "$(dirname "$LOG")"
 : > "$LOG"
@@ -41,7 +42,7 @@ SHAPES="--batch=2 --heads=4 --seqlen=256 --d=64
 --batch=3 --heads=2 --seqlen-q=65 --seqlen-k=1 --d=64"
 
 for dt in bf16 fp16; do
-    for k in 01 02 03 03b; do
+    for k in $RUNGS; do
         echo "$SHAPES" | while read -r line; do
             # --opt=value -> --opt value
             args=$(echo "$line" | sed 's/=/ /g')
@@ -57,7 +58,7 @@ runs=$((runs + $(grep -c '' "$LOG.summary")))
 rm -f "$LOG.summary"
 
 SAN="compute-sanitizer --error-exitcode 9"
-for k in 01 02 03 03b; do
+for k in $RUNGS; do
     for d in 64 128; do
         one "memcheck  $k d=$d" $SAN --tool memcheck "$BIN" --kernel $k --d $d --heads 2 --heads-k 1 \
             --seqlen-q 100 --seqlen-k 150 --causal --no-time

@@ -1,7 +1,7 @@
 /*
  * flashattn_cuda.cu — the harness of the CUDA ladder: build/cuda/flashattn-cuda.
  *
- *   flashattn-cuda --kernel 01|02|03|03b [--batch B] [--heads H] [--heads-k HK]
+ *   flashattn-cuda --kernel 01|02|03|03b|04|04b [--batch B] [--heads H] [--heads-k HK]
  *                  [--seqlen-q N] [--seqlen-k N] [--seqlen N] [--d 64|128]
  *                  [--causal] [--window L,R] [--softcap C] [--scale S] [--dtype bf16|fp16]
  *                  [--repeats R] [--max-seconds S] [--sample-rows K] [--grad-ref auto|reference|flash|none]
@@ -59,9 +59,14 @@
  * Options and their parsing (no CUDA here: the self-test runs it on any machine)
  * ========================================================================== */
 
-enum rung { RUNG_NAIVE = 0, RUNG_FLASH1, RUNG_FLASH2, RUNG_FLASH2_BWD, RUNG_COUNT };
-static const char *const rung_ids[RUNG_COUNT] = {"01", "02", "03", "03b"};
-static const char *const rung_names[RUNG_COUNT] = {"01_naive", "02_flash1", "03_flash2", "03b_flash2_bwd"};
+enum rung { RUNG_NAIVE = 0, RUNG_FLASH1, RUNG_FLASH2, RUNG_FLASH2_BWD, RUNG_MMA, RUNG_MMA_BWD, RUNG_COUNT };
+static const char *const rung_ids[RUNG_COUNT] = {"01", "02", "03", "03b", "04", "04b"};
+static const char *const rung_names[RUNG_COUNT] = {"01_naive", "02_flash1", "03_flash2", "03b_flash2_bwd", "04_mma",
+                                                   "04b_mma_bwd"};
+
+/* A backward rung, and the forward rung whose O and LSE it consumes. */
+static bool is_bwd(int kernel) { return kernel == RUNG_FLASH2_BWD || kernel == RUNG_MMA_BWD; }
+static int fwd_of(int kernel) { return kernel == RUNG_MMA_BWD ? RUNG_MMA : RUNG_FLASH2; }
 
 enum grad_ref { GREF_AUTO = 0, GREF_REFERENCE, GREF_FLASH, GREF_NONE };
 
@@ -84,7 +89,7 @@ struct harness_opts {
 };
 
 static const char usage_text[] =
-    "usage: flashattn-cuda --kernel 01|02|03|03b [shape] [mask] [--dtype bf16|fp16] [run options]\n"
+    "usage: flashattn-cuda --kernel 01|02|03|03b|04|04b [shape] [mask] [--dtype bf16|fp16] [run options]\n"
     "       flashattn-cuda --self-test\n"
     "\n"
     "Runs one rung of the CUDA ladder on random inputs, validates its output with libflashattn\n"
@@ -92,7 +97,8 @@ static const char usage_text[] =
     "check-grad`), then times it (CUDA events, median, L2 flushed) against the card's FP32 FMA ceiling.\n"
     "\n"
     "  --kernel NN        01 naive (S, P in global memory), 02 FlashAttention-1 loop order,\n"
-    "                     03 FlashAttention-2 forward, 03b FlashAttention-2 backward\n"
+    "                     03 FlashAttention-2 forward, 03b FlashAttention-2 backward (CUDA cores),\n"
+    "                     04 forward, 04b backward on tensor cores (mma.sync)\n"
     "shape:  --batch B (1) --heads H (16) --heads-k HK (= H) --seqlen-q N --seqlen-k N (1024)\n"
     "        --seqlen N (both) --d 64|128 (128)\n"
     "mask:   --causal  --window L,R (-1 = unbounded)  --softcap C  --scale S (default 1/sqrt(d))\n"
@@ -177,7 +183,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
             o->kernel = -1;
             for (int r = 0; r < RUNG_COUNT; r++)
                 if (!strcmp(val, rung_ids[r]) || !strcmp(val, rung_names[r])) o->kernel = r;
-            if (o->kernel < 0) return fail_msg(err, n, "--kernel: unknown rung '%s' (expected 01, 02, 03 or 03b)", val);
+            if (o->kernel < 0) return fail_msg(err, n, "--kernel: unknown rung '%s' (expected 01, 02, 03, 03b, 04 or 04b)", val);
         } else if (!strcmp(a, "--batch")) {
             if (parse_ll(a, val, 1, 65535, &x, err, n)) return -1;
             o->batch = (int)x;
@@ -241,7 +247,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
         }
     }
     if (o->help || o->self_test) return 0;
-    if (o->kernel < 0) return fail_msg(err, n, "missing --kernel NN (01, 02, 03 or 03b; see --help)");
+    if (o->kernel < 0) return fail_msg(err, n, "missing --kernel NN (01, 02, 03, 03b, 04 or 04b; see --help)");
     if (o->heads_k == 0) o->heads_k = o->heads;
     if (o->heads % o->heads_k != 0)
         return fail_msg(err, n, "--heads (%d) is not a multiple of --heads-k (%d)", o->heads, o->heads_k);
@@ -250,7 +256,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
     if (o->kernel == RUNG_NAIVE && (o->seqlen_q > 65535 || (long long)o->batch * o->heads > 65535))
         return fail_msg(err, n, "--kernel 01: seqlen_q (%d) and batch x heads (%lld) must be at most 65535 "
                         "(its grid's y and z limits)", o->seqlen_q, (long long)o->batch * o->heads);
-    if (o->kernel == RUNG_FLASH2_BWD && o->no_time && o->grad_ref == GREF_NONE)
+    if (is_bwd(o->kernel) && o->no_time && o->grad_ref == GREF_NONE)
         return fail_msg(err, n, "--grad-ref none with --no-time leaves nothing to do");
     return 0;
 }
@@ -304,7 +310,7 @@ static double visible_pairs(const harness_opts *o, const attn_shape &s)
 static double flop_count(const harness_opts *o, const attn_shape &s)
 {
     const double fwd = 4.0 * s.d * visible_pairs(o, s) * s.batch * s.heads;
-    return o->kernel == RUNG_FLASH2_BWD ? 2.5 * fwd : fwd;
+    return is_bwd(o->kernel) ? 2.5 * fwd : fwd;
 }
 
 /* ============================================================================
@@ -621,12 +627,18 @@ static int self_test(void)
         st_expect(rc == 0 && o.seqlen_q == 4096 && o.seqlen_k == 4096 && o.heads_k == o.heads &&
                       o.kernel == RUNG_FLASH2_BWD,
                   "--seqlen sets both lengths; heads_k defaults to heads");
+        const char *tc[] = {"x", "--kernel", "04b"}, *tc_name[] = {"x", "--kernel", "04_mma"};
+        rc = parse_args(3, (char **)tc, &o, err, sizeof err);
+        st_expect(rc == 0 && o.kernel == RUNG_MMA_BWD && is_bwd(o.kernel) && fwd_of(o.kernel) == RUNG_MMA,
+                  "--kernel 04b is the tensor-core backward, fed by rung 04's forward");
+        rc = parse_args(3, (char **)tc_name, &o, err, sizeof err);
+        st_expect(rc == 0 && o.kernel == RUNG_MMA && !is_bwd(o.kernel), "--kernel 04_mma (by name) is the tensor-core forward");
         struct bad_case {
             const char *argv[4];
             int argc;
             const char *needle;
         } bad[] = {
-            {{"x", "--kernel", "04"}, 3, "unknown rung"},
+            {{"x", "--kernel", "05"}, 3, "unknown rung"},
             {{"x", "--kernel", "03", "--d"}, 4, "missing value"},
             {{"x", "--kernel", "03", "--bogus"}, 4, "unknown option"},
             {{"x", "--seqlen", "64"}, 3, "missing --kernel"},
@@ -847,8 +859,10 @@ static int self_test(void)
         const double causal = flop_count(&ho, s);
         ho.kernel = RUNG_FLASH2_BWD;
         const double bwd = flop_count(&ho, s);
-        st_expect(full == 4.0 * 1024 * 1024 * 128 * 16 && causal == full / 2 && bwd == 2.5 * causal,
-                  "FLOPs: 4 Sq Sk d per head, halved when causal, backward 2.5x");
+        ho.kernel = RUNG_MMA_BWD;
+        const double bwd_mma = flop_count(&ho, s);
+        st_expect(full == 4.0 * 1024 * 1024 * 128 * 16 && causal == full / 2 && bwd == 2.5 * causal && bwd_mma == bwd,
+                  "FLOPs: 4 Sq Sk d per head, halved when causal, backward (03b and 04b) 2.5x");
         /* bottom-right causal with one query row sees every key: not half of Sq Sk */
         ho.kernel = RUNG_FLASH2;
         ho.seqlen_q = 1;
@@ -891,7 +905,7 @@ static double median(std::vector<double> x)
 /* One launch of the chosen rung (forward or backward) on the device buffers. */
 static cudaError_t launch_rung(int kernel, const attn_shape &s, cuda_dtype dt, const device_buffers &db)
 {
-    if (kernel == RUNG_FLASH2_BWD) {
+    if (is_bwd(kernel)) {
         bwd_args a;
         a.sh = s;
         a.dtype = dt;
@@ -906,7 +920,7 @@ static cudaError_t launch_rung(int kernel, const attn_shape &s, cuda_dtype dt, c
         a.dv = db.dv;
         a.work = db.work;
         a.stream = 0;
-        return flash2_backward(a);
+        return kernel == RUNG_MMA_BWD ? mma_backward(a) : flash2_backward(a);
     }
     fwd_args a;
     a.sh = s;
@@ -918,7 +932,10 @@ static cudaError_t launch_rung(int kernel, const attn_shape &s, cuda_dtype dt, c
     a.lse = db.lse;
     a.work = db.work;
     a.stream = 0;
-    return kernel == RUNG_NAIVE ? naive_forward(a) : kernel == RUNG_FLASH1 ? flash1_forward(a) : flash2_forward(a);
+    return kernel == RUNG_NAIVE    ? naive_forward(a)
+           : kernel == RUNG_FLASH1 ? flash1_forward(a)
+           : kernel == RUNG_MMA    ? mma_forward(a)
+                                   : flash2_forward(a);
 }
 
 /* The FP32 FMA ceiling of this card now: median of 5 probe launches, TFLOP/s. */
@@ -961,7 +978,7 @@ static int run(const harness_opts *o)
 {
     const attn_shape s = make_shape(o);
     const cuda_dtype dt = o->dtype;
-    const bool bwd = o->kernel == RUNG_FLASH2_BWD;
+    const bool bwd = is_bwd(o->kernel);
     cudaDeviceProp prop;
     CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
     printf("flashattn-cuda: kernel %s on %s (%d SMs, L2 %d MiB, CUDA runtime %d)\n", rung_names[o->kernel], prop.name,
@@ -994,6 +1011,8 @@ static int run(const harness_opts *o)
     const size_t ws = o->kernel == RUNG_NAIVE ? naive_workspace_bytes(s)
                       : o->kernel == RUNG_FLASH1 ? flash1_workspace_bytes(s)
                       : o->kernel == RUNG_FLASH2 ? flash2_workspace_bytes(s)
+                      : o->kernel == RUNG_MMA    ? mma_workspace_bytes(s)
+                      : o->kernel == RUNG_MMA_BWD ? mma_bwd_workspace_bytes(s)
                                                  : flash2_bwd_workspace_bytes(s);
     if (ws) CUDA_TRY(cudaMalloc(&db.work, ws));
     /* poison: 0xFFFF is NaN in bf16 and fp16, 0xFF.. NaN in float */
@@ -1008,8 +1027,8 @@ static int run(const harness_opts *o)
         CUDA_TRY(cudaMemset(db.dq, 0xff, nq * 2));
         CUDA_TRY(cudaMemset(db.dk, 0xff, nk * 2));
         CUDA_TRY(cudaMemset(db.dv, 0xff, nk * 2));
-        /* the forward the backward needs: rung 03's O and LSE */
-        CUDA_TRY(launch_rung(RUNG_FLASH2, s, dt, db));
+        /* the forward the backward needs: rung 03's O and LSE for 03b, rung 04's for 04b */
+        CUDA_TRY(launch_rung(fwd_of(o->kernel), s, dt, db));
     }
 
     /* 2. one run on poisoned outputs */

@@ -25,6 +25,14 @@ cudaError_t flash2_forward(const fwd_args &a);
 size_t flash2_bwd_workspace_bytes(const attn_shape &sh);
 cudaError_t flash2_backward(const bwd_args &a);
 
+/* 04_mma.cu: FlashAttention-2 forward on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async). */
+size_t mma_workspace_bytes(const attn_shape &sh);
+cudaError_t mma_forward(const fwd_args &a);
+
+/* 04b_mma_bwd.cu: its backward on tensor cores (needs O and LSE of the forward). */
+size_t mma_bwd_workspace_bytes(const attn_shape &sh);
+cudaError_t mma_backward(const bwd_args &a);
+
 /* fma_probe.cu: the FP32 CUDA-core ceiling. Runs `iters` FMAs on 8 independent
  * chains per thread; returns FLOPs performed (2 per FMA). */
 double fma_probe_launch(float *sink, int blocks, int iters, cudaStream_t stream);

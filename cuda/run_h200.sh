@@ -68,7 +68,7 @@ $s
 EOF
     causal=""
     [ "$c" = 1 ] && causal="--causal"
-    for k in 03 02 01 03b; do
+    for k in 04 03 02 01 04b 03b; do
         if [ "$(left)" -lt 25 ]; then
             say "skipped (budget): kernel $k d=$d N=$n causal=$c H=$h:$hk B=$b"
             continue

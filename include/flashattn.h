@@ -16,7 +16,8 @@
  *   - Masks are aligned to the bottom-right corner: key j is visible to query i
  *     iff `j >= i + seqlen_k - seqlen_q - window_left` (unless window_left < 0)
  *     and `j <= i + seqlen_k - seqlen_q + window_right` (unless window_right < 0).
- *     `causal` means window_right = 0.
+ *     `causal` means window_right = 0. fa_options::align = FA_ALIGN_TOP_LEFT
+ *     drops the `seqlen_k - seqlen_q` term (PyTorch SDPA's convention).
  *   - A query row with no visible key gets O = 0 and LSE = -inf. "No visible
  *     key" is decided from the mask alone: a row that sees keys but whose
  *     scores are NaN (a NaN in q, say) gets NaN, never the empty-row result.
@@ -258,9 +259,24 @@ typedef struct fa_options {
                                    packs once and shares between threads; 0 packs per tile; < 0 (the
                                    default) uses FA_FLASH_SHARED_MAX or 16 MiB. */
     fa_context *context;      /**< NULL, or a context from fa_context_create(). */
+    int align;                /**< Mask alignment (an ::fa_align): FA_ALIGN_BOTTOM_RIGHT (0, the default,
+                                   FlashAttention's) or FA_ALIGN_TOP_LEFT (PyTorch SDPA's is_causal).
+                                   Added after 0.3.0's context. */
     const fa_varlen *varlen;  /**< NULL, or a variable-length batch (see fa_varlen): the tensors are
-                                   then packed, without a batch dimension. Appended after 0.3.0. */
+                                   then packed, without a batch dimension. Appended after align. */
 } fa_options;
+
+/**
+ * @brief Which corner the mask band (and the ALiBi distance) is aligned to.
+ *
+ * Bottom-right (FlashAttention >= 2.1): query row i lines up with key
+ * i + seqlen_k - seqlen_q. Top-left (PyTorch SDPA's `is_causal`, FlashAttention
+ * < 2.1): row i lines up with key i. The two agree when seqlen_q == seqlen_k.
+ */
+typedef enum fa_align {
+    FA_ALIGN_BOTTOM_RIGHT = 0, /**< Diagonal offset seqlen_k - seqlen_q (the default). */
+    FA_ALIGN_TOP_LEFT = 1      /**< Diagonal offset 0. */
+} fa_align;
 
 /** @brief Default cap on the standard path's materialized S and P, in bytes. */
 #define FA_STANDARD_DEFAULT_MAX_BYTES ((size_t)1 << 30)
@@ -328,7 +344,9 @@ FA_API size_t fa_context_arena_bytes(const fa_context *ctx);
 FA_API fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
                          const int64_t *shape, const int64_t *stride);
 
-/** @brief Number of elements of a tensor (product of its shape). */
+/** @brief Number of elements of a tensor (product of its shape; 0 when any extent
+ *  is 0). -1 when the shape is invalid: a negative extent, a rank outside
+ *  1..FA_MAX_RANK, or a product that overflows int64. */
 FA_API int64_t fa_tensor_numel(const fa_tensor *t);
 
 /** @brief Size in bytes of one element of `dtype` (0 for an invalid dtype). */

@@ -63,7 +63,8 @@ sanitize-valgrind:
 # ---- fuzzing -----------------------------------------------------------------
 # The library is compiled with coverage instrumentation (fuzzer-no-link) and the
 # sanitizers into $(FUZZ_BUILD); each harness links it with libFuzzer's main.
-# The CLI objects (minus main.c) are linked into the CLI-argument harness.
+# The CLI objects (minus main.c) are linked into the CLI-argument harness, and the
+# CLI's .npy reader/writer (src/cli/npy.c, not part of the library) into fuzz_npy.
 # (A phony step, not a rule for the .a itself: inside the sub-make BUILD is
 # $(FUZZ_BUILD), and a rule here for that file would shadow the top Makefile's.)
 FUZZ_LIB = $(FUZZ_BUILD)/libflashattn.a
@@ -79,6 +80,7 @@ $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c fuzz-lib
 	$(FUZZ_CC) -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 $(FUZZ_FLAGS) \
 	    -fsanitize=fuzzer -Iinclude -Isrc -Isrc/cli -o $@ $< \
 	    $(if $(filter cli_args,$*),$(FUZZ_CLI_OBJS)) \
+	    $(if $(filter npy,$*),$(FUZZ_BUILD)/src/cli/npy.o) \
 	    $(FUZZ_LIB) -lm
 
 fuzz-build: $(FUZZERS:%=$(FUZZ_BUILD)/%)
@@ -109,7 +111,7 @@ COV_BUILD   ?= build-cov
 COV_FLAGS    = -fprofile-instr-generate -fcoverage-mapping
 LLVM_COV    ?= $(firstword $(shell command -v llvm-cov-14 llvm-cov 2>/dev/null))
 LLVM_PROFDATA ?= $(firstword $(shell command -v llvm-profdata-14 llvm-profdata 2>/dev/null))
-COV_SOURCES_npy       = src/npy.c
+COV_SOURCES_npy       = src/cli/npy.c
 COV_SOURCES_cli_args  = src/cli/cli_common.c src/cli/cmd_run.c src/cli/cmd_check.c src/cli/cmd_info.c \
                         src/cli/cmd_grad.c src/cli/cmd_check_grad.c
 COV_SOURCES_attention = src/api.c src/flash.c src/reference.c src/standard.c src/backward.c src/kernels/scalar.c \
@@ -126,6 +128,7 @@ fuzz-coverage:
 	    $(FUZZ_CC) -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O0 $(COV_FLAGS) -fsanitize=fuzzer \
 	        -Iinclude -Isrc -Isrc/cli -o $(COV_BUILD)/$$f tests/fuzz/$$f.c \
 	        $$( [ $$name = cli_args ] && echo $(patsubst $(FUZZ_BUILD)/%,$(COV_BUILD)/%,$(FUZZ_CLI_OBJS)) ) \
+	        $$( [ $$name = npy ] && echo $(COV_BUILD)/src/cli/npy.o ) \
 	        $(COV_BUILD)/libflashattn.a -lm || exit 1; \
 	    mkdir -p $(FUZZ_BUILD)/corpus/$$name; \
 	    LLVM_PROFILE_FILE=$(CURDIR)/$(COV_BUILD)/$$f.profraw ./$(COV_BUILD)/$$f -runs=0 -close_fd_mask=3 \

@@ -76,8 +76,10 @@ class _Options(ctypes.Structure):
                 ("alibi_slopes", ctypes.POINTER(_Tensor)), ("impl", ctypes.c_int),
                 ("num_threads", ctypes.c_int), ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
                 ("standard_max_bytes", ctypes.c_size_t),
-                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p),
+                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int),
                 ("varlen", ctypes.c_void_p)]
+
+_ALIGNS = {"bottom-right": 0, "top-left": 1}
 
 
 class _Varlen(ctypes.Structure):
@@ -432,9 +434,11 @@ def _alibi_array(slopes):
     return a
 
 
-def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep):
+def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align="bottom-right"):
     """fa_options from the keyword arguments, every value checked first."""
     scale = _scale_arg(scale)
+    if align not in _ALIGNS:
+        raise ValueError(f"align must be 'bottom-right' or 'top-left', got {align!r}")
     if window is None:
         wl = wr = None
     else:
@@ -458,6 +462,7 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     opt.softcap = softcap
     opt.impl = _IMPLS[impl]
     opt.num_threads = num_threads
+    opt.align = _ALIGNS[align]
     if alibi_slopes is not None:
         a = _alibi_array(alibi_slopes)
         ta = _tensor(a, "alibi_slopes")
@@ -522,13 +527,14 @@ def _torch_device(*xs):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
-              num_threads=0, bf16_bits=None, cu_seqlens_q=None, cu_seqlens_k=None,
-              seqused_k=None):
+              num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None,
+              cu_seqlens_k=None, seqused_k=None):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
     q, k, v: numpy arrays or torch tensors (any device; copied to the host).
     window: (left, right) in keys, None or -1 for unbounded (other negative
-    values are refused); masks are aligned bottom-right (docs/semantics.md).
+    values are refused); masks are aligned bottom-right (docs/semantics.md), or
+    top-left (PyTorch SDPA's is_causal) with align="top-left".
     scale: None for 1/sqrt(d); 0 is refused. out_dtype: "f32" (default),
     "f64", "f16", "bf16", or a numpy/torch dtype. Returns O and, with
     return_lse, LSE float32 [batch, heads, seqlen_q]. Given numpy inputs these
@@ -546,7 +552,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     tq, tk, tv = (_tensor(a, n, bf16_bits) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     code = _dtype_code(out_dtype, "out_dtype")
-    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
     if vl is not None:
         if q.ndim != 3 or v.ndim != 3:
             raise ValueError("varlen: q, k, v must be rank 3 [total, heads, d]")
@@ -574,7 +580,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
 
 def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softcap=0.0,
          scale=None, alibi_slopes=None, impl="flash", grad_dtype=np.float32, num_threads=0,
-         bf16_bits=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+         bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
     """Attention backward pass (fa_backward): returns (dq, dk, dv).
 
     dout is dLoss/dO ``[batch, seqlen_q, heads, d_v]``. out and lse are the
@@ -605,7 +611,7 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
         out, lse = _as_array(out, "out"), _as_array(lse, "lse")
         to, tl = _tensor(out, "out", bf16_bits), _tensor(lse, "lse", bf16_bits)
     code = _dtype_code(grad_dtype, "grad_dtype")
-    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)
     (dq, tdq), (dk, tdk), (dv, tdv) = (_output(x.shape, code) for x in (q, k, v))
@@ -658,7 +664,8 @@ class CheckReport:
 
 def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
           alibi_slopes=None, dtype=None, atol=None, rtol=None, sample_rows=0, seed=0,
-          num_threads=0, bf16_bits=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+          num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
+          seqused_k=None):
     """Check a tested attention output (and optionally its LSE) against the
     float64 reference, by the library's one tolerance model.
 
@@ -684,7 +691,7 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         lse_a = _as_array(lse, "lse")
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
-    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)

@@ -16,8 +16,7 @@
  *   tensor.c mask.h transform.c  element access and conversion; mask band, ALiBi, score transforms
  *   alloc.c status.c             the counting allocator; errors as values
  *
- * This header gathers the shared ones for the implementation files (and for
- * npy.c, which uses status.h and alloc.h).
+ * This header gathers the shared ones for the implementation files.
  */
 #ifndef FA_INTERNAL_H
 #define FA_INTERNAL_H

@@ -34,9 +34,11 @@ static inline int64_t fa_lse_off(const fa_problem *p, int64_t b, int64_t h, int6
 }
 
 /* The diagonal's offset in batch entry b: query row i lines up with key
- * i + fa_diag_offset(p, b) (bottom-right alignment: k_len - q_len). */
+ * i + fa_diag_offset(p, b) (bottom-right alignment: k_len - q_len; top-left,
+ * fa_options::align: 0). */
 static inline int64_t fa_diag_offset(const fa_problem *p, int64_t b)
 {
+    if (p->top_left) return 0;
     const fa_seq sq = fa_problem_seq(p, b);
     return sq.k_len - sq.q_len;
 }
@@ -45,7 +47,8 @@ static inline int64_t fa_diag_offset(const fa_problem *p, int64_t b)
  * Visible keys of query row i of batch entry b are the half-open range
  * [*lo, *hi), possibly empty (*lo >= *hi), in the entry's own key numbering
  * (fa_problem_seq: Sq and Sk below are the entry's q_len and k_len). The band
- * is aligned to the bottom-right corner:
+ * is aligned to the bottom-right corner (top-left with fa_options::align:
+ * drop Sk - Sq below):
  *   j >= i + Sk - Sq - window_left   (if window_left >= 0)
  *   j <= i + Sk - Sq + window_right  (if window_right >= 0)
  * A row is "empty" (O = 0, LSE = -inf) exactly when this range is empty;
@@ -55,11 +58,12 @@ static inline int64_t fa_diag_offset(const fa_problem *p, int64_t b)
 static inline void fa_key_range(const fa_problem *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi)
 {
     const fa_seq sq = fa_problem_seq(p, b);
-    int64_t diag = i + sq.k_len - sq.q_len;
+    int64_t diag = i + fa_diag_offset(p, b); /* top-left: i */
     int64_t l = 0, h = sq.k_len;
     /* Written as comparisons of differences that cannot overflow, so that any
-     * window up to INT64_MAX means what it says: diag - 0 and (Sk - 1) - diag =
-     * Sq - 1 - i are in range, and each bound is computed only when it binds. */
+     * window up to INT64_MAX means what it says: diag - 0 and (Sk - 1) - diag
+     * (Sq - 1 - i, or Sk - 1 - i top-left) are in range, and each bound is
+     * computed only when it binds. */
     if (p->window_left >= 0 && diag > p->window_left) l = diag - p->window_left;
     if (p->window_right >= 0 && p->window_right < h - 1 - diag) h = diag + p->window_right + 1;
     if (h < l) h = l;

@@ -36,9 +36,12 @@
  * standard_max_bytes, before pack_max_bytes and context were appended): a
  * caller compiled against it sends this size (tests/test_abi.c). */
 #define FA_OPTIONS_MIN_SIZE (offsetof(fa_options, standard_max_bytes) + sizeof(size_t))
-/* The end of fa_options as 0.3.0 shipped (through context, before varlen was
- * appended). */
-#define FA_OPTIONS_V030_SIZE (offsetof(fa_options, context) + sizeof(fa_context *))
+
+/* The end of fa_options after pack_max_bytes and context were appended, before
+ * align: a caller compiled against that layout sends this size. */
+#define FA_OPTIONS_CONTEXT_SIZE (offsetof(fa_options, context) + sizeof(fa_context *))
+/* ... and through align, before varlen was appended. */
+#define FA_OPTIONS_ALIGN_SIZE (offsetof(fa_options, align) + sizeof(int))
 
 fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *known, int n_known,
                                const char *what, const char *init_fn)
@@ -87,7 +90,8 @@ fa_status fa_options_read(const fa_options *in, fa_options *out)
 {
     fa_options_init(out, sizeof *out);
     if (!in) return FA_OK;
-    static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_V030_SIZE, sizeof(fa_options)};
+    static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_CONTEXT_SIZE, FA_OPTIONS_ALIGN_SIZE,
+                                   sizeof(fa_options)};
     fa_status st = fa_struct_size_check(in, sizeof *out, known, (int)(sizeof known / sizeof known[0]),
                                         "fa_options", "fa_options_default");
     if (st != FA_OK) return st;
@@ -569,6 +573,10 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
         return fa_fail(FA_ERR_OPTION, "softcap %g is outside the float32 range: it must be 0 (off) or in [%g, %g]",
                        opt.softcap, FA_SOFTCAP_MIN, FA_SOFTCAP_MAX);
     p->softcap = opt.softcap;
+    if (opt.align != FA_ALIGN_BOTTOM_RIGHT && opt.align != FA_ALIGN_TOP_LEFT)
+        return fa_fail(FA_ERR_OPTION, "align must be FA_ALIGN_BOTTOM_RIGHT (0) or FA_ALIGN_TOP_LEFT (1) (got %d)",
+                       opt.align);
+    p->top_left = opt.align == FA_ALIGN_TOP_LEFT;
     p->window_left = opt.window_left < 0 ? -1 : opt.window_left;
     p->window_right = opt.window_right < 0 ? -1 : opt.window_right;
     if (opt.causal) p->window_right = 0;

@@ -62,6 +62,7 @@ typedef struct fa_problem {
     int64_t window_left;         /* < 0: unbounded (clamped: never wider than Sq + Sk) */
     int64_t window_right;        /* < 0: unbounded; causal folded in as 0 */
     double softcap;              /* 0: off */
+    int top_left;                /* 1: mask and ALiBi aligned top-left (fa_options::align) */
     fa_tensor alibi;             /* alibi.data == NULL when off; rank 1 [H] or rank 2 [B][H] */
     int num_threads;             /* resolved: >= 1 */
     int block_q, block_k;        /* flash blocks (forward blocks; backward.c caps its own) */

@@ -54,9 +54,9 @@ fa_status fa_standard_forward(const fa_problem *p)
     const size_t s_bytes = (size_t)Sq_max * ldk * sizeof(float);
     if (s_bytes > p->standard_max_bytes)
         return fa_fail(FA_ERR_TOO_LARGE,
-                       "standard: S and P need %zu MiB per head (seqlen_q %lld x seqlen_k %lld), "
-                       "above the cap of %zu MiB; use the flash path or raise the cap",
-                       s_bytes >> 20, (long long)Sq_max, (long long)Sk_max, p->standard_max_bytes >> 20);
+                       "standard: S and P need %zu bytes per head (seqlen_q %lld x seqlen_k %lld), "
+                       "above the cap of %zu bytes; use the flash path or raise the cap",
+                       s_bytes, (long long)Sq_max, (long long)Sk_max, p->standard_max_bytes);
 
     float *S = fa_scratch_alloc(p, s_bytes ? s_bytes : sizeof(float));               /* [Sq_max][ldk] */
     float *Q = fa_scratch_alloc(p, (size_t)Sq_max * (size_t)d * sizeof(float));          /* [Sq_max][d] */

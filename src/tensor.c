@@ -66,8 +66,16 @@ fa_status fa_tensor_make(fa_tensor *t, void *data, fa_dtype dtype, int rank,
 int64_t fa_tensor_numel(const fa_tensor *t)
 {
     if (!t) return 0;
+    if (t->rank < 1 || t->rank > FA_MAX_RANK) return -1;
+    for (int r = 0; r < t->rank; r++)
+        if (t->shape[r] < 0) return -1;
+    for (int r = 0; r < t->rank; r++)
+        if (t->shape[r] == 0) return 0; /* empty, whatever the other extents */
     int64_t n = 1;
-    for (int r = 0; r < t->rank; r++) n *= t->shape[r];
+    for (int r = 0; r < t->rank; r++) {
+        if (n > INT64_MAX / t->shape[r]) return -1; /* overflows */
+        n *= t->shape[r];
+    }
     return n;
 }
 

@@ -43,13 +43,22 @@ def float_to_bf16_bits(x):
     return out
 
 
-def visible_mask(seqlen_q, seqlen_k, window_left=-1, window_right=-1, causal=False):
-    """Boolean [Sq, Sk]: True where key j is visible to query i (bottom-right aligned)."""
+def diag_offset(seqlen_q, seqlen_k, align="bottom-right"):
+    """Key that query row 0 lines up with: Sk - Sq bottom-right (FlashAttention),
+    0 top-left (PyTorch SDPA's is_causal)."""
+    assert align in ("bottom-right", "top-left"), align
+    return seqlen_k - seqlen_q if align == "bottom-right" else 0
+
+
+def visible_mask(seqlen_q, seqlen_k, window_left=-1, window_right=-1, causal=False,
+                 align="bottom-right"):
+    """Boolean [Sq, Sk]: True where key j is visible to query i (bottom-right aligned,
+    or top-left with align="top-left")."""
     if causal:
         window_right = 0
     i = np.arange(seqlen_q, dtype=np.int64)[:, None]
     j = np.arange(seqlen_k, dtype=np.int64)[None, :]
-    diag = i + seqlen_k - seqlen_q
+    diag = i + diag_offset(seqlen_q, seqlen_k, align)
     keep = np.ones((seqlen_q, seqlen_k), dtype=bool)
     if window_left >= 0:
         keep &= j >= diag - window_left
@@ -68,7 +77,7 @@ def _slope(alibi, b, h):
 
 
 def attention_forward(q, k, v, scale=None, causal=False, window=(-1, -1),
-                      softcap=0.0, alibi=None):
+                      softcap=0.0, alibi=None, align="bottom-right"):
     """Return (o, lse) in float64 for the FlashAttention forward contract.
 
     q, k, v are array-likes of any float dtype (already decoded from bf16 if
@@ -86,8 +95,9 @@ def attention_forward(q, k, v, scale=None, causal=False, window=(-1, -1),
         scale = 1.0 / np.sqrt(d)
     group = H // Hk
     window_left, window_right = window
-    keep = visible_mask(Sq, Sk, window_left, window_right, causal)
-    rel = np.abs(np.arange(Sq)[:, None] + Sk - Sq - np.arange(Sk)[None, :]).astype(np.float64)
+    keep = visible_mask(Sq, Sk, window_left, window_right, causal, align)
+    off = diag_offset(Sq, Sk, align)
+    rel = np.abs(np.arange(Sq)[:, None] + off - np.arange(Sk)[None, :]).astype(np.float64)
 
     o = np.zeros((B, Sq, H, dv), dtype=np.float64)
     lse = np.full((B, H, Sq), -np.inf, dtype=np.float64)
@@ -136,13 +146,14 @@ def attention_forward_rows(q, k, v, rows, **opts):
     rows = np.asarray(rows, dtype=np.int64)
     causal = opts.pop("causal", False)
     wl, wr = opts.pop("window", (-1, -1))
+    off = diag_offset(Sq, Sk, opts.pop("align", "bottom-right"))
     if causal:
         wr = 0
     # Each row is solved on its own with its own diagonal i + Sk - Sq, which is
     # all the mask and the ALiBi distance depend on.
     outs, lses = [], []
     for i in rows:
-        diag = int(i) + Sk - Sq
+        diag = int(i) + off
         o1, l1 = _single_row(q[:, i:i + 1], k, v, diag, wl, wr, **opts)
         outs.append(o1)
         lses.append(l1)
@@ -186,7 +197,7 @@ def _single_row(q1, k, v, diag, wl, wr, scale=None, softcap=0.0, alibi=None):
 
 
 def attention_backward(q, k, v, dout, scale=None, causal=False, window=(-1, -1),
-                       softcap=0.0, alibi=None):
+                       softcap=0.0, alibi=None, align="bottom-right"):
     """Return (dq, dk, dv) in float64 for the FlashAttention backward contract.
 
     Straight from docs/semantics.md: with P the softmax over visible keys,
@@ -205,8 +216,9 @@ def attention_backward(q, k, v, dout, scale=None, causal=False, window=(-1, -1),
     if scale is None or scale == 0:
         scale = 1.0 / np.sqrt(d)
     group = H // Hk
-    keep = visible_mask(Sq, Sk, window[0], window[1], causal)
-    rel = np.abs(np.arange(Sq)[:, None] + Sk - Sq - np.arange(Sk)[None, :]).astype(np.float64)
+    keep = visible_mask(Sq, Sk, window[0], window[1], causal, align)
+    off = diag_offset(Sq, Sk, align)
+    rel = np.abs(np.arange(Sq)[:, None] + off - np.arange(Sk)[None, :]).astype(np.float64)
     dq = np.zeros_like(q)
     dk = np.zeros_like(k)
     dv = np.zeros_like(v)

@@ -1,11 +1,14 @@
 /*
- * test_npy.c — the .npy reader and writer (src/npy.c).
+ * test_npy.c — the CLI's .npy reader and writer (src/cli/npy.c; not part of
+ * the library: this suite links its object beside libflashattn.a).
  *
  * Three kinds of evidence:
  *   1. Files numpy wrote (tests/data/npy/, made by make_fixtures.py) load with
- *      the right dtype, shape and bit-exact values, and what we write for the
- *      same arrays is byte-identical to numpy's files.
- *   2. Every dtype round-trips through fa_npy_save / fa_npy_load on random data.
+ *      the right type, shape and bit-exact values, and what we write for the
+ *      same arrays is byte-identical to numpy's files — the float types and
+ *      the integer ones ('<i4' index files, '|u1' code files), which load as
+ *      raw arrays and are refused as attention tensors.
+ *   2. Every type round-trips through fa_npy_save_type / fa_npy_load on random data.
  *   3. Malformed files, built here byte by byte from a valid one, are each
  *      refused with the right status and a one-line message naming the file;
  *      a pipe is read only as far as its header says; a failed save leaves no
@@ -27,8 +30,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
-#include "npy.h"
+#include "cli/npy.h"
+#include "tensor.h" /* fa_f32_to_f16 / fa_f32_to_bf16, to build test data */
 
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                   */
@@ -163,7 +166,7 @@ static void assert_load_fails(const char *name, const void *bytes, size_t len,
     write_bytes(path, bytes, len);
     fa_npy arr;
     fa_status st = fa_npy_load(path, &arr);
-    const char *msg = fa_last_error();
+    const char *msg = fa_npy_last_error();
     if (st != want || !strstr(msg, path) || !strstr(msg, needle) || strchr(msg, '\n'))
         fail_msg("%s: status %d (want %d), message \"%s\" (want the path and \"%s\")",
                  name, (int)st, (int)want, msg, needle);
@@ -171,7 +174,7 @@ static void assert_load_fails(const char *name, const void *bytes, size_t len,
     assert_int_equal(arr.numel, 0);
     /* the in-memory parser must agree */
     assert_int_equal(fa_npy_parse(bytes, len, name, &arr), want);
-    assert_non_null(strstr(fa_last_error(), name));
+    assert_non_null(strstr(fa_npy_last_error(), name));
     unlink(path);
 }
 
@@ -288,12 +291,13 @@ static void test_npy_writes_files_identical_to_numpy(void **state)
 {
     (void)state;
     static const char *names[] = {"f32_2x3.npy", "f64_1x2x3x4.npy", "f16_4.npy", "bf16_2x2.npy",
-                                  "f32_scalar.npy", "f32_0x3.npy"};
+                                  "f32_scalar.npy", "f32_0x3.npy", "i4_3.npy", "i4_2x3.npy",
+                                  "i4_0.npy", "u1_4.npy", "u1_1x2x3x2.npy"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         fa_npy a;
         assert_int_equal(fa_npy_load(fixture(names[i]), &a), FA_OK);
         const char *out = tmp_path("copy.npy");
-        assert_int_equal(fa_npy_save(out, a.data, a.dtype, a.rank, a.shape), FA_OK);
+        assert_int_equal(fa_npy_save_type(out, a.data, a.type, a.rank, a.shape), FA_OK);
         size_t n1, n2;
         unsigned char *ours = slurp(out, &n1), *theirs = slurp(fixture(names[i]), &n2);
         if (n1 != n2 || memcmp(ours, theirs, n1) != 0) fail_msg("%s: our file differs from numpy's", names[i]);
@@ -304,37 +308,127 @@ static void test_npy_writes_files_identical_to_numpy(void **state)
     }
 }
 
+/* Ensure an int32 index file numpy wrote loads as raw int32 with its extremes intact. */
+static void test_npy_reads_i4_written_by_numpy(void **state)
+{
+    (void)state;
+    fa_npy a;
+    assert_int_equal(fa_npy_load(fixture("i4_2x3.npy"), &a), FA_OK);
+    assert_int_equal(a.type, FA_NPY_I32);
+    assert_int_equal(a.dtype, FA_DTYPE_COUNT); /* no library dtype: not a tensor */
+    assert_int_equal(a.rank, 2);
+    assert_int_equal(a.shape[0], 2);
+    assert_int_equal(a.shape[1], 3);
+    assert_int_equal(a.numel, 6);
+    const int32_t want[6] = {INT32_MIN, -1, 0, 1, 7, INT32_MAX};
+    assert_memory_equal(a.data, want, sizeof want);
+    assert_int_equal(fa_npy_find_nonfinite(&a), -1);
+    fa_npy_free(&a);
+    assert_int_equal(fa_npy_load(fixture("i4_3.npy"), &a), FA_OK);
+    assert_int_equal(a.type, FA_NPY_I32);
+    const int32_t want3[3] = {0, 1, 2};
+    assert_memory_equal(a.data, want3, sizeof want3);
+    fa_npy_free(&a);
+    assert_int_equal(fa_npy_load(fixture("i4_0.npy"), &a), FA_OK); /* batch 0: an empty index file */
+    assert_int_equal(a.type, FA_NPY_I32);
+    assert_int_equal(a.rank, 1);
+    assert_int_equal(a.numel, 0);
+    assert_non_null(a.data);
+    fa_npy_free(&a);
+}
+
+/* Ensure a uint8 code file numpy wrote loads as raw bytes, every bit pattern intact. */
+static void test_npy_reads_u1_written_by_numpy(void **state)
+{
+    (void)state;
+    fa_npy a;
+    assert_int_equal(fa_npy_load(fixture("u1_4.npy"), &a), FA_OK);
+    assert_int_equal(a.type, FA_NPY_U8);
+    assert_int_equal(a.dtype, FA_DTYPE_COUNT);
+    assert_int_equal(a.rank, 1);
+    assert_int_equal(a.shape[0], 4);
+    const uint8_t want[4] = {0, 1, 127, 255};
+    assert_memory_equal(a.data, want, sizeof want);
+    fa_npy_free(&a);
+    assert_int_equal(fa_npy_load(fixture("u1_1x2x3x2.npy"), &a), FA_OK);
+    assert_int_equal(a.type, FA_NPY_U8);
+    assert_int_equal(a.rank, 4);
+    assert_int_equal(a.numel, 12);
+    for (int i = 0; i < 12; i++) assert_int_equal(((const uint8_t *)a.data)[i], (uint8_t)(i * 21 + 3));
+    fa_npy_free(&a);
+}
+
+/* Ensure integer arrays are never attention tensors: fa_npy_as_tensor refuses
+ * them with FA_ERR_DTYPE and a message saying what they are. */
+static void test_npy_as_tensor_refuses_integer_arrays(void **state)
+{
+    (void)state;
+    static const char *names[] = {"i4_2x3.npy", "u1_1x2x3x2.npy"};
+    static const char *descr[] = {"'<i4'", "'|u1'"};
+    for (int i = 0; i < 2; i++) {
+        fa_npy a;
+        assert_int_equal(fa_npy_load(fixture(names[i]), &a), FA_OK);
+        fa_tensor t;
+        memset(&t, 0, sizeof t);
+        assert_int_equal(fa_npy_as_tensor(&a, &t), FA_ERR_DTYPE);
+        const char *msg = fa_npy_last_error();
+        if (!strstr(msg, descr[i]) || !strstr(msg, "index or code files") || strchr(msg, '\n'))
+            fail_msg("%s: message \"%s\"", names[i], msg);
+        assert_null(t.data);
+        fa_npy_free(&a);
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Round trips                                                               */
 /* ------------------------------------------------------------------------ */
 
-/* Ensure every dtype and rank 1..4 round-trips bit-exactly on random data. */
+/* Ensure every type (the four float dtypes, int32, uint8) and rank 0..4
+ * round-trips bit-exactly on random data; float arrays get a tensor view,
+ * integer arrays none. */
 static void test_npy_round_trips_every_dtype(void **state)
 {
     (void)state;
     uint64_t rng = tu_seed();
-    for (int dt = 0; dt < FA_DTYPE_COUNT; dt++) {
-        for (int rank = 1; rank <= 4; rank++) {
+    for (int ty = 0; ty < FA_NPY_TYPE_COUNT; ty++) {
+        for (int rank = 0; rank <= 4; rank++) {
             int64_t shape[4] = {3, 5, 2, 7};
             int64_t numel = 1;
             for (int i = 0; i < rank; i++) numel *= shape[i];
-            size_t bytes = (size_t)numel * fa_dtype_size((fa_dtype)dt);
+            size_t bytes = (size_t)numel * fa_npy_type_size((fa_npy_type)ty);
             unsigned char *data = malloc(bytes);
             assert_non_null(data);
             for (size_t i = 0; i < bytes; i++) data[i] = (unsigned char)tu_next(&rng);
             const char *path = tmp_path("round.npy");
-            assert_int_equal(fa_npy_save(path, data, (fa_dtype)dt, rank, shape), FA_OK);
+            assert_int_equal(fa_npy_save_type(path, data, (fa_npy_type)ty, rank, shape), FA_OK);
             fa_npy a;
             assert_int_equal(fa_npy_load(path, &a), FA_OK);
-            assert_int_equal(a.dtype, dt);
+            assert_int_equal(a.type, ty);
             assert_int_equal(a.rank, rank);
             for (int i = 0; i < rank; i++) assert_int_equal(a.shape[i], shape[i]);
             assert_int_equal(a.numel, numel);
             assert_memory_equal(a.data, data, bytes);
+            fa_npy_type back;
+            if (fa_npy_type_of_dtype(a.dtype, &back) == FA_OK) { /* a float type: the same through fa_npy_save */
+                assert_int_equal(back, ty);
+                const char *path2 = tmp_path("round2.npy");
+                assert_int_equal(fa_npy_save(path2, data, a.dtype, rank, shape), FA_OK);
+                size_t n1, n2;
+                unsigned char *f1 = slurp(path, &n1), *f2 = slurp(path2, &n2);
+                assert_true(n1 == n2 && memcmp(f1, f2, n1) == 0);
+                free(f1);
+                free(f2);
+                unlink(path2);
+            }
             fa_tensor t;
-            assert_int_equal(fa_npy_as_tensor(&a, &t), FA_OK);
-            assert_ptr_equal(t.data, a.data);
-            assert_int_equal(t.stride[rank - 1], 1);
+            if (ty == FA_NPY_I32 || ty == FA_NPY_U8) {
+                assert_int_equal(a.dtype, FA_DTYPE_COUNT);
+                assert_int_equal(fa_npy_as_tensor(&a, &t), FA_ERR_DTYPE);
+            } else if (rank > 0) {
+                assert_int_equal(fa_npy_as_tensor(&a, &t), FA_OK);
+                assert_ptr_equal(t.data, a.data);
+                assert_int_equal(t.stride[rank - 1], 1);
+            }
             fa_npy_free(&a);
             free(data);
             unlink(path);
@@ -385,7 +479,7 @@ static void test_npy_reads_a_pipe_only_as_far_as_its_header_says(void **state)
     close(fds[1]);
     snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
     assert_int_equal(fa_npy_load(path, &a), FA_ERR_FORMAT);
-    assert_non_null(strstr(fa_last_error(), "trailing data"));
+    assert_non_null(strstr(fa_npy_last_error(), "trailing data"));
     /* the reader took header + data + 1 byte, no more */
     char rest[8192];
     assert_int_equal(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
@@ -397,7 +491,7 @@ static void test_npy_reads_a_pipe_only_as_far_as_its_header_says(void **state)
     close(fds[1]);
     snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
     assert_int_equal(fa_npy_load(path, &a), FA_ERR_FORMAT);
-    assert_non_null(strstr(fa_last_error(), "not a .npy file"));
+    assert_non_null(strstr(fa_npy_last_error(), "not a .npy file"));
     assert_int_equal(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
     assert_int_equal(read(fds[0], rest, sizeof rest), (ssize_t)sizeof extra - 10);
     close(fds[0]);
@@ -421,7 +515,7 @@ static void test_npy_accepts_header_variants(void **state)
         unsigned char *img = make_npy(1, 0, ok[i].dict, ok[i].align, data_2x3, sizeof data_2x3, &len);
         fa_npy a;
         if (fa_npy_parse(img, len, "variant.npy", &a) != FA_OK)
-            fail_msg("variant %zu refused: %s", i, fa_last_error());
+            fail_msg("variant %zu refused: %s", i, fa_npy_last_error());
         assert_int_equal(a.rank, 2);
         assert_int_equal(a.shape[1], 3);
         assert_memory_equal(a.data, data_2x3, sizeof data_2x3);
@@ -518,19 +612,26 @@ static void test_npy_rejects_trailing_bytes(void **state)
     free(img);
 }
 
-/* Ensure dtypes other than <f4 <f8 <f2 <u2 get FA_ERR_DTYPE naming the dtype. */
+/* Ensure dtypes other than <f4 <f8 <f2 <u2 <i4 |u1 get FA_ERR_DTYPE naming the
+ * dtype: big-endian ones ('>i4' too), other integer widths, unsigned int32, int8. */
 static void test_npy_rejects_unsupported_dtype(void **state)
 {
     (void)state;
     size_t n;
-    unsigned char *img = slurp(fixture("i4_3.npy"), &n);
-    assert_load_fails("i4.npy", img, n, FA_ERR_DTYPE, "unsupported dtype '<i4'");
+    unsigned char *img = slurp(fixture("i4_big_3.npy"), &n);
+    assert_load_fails("i4big.npy", img, n, FA_ERR_DTYPE, "big-endian dtype '>i4'");
     free(img);
     img = slurp(fixture("f4_big_3.npy"), &n);
     assert_load_fails("big.npy", img, n, FA_ERR_DTYPE, "big-endian dtype '>f4'");
     free(img);
-    assert_dict_fails("u1.npy", "{'descr': '|u1', 'fortran_order': False, 'shape': (24,), }",
-                      FA_ERR_DTYPE, "'|u1'");
+    assert_dict_fails("u4.npy", "{'descr': '<u4', 'fortran_order': False, 'shape': (6,), }",
+                      FA_ERR_DTYPE, "unsupported dtype '<u4'");
+    assert_dict_fails("i8.npy", "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }",
+                      FA_ERR_DTYPE, "unsupported dtype '<i8'");
+    assert_dict_fails("i1.npy", "{'descr': '|i1', 'fortran_order': False, 'shape': (24,), }",
+                      FA_ERR_DTYPE, "unsupported dtype '|i1'");
+    assert_dict_fails("b1.npy", "{'descr': '|b1', 'fortran_order': False, 'shape': (24,), }",
+                      FA_ERR_DTYPE, "unsupported dtype '|b1'");
     assert_dict_fails("struct.npy",
                       "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (6,), }",
                       FA_ERR_DTYPE, "structured");
@@ -620,10 +721,10 @@ static void test_npy_rejects_missing_file_and_directory(void **state)
     fa_npy a;
     const char *path = tmp_path("does_not_exist.npy");
     assert_int_equal(fa_npy_load(path, &a), FA_ERR_IO);
-    assert_non_null(strstr(fa_last_error(), path));
-    assert_non_null(strstr(fa_last_error(), "cannot open"));
+    assert_non_null(strstr(fa_npy_last_error(), path));
+    assert_non_null(strstr(fa_npy_last_error(), "cannot open"));
     assert_int_equal(fa_npy_load(tmpdir, &a), FA_ERR_IO);
-    assert_non_null(strstr(fa_last_error(), "is a directory"));
+    assert_non_null(strstr(fa_npy_last_error(), "is a directory"));
     assert_int_equal(fa_npy_load(NULL, &a), FA_ERR_NULL_ARG);
 }
 
@@ -639,7 +740,7 @@ static void test_npy_save_leaves_no_file_when_directory_missing(void **state)
     const char *path = tmp_path("no_such_dir/out.npy");
     int before = dir_entries(tmpdir);
     assert_int_equal(fa_npy_save(path, data_2x3, FA_F32, 2, shape), FA_ERR_IO);
-    assert_non_null(strstr(fa_last_error(), path));
+    assert_non_null(strstr(fa_npy_last_error(), path));
     assert_false(file_exists(path));
     assert_int_equal(dir_entries(tmpdir), before);
 }
@@ -656,7 +757,7 @@ static void test_npy_save_leaves_no_file_when_rename_fails(void **state)
     assert_int_equal(mkdir(dest, 0755), 0); /* a directory where the file should go */
     int64_t shape[2] = {2, 3};
     assert_int_equal(fa_npy_save(dest, data_2x3, FA_F32, 2, shape), FA_ERR_IO);
-    assert_non_null(strstr(fa_last_error(), dest));
+    assert_non_null(strstr(fa_npy_last_error(), dest));
     assert_int_equal(dir_entries(sub), 1); /* only dest/ itself: no temporary left */
     rmdir(dest);
     rmdir(sub);
@@ -674,7 +775,7 @@ static void test_npy_save_leaves_no_file_when_directory_not_writable(void **stat
     snprintf(dest, sizeof dest, "%s/out.npy", sub);
     int64_t shape[2] = {2, 3};
     assert_int_equal(fa_npy_save(dest, data_2x3, FA_F32, 2, shape), FA_ERR_IO);
-    assert_non_null(strstr(fa_last_error(), dest));
+    assert_non_null(strstr(fa_npy_last_error(), dest));
     assert_int_equal(dir_entries(sub), 0);
     rmdir(sub);
 }
@@ -761,7 +862,7 @@ static void test_npy_save_refuses_a_read_only_file(void **state)
     assert_int_equal(chmod(path, 0444), 0);
     int64_t shape[2] = {2, 3};
     assert_int_equal(fa_npy_save(path, data_2x3, FA_F32, 2, shape), FA_ERR_IO);
-    assert_non_null(strstr(fa_last_error(), "not writable"));
+    assert_non_null(strstr(fa_npy_last_error(), "not writable"));
     size_t len;
     unsigned char *got = slurp(path, &len);
     assert_int_equal(len, 4);
@@ -808,6 +909,9 @@ static void test_npy_save_rejects_bad_arguments(void **state)
     assert_int_equal(fa_npy_save(path, data_2x3, FA_F32, 5, shape), FA_ERR_SHAPE);
     assert_int_equal(fa_npy_save(path, data_2x3, FA_F32, 2, neg), FA_ERR_SHAPE);
     assert_int_equal(fa_npy_save(path, data_2x3, FA_DTYPE_COUNT, 2, shape), FA_ERR_DTYPE);
+    assert_int_equal(fa_npy_save_type(path, data_2x3, FA_NPY_TYPE_COUNT, 2, shape), FA_ERR_DTYPE);
+    assert_int_equal(fa_npy_save_type(path, data_2x3, FA_NPY_I32, 5, shape), FA_ERR_SHAPE);
+    assert_int_equal(fa_npy_save_type(path, NULL, FA_NPY_U8, 2, shape), FA_ERR_NULL_ARG);
     assert_int_equal(fa_npy_save(path, NULL, FA_F32, 2, shape), FA_ERR_NULL_ARG);
     assert_int_equal(fa_npy_save(NULL, data_2x3, FA_F32, 2, shape), FA_ERR_NULL_ARG);
     assert_false(file_exists(path));
@@ -861,6 +965,7 @@ static void test_npy_find_nonfinite_reports_first_bad_index(void **state)
     void *bufs[4] = {f32, f64, f16, bf16};
     for (int dt = 0; dt < FA_DTYPE_COUNT; dt++) {
         a.dtype = (fa_dtype)dt;
+        assert_int_equal(fa_npy_type_of_dtype(a.dtype, &a.type), FA_OK);
         a.data = bufs[dt];
         assert_int_equal(fa_npy_find_nonfinite(&a), -1);
     }
@@ -873,9 +978,18 @@ static void test_npy_find_nonfinite_reports_first_bad_index(void **state)
     const int64_t want[4] = {3, 2, 1, 3};
     for (int dt = 0; dt < FA_DTYPE_COUNT; dt++) {
         a.dtype = (fa_dtype)dt;
+        assert_int_equal(fa_npy_type_of_dtype(a.dtype, &a.type), FA_OK);
         a.data = bufs[dt];
         assert_int_equal(fa_npy_find_nonfinite(&a), want[dt]);
     }
+    /* integers are finite whatever their bits (0xff.. is a NaN pattern as float) */
+    uint32_t ones[5] = {~0u, ~0u, 0x7f800000u, 0x7fc00000u, 0};
+    a.dtype = FA_DTYPE_COUNT;
+    a.data = ones;
+    a.type = FA_NPY_I32;
+    assert_int_equal(fa_npy_find_nonfinite(&a), -1);
+    a.type = FA_NPY_U8;
+    assert_int_equal(fa_npy_find_nonfinite(&a), -1);
     a.data = NULL;
     assert_int_equal(fa_npy_find_nonfinite(&a), -1);
 }
@@ -890,6 +1004,9 @@ int main(void)
         cmocka_unit_test(test_npy_reads_version_2_0),
         cmocka_unit_test(test_npy_reads_scalar_and_empty_arrays),
         cmocka_unit_test(test_npy_writes_files_identical_to_numpy),
+        cmocka_unit_test(test_npy_reads_i4_written_by_numpy),
+        cmocka_unit_test(test_npy_reads_u1_written_by_numpy),
+        cmocka_unit_test(test_npy_as_tensor_refuses_integer_arrays),
         cmocka_unit_test(test_npy_round_trips_every_dtype),
         cmocka_unit_test(test_npy_reads_from_a_pipe),
         cmocka_unit_test(test_npy_reads_a_pipe_only_as_far_as_its_header_says),

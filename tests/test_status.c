@@ -6,6 +6,10 @@
  * from fa_last_error() that names the culprit, and that a following success
  * clears the message. A last test checks fa_status_string() covers every code.
  *
+ * FA_ERR_IO and FA_ERR_FORMAT belong to files, which the library never touches:
+ * they come from the CLI's .npy layer (src/cli/npy.c, linked into this suite),
+ * whose message is its own (fa_npy_last_error()) and leaves fa_last_error() alone.
+ *
  * Order matters once: FA_ERR_ISA can only be provoked before the kernel table
  * is chosen (the choice is made once per process), so it runs first.
  */
@@ -16,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "npy.h"
+#include "cli/npy.h"
 
 /* Small valid problem: q [1][5][4][8], k/v [1][6][2][8], o [1][5][4][8], lse [1][4][5]. */
 typedef struct fixture {
@@ -150,6 +154,11 @@ static void test_shape_when_shapes_are_inconsistent(void **state)
     int64_t empty_huge[4] = {2, INT64_MAX / 2, 0, 3};
     assert_int_equal(fa_tensor_make(&t, x, FA_F32, 4, empty_huge, NULL), FA_OK);
     assert_int_equal(fa_tensor_numel(&t), 0);
+    fa_tensor bad = t;
+    bad.shape[2] = 2; /* now (2, INT64_MAX/2, 2, 3): the product overflows */
+    assert_int_equal(fa_tensor_numel(&bad), -1);
+    bad.shape[2] = -1;
+    assert_int_equal(fa_tensor_numel(&bad), -1);
     int bq, bk;
     expect_status(fa_block_sizes(0, 8, NULL, &bq, &bk), FA_ERR_SHAPE, NULL, f);
 }
@@ -261,17 +270,31 @@ static void test_too_large_when_standard_exceeds_its_cap(void **state)
     assert_int_equal(after.current_bytes, before.current_bytes);
 }
 
-/* Ensure FA_ERR_IO when a file cannot be opened, and FA_ERR_FORMAT when it is malformed. */
+/* The .npy layer's status is `want`, its own message mentions `needle`, and
+ * the library's message (cleared by a success just before) was not touched. */
+static void expect_npy_status(fa_status got, fa_status want, const char *needle)
+{
+    if (got != want)
+        fail_msg("got %s (%s), want %s", fa_status_string(got), fa_npy_last_error(), fa_status_string(want));
+    const char *msg = fa_npy_last_error();
+    if (!msg[0]) fail_msg("%s came with an empty message", fa_status_string(want));
+    if (needle && !strstr(msg, needle)) fail_msg("message '%s' does not mention '%s'", msg, needle);
+    assert_string_equal(fa_last_error(), "");
+}
+
+/* Ensure FA_ERR_IO when a file cannot be opened, and FA_ERR_FORMAT when it is malformed
+ * (the CLI's .npy layer, with its own message). */
 static void test_io_and_format_when_files_are_missing_or_malformed(void **state)
 {
     fixture *f = *state;
+    assert_int_equal(forward_with(f, NULL), FA_OK); /* clears the library's message */
     fa_npy arr;
-    expect_status(fa_npy_load("/nonexistent/dir/q.npy", &arr), FA_ERR_IO, "q.npy", f);
+    expect_npy_status(fa_npy_load("/nonexistent/dir/q.npy", &arr), FA_ERR_IO, "q.npy");
     const char junk[] = "\x93NUMPY\x01\x00\x04\x00{}\n\n";
-    expect_status(fa_npy_parse(junk, sizeof junk - 1, "junk.npy", &arr), FA_ERR_FORMAT, "junk.npy", f);
+    expect_npy_status(fa_npy_parse(junk, sizeof junk - 1, "junk.npy", &arr), FA_ERR_FORMAT, "junk.npy");
     float x[2] = {1, 2};
     int64_t shape[1] = {2};
-    expect_status(fa_npy_save("/nonexistent/dir/o.npy", x, FA_F32, 1, shape), FA_ERR_IO, "o.npy", f);
+    expect_npy_status(fa_npy_save("/nonexistent/dir/o.npy", x, FA_F32, 1, shape), FA_ERR_IO, "o.npy");
 }
 
 /* Ensure FA_ERR_NONFINITE when fa_check is given a NaN input. */

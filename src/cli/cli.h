@@ -9,7 +9,7 @@
  * Conventions every subcommand follows:
  *   - exit status: 0 ok, 1 check mismatch (only `check`), 2 bad usage or bad input;
  *   - every error is ONE line on stderr, "flashattn: <message>", naming the file
- *     when a file is at fault (library messages from npy.c already do);
+ *     when a file is at fault (the messages of npy.c, fa_npy_last_error(), already do);
  *   - an unknown option is an error, never ignored;
  *   - no output file is left behind on any error: outputs are checked before any
  *     work (cli_check_files), every output goes to its temporary before any is
@@ -74,6 +74,10 @@ int cli_die(const char *fmt, ...)
  * status name if empty) as one line; returns CLI_EXIT_USAGE. */
 int cli_die_status(fa_status st);
 
+/* Print the .npy layer's message for a failed fa_npy_* / fa_outfile_* call
+ * (fa_npy_last_error(), or the status name if empty); returns CLI_EXIT_USAGE. */
+int cli_die_npy(fa_status st);
+
 /* "flashattn <cmd>: unknown option '<arg>' (see flashattn <cmd> --help)"; returns 2. */
 int cli_unknown_option(const char *cmd, const char *arg);
 
@@ -121,7 +125,7 @@ void cli_attn_init(cli_attn *a);
 
 /*
  * MASK OPTIONS at argv[*i]:
- *   --causal  --window L,R  --softcap C  --scale S  --alibi SLOPES.npy
+ *   --causal  --window L,R  --softcap C  --scale S  --alibi SLOPES.npy  --align bottom-right|top-left
  * Returns 1 if consumed (with *i advanced past its value), 0 if argv[*i] is
  * not a mask option, -1 after printing an error for a bad value.
  */
@@ -171,14 +175,35 @@ typedef struct cli_qkv {
 static inline int cli_skip(const cli_qkv *in) { return in->packed ? 1 : 0; }
 
 /*
- * Load one array: `path` must be a valid .npy of rank `want_rank` (0: any
- * rank 1..4), finite if `require_finite` (the first NaN/Inf is reported by its
+ * Load one float array: `path` must be a valid .npy of a float type ('<f4',
+ * '<f8', '<f2', '<u2'; int32 and uint8 files are refused by name), of rank
+ * `want_rank` (0: any rank 1..4), finite if `require_finite` (the first NaN/Inf is reported by its
  * index), and `role` (e.g. "Q [batch, seqlen_q, heads, d]") is used in the
  * rank message. Fills *arr and, when t is non-NULL, the tensor view *t.
  * Returns 0, or prints one line and returns CLI_EXIT_USAGE with *arr freed.
  */
 int cli_load_array(const char *path, int want_rank, int require_finite, const char *role,
                    fa_npy *arr, fa_tensor *t);
+
+/*
+ * Load an int32 index file (cu_seqlens, seqused_k, cache_seqlens, block_table,
+ * ...): `path` must be a valid .npy of type '<i4' (big-endian '>i4' and every
+ * other type refused), of rank `want_rank` (< 0: any rank 0..4), and, where
+ * `want_shape` is non-NULL, of extent want_shape[r] on each axis r with
+ * want_shape[r] >= 0 (< 0: any extent). `role` names the file's part in the
+ * messages, e.g. "--cu-seqlens-q [batch + 1]". The values are not checked:
+ * what an index may be is the caller's rule. Returns 0 with *arr loaded
+ * (arr->data is int32_t[arr->numel]), or prints ONE line naming the file, the
+ * expected type and shape and the ones found, e.g.
+ *   flashattn: cu.npy: --cu-seqlens-q [batch + 1] must be int32 ('<i4') of
+ *   shape [3], found float32 ('<f4') of shape [2, 3]
+ * and returns CLI_EXIT_USAGE with *arr freed.
+ */
+int cli_load_index(const char *path, const char *role, int want_rank, const int64_t *want_shape, fa_npy *arr);
+
+/* The same for a uint8 code file ('|u1': FP8/FP4/INT8 codes, keep-masks);
+ * arr->data is uint8_t[arr->numel]. */
+int cli_load_codes(const char *path, const char *role, int want_rank, const int64_t *want_shape, fa_npy *arr);
 
 /*
  * Load Q, K, V (BSHD, rank 4, finite) and check: batch equal, K and V seqlen
@@ -200,8 +225,7 @@ int cli_load_inputs(cli_qkv *in, const cli_attn *a, const char *q_path, const ch
  * cu_seqlens [batch + 1], both the same length; seqused_k [batch]) and point
  * a->opt.varlen at them, named by their files (the library checks the values
  * and names the file and the index). Call before cli_attn_load_alibi. Returns
- * 0 or prints and returns 2. (A minimal '<i4' reader lives here until the
- * .npy module reads integer arrays.)
+ * 0 or prints and returns 2.
  */
 int cli_attn_load_varlen(cli_attn *a, const cli_qkv *in);
 void cli_qkv_free(cli_qkv *in);

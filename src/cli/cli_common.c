@@ -49,6 +49,12 @@ int cli_die_status(fa_status st)
     return cli_die("%s", msg && *msg ? msg : fa_status_string(st));
 }
 
+int cli_die_npy(fa_status st)
+{
+    const char *msg = fa_npy_last_error();
+    return cli_die("%s", msg && *msg ? msg : fa_status_string(st));
+}
+
 int cli_unknown_option(const char *cmd, const char *arg)
 {
     if (arg[0] == '-')
@@ -161,6 +167,8 @@ int cli_parse_dtype(const char *opt, const char *text, fa_dtype *dtype)
 const char cli_mask_help[] =
     "MASK OPTIONS (FlashAttention semantics; masks aligned to the bottom-right corner):\n"
     "  --causal           key j visible to query i iff j <= i + seqlen_k - seqlen_q\n"
+    "  --align A          bottom-right (default, FlashAttention's) or top-left (PyTorch\n"
+    "                     SDPA's is_causal: drop the seqlen_k - seqlen_q term everywhere)\n"
     "  --window L,R       sliding window: L keys left, R keys right of the diagonal;\n"
     "                     -1 = unbounded on that side (--causal sets R = 0)\n"
     "  --softcap C        s = C * tanh(s / C) after scaling (0 = off)\n"
@@ -217,138 +225,32 @@ int cli_attn_is_varlen(const cli_attn *a)
 }
 
 /*
- * A minimal reader for int32 index arrays ('<i4', C order, rank 1..2), until
- * the .npy module reads integer arrays: magic, version, header length, the
- * header's descr / fortran_order / shape, and the exact file length.
- * Returns 0 with *out (malloc'ed, numel entries) and shape, or prints one line
- * naming the file and returns CLI_EXIT_USAGE.
+ * An int32 index array ('<i4', rank 1..max_rank) through the .npy module.
+ * Returns 0 with *out (malloc'ed, numel entries) and its shape, or prints one
+ * line naming the file and returns CLI_EXIT_USAGE.
  */
 static int load_i32(const char *path, const char *role, int max_rank, int32_t **out, int *rank, int64_t shape[2])
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return cli_die("%s: cannot open (%s)", path, strerror(errno));
-    unsigned char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            if (cap >= ((size_t)1 << 31)) {
-                fclose(f);
-                free(buf);
-                return cli_die("%s: an index file of more than 2 GiB is not supported", path);
-            }
-            cap = cap ? 2 * cap : 4096;
-            unsigned char *nb = realloc(buf, cap);
-            if (!nb) {
-                fclose(f);
-                free(buf);
-                return cli_die("%s: out of memory", path);
-            }
-            buf = nb;
-        }
-        const size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    const int io_error = ferror(f);
-    fclose(f);
+    fa_npy arr;
+    fa_status st = fa_npy_load(path, &arr);
+    if (st != FA_OK) return cli_die_npy(st);
+    char sh[96];
     int rc = CLI_EXIT_USAGE;
-    if (io_error) {
-        cli_die("%s: read error", path);
-        goto out;
-    }
-    if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) {
-        cli_die("%s: not a .npy file (bad magic)", path);
-        goto out;
-    }
-    const int major = buf[6];
-    size_t hlen, start;
-    if (major == 1) {
-        hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
-        start = 10;
-    } else if ((major == 2 || major == 3) && len >= 12) {
-        hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
-        start = 12;
-    } else {
-        cli_die("%s: unsupported .npy version %d", path, major);
-        goto out;
-    }
-    if (hlen > len - start || hlen > 65536) {
-        cli_die("%s: truncated .npy header", path);
-        goto out;
-    }
-    char header[65537];
-    memcpy(header, buf + start, hlen);
-    header[hlen] = '\0';
-    const char *d = strstr(header, "'descr':"), *fo = strstr(header, "'fortran_order':"),
-               *sh = strstr(header, "'shape':");
-    if (!d || !fo || !sh) {
-        cli_die("%s: malformed .npy header (descr, fortran_order and shape are required)", path);
-        goto out;
-    }
-    d += 8;
-    while (*d == ' ') d++;
-    if (strncmp(d, "'<i4'", 5) != 0) {
-        char got[16] = "";
-        sscanf(d, "'%15[^']", got);
-        cli_die("%s: %s must be int32 ('<i4'), got '%s'", path, role, got);
-        goto out;
-    }
-    fo += 16;
-    while (*fo == ' ') fo++;
-    if (strncmp(fo, "False", 5) != 0) {
-        cli_die("%s: Fortran-order arrays are not supported", path);
-        goto out;
-    }
-    sh += 8;
-    while (*sh == ' ') sh++;
-    if (*sh++ != '(') {
-        cli_die("%s: malformed shape in the .npy header", path);
-        goto out;
-    }
-    *rank = 0;
-    int64_t numel = 1;
-    for (;;) {
-        while (*sh == ' ') sh++;
-        if (*sh == ')') break;
-        char *end;
-        errno = 0;
-        long long v = strtoll(sh, &end, 10);
-        if (end == sh || v < 0 || errno == ERANGE || v > INT32_MAX) {
-            cli_die("%s: malformed shape in the .npy header", path);
-            goto out;
-        }
-        if (*rank >= max_rank) {
-            cli_die("%s: %s must have rank %s%d", path, role, max_rank > 1 ? "at most " : "", max_rank);
-            goto out;
-        }
-        shape[(*rank)++] = v;
-        numel *= v;
-        sh = end;
-        while (*sh == ' ') sh++;
-        if (*sh == ',') sh++;
-    }
-    if (*rank == 0) {
-        cli_die("%s: %s must have rank %d, got a scalar", path, role, max_rank);
-        goto out;
-    }
-    if ((uint64_t)(len - start - hlen) != (uint64_t)numel * 4) {
-        cli_die("%s: file holds %zu data bytes, the header's shape needs %lld", path, len - start - hlen,
-                (long long)(numel * 4));
-        goto out;
-    }
-    *out = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(int32_t));
-    if (!*out) {
+    if (arr.type != FA_NPY_I32) {
+        cli_die("%s: %s must be int32 ('<i4'), got '%s'", path, role, fa_npy_type_descr(arr.type));
+    } else if (arr.rank < 1 || arr.rank > max_rank) {
+        cli_die("%s: %s must have rank %s%d, got rank %d %s", path, role, max_rank > 1 ? "1 to " : "", max_rank,
+                arr.rank, cli_shape(arr.rank, arr.shape, sh, sizeof sh));
+    } else if (!(*out = malloc((size_t)(arr.numel > 0 ? arr.numel : 1) * sizeof(int32_t)))) {
         cli_die("%s: out of memory", path);
-        goto out;
+    } else {
+        memcpy(*out, arr.data, (size_t)arr.numel * sizeof(int32_t));
+        *rank = arr.rank;
+        for (int r = 0; r < arr.rank; r++) shape[r] = arr.shape[r];
+        rc = 0;
     }
-    const unsigned char *data = buf + start + hlen;
-    for (int64_t x = 0; x < numel; x++) /* little-endian bytes, whatever the host */
-        (*out)[x] = (int32_t)((uint32_t)data[4 * x] | (uint32_t)data[4 * x + 1] << 8 |
-                              (uint32_t)data[4 * x + 2] << 16 | (uint32_t)data[4 * x + 3] << 24);
-    rc = 0;
-out:
-    free(buf);
+    fa_npy_free(&arr);
     return rc;
 }
 
@@ -431,6 +333,16 @@ int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a)
         if (r < 0 || cli_parse_double("--scale", val, &a->opt.scale) != 0) return -1;
         if (a->opt.scale == 0) {
             cli_die("--scale: must be non-zero (omit it for the default 1/sqrt(d))");
+            return -1;
+        }
+        return 1;
+    }
+    if ((r = cli_opt_value(argc, argv, i, "--align", &val)) != 0) {
+        if (r < 0) return -1;
+        if (strcmp(val, "bottom-right") == 0) a->opt.align = FA_ALIGN_BOTTOM_RIGHT;
+        else if (strcmp(val, "top-left") == 0) a->opt.align = FA_ALIGN_TOP_LEFT;
+        else {
+            cli_die("--align: expected bottom-right or top-left, got '%s'", val);
             return -1;
         }
         return 1;
@@ -546,8 +458,15 @@ int cli_load_array(const char *path, int want_rank, int require_finite, const ch
                    fa_npy *arr, fa_tensor *t)
 {
     fa_status st = fa_npy_load(path, arr);
-    if (st != FA_OK) return cli_die_status(st);
+    if (st != FA_OK) return cli_die_npy(st);
     char sh[96], ix[96];
+    if (arr->dtype == FA_DTYPE_COUNT) { /* an int32 or uint8 file where a float array belongs */
+        cli_die("%s: unsupported dtype '%s' for %s: %s files are index or code files, not float arrays "
+                "('<f4', '<f8', '<f2', or '<u2' as bfloat16)",
+                path, fa_npy_type_descr(arr->type), role, fa_npy_type_name(arr->type));
+        fa_npy_free(arr);
+        return CLI_EXIT_USAGE;
+    }
     if ((want_rank > 0 && arr->rank != want_rank) || arr->rank < 1) {
         cli_die("%s: expected rank %d for %s, got rank %d %s", path, want_rank > 0 ? want_rank : 1,
                 role, arr->rank, cli_shape(arr->rank, arr->shape, sh, sizeof sh));
@@ -569,9 +488,54 @@ int cli_load_array(const char *path, int want_rank, int require_finite, const ch
     }
     if (t && (st = fa_npy_as_tensor(arr, t)) != FA_OK) {
         fa_npy_free(arr);
-        return cli_die("%s: %s", path, fa_last_error());
+        return cli_die("%s: %s", path, fa_npy_last_error());
     }
     return 0;
+}
+
+/* "[3, *]": an expected shape, * for an extent that may be anything (< 0). */
+static const char *want_shape_str(int rank, const int64_t *shape, char *buf, size_t size)
+{
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int r = 0; r < rank && n < size; r++) {
+        if (shape && shape[r] >= 0) n += (size_t)snprintf(buf + n, size - n, r ? ", %lld" : "%lld", (long long)shape[r]);
+        else n += (size_t)snprintf(buf + n, size - n, r ? ", *" : "*");
+    }
+    if (n < size) snprintf(buf + n, size - n, "]");
+    return buf;
+}
+
+/* An integer file of one type, rank and shape (see cli_load_index). */
+static int load_ints(const char *path, fa_npy_type want, const char *role, int want_rank,
+                     const int64_t *want_shape, fa_npy *arr)
+{
+    fa_status st = fa_npy_load(path, arr);
+    if (st != FA_OK) return cli_die_npy(st);
+    char want_sh[96], sh[96];
+    int shape_ok = want_rank < 0 || arr->rank == want_rank;
+    for (int r = 0; shape_ok && want_shape && r < want_rank; r++)
+        if (want_shape[r] >= 0 && arr->shape[r] != want_shape[r]) shape_ok = 0;
+    if (arr->type != want || !shape_ok) {
+        if (want_rank >= 0)
+            want_shape_str(want_rank, want_shape, want_sh, sizeof want_sh);
+        cli_die("%s: %s must be %s ('%s') of %s%s, found %s ('%s') of shape %s", path, role,
+                fa_npy_type_name(want), fa_npy_type_descr(want), want_rank >= 0 ? "shape " : "any shape",
+                want_rank >= 0 ? want_sh : "", fa_npy_type_name(arr->type),
+                fa_npy_type_descr(arr->type), cli_shape(arr->rank, arr->shape, sh, sizeof sh));
+        fa_npy_free(arr);
+        return CLI_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int cli_load_index(const char *path, const char *role, int want_rank, const int64_t *want_shape, fa_npy *arr)
+{
+    return load_ints(path, FA_NPY_I32, role, want_rank, want_shape, arr);
+}
+
+int cli_load_codes(const char *path, const char *role, int want_rank, const int64_t *want_shape, fa_npy *arr)
+{
+    return load_ints(path, FA_NPY_U8, role, want_rank, want_shape, arr);
 }
 
 void cli_qkv_free(cli_qkv *in)
@@ -692,7 +656,7 @@ int cli_check_output(const char *opt, const char *path)
 {
     if (!*path) return cli_die("%s: empty file name", opt);
     fa_status st = fa_outfile_check(path);
-    return st == FA_OK ? 0 : cli_die_status(st);
+    return st == FA_OK ? 0 : cli_die_npy(st);
 }
 
 /* Identity of a file: device and inode if it exists, else the device and
@@ -813,7 +777,7 @@ int cli_save_outputs(const cli_output *outs, int n)
     if (st != FA_OK) {
         for (int i = 0; i < n; i++)
             if (used[i]) fa_outfile_abort(&f[i]);
-        return cli_die_status(st);
+        return cli_die_npy(st);
     }
     /* 2. rename them all into place; if one fails, remove those already renamed */
     int failed = -1;
@@ -828,7 +792,7 @@ int cli_save_outputs(const cli_output *outs, int n)
     }
     for (int i = 0; i < n; i++)
         if (used[i]) fa_outfile_free(&f[i]);
-    return failed >= 0 ? cli_die_status(st) : 0;
+    return failed >= 0 ? cli_die_npy(st) : 0;
 }
 
 /* An exit() that is not a return from a subcommand: the OpenMP runtime's. */

@@ -542,7 +542,7 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
                            (long long)n, (long long)n, (long long)d, cfg->causal, med * 1e3, times[0] * 1e3,
                            times[reps - 1] * 1e3, gflops, frac, rss, lib_mib);
         if (fa_outfile_write(cfg->csv, row, (size_t)len) != FA_OK) {
-            cli_die_status(FA_ERR_IO);
+            cli_die_npy(FA_ERR_IO);
             rc = 2;
         }
     }
@@ -787,14 +787,14 @@ static int bench_main(int argc, char **argv)
     fa_outfile csv;
     if (csv_path) {
         cli_cleanup_on_signals();
-        if (fa_outfile_open(&csv, csv_path) != FA_OK) return cli_die_status(FA_ERR_IO);
+        if (fa_outfile_open(&csv, csv_path) != FA_OK) return cli_die_npy(FA_ERR_IO);
         cfg.csv = &csv;
         static const char header[] =
             "impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,gflops,"
             "peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib\n";
         if (fa_outfile_write(&csv, header, sizeof header - 1) != FA_OK) {
             fa_outfile_abort(&csv);
-            return cli_die_status(FA_ERR_IO);
+            return cli_die_npy(FA_ERR_IO);
         }
     }
 
@@ -829,7 +829,7 @@ static int bench_main(int argc, char **argv)
                 }
     /* the rows measured are facts even if another configuration failed: keep them */
     if (cfg.csv) {
-        if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_status(FA_ERR_IO);
+        if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_npy(FA_ERR_IO);
         fa_outfile_free(&csv);
     }
     return rc;

@@ -127,7 +127,8 @@ static int run_main(int argc, char **argv)
     fa_cpu_info info;
     char sh[96];
     fa_get_cpu_info(&info);
-    printf("wrote %s %s %s%s%s (%s, %s, %d threads, %.1f ms)\n", o_path, cli_shape(4 - skip, o_shape, sh, sizeof sh),
+    printf("wrote %s %s %s%s%s (%s, %s, up to %d threads, %.1f ms)\n", o_path,
+           cli_shape(4 - skip, o_shape, sh, sizeof sh),
            fa_dtype_name(out_dtype), lse_path ? " and " : "", lse_path ? lse_path : "",
            fa_impl_name(attn.opt.impl), attn.opt.impl == FA_IMPL_REFERENCE ? "float64 loops" : info.isa,
            attn.opt.num_threads > 0 ? attn.opt.num_threads : info.max_threads, secs * 1e3);

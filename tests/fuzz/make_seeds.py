@@ -48,6 +48,9 @@ def npy_seeds():
     save("empty.npy", np.zeros((0, 3), dtype="<f4"))
     save("v2.npy", rng.standard_normal((2, 2)).astype("<f4"), version=(2, 0))
     save("nan.npy", np.array([1.0, np.nan, np.inf], dtype="<f4"))
+    save("i32_cu_seqlens.npy", np.array([0, 3, 3, 7], dtype="<i4"))
+    save("i32_block_table.npy", rng.integers(-2**31, 2**31, size=(2, 3), dtype="<i4"))
+    save("u8_codes.npy", rng.integers(0, 256, size=(1, 2, 2, 4), dtype=np.uint8))
     bad = os.path.join(HERE, "..", "corpus", "bad")
     for f in sorted(os.listdir(bad)):
         shutil.copy(os.path.join(bad, f), os.path.join(out, "bad_" + f))

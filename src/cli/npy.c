@@ -22,7 +22,9 @@
  * file length must be header + numel * itemsize exactly; shapes are checked
  * for negative extents and for overflow of numel * itemsize; rank is at
  * most FA_MAX_RANK; only little-endian '<f4' '<f8' '<f2' and '<u2' (bfloat16
- * bit patterns: numpy has no bfloat16) are accepted. The version-3.0 format
+ * bit patterns: numpy has no bfloat16) are accepted as tensors, and '<i4'
+ * (int32 index files) and '|u1' (uint8 code files) as raw integer arrays,
+ * which fa_npy_as_tensor refuses. The version-3.0 format
  * (utf-8 headers, for structured dtypes with unicode names) is rejected by
  * name: no array we accept ever needs it.
  *
@@ -55,8 +57,9 @@
  * The temporary is created with open(O_CREAT | O_EXCL, 0666), not mkstemp(),
  * whose 0600 mode would survive the rename; 0666 honours the umask.
  *
- * This file never prints: errors are fa_fail() statuses whose message starts
- * with the file name.
+ * This file is the CLI's, not the library's: it uses only the public API,
+ * plain malloc/free, and its own thread-local message (fa_npy_last_error()).
+ * It never prints: errors are statuses whose message starts with the file name.
  */
 #include "npy.h"
 
@@ -66,6 +69,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,8 +77,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#include "internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "npy.c reads and writes little-endian data in place; big-endian hosts are not supported"
@@ -94,9 +96,78 @@ enum {
     NPY_MAX_HEADER = 1 << 20,        /* our headers are ~128 bytes; refuse absurd ones */
 };
 
+/* The element types, by fa_npy_type: descr as numpy writes it, a name for
+ * messages, the item size, and the library's dtype (FA_DTYPE_COUNT: none,
+ * an integer array is never an attention tensor). */
+static const struct npy_type_info {
+    const char *descr, *name;
+    size_t size;
+    fa_dtype dtype;
+} npy_types[FA_NPY_TYPE_COUNT] = {
+    [FA_NPY_F32] = {"<f4", "float32", 4, FA_F32},
+    [FA_NPY_F64] = {"<f8", "float64", 8, FA_F64},
+    [FA_NPY_F16] = {"<f2", "float16", 2, FA_F16},
+    [FA_NPY_BF16] = {"<u2", "bfloat16", 2, FA_BF16},
+    [FA_NPY_I32] = {"<i4", "int32", 4, FA_DTYPE_COUNT},
+    [FA_NPY_U8] = {"|u1", "uint8", 1, FA_DTYPE_COUNT},
+};
+
+const char *fa_npy_type_name(fa_npy_type type)
+{
+    return (unsigned)type < FA_NPY_TYPE_COUNT ? npy_types[type].name : "invalid";
+}
+
+const char *fa_npy_type_descr(fa_npy_type type)
+{
+    return (unsigned)type < FA_NPY_TYPE_COUNT ? npy_types[type].descr : "?";
+}
+
+size_t fa_npy_type_size(fa_npy_type type)
+{
+    return (unsigned)type < FA_NPY_TYPE_COUNT ? npy_types[type].size : 0;
+}
+
+fa_status fa_npy_type_of_dtype(fa_dtype dtype, fa_npy_type *type)
+{
+    for (int i = 0; i < FA_NPY_TYPE_COUNT; i++)
+        if (npy_types[i].dtype == dtype && dtype != FA_DTYPE_COUNT) {
+            *type = (fa_npy_type)i;
+            return FA_OK;
+        }
+    return FA_ERR_DTYPE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors: this file's own thread-local message                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The CLI's file layer is not the library: it keeps its own message (read
+ * with fa_npy_last_error()) and returns the public fa_status codes. The
+ * library's fa_last_error() is never written here, so a message from one
+ * cannot be mistaken for the other's.
+ */
+static _Thread_local char npy_errbuf[512];
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static fa_status npy_fail(fa_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(npy_errbuf, sizeof npy_errbuf, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char *fa_npy_last_error(void) { return npy_errbuf; }
+
+void fa_npy_clear_error(void) { npy_errbuf[0] = '\0'; }
+
 /* What the header dict says. */
 typedef struct npy_header {
-    fa_dtype dtype;
+    fa_npy_type type;
     int rank;
     int64_t shape[FA_MAX_RANK];
     int64_t numel;
@@ -116,12 +187,12 @@ static fa_status parse_prefix(const unsigned char *buf, size_t avail, size_t fil
                               const char *name, size_t *prefix_len, size_t *header_len)
 {
     if (file_len == 0)
-        return fa_fail(FA_ERR_FORMAT, "%s: empty file (not a .npy file)", name);
+        return npy_fail(FA_ERR_FORMAT, "%s: empty file (not a .npy file)", name);
     size_t cmp = avail < NPY_MAGIC_LEN ? avail : NPY_MAGIC_LEN;
     if (memcmp(buf, NPY_MAGIC, cmp) != 0)
-        return fa_fail(FA_ERR_FORMAT, "%s: not a .npy file (bad magic; expected \\x93NUMPY)", name);
+        return npy_fail(FA_ERR_FORMAT, "%s: not a .npy file (bad magic; expected \\x93NUMPY)", name);
     if (file_len < NPY_PREFIX_V1)
-        return fa_fail(FA_ERR_FORMAT, "%s: truncated: %zu bytes is too short for a .npy header",
+        return npy_fail(FA_ERR_FORMAT, "%s: truncated: %zu bytes is too short for a .npy header",
                        name, file_len);
     unsigned major = buf[6], minor = buf[7];
     if (major == 1 && minor == 0) {
@@ -129,22 +200,22 @@ static fa_status parse_prefix(const unsigned char *buf, size_t avail, size_t fil
         *header_len = (size_t)buf[8] | (size_t)buf[9] << 8;
     } else if (major == 2 && minor == 0) {
         if (file_len < NPY_PREFIX_V2)
-            return fa_fail(FA_ERR_FORMAT, "%s: truncated: %zu bytes is too short for a .npy header",
+            return npy_fail(FA_ERR_FORMAT, "%s: truncated: %zu bytes is too short for a .npy header",
                            name, file_len);
         *prefix_len = NPY_PREFIX_V2;
         *header_len = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 |
                       (size_t)buf[11] << 24;
     } else {
-        return fa_fail(FA_ERR_FORMAT, "%s: unsupported .npy format version %u.%u (supported: 1.0, 2.0)",
+        return npy_fail(FA_ERR_FORMAT, "%s: unsupported .npy format version %u.%u (supported: 1.0, 2.0)",
                        name, major, minor);
     }
     if (*header_len == 0)
-        return fa_fail(FA_ERR_FORMAT, "%s: header length is 0", name);
+        return npy_fail(FA_ERR_FORMAT, "%s: header length is 0", name);
     if (*header_len > NPY_MAX_HEADER)
-        return fa_fail(FA_ERR_FORMAT, "%s: header length %zu is implausibly large (limit %d)",
+        return npy_fail(FA_ERR_FORMAT, "%s: header length %zu is implausibly large (limit %d)",
                        name, *header_len, NPY_MAX_HEADER);
     if (*header_len > file_len - *prefix_len)
-        return fa_fail(FA_ERR_FORMAT,
+        return npy_fail(FA_ERR_FORMAT,
                        "%s: truncated: header length %zu runs past the end of the file (%zu bytes)",
                        name, *header_len, file_len);
     return FA_OK;
@@ -171,7 +242,7 @@ static fa_status expect(cursor *c, char ch, const char *what)
 {
     skip_ws(c);
     if (c->p >= c->end || *c->p != ch)
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: expected '%c' %s", c->name, ch, what);
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: expected '%c' %s", c->name, ch, what);
     c->p++;
     return FA_OK;
 }
@@ -188,20 +259,20 @@ static fa_status parse_string(cursor *c, char *out, size_t cap, const char *what
 {
     char q = peek(c);
     if (q != '\'' && q != '"')
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: expected a quoted string for %s",
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: expected a quoted string for %s",
                        c->name, what);
     c->p++;
     size_t n = 0;
     while (c->p < c->end && *c->p != q) {
         if (*c->p == '\\' || *c->p == '\n')
-            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: unsupported character in %s",
+            return npy_fail(FA_ERR_FORMAT, "%s: malformed header: unsupported character in %s",
                            c->name, what);
         if (n + 1 < cap) out[n] = *c->p;
         n++;
         c->p++;
     }
     if (c->p >= c->end)
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: unterminated string in %s", c->name, what);
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: unterminated string in %s", c->name, what);
     c->p++;
     if (n + 1 > cap) n = cap - 1; /* too long: truncated copy cannot match any valid value */
     out[n] = '\0';
@@ -220,7 +291,7 @@ static fa_status parse_bool(cursor *c, int *value)
         c->p += 5;
         *value = 0;
     } else {
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: fortran_order must be True or False",
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: fortran_order must be True or False",
                        c->name);
     }
     return FA_OK;
@@ -240,7 +311,7 @@ static fa_status parse_extent(cursor *c, int64_t *value)
         c->p++;
     }
     if (c->p >= c->end || *c->p < '0' || *c->p > '9')
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: shape must be a tuple of integers",
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: shape must be a tuple of integers",
                        c->name);
     const char *start = c->p;
     int64_t v = 0;
@@ -254,9 +325,9 @@ static fa_status parse_extent(cursor *c, int64_t *value)
     if (c->p < c->end && *c->p == 'L') c->p++;
     int len = (int)(c->p - start);
     if (negative && !(v == 0 && !overflow))
-        return fa_fail(FA_ERR_FORMAT, "%s: negative dimension -%.*s in shape", c->name, len, start);
+        return npy_fail(FA_ERR_FORMAT, "%s: negative dimension -%.*s in shape", c->name, len, start);
     if (overflow)
-        return fa_fail(FA_ERR_FORMAT, "%s: dimension %.*s in shape overflows a 64-bit integer",
+        return npy_fail(FA_ERR_FORMAT, "%s: dimension %.*s in shape overflows a 64-bit integer",
                        c->name, len, start);
     *value = v;
     return FA_OK;
@@ -269,10 +340,10 @@ static fa_status parse_extent(cursor *c, int64_t *value)
  * any zero extent makes the array empty whatever the others are; otherwise
  * numel * itemsize must fit in both int64 and size_t. Returns 0 if it does not.
  */
-static int npy_numel(fa_dtype dtype, int rank, const int64_t *shape, int64_t *numel)
+static int npy_numel(fa_npy_type type, int rank, const int64_t *shape, int64_t *numel)
 {
     uint64_t limit = (uint64_t)INT64_MAX < SIZE_MAX ? (uint64_t)INT64_MAX : (uint64_t)SIZE_MAX;
-    limit /= fa_dtype_size(dtype);
+    limit /= npy_types[type].size;
     for (int i = 0; i < rank; i++)
         if (shape[i] == 0) {
             *numel = 0;
@@ -298,7 +369,7 @@ static fa_status parse_shape(cursor *c, npy_header *h)
             break;
         }
         if (rank > 0 && commas < rank)
-            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: expected ',' or ')' in shape", c->name);
+            return npy_fail(FA_ERR_FORMAT, "%s: malformed header: expected ',' or ')' in shape", c->name);
         int64_t extent = 0;
         if ((st = parse_extent(c, &extent)) != FA_OK) return st;
         if (rank < FA_MAX_RANK) h->shape[rank] = extent;
@@ -309,31 +380,29 @@ static fa_status parse_shape(cursor *c, npy_header *h)
         }
     }
     if (rank == 1 && commas == 0)
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: shape must be a tuple, e.g. (3,)", c->name);
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: shape must be a tuple, e.g. (3,)", c->name);
     if (rank > FA_MAX_RANK)
-        return fa_fail(FA_ERR_FORMAT, "%s: rank %d exceeds the maximum rank %d", c->name, rank,
+        return npy_fail(FA_ERR_FORMAT, "%s: rank %d exceeds the maximum rank %d", c->name, rank,
                        FA_MAX_RANK);
     h->rank = rank;
     return FA_OK;
 }
 
 /* Map a descr string to a dtype, or explain why not. */
-static fa_status parse_descr(const char *descr, const char *name, fa_dtype *dtype)
+static fa_status parse_descr(const char *descr, const char *name, fa_npy_type *type)
 {
-    static const struct { const char *descr; fa_dtype dtype; } known[] = {
-        {"<f4", FA_F32}, {"<f8", FA_F64}, {"<f2", FA_F16}, {"<u2", FA_BF16},
-    };
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
-        if (strcmp(descr, known[i].descr) == 0) {
-            *dtype = known[i].dtype;
+    for (int i = 0; i < FA_NPY_TYPE_COUNT; i++) {
+        if (strcmp(descr, npy_types[i].descr) == 0) {
+            *type = (fa_npy_type)i;
             return FA_OK;
         }
     }
     if (descr[0] == '>')
-        return fa_fail(FA_ERR_DTYPE, "%s: big-endian dtype '%s' is not supported (use little-endian '<')",
+        return npy_fail(FA_ERR_DTYPE, "%s: big-endian dtype '%s' is not supported (use little-endian '<')",
                        name, descr);
-    return fa_fail(FA_ERR_DTYPE,
-                   "%s: unsupported dtype '%s' (supported: '<f4', '<f8', '<f2', and '<u2' as bfloat16)",
+    return npy_fail(FA_ERR_DTYPE,
+                   "%s: unsupported dtype '%s' (supported: '<f4', '<f8', '<f2', '<u2' as bfloat16, "
+                   "and for index and code files '<i4' and '|u1')",
                    name, descr);
 }
 
@@ -344,11 +413,11 @@ static fa_status parse_descr(const char *descr, const char *name, fa_dtype *dtyp
 static fa_status parse_header(const char *text, size_t len, const char *name, npy_header *h)
 {
     if (text[len - 1] != '\n')
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: does not end with a newline", name);
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: does not end with a newline", name);
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)text[i];
         if (ch < 0x20 && ch != '\n' && ch != '\t' && ch != '\r')
-            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: control character at byte %zu",
+            return npy_fail(FA_ERR_FORMAT, "%s: malformed header: control character at byte %zu",
                            name, i);
     }
     cursor c = {text, text + len - 1, name};
@@ -369,7 +438,7 @@ static fa_status parse_header(const char *text, size_t len, const char *name, np
         if (strcmp(key, "descr") == 0) {
             seen = &have_descr;
             if (peek(&c) == '[')
-                return fa_fail(FA_ERR_DTYPE, "%s: structured dtypes are not supported", name);
+                return npy_fail(FA_ERR_DTYPE, "%s: structured dtypes are not supported", name);
             if ((st = parse_string(&c, descr, sizeof descr, "descr")) != FA_OK) return st;
         } else if (strcmp(key, "fortran_order") == 0) {
             seen = &have_order;
@@ -378,33 +447,33 @@ static fa_status parse_header(const char *text, size_t len, const char *name, np
             seen = &have_shape;
             if ((st = parse_shape(&c, h)) != FA_OK) return st;
         } else {
-            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: unexpected key '%s'", name, key);
+            return npy_fail(FA_ERR_FORMAT, "%s: malformed header: unexpected key '%s'", name, key);
         }
         if (*seen)
-            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: duplicate key '%s'", name, key);
+            return npy_fail(FA_ERR_FORMAT, "%s: malformed header: duplicate key '%s'", name, key);
         *seen = 1;
         char next = peek(&c);
         if (next == ',') {
             c.p++;
         } else if (next != '}') {
-            return fa_fail(FA_ERR_FORMAT, "%s: malformed header: expected ',' or '}' after '%s'",
+            return npy_fail(FA_ERR_FORMAT, "%s: malformed header: expected ',' or '}' after '%s'",
                            name, key);
         }
     }
     skip_ws(&c);
     if (c.p != c.end)
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: unexpected text after the dict", name);
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: unexpected text after the dict", name);
     if (!have_descr || !have_order || !have_shape)
-        return fa_fail(FA_ERR_FORMAT, "%s: malformed header: missing key '%s'", name,
+        return npy_fail(FA_ERR_FORMAT, "%s: malformed header: missing key '%s'", name,
                        !have_descr ? "descr" : !have_order ? "fortran_order" : "shape");
-    if ((st = parse_descr(descr, name, &h->dtype)) != FA_OK) return st;
+    if ((st = parse_descr(descr, name, &h->type)) != FA_OK) return st;
     if (fortran)
-        return fa_fail(FA_ERR_FORMAT, "%s: Fortran order not supported (save a C-order array, "
+        return npy_fail(FA_ERR_FORMAT, "%s: Fortran order not supported (save a C-order array, "
                        "e.g. np.ascontiguousarray)", name);
 
-    if (!npy_numel(h->dtype, h->rank, h->shape, &h->numel))
-        return fa_fail(FA_ERR_FORMAT, "%s: shape is too large: its byte size overflows", name);
-    h->data_bytes = (size_t)h->numel * fa_dtype_size(h->dtype);
+    if (!npy_numel(h->type, h->rank, h->shape, &h->numel))
+        return npy_fail(FA_ERR_FORMAT, "%s: shape is too large: its byte size overflows", name);
+    h->data_bytes = (size_t)h->numel * npy_types[h->type].size;
     return FA_OK;
 }
 
@@ -412,10 +481,10 @@ static fa_status parse_header(const char *text, size_t len, const char *name, np
 static fa_status check_data_length(const npy_header *h, size_t found, const char *name)
 {
     if (found < h->data_bytes)
-        return fa_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
+        return npy_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
                        name, h->data_bytes, found);
     if (found > h->data_bytes)
-        return fa_fail(FA_ERR_FORMAT,
+        return npy_fail(FA_ERR_FORMAT,
                        "%s: trailing data after the array: expected %zu data bytes, found %zu",
                        name, h->data_bytes, found);
     return FA_OK;
@@ -424,10 +493,15 @@ static fa_status check_data_length(const npy_header *h, size_t found, const char
 /* Allocate arr's data (at least one byte so that an empty array has a non-NULL pointer). */
 static fa_status npy_alloc(const npy_header *h, const char *name, fa_npy *arr)
 {
-    arr->data = fa_malloc(h->data_bytes > 0 ? h->data_bytes : 1);
+    /* plain posix_memalign: the CLI's arrays are not the library's buffers */
+    void *mem = NULL;
+    size_t bytes = h->data_bytes > 0 ? h->data_bytes : 1;
+    if (posix_memalign(&mem, NPY_ALIGN, bytes) != 0) mem = NULL;
+    arr->data = mem;
     if (!arr->data)
-        return fa_fail(FA_ERR_NOMEM, "%s: cannot allocate %zu bytes for the array", name, h->data_bytes);
-    arr->dtype = h->dtype;
+        return npy_fail(FA_ERR_NOMEM, "%s: cannot allocate %zu bytes for the array", name, h->data_bytes);
+    arr->type = h->type;
+    arr->dtype = npy_types[h->type].dtype;
     arr->rank = h->rank;
     for (int i = 0; i < FA_MAX_RANK; i++) arr->shape[i] = i < h->rank ? h->shape[i] : 0;
     arr->numel = h->numel;
@@ -440,10 +514,10 @@ static fa_status npy_alloc(const npy_header *h, const char *name, fa_npy *arr)
 
 fa_status fa_npy_parse(const void *bytes, size_t len, const char *name, fa_npy *arr)
 {
-    if (!arr) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_parse: arr is NULL");
+    if (!arr) return npy_fail(FA_ERR_NULL_ARG, "fa_npy_parse: arr is NULL");
     memset(arr, 0, sizeof *arr);
     if (!name) name = "<memory>";
-    if (!bytes && len > 0) return fa_fail(FA_ERR_NULL_ARG, "%s: bytes is NULL", name);
+    if (!bytes && len > 0) return npy_fail(FA_ERR_NULL_ARG, "%s: bytes is NULL", name);
     const unsigned char *buf = bytes;
     size_t prefix_len, header_len;
     fa_status st = parse_prefix(buf, len, len, name, &prefix_len, &header_len);
@@ -485,11 +559,11 @@ static fa_status load_stream(int fd, const char *path, fa_npy *arr)
 {
     unsigned char prefix[NPY_PREFIX_V2];
     ssize_t r = read_full(fd, prefix, NPY_PREFIX_V1);
-    if (r < 0) return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+    if (r < 0) return npy_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
     size_t got = (size_t)r;
     if (got == NPY_PREFIX_V1 && memcmp(prefix, NPY_MAGIC, NPY_MAGIC_LEN) == 0 && prefix[6] == 2) {
         r = read_full(fd, prefix + got, NPY_PREFIX_V2 - NPY_PREFIX_V1);
-        if (r < 0) return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+        if (r < 0) return npy_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
         got += (size_t)r;
     }
     size_t prefix_len, header_len;
@@ -499,13 +573,13 @@ static fa_status load_stream(int fd, const char *path, fa_npy *arr)
     if (st != FA_OK) return st;
 
     char *text = malloc(header_len);
-    if (!text) return fa_fail(FA_ERR_NOMEM, "%s: out of memory reading the header", path);
+    if (!text) return npy_fail(FA_ERR_NOMEM, "%s: out of memory reading the header", path);
     r = read_full(fd, text, header_len);
     if (r < 0 || (size_t)r != header_len) {
         int e = errno;
         free(text);
-        if (r < 0) return fa_fail(FA_ERR_IO, "%s: reading the header failed: %s", path, strerror(e));
-        return fa_fail(FA_ERR_FORMAT,
+        if (r < 0) return npy_fail(FA_ERR_IO, "%s: reading the header failed: %s", path, strerror(e));
+        return npy_fail(FA_ERR_FORMAT,
                        "%s: truncated: header length %zu runs past the end of the file (%zu bytes)",
                        path, header_len, prefix_len + (size_t)r);
     }
@@ -520,8 +594,8 @@ static fa_status load_stream(int fd, const char *path, fa_npy *arr)
     if (r < 0 || (size_t)r != h.data_bytes) {
         int e = errno;
         fa_npy_free(arr);
-        if (r < 0) return fa_fail(FA_ERR_IO, "%s: reading the data failed: %s", path, strerror(e));
-        return fa_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
+        if (r < 0) return npy_fail(FA_ERR_IO, "%s: reading the data failed: %s", path, strerror(e));
+        return npy_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
                        path, h.data_bytes, (size_t)r);
     }
     unsigned char extra;
@@ -529,8 +603,8 @@ static fa_status load_stream(int fd, const char *path, fa_npy *arr)
     if (r != 0) {
         int e = errno;
         fa_npy_free(arr);
-        if (r < 0) return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(e));
-        return fa_fail(FA_ERR_FORMAT, "%s: trailing data after the array: expected %zu data bytes, found more",
+        if (r < 0) return npy_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(e));
+        return npy_fail(FA_ERR_FORMAT, "%s: trailing data after the array: expected %zu data bytes, found more",
                        path, h.data_bytes);
     }
     return FA_OK;
@@ -542,15 +616,15 @@ static fa_status load_regular(int fd, size_t file_len, const char *path, fa_npy 
     unsigned char prefix[NPY_PREFIX_V2];
     size_t want = file_len < sizeof prefix ? file_len : sizeof prefix;
     ssize_t r = read_full(fd, prefix, want);
-    if (r < 0) return fa_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
-    if ((size_t)r != want) return fa_fail(FA_ERR_IO, "%s: file shrank while being read", path);
+    if (r < 0) return npy_fail(FA_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+    if ((size_t)r != want) return npy_fail(FA_ERR_IO, "%s: file shrank while being read", path);
 
     size_t prefix_len, header_len;
     fa_status st = parse_prefix(prefix, want, file_len, path, &prefix_len, &header_len);
     if (st != FA_OK) return st;
 
     char *text = malloc(header_len);
-    if (!text) return fa_fail(FA_ERR_NOMEM, "%s: out of memory reading the header", path);
+    if (!text) return npy_fail(FA_ERR_NOMEM, "%s: out of memory reading the header", path);
     /* the prefix buffer may already hold the first bytes of the header */
     size_t have = want - prefix_len;
     memcpy(text, prefix + prefix_len, have);
@@ -558,7 +632,7 @@ static fa_status load_regular(int fd, size_t file_len, const char *path, fa_npy 
     if (r < 0 || (size_t)r != header_len - have) {
         int e = errno;
         free(text);
-        return fa_fail(FA_ERR_IO, "%s: reading the header failed: %s", path,
+        return npy_fail(FA_ERR_IO, "%s: reading the header failed: %s", path,
                        r < 0 ? strerror(e) : "file shrank while being read");
     }
     npy_header h;
@@ -573,8 +647,8 @@ static fa_status load_regular(int fd, size_t file_len, const char *path, fa_npy 
     if (r < 0 || (size_t)r != h.data_bytes) {
         int e = errno;
         fa_npy_free(arr);
-        if (r < 0) return fa_fail(FA_ERR_IO, "%s: reading the data failed: %s", path, strerror(e));
-        return fa_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
+        if (r < 0) return npy_fail(FA_ERR_IO, "%s: reading the data failed: %s", path, strerror(e));
+        return npy_fail(FA_ERR_FORMAT, "%s: truncated: expected %zu data bytes, found %zu",
                        path, h.data_bytes, (size_t)r);
     }
     return FA_OK;
@@ -582,20 +656,20 @@ static fa_status load_regular(int fd, size_t file_len, const char *path, fa_npy 
 
 fa_status fa_npy_load(const char *path, fa_npy *arr)
 {
-    if (!arr) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_load: arr is NULL");
+    if (!arr) return npy_fail(FA_ERR_NULL_ARG, "fa_npy_load: arr is NULL");
     memset(arr, 0, sizeof *arr);
-    if (!path) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_load: path is NULL");
+    if (!path) return npy_fail(FA_ERR_NULL_ARG, "fa_npy_load: path is NULL");
     int fd;
     do {
         fd = open(path, O_RDONLY);
     } while (fd < 0 && errno == EINTR);
-    if (fd < 0) return fa_fail(FA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return npy_fail(FA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     fa_status st;
     if (fstat(fd, &sb) != 0) {
-        st = fa_fail(FA_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+        st = npy_fail(FA_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
     } else if (S_ISDIR(sb.st_mode)) {
-        st = fa_fail(FA_ERR_IO, "%s: is a directory, not a .npy file", path);
+        st = npy_fail(FA_ERR_IO, "%s: is a directory, not a .npy file", path);
     } else if (S_ISREG(sb.st_mode)) {
         st = load_regular(fd, (size_t)sb.st_size, path, arr);
     } else {
@@ -609,16 +683,25 @@ fa_status fa_npy_load(const char *path, fa_npy *arr)
 void fa_npy_free(fa_npy *arr)
 {
     if (!arr) return;
-    fa_free(arr->data);
+    free(arr->data);
     memset(arr, 0, sizeof *arr);
 }
 
 fa_status fa_npy_as_tensor(const fa_npy *arr, fa_tensor *t)
 {
-    if (!arr || !t) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_as_tensor: NULL argument");
+    if (!arr || !t) return npy_fail(FA_ERR_NULL_ARG, "fa_npy_as_tensor: NULL argument");
+    if ((unsigned)arr->type >= FA_NPY_TYPE_COUNT)
+        return npy_fail(FA_ERR_DTYPE, "invalid array type %d", (int)arr->type);
+    if (npy_types[arr->type].dtype == FA_DTYPE_COUNT)
+        return npy_fail(FA_ERR_DTYPE,
+                        "unsupported dtype '%s' for an attention tensor: %s arrays are read only as index "
+                        "or code files (tensors: '<f4', '<f8', '<f2', or '<u2' as bfloat16)",
+                        npy_types[arr->type].descr, npy_types[arr->type].name);
     if (arr->rank < 1)
-        return fa_fail(FA_ERR_SHAPE, "a rank-0 (scalar) array cannot be used as a tensor");
-    return fa_tensor_make(t, arr->data, arr->dtype, arr->rank, arr->shape, NULL);
+        return npy_fail(FA_ERR_SHAPE, "a rank-0 (scalar) array cannot be used as a tensor");
+    fa_status st = fa_tensor_make(t, arr->data, arr->dtype, arr->rank, arr->shape, NULL);
+    if (st != FA_OK) return npy_fail(st, "%s", fa_last_error());
+    return FA_OK;
 }
 
 int64_t fa_npy_find_nonfinite(const fa_npy *arr)
@@ -626,12 +709,12 @@ int64_t fa_npy_find_nonfinite(const fa_npy *arr)
     if (!arr || !arr->data) return -1;
     for (int64_t i = 0; i < arr->numel; i++) {
         int bad;
-        switch (arr->dtype) {
-        case FA_F32: bad = !isfinite(((const float *)arr->data)[i]); break;
-        case FA_F64: bad = !isfinite(((const double *)arr->data)[i]); break;
-        case FA_F16: bad = (((const uint16_t *)arr->data)[i] & 0x7c00u) == 0x7c00u; break;
-        case FA_BF16: bad = (((const uint16_t *)arr->data)[i] & 0x7f80u) == 0x7f80u; break;
-        default: bad = 0; break;
+        switch (arr->type) {
+        case FA_NPY_F32: bad = !isfinite(((const float *)arr->data)[i]); break;
+        case FA_NPY_F64: bad = !isfinite(((const double *)arr->data)[i]); break;
+        case FA_NPY_F16: bad = (((const uint16_t *)arr->data)[i] & 0x7c00u) == 0x7c00u; break;
+        case FA_NPY_BF16: bad = (((const uint16_t *)arr->data)[i] & 0x7f80u) == 0x7f80u; break;
+        default: return -1; /* integers are always finite */
         }
         if (bad) return i;
     }
@@ -650,12 +733,11 @@ int64_t fa_npy_find_nonfinite(const fa_npy *arr)
  * it already would). Version 2.0 only if the length does not fit 16 bits.
  * Returns the length, or 0 if out[cap] is too small.
  */
-static size_t build_header(fa_dtype dtype, int rank, const int64_t *shape, char *out, size_t cap)
+static size_t build_header(fa_npy_type type, int rank, const int64_t *shape, char *out, size_t cap)
 {
-    static const char *descr[] = {"<f4", "<f8", "<f2", "<u2"}; /* by fa_dtype */
     char dict[256];
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                     descr[dtype]);
+                     npy_types[type].descr);
     for (int i = 0; i < rank; i++)
         n += snprintf(dict + n, sizeof dict - (size_t)n, i ? ", %lld" : "%lld", (long long)shape[i]);
     n += snprintf(dict + n, sizeof dict - (size_t)n, "%s), }", rank == 1 ? "," : "");
@@ -836,18 +918,18 @@ static fa_status classify(const char *path, int *through, char **target, struct 
     *through = 0;
     *target = NULL;
     *exists = 0;
-    if (!path) return fa_fail(FA_ERR_NULL_ARG, "output path is NULL");
-    if (!*path) return fa_fail(FA_ERR_IO, "empty file name given for an output file");
+    if (!path) return npy_fail(FA_ERR_NULL_ARG, "output path is NULL");
+    if (!*path) return npy_fail(FA_ERR_IO, "empty file name given for an output file");
     struct stat sb;
     if (stat(path, &sb) == 0) {
-        if (S_ISDIR(sb.st_mode)) return fa_fail(FA_ERR_IO, "%s: is a directory, not a file name", path);
+        if (S_ISDIR(sb.st_mode)) return npy_fail(FA_ERR_IO, "%s: is a directory, not a file name", path);
         if (S_ISBLK(sb.st_mode))
-            return fa_fail(FA_ERR_IO, "%s: is a block device; refusing to write a .npy file onto it", path);
+            return npy_fail(FA_ERR_IO, "%s: is a block device; refusing to write a .npy file onto it", path);
         if (!S_ISREG(sb.st_mode) && !S_ISCHR(sb.st_mode) && !S_ISFIFO(sb.st_mode))
-            return fa_fail(FA_ERR_IO, "%s: is not a regular file, character device or FIFO; refusing to write to it",
+            return npy_fail(FA_ERR_IO, "%s: is not a regular file, character device or FIFO; refusing to write to it",
                            path);
         if (!may_write(path, &sb))
-            return fa_fail(FA_ERR_IO, "%s: not writable (mode %04o, owner uid %ld); refusing to replace it", path,
+            return npy_fail(FA_ERR_IO, "%s: not writable (mode %04o, owner uid %ld); refusing to replace it", path,
                            (unsigned)(sb.st_mode & 07777), (long)sb.st_uid);
         if (!S_ISREG(sb.st_mode)) {
             *through = 1;
@@ -856,17 +938,17 @@ static fa_status classify(const char *path, int *through, char **target, struct 
         *exists = 1;
         *old = sb;
     } else if (errno != ENOENT) {
-        return fa_fail(FA_ERR_IO, "%s: cannot write there: %s", path, strerror(errno));
+        return npy_fail(FA_ERR_IO, "%s: cannot write there: %s", path, strerror(errno));
     }
     char *t = fa_path_resolve_links(path);
-    if (!t) return fa_fail(FA_ERR_IO, "%s: cannot resolve its symbolic links: %s", path, strerror(errno));
+    if (!t) return npy_fail(FA_ERR_IO, "%s: cannot resolve its symbolic links: %s", path, strerror(errno));
     char *dir = dir_part(t);
     if (!dir) {
         free(t);
-        return fa_fail(FA_ERR_NOMEM, "%s: out of memory", path);
+        return npy_fail(FA_ERR_NOMEM, "%s: out of memory", path);
     }
     if (access(dir, W_OK | X_OK) != 0) {
-        fa_status st = fa_fail(FA_ERR_IO, "%s: cannot write there: directory '%s': %s", path, dir, strerror(errno));
+        fa_status st = npy_fail(FA_ERR_IO, "%s: cannot write there: directory '%s': %s", path, dir, strerror(errno));
         free(dir);
         free(t);
         return st;
@@ -903,9 +985,9 @@ static int open_stream_fd(const char *path)
 static fa_status stream_writable(const char *path, int fd)
 {
     int fl = fcntl(fd, F_GETFL);
-    if (fl < 0) return fa_fail(FA_ERR_IO, "%s: descriptor %d is not open", path, fd);
+    if (fl < 0) return npy_fail(FA_ERR_IO, "%s: descriptor %d is not open", path, fd);
     if ((fl & O_ACCMODE) == O_RDONLY)
-        return fa_fail(FA_ERR_IO, "%s: descriptor %d is open for reading only", path, fd);
+        return npy_fail(FA_ERR_IO, "%s: descriptor %d is open for reading only", path, fd);
     return FA_OK;
 }
 
@@ -989,7 +1071,7 @@ fa_status fa_outfile_open(fa_outfile *f, const char *path)
         fa_status sst = stream_writable(path, sfd);
         if (sst != FA_OK) return sst;
         f->fd = fcntl(sfd, F_DUPFD_CLOEXEC, 3);
-        if (f->fd < 0) return fa_fail(FA_ERR_IO, "%s: cannot duplicate descriptor %d: %s", path, sfd, strerror(errno));
+        if (f->fd < 0) return npy_fail(FA_ERR_IO, "%s: cannot duplicate descriptor %d: %s", path, sfd, strerror(errno));
         f->through = 1;
         return FA_OK;
     }
@@ -1002,12 +1084,12 @@ fa_status fa_outfile_open(fa_outfile *f, const char *path)
         do {
             f->fd = open(path, O_WRONLY | O_CLOEXEC);
         } while (f->fd < 0 && errno == EINTR);
-        if (f->fd < 0) return fa_fail(FA_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+        if (f->fd < 0) return npy_fail(FA_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
         return FA_OK;
     }
     f->fd = create_temp(f, &old, exists);
     if (f->fd < 0) {
-        st = fa_fail(FA_ERR_IO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
+        st = npy_fail(FA_ERR_IO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
         free(f->target);
         f->target = NULL;
         return st;
@@ -1023,7 +1105,7 @@ fa_status fa_outfile_write(fa_outfile *f, const void *buf, size_t n)
         ssize_t w = write(f->fd, (const char *)buf + done, chunk);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return fa_fail(FA_ERR_IO, "%s: write failed: %s", f->name, strerror(errno));
+            return npy_fail(FA_ERR_IO, "%s: write failed: %s", f->name, strerror(errno));
         }
         done += (size_t)w;
     }
@@ -1049,9 +1131,9 @@ fa_status fa_outfile_commit(fa_outfile *f)
     fa_status st = FA_OK;
     if (f->fd >= 0) {
         if (!f->through && fsync(f->fd) != 0 && errno != EINVAL && errno != EROFS)
-            st = fa_fail(FA_ERR_IO, "%s: fsync failed: %s", f->name, strerror(errno));
+            st = npy_fail(FA_ERR_IO, "%s: fsync failed: %s", f->name, strerror(errno));
         if (close(f->fd) != 0 && st == FA_OK)
-            st = fa_fail(FA_ERR_IO, "%s: close failed: %s", f->name, strerror(errno));
+            st = npy_fail(FA_ERR_IO, "%s: close failed: %s", f->name, strerror(errno));
         f->fd = -1;
     }
     if (st == FA_OK && f->tmp) {
@@ -1062,7 +1144,7 @@ fa_status fa_outfile_commit(fa_outfile *f)
         if (r == 0) slot_release(f->slot);
         restore_signals(&mask);
         if (r != 0) {
-            st = fa_fail(FA_ERR_IO, "%s: cannot rename the finished file into place: %s", f->name, strerror(e));
+            st = npy_fail(FA_ERR_IO, "%s: cannot rename the finished file into place: %s", f->name, strerror(e));
         } else {
             f->slot = -1;
             free(f->tmp);
@@ -1103,51 +1185,75 @@ void fa_outfile_free(fa_outfile *f)
 /* ------------------------------------------------------------------------ */
 
 /* Validate the arguments of a save; *bytes receives the data size. */
-static fa_status check_save_args(const char *name, const void *data, fa_dtype dtype, int rank,
+static fa_status check_save_args(const char *name, const void *data, fa_npy_type type, int rank,
                                  const int64_t *shape, size_t *bytes)
 {
-    if ((unsigned)dtype >= FA_DTYPE_COUNT)
-        return fa_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", name, (int)dtype);
+    if ((unsigned)type >= FA_NPY_TYPE_COUNT)
+        return npy_fail(FA_ERR_DTYPE, "%s: invalid array type %d", name, (int)type);
     if (rank < 0 || rank > FA_MAX_RANK)
-        return fa_fail(FA_ERR_SHAPE, "%s: rank %d is outside 0..%d", name, rank, FA_MAX_RANK);
-    if (rank > 0 && !shape) return fa_fail(FA_ERR_NULL_ARG, "%s: shape is NULL", name);
+        return npy_fail(FA_ERR_SHAPE, "%s: rank %d is outside 0..%d", name, rank, FA_MAX_RANK);
+    if (rank > 0 && !shape) return npy_fail(FA_ERR_NULL_ARG, "%s: shape is NULL", name);
     for (int i = 0; i < rank; i++)
         if (shape[i] < 0)
-            return fa_fail(FA_ERR_SHAPE, "%s: negative extent %lld in shape", name, (long long)shape[i]);
+            return npy_fail(FA_ERR_SHAPE, "%s: negative extent %lld in shape", name, (long long)shape[i]);
     int64_t numel;
-    if (!npy_numel(dtype, rank, shape, &numel))
-        return fa_fail(FA_ERR_SHAPE, "%s: shape is too large: its byte size overflows", name);
-    *bytes = (size_t)numel * fa_dtype_size(dtype);
-    if (*bytes > 0 && !data) return fa_fail(FA_ERR_NULL_ARG, "%s: data is NULL", name);
+    if (!npy_numel(type, rank, shape, &numel))
+        return npy_fail(FA_ERR_SHAPE, "%s: shape is too large: its byte size overflows", name);
+    *bytes = (size_t)numel * npy_types[type].size;
+    if (*bytes > 0 && !data) return npy_fail(FA_ERR_NULL_ARG, "%s: data is NULL", name);
     return FA_OK;
 }
 
-fa_status fa_npy_write(fa_outfile *f, const void *data, fa_dtype dtype, int rank, const int64_t *shape)
+/* The npy type of a library dtype, or a message naming `name`. */
+static fa_status type_of_dtype(const char *name, fa_dtype dtype, fa_npy_type *type)
+{
+    if (fa_npy_type_of_dtype(dtype, type) != FA_OK)
+        return npy_fail(FA_ERR_DTYPE, "%s: invalid dtype %d", name, (int)dtype);
+    return FA_OK;
+}
+
+fa_status fa_npy_write_type(fa_outfile *f, const void *data, fa_npy_type type, int rank, const int64_t *shape)
 {
     size_t data_bytes;
-    fa_status st = check_save_args(f->name, data, dtype, rank, shape, &data_bytes);
+    fa_status st = check_save_args(f->name, data, type, rank, shape, &data_bytes);
     if (st != FA_OK) return st;
     char header[512];
-    size_t header_len = build_header(dtype, rank, shape, header, sizeof header);
+    size_t header_len = build_header(type, rank, shape, header, sizeof header);
     assert(header_len > 0); /* rank <= 4 headers are ~128 bytes */
     if ((st = fa_outfile_write(f, header, header_len)) != FA_OK) return st;
     return fa_outfile_write(f, data, data_bytes);
 }
 
-fa_status fa_npy_save(const char *path, const void *data, fa_dtype dtype,
-                      int rank, const int64_t *shape)
+fa_status fa_npy_write(fa_outfile *f, const void *data, fa_dtype dtype, int rank, const int64_t *shape)
 {
-    if (!path) return fa_fail(FA_ERR_NULL_ARG, "fa_npy_save: path is NULL");
+    fa_npy_type type;
+    fa_status st = type_of_dtype(f->name, dtype, &type);
+    return st != FA_OK ? st : fa_npy_write_type(f, data, type, rank, shape);
+}
+
+fa_status fa_npy_save_type(const char *path, const void *data, fa_npy_type type,
+                           int rank, const int64_t *shape)
+{
+    if (!path) return npy_fail(FA_ERR_NULL_ARG, "fa_npy_save: path is NULL");
     size_t data_bytes;
-    fa_status st = check_save_args(*path ? path : "fa_npy_save", data, dtype, rank, shape, &data_bytes);
+    fa_status st = check_save_args(*path ? path : "fa_npy_save", data, type, rank, shape, &data_bytes);
     if (st != FA_OK) return st;
     fa_outfile f;
     if ((st = fa_outfile_open(&f, path)) != FA_OK) return st;
-    if ((st = fa_npy_write(&f, data, dtype, rank, shape)) != FA_OK) {
+    if ((st = fa_npy_write_type(&f, data, type, rank, shape)) != FA_OK) {
         fa_outfile_abort(&f);
         return st;
     }
     st = fa_outfile_commit(&f);
     fa_outfile_free(&f);
     return st;
+}
+
+fa_status fa_npy_save(const char *path, const void *data, fa_dtype dtype,
+                      int rank, const int64_t *shape)
+{
+    if (!path) return npy_fail(FA_ERR_NULL_ARG, "fa_npy_save: path is NULL");
+    fa_npy_type type;
+    fa_status st = type_of_dtype(*path ? path : "fa_npy_save", dtype, &type);
+    return st != FA_OK ? st : fa_npy_save_type(path, data, type, rank, shape);
 }

@@ -1,0 +1,348 @@
+/*
+ * 04b_mma_bwd.cu — FlashAttention-2's backward pass on tensor cores (mma.sync).
+ *
+ * Previous rung (03b_flash2_bwd.cu): the backward's algorithm and its
+ *   deterministic split, every product on the FP32 CUDA cores.
+ * What this rung adds: the same three kernels with every tile product on the
+ *   tensor cores, built from rung 04's two warp products (mma.cuh):
+ *     S = Q K^T, dP = dO V^T (and their transposes)  — mma_abt: A and B rows from
+ *       swizzled shared memory through ldmatrix;
+ *     dV += P^T dO, dK += dS^T Q, dQ += dS K         — mma_pv: the left factor
+ *       (P^T, dS^T, dS) never leaves the registers: the fp32 accumulator fragment
+ *       of S^T (or S), turned elementwise into P and dS, is rounded to bf16/fp16
+ *       and re-packed as the A fragment; the right factor is read with ldmatrix.trans.
+ *   Tiles arrive by cp.async, double-buffered (the loads of step s+1 fly while
+ *   step s computes), into XOR-swizzled bf16/fp16 tiles (no bank conflicts).
+ *     kernel 1 (D = rowsum(dO o O)): one warp per 16 rows; the row dot products are
+ *       taken on the tensor cores too, as the diagonal of the 16 x 16 tile dO_w O_w^T,
+ *       so that D_i is formed by exactly the instruction sequence that forms dP_ij =
+ *       dO_i . v_j in kernel 3 (same operands in the same A/B roles, same k order,
+ *       same start): where a row's whole probability sits on one key (seqlen_k = 1,
+ *       say), O_i = v_j, so dP_ij - D_i is exactly 0 and so are dS, dQ and dK, as they
+ *       are mathematically (rung 03b's header says why check-grad insists). Kernel 2
+ *       forms dP^T = V dO^T, A and B the other way round, so kernel 1 also forms the
+ *       diagonal of O_w dO_w^T for it (Dt; the same number unless the tensor core's sum
+ *       depends on which operand is A) — no reliance on that symmetry;
+ *     kernel 2 (dK, dV): one block of 4 warps per 64 keys (16 per warp); it walks
+ *       the query blocks of BQ rows (32 at d = 128, 64 at d = 64) that can see them,
+ *       for every query head of the GQA group in a fixed order:
+ *         S^T = K_j Q_i^T, dP^T = V_j dO_i^T, P^T = 2^(t - LSE log2 e),
+ *         dS^T = P^T o (dP^T - D), dV_j += P^T dO_i, dK_j += dS^T Q_i;
+ *     kernel 3 (dQ): one block of 4 warps per 64 query rows walks the key blocks of 64
+ *       they can see: S = Q_i K_j^T, dP = dO_i V_j^T, dS, dQ_i += dS K_j.
+ *   dQ is deterministic by the split, as in rung 03b: every element of dQ, dK, dV is
+ *   accumulated by one thread in a fixed order, no atomics, the same bits every run.
+ *   The price: kernel 3 recomputes S and dP, 7 tile products instead of FlashAttention-2's
+ *   5; TFLOP/s are counted on FlashAttention's 5 (2.5 x the forward), so this rung's
+ *   tensor pipes do 1.4 x the counted work.
+ *   Softcap: t = c tanh(scale s / c), dS *= 1 - tanh^2 (the same expression as rung 04's
+ *   forward, so P is rebuilt from the same bits as the forward's).
+ * What it leaves out: FlashAttention-2's single-pass dQ (atomic fp32 adds, run-to-run
+ *   different) and FlashAttention-3's deterministic semaphore-ordered dQ accumulation,
+ *   wgmma/TMA (rung 05).
+ * What bounds it (to confirm with ncu on the H200): kernel 2 re-reads its K_j, V_j A
+ *   fragments by ldmatrix at every step (no room in registers beside the dK and dV
+ *   accumulators: 2 x 64 registers at d = 128) and does four products per step against
+ *   one __syncthreads; the elementwise P/dS work (ex2, and tanh under softcap) sits
+ *   between the products of one warp. ncu: sm__pipe_tensor_op_hmma_cycles_active
+ *   (tensor pipe), smsp__pcsamp_warps_issue_stalled_{mio_throttle,short_scoreboard,barrier},
+ *   l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum (~0 expected).
+ * Memory traffic (per head, N = seqlen_q = seqlen_k): kernel 2 reads Q, dO once per key
+ *   block (2 N d N / 64 elements), kernel 3 reads K, V once per query block (the same):
+ *   mostly L2 hits.
+ * Resources (nvcc 13.0, sm_90, `make cuda-regs`; bf16 and fp16 alike), 128 threads a block,
+ *   __launch_bounds__(128, 2) for kernels 2 and 3 (two blocks, 8 warps per SM):
+ *     kernel 1: 55 registers (d = 128) / 38 (d = 64), 32 KiB / 16 KiB shared;
+ *     kernel 2: 255 / 240 registers, 64.5 KiB / 49 KiB shared;
+ *     kernel 3: 244 / 222 registers, 96 KiB / 48 KiB shared;
+ *   0 bytes spilled, 0 stack everywhere (a spill fails the build: -Xptxas -warn-spills,-Werror).
+ *   Kernel 2 at d = 128 sits at the 255-register cap: its dK and dV accumulators alone are
+ *   128 registers, which is why its query step is 32 rows there (64 at d = 64).
+ */
+#include "ladder.h"
+#include "mma.cuh"
+
+namespace {
+
+constexpr int NT = 128, BK = 64, BM = 64; /* kernel 2: keys per block; kernel 3: query rows per block */
+constexpr float L2E = 1.4426950408889634f;
+
+template <int D> __host__ __device__ constexpr int bq() { return D == 128 ? 32 : 64; } /* kernel 2's query step */
+constexpr int KQ = 64;                                                            /* kernel 3's key step */
+constexpr int STAGES = 2;
+
+/* Kernel 2's shared memory: K, V tiles (BK x D), then STAGES x {Q, dO (BQ x D), LSE, D (BQ floats)}. */
+template <int D> __host__ __device__ constexpr int k2_stage_bytes() { return 2 * bq<D>() * D * 2 + 2 * bq<D>() * 4; }
+template <int D> constexpr size_t k2_smem() { return (size_t)2 * BK * D * 2 + (size_t)STAGES * k2_stage_bytes<D>(); }
+/* Kernel 3's: Q, dO (BM x D), then STAGES x {K, V (KQ x D)}. */
+template <int D> constexpr size_t k3_smem() { return (size_t)2 * BM * D * 2 + (size_t)STAGES * 2 * KQ * D * 2; }
+
+/* 1. D[b][h][i] = dO_i . O_i, as the diagonal of dO_w O_w^T on the tensor cores (kernel 3's
+ *    operand order: A = dO, B = V), and Dt, the same dot as the diagonal of O_w dO_w^T (kernel 2's
+ *    order: A = V, B = dO). Grid (ceil(Sq / 64), heads, batch), 4 warps of 16 rows. */
+template <typename T, int D>
+__global__ void __launch_bounds__(NT) bwd_dot_do_o_mma(attn_shape p, const T *__restrict__ o, const T *__restrict__ dout,
+                                                       float *__restrict__ Dg, float *__restrict__ Dt)
+{
+    extern __shared__ uint4 smem_u4[];
+    const uint32_t sdO = smem_addr(smem_u4), sO = sdO + BM * D * 2;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long i0 = (long long)blockIdx.x * BM;
+    const int rows = min(BM, p.seqlen_q - (int)i0);
+    const long long qstride = (long long)p.heads * D;
+    load_tile_async<T, BM, D, NT>(sdO, dout + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+    load_tile_async<T, BM, D, NT>(sO, o + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    float ct[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    mma_abt_smem<T, 2, D>(c, sdO, warp * 16, sO + warp * 16 * D * 2);
+    mma_abt_smem<T, 2, D>(ct, sO, warp * 16, sdO + warp * 16 * D * 2);
+    if (t4 == (g >> 1)) { /* the lane that holds diagonal elements (g, g) and (g + 8, g + 8) */
+        const long long r = ((long long)b * p.heads + h) * p.seqlen_q + i0 + warp * 16 + g;
+        if (warp * 16 + g < rows) {
+            Dg[r] = (g & 1) ? c[0][1] : c[0][0];
+            Dt[r] = (g & 1) ? ct[0][1] : ct[0][0];
+        }
+        if (warp * 16 + g + 8 < rows) {
+            Dg[r + 8] = (g & 1) ? c[1][3] : c[1][2];
+            Dt[r + 8] = (g & 1) ? ct[1][3] : ct[1][2];
+        }
+    }
+}
+
+/* 2. dK_j, dV_j: grid (ceil(Sk / 64), heads_k, batch). Warp w owns keys 16w .. 16w+15 of the block. */
+template <typename T, int D>
+__global__ void __launch_bounds__(NT, 2)
+    bwd_dk_dv_mma(attn_shape p, const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                  const T *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ Dg,
+                  T *__restrict__ dk, T *__restrict__ dv)
+{
+    constexpr int BQ = bq<D>(), NB = BQ / 8, DT = D / 8, SB = k2_stage_bytes<D>(), TQ = BQ * D * 2;
+    extern __shared__ uint4 smem_u4[];
+    char *smem = reinterpret_cast<char *>(smem_u4);
+    const uint32_t sK = smem_addr(smem), sV = sK + BK * D * 2, sS0 = sV + BK * D * 2; /* stage s at sS0 + s SB */
+    const float *fS0 = reinterpret_cast<const float *>(smem + 2 * BK * D * 2);
+
+    const int hk = blockIdx.y, b = blockIdx.z, group = p.heads / p.heads_k;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long j0 = (long long)blockIdx.x * BK;
+    const int cols = min(BK, p.seqlen_k - (int)j0);
+    const long long qstride = (long long)p.heads * D, kstride = (long long)p.heads_k * D;
+
+    long long ilo, ihi;
+    mask_query_range(p, j0, j0 + cols, &ilo, &ihi);
+    const long long istart = (ilo / BQ) * BQ;
+    const int nq = ihi > ilo ? (int)((ihi - istart + BQ - 1) / BQ) : 0, nsteps = nq * group;
+
+    auto load_step = [&](int stp) {
+        const int h = hk * group + stp / nq;
+        const long long i0 = istart + (long long)(stp % nq) * BQ;
+        const int rows = (int)min((long long)BQ, p.seqlen_q - i0);
+        const uint32_t st = sS0 + (stp % STAGES) * SB;
+        load_tile_async<T, BQ, D, NT>(st, q + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+        load_tile_async<T, BQ, D, NT>(st + TQ, dout + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+        if (threadIdx.x < 2 * BQ) {
+            const int x = threadIdx.x % BQ;
+            const float *src = (threadIdx.x < BQ ? lse : Dg) + ((long long)b * p.heads + h) * p.seqlen_q + i0;
+            cp_async4(st + 2 * TQ + 4 * threadIdx.x, x < rows ? src + x : src, x < rows ? 4 : 0);
+        }
+    };
+
+    load_tile_async<T, BK, D, NT>(sK, k + bshd(b, j0, hk, p.seqlen_k, p.heads_k, D), kstride, cols);
+    load_tile_async<T, BK, D, NT>(sV, v + bshd(b, j0, hk, p.seqlen_k, p.heads_k, D), kstride, cols);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nsteps) load_step(s);
+        cp_async_commit(); /* group 0 also carries K and V */
+    }
+
+    float dKa[DT][4], dVa[DT][4];
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dKa[n][e] = dVa[n][e] = 0.0f;
+    const float sl2 = p.scale * L2E, inv_cap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f, cl = p.softcap * L2E;
+    const long long krow = j0 + warp * 16 + g; /* this lane's keys: krow, krow + 8 */
+
+    for (int stp = 0; stp < nsteps; stp++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (stp + STAGES - 1 < nsteps) load_step(stp + STAGES - 1);
+        cp_async_commit();
+        const int buf = stp % STAGES;
+        const uint32_t sQ = sS0 + buf * SB, sdO = sQ + TQ;
+        const float *Ls = reinterpret_cast<const float *>(reinterpret_cast<const char *>(fS0) + buf * SB + 2 * TQ);
+        const float *Dsm = Ls + BQ;
+        const long long i0 = istart + (long long)(stp % nq) * BQ;
+
+        float st[NB][4], dpt[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[n][e] = dpt[n][e] = 0.0f;
+        mma_abt_smem<T, NB, D>(st, sK, warp * 16, sQ);   /* S^T = K_j Q_i^T (unscaled) */
+        mma_abt_smem<T, NB, D>(dpt, sV, warp * 16, sdO); /* dP^T = V_j dO_i^T */
+
+        const bool full = mask_tile_full(p, i0, i0 + BQ, j0, j0 + BK) && i0 + BQ <= p.seqlen_q;
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 8 * n + 2 * t4 + (e & 1);
+                float x, dfac = 1.0f;
+                if (p.softcap > 0.0f) {
+                    const float th = tanhf(st[n][e] * inv_cap);
+                    x = cl * th;
+                    dfac = 1.0f - th * th;
+                } else {
+                    x = st[n][e] * sl2;
+                }
+                float pv = exp2f(x - Ls[col] * L2E);
+                if (!full) {
+                    const long long jj = krow + 8 * (e >> 1), ii = i0 + col;
+                    if (jj >= p.seqlen_k || ii >= p.seqlen_q || !mask_visible(p, ii, jj)) pv = 0.0f;
+                }
+                st[n][e] = pv;
+                dpt[n][e] = pv * (dpt[n][e] - Dsm[col]) * dfac;
+            }
+        uint32_t af[BQ / 16][4];
+        pack_a<T, BQ>(af, st);
+        mma_pv<T, BQ, D>(dVa, af, sdO); /* dV_j += P^T dO_i */
+        pack_a<T, BQ>(af, dpt);
+        mma_pv<T, BQ, D>(dKa, af, sQ); /* dK_j += dS^T Q_i (scale at the end) */
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* every thread's copies into K, V have landed (no step may have waited for them) */
+
+    /* through this warp's own rows of the K and V tiles (only this warp read them) */
+    store_tile_warp<T, D>(dKa, p.scale, smem, warp * 16, dk + bshd(b, j0, hk, p.seqlen_k, p.heads_k, D), kstride, cols);
+    store_tile_warp<T, D>(dVa, 1.0f, smem + BK * D * 2, warp * 16, dv + bshd(b, j0, hk, p.seqlen_k, p.heads_k, D),
+                          kstride, cols);
+}
+
+/* 3. dQ_i: grid (ceil(Sq / 64), heads, batch). Warp w owns query rows 16w .. 16w+15 of the block. */
+template <typename T, int D>
+__global__ void __launch_bounds__(NT, 2)
+    bwd_dq_mma(attn_shape p, const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+               const T *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ Dg,
+               T *__restrict__ dq)
+{
+    constexpr int NB = KQ / 8, DT = D / 8, TK = KQ * D * 2;
+    extern __shared__ uint4 smem_u4[];
+    char *smem = reinterpret_cast<char *>(smem_u4);
+    const uint32_t sQ = smem_addr(smem), sdO = sQ + BM * D * 2, sS0 = sdO + BM * D * 2; /* stage s: K, V */
+
+    const int h = blockIdx.y, b = blockIdx.z, hk = kv_head(p, h);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long i0 = (long long)blockIdx.x * BM;
+    const int rows = min(BM, p.seqlen_q - (int)i0);
+    const long long qstride = (long long)p.heads * D, kstride = (long long)p.heads_k * D;
+
+    long long jlo, jhi;
+    mask_key_range(p, i0, i0 + rows, &jlo, &jhi);
+    const long long jstart = (jlo / KQ) * KQ;
+    const int nblk = jhi > jlo ? (int)((jhi - jstart + KQ - 1) / KQ) : 0;
+    const T *kbase = k + bshd(b, 0, hk, p.seqlen_k, p.heads_k, D), *vbase = v + bshd(b, 0, hk, p.seqlen_k, p.heads_k, D);
+    auto load_kv = [&](int blk) {
+        const long long j0 = jstart + (long long)blk * KQ;
+        const int cols = (int)min((long long)KQ, p.seqlen_k - j0);
+        const uint32_t st = sS0 + (blk % STAGES) * 2 * TK;
+        load_tile_async<T, KQ, D, NT>(st, kbase + j0 * kstride, kstride, cols);
+        load_tile_async<T, KQ, D, NT>(st + TK, vbase + j0 * kstride, kstride, cols);
+    };
+
+    load_tile_async<T, BM, D, NT>(sQ, q + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+    load_tile_async<T, BM, D, NT>(sdO, dout + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nblk) load_kv(s);
+        cp_async_commit(); /* group 0 also carries Q and dO */
+    }
+
+    const long long qrow = i0 + warp * 16 + g; /* this lane's rows: qrow, qrow + 8 */
+    float Lr[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long ii = qrow + 8 * r, x = ((long long)b * p.heads + h) * p.seqlen_q + ii;
+        Lr[r] = ii < p.seqlen_q ? lse[x] * L2E : 0.0f;
+        Dr[r] = ii < p.seqlen_q ? Dg[x] : 0.0f;
+    }
+    float dQa[DT][4];
+#pragma unroll
+    for (int n = 0; n < DT; n++) dQa[n][0] = dQa[n][1] = dQa[n][2] = dQa[n][3] = 0.0f;
+    const float sl2 = p.scale * L2E, inv_cap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f, cl = p.softcap * L2E;
+
+    for (int blk = 0; blk < nblk; blk++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (blk + STAGES - 1 < nblk) load_kv(blk + STAGES - 1);
+        cp_async_commit();
+        const uint32_t sK = sS0 + (blk % STAGES) * 2 * TK, sV = sK + TK;
+        const long long j0 = jstart + (long long)blk * KQ;
+
+        float s[NB][4], dp[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+        mma_abt_smem<T, NB, D>(s, sQ, warp * 16, sK);   /* S = Q_i K_j^T (unscaled) */
+        mma_abt_smem<T, NB, D>(dp, sdO, warp * 16, sV); /* dP = dO_i V_j^T */
+
+        const bool full = mask_tile_full(p, i0, i0 + rows, j0, j0 + KQ);
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                float x, dfac = 1.0f;
+                if (p.softcap > 0.0f) {
+                    const float th = tanhf(s[n][e] * inv_cap);
+                    x = cl * th;
+                    dfac = 1.0f - th * th;
+                } else {
+                    x = s[n][e] * sl2;
+                }
+                float pv = exp2f(x - Lr[r]);
+                if (!full) {
+                    const long long ii = qrow + 8 * r, jj = j0 + 8 * n + 2 * t4 + (e & 1);
+                    if (jj >= p.seqlen_k || ii >= p.seqlen_q || !mask_visible(p, ii, jj)) pv = 0.0f;
+                }
+                dp[n][e] = pv * (dp[n][e] - Dr[r]) * dfac;
+            }
+        uint32_t af[KQ / 16][4];
+        pack_a<T, KQ>(af, dp);
+        mma_pv<T, KQ, D>(dQa, af, sK); /* dQ_i += dS K_j (scale at the end) */
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* every thread's copies into Q have landed (no step may have waited for them) */
+    store_tile_warp<T, D>(dQa, p.scale, smem, warp * 16, dq + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+}
+
+template <typename T, int D> cudaError_t launch(const bwd_args &a)
+{
+    const attn_shape &p = a.sh;
+    float *Dg = static_cast<float *>(a.work), *Dt = Dg + (size_t)p.batch * p.heads * p.seqlen_q;
+    const T *q = static_cast<const T *>(a.q), *k = static_cast<const T *>(a.k), *v = static_cast<const T *>(a.v);
+    const T *o = static_cast<const T *>(a.o), *dout = static_cast<const T *>(a.dout);
+    const size_t s1 = (size_t)2 * BM * D * 2, s2 = k2_smem<D>(), s3 = k3_smem<D>();
+    cudaError_t e = cudaFuncSetAttribute(bwd_dot_do_o_mma<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(bwd_dk_dv_mma<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(bwd_dq_mma<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s3);
+    if (e != cudaSuccess) return e;
+    const dim3 gq((p.seqlen_q + BM - 1) / BM, p.heads, p.batch), gk((p.seqlen_k + BK - 1) / BK, p.heads_k, p.batch);
+    bwd_dot_do_o_mma<T, D><<<gq, NT, s1, a.stream>>>(p, o, dout, Dg, Dt);
+    bwd_dk_dv_mma<T, D><<<gk, NT, s2, a.stream>>>(p, q, k, v, dout, a.lse, Dt, static_cast<T *>(a.dk),
+                                                 static_cast<T *>(a.dv));
+    bwd_dq_mma<T, D><<<gq, NT, s3, a.stream>>>(p, q, k, v, dout, a.lse, Dg, static_cast<T *>(a.dq));
+    return cudaGetLastError();
+}
+
+} // namespace
+
+size_t mma_bwd_workspace_bytes(const attn_shape &p) { return 2 * sizeof(float) * (size_t)p.batch * p.heads * p.seqlen_q; }
+
+cudaError_t mma_backward(const bwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch, a); }
