@@ -163,7 +163,6 @@ int cli_parse_kvcache_option(int argc, char **argv, int *i, cli_attn *a);
  * heads_k, x] or, with --block-table, pages [num_pages, page_size, heads_k, x]. */
 int cli_attn_is_kvcache(const cli_attn *a);
 
-
 /* Help text for the option groups (for each subcommand's --help). */
 extern const char cli_mask_help[];
 extern const char cli_exec_help[];
@@ -236,7 +235,10 @@ int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char
  * heads_k, d], V [total_k, heads_k, d_v]; sets in->packed. */
 int cli_load_qkv_packed(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path);
 
-/* cli_load_qkv or cli_load_qkv_packed, as a's options ask. */
+/* cli_load_qkv, cli_load_qkv_packed (varlen), or, with --cache-seqlens, Q plus
+ * the caches (any batch_cache; not required finite: rows past the lengths are
+ * never read), as a's options ask. A cache option without --cache-seqlens is
+ * refused here, before -k/-v load. */
 int cli_load_inputs(cli_qkv *in, const cli_attn *a, const char *q_path, const char *k_path, const char *v_path);
 
 /*
@@ -251,6 +253,7 @@ int cli_attn_load_varlen(cli_attn *a, const cli_qkv *in);
 /* Load the KV cache's index files and k_new/v_new, point a->opt.kvcache at
  * them (named by their files). Returns 0 or prints and returns 2. */
 int cli_attn_load_kvcache(cli_attn *a, const cli_qkv *in);
+
 void cli_qkv_free(cli_qkv *in);
 
 /*
