@@ -108,7 +108,7 @@ typedef enum fa_status {
     FA_ERR_IO,              /**< File could not be opened, read, or written. */
     FA_ERR_FORMAT,          /**< A file is malformed (bad .npy header, truncated, ...). */
     FA_ERR_NONFINITE,       /**< NaN or Inf where finite values are required. */
-    FA_ERR_INDEX,           /**< An index array (cu_seqlens, seqused_k) is invalid; the message names the index. */
+    FA_ERR_INDEX,           /**< An index array (cu_seqlens, seqused_k, cache_seqlens, block_table, ...) is invalid; the message names the index. */
     FA_STATUS_COUNT         /**< Number of status codes (not a status). */
 } fa_status;
 
@@ -237,6 +237,64 @@ static inline fa_varlen fa_varlen_default(void)
 #endif
 
 /**
+ * @brief A KV cache (FlashAttention's `flash_attn_with_kvcache`), given to
+ * fa_forward and fa_check through fa_options::kvcache. Initialize with
+ * fa_kvcache_init() (or fa_kvcache_default()). Forward only.
+ *
+ * q is `[batch][seqlen_q][heads][d]` as usual; k and v are the caches:
+ *   contiguous `[batch_cache][seqlen_cache][heads_k][d]` (v: `d_v`), or, with
+ *   block_table, pages `[num_pages][page_size][heads_k][d]` (any page size).
+ * Sequence b attends to n_b = cache_seqlens[b] - cache_leftpad[b] + seqlen_new
+ * keys: the cache rows cache_leftpad[b] .. cache_seqlens[b] - 1 of cache
+ * cache_batch_idx[b] (default b), then its seqlen_new new keys k_new[b]
+ * (v_new[b]), which fa_forward appends IN PLACE at rows cache_seqlens[b] ..
+ * cache_seqlens[b] + seqlen_new - 1 of the cache (fa_check reads them from
+ * k_new/v_new and writes nothing). Masks, ALiBi and the bottom-right alignment
+ * use n_b keys (key positions counted from cache_leftpad[b]). Paged: logical
+ * key row r of sequence b is row r % page_size of page
+ * block_table[b][r / page_size]; results are bit-identical to the same cache
+ * stored contiguously.
+ *
+ * Checked on every call (FA_ERR_INDEX, naming the array and the index):
+ * 0 <= cache_leftpad[b] <= cache_seqlens[b]; cache_seqlens[b] + seqlen_new
+ * within the cache (seqlen_cache, or max_pages * page_size);
+ * 0 <= cache_batch_idx[b] < batch_cache; every block_table entry a sequence
+ * uses in 0..num_pages-1; no cache row written by two sequences' appends.
+ * k_new and v_new have the caches' dtypes. block_table cannot be combined with
+ * cache_batch_idx or cache_leftpad (as in FlashAttention).
+ */
+typedef struct fa_kvcache {
+    size_t struct_size;              /**< sizeof(fa_kvcache) of the caller; set by fa_kvcache_init(). */
+    const int32_t *cache_seqlens;    /**< `[batch]` current cache lengths (required; batch = q's). */
+    const fa_tensor *k_new;          /**< NULL, or new keys `[batch][seqlen_new][heads_k][d]` to append. */
+    const fa_tensor *v_new;          /**< NULL, or new values `[batch][seqlen_new][heads_k][d_v]` (with k_new). */
+    const int32_t *cache_batch_idx;  /**< NULL, or `[batch]`: the cache row of sequence b. */
+    const int32_t *cache_leftpad;    /**< NULL, or `[batch]`: the first valid cache row of sequence b. */
+    const int32_t *block_table;      /**< NULL, or `[batch][max_pages]` page indices (paged KV). */
+    int64_t max_pages;               /**< block_table's row length. */
+    const char *cache_seqlens_name;  /**< Names in messages (e.g. file names); NULL: none. */
+    const char *cache_batch_idx_name;
+    const char *cache_leftpad_name;
+    const char *block_table_name;
+} fa_kvcache;
+
+/** @brief Set every field of `kv` to its default (no cache) and struct_size to `struct_size`. */
+FA_API void fa_kvcache_init(fa_kvcache *kv, size_t struct_size);
+
+#if defined(FA_BUILDING_LIBRARY) || defined(FA_NO_INLINE_DEFAULTS)
+/** @brief A fa_kvcache with every field at its default. */
+FA_API fa_kvcache fa_kvcache_default(void);
+#else
+/** @brief A fa_kvcache with every field at its default. */
+static inline fa_kvcache fa_kvcache_default(void)
+{
+    fa_kvcache kv;
+    fa_kvcache_init(&kv, sizeof kv);
+    return kv;
+}
+#endif
+
+/**
  * @brief Attention options. Initialize with fa_options_default().
  *
  * Fields after `standard_max_bytes` were added in 0.3; later versions only
@@ -263,7 +321,9 @@ typedef struct fa_options {
                                    FlashAttention's) or FA_ALIGN_TOP_LEFT (PyTorch SDPA's is_causal).
                                    Added after 0.3.0's context. */
     const fa_varlen *varlen;  /**< NULL, or a variable-length batch (see fa_varlen): the tensors are
-                                   then packed, without a batch dimension. Appended after 0.3.0 (after align). */
+                                   then packed, without a batch dimension. Appended after align. */
+    const fa_kvcache *kvcache; /**< NULL, or a KV cache (see fa_kvcache): k and v are then the caches
+                                   (or pages). Forward and check only. Appended after varlen. */
 } fa_options;
 
 /**
@@ -708,6 +768,7 @@ typedef enum fa_abi_struct {
     FA_ABI_DIAGNOSE_OPTIONS = 4, /**< fa_diagnose_options */
     FA_ABI_DIAGNOSE_REPORT = 5,  /**< fa_diagnose_report */
     FA_ABI_VARLEN = 6,           /**< fa_varlen */
+    FA_ABI_KVCACHE = 7,          /**< fa_kvcache */
     FA_ABI_STRUCT_COUNT       /**< Number of entries (not a struct). */
 } fa_abi_struct;
 

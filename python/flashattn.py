@@ -21,6 +21,11 @@ optionally ``seqused_k`` ([batch]); q is then ``[total_q, heads, d]``, k and v
 ``[total_k, heads_k, d]``, out ``[total_q, heads, d_v]`` and lse
 ``[heads, total_q]``, and every mask is aligned per sequence.
 
+A KV cache (``flash_attn_with_kvcache``): ``attention_with_kvcache(q, k_cache,
+v_cache, k, v, cache_seqlens=...)`` appends k/v into the numpy caches in place
+and attends over ``cache_seqlens[b] + seqlen_new`` keys; ``block_table`` makes
+the caches pages ``[num_pages, page_size, heads_k, d]``.
+
 Inputs: numpy arrays (or anything ``np.asarray`` takes) and torch tensors.
 Element types: float32, float64, float16 and bfloat16. A torch tensor of any
 of these, on any device, is copied to the host (zero-copy through DLPack when
@@ -51,7 +56,8 @@ import os
 
 import numpy as np
 
-__all__ = ["attention", "grad", "check", "CheckReport", "diagnose", "DiagnoseReport", "FlashAttnError", "library"]
+__all__ = ["attention", "attention_with_kvcache", "grad", "check", "CheckReport", "diagnose", "DiagnoseReport",
+           "FlashAttnError", "library"]
 
 # ---- the C declarations, mirrored (checked against fa_check_abi_size) -------
 
@@ -77,9 +83,19 @@ class _Options(ctypes.Structure):
                 ("num_threads", ctypes.c_int), ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
                 ("standard_max_bytes", ctypes.c_size_t),
                 ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int),
-                ("varlen", ctypes.c_void_p)]
+                ("varlen", ctypes.c_void_p), ("kvcache", ctypes.c_void_p)]
 
 _ALIGNS = {"bottom-right": 0, "top-left": 1}
+
+
+class _KVCache(ctypes.Structure):
+    _i32p = ctypes.POINTER(ctypes.c_int32)
+    _fields_ = [("struct_size", ctypes.c_size_t), ("cache_seqlens", _i32p),
+                ("k_new", ctypes.POINTER(_Tensor)), ("v_new", ctypes.POINTER(_Tensor)),
+                ("cache_batch_idx", _i32p), ("cache_leftpad", _i32p), ("block_table", _i32p),
+                ("max_pages", _i64), ("cache_seqlens_name", ctypes.c_char_p),
+                ("cache_batch_idx_name", ctypes.c_char_p), ("cache_leftpad_name", ctypes.c_char_p),
+                ("block_table_name", ctypes.c_char_p)]
 
 
 class _Varlen(ctypes.Structure):
@@ -220,6 +236,8 @@ def library():
     lib.fa_check_options_init.restype = None
     lib.fa_varlen_init.argtypes = [ctypes.POINTER(_Varlen), ctypes.c_size_t]
     lib.fa_varlen_init.restype = None
+    lib.fa_kvcache_init.argtypes = [ctypes.POINTER(_KVCache), ctypes.c_size_t]
+    lib.fa_kvcache_init.restype = None
     lib.fa_check_abi_size.restype = ctypes.c_size_t
     lib.fa_check_abi_size.argtypes = [ctypes.c_int]
     tp = ctypes.POINTER(_Tensor)
@@ -244,7 +262,8 @@ def library():
     # fa_tensor is not versioned: exact match. The versioned structs carry
     # struct_size, so a library whose struct is larger (a newer version that
     # appended fields) still reads this older mirror; a smaller one cannot.
-    for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report, _DiagnoseOptions, _DiagnoseReport, _Varlen)):
+    for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report, _DiagnoseOptions, _DiagnoseReport,
+                                 _Varlen, _KVCache)):
         want = lib.fa_check_abi_size(which)
         ok = want == ctypes.sizeof(cls) if cls is _Tensor else want >= ctypes.sizeof(cls)
         if not ok:
@@ -505,15 +524,15 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     return opt
 
 
-def _index_array(x, name):
-    """An int32 index array (cu_seqlens, seqused_k): integers that fit int32, rank 1."""
+def _index_array(x, name, rank=1):
+    """An int32 index array (cu_seqlens, seqused_k, ...): integers that fit int32."""
     if _is_torch(x):
         x = x.detach().to("cpu").numpy()
     a = np.asarray(x)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers (int32), got dtype {a.dtype}")
-    if a.ndim != 1:
-        raise ValueError(f"{name} must have rank 1, got shape {a.shape}")
+    if a.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {a.shape}")
     if a.size and (a.min() < -2 ** 31 or a.max() > 2 ** 31 - 1):
         raise ValueError(f"{name} holds values outside the int32 range")
     return np.ascontiguousarray(a, dtype=np.int32)
@@ -549,6 +568,42 @@ def _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep):
     return vl
 
 
+def _kvcache(q, k_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep):
+    """A fa_kvcache from the cache arguments (values checked by the library)."""
+    batch = q.shape[0]
+    if isinstance(cache_seqlens, (int, np.integer)):
+        cache_seqlens = np.full(batch, int(cache_seqlens), np.int32)
+    kv = _KVCache()
+    library().fa_kvcache_init(ctypes.byref(kv), ctypes.sizeof(_KVCache))
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    for field, x in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                     ("cache_leftpad", cache_leftpad)):
+        if x is None:
+            continue
+        a = _index_array(x, field)
+        if a.size != batch:
+            raise ValueError(f"{field} must have batch = {batch} entries, got {a.size}")
+        setattr(kv, field, a.ctypes.data_as(i32p))
+        keep.append(a)
+    if block_table is not None:
+        bt = _index_array(block_table, "block_table", rank=2)
+        if bt.shape[0] != batch or bt.shape[1] < 1:
+            raise ValueError(f"block_table must be [batch = {batch}, max_pages >= 1], got {bt.shape}")
+        kv.block_table = bt.ctypes.data_as(i32p)
+        kv.max_pages = bt.shape[1]
+        keep.append(bt)
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new keys and values) go together")
+    if k is not None:
+        kn, vn = _as_array(k, "k"), _as_array(v, "v")
+        tkn, tvn = _tensor(kn, "k", bf16_bits), _tensor(vn, "v", bf16_bits)
+        keep += [kn, vn, tkn, tvn]
+        kv.k_new = ctypes.pointer(tkn)
+        kv.v_new = ctypes.pointer(tvn)
+    keep.append(kv)
+    return kv
+
+
 def _torch_device(*xs):
     """The device of the first torch tensor among xs, or None if none is one."""
     for x in xs:
@@ -561,8 +616,8 @@ def _torch_device(*xs):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
-              num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
-              seqused_k=None):
+              num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None,
+              cu_seqlens_k=None, seqused_k=None):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
     q, k, v: numpy arrays or torch tensors (any device; copied to the host).
@@ -600,6 +655,52 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
         dv = v.shape[3]
         o, to = _output((B, Sq, H, dv), code)
         lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
+    st = lib.fa_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
+                        ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt))
+    if st != 0:
+        _raise(st)
+    if device is not None:
+        o = _torch_result(o, code, device)
+        lse = _torch_result(lse, FA_F32, device) if return_lse else None
+    return (o, lse) if return_lse else o
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, cache_batch_idx=None,
+                           cache_leftpad=None, block_table=None, causal=False, window=None, softcap=0.0,
+                           scale=None, alibi_slopes=None, impl="flash", return_lse=False,
+                           out_dtype=np.float32, num_threads=0, bf16_bits=None, align="bottom-right"):
+    """Attention against a KV cache, as FlashAttention's flash_attn_with_kvcache.
+
+    q [batch, seqlen_q, heads, d]; k_cache/v_cache [batch_cache, seqlen_cache,
+    heads_k, d] numpy arrays, or pages [num_pages, page_size, heads_k, d] with
+    block_table [batch, max_pages] (int32). cache_seqlens: int or [batch] int32.
+    k, v (optional) [batch, seqlen_new, heads_k, d]: written into k_cache and
+    v_cache IN PLACE at cache_seqlens[b] (so the caches must be writable numpy
+    arrays of the same dtypes); sequence b then attends to cache rows
+    cache_leftpad[b] .. cache_seqlens[b] - 1 of cache cache_batch_idx[b] and its
+    new keys, masks bottom-right aligned to that count. Returns O (and LSE
+    [batch, heads, seqlen_q] with return_lse) like attention().
+    """
+    lib = library()
+    keep = []
+    device = _torch_device(q)
+    q = _as_array(q, "q")
+    if k is not None:
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not isinstance(c, np.ndarray) or not c.flags.writeable or _as_array(c, name) is not c:
+                raise ValueError(f"{name} must be a writable numpy array in native byte order (the new "
+                                 "keys are appended into it in place)")
+    kc, vc = _as_array(k_cache, "k_cache"), _as_array(v_cache, "v_cache")
+    tq, tk, tv = (_tensor(a, n, bf16_bits) for a, n in ((q, "q"), (kc, "k_cache"), (vc, "v_cache")))
+    if q.ndim != 4 or kc.ndim != 4 or vc.ndim != 4:
+        raise ValueError("q and the caches must be rank 4")
+    kv = _kvcache(q, kc, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep)
+    code = _dtype_code(out_dtype, "out_dtype")
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
+    opt.kvcache = ctypes.addressof(kv)
+    B, Sq, H = q.shape[:3]
+    o, to = _output((B, Sq, H, vc.shape[3]), code)
+    lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
     st = lib.fa_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
                         ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt))
     if st != 0:
@@ -699,7 +800,8 @@ class CheckReport:
 def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
           alibi_slopes=None, dtype=None, atol=None, rtol=None, sample_rows=0, seed=0,
           num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
-          seqused_k=None):
+          seqused_k=None, cache_seqlens=None, k_new=None, v_new=None, cache_batch_idx=None,
+          cache_leftpad=None, block_table=None):
     """Check a tested attention output (and optionally its LSE) against the
     float64 reference, by the library's one tolerance model.
 
@@ -713,6 +815,8 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
     query rows per (batch, head), drawn with seed (0 <= seed < 2**64).
     Options, bf16_bits and the varlen arguments as in attention() (varlen:
     the report's batch and row name the sequence and the row within it).
+    A KV cache as in attention_with_kvcache() (k, v are then the caches, as
+    before the append; k_new/v_new are read, nothing is written).
     Returns a CheckReport (true when it passed); raises FlashAttnError on bad
     input.
     """
@@ -729,6 +833,10 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)
+    if cache_seqlens is not None:
+        kv = _kvcache(arrs[0], arrs[1], k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad,
+                      block_table, bf16_bits, keep)
+        opt.kvcache = ctypes.addressof(kv)
     co = _CheckOptions()
     lib.fa_check_options_init(ctypes.byref(co), ctypes.sizeof(_CheckOptions))
     if dtype is not None:

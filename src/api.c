@@ -112,6 +112,15 @@ fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
         const char *names[] = {"q", "k", "v", "alibi slopes"};
         if ((st = fa_check_output(lse, "lse", others, names, 4)) != FA_OK) return st;
     }
+    /* KV cache: append the new keys in place (the caches must not overlap them) */
+    if (p.cache_seqlens && p.k_new.data) {
+        const fa_tensor *nk[] = {&p.k_new, &p.v_new, q, v};
+        const char *nn[] = {"k_new", "v_new", "q", "v cache"};
+        if ((st = fa_check_output(k, "k cache", nk, nn, 4)) != FA_OK ||
+            (st = fa_check_output(v, "v cache", nk, nn, 3)) != FA_OK)
+            return st;
+        if ((st = fa_kvcache_append(&p)) != FA_OK) return st;
+    }
     /* varlen: the rows no sequence owns get O = 0, LSE = -inf */
     if ((st = fa_fill_unowned_rows(&p, &p.o, 0, 0.0)) != FA_OK ||
         (st = fa_fill_unowned_lse(&p, p.lse.data ? &p.lse : NULL, -INFINITY)) != FA_OK)
@@ -142,6 +151,8 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     fa_problem p;
     fa_status st = fa_resolve(FA_PURPOSE_BACKWARD, q, k, v, o, lse, opt, NULL, &p);
     if (st != FA_OK) return st;
+    if (p.cache_seqlens)
+        return fa_fail(FA_ERR_OPTION, "backward: a KV cache (fa_options.kvcache) is forward only");
     /* the tensors' own rows (varlen: [1][total]; p.batch, seqlen_q/k count sequences) */
     const int64_t tb = p.q.shape[0], tq = p.q.shape[1];
     const int64_t nb = tb > 0 ? tb : 1;

@@ -111,7 +111,7 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
 {
     const fa_seq seq = fa_problem_seq(p, b);
     const int64_t Sk = seq.k_len, d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
-    const fa_rows ks = fa_rows_k(&p->k, &seq, hk), vs = fa_rows_k(&p->v, &seq, hk);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
     double *kd = scratch;                           /* K of this kv head [Sk][d] */
     double *vd = kd + (size_t)(Sk * d);             /* V of this kv head [Sk][dv] */
@@ -458,7 +458,7 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
 {
     const int64_t d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
     const fa_seq seq = fa_problem_seq(p, b);
-    const fa_rows ks = fa_rows_k(&p->k, &seq, hk), vs = fa_rows_k(&p->v, &seq, hk);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     fa_pack_rows(&ks, j0, bc, sc->kr, g->ldd, 0);
     fa_pack_rows(&vs, j0, bc, sc->vr, g->lddv, 0);
     for (int j = 0; j < bc; j++) {
@@ -515,7 +515,7 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
     const double slope = fa_alibi_slope(p, b, h);
     const fa_seq seq = fa_problem_seq(p, b);
     const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h), dqs = fa_rows_q(dq, &seq, h);
-    const fa_rows ks = fa_rows_k(&p->k, &seq, hk), vs = fa_rows_k(&p->v, &seq, hk);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     for (int r = 0; r < br; r++) memset(sc->dqa + (size_t)r * g->ldd, 0, (size_t)d * sizeof(float));
     if (load_row_info(p, dvec, b, h, i0, br, 0, seq.k_len, sc)) {
         int64_t jmin = seq.k_len, jmax = 0;
@@ -658,7 +658,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                     const int64_t j0 = kb * g.bc;
                     if (j0 >= seq.k_len) continue;
                     const int bc = (int)(seq.k_len - j0 < g.bc ? seq.k_len - j0 : g.bc);
-                    const fa_rows ks = fa_rows_k(&p->k, &seq, hk), vs = fa_rows_k(&p->v, &seq, hk);
+                    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
                     fa_pack_transposed(kern, &ks, j0, bc, kpack.a + (size_t)kb * (size_t)p->d * g.ldc, g.ldc);
                     fa_pack_transposed(kern, &vs, j0, bc, kpack.b + (size_t)kb * (size_t)p->dv * g.ldc, g.ldc);
                     fa_pack_rows(&ks, j0, bc, kpack.c + (size_t)kb * (size_t)g.bc * g.ldd, g.ldd, 0);

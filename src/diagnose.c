@@ -1093,8 +1093,8 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     if (!out) return fa_fail(FA_ERR_NULL_ARG, "out: tensor is NULL");
     fa_problem p;
     if ((st = fa_resolve(FA_PURPOSE_CHECK, q, k, v, out, lse, attn, NULL, &p)) != FA_OK) return st;
-    if (p.seq || p.cu_seqlens_q) /* the candidate models index uniform batches */
-        return fa_fail(FA_ERR_OPTION, "fa_diagnose: variable-length batches are not supported yet "
+    if (p.seq || p.cu_seqlens_q || p.cache_seqlens) /* the candidate models index uniform batches */
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: variable-length batches and KV caches are not supported yet "
                        "(fa_check judges them; diagnose one sequence as its own batch)");
     if (p.batch == 0 || p.seqlen_q == 0 || p.seqlen_k == 0) {
         snprintf(report->considered, sizeof report->considered, "%s", "");

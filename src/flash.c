@@ -198,7 +198,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     const int64_t d = p->d, dv = p->dv;
     const fa_seq seq = fa_problem_seq(p, b);
     const fa_rows qs = fa_rows_q(&p->q, &seq, h), os = fa_rows_q(&p->o, &seq, h);
-    const fa_rows ks = fa_rows_k(&p->k, &seq, hk), vs = fa_rows_k(&p->v, &seq, hk);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
 
     /* load Q_i and the visible interval of each row */
     int64_t jmin = seq.k_len, jmax = 0;
@@ -393,7 +393,7 @@ fa_status fa_flash_forward(const fa_problem *p)
                     const int64_t j0 = kb * g.bc;
                     if (j0 >= seq.k_len) continue; /* a sequence shorter than the longest */
                     const int bc = (int)(seq.k_len - j0 < g.bc ? seq.k_len - j0 : g.bc);
-                    const fa_rows ks = fa_rows_k(&p->k, &seq, hk), vs = fa_rows_k(&p->v, &seq, hk);
+                    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
                     fa_pack_transposed(kern, &ks, j0, bc, kv.kt + (size_t)kb * (size_t)p->d * g.ldk, g.ldk);
                     kv.v_bad[kb] = (unsigned char)fa_pack_rows(&vs, j0, bc, kv.v + (size_t)j0 * g.ldv, g.ldv, 1);
                 }

@@ -43,9 +43,9 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
             }
         }
     } else {
-        const fa_tensor *t = s->t;
         for (int r = 0; r < n; r++) {
-            const int64_t off = fa_rows_off(s, row0 + r);
+            int64_t off;
+            const fa_tensor *t = fa_rows_src(s, row0 + r, &off);
             for (int64_t c = 0; c < width; c++)
                 dst[(size_t)c * ld + (size_t)r] = fa_load_f32(t, off + c * t->stride[3]);
         }

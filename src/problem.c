@@ -23,6 +23,7 @@
 #include "context.h"
 #include "kernels/kernels.h"
 #include "mask.h"
+#include "pack.h"
 #include "status.h"
 #include "tensor.h"
 
@@ -36,9 +37,14 @@
  * standard_max_bytes, before pack_max_bytes and context were appended): a
  * caller compiled against it sends this size (tests/test_abi.c). */
 #define FA_OPTIONS_MIN_SIZE (offsetof(fa_options, standard_max_bytes) + sizeof(size_t))
-/* The end of fa_options as 0.3.0 shipped (through context, before align and
- * varlen were appended): a caller compiled against that layout sends this size. */
-#define FA_OPTIONS_V030_SIZE (offsetof(fa_options, context) + sizeof(fa_context *))
+
+/* The end of fa_options as 0.3.0 shipped (pack_max_bytes and context appended,
+ * before align): a caller compiled against that layout sends this size. */
+#define FA_OPTIONS_CONTEXT_SIZE (offsetof(fa_options, context) + sizeof(fa_context *))
+/* ... and through align, before varlen was appended. */
+#define FA_OPTIONS_ALIGN_SIZE (offsetof(fa_options, align) + sizeof(int))
+/* ... and through varlen, before kvcache was appended. */
+#define FA_OPTIONS_VARLEN_SIZE (offsetof(fa_options, varlen) + sizeof(const fa_varlen *))
 
 fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *known, int n_known,
                                const char *what, const char *init_fn)
@@ -87,7 +93,9 @@ fa_status fa_options_read(const fa_options *in, fa_options *out)
 {
     fa_options_init(out, sizeof *out);
     if (!in) return FA_OK;
-    static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_V030_SIZE, sizeof(fa_options)};
+    static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_CONTEXT_SIZE, FA_OPTIONS_ALIGN_SIZE,
+                                   FA_OPTIONS_VARLEN_SIZE,
+                                   sizeof(fa_options)};
     fa_status st = fa_struct_size_check(in, sizeof *out, known, (int)(sizeof known / sizeof known[0]),
                                         "fa_options", "fa_options_default");
     if (st != FA_OK) return st;
@@ -421,6 +429,159 @@ static fa_status varlen_geometry(const fa_varlen *vl, fa_problem *p)
     return FA_OK;
 }
 
+/* ------------------------------------------------------------------------ */
+/* KV cache                                                                  */
+/* ------------------------------------------------------------------------ */
+
+void fa_kvcache_init(fa_kvcache *kv, size_t struct_size)
+{
+    if (!kv) return;
+    memset(kv, 0, struct_size);
+    fa_kvcache c;
+    memset(&c, 0, sizeof c);
+    c.struct_size = struct_size;
+    memcpy(kv, &c, struct_size < sizeof c ? struct_size : sizeof c);
+}
+
+fa_kvcache fa_kvcache_default(void)
+{
+    fa_kvcache c;
+    fa_kvcache_init(&c, sizeof c);
+    return c;
+}
+
+/*
+ * The KV cache's arguments, checked against the caches k, v (p holds q's
+ * geometry and p->seqlen_k = the caches' row count): fills p's cache
+ * geometry (fa_problem_seq reads it) and the longest key count.
+ */
+static fa_status kvcache_geometry(const fa_kvcache *kv, const fa_tensor *k, const fa_tensor *v, const char *kn,
+                                  const char *vn, fa_problem *p)
+{
+    static const size_t known[] = {sizeof(fa_kvcache)};
+    fa_status st = fa_struct_size_check(kv, sizeof *kv, known, 1, "fa_kvcache", "fa_kvcache_init");
+    if (st != FA_OK) return st;
+    const int64_t B = p->batch, rows = k->shape[1]; /* rows of a cache, or of a page */
+    if (!kv->cache_seqlens) return fa_fail(FA_ERR_NULL_ARG, "kvcache: cache_seqlens is NULL");
+    if (kv->block_table && (kv->cache_batch_idx || kv->cache_leftpad))
+        return fa_fail(FA_ERR_OPTION, "kvcache: block_table (paged) cannot be combined with cache_batch_idx or "
+                       "cache_leftpad");
+    if (kv->block_table && (kv->max_pages < 1 || kv->max_pages > INT32_MAX))
+        return fa_fail(FA_ERR_OPTION, "kvcache: max_pages must be in 1..%d with a block_table (got %lld)", INT32_MAX,
+                       DIM(kv->max_pages));
+    if (kv->block_table && rows < 1)
+        return fa_fail(FA_ERR_SHAPE, "%s: pages of %lld rows: page_size must be >= 1", kn, DIM(rows));
+    int64_t sn = 0;
+    if (!kv->k_new != !kv->v_new)
+        return fa_fail(FA_ERR_NULL_ARG, "kvcache: k_new and v_new go together (%s is NULL)", kv->k_new ? "v_new" : "k_new");
+    if (kv->k_new) {
+        const fa_tensor *kw = kv->k_new, *vw = kv->v_new;
+        const int64_t ks[4] = {B, kw->rank == 4 ? kw->shape[1] : 0, p->heads_k, p->d};
+        if ((st = fa_check_tensor4(kw, "k_new", ks, "[batch, seqlen_new, heads_k, d]")) != FA_OK) return st;
+        sn = kw->shape[1];
+        const int64_t vs[4] = {B, sn, p->heads_k, p->dv};
+        if ((st = fa_check_tensor4(vw, "v_new", vs, "[batch, seqlen_new of k_new, heads_k, d_v]")) != FA_OK) return st;
+        if (kw->dtype != k->dtype || vw->dtype != v->dtype)
+            return fa_fail(FA_ERR_DTYPE, "kvcache: k_new/v_new must have the caches' dtypes (%s %s, caches %s %s)",
+                           fa_dtype_name(kw->dtype), fa_dtype_name(vw->dtype), fa_dtype_name(k->dtype),
+                           fa_dtype_name(v->dtype));
+    }
+    const int64_t capacity = kv->block_table ? kv->max_pages * rows : rows;
+    const int64_t pages = k->shape[0];
+    if (!kv->block_table && !kv->cache_batch_idx && pages < B)
+        return fa_fail(FA_ERR_SHAPE, "%s: the cache holds %lld sequences, q has batch %lld (give cache_batch_idx)",
+                       kn, DIM(pages), DIM(B));
+    int64_t max_k = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t n = kv->cache_seqlens[b];
+        const int64_t pad = kv->cache_leftpad ? kv->cache_leftpad[b] : 0;
+        if (n < 0)
+            return fa_fail(FA_ERR_INDEX, "%s%scache_seqlens[%lld] = %lld is negative", VL_WHO(kv->cache_seqlens_name),
+                           DIM(b), DIM(n));
+        if (n + sn > capacity)
+            return fa_fail(FA_ERR_INDEX, "%s%scache_seqlens[%lld] + seqlen_new = %lld + %lld is past the cache (%s %lld rows)",
+                           VL_WHO(kv->cache_seqlens_name), DIM(b), DIM(n), DIM(sn),
+                           kv->block_table ? "max_pages * page_size =" : "seqlen_cache =", DIM(capacity));
+        if (pad < 0 || pad > n)
+            return fa_fail(FA_ERR_INDEX, "%s%scache_leftpad[%lld] = %lld is outside 0..cache_seqlens[%lld] = %lld",
+                           VL_WHO(kv->cache_leftpad_name), DIM(b), DIM(pad), DIM(b), DIM(n));
+        if (kv->cache_batch_idx && (kv->cache_batch_idx[b] < 0 || kv->cache_batch_idx[b] >= pages))
+            return fa_fail(FA_ERR_INDEX, "%s%scache_batch_idx[%lld] = %d is outside 0..%lld (the caches' batch)",
+                           VL_WHO(kv->cache_batch_idx_name), DIM(b), kv->cache_batch_idx[b], DIM(pages - 1));
+        if (kv->block_table) {
+            const int64_t used = (n + sn + rows - 1) / rows; /* pages holding rows 0 .. n + sn - 1 */
+            for (int64_t x = 0; x < used; x++) {
+                const int32_t pg = kv->block_table[b * kv->max_pages + x];
+                if (pg < 0 || pg >= pages)
+                    return fa_fail(FA_ERR_INDEX, "%s%sblock_table[%lld][%lld] = %d is outside the pages 0..%lld",
+                                   VL_WHO(kv->block_table_name), DIM(b), DIM(x), pg, DIM(pages - 1));
+            }
+        }
+        if (n - pad + sn > max_k) max_k = n - pad + sn;
+    }
+    if (sn > 0) {
+        /* the append writes each cache row once: no two sequences may write one row */
+        const int64_t nrows = pages * rows;
+        int64_t *owner = fa_malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof(int64_t));
+        if (!owner) return fa_fail(FA_ERR_NOMEM, "kvcache: out of memory");
+        for (int64_t x = 0; x < nrows; x++) owner[x] = -1;
+        for (int64_t b = 0; b < B && st == FA_OK; b++)
+            for (int64_t r = kv->cache_seqlens[b]; r < kv->cache_seqlens[b] + sn; r++) {
+                const int64_t phys = kv->block_table ? (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows
+                                     : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * rows + r;
+                if (owner[phys] >= 0) {
+                    st = fa_fail(FA_ERR_INDEX, "kvcache: sequences %lld and %lld would both append into one cache row "
+                                 "(%s %lld, row %lld): check %s",
+                                 DIM(owner[phys]), DIM(b), kv->block_table ? "page" : "cache", DIM(phys / rows),
+                                 DIM(phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
+                    break;
+                }
+                owner[phys] = b;
+            }
+        fa_free(owner);
+        if (st != FA_OK) return st;
+    }
+    p->seqlen_k = max_k;
+    p->cache_seqlens = kv->cache_seqlens;
+    p->cache_batch_idx = kv->cache_batch_idx;
+    p->cache_leftpad = kv->cache_leftpad;
+    p->block_table = kv->block_table;
+    p->max_pages = kv->block_table ? kv->max_pages : 0;
+    p->page_size = kv->block_table ? rows : 0;
+    p->seqlen_new = sn;
+    if (kv->k_new) {
+        p->k_new = *kv->k_new;
+        p->v_new = *kv->v_new;
+    }
+    return FA_OK;
+}
+
+fa_status fa_kvcache_append(fa_problem *p)
+{
+    if (!p->cache_seqlens || !p->k_new.data) return FA_OK;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq s = fa_problem_seq(p, b);
+        for (int64_t hk = 0; hk < p->heads_k; hk++)
+            for (int vside = 0; vside < 2; vside++) {
+                fa_rows dst = fa_rows_kv(p, &s, hk, vside);
+                dst.tail = NULL; /* write into the cache itself */
+                const fa_rows src = fa_rows_at(vside ? &p->v_new : &p->k_new, b, 0, hk);
+                for (int64_t t = 0; t < p->seqlen_new; t++) {
+                    int64_t so, dof;
+                    const fa_tensor *st = fa_rows_src(&src, t, &so), *dt = fa_rows_src(&dst, s.k_new_from + t, &dof);
+                    const size_t esz = fa_dtype_size(dt->dtype);
+                    for (int64_t c = 0; c < src.width; c++) /* same dtype: copy the bits */
+                        memcpy((char *)dt->data + (size_t)(dof + c * dt->stride[3]) * esz,
+                               (const char *)st->data + (size_t)(so + c * st->stride[3]) * esz, esz);
+                }
+            }
+    }
+    /* from now on the new keys are read where they were written */
+    memset(&p->k_new, 0, sizeof p->k_new);
+    memset(&p->v_new, 0, sizeof p->v_new);
+    return FA_OK;
+}
+
 fa_status fa_check_rows_tensor(const fa_problem *p, const fa_tensor *t, const char *name, int kside,
                                int64_t width, const char *desc, fa_tensor *view)
 {
@@ -515,12 +676,13 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
         return fa_fail(FA_ERR_SHAPE, "%s: head dim d_v must be in 1..%d (got %lld)", vn, FA_HEAD_DIM_MAX, DIM(p->dv));
     if (p->heads < 1) return fa_fail(FA_ERR_SHAPE, "%s: heads must be >= 1 (got %lld)", qn, DIM(p->heads));
     if (p->heads_k < 1) return fa_fail(FA_ERR_SHAPE, "%s: heads_k must be >= 1 (got %lld)", kn, DIM(p->heads_k));
-    if (k->shape[0] != p->batch)
+    if (k->shape[0] != p->batch && !opt.kvcache) /* (a cache has batch_cache rows, or pages) */
         return fa_fail(FA_ERR_SHAPE, "%s: batch %lld does not match %s batch %lld", kn, DIM(k->shape[0]), qn, DIM(p->batch));
     if (k->shape[3] != p->d)
         return fa_fail(FA_ERR_SHAPE, "%s: head dim %lld does not match %s head dim %lld", kn, DIM(k->shape[3]), qn, DIM(p->d));
-    if (v->shape[0] != p->batch)
-        return fa_fail(FA_ERR_SHAPE, "%s: batch %lld does not match %s batch %lld", vn, DIM(v->shape[0]), qn, DIM(p->batch));
+    if (v->shape[0] != k->shape[0])
+        return fa_fail(FA_ERR_SHAPE, "%s: batch %lld does not match %s batch %lld", vn, DIM(v->shape[0]), kn,
+                       DIM(k->shape[0]));
     if (v->shape[1] != p->seqlen_k)
         return fa_fail(FA_ERR_SHAPE, "%s: seqlen %lld does not match %s seqlen %lld", vn, DIM(v->shape[1]), kn, DIM(p->seqlen_k));
     if (v->shape[2] != p->heads_k)
@@ -548,6 +710,9 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     }
     /* the sequences (p->batch, seqlen_q/k become the count and the longest) */
     if (opt.varlen && (st = varlen_geometry(opt.varlen, p)) != FA_OK) return st;
+    if (opt.varlen && opt.kvcache)
+        return fa_fail(FA_ERR_OPTION, "varlen and kvcache cannot be combined");
+    if (opt.kvcache && (st = kvcache_geometry(opt.kvcache, k, v, kn, vn, p)) != FA_OK) return st;
 
     /* options */
     /* The ranges (docs/semantics.md): flash and standard compute in float32, so a

@@ -45,6 +45,12 @@ typedef struct fa_seq {
     int64_t k_batch;  /* tensor batch index of its K/V (dK/dV) rows */
     int64_t k_start;  /* first key row in that tensor batch */
     int64_t k_len;    /* keys */
+    /* KV cache only (fa_kvcache): */
+    const int32_t *k_pages; /* paged: key row r is row r % k_page_size of page k_pages[r / k_page_size]; else NULL */
+    int64_t k_page_size;
+    int64_t k_new_from;     /* keys j >= k_new_from are row j - k_new_from of k_new/v_new
+                               (batch k_new_batch) when those are set (not yet appended) */
+    int64_t k_new_batch;
 } fa_seq;
 
 typedef struct fa_problem {
@@ -55,6 +61,13 @@ typedef struct fa_problem {
      * q, k, v, o are then rank-4 views [1][total][heads][width], lse [1][heads][total_q] */
     const int32_t *cu_seqlens_q, *cu_seqlens_k; /* [batch + 1], or NULL */
     const int32_t *seqused_k;    /* [batch], or NULL */
+    /* KV cache (fa_kvcache): k, v are the caches or pages; the geometry is read from these */
+    const int32_t *cache_seqlens;   /* [batch], or NULL: no cache */
+    const int32_t *cache_batch_idx, *cache_leftpad; /* [batch], or NULL */
+    const int32_t *block_table;     /* [batch][max_pages], or NULL */
+    int64_t max_pages, page_size;
+    int64_t seqlen_new;             /* rows of k_new/v_new (0: none) */
+    fa_tensor k_new, v_new;         /* k_new.data == NULL: nothing to read from them (appended, or none) */
     fa_tensor q, k, v, o;        /* copies of the caller's descriptors (o may be empty) */
     fa_tensor lse;               /* lse.data == NULL when not requested */
     fa_impl impl;
@@ -81,10 +94,18 @@ static inline fa_seq fa_problem_seq(const fa_problem *p, int64_t b)
     if (p->cu_seqlens_q) { /* varlen: tensor batch 0, rows from the prefix sums */
         const int64_t k0 = p->cu_seqlens_k[b];
         fa_seq s = {0, p->cu_seqlens_q[b], (int64_t)p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b],
-                    0, k0, p->seqused_k ? (int64_t)p->seqused_k[b] : p->cu_seqlens_k[b + 1] - k0};
+                    0, k0, p->seqused_k ? (int64_t)p->seqused_k[b] : p->cu_seqlens_k[b + 1] - k0, NULL, 0, 0, 0};
         return s;
     }
-    fa_seq s = {b, 0, p->seqlen_q, b, 0, p->seqlen_k};
+    if (p->cache_seqlens) { /* KV cache: the cache rows, then the new keys */
+        const int64_t pad = p->cache_leftpad ? p->cache_leftpad[b] : 0;
+        const int64_t cached = p->cache_seqlens[b] - pad;
+        fa_seq s = {b, 0, p->seqlen_q, p->cache_batch_idx ? p->cache_batch_idx[b] : (p->block_table ? 0 : b),
+                    pad, cached + p->seqlen_new, p->block_table ? p->block_table + b * p->max_pages : NULL,
+                    p->page_size, cached, b};
+        return s;
+    }
+    fa_seq s = {b, 0, p->seqlen_q, b, 0, p->seqlen_k, NULL, 0, 0, 0};
     return s;
 }
 
@@ -150,6 +171,11 @@ fa_status fa_check_rows_tensor(const fa_problem *p, const fa_tensor *t, const ch
  * batches, where every row is owned. */
 fa_status fa_fill_unowned_rows(const fa_problem *p, const fa_tensor *t, int kside, double value);
 fa_status fa_fill_unowned_lse(const fa_problem *p, const fa_tensor *lse, double value);
+
+/* KV cache: write k_new/v_new into the caches at cache_seqlens[b] (in place,
+ * through the same row accessor as the reads, so pages are honoured), then
+ * clear p->k_new/v_new so that the new keys are read from the cache. */
+fa_status fa_kvcache_append(fa_problem *p);
 
 /* Refuse an output that overlaps another tensor the call reads or writes,
  * or that has a zero stride on a dimension longer than 1 (FA_ERR_STRIDE). */

@@ -52,7 +52,7 @@ static void reference_row(const fa_problem *p, int64_t b, int64_t i, int64_t h, 
     const double slope = fa_alibi_slope(p, b, h);
     const fa_seq seq = fa_problem_seq(p, b);
     const fa_rows qs = fa_rows_q(&p->q, &seq, h), os = fa_rows_q(&p->o, &seq, h);
-    const fa_rows ks = fa_rows_k(&p->k, &seq, hk), vs = fa_rows_k(&p->v, &seq, hk);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     int64_t lo, hi;
     fa_key_range(p, b, i, &lo, &hi);
     fa_rows_gather_f64(&qs, i, qd);

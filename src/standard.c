@@ -80,8 +80,8 @@ fa_status fa_standard_forward(const fa_problem *p)
 
             /* pack this head through the one packer: Q rows, K transposed, V rows
              * (all float32; v_bad: V holds Inf or NaN) */
-            const fa_rows qs = fa_rows_q(&p->q, &seq, h), ks = fa_rows_k(&p->k, &seq, hk),
-                          vs = fa_rows_k(&p->v, &seq, hk), os = fa_rows_q(&p->o, &seq, h);
+            const fa_rows qs = fa_rows_q(&p->q, &seq, h), ks = fa_rows_kv(p, &seq, hk, 0),
+                          vs = fa_rows_kv(p, &seq, hk, 1), os = fa_rows_q(&p->o, &seq, h);
             fa_pack_rows(&qs, 0, (int)Sq, Q, (size_t)d, 0);
             fa_pack_transposed(kern, &ks, 0, (int)Sk, Kt, ldk);
             const int v_bad = fa_pack_rows(&vs, 0, (int)Sk, V, (size_t)dv, 1);

@@ -108,8 +108,9 @@ static int needs_rounding(fa_dtype src, fa_dtype dt)
 /* Row j of a row source (pack.h), as float64 (dtype switch hoisted). */
 static void load_row_f64(const fa_rows *src, int64_t j, double *dst)
 {
-    const fa_tensor *t = src->t;
-    const int64_t off = fa_rows_off(src, j), inc = t->stride[3], n = src->width;
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(src, j, &off);
+    const int64_t inc = t->stride[3], n = src->width;
     switch (t->dtype) {
     case FA_F32: {
         const float *s = (const float *)t->data + off;
@@ -182,6 +183,7 @@ size_t fa_check_abi_size(int which)
     case FA_ABI_DIAGNOSE_OPTIONS: return sizeof(fa_diagnose_options);
     case FA_ABI_DIAGNOSE_REPORT: return sizeof(fa_diagnose_report);
     case FA_ABI_VARLEN: return sizeof(fa_varlen);
+    case FA_ABI_KVCACHE: return sizeof(fa_kvcache);
     default: return 0;
     }
 }
@@ -250,6 +252,38 @@ static fa_status require_emulable(const fa_tensor *t, const char *name, fa_dtype
 }
 
 /*
+ * A KV cache holds rows no sequence uses (often never written): only the keys
+ * and values the sequences attend to (cache rows and new keys, through the row
+ * accessor) must be finite, and, under the default rule, emulable in `dt`
+ * (dt == FA_DTYPE_COUNT: finiteness only).
+ */
+static fa_status require_kv_rows(const fa_problem *p, const char *kname, const char *vname, fa_dtype dt)
+{
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq s = fa_problem_seq(p, b);
+        for (int64_t hk = 0; hk < p->heads_k; hk++)
+            for (int vside = 0; vside < 2; vside++) {
+                const fa_rows r = fa_rows_kv(p, &s, hk, vside);
+                for (int64_t j = 0; j < s.k_len; j++)
+                    for (int64_t c = 0; c < r.width; c++) {
+                        const double x = fa_rows_get(&r, j, c);
+                        const int bad = dt == FA_DTYPE_COUNT ? !isfinite(x) : !isfinite(round_to(dt, (float)x));
+                        if (!bad) continue;
+                        if (dt == FA_DTYPE_COUNT)
+                            return fa_fail(FA_ERR_NONFINITE, "%s: sequence %lld, key %lld, head %lld, element %lld is "
+                                           "%s; inputs must be finite", vside ? vname : kname, DIM(b), DIM(j), DIM(hk),
+                                           DIM(c), isnan(x) ? "NaN" : "Inf");
+                        return fa_fail(FA_ERR_NONFINITE, "%s: sequence %lld, key %lld, head %lld, element %lld = %g "
+                                       "overflows %s: the %s emulation of the default rule would be inf/NaN; check "
+                                       "with an explicit atol/rtol or a wider dtype", vside ? vname : kname, DIM(b),
+                                       DIM(j), DIM(hk), DIM(c), x, fa_dtype_name(dt), fa_dtype_name(dt));
+                    }
+            }
+    }
+    return FA_OK;
+}
+
+/*
  * Validate everything and fill the problem: q, k, v, the tested output and
  * LSE and the attention options go through the one validator (problem.c), so
  * check and forward accept exactly the same problems and resolve the options
@@ -286,8 +320,12 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
 
     /* (p->q, k, v: the rank-4 views fa_resolve made of varlen's packed tensors) */
     if ((st = require_finite(&p->q, nm->q)) != FA_OK) return st;
-    if ((st = require_finite(&p->k, nm->k)) != FA_OK) return st;
-    if ((st = require_finite(&p->v, nm->v)) != FA_OK) return st;
+    if (p->cache_seqlens) { /* a cache: the rows in use */
+        if ((st = require_kv_rows(p, nm->k, nm->v, FA_DTYPE_COUNT)) != FA_OK) return st;
+    } else {
+        if ((st = require_finite(&p->k, nm->k)) != FA_OK) return st;
+        if ((st = require_finite(&p->v, nm->v)) != FA_OK) return st;
+    }
     if (co->num_threads > 0) p->num_threads = co->num_threads;
     return FA_OK;
 }
@@ -368,8 +406,9 @@ typedef struct row_result {
 static int load_kv_row(const fa_rows *src, int64_t j, fa_dtype dt, int round, row_scratch *s,
                        const float **emu)
 {
-    const fa_tensor *t = src->t;
-    const int64_t off = fa_rows_off(src, j), inc = t->stride[3], n = src->width;
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(src, j, &off);
+    const int64_t inc = t->stride[3], n = src->width;
     if (t->dtype == FA_F64) {
         load_row_f64(src, j, s->xd);
         emu_row(s->xd, n, dt, round, s->xf);
@@ -443,7 +482,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     const int64_t d = p->d, dv = p->dv;
     const fa_seq seq = fa_problem_seq(p, b);
     const fa_rows qs = fa_rows_q(&p->q, &seq, h), os = fa_rows_q(&p->o, &seq, h);
-    const fa_rows ks = fa_rows_k(&p->k, &seq, hk), vs = fa_rows_k(&p->v, &seq, hk);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     const fa_dtype dt = cx->dt;
     const double slope = fa_alibi_slope(p, b, h);
     const float scale_f = (float)p->scale, softcap_f = (float)p->softcap, slope_f = (float)slope;
@@ -798,8 +837,12 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     if (dt == FA_F64) dt = FA_F32;
     if (!co.use_tolerance) {
         if ((st = require_emulable(&p.q, nm.q, dt)) != FA_OK) return st;
-        if ((st = require_emulable(&p.k, nm.k, dt)) != FA_OK) return st;
-        if ((st = require_emulable(&p.v, nm.v, dt)) != FA_OK) return st;
+        if (p.cache_seqlens) {
+            if ((st = require_kv_rows(&p, nm.k, nm.v, dt)) != FA_OK) return st;
+        } else {
+            if ((st = require_emulable(&p.k, nm.k, dt)) != FA_OK) return st;
+            if ((st = require_emulable(&p.v, nm.v, dt)) != FA_OK) return st;
+        }
     }
     r->dtype = dt;
     r->use_tolerance = co.use_tolerance != 0;

@@ -305,3 +305,36 @@ def varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k=None, a
                                alibi=_seq_alibi(alibi, b), **opts)
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+def kvcache_forward(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_batch_idx=None,
+                    cache_leftpad=None, block_table=None, alibi=None, **opts):
+    """(o, lse) of attention against a KV cache (flash_attn_with_kvcache): sequence b
+    attends to cache rows cache_leftpad[b] .. cache_seqlens[b] - 1 of cache
+    cache_batch_idx[b] (or, paged, logical rows r at page block_table[b, r // page_size],
+    row r % page_size), then to its new keys; each sequence is its own problem
+    (masks aligned to its key count). The caches are not modified.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    kc = np.asarray(k_cache, dtype=np.float64)
+    vc = np.asarray(v_cache, dtype=np.float64)
+    B = q.shape[0]
+    o = np.zeros((B, q.shape[1], q.shape[2], vc.shape[3]))
+    lse = np.full((B, q.shape[2], q.shape[1]), -np.inf)
+    for b in range(B):
+        n = int(cache_seqlens[b])
+        pad = 0 if cache_leftpad is None else int(cache_leftpad[b])
+        if block_table is not None:
+            ps = kc.shape[1]
+            rows = [(int(block_table[b][r // ps]), r % ps) for r in range(pad, n)]
+            kb = np.stack([kc[p_, r_] for p_, r_ in rows]) if rows else np.zeros((0,) + kc.shape[2:])
+            vb = np.stack([vc[p_, r_] for p_, r_ in rows]) if rows else np.zeros((0,) + vc.shape[2:])
+        else:
+            row = b if cache_batch_idx is None else int(cache_batch_idx[b])
+            kb, vb = kc[row, pad:n], vc[row, pad:n]
+        if k_new is not None:
+            kb = np.concatenate([kb, np.asarray(k_new[b], dtype=np.float64)])
+            vb = np.concatenate([vb, np.asarray(v_new[b], dtype=np.float64)])
+        ob, lb = attention_forward(q[b:b + 1], kb[None], vb[None], alibi=_seq_alibi(alibi, b), **opts)
+        o[b], lse[b] = ob[0], lb[0]
+    return o, lse

@@ -50,6 +50,13 @@ typedef struct options_v030_final {
     fa_context *context;
 } options_v030_final;
 
+/* fa_options with align and varlen, before kvcache was appended. */
+typedef struct options_with_varlen {
+    options_v030_final head;
+    int align;
+    const fa_varlen *varlen;
+} options_with_varlen;
+
 typedef struct small {
     tu_tensor q, k, v, o, lse;
 } small;
@@ -144,6 +151,32 @@ static void test_options_without_varlen_still_work(void **state)
     assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
     assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
     assert_memory_equal(a.lse.mem, b.lse.mem, a.lse.bytes);
+    free(buf);
+    free_small(&a);
+    free_small(&b);
+}
+
+/* Ensure a caller whose fa_options end at `varlen` (before `kvcache` was appended) still works:
+ * the bytes where kvcache would be are garbage and must not be read. */
+static void test_options_without_kvcache_still_work(void **state)
+{
+    (void)state;
+    assert_int_equal(offsetof(options_with_varlen, varlen), offsetof(fa_options, varlen));
+    assert_true(sizeof(options_with_varlen) < sizeof(fa_options));
+    small a = make_small(0xab4), b = make_small(0xab4);
+    fa_options cur = fa_options_default();
+    cur.causal = 1;
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+    unsigned char *buf = malloc(sizeof(fa_options) + 64);
+    memset(buf, 0x5a, sizeof(fa_options) + 64);
+    options_with_varlen old;
+    memset(&old, 0, sizeof old);
+    fa_options_init((fa_options *)(void *)&old, sizeof old);
+    old.head.head.causal = 1;
+    assert_int_equal(old.head.head.struct_size, sizeof old);
+    memcpy(buf, &old, sizeof old);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
+    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
     free(buf);
     free_small(&a);
     free_small(&b);
@@ -350,6 +383,8 @@ static void test_abi_sizes_by_name(void **state)
     assert_int_equal(fa_check_abi_size(FA_ABI_CHECK_REPORT), sizeof(fa_check_report));
     assert_int_equal(fa_check_abi_size(FA_ABI_VARLEN), sizeof(fa_varlen));
     assert_int_equal(fa_varlen_default().struct_size, sizeof(fa_varlen));
+    assert_int_equal(fa_check_abi_size(FA_ABI_KVCACHE), sizeof(fa_kvcache));
+    assert_int_equal(fa_kvcache_default().struct_size, sizeof(fa_kvcache));
     assert_int_equal(fa_check_abi_size(FA_ABI_STRUCT_COUNT), 0);
     assert_int_equal(fa_check_abi_size(-1), 0);
     assert_int_equal(fa_options_default().struct_size, sizeof(fa_options));
@@ -417,6 +452,7 @@ int main(void)
         cmocka_unit_test(test_old_options_layout_is_a_prefix),
         cmocka_unit_test(test_older_smaller_options_still_work),
         cmocka_unit_test(test_options_without_varlen_still_work),
+        cmocka_unit_test(test_options_without_kvcache_still_work),
         cmocka_unit_test(test_uninitialized_struct_size_is_refused),
         cmocka_unit_test(test_check_writes_only_the_callers_report),
         cmocka_unit_test(test_init_writes_only_the_callers_size),

@@ -23,6 +23,8 @@
 #include "internal.h"
 
 #define NSEQ_MAX 8
+/* One sequence: Q rows (tensor batch, first row, count), K/V rows likewise; dense, no new keys. */
+#define SEQ(qb, qs, ql, kb, ks, kl) {qb, qs, ql, kb, ks, kl, NULL, 0, 0, 0}
 
 /* View of rows row0 .. row0 + len - 1 of tensor batch `batch` of a rank-4 [B][S][H][x] tensor. */
 static fa_tensor view4(const fa_tensor *t, int64_t batch, int64_t row0, int64_t len)
@@ -55,11 +57,12 @@ typedef struct geo_case {
 /* varlen-like: one packed tensor, rows not owned by any sequence at the end */
 static const geo_case VARLEN = {
     "varlen", 1, 28, 1, 41, 4, 2, 16, 8, 5,
-    {{0, 0, 5, 0, 0, 9}, {0, 5, 0, 0, 9, 4}, {0, 5, 13, 0, 13, 7}, {0, 18, 6, 0, 20, 0}, {0, 24, 3, 0, 20, 19}}};
+    {SEQ(0, 0, 5, 0, 0, 9), SEQ(0, 5, 0, 0, 9, 4), SEQ(0, 5, 13, 0, 13, 7), SEQ(0, 18, 6, 0, 20, 0),
+     SEQ(0, 24, 3, 0, 20, 19)}};
 /* cache-like: keys at other tensor batches (cache_batch_idx) and row offsets (leftpad) */
 static const geo_case CACHE = {
     "cache", 3, 7, 3, 30, 4, 2, 24, 24, 3,
-    {{0, 0, 7, 2, 3, 20}, {1, 0, 7, 0, 0, 7}, {2, 2, 5, 1, 5, 25}}};
+    {SEQ(0, 0, 7, 2, 3, 20), SEQ(1, 0, 7, 0, 0, 7), SEQ(2, 2, 5, 1, 5, 25)}};
 
 typedef struct opt_case {
     int causal;

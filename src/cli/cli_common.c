@@ -199,6 +199,42 @@ void cli_attn_free(cli_attn *a)
     free(a->seqused);
     a->cu_q = a->cu_k = a->seqused = NULL;
     a->opt.varlen = NULL;
+    free(a->cache_seqlens);
+    free(a->cache_idx);
+    free(a->leftpad);
+    free(a->block_table);
+    a->cache_seqlens = a->cache_idx = a->leftpad = a->block_table = NULL;
+    fa_npy_free(&a->k_new);
+    fa_npy_free(&a->v_new);
+    a->opt.kvcache = NULL;
+}
+
+const char cli_kvcache_help[] =
+    "KV CACHE (FlashAttention's flash_attn_with_kvcache; forward only; int32 <i4 index files):\n"
+    "  --cache-seqlens F  [batch] current cache lengths; -k/-v are then caches\n"
+    "                     [batch_cache, seqlen_cache, heads_k, x] (any rows past the lengths are ignored)\n"
+    "  --k-new F --v-new F  [batch, seqlen_new, heads_k, x] keys/values appended at cache_seqlens[b]\n"
+    "                     (the caches' dtypes); attention over cache_seqlens[b] + seqlen_new keys\n"
+    "  --cache-batch-idx F  [batch]: the cache row of sequence b\n"
+    "  --cache-leftpad F  [batch]: the first valid cache row of sequence b\n"
+    "  --block-table F    [batch, max_pages]: paged KV, -k/-v are pages [num_pages, page_size, heads_k, x]\n";
+
+int cli_parse_kvcache_option(int argc, char **argv, int *i, cli_attn *a)
+{
+    int r;
+    if ((r = cli_opt_value(argc, argv, i, "--cache-seqlens", &a->cache_seqlens_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--k-new", &a->k_new_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--v-new", &a->v_new_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--cache-batch-idx", &a->cache_idx_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--cache-leftpad", &a->leftpad_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--block-table", &a->block_table_path)) != 0)
+        return r < 0 ? -1 : 1;
+    return 0;
+}
+
+int cli_attn_is_kvcache(const cli_attn *a)
+{
+    return a->cache_seqlens_path != NULL;
 }
 
 const char cli_varlen_help[] =
@@ -225,139 +261,90 @@ int cli_attn_is_varlen(const cli_attn *a)
 }
 
 /*
- * A minimal reader for int32 index arrays ('<i4', C order, rank 1..2), until
- * the .npy module reads integer arrays: magic, version, header length, the
- * header's descr / fortran_order / shape, and the exact file length.
- * Returns 0 with *out (malloc'ed, numel entries) and shape, or prints one line
- * naming the file and returns CLI_EXIT_USAGE.
+ * An int32 index array ('<i4', rank 1..max_rank) through the .npy module.
+ * Returns 0 with *out (malloc'ed, numel entries) and its shape, or prints one
+ * line naming the file and returns CLI_EXIT_USAGE.
  */
 static int load_i32(const char *path, const char *role, int max_rank, int32_t **out, int *rank, int64_t shape[2])
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return cli_die("%s: cannot open (%s)", path, strerror(errno));
-    unsigned char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            if (cap >= ((size_t)1 << 31)) {
-                fclose(f);
-                free(buf);
-                return cli_die("%s: an index file of more than 2 GiB is not supported", path);
-            }
-            cap = cap ? 2 * cap : 4096;
-            unsigned char *nb = realloc(buf, cap);
-            if (!nb) {
-                fclose(f);
-                free(buf);
-                return cli_die("%s: out of memory", path);
-            }
-            buf = nb;
-        }
-        const size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    const int io_error = ferror(f);
-    fclose(f);
+    fa_npy arr;
+    fa_status st = fa_npy_load(path, &arr);
+    if (st != FA_OK) return cli_die_npy(st);
+    char sh[96];
     int rc = CLI_EXIT_USAGE;
-    if (io_error) {
-        cli_die("%s: read error", path);
-        goto out;
-    }
-    if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) {
-        cli_die("%s: not a .npy file (bad magic)", path);
-        goto out;
-    }
-    const int major = buf[6];
-    size_t hlen, start;
-    if (major == 1) {
-        hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
-        start = 10;
-    } else if ((major == 2 || major == 3) && len >= 12) {
-        hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
-        start = 12;
-    } else {
-        cli_die("%s: unsupported .npy version %d", path, major);
-        goto out;
-    }
-    if (hlen > len - start || hlen > 65536) {
-        cli_die("%s: truncated .npy header", path);
-        goto out;
-    }
-    char header[65537];
-    memcpy(header, buf + start, hlen);
-    header[hlen] = '\0';
-    const char *d = strstr(header, "'descr':"), *fo = strstr(header, "'fortran_order':"),
-               *sh = strstr(header, "'shape':");
-    if (!d || !fo || !sh) {
-        cli_die("%s: malformed .npy header (descr, fortran_order and shape are required)", path);
-        goto out;
-    }
-    d += 8;
-    while (*d == ' ') d++;
-    if (strncmp(d, "'<i4'", 5) != 0) {
-        char got[16] = "";
-        sscanf(d, "'%15[^']", got);
-        cli_die("%s: %s must be int32 ('<i4'), got '%s'", path, role, got);
-        goto out;
-    }
-    fo += 16;
-    while (*fo == ' ') fo++;
-    if (strncmp(fo, "False", 5) != 0) {
-        cli_die("%s: Fortran-order arrays are not supported", path);
-        goto out;
-    }
-    sh += 8;
-    while (*sh == ' ') sh++;
-    if (*sh++ != '(') {
-        cli_die("%s: malformed shape in the .npy header", path);
-        goto out;
-    }
-    *rank = 0;
-    int64_t numel = 1;
-    for (;;) {
-        while (*sh == ' ') sh++;
-        if (*sh == ')') break;
-        char *end;
-        errno = 0;
-        long long v = strtoll(sh, &end, 10);
-        if (end == sh || v < 0 || errno == ERANGE || v > INT32_MAX) {
-            cli_die("%s: malformed shape in the .npy header", path);
-            goto out;
-        }
-        if (*rank >= max_rank) {
-            cli_die("%s: %s must have rank %s%d", path, role, max_rank > 1 ? "at most " : "", max_rank);
-            goto out;
-        }
-        shape[(*rank)++] = v;
-        numel *= v;
-        sh = end;
-        while (*sh == ' ') sh++;
-        if (*sh == ',') sh++;
-    }
-    if (*rank == 0) {
-        cli_die("%s: %s must have rank %d, got a scalar", path, role, max_rank);
-        goto out;
-    }
-    if ((uint64_t)(len - start - hlen) != (uint64_t)numel * 4) {
-        cli_die("%s: file holds %zu data bytes, the header's shape needs %lld", path, len - start - hlen,
-                (long long)(numel * 4));
-        goto out;
-    }
-    *out = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(int32_t));
-    if (!*out) {
+    if (arr.type != FA_NPY_I32) {
+        cli_die("%s: %s must be int32 ('<i4'), got '%s'", path, role, fa_npy_type_descr(arr.type));
+    } else if (arr.rank < 1 || arr.rank > max_rank) {
+        cli_die("%s: %s must have rank %s%d, got rank %d %s", path, role, max_rank > 1 ? "1 to " : "", max_rank,
+                arr.rank, cli_shape(arr.rank, arr.shape, sh, sizeof sh));
+    } else if (!(*out = malloc((size_t)(arr.numel > 0 ? arr.numel : 1) * sizeof(int32_t)))) {
         cli_die("%s: out of memory", path);
-        goto out;
+    } else {
+        memcpy(*out, arr.data, (size_t)arr.numel * sizeof(int32_t));
+        *rank = arr.rank;
+        for (int r = 0; r < arr.rank; r++) shape[r] = arr.shape[r];
+        rc = 0;
     }
-    const unsigned char *data = buf + start + hlen;
-    for (int64_t x = 0; x < numel; x++) /* little-endian bytes, whatever the host */
-        (*out)[x] = (int32_t)((uint32_t)data[4 * x] | (uint32_t)data[4 * x + 1] << 8 |
-                              (uint32_t)data[4 * x + 2] << 16 | (uint32_t)data[4 * x + 3] << 24);
-    rc = 0;
-out:
-    free(buf);
+    fa_npy_free(&arr);
     return rc;
+}
+
+int cli_attn_load_kvcache(cli_attn *a, const cli_qkv *in)
+{
+    if (!cli_attn_is_kvcache(a)) {
+        const char *stray = a->k_new_path ? "--k-new" : a->v_new_path ? "--v-new" : a->cache_idx_path ? "--cache-batch-idx"
+                            : a->leftpad_path ? "--cache-leftpad" : a->block_table_path ? "--block-table" : NULL;
+        if (stray) return cli_die("%s needs --cache-seqlens", stray);
+        return 0;
+    }
+    if (cli_attn_is_varlen(a)) return cli_die("--cache-seqlens cannot be combined with --cu-seqlens-q/-k");
+    if (!a->k_new_path != !a->v_new_path)
+        return cli_die("%s needs %s too", a->k_new_path ? "--k-new" : "--v-new", a->k_new_path ? "--v-new" : "--k-new");
+    int rank;
+    int64_t n[2], nb[2];
+    const char *const paths[3] = {a->cache_seqlens_path, a->cache_idx_path, a->leftpad_path};
+    const char *const roles[3] = {"cache_seqlens", "cache_batch_idx", "cache_leftpad"};
+    int32_t **dst[3] = {&a->cache_seqlens, &a->cache_idx, &a->leftpad};
+    for (int x = 0; x < 3; x++) {
+        if (!paths[x]) continue;
+        if (load_i32(paths[x], roles[x], 1, dst[x], &rank, n)) goto fail;
+        if (n[0] != in->batch) {
+            cli_die("%s: %s has %lld entries, should be batch = %lld (from %s)", paths[x], roles[x], (long long)n[0],
+                    (long long)in->batch, in->q_path);
+            goto fail;
+        }
+    }
+    if (a->block_table_path) {
+        if (load_i32(a->block_table_path, "block_table", 2, &a->block_table, &rank, nb)) goto fail;
+        if (rank != 2 || nb[0] != in->batch || nb[1] < 1) {
+            cli_die("%s: block_table should be [batch, max_pages] = [%lld, >= 1] (from %s)", a->block_table_path,
+                    (long long)in->batch, in->q_path);
+            goto fail;
+        }
+    }
+    a->kvcache = fa_kvcache_default();
+    if (a->k_new_path) {
+        if (cli_load_array(a->k_new_path, 4, 1, "k_new [batch, seqlen_new, heads_k, d]", &a->k_new, &a->k_new_t) ||
+            cli_load_array(a->v_new_path, 4, 1, "v_new [batch, seqlen_new, heads_k, d_v]", &a->v_new, &a->v_new_t))
+            goto fail;
+        a->kvcache.k_new = &a->k_new_t;
+        a->kvcache.v_new = &a->v_new_t;
+    }
+    a->kvcache.cache_seqlens = a->cache_seqlens;
+    a->kvcache.cache_batch_idx = a->cache_idx;
+    a->kvcache.cache_leftpad = a->leftpad;
+    a->kvcache.block_table = a->block_table;
+    a->kvcache.max_pages = a->block_table ? nb[1] : 0;
+    a->kvcache.cache_seqlens_name = a->cache_seqlens_path;
+    a->kvcache.cache_batch_idx_name = a->cache_idx_path;
+    a->kvcache.cache_leftpad_name = a->leftpad_path;
+    a->kvcache.block_table_name = a->block_table_path;
+    a->opt.kvcache = &a->kvcache;
+    return 0;
+fail:
+    cli_attn_free(a);
+    return CLI_EXIT_USAGE;
 }
 
 int cli_attn_load_varlen(cli_attn *a, const cli_qkv *in)
@@ -651,8 +638,11 @@ void cli_qkv_free(cli_qkv *in)
     fa_npy_free(&in->v);
 }
 
-static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path, int packed)
+/* mode: 0 uniform, 1 packed (varlen), 2 KV cache (k, v are caches or pages: any
+ * batch, and rows the sequences do not use may hold anything) */
+static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path, int mode)
 {
+    const int packed = mode == 1, cache = mode == 2;
     memset(in, 0, sizeof *in);
     in->q_path = q_path;
     in->k_path = k_path;
@@ -662,8 +652,10 @@ static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const c
                   cli_load_array(k_path, 3, 1, "K [total_k, heads_k, d] (varlen)", &in->k, &in->k_t) ||
                   cli_load_array(v_path, 3, 1, "V [total_k, heads_k, d_v] (varlen)", &in->v, &in->v_t))
                : (cli_load_array(q_path, 4, 1, "Q [batch, seqlen_q, heads, d]", &in->q, &in->q_t) ||
-                  cli_load_array(k_path, 4, 1, "K [batch, seqlen_k, heads_k, d]", &in->k, &in->k_t) ||
-                  cli_load_array(v_path, 4, 1, "V [batch, seqlen_k, heads_k, d_v]", &in->v, &in->v_t))) {
+                  cli_load_array(k_path, 4, !cache, cache ? "K cache [batch_cache, seqlen_cache, heads_k, d]"
+                                 : "K [batch, seqlen_k, heads_k, d]", &in->k, &in->k_t) ||
+                  cli_load_array(v_path, 4, !cache, cache ? "V cache [batch_cache, seqlen_cache, heads_k, d_v]"
+                                 : "V [batch, seqlen_k, heads_k, d_v]", &in->v, &in->v_t))) {
         cli_qkv_free(in);
         return CLI_EXIT_USAGE;
     }
@@ -692,10 +684,11 @@ static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const c
     else if (in->batch < 1) cli_die("%s: batch must be >= 1, got %lld", q_path, (long long)in->batch);
     else if (in->seqlen_q < 1) cli_die("%s: seqlen_q must be >= 1, got %lld", q_path, (long long)in->seqlen_q);
     else if (in->seqlen_k < 1) cli_die("%s: seqlen_k must be >= 1, got %lld", k_path, (long long)in->seqlen_k);
-    else if (k[0] != q[0])
+    else if (k[0] != q[0] && !cache)
         cli_die("%s: batch %lld does not match %s batch %lld", k_path, (long long)k[0], q_path, (long long)q[0]);
-    else if (v[0] != q[0])
-        cli_die("%s: batch %lld does not match %s batch %lld", v_path, (long long)v[0], q_path, (long long)q[0]);
+    else if (v[0] != (cache ? k[0] : q[0]))
+        cli_die("%s: batch %lld does not match %s batch %lld", v_path, (long long)v[0], cache ? k_path : q_path,
+                (long long)(cache ? k[0] : q[0]));
     else if (k[3] != q[3])
         cli_die("%s: head dim %lld does not match %s head dim %lld", k_path, (long long)k[3], q_path,
                 (long long)q[3]);
@@ -729,7 +722,13 @@ int cli_load_qkv_packed(cli_qkv *in, const char *q_path, const char *k_path, con
 
 int cli_load_inputs(cli_qkv *in, const cli_attn *a, const char *q_path, const char *k_path, const char *v_path)
 {
-    return load_qkv(in, q_path, k_path, v_path, cli_attn_is_varlen(a));
+    memset(in, 0, sizeof *in);
+    if (!cli_attn_is_kvcache(a)) { /* a cache option alone: say so before -k/-v fail as ordinary K/V */
+        const char *stray = a->k_new_path ? "--k-new" : a->v_new_path ? "--v-new" : a->cache_idx_path ? "--cache-batch-idx"
+                            : a->leftpad_path ? "--cache-leftpad" : a->block_table_path ? "--block-table" : NULL;
+        if (stray) return cli_die("%s needs --cache-seqlens", stray);
+    }
+    return load_qkv(in, q_path, k_path, v_path, cli_attn_is_varlen(a) ? 1 : cli_attn_is_kvcache(a) ? 2 : 0);
 }
 
 int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in)

@@ -54,7 +54,7 @@ static const char check_usage[] =
     "2x that emulation's max error, plus atol = a * max|ref| (a = 2^-9 bf16, 2^-12 f16,\n"
     "2^-18 f32). NaN or Inf in the tested output always fails. See docs/validation.md.\n"
     "\n"
-    "%s\n%s\n"
+    "%s\n%s\n%s\n"
     "Exit status: 0 within tolerance; 1 mismatch; 2 bad usage or bad input (one line on\n"
     "stderr naming the file).\n";
 
@@ -149,7 +149,7 @@ static int check_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_is_help(argv[i])) {
-            printf(check_usage, cli_mask_help, cli_varlen_help);
+            printf(check_usage, cli_mask_help, cli_varlen_help, cli_kvcache_help);
             return CLI_EXIT_OK;
         }
         if (strcmp(argv[i], "--diagnose") == 0) {
@@ -158,6 +158,7 @@ static int check_main(int argc, char **argv)
         }
         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_parse_varlen_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_parse_kvcache_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
@@ -223,7 +224,8 @@ static int check_main(int argc, char **argv)
     memset(&o_arr, 0, sizeof o_arr);
     memset(&lse_arr, 0, sizeof lse_arr);
     char sh[96];
-    if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_alibi(&attn, &in)) goto done;
+    if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_kvcache(&attn, &in) || cli_attn_load_alibi(&attn, &in))
+        goto done;
 
     /* The tested output: NaN/Inf are findings, not bad input. (varlen: without the batch of 1) */
     const int skip = cli_skip(&in);
