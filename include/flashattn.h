@@ -108,6 +108,7 @@ typedef enum fa_status {
     FA_ERR_IO,              /**< File could not be opened, read, or written. */
     FA_ERR_FORMAT,          /**< A file is malformed (bad .npy header, truncated, ...). */
     FA_ERR_NONFINITE,       /**< NaN or Inf where finite values are required. */
+    FA_ERR_INDEX,           /**< An index array (cu_seqlens, seqused_k, cache_seqlens, block_table, ...) is invalid; the message names the index. */
     FA_STATUS_COUNT         /**< Number of status codes (not a status). */
 } fa_status;
 
@@ -177,6 +178,123 @@ typedef enum fa_impl {
 typedef struct fa_context fa_context;
 
 /**
+ * @brief A variable-length batch: FlashAttention's `flash_attn_varlen_func`
+ * layout, given to any call through fa_options::varlen. Initialize with
+ * fa_varlen_init() (or fa_varlen_default()).
+ *
+ * The sequences are concatenated along the rows, and the tensors lose their
+ * batch dimension:
+ *   q `[total_q][heads][d]`, k `[total_k][heads_k][d]`, v `[total_k][heads_k][d_v]`
+ *   (rank 3), o and dout `[total_q][heads][d_v]`, dq `[total_q][heads][d]`,
+ *   dk `[total_k][heads_k][d]`, dv `[total_k][heads_k][d_v]` (rank 3), and
+ *   lse `[heads][total_q]` (rank 2).
+ * Sequence b (0 <= b < batch) owns query rows cu_seqlens_q[b] ..
+ * cu_seqlens_q[b+1] - 1 and keys cu_seqlens_k[b] .. cu_seqlens_k[b] + n_b - 1,
+ * where n_b = cu_seqlens_k[b+1] - cu_seqlens_k[b], or seqused_k[b] when
+ * seqused_k is given (the rest of that sequence's keys are ignored).
+ * Everything is per sequence: causal and window masks are aligned to the
+ * bottom-right corner of that sequence's own q_len x n_b matrix, ALiBi
+ * distances likewise, and `[batch][heads]` ALiBi slopes are indexed by the
+ * sequence. Zero-length sequences (queries or keys) are allowed; a query row
+ * with no key gets O = 0 and LSE = -inf, as any empty row.
+ *
+ * Rows no sequence owns (past cu_seqlens_q[batch], or keys past
+ * seqused_k[b]) are written too: O = 0 and LSE = -inf for such query rows,
+ * dQ = 0, and dK = dV = 0 for keys no query sees.
+ *
+ * Checked on every call (FA_ERR_INDEX, the message names the array and the
+ * index): cu_seqlens_q[0] and cu_seqlens_k[0] are 0; neither decreases; no
+ * entry is past total_q (q.shape[0]) or total_k (k.shape[0]); 0 <=
+ * seqused_k[b] <= cu_seqlens_k[b+1] - cu_seqlens_k[b]. The arrays are read
+ * by the call only; they must stay valid during it.
+ */
+typedef struct fa_varlen {
+    size_t struct_size;            /**< sizeof(fa_varlen) of the caller; set by fa_varlen_init(). */
+    int64_t batch;                 /**< Number of sequences (>= 0). */
+    const int32_t *cu_seqlens_q;   /**< `[batch + 1]` prefix sums of the query lengths, from 0. */
+    const int32_t *cu_seqlens_k;   /**< `[batch + 1]` prefix sums of the key lengths, from 0. */
+    const int32_t *seqused_k;      /**< NULL, or `[batch]`: sequence b uses only its first seqused_k[b] keys. */
+    const char *cu_seqlens_q_name; /**< Name in messages (e.g. a file name); NULL: none. */
+    const char *cu_seqlens_k_name; /**< Name in messages; NULL: none. */
+    const char *seqused_k_name;    /**< Name in messages; NULL: none. */
+} fa_varlen;
+
+/** @brief Set every field of `vl` to its default (no arrays, batch 0), and
+ *  struct_size to `struct_size` (the caller's sizeof(fa_varlen)). */
+FA_API void fa_varlen_init(fa_varlen *vl, size_t struct_size);
+
+#if defined(FA_BUILDING_LIBRARY) || defined(FA_NO_INLINE_DEFAULTS)
+/** @brief A fa_varlen with every field at its default. */
+FA_API fa_varlen fa_varlen_default(void);
+#else
+/** @brief A fa_varlen with every field at its default. */
+static inline fa_varlen fa_varlen_default(void)
+{
+    fa_varlen v;
+    fa_varlen_init(&v, sizeof v);
+    return v;
+}
+#endif
+
+/**
+ * @brief A KV cache (FlashAttention's `flash_attn_with_kvcache`), given to
+ * fa_forward and fa_check through fa_options::kvcache. Initialize with
+ * fa_kvcache_init() (or fa_kvcache_default()). Forward only.
+ *
+ * q is `[batch][seqlen_q][heads][d]` as usual; k and v are the caches:
+ *   contiguous `[batch_cache][seqlen_cache][heads_k][d]` (v: `d_v`), or, with
+ *   block_table, pages `[num_pages][page_size][heads_k][d]` (any page size).
+ * Sequence b attends to n_b = cache_seqlens[b] - cache_leftpad[b] + seqlen_new
+ * keys: the cache rows cache_leftpad[b] .. cache_seqlens[b] - 1 of cache
+ * cache_batch_idx[b] (default b), then its seqlen_new new keys k_new[b]
+ * (v_new[b]), which fa_forward appends IN PLACE at rows cache_seqlens[b] ..
+ * cache_seqlens[b] + seqlen_new - 1 of the cache (fa_check reads them from
+ * k_new/v_new and writes nothing). Masks, ALiBi and the bottom-right alignment
+ * use n_b keys (key positions counted from cache_leftpad[b]). Paged: logical
+ * key row r of sequence b is row r % page_size of page
+ * block_table[b][r / page_size]; results are bit-identical to the same cache
+ * stored contiguously.
+ *
+ * Checked on every call (FA_ERR_INDEX, naming the array and the index):
+ * 0 <= cache_leftpad[b] <= cache_seqlens[b]; cache_seqlens[b] + seqlen_new
+ * within the cache (seqlen_cache, or max_pages * page_size);
+ * 0 <= cache_batch_idx[b] < batch_cache; every block_table entry a sequence
+ * uses in 0..num_pages-1; no cache row written by two sequences' appends.
+ * k_new and v_new have the caches' dtypes. block_table cannot be combined with
+ * cache_batch_idx or cache_leftpad (as in FlashAttention).
+ */
+typedef struct fa_kvcache {
+    size_t struct_size;              /**< sizeof(fa_kvcache) of the caller; set by fa_kvcache_init(). */
+    const int32_t *cache_seqlens;    /**< `[batch]` current cache lengths (required; batch = q's). */
+    const fa_tensor *k_new;          /**< NULL, or new keys `[batch][seqlen_new][heads_k][d]` to append. */
+    const fa_tensor *v_new;          /**< NULL, or new values `[batch][seqlen_new][heads_k][d_v]` (with k_new). */
+    const int32_t *cache_batch_idx;  /**< NULL, or `[batch]`: the cache row of sequence b. */
+    const int32_t *cache_leftpad;    /**< NULL, or `[batch]`: the first valid cache row of sequence b. */
+    const int32_t *block_table;      /**< NULL, or `[batch][max_pages]` page indices (paged KV). */
+    int64_t max_pages;               /**< block_table's row length. */
+    const char *cache_seqlens_name;  /**< Names in messages (e.g. file names); NULL: none. */
+    const char *cache_batch_idx_name;
+    const char *cache_leftpad_name;
+    const char *block_table_name;
+} fa_kvcache;
+
+/** @brief Set every field of `kv` to its default (no cache) and struct_size to `struct_size`. */
+FA_API void fa_kvcache_init(fa_kvcache *kv, size_t struct_size);
+
+#if defined(FA_BUILDING_LIBRARY) || defined(FA_NO_INLINE_DEFAULTS)
+/** @brief A fa_kvcache with every field at its default. */
+FA_API fa_kvcache fa_kvcache_default(void);
+#else
+/** @brief A fa_kvcache with every field at its default. */
+static inline fa_kvcache fa_kvcache_default(void)
+{
+    fa_kvcache kv;
+    fa_kvcache_init(&kv, sizeof kv);
+    return kv;
+}
+#endif
+
+/**
  * @brief Attention options. Initialize with fa_options_default().
  *
  * Fields after `standard_max_bytes` were added in 0.3; later versions only
@@ -202,6 +320,10 @@ typedef struct fa_options {
     int align;                /**< Mask alignment (an ::fa_align): FA_ALIGN_BOTTOM_RIGHT (0, the default,
                                    FlashAttention's) or FA_ALIGN_TOP_LEFT (PyTorch SDPA's is_causal).
                                    Added after 0.3.0's context. */
+    const fa_varlen *varlen;  /**< NULL, or a variable-length batch (see fa_varlen): the tensors are
+                                   then packed, without a batch dimension. Appended after align. */
+    const fa_kvcache *kvcache; /**< NULL, or a KV cache (see fa_kvcache): k and v are then the caches
+                                   (or pages). Forward and check only. Appended after varlen. */
 } fa_options;
 
 /**
@@ -311,6 +433,11 @@ FA_API double fa_tensor_get(const fa_tensor *t, const int64_t *index);
  *             (natural log; -inf for rows with no visible key). May be NULL.
  * @param opt  Options, or NULL for fa_options_default().
  * @return FA_OK or an error status (see fa_last_error()).
+ *
+ * With opt->varlen (a variable-length batch, see fa_varlen) q, k, v and o are
+ * packed without a batch dimension (`[total][heads][d]`) and lse is
+ * `[heads][total_q]`; the same holds for fa_backward, fa_check and
+ * fa_workspace_bytes.
  *
  * Inputs may contain NaN or Inf; the computation does not crash, and a NaN in
  * a key or value row reaches only the query rows that see it; a NaN in a query
@@ -664,6 +791,10 @@ typedef enum fa_abi_struct {
     FA_ABI_OPTIONS = 1,       /**< fa_options */
     FA_ABI_CHECK_OPTIONS = 2, /**< fa_check_options */
     FA_ABI_CHECK_REPORT = 3,  /**< fa_check_report */
+    FA_ABI_DIAGNOSE_OPTIONS = 4, /**< fa_diagnose_options */
+    FA_ABI_DIAGNOSE_REPORT = 5,  /**< fa_diagnose_report */
+    FA_ABI_VARLEN = 6,           /**< fa_varlen */
+    FA_ABI_KVCACHE = 7,          /**< fa_kvcache */
     FA_ABI_STRUCT_COUNT       /**< Number of entries (not a struct). */
 } fa_abi_struct;
 
@@ -793,6 +924,111 @@ typedef enum fa_kernel_model {
                                    scale max/6, e2m1 elements (blocks of 128). */
     FA_KERNEL_MODEL_COUNT     /**< Number of models (not a model). */
 } fa_kernel_model;
+
+/* ---- diagnosis (flashattn check --diagnose): issue 13 ---- */
+
+/**
+ * @defgroup diagnose Why did a kernel fail (flashattn check --diagnose)
+ *
+ * fa_diagnose() names the known mistake behind a wrong attention output. On
+ * sampled query rows it evaluates a float64 model of the reference under each
+ * candidate mistake of the vocabulary (docs/validation.md, "Why did my kernel
+ * fail") that the problem's shape makes possible, fits the mistake's parameter
+ * where it has one (a scale factor, a window shift, a head map, a log base, a
+ * tile size), and ranks the candidates by the fraction of the error each
+ * explains:
+ *
+ *     explained = 1 - ||T - C||^2 / ||T - R||^2      (T tested, C candidate, R reference)
+ *
+ * on the sampled rows, averaged over the output and the LSE when both are
+ * wrong. A candidate is listed when it explains at least
+ * fa_diagnose_options::min_explained. When the tested error is at the rounding
+ * level of the kernel's precision (relative RMS below 2^-6 bf16, 2^-9 f16,
+ * 2^-16 f32; LSE RMS below 5e-4 max(1, RMS LSE)) nothing is listed.
+ *
+ * Ids available now: causal-top-left, scale, softcap-missing, softcap-order,
+ * lse-log2, lse-unscaled, gqa-head-map, window-shift, empty-row,
+ * missing-rescale, tail-tile, layout-transposed. Reserved for features the
+ * library does not have yet: varlen-leak, varlen-offset, paged-index,
+ * kv-append-offset, rotary-pairing, rotary-offset, split-combine, sink-missing,
+ * dropout-mask, p-saturation, descale.
+ * @{
+ */
+
+/** @brief Entries of fa_diagnose_report::items. */
+#define FA_DIAG_MAX 8
+
+/** @brief One diagnosis: a vocabulary id, how much of the error it explains, its fitted parameter. */
+typedef struct fa_diagnosis {
+    char id[24];          /**< Vocabulary id, e.g. "scale". */
+    double explained;     /**< Fraction of the error it explains (<= 1). */
+    double param;         /**< The fitted parameter as a number (factor, shift, base, tile), or NaN. */
+    char detail[160];     /**< The fitted parameter in words. */
+} fa_diagnosis;
+
+/** @brief Options of fa_diagnose(). Initialize with fa_diagnose_options_init(). */
+typedef struct fa_diagnose_options {
+    size_t struct_size;   /**< sizeof(fa_diagnose_options) of the caller. */
+    fa_dtype dtype;       /**< Precision the kernel ran in (sets the rounding floor); FA_CHECK_DTYPE_AUTO (default). */
+    int64_t sample_rows;  /**< Rows per (batch, head); 0: every row. Row 0 and the last row are always among them. */
+    uint64_t seed;        /**< Seed of the row sampler. */
+    int num_threads;      /**< OpenMP threads; 0: the OpenMP default. */
+    double min_explained; /**< List candidates explaining at least this fraction (default 0.8). */
+} fa_diagnose_options;
+
+/** @brief What fa_diagnose() found. Initialize with fa_diagnose_report_init(); free with fa_diagnose_report_free(). */
+typedef struct fa_diagnose_report {
+    size_t struct_size;        /**< Set by fa_diagnose_report_init(). */
+    int n;                     /**< Diagnoses listed in items (0: none). */
+    fa_diagnosis items[FA_DIAG_MAX]; /**< Best first. */
+    int out_significant;       /**< 1: the output's error is above the rounding floor. */
+    int lse_significant;       /**< 1: an LSE was given and its error is above its floor. */
+    double out_rel_rms;        /**< ||T - R|| / ||R|| over the sampled rows (inf with NaN/Inf). */
+    double lse_rms;            /**< RMS LSE error over sampled rows with visible keys (0: no LSE). */
+    int64_t rows_sampled;      /**< Query rows evaluated (all batches and heads). */
+    int n_considered;          /**< Candidates the shape made possible and that were evaluated. */
+    char considered[256];      /**< Their ids, comma-separated. */
+    int64_t n_heads;           /**< Length of head_rel_rms. */
+    double *head_rel_rms;      /**< [heads] relative RMS output error per query head. */
+    int64_t n_batch;           /**< Length of batch_rel_rms. */
+    double *batch_rel_rms;     /**< [batch] relative RMS output error per batch entry (sequence). */
+} fa_diagnose_report;
+
+/** @brief Set the first @p struct_size bytes of @p opt to the defaults (auto dtype,
+ *  every row, seed 0, min_explained 0.8). */
+FA_API void fa_diagnose_options_init(fa_diagnose_options *opt, size_t struct_size);
+
+/** @brief An empty report with struct_size set, ready for fa_diagnose(). */
+static inline fa_diagnose_report fa_diagnose_report_init(void)
+{
+    fa_diagnose_report r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    return r;
+}
+
+/**
+ * @brief Diagnose a tested output (and LSE): which known mistake explains its error.
+ *
+ * Arguments as for fa_check() (same validation, same names in messages:
+ * fa_check_options' defaults); @p dopt NULL selects the defaults. Cost:
+ * O(rows x seqlen_k x (d + d_v)) per candidate evaluation, with the dot
+ * products cached per row when they fit in 256 MiB.
+ * @return FA_OK when the diagnosis ran (the findings are in @p report), or an error status.
+ */
+FA_API fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                             const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
+                             const fa_diagnose_options *dopt, fa_diagnose_report *report);
+
+/** @brief Free the arrays a report owns and zero it. Safe on a zeroed report. */
+FA_API void fa_diagnose_report_free(fa_diagnose_report *report);
+
+/**
+ * @brief The text `flashattn check --diagnose` prints: `diagnosis: <id> (explains X% of
+ * the error; <parameter>)` lines best first, or `diagnosis: none (...)`, then the
+ * per-head and per-sequence error tables. snprintf-like.
+ */
+FA_API size_t fa_diagnose_report_format(const fa_diagnose_report *report, char *buf, size_t size);
 
 /** @} */
 

@@ -15,6 +15,17 @@ out ``[batch, seqlen_q, heads, d_v]``, lse ``[batch, heads, seqlen_q]``.
 Any strides are accepted (a transposed BHSD view works without a copy).
 Semantics (masks, scale, softcap, ALiBi, empty rows): docs/semantics.md.
 
+Variable-length batches (``flash_attn_varlen_func``'s layout): pass int32
+``cu_seqlens_q`` and ``cu_seqlens_k`` ([batch + 1] prefix sums from 0) and
+optionally ``seqused_k`` ([batch]); q is then ``[total_q, heads, d]``, k and v
+``[total_k, heads_k, d]``, out ``[total_q, heads, d_v]`` and lse
+``[heads, total_q]``, and every mask is aligned per sequence.
+
+A KV cache (``flash_attn_with_kvcache``): ``attention_with_kvcache(q, k_cache,
+v_cache, k, v, cache_seqlens=...)`` appends k/v into the numpy caches in place
+and attends over ``cache_seqlens[b] + seqlen_new`` keys; ``block_table`` makes
+the caches pages ``[num_pages, page_size, heads_k, d]``.
+
 Inputs: numpy arrays (or anything ``np.asarray`` takes) and torch tensors.
 Element types: float32, float64, float16 and bfloat16. A torch tensor of any
 of these, on any device, is copied to the host (zero-copy through DLPack when
@@ -45,7 +56,8 @@ import os
 
 import numpy as np
 
-__all__ = ["attention", "grad", "check", "CheckReport", "FlashAttnError", "library"]
+__all__ = ["attention", "attention_with_kvcache", "grad", "check", "CheckReport", "diagnose", "DiagnoseReport",
+           "FlashAttnError", "library"]
 
 # ---- the C declarations, mirrored (checked against fa_check_abi_size) -------
 
@@ -70,9 +82,28 @@ class _Options(ctypes.Structure):
                 ("alibi_slopes", ctypes.POINTER(_Tensor)), ("impl", ctypes.c_int),
                 ("num_threads", ctypes.c_int), ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
                 ("standard_max_bytes", ctypes.c_size_t),
-                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int)]
+                ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int),
+                ("varlen", ctypes.c_void_p), ("kvcache", ctypes.c_void_p)]
 
 _ALIGNS = {"bottom-right": 0, "top-left": 1}
+
+
+class _KVCache(ctypes.Structure):
+    _i32p = ctypes.POINTER(ctypes.c_int32)
+    _fields_ = [("struct_size", ctypes.c_size_t), ("cache_seqlens", _i32p),
+                ("k_new", ctypes.POINTER(_Tensor)), ("v_new", ctypes.POINTER(_Tensor)),
+                ("cache_batch_idx", _i32p), ("cache_leftpad", _i32p), ("block_table", _i32p),
+                ("max_pages", _i64), ("cache_seqlens_name", ctypes.c_char_p),
+                ("cache_batch_idx_name", ctypes.c_char_p), ("cache_leftpad_name", ctypes.c_char_p),
+                ("block_table_name", ctypes.c_char_p)]
+
+
+class _Varlen(ctypes.Structure):
+    _i32p = ctypes.POINTER(ctypes.c_int32)
+    _fields_ = [("struct_size", ctypes.c_size_t), ("batch", _i64),
+                ("cu_seqlens_q", _i32p), ("cu_seqlens_k", _i32p), ("seqused_k", _i32p),
+                ("cu_seqlens_q_name", ctypes.c_char_p), ("cu_seqlens_k_name", ctypes.c_char_p),
+                ("seqused_k_name", ctypes.c_char_p)]
 
 
 class _CheckOptions(ctypes.Structure):
@@ -133,6 +164,32 @@ class _Report(ctypes.Structure):
         self.struct_size = ctypes.sizeof(_Report)
 
 
+FA_DIAG_MAX = 8
+
+
+class _Diagnosis(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_char * 24), ("explained", ctypes.c_double), ("param", ctypes.c_double),
+                ("detail", ctypes.c_char * 160)]
+
+
+class _DiagnoseOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int), ("sample_rows", _i64),
+                ("seed", ctypes.c_uint64), ("num_threads", ctypes.c_int), ("min_explained", ctypes.c_double)]
+
+
+class _DiagnoseReport(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("n", ctypes.c_int), ("items", _Diagnosis * FA_DIAG_MAX),
+                ("out_significant", ctypes.c_int), ("lse_significant", ctypes.c_int),
+                ("out_rel_rms", ctypes.c_double), ("lse_rms", ctypes.c_double), ("rows_sampled", _i64),
+                ("n_considered", ctypes.c_int), ("considered", ctypes.c_char * 256),
+                ("n_heads", _i64), ("head_rel_rms", ctypes.POINTER(ctypes.c_double)),
+                ("n_batch", _i64), ("batch_rel_rms", ctypes.POINTER(ctypes.c_double))]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.struct_size = ctypes.sizeof(_DiagnoseReport)
+
+
 class FlashAttnError(RuntimeError):
     """A library call failed; the message is fa_last_error()'s."""
 
@@ -187,6 +244,10 @@ def library():
     lib.fa_options_init.restype = None
     lib.fa_check_options_init.argtypes = [ctypes.POINTER(_CheckOptions), ctypes.c_size_t]
     lib.fa_check_options_init.restype = None
+    lib.fa_varlen_init.argtypes = [ctypes.POINTER(_Varlen), ctypes.c_size_t]
+    lib.fa_varlen_init.restype = None
+    lib.fa_kvcache_init.argtypes = [ctypes.POINTER(_KVCache), ctypes.c_size_t]
+    lib.fa_kvcache_init.restype = None
     lib.fa_check_abi_size.restype = ctypes.c_size_t
     lib.fa_check_abi_size.argtypes = [ctypes.c_int]
     tp = ctypes.POINTER(_Tensor)
@@ -200,10 +261,19 @@ def library():
     lib.fa_check_report_free.argtypes = [ctypes.POINTER(_Report)]
     lib.fa_check_report_format.argtypes = [ctypes.POINTER(_Report), ctypes.c_char_p, ctypes.c_size_t]
     lib.fa_check_report_format.restype = ctypes.c_size_t
+    lib.fa_diagnose_options_init.argtypes = [ctypes.POINTER(_DiagnoseOptions), ctypes.c_size_t]
+    lib.fa_diagnose_options_init.restype = None
+    lib.fa_diagnose.argtypes = [tp, tp, tp, tp, tp, ctypes.POINTER(_Options),
+                                ctypes.POINTER(_DiagnoseOptions), ctypes.POINTER(_DiagnoseReport)]
+    lib.fa_diagnose.restype = ctypes.c_int
+    lib.fa_diagnose_report_free.argtypes = [ctypes.POINTER(_DiagnoseReport)]
+    lib.fa_diagnose_report_format.argtypes = [ctypes.POINTER(_DiagnoseReport), ctypes.c_char_p, ctypes.c_size_t]
+    lib.fa_diagnose_report_format.restype = ctypes.c_size_t
     # fa_tensor is not versioned: exact match. The versioned structs carry
     # struct_size, so a library whose struct is larger (a newer version that
     # appended fields) still reads this older mirror; a smaller one cannot.
-    for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report)):
+    for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report, _DiagnoseOptions, _DiagnoseReport,
+                                 _Varlen, _KVCache)):
         want = lib.fa_check_abi_size(which)
         ok = want == ctypes.sizeof(cls) if cls is _Tensor else want >= ctypes.sizeof(cls)
         if not ok:
@@ -464,6 +534,86 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     return opt
 
 
+def _index_array(x, name, rank=1):
+    """An int32 index array (cu_seqlens, seqused_k, ...): integers that fit int32."""
+    if _is_torch(x):
+        x = x.detach().to("cpu").numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int32), got dtype {a.dtype}")
+    if a.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {a.shape}")
+    if a.size and (a.min() < -2 ** 31 or a.max() > 2 ** 31 - 1):
+        raise ValueError(f"{name} holds values outside the int32 range")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep):
+    """A fa_varlen pointer from the varlen arguments, or None (all None). The
+    values are checked by the library (FlashAttnError naming the index)."""
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        if seqused_k is not None:
+            raise ValueError("seqused_k needs cu_seqlens_q and cu_seqlens_k")
+        return None
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k")
+    cq = _index_array(cu_seqlens_q, "cu_seqlens_q")
+    ck = _index_array(cu_seqlens_k, "cu_seqlens_k")
+    if cq.size < 1 or ck.size != cq.size:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 1 entries "
+                         f"(got {cq.size} and {ck.size})")
+    vl = _Varlen()
+    library().fa_varlen_init(ctypes.byref(vl), ctypes.sizeof(_Varlen))
+    vl.batch = cq.size - 1
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    vl.cu_seqlens_q = cq.ctypes.data_as(i32p)
+    vl.cu_seqlens_k = ck.ctypes.data_as(i32p)
+    keep += [cq, ck, vl]
+    if seqused_k is not None:
+        u = _index_array(seqused_k, "seqused_k")
+        if u.size != cq.size - 1:
+            raise ValueError(f"seqused_k must have batch = {cq.size - 1} entries, got {u.size}")
+        vl.seqused_k = u.ctypes.data_as(i32p)
+        keep.append(u)
+    return vl
+
+
+def _kvcache(q, k_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep):
+    """A fa_kvcache from the cache arguments (values checked by the library)."""
+    batch = q.shape[0]
+    if isinstance(cache_seqlens, (int, np.integer)):
+        cache_seqlens = np.full(batch, int(cache_seqlens), np.int32)
+    kv = _KVCache()
+    library().fa_kvcache_init(ctypes.byref(kv), ctypes.sizeof(_KVCache))
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    for field, x in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                     ("cache_leftpad", cache_leftpad)):
+        if x is None:
+            continue
+        a = _index_array(x, field)
+        if a.size != batch:
+            raise ValueError(f"{field} must have batch = {batch} entries, got {a.size}")
+        setattr(kv, field, a.ctypes.data_as(i32p))
+        keep.append(a)
+    if block_table is not None:
+        bt = _index_array(block_table, "block_table", rank=2)
+        if bt.shape[0] != batch or bt.shape[1] < 1:
+            raise ValueError(f"block_table must be [batch = {batch}, max_pages >= 1], got {bt.shape}")
+        kv.block_table = bt.ctypes.data_as(i32p)
+        kv.max_pages = bt.shape[1]
+        keep.append(bt)
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new keys and values) go together")
+    if k is not None:
+        kn, vn = _as_array(k, "k"), _as_array(v, "v")
+        tkn, tvn = _tensor(kn, "k", bf16_bits), _tensor(vn, "v", bf16_bits)
+        keep += [kn, vn, tkn, tvn]
+        kv.k_new = ctypes.pointer(tkn)
+        kv.v_new = ctypes.pointer(tvn)
+    keep.append(kv)
+    return kv
+
+
 def _torch_device(*xs):
     """The device of the first torch tensor among xs, or None if none is one."""
     for x in xs:
@@ -476,7 +626,8 @@ def _torch_device(*xs):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
-              num_threads=0, bf16_bits=None, align="bottom-right"):
+              num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None,
+              cu_seqlens_k=None, seqused_k=None):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
     q, k, v: numpy arrays or torch tensors (any device; copied to the host).
@@ -489,19 +640,76 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     are numpy arrays (bf16 O as uint16 bit patterns); given torch tensors,
     torch tensors on the first torch input's device (bf16 O as torch.bfloat16).
     bf16_bits: see the module doc (None: uint16 inputs are bf16 bits).
+    cu_seqlens_q, cu_seqlens_k, seqused_k: a variable-length batch (module
+    doc): q [total_q, heads, d], k/v [total_k, heads_k, d], O [total_q, heads,
+    d_v], LSE [heads, total_q]; alibi_slopes [batch, heads] are per sequence.
     """
     lib = library()
     keep = []
     device = _torch_device(q, k, v)
     q, k, v = (_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     tq, tk, tv = (_tensor(a, n, bf16_bits) for a, n in ((q, "q"), (k, "k"), (v, "v")))
-    if q.ndim != 4 or v.ndim != 4:
-        raise ValueError("q, k, v must be rank 4 [batch, seqlen, heads, d]")
-    B, Sq, H = q.shape[:3]
-    dv = v.shape[3]
+    vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     code = _dtype_code(out_dtype, "out_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
-    o, to = _output((B, Sq, H, dv), code)
+    if vl is not None:
+        if q.ndim != 3 or v.ndim != 3:
+            raise ValueError("varlen: q, k, v must be rank 3 [total, heads, d]")
+        opt.varlen = ctypes.addressof(vl)
+        o, to = _output((q.shape[0], q.shape[1], v.shape[2]), code)
+        lse, tl = _output((q.shape[1], q.shape[0]), FA_F32) if return_lse else (None, None)
+    else:
+        if q.ndim != 4 or v.ndim != 4:
+            raise ValueError("q, k, v must be rank 4 [batch, seqlen, heads, d]")
+        B, Sq, H = q.shape[:3]
+        dv = v.shape[3]
+        o, to = _output((B, Sq, H, dv), code)
+        lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
+    st = lib.fa_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
+                        ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt))
+    if st != 0:
+        _raise(st)
+    if device is not None:
+        o = _torch_result(o, code, device)
+        lse = _torch_result(lse, FA_F32, device) if return_lse else None
+    return (o, lse) if return_lse else o
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, cache_batch_idx=None,
+                           cache_leftpad=None, block_table=None, causal=False, window=None, softcap=0.0,
+                           scale=None, alibi_slopes=None, impl="flash", return_lse=False,
+                           out_dtype=np.float32, num_threads=0, bf16_bits=None, align="bottom-right"):
+    """Attention against a KV cache, as FlashAttention's flash_attn_with_kvcache.
+
+    q [batch, seqlen_q, heads, d]; k_cache/v_cache [batch_cache, seqlen_cache,
+    heads_k, d] numpy arrays, or pages [num_pages, page_size, heads_k, d] with
+    block_table [batch, max_pages] (int32). cache_seqlens: int or [batch] int32.
+    k, v (optional) [batch, seqlen_new, heads_k, d]: written into k_cache and
+    v_cache IN PLACE at cache_seqlens[b] (so the caches must be writable numpy
+    arrays of the same dtypes); sequence b then attends to cache rows
+    cache_leftpad[b] .. cache_seqlens[b] - 1 of cache cache_batch_idx[b] and its
+    new keys, masks bottom-right aligned to that count. Returns O (and LSE
+    [batch, heads, seqlen_q] with return_lse) like attention().
+    """
+    lib = library()
+    keep = []
+    device = _torch_device(q)
+    q = _as_array(q, "q")
+    if k is not None:
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not isinstance(c, np.ndarray) or not c.flags.writeable or _as_array(c, name) is not c:
+                raise ValueError(f"{name} must be a writable numpy array in native byte order (the new "
+                                 "keys are appended into it in place)")
+    kc, vc = _as_array(k_cache, "k_cache"), _as_array(v_cache, "v_cache")
+    tq, tk, tv = (_tensor(a, n, bf16_bits) for a, n in ((q, "q"), (kc, "k_cache"), (vc, "v_cache")))
+    if q.ndim != 4 or kc.ndim != 4 or vc.ndim != 4:
+        raise ValueError("q and the caches must be rank 4")
+    kv = _kvcache(q, kc, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep)
+    code = _dtype_code(out_dtype, "out_dtype")
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
+    opt.kvcache = ctypes.addressof(kv)
+    B, Sq, H = q.shape[:3]
+    o, to = _output((B, Sq, H, vc.shape[3]), code)
     lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
     st = lib.fa_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
                         ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt))
@@ -517,7 +725,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
 
 def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softcap=0.0,
          scale=None, alibi_slopes=None, impl="flash", grad_dtype=np.float32, num_threads=0,
-         bf16_bits=None, align="bottom-right"):
+         bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
     """Attention backward pass (fa_backward): returns (dq, dk, dv).
 
     dout is dLoss/dO ``[batch, seqlen_q, heads, d_v]``. out and lse are the
@@ -529,14 +737,18 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
     torch tensors on the device of the first of q, k, v, dout that is one.
     impl: "flash" or "reference" ("standard" has no backward pass and raises
     FlashAttnError).
-    Options and bf16_bits as in attention().
+    Options, bf16_bits and the varlen arguments as in attention() (varlen:
+    every array without its batch dimension, the gradients too).
     """
     lib = library()
     keep = []
     device = _torch_device(q, k, v, dout)
     q, k, v, dout = (_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or dout.ndim != 4:
-        raise ValueError("q, k, v, dout must be rank 4 [batch, seqlen, heads, d]")
+    vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
+    rank = 3 if vl is not None else 4
+    if q.ndim != rank or k.ndim != rank or v.ndim != rank or dout.ndim != rank:
+        raise ValueError("q, k, v, dout must be rank 3 [total, heads, d] (varlen)" if vl is not None else
+                         "q, k, v, dout must be rank 4 [batch, seqlen, heads, d]")
     tq, tk, tv, tdo = (_tensor(x, n, bf16_bits)
                        for x, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout")))
     to = tl = None
@@ -545,6 +757,8 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
         to, tl = _tensor(out, "out", bf16_bits), _tensor(lse, "lse", bf16_bits)
     code = _dtype_code(grad_dtype, "grad_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
+    if vl is not None:
+        opt.varlen = ctypes.addressof(vl)
     (dq, tdq), (dk, tdk), (dv, tdv) = (_output(x.shape, code) for x in (q, k, v))
     st = lib.fa_backward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
                          ctypes.byref(to) if to is not None else None,
@@ -599,7 +813,9 @@ class CheckReport:
 
 def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
           alibi_slopes=None, dtype=None, atol=None, rtol=None, sample_rows=0, seed=0,
-          num_threads=0, bf16_bits=None, align="bottom-right", qkv_format=None, kernel_model=None):
+          num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
+          seqused_k=None, cache_seqlens=None, k_new=None, v_new=None, cache_batch_idx=None,
+          cache_leftpad=None, block_table=None, qkv_format=None, kernel_model=None):
     """Check a tested attention output (and optionally its LSE) against the
     float64 reference, by the library's one tolerance model.
 
@@ -611,13 +827,17 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
     the default emulation rule by |out - ref| <= atol + rtol * |ref| (either
     given; the other defaults to 0). sample_rows: check that many random
     query rows per (batch, head), drawn with seed (0 <= seed < 2**64).
-    Options and bf16_bits as in attention().
+    Options, bf16_bits and the varlen arguments as in attention() (varlen:
+    the report's batch and row name the sequence and the row within it).
+    A KV cache as in attention_with_kvcache() (k, v are then the caches, as
+    before the append; k_new/v_new are read, nothing is written).
     qkv_format: "e4m3", "e5m2", "e2m1" or "int8" when the kernel read Q, K, V
     in that format: pass them dequantized (see dequantize()); the
     low-precision rule (FlashAttention-3's FP8 rule, bf16 output) replaces the
-    dtype rule. kernel_model="fa3" also emulates FlashAttention-3's FP8 data
+    dtype rule. kernel_model="fa3" or "sage" also emulates that kernel's data
     path. Every report has cos_sim, rel_l1, rmse and sqnr_db.
-    Returns a CheckReport (true when it passed); raises FlashAttnError on bad input.
+    Returns a CheckReport (true when it passed); raises FlashAttnError on bad
+    input.
     """
     lib = library()
     keep = []
@@ -629,6 +849,13 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
     opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
+    vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
+    if vl is not None:
+        opt.varlen = ctypes.addressof(vl)
+    if cache_seqlens is not None:
+        kv = _kvcache(arrs[0], arrs[1], k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad,
+                      block_table, bf16_bits, keep)
+        opt.kvcache = ctypes.addressof(kv)
     co = _CheckOptions()
     lib.fa_check_options_init(ctypes.byref(co), ctypes.sizeof(_CheckOptions))
     if dtype is not None:
@@ -739,3 +966,77 @@ def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_form
     if st != 0:
         _raise(st)
     return out
+
+
+# ---- diagnose ---------------------------------------------------------------------
+
+class DiagnoseReport:
+    """What fa_diagnose found. ``diagnoses`` is a list of dicts (id, explained,
+    param, detail), best first, empty for "diagnosis: none"; ``text`` is what
+    `flashattn check --diagnose` prints; head_rel_rms / batch_rel_rms are the
+    per-head and per-sequence error tables (numpy arrays)."""
+
+    def __init__(self, rep, text):
+        self.diagnoses = [dict(id=d.id.decode(), explained=d.explained, param=d.param,
+                               detail=d.detail.decode()) for d in rep.items[:rep.n]]
+        self.out_significant = bool(rep.out_significant)
+        self.lse_significant = bool(rep.lse_significant)
+        self.out_rel_rms = rep.out_rel_rms
+        self.lse_rms = rep.lse_rms
+        self.rows_sampled = rep.rows_sampled
+        self.considered = [x for x in rep.considered.decode().split(", ") if x]
+        self.head_rel_rms = np.array([rep.head_rel_rms[i] for i in range(rep.n_heads)])
+        self.batch_rel_rms = np.array([rep.batch_rel_rms[i] for i in range(rep.n_batch)])
+        self.text = text
+
+    @property
+    def first(self):
+        """The best diagnosis id, or None."""
+        return self.diagnoses[0]["id"] if self.diagnoses else None
+
+    def __repr__(self):
+        return f"DiagnoseReport(first={self.first!r}, diagnoses={len(self.diagnoses)})"
+
+    def __str__(self):
+        return self.text
+
+
+def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
+             alibi_slopes=None, dtype=None, sample_rows=32, seed=0, min_explained=0.8,
+             num_threads=0, bf16_bits=None, align="bottom-right"):
+    """Name the known mistake behind a wrong output (fa_diagnose; `check --diagnose`).
+
+    Arguments as for check(); sample_rows rows per (batch, head) are evaluated
+    (0: all). Returns a DiagnoseReport; raises FlashAttnError on bad input.
+    """
+    lib = library()
+    keep = []
+    arrs = [_as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"))]
+    tq, tk, tv, to = (_tensor(a, n, bf16_bits) for a, n in zip(arrs, ("q", "k", "v", "out")))
+    tl = None
+    if lse is not None:
+        lse_a = _as_array(lse, "lse")
+        keep.append(lse_a)
+        tl = _tensor(lse_a, "lse", bf16_bits)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
+    do = _DiagnoseOptions()
+    lib.fa_diagnose_options_init(ctypes.byref(do), ctypes.sizeof(_DiagnoseOptions))
+    if dtype is not None:
+        do.dtype = _dtype_code(dtype, "dtype")
+    do.sample_rows = _int_arg(sample_rows, "sample_rows", 0, _INT64_MAX)
+    do.seed = _int_arg(seed, "seed", 0, _UINT64_MAX)
+    do.num_threads = _int_arg(num_threads, "num_threads", 0, _INT_MAX)
+    do.min_explained = _float_arg(min_explained, "min_explained")
+    rep = _DiagnoseReport()
+    st = lib.fa_diagnose(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
+                         ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt),
+                         ctypes.byref(do), ctypes.byref(rep))
+    if st != 0:
+        _raise(st)
+    try:
+        n = lib.fa_diagnose_report_format(ctypes.byref(rep), None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.fa_diagnose_report_format(ctypes.byref(rep), buf, n + 1)
+        return DiagnoseReport(rep, buf.value.decode())
+    finally:
+        lib.fa_diagnose_report_free(ctypes.byref(rep))

@@ -112,6 +112,19 @@ fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
         const char *names[] = {"q", "k", "v", "alibi slopes"};
         if ((st = fa_check_output(lse, "lse", others, names, 4)) != FA_OK) return st;
     }
+    /* KV cache: append the new keys in place (the caches must not overlap them) */
+    if (p.cache_seqlens && p.k_new.data) {
+        const fa_tensor *nk[] = {&p.k_new, &p.v_new, q, v};
+        const char *nn[] = {"k_new", "v_new", "q", "v cache"};
+        if ((st = fa_check_output(k, "k cache", nk, nn, 4)) != FA_OK ||
+            (st = fa_check_output(v, "v cache", nk, nn, 3)) != FA_OK)
+            return st;
+        if ((st = fa_kvcache_append(&p)) != FA_OK) return st;
+    }
+    /* varlen: the rows no sequence owns get O = 0, LSE = -inf */
+    if ((st = fa_fill_unowned_rows(&p, &p.o, 0, 0.0)) != FA_OK ||
+        (st = fa_fill_unowned_lse(&p, p.lse.data ? &p.lse : NULL, -INFINITY)) != FA_OK)
+        return st;
     if (p.batch == 0 || p.seqlen_q == 0) {
         fa_clear_error();
         return FA_OK;
@@ -138,19 +151,22 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     fa_problem p;
     fa_status st = fa_resolve(FA_PURPOSE_BACKWARD, q, k, v, o, lse, opt, NULL, &p);
     if (st != FA_OK) return st;
-    const int64_t nb = p.batch > 0 ? p.batch : 1;
-    const int64_t o_shape[4] = {p.batch, p.seqlen_q, p.heads, p.dv};
+    if (p.cache_seqlens)
+        return fa_fail(FA_ERR_OPTION, "backward: a KV cache (fa_options.kvcache) is forward only");
+    /* the tensors' own rows (varlen: [1][total]; p.batch, seqlen_q/k count sequences) */
+    const int64_t tb = p.q.shape[0], tq = p.q.shape[1];
+    const int64_t nb = tb > 0 ? tb : 1;
+    const int64_t o_shape[4] = {tb, tq, p.heads, p.dv};
     /* O's element count, which no input bounds when d_v > d: refuse what cannot be indexed */
-    if (p.seqlen_q > 0 && p.dv > INT64_MAX / 8 / nb / p.seqlen_q / p.heads)
+    if (tq > 0 && p.dv > INT64_MAX / 8 / nb / tq / p.heads)
         return fa_fail(FA_ERR_TOO_LARGE, "dout: [%lld, %lld, %lld, %lld] has too many elements",
-                       DIM(p.batch), DIM(p.seqlen_q), DIM(p.heads), DIM(p.dv));
-    const int64_t k_shape[4] = {p.batch, p.seqlen_k, p.heads_k, p.d};
-    const int64_t v_shape[4] = {p.batch, p.seqlen_k, p.heads_k, p.dv};
-    const int64_t q_shape[4] = {p.batch, p.seqlen_q, p.heads, p.d};
-    if ((st = fa_check_tensor4(dout, "dout", o_shape, "the shape of o: [batch, seqlen_q, heads, d_v]")) != FA_OK ||
-        (st = fa_check_tensor4(dq, "dq", q_shape, "the shape of q")) != FA_OK ||
-        (st = fa_check_tensor4(dk, "dk", k_shape, "the shape of k")) != FA_OK ||
-        (st = fa_check_tensor4(dv, "dv", v_shape, "the shape of v")) != FA_OK)
+                       DIM(tb), DIM(tq), DIM(p.heads), DIM(p.dv));
+    fa_tensor dout4, dq4, dk4, dv4; /* rank-4 views (varlen: of the rank-3 tensors) */
+    if ((st = fa_check_rows_tensor(&p, dout, "dout", 0, p.dv, "the shape of o: [batch, seqlen_q, heads, d_v]",
+                                   &dout4)) != FA_OK ||
+        (st = fa_check_rows_tensor(&p, dq, "dq", 0, p.d, "the shape of q", &dq4)) != FA_OK ||
+        (st = fa_check_rows_tensor(&p, dk, "dk", 1, p.d, "the shape of k", &dk4)) != FA_OK ||
+        (st = fa_check_rows_tensor(&p, dv, "dv", 1, p.dv, "the shape of v", &dv4)) != FA_OK)
         return st;
     {
         const fa_tensor *alibi = p.alibi.data ? &p.alibi : NULL;
@@ -167,6 +183,10 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     }
     if (p.impl == FA_IMPL_STANDARD)
         return fa_fail(FA_ERR_IMPL, "backward: implementation 'standard' not available; use flash or reference");
+    /* varlen: rows no sequence owns have no gradient */
+    if ((st = fa_fill_unowned_rows(&p, &dq4, 0, 0.0)) != FA_OK || (st = fa_fill_unowned_rows(&p, &dk4, 1, 0.0)) != FA_OK ||
+        (st = fa_fill_unowned_rows(&p, &dv4, 1, 0.0)) != FA_OK)
+        return st;
     if (p.batch == 0) {
         fa_clear_error();
         return FA_OK;
@@ -179,9 +199,9 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     if (!o || !lse) {
         const fa_dtype tdt = p.impl == FA_IMPL_REFERENCE ? FA_F64 : FA_F32;
         const size_t esz = fa_dtype_size(tdt);
-        const size_t o_n = (size_t)(p.batch * p.seqlen_q * p.heads * p.dv);
-        const size_t l_n = (size_t)(p.batch * p.heads * p.seqlen_q);
-        const int64_t l_shape[3] = {p.batch, p.heads, p.seqlen_q};
+        const size_t o_n = (size_t)(tb * tq * p.heads * p.dv);
+        const size_t l_n = (size_t)(tb * p.heads * tq);
+        const int64_t l_shape[3] = {tb, p.heads, tq};
         o_tmp = fa_scratch_alloc(&p, fa_mul_sat(o_n ? o_n : 1, esz));   /* O   [B][Sq][H][dv] */
         lse_tmp = fa_scratch_alloc(&p, fa_mul_sat(l_n ? l_n : 1, esz)); /* LSE [B][H][Sq] */
         if (!o_tmp || !lse_tmp) {
@@ -196,12 +216,13 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
         fa_tensor_make(&fp.lse, lse_tmp, tdt, 3, l_shape, NULL);
         st = p.seqlen_q == 0 ? FA_OK
              : p.impl == FA_IMPL_REFERENCE ? fa_reference_forward(&fp) : fa_flash_forward(&fp);
+        /* (rows no sequence owns are never read: they hold no gradient) */
         if (!o) p.o = fp.o;
         if (!lse) p.lse = fp.lse;
     }
     if (st == FA_OK)
-        st = p.impl == FA_IMPL_REFERENCE ? fa_reference_backward(&p, dout, dq, dk, dv)
-                                         : fa_flash_backward(&p, dout, dq, dk, dv);
+        st = p.impl == FA_IMPL_REFERENCE ? fa_reference_backward(&p, &dout4, &dq4, &dk4, &dv4)
+                                         : fa_flash_backward(&p, &dout4, &dq4, &dk4, &dv4);
     fa_scratch_free(&p, o_tmp);
     fa_scratch_free(&p, lse_tmp);
     fa_arena_end(p.arena);

@@ -97,9 +97,11 @@ static double load_lse(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 /* Per-thread scratch of the reference, in doubles. */
 static size_t reference_scratch_doubles(const fa_problem *p)
 {
-    /* K [Sk][d] + V [Sk][dv] as float64, dK [Sk][d] + dV [Sk][dv] accumulators, q_i [d], dO_i [dv], dq_i [d] */
+    /* K [Sk][d] + V [Sk][dv] as float64, dK [Sk][d] + dV [Sk][dv] accumulators, q_i [d], dO_i [dv],
+     * dq_i [d], O_i [dv] */
     const size_t dsum = fa_add_sat((size_t)p->d, (size_t)p->dv);
-    return fa_add_sat(fa_mul_sat(fa_mul_sat(2, (size_t)p->seqlen_k), dsum), fa_add_sat(fa_mul_sat(2, dsum), 1));
+    return fa_add_sat(fa_mul_sat(fa_mul_sat(2, (size_t)p->seqlen_k), dsum),
+                      fa_add_sat(fa_mul_sat(2, dsum), fa_add_sat((size_t)p->dv, 1)));
 }
 
 /* All query heads of kv head hk in batch b: writes dQ of those heads and dK, dV of hk. */
@@ -107,7 +109,10 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
                                     const fa_tensor *dk, const fa_tensor *dv, int64_t b, int64_t hk,
                                     double *scratch)
 {
-    const int64_t Sk = p->seqlen_k, d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
+    const fa_seq seq = fa_problem_seq(p, b);
+    const int64_t Sk = seq.k_len, d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
+    const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
     double *kd = scratch;                           /* K of this kv head [Sk][d] */
     double *vd = kd + (size_t)(Sk * d);             /* V of this kv head [Sk][dv] */
     double *dk_acc = vd + (size_t)(Sk * dvd);       /* [Sk][d] */
@@ -115,25 +120,27 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
     double *qi = dv_acc + (size_t)(Sk * dvd);       /* [d] */
     double *doi = qi + d;                           /* [dv] */
     double *dqi = doi + dvd;                        /* [d] */
+    double *oi = dqi + d;                           /* [dv] */
     memset(dk_acc, 0, (size_t)(Sk * (d + dvd)) * sizeof(double));
     for (int64_t j = 0; j < Sk; j++) {
-        for (int64_t x = 0; x < d; x++) kd[j * d + x] = fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, x));
-        for (int64_t x = 0; x < dvd; x++) vd[j * dvd + x] = fa_load_f64(&p->v, fa_off4(&p->v, b, j, hk, x));
+        fa_rows_gather_f64(&ks, j, kd + j * d);
+        fa_rows_gather_f64(&vs, j, vd + j * dvd);
     }
     const double c = p->softcap;
 
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
         const double slope = fa_alibi_slope(p, b, h);
-        for (int64_t i = 0; i < p->seqlen_q; i++) {
+        const fa_rows qs = fa_rows_q(&p->q, &seq, h), os = fa_rows_q(&p->o, &seq, h);
+        const fa_rows dos = fa_rows_q(dout, &seq, h), dqs = fa_rows_q(dq, &seq, h);
+        for (int64_t i = 0; i < seq.q_len; i++) {
             int64_t lo, hi;
             fa_key_range(p, b, i, &lo, &hi);
             const double L = load_lse(p, b, h, i);
             double D = 0.0;
-            for (int64_t x = 0; x < d; x++) qi[x] = fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, x));
-            for (int64_t x = 0; x < dvd; x++) {
-                doi[x] = fa_load_f64(dout, fa_off4(dout, b, i, h, x));
-                D += doi[x] * fa_load_f64(&p->o, fa_off4(&p->o, b, i, h, x));
-            }
+            fa_rows_gather_f64(&qs, i, qi);
+            fa_rows_gather_f64(&dos, i, doi);
+            fa_rows_gather_f64(&os, i, oi);
+            for (int64_t x = 0; x < dvd; x++) D += doi[x] * oi[x];
             for (int64_t x = 0; x < d; x++) dqi[x] = 0.0;
             for (int64_t j = lo; j < hi; j++) { /* an empty row (lo >= hi) contributes nothing */
                 double dot = 0.0;
@@ -153,12 +160,12 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
                 }
                 for (int64_t x = 0; x < dvd; x++) dv_acc[j * dvd + x] += P * doi[x];
             }
-            for (int64_t x = 0; x < d; x++) fa_store_f64(dq, fa_off4(dq, b, i, h, x), p->scale * dqi[x]);
+            for (int64_t x = 0; x < d; x++) fa_rows_put(&dqs, i, x, p->scale * dqi[x]);
         }
     }
     for (int64_t j = 0; j < Sk; j++) {
-        for (int64_t x = 0; x < d; x++) fa_store_f64(dk, fa_off4(dk, b, j, hk, x), p->scale * dk_acc[j * d + x]);
-        for (int64_t x = 0; x < dvd; x++) fa_store_f64(dv, fa_off4(dv, b, j, hk, x), dv_acc[j * dvd + x]);
+        for (int64_t x = 0; x < d; x++) fa_rows_put(&dks, j, x, p->scale * dk_acc[j * d + x]);
+        for (int64_t x = 0; x < dvd; x++) fa_rows_put(&dvs, j, x, dv_acc[j * dvd + x]);
     }
 }
 
@@ -295,35 +302,18 @@ static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch
     return 1;
 }
 
-/* Rows row0..row0+n of (batch b, head) of t: the one packer (pack.c). */
-static void pack_rows(const fa_tensor *t, int64_t b, int64_t row0, int n, int64_t head, int64_t width,
-                      float *dst, size_t ld)
+/* Row row0 + r of output rows `dst` = scale * src[r][c] for r < n, c < width. */
+static void store_rows(const fa_rows *dst, int64_t row0, int n, const float *src, size_t ld, float scale)
 {
-    const fa_rows src = fa_rows_of(t, b, head);
-    assert(width == src.width);
-    fa_pack_rows(&src, row0, n, dst, ld, 0);
-}
-
-static void pack_transposed(const fa_kernels *kern, const fa_tensor *t, int64_t b, int64_t row0, int n,
-                            int64_t head, int64_t width, float *dst, size_t ld)
-{
-    const fa_rows src = fa_rows_of(t, b, head);
-    assert(width == src.width);
-    fa_pack_transposed(kern, &src, row0, n, dst, ld);
-}
-
-/* T[b][row0 + r][head][c] = scale * src[r][c] for r < n, c < width. */
-static void store_rows(const fa_tensor *t, int64_t b, int64_t row0, int n, int64_t head, int64_t width,
-                       const float *src, size_t ld, float scale)
-{
+    const fa_tensor *t = dst->t;
     for (int r = 0; r < n; r++) {
         const float *row = src + (size_t)r * ld;
-        const int64_t off = fa_off4(t, b, row0 + r, head, 0);
+        const int64_t off = fa_rows_off(dst, row0 + r);
         if (t->dtype == FA_F32 && t->stride[3] == 1) {
-            float *dst = (float *)t->data + off;
-            for (int64_t c = 0; c < width; c++) dst[c] = scale * row[c];
+            float *out = (float *)t->data + off;
+            for (int64_t c = 0; c < dst->width; c++) out[c] = scale * row[c];
         } else {
-            for (int64_t c = 0; c < width; c++) fa_store_f64(t, off + c * t->stride[3], (double)(scale * row[c]));
+            for (int64_t c = 0; c < dst->width; c++) fa_store_f64(t, off + c * t->stride[3], (double)(scale * row[c]));
         }
     }
 }
@@ -467,16 +457,19 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
                           const fa_tensor *dv, int64_t b, int64_t hk, int64_t j0, int bc)
 {
     const int64_t d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
-    pack_rows(&p->k, b, j0, bc, hk, d, sc->kr, g->ldd);
-    pack_rows(&p->v, b, j0, bc, hk, dvd, sc->vr, g->lddv);
+    const fa_seq seq = fa_problem_seq(p, b);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
+    fa_pack_rows(&ks, j0, bc, sc->kr, g->ldd, 0);
+    fa_pack_rows(&vs, j0, bc, sc->vr, g->lddv, 0);
     for (int j = 0; j < bc; j++) {
         memset(sc->dka + (size_t)j * g->ldd, 0, (size_t)d * sizeof(float));
         memset(sc->dva + (size_t)j * g->lddv, 0, (size_t)dvd * sizeof(float));
     }
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
         const double slope = fa_alibi_slope(p, b, h);
-        for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += g->br) {
-            const int br = (int)(p->seqlen_q - i0 < g->br ? p->seqlen_q - i0 : g->br);
+        const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h);
+        for (int64_t i0 = 0; i0 < seq.q_len; i0 += g->br) {
+            const int br = (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br);
             if (!load_row_info(p, dvec, b, h, i0, br, j0, j0 + bc, sc)) continue; /* tile fully masked */
             const float *qt = sc->qt, *dot = sc->dot, *qr = sc->qr, *dor = sc->dor;
             if (qp) { /* Q block (h, i0) packed once for all K blocks */
@@ -486,10 +479,10 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
                 qr = qp->c + blk * (size_t)g->br * g->ldd;
                 dor = qp->e + blk * (size_t)g->br * g->lddv;
             } else {
-                pack_transposed(kern, &p->q, b, i0, br, h, d, sc->qt, g->ldr);
-                pack_transposed(kern, dout, b, i0, br, h, dvd, sc->dot, g->ldr);
-                pack_rows(&p->q, b, i0, br, h, d, sc->qr, g->ldd);
-                pack_rows(dout, b, i0, br, h, dvd, sc->dor, g->lddv);
+                fa_pack_transposed(kern, &qs, i0, br, sc->qt, g->ldr);
+                fa_pack_transposed(kern, &dos, i0, br, sc->dot, g->ldr);
+                fa_pack_rows(&qs, i0, br, sc->qr, g->ldd, 0);
+                fa_pack_rows(&dos, i0, br, sc->dor, g->lddv, 0);
             }
 
             kern->qk(bc, br, (int)d, sc->kr, g->ldd, qt, g->ldr, (float)p->scale, sc->st, g->ldr);
@@ -508,8 +501,9 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
             kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
         }
     }
-    store_rows(dk, b, j0, bc, hk, d, sc->dka, g->ldd, (float)p->scale);
-    store_rows(dv, b, j0, bc, hk, dvd, sc->dva, g->lddv, 1.0f);
+    const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
+    store_rows(&dks, j0, bc, sc->dka, g->ldd, (float)p->scale);
+    store_rows(&dvs, j0, bc, sc->dva, g->lddv, 1.0f);
 }
 
 /* Pass (b): dQ of rows i0..i0+br of query head h in batch b. */
@@ -519,18 +513,21 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
 {
     const int64_t d = p->d, dvd = p->dv, hk = fa_kv_head(p, h);
     const double slope = fa_alibi_slope(p, b, h);
+    const fa_seq seq = fa_problem_seq(p, b);
+    const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h), dqs = fa_rows_q(dq, &seq, h);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     for (int r = 0; r < br; r++) memset(sc->dqa + (size_t)r * g->ldd, 0, (size_t)d * sizeof(float));
-    if (load_row_info(p, dvec, b, h, i0, br, 0, p->seqlen_k, sc)) {
-        int64_t jmin = p->seqlen_k, jmax = 0;
+    if (load_row_info(p, dvec, b, h, i0, br, 0, seq.k_len, sc)) {
+        int64_t jmin = seq.k_len, jmax = 0;
         for (int r = 0; r < br; r++)
             if (sc->lo[r] < sc->hi[r]) {
                 if (sc->lo[r] < jmin) jmin = sc->lo[r];
                 if (sc->hi[r] > jmax) jmax = sc->hi[r];
             }
-        pack_rows(&p->q, b, i0, br, h, d, sc->qr, g->ldd);
-        pack_rows(dout, b, i0, br, h, dvd, sc->dor, g->lddv);
+        fa_pack_rows(&qs, i0, br, sc->qr, g->ldd, 0);
+        fa_pack_rows(&dos, i0, br, sc->dor, g->lddv, 0);
         for (int64_t j0 = jmin - jmin % g->bc; j0 < jmax; j0 += g->bc) {
-            const int bc = (int)(p->seqlen_k - j0 < g->bc ? p->seqlen_k - j0 : g->bc);
+            const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
             const float *kt = sc->kt, *vt = sc->vt, *kr = sc->kr;
             if (kp) { /* K block j0 packed once for all Q blocks */
                 const size_t blk = (size_t)(j0 / g->bc);
@@ -538,9 +535,9 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
                 vt = kp->b + blk * (size_t)dvd * g->ldc;
                 kr = kp->c + blk * (size_t)g->bc * g->ldd;
             } else {
-                pack_transposed(kern, &p->k, b, j0, bc, hk, d, sc->kt, g->ldc);
-                pack_transposed(kern, &p->v, b, j0, bc, hk, dvd, sc->vt, g->ldc);
-                pack_rows(&p->k, b, j0, bc, hk, d, sc->kr, g->ldd);
+                fa_pack_transposed(kern, &ks, j0, bc, sc->kt, g->ldc);
+                fa_pack_transposed(kern, &vs, j0, bc, sc->vt, g->ldc);
+                fa_pack_rows(&ks, j0, bc, sc->kr, g->ldd, 0);
             }
 
             kern->qk(br, bc, (int)d, sc->qr, g->ldd, kt, g->ldc, (float)p->scale, sc->s, g->ldc);
@@ -555,7 +552,7 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
             kern->pv(br, bc, (int)d, sc->dp, g->ldc, kr, g->ldd, sc->ones, sc->dqa, g->ldd);
         }
     }
-    store_rows(dq, b, i0, br, h, d, sc->dqa, g->ldd, (float)p->scale);
+    store_rows(&dqs, i0, br, sc->dqa, g->ldd, (float)p->scale);
 }
 
 fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
@@ -600,9 +597,11 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #endif
         for (int64_t t = 0; t < rows; t++) {
             const int64_t i = t % p->seqlen_q, h = (t / p->seqlen_q) % p->heads, b = t / (p->seqlen_q * p->heads);
+            const fa_seq seq = fa_problem_seq(p, b);
+            if (i >= seq.q_len) continue; /* a sequence shorter than the longest */
+            const fa_rows dos = fa_rows_q(dout, &seq, h), os = fa_rows_q(&p->o, &seq, h);
             double acc = 0.0;
-            for (int64_t c = 0; c < p->dv; c++)
-                acc += fa_load_f64(dout, fa_off4(dout, b, i, h, c)) * fa_load_f64(&p->o, fa_off4(&p->o, b, i, h, c));
+            for (int64_t c = 0; c < p->dv; c++) acc += fa_rows_get(&dos, i, c) * fa_rows_get(&os, i, c);
             dvec[t] = (float)acc;
         }
         /* (the implicit barrier of the loop above also publishes `failed`) */
@@ -615,18 +614,22 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #endif
                 for (int64_t t = 0; t < group * nqb; t++) {
                     const int64_t h = hk * group + t / nqb, i0 = (t % nqb) * g.br;
-                    const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
-                    pack_transposed(kern, &p->q, b, i0, br, h, p->d, qpack.a + (size_t)t * (size_t)p->d * g.ldr, g.ldr);
-                    pack_transposed(kern, dout, b, i0, br, h, p->dv, qpack.b + (size_t)t * (size_t)p->dv * g.ldr, g.ldr);
-                    pack_rows(&p->q, b, i0, br, h, p->d, qpack.c + (size_t)t * (size_t)g.br * g.ldd, g.ldd);
-                    pack_rows(dout, b, i0, br, h, p->dv, qpack.e + (size_t)t * (size_t)g.br * g.lddv, g.lddv);
+                    const fa_seq seq = fa_problem_seq(p, b);
+                    if (i0 >= seq.q_len) continue; /* a sequence shorter than the longest */
+                    const int br = (int)(seq.q_len - i0 < g.br ? seq.q_len - i0 : g.br);
+                    const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h);
+                    fa_pack_transposed(kern, &qs, i0, br, qpack.a + (size_t)t * (size_t)p->d * g.ldr, g.ldr);
+                    fa_pack_transposed(kern, &dos, i0, br, qpack.b + (size_t)t * (size_t)p->dv * g.ldr, g.ldr);
+                    fa_pack_rows(&qs, i0, br, qpack.c + (size_t)t * (size_t)g.br * g.ldd, g.ldd, 0);
+                    fa_pack_rows(&dos, i0, br, qpack.e + (size_t)t * (size_t)g.br * g.lddv, g.lddv, 0);
                 }
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
                 for (int64_t kb = 0; kb < nkb; kb++) {
-                    const int64_t j0 = kb * g.bc;
-                    const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
+                    const int64_t j0 = kb * g.bc, k_len = fa_problem_seq(p, b).k_len;
+                    if (j0 >= k_len) continue;
+                    const int bc = (int)(k_len - j0 < g.bc ? k_len - j0 : g.bc);
                     bwd_task_dkdv(p, kern, &g, &sc, &qpack, dvec, dout, dk, dv, b, hk, j0, bc);
                 }
             }
@@ -637,8 +640,9 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #endif
             for (int64_t t = 0; t < p->batch * p->heads_k * nkb; t++) {
                 const int64_t kb = t % nkb, hk = (t / nkb) % p->heads_k, b = t / (nkb * p->heads_k);
-                const int64_t j0 = kb * g.bc;
-                const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
+                const int64_t j0 = kb * g.bc, k_len = fa_problem_seq(p, b).k_len;
+                if (j0 >= k_len) continue;
+                const int bc = (int)(k_len - j0 < g.bc ? k_len - j0 : g.bc);
                 bwd_task_dkdv(p, kern, &g, &sc, NULL, dvec, dout, dk, dv, b, hk, j0, bc);
             }
         }
@@ -650,11 +654,14 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #pragma omp for schedule(static)
 #endif
                 for (int64_t kb = 0; kb < nkb; kb++) {
+                    const fa_seq seq = fa_problem_seq(p, b);
                     const int64_t j0 = kb * g.bc;
-                    const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
-                    pack_transposed(kern, &p->k, b, j0, bc, hk, p->d, kpack.a + (size_t)kb * (size_t)p->d * g.ldc, g.ldc);
-                    pack_transposed(kern, &p->v, b, j0, bc, hk, p->dv, kpack.b + (size_t)kb * (size_t)p->dv * g.ldc, g.ldc);
-                    pack_rows(&p->k, b, j0, bc, hk, p->d, kpack.c + (size_t)kb * (size_t)g.bc * g.ldd, g.ldd);
+                    if (j0 >= seq.k_len) continue;
+                    const int bc = (int)(seq.k_len - j0 < g.bc ? seq.k_len - j0 : g.bc);
+                    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
+                    fa_pack_transposed(kern, &ks, j0, bc, kpack.a + (size_t)kb * (size_t)p->d * g.ldc, g.ldc);
+                    fa_pack_transposed(kern, &vs, j0, bc, kpack.b + (size_t)kb * (size_t)p->dv * g.ldc, g.ldc);
+                    fa_pack_rows(&ks, j0, bc, kpack.c + (size_t)kb * (size_t)g.bc * g.ldd, g.ldd, 0);
                 }
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
@@ -662,7 +669,9 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                 for (int64_t t = 0; t < group * nqb; t++) {
                     /* last Q blocks first: under a causal mask they see the most keys */
                     const int64_t h = hk * group + t / nqb, i0 = (nqb - 1 - t % nqb) * g.br;
-                    const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
+                    const int64_t q_len = fa_problem_seq(p, b).q_len;
+                    if (i0 >= q_len) continue;
+                    const int br = (int)(q_len - i0 < g.br ? q_len - i0 : g.br);
                     bwd_task_dq(p, kern, &g, &sc, &kpack, dvec, dout, dq, b, h, i0, br);
                 }
             }
@@ -673,8 +682,9 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #endif
             for (int64_t t = 0; t < p->batch * p->heads * nqb; t++) {
                 const int64_t qb = nqb - 1 - t % nqb, h = (t / nqb) % p->heads, b = t / (nqb * p->heads);
-                const int64_t i0 = qb * g.br;
-                const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
+                const int64_t i0 = qb * g.br, q_len = fa_problem_seq(p, b).q_len;
+                if (i0 >= q_len) continue;
+                const int br = (int)(q_len - i0 < g.br ? q_len - i0 : g.br);
                 bwd_task_dq(p, kern, &g, &sc, NULL, dvec, dout, dq, b, h, i0, br);
             }
         }

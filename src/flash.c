@@ -181,18 +181,11 @@ static void pv_masked_rows(const fa_kernels *kern, int br, int64_t j0, int bc, i
  * it is packed. __builtin_prefetch is a hint the compiler maps to the target's
  * prefetch instruction (or to nothing), so no ISA leaks into this file.
  */
-static void prefetch_tile(const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int bc)
+static void prefetch_tile(const fa_rows *ks, const fa_rows *vs, int64_t k_len, int64_t j0, int bc)
 {
-    const int64_t j1 = j0 + bc < p->seqlen_k ? j0 + bc : p->seqlen_k;
-    const size_t kbytes = (size_t)p->d * fa_dtype_size(p->k.dtype);
-    const size_t vbytes = (size_t)p->dv * fa_dtype_size(p->v.dtype);
-    if (p->k.stride[3] != 1 || p->v.stride[3] != 1) return;
-    for (int64_t j = j0; j < j1; j++) {
-        const char *krow = (const char *)p->k.data + fa_off4(&p->k, b, j, hk, 0) * (int64_t)fa_dtype_size(p->k.dtype);
-        const char *vrow = (const char *)p->v.data + fa_off4(&p->v, b, j, hk, 0) * (int64_t)fa_dtype_size(p->v.dtype);
-        for (size_t off = 0; off < kbytes; off += 64) __builtin_prefetch(krow + off, 0, 2);
-        for (size_t off = 0; off < vbytes; off += 64) __builtin_prefetch(vrow + off, 0, 2);
-    }
+    const int64_t n = (j0 + bc < k_len ? j0 + bc : k_len) - j0;
+    fa_rows_prefetch(ks, j0, n);
+    fa_rows_prefetch(vs, j0, n);
 }
 
 /* One task: (batch b, head h, Q block starting at row i0 with br rows). */
@@ -203,12 +196,15 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     const int64_t hk = fa_kv_head(p, h);
     const double slope = fa_alibi_slope(p, b, h);
     const int64_t d = p->d, dv = p->dv;
+    const fa_seq seq = fa_problem_seq(p, b);
+    const fa_rows qs = fa_rows_q(&p->q, &seq, h), os = fa_rows_q(&p->o, &seq, h);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
 
     /* load Q_i and the visible interval of each row */
-    int64_t jmin = p->seqlen_k, jmax = 0;
+    int64_t jmin = seq.k_len, jmax = 0;
     for (int r = 0; r < br; r++) {
         float *qrow = sc->qi + (size_t)r * g->ldq;
-        fa_gather_f32(&p->q, fa_off4(&p->q, b, i0 + r, h, 0), p->q.stride[3], d, qrow);
+        fa_rows_gather(&qs, i0 + r, qrow);
         fa_key_range(p, b, i0 + r, &sc->lo[r], &sc->hi[r]);
         if (sc->lo[r] < sc->hi[r]) {
             if (sc->lo[r] < jmin) jmin = sc->lo[r];
@@ -224,7 +220,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         const int64_t kb0 = jmin / g->bc, kb1 = (jmax + g->bc - 1) / g->bc;
         for (int64_t kb = kb0; kb < kb1; kb++) {
             const int64_t j0 = kb * g->bc;
-            const int bc = (int)(p->seqlen_k - j0 < g->bc ? p->seqlen_k - j0 : g->bc);
+            const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
 
             const float *kt, *vj;
             int v_bad;
@@ -233,12 +229,11 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
                 vj = kv->v + (size_t)j0 * g->ldv;
                 v_bad = kv->v_bad[kb];
             } else {
-                const fa_rows ks = fa_rows_of(&p->k, b, hk), vs = fa_rows_of(&p->v, b, hk);
                 fa_pack_transposed(kern, &ks, j0, bc, sc->kt, g->ldk);
                 v_bad = fa_pack_rows(&vs, j0, bc, sc->vj, g->ldv, 1);
                 kt = sc->kt;
                 vj = sc->vj;
-                if (kb + 1 < kb1) prefetch_tile(p, b, hk, j0 + g->bc, g->bc);
+                if (kb + 1 < kb1) prefetch_tile(&ks, &vs, seq.k_len, j0 + g->bc, g->bc);
             }
             const size_t ldv = g->ldv;
 
@@ -267,11 +262,10 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         }
         const float inv = empty ? 0.0f : 1.0f / l;
         if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
-            float *dst = (float *)p->o.data + fa_off4(&p->o, b, i, h, 0);
+            float *dst = (float *)p->o.data + fa_rows_off(&os, i);
             for (int64_t c = 0; c < dv; c++) dst[c] = empty ? 0.0f : orow[c] * inv;
         } else {
-            for (int64_t c = 0; c < dv; c++)
-                fa_store_f64(&p->o, fa_off4(&p->o, b, i, h, c), empty ? 0.0 : (double)(orow[c] * inv));
+            for (int64_t c = 0; c < dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
         }
         if (p->lse.data)
             fa_store_f64(&p->lse,
@@ -327,12 +321,13 @@ size_t fa_flash_workspace(const fa_problem *p)
                       fa_mul_sat((size_t)per_pass, slot));
 }
 
-/* Run tasks t in [0, n) of (batch b, kv head hk): query heads of the group x Q blocks. */
-#define FLASH_GROUP_TASK(t, nqb, group, hk, g, p, qb, h, i0, br)                             \
-    const int64_t qb = (nqb) - 1 - (t) % (nqb); /* biggest causal blocks first */         \
-    const int64_t h = (hk) * (group) + (t) / (nqb);                                       \
-    const int64_t i0 = qb * (g).br;                                                       \
-    const int br = (int)((p)->seqlen_q - i0 < (g).br ? (p)->seqlen_q - i0 : (g).br)
+/* Rows of the Q block starting at i0 of sequence b (<= 0: the sequence is
+ * shorter than the longest, the block is past its end). */
+static int64_t block_rows(const fa_problem *p, int64_t b, int64_t i0, int blk)
+{
+    const int64_t q_len = fa_problem_seq(p, b).q_len;
+    return q_len - i0 < blk ? q_len - i0 : blk;
+}
 
 fa_status fa_flash_forward(const fa_problem *p)
 {
@@ -394,9 +389,11 @@ fa_status fa_flash_forward(const fa_problem *p)
                     const int64_t sidx = u / nkb, kb = u % nkb, bhk = first + sidx;
                     const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
+                    const fa_seq seq = fa_problem_seq(p, b);
                     const int64_t j0 = kb * g.bc;
-                    const int bc = (int)(p->seqlen_k - j0 < g.bc ? p->seqlen_k - j0 : g.bc);
-                    const fa_rows ks = fa_rows_of(&p->k, b, hk), vs = fa_rows_of(&p->v, b, hk);
+                    if (j0 >= seq.k_len) continue; /* a sequence shorter than the longest */
+                    const int bc = (int)(seq.k_len - j0 < g.bc ? seq.k_len - j0 : g.bc);
+                    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
                     fa_pack_transposed(kern, &ks, j0, bc, kv.kt + (size_t)kb * (size_t)p->d * g.ldk, g.ldk);
                     kv.v_bad[kb] = (unsigned char)fa_pack_rows(&vs, j0, bc, kv.v + (size_t)j0 * g.ldv, g.ldv, 1);
                 }
@@ -414,9 +411,10 @@ fa_status fa_flash_forward(const fa_problem *p)
                     const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
                     const int64_t h = hk * group + hp % group;
                     const int64_t i0 = qb * g.br;
-                    const int br = (int)(p->seqlen_q - i0 < g.br ? p->seqlen_q - i0 : g.br);
+                    const int64_t br = block_rows(p, b, i0, g.br);
+                    if (br <= 0) continue;
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
-                    flash_task(p, kern, &g, &sc, &kv, b, h, i0, br);
+                    flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)br);
                 }
             }
         } else if (!failed) {
@@ -427,8 +425,12 @@ fa_status fa_flash_forward(const fa_problem *p)
                 const int64_t bhk = t / (group * nqb);
                 const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
                 const int64_t tt = t % (group * nqb);
-                FLASH_GROUP_TASK(tt, nqb, group, hk, g, p, qb, h, i0, br);
-                flash_task(p, kern, &g, &sc, NULL, b, h, i0, br);
+                const int64_t qb = nqb - 1 - tt % nqb; /* biggest causal blocks first */
+                const int64_t h = hk * group + tt / nqb;
+                const int64_t i0 = qb * g.br;
+                const int64_t br = block_rows(p, b, i0, g.br);
+                if (br <= 0) continue;
+                flash_task(p, kern, &g, &sc, NULL, b, h, i0, (int)br);
             }
         }
         fa_scratch_free(p, sc.base);

@@ -367,7 +367,8 @@ int fa_lp_model_scratch_alloc(fa_lp_model_scratch *s, const fa_problem *p)
 {
     s->pt = fa_malloc(MODEL_BLOCK_N * sizeof(float));
     s->acc = fa_malloc((size_t)p->dv * sizeof(float));
-    if (s->pt && s->acc) return 1;
+    s->vrow = fa_malloc((size_t)p->dv * sizeof(float));
+    if (s->pt && s->acc && s->vrow) return 1;
     fa_lp_model_scratch_free(s);
     return 0;
 }
@@ -376,8 +377,10 @@ void fa_lp_model_scratch_free(fa_lp_model_scratch *s)
 {
     fa_free(s->pt);
     fa_free(s->acc);
+    fa_free(s->vrow);
     s->pt = NULL;
     s->acc = NULL;
+    s->vrow = NULL;
 }
 
 /*
@@ -395,11 +398,9 @@ void fa_lp_model_scratch_free(fa_lp_model_scratch *s)
  * elements rounded to e2m1 against the fp32 scale, multiplied back by the
  * scale rounded to e4m3, blocks of 128.
  */
-void fa_lp_model_row(int model, int p_format, const fa_problem *p, int64_t b, int64_t hk,
-                     const float *s, int64_t lo, int64_t hi, fa_lp_model_scratch *sc, double *out,
-                     int64_t *n_sat)
+void fa_lp_model_row(int model, int p_format, const fa_rows *vs, int64_t dv, const float *s, int64_t lo,
+                     int64_t hi, fa_lp_model_scratch *sc, double *out, int64_t *n_sat)
 {
-    const int64_t dv = p->dv;
     const int sage = model == FA_KERNEL_MODEL_SAGE, fp4 = p_format == FA_QF_E2M1;
     const int64_t bn = sage && !fp4 ? 64 : MODEL_BLOCK_N;
     const float offset = !sage ? 8.0f : fp4 ? 11.392317422778761f /* log2(448*6) */ : 8.807354922057604f;
@@ -448,9 +449,8 @@ void fa_lp_model_row(int model, int p_format, const fa_problem *p, int64_t b, in
         for (int64_t j = j0; j < j1; j++) {
             const float p8 = sc->pt[j - j0];
             if (p8 == 0.0f) continue;
-            const int64_t off = fa_off4(&p->v, b, j, hk, 0);
-            for (int64_t c = 0; c < dv; c++)
-                sc->acc[c] += p8 * fa_load_f32(&p->v, off + c * p->v.stride[3]);
+            fa_rows_gather(vs, j, sc->vrow);
+            for (int64_t c = 0; c < dv; c++) sc->acc[c] += p8 * sc->vrow[c];
         }
     }
     for (int64_t c = 0; c < dv; c++)

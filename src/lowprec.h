@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "pack.h"
 #include "problem.h"
 
 /* The format P is rounded to before P.V when Q, K, V are in `qkv_format`:
@@ -32,19 +33,19 @@ void fa_lp_round_p(int p_format, float *e, int64_t n, float sum);
 typedef struct fa_lp_model_scratch {
     float *pt;   /* [block] scaled probabilities of one key block */
     float *acc;  /* [dv] output accumulator */
+    float *vrow; /* [dv] one value row as float32 */
 } fa_lp_model_scratch;
 
 int fa_lp_model_scratch_alloc(fa_lp_model_scratch *s, const fa_problem *p);
 void fa_lp_model_scratch_free(fa_lp_model_scratch *s);
 
 /*
- * The kernel model's output row (rounded to bf16) for query (b, i) of head
- * with kv head hk, given its float32 logits s[lo..hi) (scale, softcap and
- * ALiBi applied): out[0..dv). Counts probabilities that reached the format's
- * saturation in *n_sat.
+ * The kernel model's output row (rounded to bf16) for one query row, given its
+ * float32 logits s[lo..hi) (scale, softcap and ALiBi applied) and its value
+ * rows vs (dv wide): out[0..dv). Counts probabilities that went past the
+ * format's saturation in *n_sat.
  */
-void fa_lp_model_row(int model, int p_format, const fa_problem *p, int64_t b, int64_t hk,
-                     const float *s, int64_t lo, int64_t hi, fa_lp_model_scratch *sc, double *out,
-                     int64_t *n_sat);
+void fa_lp_model_row(int model, int p_format, const fa_rows *vs, int64_t dv, const float *s, int64_t lo,
+                     int64_t hi, fa_lp_model_scratch *sc, double *out, int64_t *n_sat);
 
 #endif /* FA_LOWPREC_H */

@@ -25,10 +25,12 @@ static inline int64_t fa_kv_head(const fa_problem *p, int64_t h)
     return h / (p->heads / p->heads_k);
 }
 
-/* Offset of LSE element (b, h, i) of LSE [B][H][Sq]. */
+/* Offset of the LSE of query row i, head h of sequence b: element
+ * (q_batch, h, q_start + i) of LSE [B][H][Sq] (varlen: [1][H][total_q]). */
 static inline int64_t fa_lse_off(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 {
-    return b * p->lse.stride[0] + h * p->lse.stride[1] + i * p->lse.stride[2];
+    const fa_seq s = fa_problem_seq(p, b);
+    return s.q_batch * p->lse.stride[0] + h * p->lse.stride[1] + (s.q_start + i) * p->lse.stride[2];
 }
 
 /* The diagonal's offset in batch entry b: query row i lines up with key

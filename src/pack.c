@@ -24,8 +24,9 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
 {
     const int64_t width = s->width;
     const float *first = n > 0 ? fa_rows_f32(s, row0) : NULL;
-    if (first && kern && kern->transpose) {
-        kern->transpose(n, (int)width, first, (size_t)s->t->stride[1], dst, ld);
+    const int64_t ld_src = fa_rows_ld(s);
+    if (first && kern && kern->transpose && ld_src >= 0) {
+        kern->transpose(n, (int)width, first, (size_t)ld_src, dst, ld);
     } else if (first) {
         /*
          * Transpose 16 rows at a time: each c then fills one whole 64-byte line
@@ -42,9 +43,9 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
             }
         }
     } else {
-        const fa_tensor *t = s->t;
         for (int r = 0; r < n; r++) {
-            const int64_t off = fa_off4(t, s->b, row0 + r, s->head, 0);
+            int64_t off;
+            const fa_tensor *t = fa_rows_src(s, row0 + r, &off);
             for (int64_t c = 0; c < width; c++)
                 dst[(size_t)c * ld + (size_t)r] = fa_load_f32(t, off + c * t->stride[3]);
         }

@@ -1,12 +1,21 @@
 /*
- * pack.h — the one packer: float32 panels from a source of rows.
+ * pack.h — the one KV-source accessor and the one packer: float32 panels
+ * from a source of rows.
  *
- * A row source (fa_rows) names rows j = 0, 1, ... of one (batch, head) of a
- * rank-4 tensor [B][S][H][width]: K or V rows for the forward and backward
- * passes, Q or dO rows for the backward. Today it reads a dense strided
- * tensor of any dtype; a paged KV cache or a quantized source becomes one
- * more case of fa_rows_gather / fa_rows_f32, and flash.c, backward.c and
- * standard.c pick it up unchanged.
+ * A row source (fa_rows) names rows j = 0, 1, ... of one (sequence, head):
+ * K or V rows for the forward and backward passes, Q, O or dO rows for the
+ * backward and the checker. Every implementation reads K, V, Q and dO through
+ * it (reference.c and validate.c as float64 through fa_rows_gather_f64), and
+ * writes O, dQ, dK, dV at fa_rows_off. Row j lives in one tensor at one
+ * element offset, fa_rows_src(), its elements stride[3] apart. The cases, all
+ * decided there and nowhere else:
+ *   dense     row row0 + j of tensor batch `batch` of a strided [B][S][H][width] tensor;
+ *   paged     row r = row0 + j at row r % page_size of page pages[r / page_size]
+ *             of a [num_pages][page_size][H][width] tensor (a paged KV cache);
+ *   new keys  rows j >= tail_from from row j - tail_from of batch tail_batch of
+ *             `tail` (a KV cache's k_new/v_new, read where they are not yet appended).
+ * (A quantized source would be one more case of the gathers.) flash.c,
+ * backward.c, standard.c, reference.c and validate.c never see which.
  */
 #ifndef FA_PACK_H
 #define FA_PACK_H
@@ -15,31 +24,141 @@
 #include <stdint.h>
 
 #include "kernels/kernels.h"
+#include "problem.h"
 #include "tensor.h"
 
 typedef struct fa_rows {
     const fa_tensor *t;   /* [B][S][H][width], any strides and dtype */
-    int64_t b, head;      /* which (batch, head) */
+    int64_t batch;        /* tensor batch index */
+    int64_t row0;         /* row j is row row0 + j of that batch */
+    int64_t head;         /* head index */
     int64_t width;        /* elements per row (t->shape[3]) */
+    const int32_t *pages; /* paged: NULL, or the page of each page_size rows */
+    int64_t page_size;
+    const fa_tensor *tail; /* NULL, or the source of rows j >= tail_from */
+    int64_t tail_batch, tail_from;
 } fa_rows;
 
-static inline fa_rows fa_rows_of(const fa_tensor *t, int64_t b, int64_t head)
+/* Rows row0, row0 + 1, ... of (tensor batch `batch`, `head`) of t. */
+static inline fa_rows fa_rows_at(const fa_tensor *t, int64_t batch, int64_t row0, int64_t head)
 {
-    fa_rows r = {t, b, head, t->shape[3]};
+    fa_rows r = {t, batch, row0, head, t->shape[3], NULL, 0, NULL, 0, 0};
     return r;
+}
+
+/* Query-side rows (Q, O, dO, dQ) of sequence s, head h: row i is query i. */
+static inline fa_rows fa_rows_q(const fa_tensor *t, const fa_seq *s, int64_t h)
+{
+    return fa_rows_at(t, s->q_batch, s->q_start, h);
+}
+
+/* Key-side rows of a dense tensor (dK, dV) of sequence s, kv head hk: row j is key j. */
+static inline fa_rows fa_rows_k(const fa_tensor *t, const fa_seq *s, int64_t hk)
+{
+    return fa_rows_at(t, s->k_batch, s->k_start, hk);
+}
+
+/* The keys (vside = 0) or values (vside = 1) of sequence s, kv head hk, as the
+ * problem stores them: dense, paged, and/or with new keys not yet appended. */
+static inline fa_rows fa_rows_kv(const fa_problem *p, const fa_seq *s, int64_t hk, int vside)
+{
+    fa_rows r = fa_rows_at(vside ? &p->v : &p->k, s->k_batch, s->k_start, hk);
+    r.pages = s->k_pages;
+    r.page_size = s->k_page_size;
+    const fa_tensor *nw = vside ? &p->v_new : &p->k_new;
+    if (nw->data) {
+        r.tail = nw;
+        r.tail_batch = s->k_new_batch;
+        r.tail_from = s->k_new_from;
+    }
+    return r;
+}
+
+/* The tensor holding row j and the element offset of its element 0 there. */
+static inline const fa_tensor *fa_rows_src(const fa_rows *s, int64_t j, int64_t *off)
+{
+    if (s->tail && j >= s->tail_from) {
+        *off = fa_off4(s->tail, s->tail_batch, j - s->tail_from, s->head, 0);
+        return s->tail;
+    }
+    const int64_t r = s->row0 + j;
+    if (s->pages) {
+        *off = fa_off4(s->t, s->pages[r / s->page_size], r % s->page_size, s->head, 0);
+        return s->t;
+    }
+    *off = fa_off4(s->t, s->batch, r, s->head, 0);
+    return s->t;
+}
+
+/* Element offset of element 0 of row j of a dense source (outputs: O, dQ, dK, dV). */
+static inline int64_t fa_rows_off(const fa_rows *s, int64_t j)
+{
+    int64_t off;
+    fa_rows_src(s, j, &off);
+    return off;
 }
 
 /* Row j as a contiguous float32 pointer when the source stores it so, else NULL. */
 static inline const float *fa_rows_f32(const fa_rows *s, int64_t j)
 {
-    if (s->t->dtype != FA_F32 || s->t->stride[3] != 1) return NULL;
-    return (const float *)s->t->data + fa_off4(s->t, s->b, j, s->head, 0);
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(s, j, &off);
+    if (t->dtype != FA_F32 || t->stride[3] != 1) return NULL;
+    return (const float *)t->data + off;
+}
+
+/* Distance in elements between rows j and j + 1 when it is the same for all
+ * rows (dense sources: stride[1]), else -1. */
+static inline int64_t fa_rows_ld(const fa_rows *s)
+{
+    return s->pages || s->tail ? -1 : s->t->stride[1];
 }
 
 /* Row j converted to float32 into dst[width]. */
 static inline void fa_rows_gather(const fa_rows *s, int64_t j, float *dst)
 {
-    fa_gather_f32(s->t, fa_off4(s->t, s->b, j, s->head, 0), s->t->stride[3], s->width, dst);
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(s, j, &off);
+    fa_gather_f32(t, off, t->stride[3], s->width, dst);
+}
+
+/* Row j converted to float64 into dst[width] (exact for every dtype). */
+static inline void fa_rows_gather_f64(const fa_rows *s, int64_t j, double *dst)
+{
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(s, j, &off);
+    const int64_t inc = t->stride[3];
+    for (int64_t c = 0; c < s->width; c++) dst[c] = fa_load_f64(t, off + c * inc);
+}
+
+/* Element c of row j, as float64. */
+static inline double fa_rows_get(const fa_rows *s, int64_t j, int64_t c)
+{
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(s, j, &off);
+    return fa_load_f64(t, off + c * t->stride[3]);
+}
+
+/* Store x (rounded to the dtype) as element c of row j (outputs, and the KV
+ * cache's append). */
+static inline void fa_rows_put(const fa_rows *s, int64_t j, int64_t c, double x)
+{
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(s, j, &off);
+    fa_store_f64(t, off + c * t->stride[3], x);
+}
+
+/* Ask the cache for rows j0 .. j0 + n - 1 (a hint; rows with contiguous elements only). */
+static inline void fa_rows_prefetch(const fa_rows *s, int64_t j0, int64_t n)
+{
+    for (int64_t j = j0; j < j0 + n; j++) {
+        int64_t off;
+        const fa_tensor *t = fa_rows_src(s, j, &off);
+        if (t->stride[3] != 1) return;
+        const size_t esz = fa_dtype_size(t->dtype), bytes = (size_t)s->width * esz;
+        const char *row = (const char *)t->data + off * (int64_t)esz;
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
+    }
 }
 
 /*

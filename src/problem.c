@@ -18,10 +18,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "config.h"
 #include "context.h"
 #include "kernels/kernels.h"
 #include "mask.h"
+#include "pack.h"
 #include "status.h"
 #include "tensor.h"
 
@@ -36,9 +38,13 @@
  * caller compiled against it sends this size (tests/test_abi.c). */
 #define FA_OPTIONS_MIN_SIZE (offsetof(fa_options, standard_max_bytes) + sizeof(size_t))
 
-/* The end of fa_options after pack_max_bytes and context were appended, before
- * align: a caller compiled against that layout sends this size. */
+/* The end of fa_options as 0.3.0 shipped (pack_max_bytes and context appended,
+ * before align): a caller compiled against that layout sends this size. */
 #define FA_OPTIONS_CONTEXT_SIZE (offsetof(fa_options, context) + sizeof(fa_context *))
+/* ... and through align, before varlen was appended. */
+#define FA_OPTIONS_ALIGN_SIZE (offsetof(fa_options, align) + sizeof(int))
+/* ... and through varlen, before kvcache was appended. */
+#define FA_OPTIONS_VARLEN_SIZE (offsetof(fa_options, varlen) + sizeof(const fa_varlen *))
 
 fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *known, int n_known,
                                const char *what, const char *init_fn)
@@ -87,7 +93,9 @@ fa_status fa_options_read(const fa_options *in, fa_options *out)
 {
     fa_options_init(out, sizeof *out);
     if (!in) return FA_OK;
-    static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_CONTEXT_SIZE, sizeof(fa_options)};
+    static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_CONTEXT_SIZE, FA_OPTIONS_ALIGN_SIZE,
+                                   FA_OPTIONS_VARLEN_SIZE,
+                                   sizeof(fa_options)};
     fa_status st = fa_struct_size_check(in, sizeof *out, known, (int)(sizeof known / sizeof known[0]),
                                         "fa_options", "fa_options_default");
     if (st != FA_OK) return st;
@@ -266,6 +274,375 @@ fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const 
 
 static const char *nm(const char *name, const char *fallback) { return name && *name ? name : fallback; }
 
+/* ------------------------------------------------------------------------ */
+/* Varlen                                                                    */
+/* ------------------------------------------------------------------------ */
+
+void fa_varlen_init(fa_varlen *vl, size_t struct_size)
+{
+    if (!vl) return;
+    memset(vl, 0, struct_size);
+    fa_varlen v;
+    memset(&v, 0, sizeof v);
+    v.struct_size = struct_size;
+    memcpy(vl, &v, struct_size < sizeof v ? struct_size : sizeof v);
+}
+
+fa_varlen fa_varlen_default(void)
+{
+    fa_varlen v;
+    fa_varlen_init(&v, sizeof v);
+    return v;
+}
+
+/* The rank-4 view [1][t0][t1][t2] of a rank-3 tensor (the varlen layouts). */
+static fa_tensor batch1_view(const fa_tensor *t)
+{
+    fa_tensor v = *t;
+    v.rank = 4;
+    for (int r = 3; r >= 1; r--) {
+        v.shape[r] = t->shape[r - 1];
+        v.stride[r] = t->stride[r - 1];
+    }
+    v.shape[0] = 1;
+    v.stride[0] = 0;
+    return v;
+}
+
+/* The rank-3 view [1][heads][total_q] of a varlen LSE [heads][total_q]. */
+static fa_tensor lse_view(const fa_tensor *t)
+{
+    fa_tensor v = *t;
+    v.rank = 3;
+    v.shape[2] = t->shape[1];
+    v.stride[2] = t->stride[1];
+    v.shape[1] = t->shape[0];
+    v.stride[1] = t->stride[0];
+    v.shape[0] = 1;
+    v.stride[0] = 0;
+    v.shape[3] = v.stride[3] = 0;
+    return v;
+}
+
+/* "name: " when the caller named the array (e.g. its file), else "". */
+#define VL_WHO(n) (n) ? (n) : "", (n) ? ": " : ""
+
+/* One prefix-sum array: [batch + 1], from 0, never decreasing, never past `total`. */
+static fa_status check_cu_seqlens(const int32_t *cu, int64_t batch, int64_t total, const char *arr,
+                                  const char *fname, const char *tname, int64_t *max_len)
+{
+    if (!cu) return fa_fail(FA_ERR_NULL_ARG, "varlen: %s is NULL", arr);
+    *max_len = 0;
+    if (cu[0] != 0)
+        return fa_fail(FA_ERR_INDEX, "%s%s%s[0] = %d: the prefix sums must start at 0", VL_WHO(fname), arr, cu[0]);
+    for (int64_t b = 1; b <= batch; b++) {
+        if (cu[b] < cu[b - 1])
+            return fa_fail(FA_ERR_INDEX, "%s%s%s[%lld] = %d is less than %s[%lld] = %d: the prefix sums must not "
+                           "decrease", VL_WHO(fname), arr, DIM(b), cu[b], arr, DIM(b - 1), cu[b - 1]);
+        if (cu[b] > total)
+            return fa_fail(FA_ERR_INDEX, "%s%s%s[%lld] = %d is past the end of %s (%lld rows)", VL_WHO(fname), arr,
+                           DIM(b), cu[b], tname, DIM(total));
+        if (cu[b] - cu[b - 1] > *max_len) *max_len = cu[b] - cu[b - 1];
+    }
+    return FA_OK;
+}
+
+/*
+ * Varlen arguments: check the packed rank-3 (rank-2 LSE) tensors' ranks and
+ * the shapes that depend on them, then replace them by rank-4 (rank-3) views
+ * [1][total][heads][width] so that the checks that follow, and the
+ * implementations, see one tensor batch.
+ */
+static fa_status varlen_views(const fa_varlen *vl, const char *qn, const char *kn, const char *vn,
+                              const char *on, const char *ln, const fa_tensor **q, const fa_tensor **k,
+                              const fa_tensor **v, const fa_tensor **o, const fa_tensor **lse,
+                              fa_tensor views[5])
+{
+    static const size_t known[] = {sizeof(fa_varlen)};
+    fa_status st = fa_struct_size_check(vl, sizeof *vl, known, 1, "fa_varlen", "fa_varlen_init");
+    if (st != FA_OK) return st;
+    if ((st = check_tensor(*q, qn, 3)) != FA_OK) return st;
+    if ((st = check_tensor(*k, kn, 3)) != FA_OK) return st;
+    if ((st = check_tensor(*v, vn, 3)) != FA_OK) return st;
+    const fa_tensor *Q = *q, *V = *v;
+    if (*o) {
+        const fa_tensor *O = *o;
+        if (O->rank == 3 && (O->shape[0] != Q->shape[0] || O->shape[1] != Q->shape[1] || O->shape[2] != V->shape[2]))
+            return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld,%lld] should be [%lld,%lld,%lld] "
+                           "(varlen: [total_q, heads, d_v]: total_q and heads of %s, d_v of %s)",
+                           on, DIM(O->shape[0]), DIM(O->shape[1]), DIM(O->shape[2]),
+                           DIM(Q->shape[0]), DIM(Q->shape[1]), DIM(V->shape[2]), qn, vn);
+        if ((st = check_tensor(O, on, 3)) != FA_OK) return st;
+        views[3] = batch1_view(O);
+        *o = &views[3];
+    }
+    if (*lse) {
+        const fa_tensor *L = *lse;
+        if ((st = check_tensor(L, ln, 2)) != FA_OK) return st;
+        if (L->shape[0] != Q->shape[1] || L->shape[1] != Q->shape[0])
+            return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld] should be [heads=%lld, total_q=%lld] (varlen)",
+                           ln, DIM(L->shape[0]), DIM(L->shape[1]), DIM(Q->shape[1]), DIM(Q->shape[0]));
+        views[4] = lse_view(L);
+        *lse = &views[4];
+    }
+    views[0] = batch1_view(*q);
+    views[1] = batch1_view(*k);
+    views[2] = batch1_view(*v);
+    *q = &views[0];
+    *k = &views[1];
+    *v = &views[2];
+    return FA_OK;
+}
+
+/* The sequences of a varlen batch, checked against the packed tensors
+ * (p->seqlen_q/k still hold total_q/k): fills p's geometry and maxima. */
+static fa_status varlen_geometry(const fa_varlen *vl, fa_problem *p)
+{
+    if (vl->batch < 0 || vl->batch > INT32_MAX)
+        return fa_fail(FA_ERR_OPTION, "varlen: batch must be in 0..%d (got %lld)", INT32_MAX, DIM(vl->batch));
+    int64_t max_q, max_k;
+    fa_status st;
+    if ((st = check_cu_seqlens(vl->cu_seqlens_q, vl->batch, p->seqlen_q, "cu_seqlens_q", vl->cu_seqlens_q_name,
+                               "q (total_q)", &max_q)) != FA_OK)
+        return st;
+    if ((st = check_cu_seqlens(vl->cu_seqlens_k, vl->batch, p->seqlen_k, "cu_seqlens_k", vl->cu_seqlens_k_name,
+                               "k (total_k)", &max_k)) != FA_OK)
+        return st;
+    if (vl->seqused_k) {
+        max_k = 0;
+        for (int64_t b = 0; b < vl->batch; b++) {
+            const int64_t n = (int64_t)vl->cu_seqlens_k[b + 1] - vl->cu_seqlens_k[b];
+            const int32_t u = vl->seqused_k[b];
+            if (u < 0 || u > n)
+                return fa_fail(FA_ERR_INDEX, "%s%sseqused_k[%lld] = %d is outside 0..%lld, the keys of sequence %lld "
+                               "(cu_seqlens_k[%lld] - cu_seqlens_k[%lld])", VL_WHO(vl->seqused_k_name), DIM(b), u,
+                               DIM(n), DIM(b), DIM(b + 1), DIM(b));
+            if (u > max_k) max_k = u;
+        }
+    }
+    p->batch = vl->batch;
+    p->seqlen_q = max_q;
+    p->seqlen_k = max_k;
+    p->cu_seqlens_q = vl->cu_seqlens_q;
+    p->cu_seqlens_k = vl->cu_seqlens_k;
+    p->seqused_k = vl->seqused_k;
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* KV cache                                                                  */
+/* ------------------------------------------------------------------------ */
+
+void fa_kvcache_init(fa_kvcache *kv, size_t struct_size)
+{
+    if (!kv) return;
+    memset(kv, 0, struct_size);
+    fa_kvcache c;
+    memset(&c, 0, sizeof c);
+    c.struct_size = struct_size;
+    memcpy(kv, &c, struct_size < sizeof c ? struct_size : sizeof c);
+}
+
+fa_kvcache fa_kvcache_default(void)
+{
+    fa_kvcache c;
+    fa_kvcache_init(&c, sizeof c);
+    return c;
+}
+
+/*
+ * The KV cache's arguments, checked against the caches k, v (p holds q's
+ * geometry and p->seqlen_k = the caches' row count): fills p's cache
+ * geometry (fa_problem_seq reads it) and the longest key count.
+ */
+static fa_status kvcache_geometry(const fa_kvcache *kv, const fa_tensor *k, const fa_tensor *v, const char *kn,
+                                  const char *vn, fa_problem *p)
+{
+    static const size_t known[] = {sizeof(fa_kvcache)};
+    fa_status st = fa_struct_size_check(kv, sizeof *kv, known, 1, "fa_kvcache", "fa_kvcache_init");
+    if (st != FA_OK) return st;
+    const int64_t B = p->batch, rows = k->shape[1]; /* rows of a cache, or of a page */
+    if (!kv->cache_seqlens) return fa_fail(FA_ERR_NULL_ARG, "kvcache: cache_seqlens is NULL");
+    if (kv->block_table && (kv->cache_batch_idx || kv->cache_leftpad))
+        return fa_fail(FA_ERR_OPTION, "kvcache: block_table (paged) cannot be combined with cache_batch_idx or "
+                       "cache_leftpad");
+    if (kv->block_table && (kv->max_pages < 1 || kv->max_pages > INT32_MAX))
+        return fa_fail(FA_ERR_OPTION, "kvcache: max_pages must be in 1..%d with a block_table (got %lld)", INT32_MAX,
+                       DIM(kv->max_pages));
+    if (kv->block_table && rows < 1)
+        return fa_fail(FA_ERR_SHAPE, "%s: pages of %lld rows: page_size must be >= 1", kn, DIM(rows));
+    int64_t sn = 0;
+    if (!kv->k_new != !kv->v_new)
+        return fa_fail(FA_ERR_NULL_ARG, "kvcache: k_new and v_new go together (%s is NULL)", kv->k_new ? "v_new" : "k_new");
+    if (kv->k_new) {
+        const fa_tensor *kw = kv->k_new, *vw = kv->v_new;
+        const int64_t ks[4] = {B, kw->rank == 4 ? kw->shape[1] : 0, p->heads_k, p->d};
+        if ((st = fa_check_tensor4(kw, "k_new", ks, "[batch, seqlen_new, heads_k, d]")) != FA_OK) return st;
+        sn = kw->shape[1];
+        const int64_t vs[4] = {B, sn, p->heads_k, p->dv};
+        if ((st = fa_check_tensor4(vw, "v_new", vs, "[batch, seqlen_new of k_new, heads_k, d_v]")) != FA_OK) return st;
+        if (kw->dtype != k->dtype || vw->dtype != v->dtype)
+            return fa_fail(FA_ERR_DTYPE, "kvcache: k_new/v_new must have the caches' dtypes (%s %s, caches %s %s)",
+                           fa_dtype_name(kw->dtype), fa_dtype_name(vw->dtype), fa_dtype_name(k->dtype),
+                           fa_dtype_name(v->dtype));
+    }
+    const int64_t capacity = kv->block_table ? kv->max_pages * rows : rows;
+    const int64_t pages = k->shape[0];
+    if (!kv->block_table && !kv->cache_batch_idx && pages < B)
+        return fa_fail(FA_ERR_SHAPE, "%s: the cache holds %lld sequences, q has batch %lld (give cache_batch_idx)",
+                       kn, DIM(pages), DIM(B));
+    int64_t max_k = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t n = kv->cache_seqlens[b];
+        const int64_t pad = kv->cache_leftpad ? kv->cache_leftpad[b] : 0;
+        if (n < 0)
+            return fa_fail(FA_ERR_INDEX, "%s%scache_seqlens[%lld] = %lld is negative", VL_WHO(kv->cache_seqlens_name),
+                           DIM(b), DIM(n));
+        if (n + sn > capacity)
+            return fa_fail(FA_ERR_INDEX, "%s%scache_seqlens[%lld] + seqlen_new = %lld + %lld is past the cache (%s %lld rows)",
+                           VL_WHO(kv->cache_seqlens_name), DIM(b), DIM(n), DIM(sn),
+                           kv->block_table ? "max_pages * page_size =" : "seqlen_cache =", DIM(capacity));
+        if (pad < 0 || pad > n)
+            return fa_fail(FA_ERR_INDEX, "%s%scache_leftpad[%lld] = %lld is outside 0..cache_seqlens[%lld] = %lld",
+                           VL_WHO(kv->cache_leftpad_name), DIM(b), DIM(pad), DIM(b), DIM(n));
+        if (kv->cache_batch_idx && (kv->cache_batch_idx[b] < 0 || kv->cache_batch_idx[b] >= pages))
+            return fa_fail(FA_ERR_INDEX, "%s%scache_batch_idx[%lld] = %d is outside 0..%lld (the caches' batch)",
+                           VL_WHO(kv->cache_batch_idx_name), DIM(b), kv->cache_batch_idx[b], DIM(pages - 1));
+        if (kv->block_table) {
+            const int64_t used = (n + sn + rows - 1) / rows; /* pages holding rows 0 .. n + sn - 1 */
+            for (int64_t x = 0; x < used; x++) {
+                const int32_t pg = kv->block_table[b * kv->max_pages + x];
+                if (pg < 0 || pg >= pages)
+                    return fa_fail(FA_ERR_INDEX, "%s%sblock_table[%lld][%lld] = %d is outside the pages 0..%lld",
+                                   VL_WHO(kv->block_table_name), DIM(b), DIM(x), pg, DIM(pages - 1));
+            }
+        }
+        if (n - pad + sn > max_k) max_k = n - pad + sn;
+    }
+    if (sn > 0) {
+        /* the append writes each cache row once: no two sequences may write one row */
+        const int64_t nrows = pages * rows;
+        int64_t *owner = fa_malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof(int64_t));
+        if (!owner) return fa_fail(FA_ERR_NOMEM, "kvcache: out of memory");
+        for (int64_t x = 0; x < nrows; x++) owner[x] = -1;
+        for (int64_t b = 0; b < B && st == FA_OK; b++)
+            for (int64_t r = kv->cache_seqlens[b]; r < kv->cache_seqlens[b] + sn; r++) {
+                const int64_t phys = kv->block_table ? (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows
+                                     : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * rows + r;
+                if (owner[phys] >= 0) {
+                    st = fa_fail(FA_ERR_INDEX, "kvcache: sequences %lld and %lld would both append into one cache row "
+                                 "(%s %lld, row %lld): check %s",
+                                 DIM(owner[phys]), DIM(b), kv->block_table ? "page" : "cache", DIM(phys / rows),
+                                 DIM(phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
+                    break;
+                }
+                owner[phys] = b;
+            }
+        fa_free(owner);
+        if (st != FA_OK) return st;
+    }
+    p->seqlen_k = max_k;
+    p->cache_seqlens = kv->cache_seqlens;
+    p->cache_batch_idx = kv->cache_batch_idx;
+    p->cache_leftpad = kv->cache_leftpad;
+    p->block_table = kv->block_table;
+    p->max_pages = kv->block_table ? kv->max_pages : 0;
+    p->page_size = kv->block_table ? rows : 0;
+    p->seqlen_new = sn;
+    if (kv->k_new) {
+        p->k_new = *kv->k_new;
+        p->v_new = *kv->v_new;
+    }
+    return FA_OK;
+}
+
+fa_status fa_kvcache_append(fa_problem *p)
+{
+    if (!p->cache_seqlens || !p->k_new.data) return FA_OK;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq s = fa_problem_seq(p, b);
+        for (int64_t hk = 0; hk < p->heads_k; hk++)
+            for (int vside = 0; vside < 2; vside++) {
+                fa_rows dst = fa_rows_kv(p, &s, hk, vside);
+                dst.tail = NULL; /* write into the cache itself */
+                const fa_rows src = fa_rows_at(vside ? &p->v_new : &p->k_new, b, 0, hk);
+                for (int64_t t = 0; t < p->seqlen_new; t++) {
+                    int64_t so, dof;
+                    const fa_tensor *st = fa_rows_src(&src, t, &so), *dt = fa_rows_src(&dst, s.k_new_from + t, &dof);
+                    const size_t esz = fa_dtype_size(dt->dtype);
+                    for (int64_t c = 0; c < src.width; c++) /* same dtype: copy the bits */
+                        memcpy((char *)dt->data + (size_t)(dof + c * dt->stride[3]) * esz,
+                               (const char *)st->data + (size_t)(so + c * st->stride[3]) * esz, esz);
+                }
+            }
+    }
+    /* from now on the new keys are read where they were written */
+    memset(&p->k_new, 0, sizeof p->k_new);
+    memset(&p->v_new, 0, sizeof p->v_new);
+    return FA_OK;
+}
+
+fa_status fa_check_rows_tensor(const fa_problem *p, const fa_tensor *t, const char *name, int kside,
+                               int64_t width, const char *desc, fa_tensor *view)
+{
+    const fa_tensor *like = kside ? &p->k : &p->q; /* the resolved rank-4 (view of the) input */
+    if (!p->cu_seqlens_q) {
+        const int64_t shape[4] = {like->shape[0], like->shape[1], like->shape[2], width};
+        fa_status st = fa_check_tensor4(t, name, shape, desc);
+        if (st == FA_OK) *view = *t;
+        return st;
+    }
+    if (t && t->rank == 3 && (t->shape[0] != like->shape[1] || t->shape[1] != like->shape[2] || t->shape[2] != width))
+        return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld,%lld] should be [%lld,%lld,%lld] (varlen: %s)", name,
+                       DIM(t->shape[0]), DIM(t->shape[1]), DIM(t->shape[2]), DIM(like->shape[1]),
+                       DIM(like->shape[2]), DIM(width), desc);
+    fa_status st = check_tensor(t, name, 3);
+    if (st != FA_OK) return st;
+    *view = batch1_view(t);
+    return FA_OK;
+}
+
+/* Mark the rows [S] of tensor batch 0 that some sequence owns (varlen). */
+static unsigned char *owned_rows(const fa_problem *p, int kside, int64_t S)
+{
+    unsigned char *own = fa_calloc((size_t)(S > 0 ? S : 1));
+    if (!own) return NULL;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq s = fa_problem_seq(p, b);
+        const int64_t r0 = kside ? s.k_start : s.q_start, n = kside ? s.k_len : s.q_len;
+        memset(own + r0, 1, (size_t)n);
+    }
+    return own;
+}
+
+fa_status fa_fill_unowned_rows(const fa_problem *p, const fa_tensor *t, int kside, double value)
+{
+    if (!p->cu_seqlens_q || !t || !t->data) return FA_OK;
+    const int64_t S = t->shape[1];
+    unsigned char *own = owned_rows(p, kside, S);
+    if (!own) return fa_fail(FA_ERR_NOMEM, "varlen: out of memory");
+    for (int64_t i = 0; i < S; i++)
+        if (!own[i])
+            for (int64_t h = 0; h < t->shape[2]; h++)
+                for (int64_t c = 0; c < t->shape[3]; c++) fa_store_f64(t, fa_off4(t, 0, i, h, c), value);
+    fa_free(own);
+    return FA_OK;
+}
+
+fa_status fa_fill_unowned_lse(const fa_problem *p, const fa_tensor *lse, double value)
+{
+    if (!p->cu_seqlens_q || !lse || !lse->data) return FA_OK;
+    const int64_t S = lse->shape[2];
+    unsigned char *own = owned_rows(p, 0, S);
+    if (!own) return fa_fail(FA_ERR_NOMEM, "varlen: out of memory");
+    for (int64_t i = 0; i < S; i++)
+        if (!own[i])
+            for (int64_t h = 0; h < lse->shape[1]; h++)
+                fa_store_f64(lse, h * lse->stride[1] + i * lse->stride[2], value);
+    fa_free(own);
+    return FA_OK;
+}
+
 fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                      const fa_tensor *o, const fa_tensor *lse, const fa_options *opt_in,
                      const fa_names *names, fa_problem *p)
@@ -277,6 +654,9 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     fa_options opt;
     fa_status st = fa_options_read(opt_in, &opt);
     if (st != FA_OK) return st;
+    fa_tensor views[5]; /* varlen: rank-4 views of q, k, v, o and the rank-3 view of lse */
+    if (opt.varlen && (st = varlen_views(opt.varlen, qn, kn, vn, on, ln, &q, &k, &v, &o, &lse, views)) != FA_OK)
+        return st;
     if ((st = check_tensor(q, qn, 4)) != FA_OK) return st;
     if ((st = check_tensor(k, kn, 4)) != FA_OK) return st;
     if ((st = check_tensor(v, vn, 4)) != FA_OK) return st;
@@ -296,12 +676,13 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
         return fa_fail(FA_ERR_SHAPE, "%s: head dim d_v must be in 1..%d (got %lld)", vn, FA_HEAD_DIM_MAX, DIM(p->dv));
     if (p->heads < 1) return fa_fail(FA_ERR_SHAPE, "%s: heads must be >= 1 (got %lld)", qn, DIM(p->heads));
     if (p->heads_k < 1) return fa_fail(FA_ERR_SHAPE, "%s: heads_k must be >= 1 (got %lld)", kn, DIM(p->heads_k));
-    if (k->shape[0] != p->batch)
+    if (k->shape[0] != p->batch && !opt.kvcache) /* (a cache has batch_cache rows, or pages) */
         return fa_fail(FA_ERR_SHAPE, "%s: batch %lld does not match %s batch %lld", kn, DIM(k->shape[0]), qn, DIM(p->batch));
     if (k->shape[3] != p->d)
         return fa_fail(FA_ERR_SHAPE, "%s: head dim %lld does not match %s head dim %lld", kn, DIM(k->shape[3]), qn, DIM(p->d));
-    if (v->shape[0] != p->batch)
-        return fa_fail(FA_ERR_SHAPE, "%s: batch %lld does not match %s batch %lld", vn, DIM(v->shape[0]), qn, DIM(p->batch));
+    if (v->shape[0] != k->shape[0])
+        return fa_fail(FA_ERR_SHAPE, "%s: batch %lld does not match %s batch %lld", vn, DIM(v->shape[0]), kn,
+                       DIM(k->shape[0]));
     if (v->shape[1] != p->seqlen_k)
         return fa_fail(FA_ERR_SHAPE, "%s: seqlen %lld does not match %s seqlen %lld", vn, DIM(v->shape[1]), kn, DIM(p->seqlen_k));
     if (v->shape[2] != p->heads_k)
@@ -327,6 +708,11 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
                            ln, DIM(lse->shape[0]), DIM(lse->shape[1]), DIM(lse->shape[2]),
                            DIM(p->batch), DIM(p->heads), DIM(p->seqlen_q));
     }
+    /* the sequences (p->batch, seqlen_q/k become the count and the longest) */
+    if (opt.varlen && (st = varlen_geometry(opt.varlen, p)) != FA_OK) return st;
+    if (opt.varlen && opt.kvcache)
+        return fa_fail(FA_ERR_OPTION, "varlen and kvcache cannot be combined");
+    if (opt.kvcache && (st = kvcache_geometry(opt.kvcache, k, v, kn, vn, p)) != FA_OK) return st;
 
     /* options */
     /* The ranges (docs/semantics.md): flash and standard compute in float32, so a

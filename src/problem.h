@@ -14,10 +14,17 @@
  *   K: [B][Sk][Hk][d]    V: [B][Sk][Hk][dv]    O: [B][Sq][H][dv]    LSE: [B][H][Sq]
  * Strides are in elements and may be anything (BSHD, BHSD, ...).
  *
- * Per-sequence geometry: batch entry b has its own query rows (start, length)
- * and keys (offset, length), fa_problem_seq(). Today every entry is the
- * uniform [0, Sq) x [0, Sk) (p->seq == NULL); varlen and the KV cache will
- * fill p->seq.
+ * Per-sequence geometry: sequence b (0 <= b < batch) has its own query rows
+ * and keys, fa_problem_seq(). Q, O, LSE (and dO, dQ) rows of sequence b are
+ * rows q_start .. q_start + q_len - 1 of tensor batch q_batch; K, V (and dK,
+ * dV) rows are rows k_start .. k_start + k_len - 1 of tensor batch k_batch.
+ * Every implementation indexes through it (pack.h's fa_rows_q/fa_rows_k, and
+ * fa_lse_off), and the masks are aligned per sequence with its own q_len and
+ * k_len. Uniform batches (p->seq == NULL) are sequence b = tensor batch b,
+ * rows [0, Sq) and keys [0, Sk). Varlen fills p->seq with tensor batch 0 and
+ * row offsets cu_seqlens[b]; the KV cache with k_batch = cache_batch_idx[b]
+ * and k_start = cache_leftpad[b]. p->seqlen_q and p->seqlen_k are then the
+ * largest q_len and k_len (what scratch is sized for).
  */
 #ifndef FA_PROBLEM_H
 #define FA_PROBLEM_H
@@ -30,17 +37,37 @@
 struct fa_kernels;
 struct fa_arena;
 
-/* Geometry of one batch entry. */
+/* Geometry of one sequence (batch entry). */
 typedef struct fa_seq {
-    int64_t q_start;  /* first query row of this entry */
+    int64_t q_batch;  /* tensor batch index of its Q/O/LSE (dO/dQ) rows */
+    int64_t q_start;  /* first query row in that tensor batch */
     int64_t q_len;    /* query rows */
-    int64_t k_offset; /* first key of this entry */
+    int64_t k_batch;  /* tensor batch index of its K/V (dK/dV) rows */
+    int64_t k_start;  /* first key row in that tensor batch */
     int64_t k_len;    /* keys */
+    /* KV cache only (fa_kvcache): */
+    const int32_t *k_pages; /* paged: key row r is row r % k_page_size of page k_pages[r / k_page_size]; else NULL */
+    int64_t k_page_size;
+    int64_t k_new_from;     /* keys j >= k_new_from are row j - k_new_from of k_new/v_new
+                               (batch k_new_batch) when those are set (not yet appended) */
+    int64_t k_new_batch;
 } fa_seq;
 
 typedef struct fa_problem {
     int64_t batch, seqlen_q, seqlen_k, heads, heads_k, d, dv;
-    const fa_seq *seq;           /* [batch] or NULL: uniform (see fa_problem_seq) */
+    const fa_seq *seq;           /* [batch] or NULL: uniform (see fa_problem_seq); seqlen_q,
+                                    seqlen_k are then the largest q_len, k_len */
+    /* varlen (fa_varlen): the geometry is read from these arrays (fa_problem_seq);
+     * q, k, v, o are then rank-4 views [1][total][heads][width], lse [1][heads][total_q] */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k; /* [batch + 1], or NULL */
+    const int32_t *seqused_k;    /* [batch], or NULL */
+    /* KV cache (fa_kvcache): k, v are the caches or pages; the geometry is read from these */
+    const int32_t *cache_seqlens;   /* [batch], or NULL: no cache */
+    const int32_t *cache_batch_idx, *cache_leftpad; /* [batch], or NULL */
+    const int32_t *block_table;     /* [batch][max_pages], or NULL */
+    int64_t max_pages, page_size;
+    int64_t seqlen_new;             /* rows of k_new/v_new (0: none) */
+    fa_tensor k_new, v_new;         /* k_new.data == NULL: nothing to read from them (appended, or none) */
     fa_tensor q, k, v, o;        /* copies of the caller's descriptors (o may be empty) */
     fa_tensor lse;               /* lse.data == NULL when not requested */
     fa_impl impl;
@@ -60,11 +87,25 @@ typedef struct fa_problem {
     struct fa_arena *arena;      /* the context's scratch arena during a call, or NULL */
 } fa_problem;
 
-/* Geometry of batch entry b. */
+/* Geometry of sequence b. */
 static inline fa_seq fa_problem_seq(const fa_problem *p, int64_t b)
 {
     if (p->seq) return p->seq[b];
-    fa_seq s = {0, p->seqlen_q, 0, p->seqlen_k};
+    if (p->cu_seqlens_q) { /* varlen: tensor batch 0, rows from the prefix sums */
+        const int64_t k0 = p->cu_seqlens_k[b];
+        fa_seq s = {0, p->cu_seqlens_q[b], (int64_t)p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b],
+                    0, k0, p->seqused_k ? (int64_t)p->seqused_k[b] : p->cu_seqlens_k[b + 1] - k0, NULL, 0, 0, 0};
+        return s;
+    }
+    if (p->cache_seqlens) { /* KV cache: the cache rows, then the new keys */
+        const int64_t pad = p->cache_leftpad ? p->cache_leftpad[b] : 0;
+        const int64_t cached = p->cache_seqlens[b] - pad;
+        fa_seq s = {b, 0, p->seqlen_q, p->cache_batch_idx ? p->cache_batch_idx[b] : (p->block_table ? 0 : b),
+                    pad, cached + p->seqlen_new, p->block_table ? p->block_table + b * p->max_pages : NULL,
+                    p->page_size, cached, b};
+        return s;
+    }
+    fa_seq s = {b, 0, p->seqlen_q, b, 0, p->seqlen_k, NULL, 0, 0, 0};
     return s;
 }
 
@@ -116,6 +157,25 @@ fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *kn
  * (when `shape` is not NULL), strides, data pointer, largest reachable offset. */
 fa_status fa_check_tensor4(const fa_tensor *t, const char *name, const int64_t *shape,
                            const char *shape_desc);
+
+/* Geometry-aware shape check of an extra per-row tensor of the call (dout,
+ * dq, dk, dv): rows like q (kside = 0) or like k (kside = 1), `width`
+ * elements per row; rank 4 [B][S][H][width], or rank 3 [total][H][width] for
+ * varlen. *view receives the rank-4 view the implementations index. */
+fa_status fa_check_rows_tensor(const fa_problem *p, const fa_tensor *t, const char *name, int kside,
+                               int64_t width, const char *desc, fa_tensor *view);
+
+/* Write `value` into every row of the rank-4 view t (rows like q, or like k
+ * with kside = 1) that no sequence owns, and, for lse (a [B][H][S] view, with
+ * t = NULL), the LSE of query rows no sequence owns. No-op for uniform
+ * batches, where every row is owned. */
+fa_status fa_fill_unowned_rows(const fa_problem *p, const fa_tensor *t, int kside, double value);
+fa_status fa_fill_unowned_lse(const fa_problem *p, const fa_tensor *lse, double value);
+
+/* KV cache: write k_new/v_new into the caches at cache_seqlens[b] (in place,
+ * through the same row accessor as the reads, so pages are honoured), then
+ * clear p->k_new/v_new so that the new keys are read from the cache. */
+fa_status fa_kvcache_append(fa_problem *p);
 
 /* Refuse an output that overlaps another tensor the call reads or writes,
  * or that has a zero stride on a dimension longer than 1 (FA_ERR_STRIDE). */

@@ -17,35 +17,51 @@
 
 #include <stdlib.h>
 
+#include "pack.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+/* Row scratch of one thread, in doubles: scores [Sk + 1], acc [dv], q [d],
+ * one key or value row [max(d, dv)] (saturating: a zero-stride view can make
+ * seqlen_k ~ 2^62). */
+static size_t row_scratch_doubles(const fa_problem *p)
+{
+    const size_t dmax = (size_t)(p->d > p->dv ? p->d : p->dv);
+    return fa_add_sat(fa_add_sat((size_t)p->seqlen_k, 1),
+                      fa_add_sat((size_t)p->dv, fa_add_sat((size_t)p->d, dmax)));
+}
+
 size_t fa_reference_workspace(const fa_problem *p)
 {
     /* per thread that gets a task (the parallel region's clamp): scores [Sk] +
-     * output accumulator [dv], both float64 */
+     * output accumulator [dv] + one query row [d] + one key or value row
+     * [max(d, dv)], all float64 */
     const size_t threads = (size_t)fa_threads_for(p, p->batch * p->heads * p->seqlen_q);
-    if ((uint64_t)p->seqlen_k + (uint64_t)p->dv > SIZE_MAX / sizeof(double) / threads)
-        return SIZE_MAX; /* a zero-stride view can make seqlen_k ~ 2^62: saturate, do not wrap */
-    return threads * ((size_t)p->seqlen_k + (size_t)p->dv) * sizeof(double);
+    return fa_mul_sat(threads, fa_mul_sat(row_scratch_doubles(p), sizeof(double)));
 }
 
-/* Compute one query row (b, i, h) into o/lse. s: [Sk] scratch, acc: [dv]. */
+/* Compute query row i of (sequence b, head h) into o/lse. s: [Sk] scratch,
+ * acc: [dv], qd: [d], xd: [max(d, dv)]. Every row is read through the one
+ * accessor (pack.h), as float64. */
 static void reference_row(const fa_problem *p, int64_t b, int64_t i, int64_t h, double *s,
-                          double *acc)
+                          double *acc, double *qd, double *xd)
 {
     const int64_t hk = fa_kv_head(p, h);
     const double slope = fa_alibi_slope(p, b, h);
+    const fa_seq seq = fa_problem_seq(p, b);
+    const fa_rows qs = fa_rows_q(&p->q, &seq, h), os = fa_rows_q(&p->o, &seq, h);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     int64_t lo, hi;
     fa_key_range(p, b, i, &lo, &hi);
+    fa_rows_gather_f64(&qs, i, qd);
 
     double m = -INFINITY;
     for (int64_t j = lo; j < hi; j++) {
         double dot = 0.0;
-        for (int64_t c = 0; c < p->d; c++)
-            dot += fa_load_f64(&p->q, fa_off4(&p->q, b, i, h, c)) *
-                   fa_load_f64(&p->k, fa_off4(&p->k, b, j, hk, c));
+        fa_rows_gather_f64(&ks, j, xd);
+        for (int64_t c = 0; c < p->d; c++) dot += qd[c] * xd[c];
         s[j] = fa_score_transform(p, dot, slope, b, i, j);
         if (isnan(s[j]) || s[j] > m) m = s[j]; /* NaN, once seen, sticks */
     }
@@ -55,13 +71,12 @@ static void reference_row(const fa_problem *p, int64_t b, int64_t i, int64_t h, 
         for (int64_t j = lo; j < hi; j++) {
             double e = exp(s[j] - m);
             l += e;
-            for (int64_t c = 0; c < p->dv; c++)
-                acc[c] += e * fa_load_f64(&p->v, fa_off4(&p->v, b, j, hk, c));
+            fa_rows_gather_f64(&vs, j, xd);
+            for (int64_t c = 0; c < p->dv; c++) acc[c] += e * xd[c];
         }
     }
     const int empty = !(l > 0.0) && !isnan(l);
-    for (int64_t c = 0; c < p->dv; c++)
-        fa_store_f64(&p->o, fa_off4(&p->o, b, i, h, c), empty ? 0.0 : acc[c] / l);
+    for (int64_t c = 0; c < p->dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : acc[c] / l);
     if (p->lse.data) {
         double lse = empty ? -INFINITY : m + log(l);
         fa_store_f64(&p->lse,
@@ -73,18 +88,20 @@ fa_status fa_reference_forward(const fa_problem *p)
 {
     const int64_t rows = p->batch * p->heads * p->seqlen_q;
     int failed = 0;
-    /* (Sk + 1) doubles must not wrap size_t (seqlen_k of a strided view can be ~2^62) */
-    if ((uint64_t)p->seqlen_k >= SIZE_MAX / sizeof(double) - 1 ||
-        (uint64_t)p->dv >= SIZE_MAX / sizeof(double))
+    /* the row scratch must not wrap size_t (seqlen_k of a strided view can be ~2^62) */
+    const size_t nd = row_scratch_doubles(p);
+    if (nd >= SIZE_MAX / sizeof(double))
         return fa_fail(FA_ERR_NOMEM, "reference: seqlen_k %lld needs more row scratch than can be allocated",
                        (long long)p->seqlen_k);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(fa_threads_for(p, rows))
 #endif
     {
-        double *s = fa_scratch_alloc(p, ((size_t)p->seqlen_k + 1) * sizeof(double)); /* [Sk] */
-        double *acc = fa_scratch_alloc(p, (size_t)p->dv * sizeof(double));           /* [dv] */
-        if (!s || !acc) {
+        double *s = fa_scratch_alloc(p, nd * sizeof(double)); /* [Sk + 1] */
+        double *acc = s ? s + p->seqlen_k + 1 : NULL;          /* [dv] */
+        double *qd = s ? acc + p->dv : NULL;                   /* [d] */
+        double *xd = s ? qd + p->d : NULL;                     /* [max(d, dv)] */
+        if (!s) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -99,10 +116,10 @@ fa_status fa_reference_forward(const fa_problem *p)
             int64_t i = r % p->seqlen_q;
             int64_t h = (r / p->seqlen_q) % p->heads;
             int64_t b = r / (p->seqlen_q * p->heads);
-            reference_row(p, b, i, h, s, acc);
+            if (i >= fa_problem_seq(p, b).q_len) continue; /* a sequence shorter than the longest */
+            reference_row(p, b, i, h, s, acc, qd, xd);
         }
         fa_scratch_free(p, s);
-        fa_scratch_free(p, acc);
     }
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "reference: could not allocate %zu bytes of row scratch",

@@ -45,24 +45,25 @@ size_t fa_standard_workspace(const fa_problem *p)
 
 fa_status fa_standard_forward(const fa_problem *p)
 {
-    const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k, d = p->d, dv = p->dv;
-    const size_t ldk = round16((size_t)Sk);
+    /* sized for the longest sequence; each (sequence, head) uses its own lengths */
+    const int64_t Sq_max = p->seqlen_q, Sk_max = p->seqlen_k, d = p->d, dv = p->dv;
+    const size_t ldk = round16((size_t)Sk_max);
     /* overflow-safe size of S in bytes */
-    if (Sq > 0 && ldk > SIZE_MAX / sizeof(float) / (size_t)Sq)
+    if (Sq_max > 0 && ldk > SIZE_MAX / sizeof(float) / (size_t)Sq_max)
         return fa_fail(FA_ERR_TOO_LARGE, "standard: S would need more than SIZE_MAX bytes");
-    const size_t s_bytes = (size_t)Sq * ldk * sizeof(float);
+    const size_t s_bytes = (size_t)Sq_max * ldk * sizeof(float);
     if (s_bytes > p->standard_max_bytes)
         return fa_fail(FA_ERR_TOO_LARGE,
                        "standard: S and P need %zu bytes per head (seqlen_q %lld x seqlen_k %lld), "
                        "above the cap of %zu bytes; use the flash path or raise the cap",
-                       s_bytes, (long long)Sq, (long long)Sk, p->standard_max_bytes);
+                       s_bytes, (long long)Sq_max, (long long)Sk_max, p->standard_max_bytes);
 
-    float *S = fa_scratch_alloc(p, s_bytes ? s_bytes : sizeof(float));               /* [Sq][ldk] */
-    float *Q = fa_scratch_alloc(p, (size_t)Sq * (size_t)d * sizeof(float));          /* [Sq][d] */
+    float *S = fa_scratch_alloc(p, s_bytes ? s_bytes : sizeof(float));               /* [Sq_max][ldk] */
+    float *Q = fa_scratch_alloc(p, (size_t)Sq_max * (size_t)d * sizeof(float));          /* [Sq_max][d] */
     float *Kt = fa_scratch_alloc(p, (size_t)d * ldk * sizeof(float) + sizeof(float)); /* [d][ldk] */
-    float *V = fa_scratch_alloc(p, ((size_t)Sk * (size_t)dv + 1) * sizeof(float));   /* [Sk][dv] */
-    float *rowm = fa_scratch_alloc(p, (size_t)Sq * sizeof(float));                   /* [Sq] row max */
-    float *rowl = fa_scratch_alloc(p, (size_t)Sq * sizeof(float));                   /* [Sq] row sum */
+    float *V = fa_scratch_alloc(p, ((size_t)Sk_max * (size_t)dv + 1) * sizeof(float));   /* [Sk_max][dv] */
+    float *rowm = fa_scratch_alloc(p, (size_t)Sq_max * sizeof(float));                   /* [Sq_max] row max */
+    float *rowl = fa_scratch_alloc(p, (size_t)Sq_max * sizeof(float));                   /* [Sq_max] row sum */
     if (!S || !Q || !Kt || !V || !rowm || !rowl) {
         fa_scratch_free(p, S); fa_scratch_free(p, Q); fa_scratch_free(p, Kt); fa_scratch_free(p, V); fa_scratch_free(p, rowm); fa_scratch_free(p, rowl);
         return fa_fail(FA_ERR_NOMEM, "standard: could not allocate %zu bytes", fa_standard_workspace(p));
@@ -71,14 +72,16 @@ fa_status fa_standard_forward(const fa_problem *p)
     const fa_kernels *kern = p->kern;
 
     for (int64_t b = 0; b < p->batch; b++) {
-        for (int64_t h = 0; h < p->heads; h++) {
+        const fa_seq seq = fa_problem_seq(p, b);
+        const int64_t Sq = seq.q_len, Sk = seq.k_len; /* this sequence's */
+        for (int64_t h = 0; h < p->heads && Sq > 0; h++) {
             const int64_t hk = fa_kv_head(p, h);
             const double slope = fa_alibi_slope(p, b, h);
 
             /* pack this head through the one packer: Q rows, K transposed, V rows
              * (all float32; v_bad: V holds Inf or NaN) */
-            const fa_rows qs = fa_rows_of(&p->q, b, h), ks = fa_rows_of(&p->k, b, hk),
-                          vs = fa_rows_of(&p->v, b, hk);
+            const fa_rows qs = fa_rows_q(&p->q, &seq, h), ks = fa_rows_kv(p, &seq, hk, 0),
+                          vs = fa_rows_kv(p, &seq, hk, 1), os = fa_rows_q(&p->o, &seq, h);
             fa_pack_rows(&qs, 0, (int)Sq, Q, (size_t)d, 0);
             fa_pack_transposed(kern, &ks, 0, (int)Sk, Kt, ldk);
             const int v_bad = fa_pack_rows(&vs, 0, (int)Sk, V, (size_t)dv, 1);
@@ -149,8 +152,8 @@ fa_status fa_standard_forward(const fa_problem *p)
                         const int64_t i = i0 + r;
                         const int empty = rowm[i] == -INFINITY;
                         for (int c = 0; c < nc; c++)
-                            fa_store_f64(&p->o, fa_off4(&p->o, b, i, h, c0 + c),
-                                         empty ? 0.0 : (double)(acc[r * STD_DV_CHUNK + c] / rowl[i]));
+                            fa_rows_put(&os, i, c0 + c,
+                                        empty ? 0.0 : (double)(acc[r * STD_DV_CHUNK + c] / rowl[i]));
                     }
                 }
                 if (p->lse.data)

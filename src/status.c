@@ -39,6 +39,7 @@ const char *fa_status_string(fa_status status)
         [FA_ERR_IO] = "I/O error",
         [FA_ERR_FORMAT] = "malformed file",
         [FA_ERR_NONFINITE] = "non-finite value",
+        [FA_ERR_INDEX] = "invalid index array",
     };
     if ((int)status < 0 || status >= FA_STATUS_COUNT) return "unknown status";
     return names[status];

@@ -35,6 +35,7 @@
  */
 #include "internal.h"
 #include "lowprec.h"
+#include "pack.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -105,9 +106,12 @@ static int needs_rounding(fa_dtype src, fa_dtype dt)
     return 1; /* f16 <-> bf16 and f32/f64 -> 16-bit all lose something */
 }
 
-/* n elements from offset `off`, stride `inc`, as float64 (dtype switch hoisted). */
-static void load_row_f64(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, double *dst)
+/* Row j of a row source (pack.h), as float64 (dtype switch hoisted). */
+static void load_row_f64(const fa_rows *src, int64_t j, double *dst)
 {
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(src, j, &off);
+    const int64_t inc = t->stride[3], n = src->width;
     switch (t->dtype) {
     case FA_F32: {
         const float *s = (const float *)t->data + off;
@@ -177,6 +181,10 @@ size_t fa_check_abi_size(int which)
     case FA_ABI_OPTIONS: return sizeof(fa_options);
     case FA_ABI_CHECK_OPTIONS: return sizeof(fa_check_options);
     case FA_ABI_CHECK_REPORT: return sizeof(fa_check_report);
+    case FA_ABI_DIAGNOSE_OPTIONS: return sizeof(fa_diagnose_options);
+    case FA_ABI_DIAGNOSE_REPORT: return sizeof(fa_diagnose_report);
+    case FA_ABI_VARLEN: return sizeof(fa_varlen);
+    case FA_ABI_KVCACHE: return sizeof(fa_kvcache);
     default: return 0;
     }
 }
@@ -245,6 +253,38 @@ static fa_status require_emulable(const fa_tensor *t, const char *name, fa_dtype
 }
 
 /*
+ * A KV cache holds rows no sequence uses (often never written): only the keys
+ * and values the sequences attend to (cache rows and new keys, through the row
+ * accessor) must be finite, and, under the default rule, emulable in `dt`
+ * (dt == FA_DTYPE_COUNT: finiteness only).
+ */
+static fa_status require_kv_rows(const fa_problem *p, const char *kname, const char *vname, fa_dtype dt)
+{
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq s = fa_problem_seq(p, b);
+        for (int64_t hk = 0; hk < p->heads_k; hk++)
+            for (int vside = 0; vside < 2; vside++) {
+                const fa_rows r = fa_rows_kv(p, &s, hk, vside);
+                for (int64_t j = 0; j < s.k_len; j++)
+                    for (int64_t c = 0; c < r.width; c++) {
+                        const double x = fa_rows_get(&r, j, c);
+                        const int bad = dt == FA_DTYPE_COUNT ? !isfinite(x) : !isfinite(round_to(dt, (float)x));
+                        if (!bad) continue;
+                        if (dt == FA_DTYPE_COUNT)
+                            return fa_fail(FA_ERR_NONFINITE, "%s: sequence %lld, key %lld, head %lld, element %lld is "
+                                           "%s; inputs must be finite", vside ? vname : kname, DIM(b), DIM(j), DIM(hk),
+                                           DIM(c), isnan(x) ? "NaN" : "Inf");
+                        return fa_fail(FA_ERR_NONFINITE, "%s: sequence %lld, key %lld, head %lld, element %lld = %g "
+                                       "overflows %s: the %s emulation of the default rule would be inf/NaN; check "
+                                       "with an explicit atol/rtol or a wider dtype", vside ? vname : kname, DIM(b),
+                                       DIM(j), DIM(hk), DIM(c), x, fa_dtype_name(dt), fa_dtype_name(dt));
+                    }
+            }
+    }
+    return FA_OK;
+}
+
+/*
  * Validate everything and fill the problem: q, k, v, the tested output and
  * LSE and the attention options go through the one validator (problem.c), so
  * check and forward accept exactly the same problems and resolve the options
@@ -289,9 +329,14 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
     if (co->num_threads < 0)
         return fa_fail(FA_ERR_OPTION, "check: num_threads must be >= 0 (got %d)", co->num_threads);
 
-    if ((st = require_finite(q, nm->q)) != FA_OK) return st;
-    if ((st = require_finite(k, nm->k)) != FA_OK) return st;
-    if ((st = require_finite(v, nm->v)) != FA_OK) return st;
+    /* (p->q, k, v: the rank-4 views fa_resolve made of varlen's packed tensors) */
+    if ((st = require_finite(&p->q, nm->q)) != FA_OK) return st;
+    if (p->cache_seqlens) { /* a cache: the rows in use */
+        if ((st = require_kv_rows(p, nm->k, nm->v, FA_DTYPE_COUNT)) != FA_OK) return st;
+    } else {
+        if ((st = require_finite(&p->k, nm->k)) != FA_OK) return st;
+        if ((st = require_finite(&p->v, nm->v)) != FA_OK) return st;
+    }
     if (co->num_threads > 0) p->num_threads = co->num_threads;
     return FA_OK;
 }
@@ -371,11 +416,14 @@ typedef struct row_result {
  * s->xd. The emulation reads s->xf: the row rounded to the dtype, or s->xe
  * itself when rounding changes nothing. Returns 1 when s->xd holds the row.
  */
-static int load_kv_row(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, fa_dtype dt,
-                       int round, row_scratch *s, const float **emu)
+static int load_kv_row(const fa_rows *src, int64_t j, fa_dtype dt, int round, row_scratch *s,
+                       const float **emu)
 {
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(src, j, &off);
+    const int64_t inc = t->stride[3], n = src->width;
     if (t->dtype == FA_F64) {
-        load_row_f64(t, off, inc, n, s->xd);
+        load_row_f64(src, j, s->xd);
         emu_row(s->xd, n, dt, round, s->xf);
         *emu = s->xf;
         return 1;
@@ -421,8 +469,8 @@ typedef struct check_ctx {
     const fa_problem *p;
     fa_dtype dt;                 /* the rule's precision; f64 treated as f32 */
     int round_q, round_k, round_v;
-    int64_t per_bh;              /* rows checked per (batch, head) */
-    const int64_t *rows;         /* [B*H][per_bh] query rows, or NULL for all */
+    const int64_t *first;        /* [B*H + 1]: items of (sequence, head) bh are first[bh] .. first[bh+1]-1 */
+    const int64_t *rows;         /* [items] query rows, or NULL for all */
     double *err;                 /* [items][dv] |O_test - O_ref| (inf: non-finite) */
     float *absref;               /* [items][dv] |O_ref| */
     row_result *rr;              /* [items] */
@@ -430,25 +478,40 @@ typedef struct check_ctx {
     int model;                   /* fa_kernel_model, 0 when off */
 } check_ctx;
 
+/* The (sequence, head) index bh of item w: the last bh with first[bh] <= w. */
+static int64_t item_bh(const check_ctx *cx, int64_t w)
+{
+    int64_t lo = 0, hi = cx->p->batch * cx->p->heads; /* first[lo] <= w < first[hi] */
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (cx->first[mid] <= w) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 static inline int64_t item_row(const check_ctx *cx, int64_t w)
 {
-    return cx->rows ? cx->rows[w] : w % cx->per_bh;
+    return cx->rows ? cx->rows[w] : w - cx->first[item_bh(cx, w)];
 }
 
 /* Compute reference and emulation for checked row `w` and compare the tested one. */
 static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stats *ps)
 {
     const fa_problem *p = cx->p;
-    const int64_t bh = w / cx->per_bh, b = bh / p->heads, h = bh % p->heads;
+    const int64_t bh = item_bh(cx, w), b = bh / p->heads, h = bh % p->heads;
     const int64_t i = item_row(cx, w), hk = fa_kv_head(p, h);
     const int64_t d = p->d, dv = p->dv;
+    const fa_seq seq = fa_problem_seq(p, b);
+    const fa_rows qs = fa_rows_q(&p->q, &seq, h), os = fa_rows_q(&p->o, &seq, h);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     const fa_dtype dt = cx->dt;
     const double slope = fa_alibi_slope(p, b, h);
     const float scale_f = (float)p->scale, softcap_f = (float)p->softcap, slope_f = (float)slope;
     int64_t lo, hi;
     fa_key_range(p, b, i, &lo, &hi);
 
-    load_row_f64(&p->q, fa_off4(&p->q, b, i, h, 0), p->q.stride[3], d, s->qd);
+    load_row_f64(&qs, i, s->qd);
     emu_row(s->qd, d, dt, cx->round_q, s->qf);
     for (int64_t c = 0; c < d; c++) s->qf[c] *= scale_f; /* scale folded into q, in float32 */
 
@@ -457,8 +520,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     float mf = -INFINITY;
     for (int64_t j = lo; j < hi; j++) {
         const float *xf;
-        const int wide = load_kv_row(&p->k, fa_off4(&p->k, b, j, hk, 0), p->k.stride[3], d, dt,
-                                     cx->round_k, s, &xf);
+        const int wide = load_kv_row(&ks, j, dt, cx->round_k, s, &xf);
         double dd = 0.0;
         float df = 0.0f;
         const double *qd = s->qd, *xd = s->xd;
@@ -494,7 +556,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     }
 
     if (cx->model)
-        fa_lp_model_row(cx->model, cx->pfmt, p, b, hk, s->sf, lo, hi, &s->lp, s->om, &ps->model_sat);
+        fa_lp_model_row(cx->model, cx->pfmt, &vs, dv, s->sf, lo, hi, &s->lp, s->om, &ps->model_sat);
 
     /* Softmax and P·V. Reference normalizes at the end; the emulation, like a
      * plain implementation, materializes P = softmax(S) in the dtype first
@@ -514,8 +576,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     }
     for (int64_t j = lo; j < hi; j++) {
         const float *xf;
-        const int wide = load_kv_row(&p->v, fa_off4(&p->v, b, j, hk, 0), p->v.stride[3], dv, dt,
-                                     cx->round_v, s, &xf);
+        const int wide = load_kv_row(&vs, j, dt, cx->round_v, s, &xf);
         const double pd = s->sd[j];
         const float pf = cx->pfmt ? s->sf[j] : round_to(dt, s->sf[j] / lf);
         double *od = s->od;
@@ -558,7 +619,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     for (int64_t c = 0; c < dv; c++) {
         const double ref = empty ? 0.0 : s->od[c] / ld;
         const double emu = empty ? 0.0 : (double)round_to(dt, s->of[c]);
-        const double test = fa_load_f64(&p->o, fa_off4(&p->o, b, i, h, c));
+        const double test = fa_rows_get(&os, i, c);
         const double e_emu = fabs(emu - ref);
         const double mod = cx->model ? s->om[c] : emu; /* what the row factor of a sound kernel looks like */
         if (cx->model && fabs(mod - ref) > ps->model_max) ps->model_max = fabs(mod - ref);
@@ -719,7 +780,7 @@ static void verdict_out(const check_ctx *cx, const fa_check_options *co, fa_chec
     double sum_rel = 0.0;
     int64_t n_rel = 0;
     for (int64_t w = 0; w < items; w++) {
-        const int64_t bh = w / cx->per_bh, b = bh / p->heads, h = bh % p->heads;
+        const int64_t bh = item_bh(cx, w), b = bh / p->heads, h = bh % p->heads;
         const double *err = cx->err + w * dv;
         const float *absref = cx->absref + w * dv;
         fa_check_row row = {b, item_row(cx, w), h, 0, -1, -1.0};
@@ -787,7 +848,7 @@ static void verdict_lse(const check_ctx *cx, const fa_check_options *co, fa_chec
     double worst = -1.0;
     for (int64_t w = 0; w < items; w++) {
         const row_result *rr = &cx->rr[w];
-        const int64_t bh = w / cx->per_bh;
+        const int64_t bh = item_bh(cx, w);
         const double t = rr->lse_test;
         double ref = rr->lse_ref, e;
         int bad;
@@ -851,9 +912,13 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     if (dt == FA_F64) dt = FA_F32;
     if (co.qkv_format) dt = FA_BF16; /* low-precision kernels write bf16 (FlashAttention-3's FP8 output) */
     if (!co.use_tolerance) {
-        if ((st = require_emulable(q, nm.q, dt)) != FA_OK) return st;
-        if ((st = require_emulable(k, nm.k, dt)) != FA_OK) return st;
-        if ((st = require_emulable(v, nm.v, dt)) != FA_OK) return st;
+        if ((st = require_emulable(&p.q, nm.q, dt)) != FA_OK) return st;
+        if (p.cache_seqlens) {
+            if ((st = require_kv_rows(&p, nm.k, nm.v, dt)) != FA_OK) return st;
+        } else {
+            if ((st = require_emulable(&p.k, nm.k, dt)) != FA_OK) return st;
+            if ((st = require_emulable(&p.v, nm.v, dt)) != FA_OK) return st;
+        }
     }
     r->dtype = dt;
     r->use_tolerance = co.use_tolerance != 0;
@@ -890,24 +955,42 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     r->p_format = cx.pfmt;
     r->kernel_model = cx.model;
     const int64_t BH = p.batch * p.heads;
+    /* Items: the checked rows of each (sequence, head) in turn, all of them or
+     * K sampled ones (a sequence with at most K rows is checked whole). */
     const int sampling = co.sample_rows > 0 && co.sample_rows < p.seqlen_q;
-    cx.per_bh = sampling ? co.sample_rows : p.seqlen_q;
     r->sample_rows = sampling ? co.sample_rows : 0;
-    const int64_t items = BH * cx.per_bh;
+    int64_t *first = fa_malloc((size_t)(BH + 1) * sizeof(int64_t));
+    if (!first) {
+        fa_check_report_free(r);
+        return fa_fail(FA_ERR_NOMEM, "fa_check: out of memory");
+    }
+    first[0] = 0;
+    r->rows_total = 0;
+    for (int64_t bh = 0; bh < BH; bh++) {
+        const int64_t n = fa_problem_seq(&p, bh / p.heads).q_len;
+        first[bh + 1] = first[bh] + (sampling && co.sample_rows < n ? co.sample_rows : n);
+        r->rows_total += n;
+    }
+    cx.first = first;
+    const int64_t items = first[BH];
     r->rows_checked = items;
-    r->rows_total = BH * p.seqlen_q;
     r->elements_checked = items * p.dv;
 
     int64_t *rows = NULL;
     if (sampling) {
-        rows = fa_malloc((size_t)items * sizeof(int64_t));
+        rows = fa_malloc((size_t)(items + 1) * sizeof(int64_t));
         if (!rows) {
+            fa_free(first);
             fa_check_report_free(r);
             return fa_fail(FA_ERR_NOMEM, "fa_check: out of memory");
         }
-        for (int64_t bh = 0; bh < BH; bh++)
-            sample_rows(co.seed, bh / p.heads, bh % p.heads, p.seqlen_q, cx.per_bh,
-                        rows + bh * cx.per_bh);
+        for (int64_t bh = 0; bh < BH; bh++) {
+            const int64_t n = fa_problem_seq(&p, bh / p.heads).q_len, K = first[bh + 1] - first[bh];
+            if (K < n)
+                sample_rows(co.seed, bh / p.heads, bh % p.heads, n, K, rows + first[bh]);
+            else
+                for (int64_t x = 0; x < K; x++) rows[first[bh] + x] = x;
+        }
         cx.rows = rows;
     }
     const size_t nel = (size_t)(items * p.dv) + 1;
@@ -915,7 +998,7 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     cx.absref = fa_malloc(nel * sizeof(float));
     cx.rr = fa_malloc(((size_t)items + 1) * sizeof(row_result));
     if (!cx.err || !cx.absref || !cx.rr) {
-        fa_free(rows); fa_free(cx.err); fa_free(cx.absref); fa_free(cx.rr);
+        fa_free(rows); fa_free(first); fa_free(cx.err); fa_free(cx.absref); fa_free(cx.rr);
         fa_check_report_free(r);
         return fa_fail(FA_ERR_NOMEM, "fa_check: out of memory for %lld checked elements",
                        DIM(items * p.dv));
@@ -971,7 +1054,7 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
 #endif
     fa_free(f16);
     if (nomem) {
-        fa_free(rows); fa_free(cx.err); fa_free(cx.absref); fa_free(cx.rr);
+        fa_free(rows); fa_free(first); fa_free(cx.err); fa_free(cx.absref); fa_free(cx.rr);
         fa_check_report_free(r);
         return fa_fail(FA_ERR_NOMEM, "fa_check: out of memory for per-thread scratch");
     }
@@ -1015,7 +1098,7 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     r->ratio = tot.emu_max > 0.0 ? r->max_abs_err / tot.emu_max
                                  : (r->max_abs_err > 0.0 ? INFINITY : 0.0);
     if (tot.worst_err >= 0.0 && tot.worst_item != INT64_MAX) {
-        const int64_t bh = tot.worst_item / cx.per_bh;
+        const int64_t bh = item_bh(&cx, tot.worst_item);
         r->worst_batch = bh / p.heads;
         r->worst_head = bh % p.heads;
         r->worst_row = item_row(&cx, tot.worst_item);
@@ -1033,6 +1116,7 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     r->pass = r->out_pass && r->lse_pass;
 
     fa_free(rows);
+    fa_free(first);
     fa_free(cx.err);
     fa_free(cx.absref);
     fa_free(cx.rr);

@@ -250,3 +250,91 @@ def attention_backward(q, k, v, dout, scale=None, causal=False, window=(-1, -1),
             dk[b, :, hk, :] += scale * (ds.T @ q[b, :, h, :])
             dv[b, :, hk, :] += p.T @ do
     return dq, dk, dv
+
+
+def _varlen_spans(cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """(q0, q1, k0, k1) of each sequence of a variable-length batch."""
+    cq = [int(x) for x in cu_seqlens_q]
+    ck = [int(x) for x in cu_seqlens_k]
+    spans = []
+    for b in range(len(cq) - 1):
+        nk = ck[b + 1] - ck[b] if seqused_k is None else int(seqused_k[b])
+        spans.append((cq[b], cq[b + 1], ck[b], ck[b] + nk))
+    return spans
+
+
+def _seq_alibi(alibi, b):
+    """A sequence's slopes: [H] as given, or row b of [batch, H]."""
+    if alibi is None:
+        return None
+    alibi = np.asarray(alibi, dtype=np.float64)
+    return alibi if alibi.ndim == 1 else alibi[b]
+
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, alibi=None, **opts):
+    """(o [total_q, H, dv], lse [H, total_q]) of a variable-length batch
+    (flash_attn_varlen_func's layout): each sequence is its own problem, with
+    its own lengths for the masks; rows no sequence owns get O = 0, LSE = -inf.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    o = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    for b, (q0, q1, k0, k1) in enumerate(_varlen_spans(cu_seqlens_q, cu_seqlens_k, seqused_k)):
+        if q1 == q0:
+            continue
+        ob, lb = attention_forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                   alibi=_seq_alibi(alibi, b), **opts)
+        o[q0:q1] = ob[0]
+        lse[:, q0:q1] = lb[0]
+    return o, lse
+
+
+def varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k=None, alibi=None, **opts):
+    """(dq, dk, dv) of a variable-length batch; rows no sequence owns get 0."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    dout = np.asarray(dout, dtype=np.float64)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b, (q0, q1, k0, k1) in enumerate(_varlen_spans(cu_seqlens_q, cu_seqlens_k, seqused_k)):
+        if q1 == q0 or k1 == k0:
+            continue                                                   # no query or no key: no gradient
+        g = attention_backward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1],
+                               alibi=_seq_alibi(alibi, b), **opts)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+def kvcache_forward(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_batch_idx=None,
+                    cache_leftpad=None, block_table=None, alibi=None, **opts):
+    """(o, lse) of attention against a KV cache (flash_attn_with_kvcache): sequence b
+    attends to cache rows cache_leftpad[b] .. cache_seqlens[b] - 1 of cache
+    cache_batch_idx[b] (or, paged, logical rows r at page block_table[b, r // page_size],
+    row r % page_size), then to its new keys; each sequence is its own problem
+    (masks aligned to its key count). The caches are not modified.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    kc = np.asarray(k_cache, dtype=np.float64)
+    vc = np.asarray(v_cache, dtype=np.float64)
+    B = q.shape[0]
+    o = np.zeros((B, q.shape[1], q.shape[2], vc.shape[3]))
+    lse = np.full((B, q.shape[2], q.shape[1]), -np.inf)
+    for b in range(B):
+        n = int(cache_seqlens[b])
+        pad = 0 if cache_leftpad is None else int(cache_leftpad[b])
+        if block_table is not None:
+            ps = kc.shape[1]
+            rows = [(int(block_table[b][r // ps]), r % ps) for r in range(pad, n)]
+            kb = np.stack([kc[p_, r_] for p_, r_ in rows]) if rows else np.zeros((0,) + kc.shape[2:])
+            vb = np.stack([vc[p_, r_] for p_, r_ in rows]) if rows else np.zeros((0,) + vc.shape[2:])
+        else:
+            row = b if cache_batch_idx is None else int(cache_batch_idx[b])
+            kb, vb = kc[row, pad:n], vc[row, pad:n]
+        if k_new is not None:
+            kb = np.concatenate([kb, np.asarray(k_new[b], dtype=np.float64)])
+            vb = np.concatenate([vb, np.asarray(v_new[b], dtype=np.float64)])
+        ob, lb = attention_forward(q[b:b + 1], kb[None], vb[None], alibi=_seq_alibi(alibi, b), **opts)
+        o[b], lse[b] = ob[0], lb[0]
+    return o, lse

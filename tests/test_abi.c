@@ -43,6 +43,20 @@ typedef struct options_v030 {
     size_t standard_max_bytes;
 } options_v030;
 
+/* fa_options as 0.3.0 shipped it (through context, before varlen was appended). */
+typedef struct options_v030_final {
+    options_v030 head;
+    int64_t pack_max_bytes;
+    fa_context *context;
+} options_v030_final;
+
+/* fa_options with align and varlen, before kvcache was appended. */
+typedef struct options_with_varlen {
+    options_v030_final head;
+    int align;
+    const fa_varlen *varlen;
+} options_with_varlen;
+
 typedef struct small {
     tu_tensor q, k, v, o, lse;
 } small;
@@ -107,6 +121,62 @@ static void test_older_smaller_options_still_work(void **state)
     assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
     assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
     assert_memory_equal(a.lse.mem, b.lse.mem, a.lse.bytes);
+    free(buf);
+    free_small(&a);
+    free_small(&b);
+}
+
+/* Ensure a caller built against 0.3.0's final fa_options (ending at `context`) still works now that
+ * `varlen` is appended: the bytes after its struct are garbage and must not be read as a pointer. */
+static void test_options_without_varlen_still_work(void **state)
+{
+    (void)state;
+    assert_int_equal(offsetof(options_v030_final, context), offsetof(fa_options, context));
+    assert_true(sizeof(options_v030_final) < sizeof(fa_options));
+    small a = make_small(0xab3), b = make_small(0xab3);
+    fa_options cur = fa_options_default();
+    cur.causal = 1;
+    cur.num_threads = 2;
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+    unsigned char *buf = malloc(sizeof(fa_options) + 64);
+    memset(buf, 0x5a, sizeof(fa_options) + 64); /* where varlen would be: a wild pointer */
+    options_v030_final old;
+    memset(&old, 0, sizeof old);
+    fa_options_init((fa_options *)(void *)&old, sizeof old);
+    old.head.causal = 1;
+    old.head.num_threads = 2;
+    assert_int_equal(old.head.struct_size, sizeof old);
+    assert_int_equal(old.pack_max_bytes, -1);
+    memcpy(buf, &old, sizeof old);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
+    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
+    assert_memory_equal(a.lse.mem, b.lse.mem, a.lse.bytes);
+    free(buf);
+    free_small(&a);
+    free_small(&b);
+}
+
+/* Ensure a caller whose fa_options end at `varlen` (before `kvcache` was appended) still works:
+ * the bytes where kvcache would be are garbage and must not be read. */
+static void test_options_without_kvcache_still_work(void **state)
+{
+    (void)state;
+    assert_int_equal(offsetof(options_with_varlen, varlen), offsetof(fa_options, varlen));
+    assert_true(sizeof(options_with_varlen) < sizeof(fa_options));
+    small a = make_small(0xab4), b = make_small(0xab4);
+    fa_options cur = fa_options_default();
+    cur.causal = 1;
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+    unsigned char *buf = malloc(sizeof(fa_options) + 64);
+    memset(buf, 0x5a, sizeof(fa_options) + 64);
+    options_with_varlen old;
+    memset(&old, 0, sizeof old);
+    fa_options_init((fa_options *)(void *)&old, sizeof old);
+    old.head.head.causal = 1;
+    assert_int_equal(old.head.head.struct_size, sizeof old);
+    memcpy(buf, &old, sizeof old);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
+    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
     free(buf);
     free_small(&a);
     free_small(&b);
@@ -314,6 +384,10 @@ static void test_abi_sizes_by_name(void **state)
     assert_int_equal(fa_check_abi_size(FA_ABI_OPTIONS), sizeof(fa_options));
     assert_int_equal(fa_check_abi_size(FA_ABI_CHECK_OPTIONS), sizeof(fa_check_options));
     assert_int_equal(fa_check_abi_size(FA_ABI_CHECK_REPORT), sizeof(fa_check_report));
+    assert_int_equal(fa_check_abi_size(FA_ABI_VARLEN), sizeof(fa_varlen));
+    assert_int_equal(fa_varlen_default().struct_size, sizeof(fa_varlen));
+    assert_int_equal(fa_check_abi_size(FA_ABI_KVCACHE), sizeof(fa_kvcache));
+    assert_int_equal(fa_kvcache_default().struct_size, sizeof(fa_kvcache));
     assert_int_equal(fa_check_abi_size(FA_ABI_STRUCT_COUNT), 0);
     assert_int_equal(fa_check_abi_size(-1), 0);
     assert_int_equal(fa_options_default().struct_size, sizeof(fa_options));
@@ -380,6 +454,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_old_options_layout_is_a_prefix),
         cmocka_unit_test(test_older_smaller_options_still_work),
+        cmocka_unit_test(test_options_without_varlen_still_work),
+        cmocka_unit_test(test_options_without_kvcache_still_work),
         cmocka_unit_test(test_uninitialized_struct_size_is_refused),
         cmocka_unit_test(test_check_writes_only_the_callers_report),
         cmocka_unit_test(test_init_writes_only_the_callers_size),

@@ -105,3 +105,23 @@ def test_cli_align(tmp_path):
            "--align", "top-left"]
     assert subprocess.run(run, capture_output=True).returncode == 0
     assert np.max(np.abs(np.load(tmp_path / "o2.npy") - o_tl)) < 5e-5
+
+
+def test_cli_grad_align(tmp_path):
+    if not os.access(CLI, os.X_OK):
+        pytest.skip(f"{CLI} not built")
+    q, k, v = inputs(20, 9, seed=6)
+    do = np.random.default_rng([SEED, 7]).standard_normal((2, 20, 4, 16)).astype(np.float32)
+    for n, a in (("q", q), ("k", k), ("v", v), ("do", do)):
+        np.save(tmp_path / f"{n}.npy", a)
+    want = ref_numpy.attention_backward(q, k, v, do, causal=True, align="top-left")
+    other = ref_numpy.attention_backward(q, k, v, do, causal=True)
+    assert np.max(np.abs(want[0] - other[0])) > 1e-2
+    outs = [str(tmp_path / f"{n}.npy") for n in ("dq", "dk", "dv")]
+    r = subprocess.run([CLI, "grad", "-q", str(tmp_path / "q.npy"), "-k", str(tmp_path / "k.npy"),
+                        "-v", str(tmp_path / "v.npy"), "--dout", str(tmp_path / "do.npy"),
+                        "--dq", outs[0], "--dk", outs[1], "--dv", outs[2], "--causal", "--align", "top-left"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for path, w in zip(outs, want):
+        assert np.max(np.abs(np.load(path) - w)) < 1e-4, f"seed {SEED}: {path}"

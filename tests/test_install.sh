@@ -96,7 +96,7 @@ done
 sed 's/\\-/-/g' "$man1" >"$tmp/man.src"
 check "man page .TH names flashattn $version" grep -q "^\.TH FLASHATTN 1 .*\"flashattn $version\"" "$man1"
 fa=$prefix/bin/flashattn
-for cmd in run check grad check-grad bench demo info; do
+for cmd in run check probe grad check-grad bench demo info; do
     check "man page has a section for $cmd" grep -q "^\.SS \"flashattn $cmd\"" "$tmp/man.src"
     "$fa" "$cmd" --help >"$tmp/help" 2>&1
     for flag in $(grep -o -- '--[a-z][a-z0-9-]*' "$tmp/help" | sort -u); do

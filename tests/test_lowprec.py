@@ -412,6 +412,7 @@ def test_bad_low_precision_input_gets_one_line_and_exit_2(fp8_problem):
         (base + ["--qkv-format", "e4m3", "--scale-q", f["q"]], "--scale-format"),
         (base + ["--qkv-format", "e4m3", "--kernel-model", "sage9"], "--kernel-model"),
         (base + ["--kernel-model", "fa3"], "--qkv-format"),
+        (base + ["--qkv-format", "e4m3", "--cache-seqlens", f["dq"]], "not supported"),
     ]
     for args, needle in cases:
         r = run(args)

@@ -53,6 +53,12 @@ check 0 "check-grad on flash's gradients" "$cli" check-grad $qkv --dout $c/good_
 check 2 "grad with a NaN dO" "$cli" grad $qkv --dout $c/bad/nan_value.npy --dq "$tmp/x.npy" \
     --dk "$tmp/y.npy" --dv "$tmp/z.npy"
 check 0 "info" "$cli" info
+# diagnosis (issue 13): a top-left kernel's output checked bottom-right, and probe
+check 0 "run --align top-left" "$cli" run $qkv -o "$tmp/tl.npy" --lse "$tmp/tll.npy" --causal --align top-left \
+    --alibi $c/good_alibi.npy
+check 1 "check --diagnose" "$cli" check $qkv --out "$tmp/tl.npy" --lse "$tmp/tll.npy" --causal \
+    --alibi $c/good_alibi.npy --diagnose --sample-rows 2
+check 0 "probe" "$cli" probe --out "$tmp/probe" --batch 1 --seqlen 16 --heads 2 --heads-k 1 --d 4
 # output files (issue 17): a symlinked output, the same file twice, an endless input
 # (bench is left to the AddressSanitizer suite: its FMA-peak probe takes minutes under valgrind)
 ln -s "$tmp/target.npy" "$tmp/link.npy"

@@ -58,6 +58,7 @@ int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_check_grad(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */
@@ -114,6 +115,16 @@ typedef struct cli_attn {
     const char *alibi_path;  /* --alibi FILE, or NULL */
     fa_npy alibi;            /* slopes loaded by cli_attn_load_alibi (owned) */
     fa_tensor alibi_t;       /* view of `alibi`; opt.alibi_slopes points here */
+    /* varlen (--cu-seqlens-q/-k, --seqused-k): int32 index files */
+    const char *cu_q_path, *cu_k_path, *seqused_path;
+    int32_t *cu_q, *cu_k, *seqused; /* loaded by cli_attn_load_varlen (owned) */
+    fa_varlen varlen;        /* opt.varlen points here once loaded */
+    /* KV cache (--cache-seqlens, ...): -k/-v are then the caches (or pages) */
+    const char *cache_seqlens_path, *k_new_path, *v_new_path, *cache_idx_path, *leftpad_path, *block_table_path;
+    int32_t *cache_seqlens, *cache_idx, *leftpad, *block_table; /* loaded by cli_attn_load_kvcache (owned) */
+    fa_npy k_new, v_new;     /* new keys and values (owned) */
+    fa_tensor k_new_t, v_new_t;
+    fa_kvcache kvcache;      /* opt.kvcache points here once loaded */
 } cli_attn;
 
 /* Defaults: fa_options_default() (flash, no mask, default scale). */
@@ -132,9 +143,32 @@ int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a);
  * Same return convention. */
 int cli_parse_exec_option(int argc, char **argv, int *i, cli_attn *a);
 
-/* Help text for the two option groups (for each subcommand's --help). */
+/*
+ * Variable-length batches at argv[*i]: --cu-seqlens-q F  --cu-seqlens-k F
+ * --seqused-k F (int32 .npy files). Same return convention.
+ */
+int cli_parse_varlen_option(int argc, char **argv, int *i, cli_attn *a);
+
+/* 1 when --cu-seqlens-q or --cu-seqlens-k was given: Q, K, V (and O, dO, the
+ * gradients) are then packed [total, heads, x], LSE [heads, total_q]. */
+int cli_attn_is_varlen(const cli_attn *a);
+
+/*
+ * KV cache at argv[*i]: --cache-seqlens F  --k-new F  --v-new F
+ * --cache-batch-idx F  --cache-leftpad F  --block-table F. Same return
+ * convention. (--k-cache-out/--v-cache-out are run's own outputs.)
+ */
+int cli_parse_kvcache_option(int argc, char **argv, int *i, cli_attn *a);
+
+/* 1 when --cache-seqlens was given: -k/-v are caches [batch_cache, seqlen_cache,
+ * heads_k, x] or, with --block-table, pages [num_pages, page_size, heads_k, x]. */
+int cli_attn_is_kvcache(const cli_attn *a);
+
+/* Help text for the option groups (for each subcommand's --help). */
 extern const char cli_mask_help[];
 extern const char cli_exec_help[];
+extern const char cli_varlen_help[];
+extern const char cli_kvcache_help[];
 
 /* Free the loaded slopes. Safe to call on an initialized, unloaded cli_attn. */
 void cli_attn_free(cli_attn *a);
@@ -149,7 +183,15 @@ typedef struct cli_qkv {
     fa_npy q, k, v;                 /* owned arrays, C order */
     fa_tensor q_t, k_t, v_t;        /* Q [B][Sq][H][d], K [B][Sk][Hk][d], V [B][Sk][Hk][dv] */
     int64_t batch, seqlen_q, seqlen_k, heads, heads_k, d, dv;
+    int packed;                     /* varlen: rank 3 [total, heads, x]; batch = 1, seqlen_q/k = total_q/k */
 } cli_qkv;
+
+/*
+ * Shapes of per-row arrays are built with four entries [batch, seqlen, heads,
+ * x] (LSE: three, [batch, heads, seqlen_q]); a varlen array drops the leading
+ * batch of 1: its rank is one less and its shape starts at shape + cli_skip(in).
+ */
+static inline int cli_skip(const cli_qkv *in) { return in->packed ? 1 : 0; }
 
 /*
  * Load one float array: `path` must be a valid .npy of a float type ('<f4',
@@ -189,6 +231,30 @@ int cli_load_codes(const char *path, const char *role, int want_rank, const int6
  * Returns 0, or prints one line and returns CLI_EXIT_USAGE (nothing left loaded).
  */
 int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path);
+
+/* cli_load_qkv for a varlen batch: rank 3 Q [total_q, heads, d], K [total_k,
+ * heads_k, d], V [total_k, heads_k, d_v]; sets in->packed. */
+int cli_load_qkv_packed(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path);
+
+/* cli_load_qkv, cli_load_qkv_packed (varlen), or, with --cache-seqlens, Q plus
+ * the caches (any batch_cache; not required finite: rows past the lengths are
+ * never read), as a's options ask. A cache option without --cache-seqlens is
+ * refused here, before -k/-v load. */
+int cli_load_inputs(cli_qkv *in, const cli_attn *a, const char *q_path, const char *k_path, const char *v_path);
+
+/*
+ * If varlen options were given: load the int32 index files (rank 1;
+ * cu_seqlens [batch + 1], both the same length; seqused_k [batch]) and point
+ * a->opt.varlen at them, named by their files (the library checks the values
+ * and names the file and the index). Call before cli_attn_load_alibi. Returns
+ * 0 or prints and returns 2.
+ */
+int cli_attn_load_varlen(cli_attn *a, const cli_qkv *in);
+
+/* Load the KV cache's index files and k_new/v_new, point a->opt.kvcache at
+ * them (named by their files). Returns 0 or prints and returns 2. */
+int cli_attn_load_kvcache(cli_attn *a, const cli_qkv *in);
+
 void cli_qkv_free(cli_qkv *in);
 
 /*

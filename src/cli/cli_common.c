@@ -194,6 +194,199 @@ void cli_attn_free(cli_attn *a)
 {
     fa_npy_free(&a->alibi);
     a->opt.alibi_slopes = NULL;
+    free(a->cu_q);
+    free(a->cu_k);
+    free(a->seqused);
+    a->cu_q = a->cu_k = a->seqused = NULL;
+    a->opt.varlen = NULL;
+    free(a->cache_seqlens);
+    free(a->cache_idx);
+    free(a->leftpad);
+    free(a->block_table);
+    a->cache_seqlens = a->cache_idx = a->leftpad = a->block_table = NULL;
+    fa_npy_free(&a->k_new);
+    fa_npy_free(&a->v_new);
+    a->opt.kvcache = NULL;
+}
+
+const char cli_kvcache_help[] =
+    "KV CACHE (FlashAttention's flash_attn_with_kvcache; forward only; int32 <i4 index files):\n"
+    "  --cache-seqlens F  [batch] current cache lengths; -k/-v are then caches\n"
+    "                     [batch_cache, seqlen_cache, heads_k, x] (any rows past the lengths are ignored)\n"
+    "  --k-new F --v-new F  [batch, seqlen_new, heads_k, x] keys/values appended at cache_seqlens[b]\n"
+    "                     (the caches' dtypes); attention over cache_seqlens[b] + seqlen_new keys\n"
+    "  --cache-batch-idx F  [batch]: the cache row of sequence b\n"
+    "  --cache-leftpad F  [batch]: the first valid cache row of sequence b\n"
+    "  --block-table F    [batch, max_pages]: paged KV, -k/-v are pages [num_pages, page_size, heads_k, x]\n";
+
+int cli_parse_kvcache_option(int argc, char **argv, int *i, cli_attn *a)
+{
+    int r;
+    if ((r = cli_opt_value(argc, argv, i, "--cache-seqlens", &a->cache_seqlens_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--k-new", &a->k_new_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--v-new", &a->v_new_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--cache-batch-idx", &a->cache_idx_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--cache-leftpad", &a->leftpad_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--block-table", &a->block_table_path)) != 0)
+        return r < 0 ? -1 : 1;
+    return 0;
+}
+
+int cli_attn_is_kvcache(const cli_attn *a)
+{
+    return a->cache_seqlens_path != NULL;
+}
+
+const char cli_varlen_help[] =
+    "VARIABLE-LENGTH BATCHES (FlashAttention's varlen layout; int32 <i4 .npy index files):\n"
+    "  --cu-seqlens-q F   [batch+1] prefix sums of the query lengths, from 0; Q, O, dO, dQ are then\n"
+    "                     [total_q, heads, x] and LSE [heads, total_q]\n"
+    "  --cu-seqlens-k F   [batch+1] prefix sums of the key lengths; K, V, dK, dV [total_k, heads_k, x]\n"
+    "  --seqused-k F      [batch]: sequence b uses only its first seqused_k[b] keys\n"
+    "                     (masks are aligned per sequence; rows no sequence owns get O = 0, LSE = -inf)\n";
+
+int cli_parse_varlen_option(int argc, char **argv, int *i, cli_attn *a)
+{
+    int r;
+    if ((r = cli_opt_value(argc, argv, i, "--cu-seqlens-q", &a->cu_q_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--cu-seqlens-k", &a->cu_k_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--seqused-k", &a->seqused_path)) != 0)
+        return r < 0 ? -1 : 1;
+    return 0;
+}
+
+int cli_attn_is_varlen(const cli_attn *a)
+{
+    return a->cu_q_path || a->cu_k_path;
+}
+
+/*
+ * An int32 index array ('<i4', rank 1..max_rank) through the .npy module.
+ * Returns 0 with *out (malloc'ed, numel entries) and its shape, or prints one
+ * line naming the file and returns CLI_EXIT_USAGE.
+ */
+static int load_i32(const char *path, const char *role, int max_rank, int32_t **out, int *rank, int64_t shape[2])
+{
+    *out = NULL;
+    fa_npy arr;
+    fa_status st = fa_npy_load(path, &arr);
+    if (st != FA_OK) return cli_die_npy(st);
+    char sh[96];
+    int rc = CLI_EXIT_USAGE;
+    if (arr.type != FA_NPY_I32) {
+        cli_die("%s: %s must be int32 ('<i4'), got '%s'", path, role, fa_npy_type_descr(arr.type));
+    } else if (arr.rank < 1 || arr.rank > max_rank) {
+        cli_die("%s: %s must have rank %s%d, got rank %d %s", path, role, max_rank > 1 ? "1 to " : "", max_rank,
+                arr.rank, cli_shape(arr.rank, arr.shape, sh, sizeof sh));
+    } else if (!(*out = malloc((size_t)(arr.numel > 0 ? arr.numel : 1) * sizeof(int32_t)))) {
+        cli_die("%s: out of memory", path);
+    } else {
+        memcpy(*out, arr.data, (size_t)arr.numel * sizeof(int32_t));
+        *rank = arr.rank;
+        for (int r = 0; r < arr.rank; r++) shape[r] = arr.shape[r];
+        rc = 0;
+    }
+    fa_npy_free(&arr);
+    return rc;
+}
+
+int cli_attn_load_kvcache(cli_attn *a, const cli_qkv *in)
+{
+    if (!cli_attn_is_kvcache(a)) {
+        const char *stray = a->k_new_path ? "--k-new" : a->v_new_path ? "--v-new" : a->cache_idx_path ? "--cache-batch-idx"
+                            : a->leftpad_path ? "--cache-leftpad" : a->block_table_path ? "--block-table" : NULL;
+        if (stray) return cli_die("%s needs --cache-seqlens", stray);
+        return 0;
+    }
+    if (cli_attn_is_varlen(a)) return cli_die("--cache-seqlens cannot be combined with --cu-seqlens-q/-k");
+    if (!a->k_new_path != !a->v_new_path)
+        return cli_die("%s needs %s too", a->k_new_path ? "--k-new" : "--v-new", a->k_new_path ? "--v-new" : "--k-new");
+    int rank;
+    int64_t n[2], nb[2];
+    const char *const paths[3] = {a->cache_seqlens_path, a->cache_idx_path, a->leftpad_path};
+    const char *const roles[3] = {"cache_seqlens", "cache_batch_idx", "cache_leftpad"};
+    int32_t **dst[3] = {&a->cache_seqlens, &a->cache_idx, &a->leftpad};
+    for (int x = 0; x < 3; x++) {
+        if (!paths[x]) continue;
+        if (load_i32(paths[x], roles[x], 1, dst[x], &rank, n)) goto fail;
+        if (n[0] != in->batch) {
+            cli_die("%s: %s has %lld entries, should be batch = %lld (from %s)", paths[x], roles[x], (long long)n[0],
+                    (long long)in->batch, in->q_path);
+            goto fail;
+        }
+    }
+    if (a->block_table_path) {
+        if (load_i32(a->block_table_path, "block_table", 2, &a->block_table, &rank, nb)) goto fail;
+        if (rank != 2 || nb[0] != in->batch || nb[1] < 1) {
+            cli_die("%s: block_table should be [batch, max_pages] = [%lld, >= 1] (from %s)", a->block_table_path,
+                    (long long)in->batch, in->q_path);
+            goto fail;
+        }
+    }
+    a->kvcache = fa_kvcache_default();
+    if (a->k_new_path) {
+        if (cli_load_array(a->k_new_path, 4, 1, "k_new [batch, seqlen_new, heads_k, d]", &a->k_new, &a->k_new_t) ||
+            cli_load_array(a->v_new_path, 4, 1, "v_new [batch, seqlen_new, heads_k, d_v]", &a->v_new, &a->v_new_t))
+            goto fail;
+        a->kvcache.k_new = &a->k_new_t;
+        a->kvcache.v_new = &a->v_new_t;
+    }
+    a->kvcache.cache_seqlens = a->cache_seqlens;
+    a->kvcache.cache_batch_idx = a->cache_idx;
+    a->kvcache.cache_leftpad = a->leftpad;
+    a->kvcache.block_table = a->block_table;
+    a->kvcache.max_pages = a->block_table ? nb[1] : 0;
+    a->kvcache.cache_seqlens_name = a->cache_seqlens_path;
+    a->kvcache.cache_batch_idx_name = a->cache_idx_path;
+    a->kvcache.cache_leftpad_name = a->leftpad_path;
+    a->kvcache.block_table_name = a->block_table_path;
+    a->opt.kvcache = &a->kvcache;
+    return 0;
+fail:
+    cli_attn_free(a);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_attn_load_varlen(cli_attn *a, const cli_qkv *in)
+{
+    (void)in;
+    if (!cli_attn_is_varlen(a)) {
+        if (a->seqused_path) return cli_die("--seqused-k needs --cu-seqlens-q and --cu-seqlens-k");
+        return 0;
+    }
+    if (!a->cu_q_path || !a->cu_k_path)
+        return cli_die("varlen: %s needs %s too", a->cu_q_path ? "--cu-seqlens-q" : "--cu-seqlens-k",
+                       a->cu_q_path ? "--cu-seqlens-k" : "--cu-seqlens-q");
+    int rank;
+    int64_t nq[2], nk[2], nu[2];
+    if (load_i32(a->cu_q_path, "cu_seqlens_q", 1, &a->cu_q, &rank, nq) ||
+        load_i32(a->cu_k_path, "cu_seqlens_k", 1, &a->cu_k, &rank, nk) ||
+        (a->seqused_path && load_i32(a->seqused_path, "seqused_k", 1, &a->seqused, &rank, nu))) {
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    if (nq[0] < 1) {
+        cli_die("%s: cu_seqlens_q needs batch + 1 >= 1 entries, got 0", a->cu_q_path);
+    } else if (nk[0] != nq[0]) {
+        cli_die("%s: cu_seqlens_k has %lld entries, %s has %lld (both are [batch + 1])", a->cu_k_path,
+                (long long)nk[0], a->cu_q_path, (long long)nq[0]);
+    } else if (a->seqused_path && nu[0] != nq[0] - 1) {
+        cli_die("%s: seqused_k has %lld entries, should be batch = %lld (from %s)", a->seqused_path,
+                (long long)nu[0], (long long)(nq[0] - 1), a->cu_q_path);
+    } else {
+        a->varlen = fa_varlen_default();
+        a->varlen.batch = nq[0] - 1;
+        a->varlen.cu_seqlens_q = a->cu_q;
+        a->varlen.cu_seqlens_k = a->cu_k;
+        a->varlen.seqused_k = a->seqused;
+        a->varlen.cu_seqlens_q_name = a->cu_q_path;
+        a->varlen.cu_seqlens_k_name = a->cu_k_path;
+        a->varlen.seqused_k_name = a->seqused_path;
+        a->opt.varlen = &a->varlen;
+        return 0;
+    }
+    cli_attn_free(a);
+    return CLI_EXIT_USAGE;
 }
 
 int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a)
@@ -445,19 +638,35 @@ void cli_qkv_free(cli_qkv *in)
     fa_npy_free(&in->v);
 }
 
-int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path)
+/* mode: 0 uniform, 1 packed (varlen), 2 KV cache (k, v are caches or pages: any
+ * batch, and rows the sequences do not use may hold anything) */
+static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path, int mode)
 {
+    const int packed = mode == 1, cache = mode == 2;
     memset(in, 0, sizeof *in);
     in->q_path = q_path;
     in->k_path = k_path;
     in->v_path = v_path;
-    if (cli_load_array(q_path, 4, 1, "Q [batch, seqlen_q, heads, d]", &in->q, &in->q_t) ||
-        cli_load_array(k_path, 4, 1, "K [batch, seqlen_k, heads_k, d]", &in->k, &in->k_t) ||
-        cli_load_array(v_path, 4, 1, "V [batch, seqlen_k, heads_k, d_v]", &in->v, &in->v_t)) {
+    in->packed = packed;
+    if (packed ? (cli_load_array(q_path, 3, 1, "Q [total_q, heads, d] (varlen)", &in->q, &in->q_t) ||
+                  cli_load_array(k_path, 3, 1, "K [total_k, heads_k, d] (varlen)", &in->k, &in->k_t) ||
+                  cli_load_array(v_path, 3, 1, "V [total_k, heads_k, d_v] (varlen)", &in->v, &in->v_t))
+               : (cli_load_array(q_path, 4, 1, "Q [batch, seqlen_q, heads, d]", &in->q, &in->q_t) ||
+                  cli_load_array(k_path, 4, !cache, cache ? "K cache [batch_cache, seqlen_cache, heads_k, d]"
+                                 : "K [batch, seqlen_k, heads_k, d]", &in->k, &in->k_t) ||
+                  cli_load_array(v_path, 4, !cache, cache ? "V cache [batch_cache, seqlen_cache, heads_k, d_v]"
+                                 : "V [batch, seqlen_k, heads_k, d_v]", &in->v, &in->v_t))) {
         cli_qkv_free(in);
         return CLI_EXIT_USAGE;
     }
-    const int64_t *q = in->q.shape, *k = in->k.shape, *v = in->v.shape;
+    /* a packed array reads as [1, total, heads, x] below */
+    int64_t q4[4] = {1, 0, 0, 0}, k4[4] = {1, 0, 0, 0}, v4[4] = {1, 0, 0, 0};
+    for (int r = packed; r < 4; r++) {
+        q4[r] = in->q.shape[r - packed];
+        k4[r] = in->k.shape[r - packed];
+        v4[r] = in->v.shape[r - packed];
+    }
+    const int64_t *q = q4, *k = k4, *v = v4;
     in->batch = q[0];
     in->seqlen_q = q[1];
     in->heads = q[2];
@@ -475,10 +684,11 @@ int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char
     else if (in->batch < 1) cli_die("%s: batch must be >= 1, got %lld", q_path, (long long)in->batch);
     else if (in->seqlen_q < 1) cli_die("%s: seqlen_q must be >= 1, got %lld", q_path, (long long)in->seqlen_q);
     else if (in->seqlen_k < 1) cli_die("%s: seqlen_k must be >= 1, got %lld", k_path, (long long)in->seqlen_k);
-    else if (k[0] != q[0])
+    else if (k[0] != q[0] && !cache)
         cli_die("%s: batch %lld does not match %s batch %lld", k_path, (long long)k[0], q_path, (long long)q[0]);
-    else if (v[0] != q[0])
-        cli_die("%s: batch %lld does not match %s batch %lld", v_path, (long long)v[0], q_path, (long long)q[0]);
+    else if (v[0] != (cache ? k[0] : q[0]))
+        cli_die("%s: batch %lld does not match %s batch %lld", v_path, (long long)v[0], cache ? k_path : q_path,
+                (long long)(cache ? k[0] : q[0]));
     else if (k[3] != q[3])
         cli_die("%s: head dim %lld does not match %s head dim %lld", k_path, (long long)k[3], q_path,
                 (long long)q[3]);
@@ -500,6 +710,27 @@ int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char
     return 0;
 }
 
+int cli_load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path)
+{
+    return load_qkv(in, q_path, k_path, v_path, 0);
+}
+
+int cli_load_qkv_packed(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path)
+{
+    return load_qkv(in, q_path, k_path, v_path, 1);
+}
+
+int cli_load_inputs(cli_qkv *in, const cli_attn *a, const char *q_path, const char *k_path, const char *v_path)
+{
+    memset(in, 0, sizeof *in);
+    if (!cli_attn_is_kvcache(a)) { /* a cache option alone: say so before -k/-v fail as ordinary K/V */
+        const char *stray = a->k_new_path ? "--k-new" : a->v_new_path ? "--v-new" : a->cache_idx_path ? "--cache-batch-idx"
+                            : a->leftpad_path ? "--cache-leftpad" : a->block_table_path ? "--block-table" : NULL;
+        if (stray) return cli_die("%s needs --cache-seqlens", stray);
+    }
+    return load_qkv(in, q_path, k_path, v_path, cli_attn_is_varlen(a) ? 1 : cli_attn_is_kvcache(a) ? 2 : 0);
+}
+
 int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in)
 {
     if (!a->alibi_path) return 0;
@@ -507,12 +738,13 @@ int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in)
     if (cli_load_array(path, 0, 1, "ALiBi slopes [heads] or [batch, heads]", &a->alibi, &a->alibi_t))
         return CLI_EXIT_USAGE;
     char sh[96];
+    const int64_t batch = a->opt.varlen ? a->varlen.batch : in->batch; /* varlen: per sequence */
     int ok_shape = (a->alibi.rank == 1 && a->alibi.shape[0] == in->heads) ||
-                   (a->alibi.rank == 2 && a->alibi.shape[0] == in->batch && a->alibi.shape[1] == in->heads);
+                   (a->alibi.rank == 2 && a->alibi.shape[0] == batch && a->alibi.shape[1] == in->heads);
     if (!ok_shape) {
         cli_die("%s: ALiBi slopes of shape %s should be [heads] = [%lld] or [batch, heads] = [%lld, %lld]",
                 path, cli_shape(a->alibi.rank, a->alibi.shape, sh, sizeof sh), (long long)in->heads,
-                (long long)in->batch, (long long)in->heads);
+                (long long)batch, (long long)in->heads);
         cli_attn_free(a);
         return CLI_EXIT_USAGE;
     }

@@ -80,9 +80,15 @@ static int parse_number(const char *text, double *out)
     return 1;
 }
 
-int cli_lowprec_validate(cli_lowprec *lp)
+int cli_lowprec_validate(cli_lowprec *lp, const cli_attn *attn)
 {
     if (!cli_lowprec_active(lp)) return 0;
+    const char *layout = attn->cu_q_path || attn->cu_k_path || attn->seqused_path ? "varlen (--cu-seqlens-*, --seqused-k)"
+                         : attn->cache_seqlens_path || attn->block_table_path ? "KV cache (--cache-seqlens, --block-table)"
+                                                                              : NULL;
+    if (layout)
+        return cli_die("low-precision inputs (--qkv-format and its scales) take dense [batch, seqlen, heads, dim] "
+                       "code files; %s options are not supported with them", layout);
     if (!lp->format_text)
         return cli_die("low-precision options need --qkv-format e4m3|e5m2|e2m1|int8");
     lp->format = fa_qformat_parse(lp->format_text);

@@ -28,8 +28,10 @@ int cli_lowprec_parse(int argc, char **argv, int *i, cli_lowprec *lp);
 /* 1 if any low-precision option was given. */
 int cli_lowprec_active(const cli_lowprec *lp);
 
-/* Check the combination (before any load). Returns 0, or prints and returns 2. */
-int cli_lowprec_validate(cli_lowprec *lp);
+/* Check the combination (before any load), also against the varlen and KV
+ * cache options of `attn`, which low-precision inputs do not take (yet).
+ * Returns 0, or prints and returns 2. */
+int cli_lowprec_validate(cli_lowprec *lp, const cli_attn *attn);
 
 /* Load codes and scales, dequantize into in->q/k/v (float64) and cross-check
  * shapes like cli_load_qkv. Returns 0, or prints one line and returns 2. */

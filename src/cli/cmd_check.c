@@ -23,7 +23,7 @@
 static const char check_usage[] =
     "usage: flashattn check -q Q.npy -k K.npy -v V.npy --out O_TEST.npy [--lse LSE_TEST.npy]\n"
     "                       [MASK OPTIONS] [--dtype f32|f16|bf16] [--atol A --rtol R]\n"
-    "                       [--sample-rows K] [--seed S] [--threads T]\n"
+    "                       [--sample-rows K] [--seed S] [--threads T] [--diagnose]\n"
     "                       [--qkv-format e4m3|e5m2|e2m1|int8 [SCALES] [--kernel-model fa3|sage]]\n"
     "\n"
     "Compares a tested attention output against the float64 reference computed from the\n"
@@ -48,6 +48,11 @@ static const char check_usage[] =
     "                     256 and rounded, row sums unrounded, key blocks last to first; sage:\n"
     "                     SageAttention's P*448 in e4m3, or for e2m1 P*2688 in e2m1 under e4m3\n"
     "                     scales per 16 keys) and hold the output to 2x that model's error\n"
+    "  --diagnose         also name the known mistake that explains the error, best first:\n"
+    "                     'diagnosis: <id> (explains X%% of the error; <fitted parameter>)' or\n"
+    "                     'diagnosis: none', with per-head and per-sequence error tables; it\n"
+    "                     samples --sample-rows K rows per (batch, head) (default 32); see\n"
+    "                     docs/validation.md, \"Why did my kernel fail\"\n"
     "\n"
     "Default rule (FlashAttention's own test rule, on the CPU): a plain attention is computed\n"
     "the way a low-precision kernel would (inputs rounded to the dtype, scores in float32,\n"
@@ -61,7 +66,7 @@ static const char check_usage[] =
     "baseline's plus atol = 2^-9 * max|ref|. Every report also gives cosine similarity,\n"
     "relative L1, RMSE and SQNR.\n"
     "\n"
-    "%s\n%s\n"
+    "%s\n%s\n%s\n%s\n"
     "Exit status: 0 within tolerance; 1 mismatch; 2 bad usage or bad input (one line on\n"
     "stderr naming the file).\n";
 
@@ -114,12 +119,43 @@ static int check_emulation_range(const fa_check_options *co, const cli_qkv *in, 
     return 0;
 }
 
+/* `--diagnose`: fa_diagnose on the same rows budget, printed after the check report.
+ * Returns 0, or prints one line and returns 2. */
+static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_tensor *lse_t, const cli_attn *attn,
+                           const fa_check_options *co)
+{
+    fa_diagnose_options dopt;
+    fa_diagnose_options_init(&dopt, sizeof dopt);
+    dopt.dtype = co->dtype;
+    dopt.sample_rows = co->sample_rows > 0 ? co->sample_rows : 32;
+    dopt.seed = co->seed;
+    dopt.num_threads = co->num_threads;
+    fa_diagnose_report rep = fa_diagnose_report_init();
+    const double t0 = cli_now();
+    fa_status st = fa_diagnose(&in->q_t, &in->k_t, &in->v_t, o_t, lse_t, &attn->opt, &dopt, &rep);
+    if (st != FA_OK) return cli_die_status(st);
+    const double t = cli_now() - t0;
+    size_t len = fa_diagnose_report_format(&rep, NULL, 0);
+    char *text = malloc(len + 1);
+    if (!text) {
+        fa_diagnose_report_free(&rep);
+        return cli_die("check: out of memory formatting the diagnosis");
+    }
+    fa_diagnose_report_format(&rep, text, len + 1);
+    fputs(text, stdout);
+    printf("time: diagnose %.2f s\n", t);
+    free(text);
+    fa_diagnose_report_free(&rep);
+    return 0;
+}
+
 static int check_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *o_path = NULL, *lse_path = NULL;
     const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *rows_text = NULL;
     const char *seed_text = NULL, *threads_text = NULL;
     const char *model_text = NULL;
+    int diagnose = 0;
     cli_attn attn;
     cli_attn_init(&attn);
     cli_lowprec lp;
@@ -128,10 +164,16 @@ static int check_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_is_help(argv[i])) {
-            printf(check_usage, cli_mask_help, cli_lowprec_help);
+            printf(check_usage, cli_mask_help, cli_varlen_help, cli_kvcache_help, cli_lowprec_help);
             return CLI_EXIT_OK;
         }
+        if (strcmp(argv[i], "--diagnose") == 0) {
+            diagnose = 1;
+            continue;
+        }
         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_parse_varlen_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_parse_kvcache_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_lowprec_parse(argc, argv, &i, &lp)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--kernel-model", &model_text)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
@@ -181,7 +223,7 @@ static int check_main(int argc, char **argv)
         if (cli_parse_int("--threads", threads_text, 1, 4096, &n) != 0) return CLI_EXIT_USAGE;
         co.num_threads = (int)n;
     }
-    if (cli_lowprec_validate(&lp)) return CLI_EXIT_USAGE;
+    if (cli_lowprec_validate(&lp, &attn)) return CLI_EXIT_USAGE;
     co.qkv_format = lp.format;
     if (model_text) {
         if (strcmp(model_text, "fa3") != 0 && strcmp(model_text, "sage") != 0)
@@ -200,7 +242,7 @@ static int check_main(int argc, char **argv)
 
     double t0 = cli_now();
     cli_qkv in;
-    if (lp.format ? cli_lowprec_load_qkv(&in, q_path, k_path, v_path, &lp) : cli_load_qkv(&in, q_path, k_path, v_path)) {
+    if (lp.format ? cli_lowprec_load_qkv(&in, q_path, k_path, v_path, &lp) : cli_load_inputs(&in, &attn, q_path, k_path, v_path)) {
         cli_attn_free(&attn);
         return CLI_EXIT_USAGE;
     }
@@ -210,29 +252,35 @@ static int check_main(int argc, char **argv)
     memset(&o_arr, 0, sizeof o_arr);
     memset(&lse_arr, 0, sizeof lse_arr);
     char sh[96];
-    if (cli_attn_load_alibi(&attn, &in)) goto done;
+    if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_kvcache(&attn, &in) || cli_attn_load_alibi(&attn, &in))
+        goto done;
 
-    /* The tested output: NaN/Inf are findings, not bad input. */
-    if (cli_load_array(o_path, 4, 0, "O [batch, seqlen_q, heads, d_v]", &o_arr, &o_t)) goto done;
-    if (o_arr.shape[0] != in.batch || o_arr.shape[1] != in.seqlen_q || o_arr.shape[2] != in.heads ||
-        o_arr.shape[3] != in.dv) {
-        cli_die("%s: shape %s should be [batch, seqlen_q, heads, d_v] = [%lld, %lld, %lld, %lld] "
-                "(from %s and %s)",
-                o_path, cli_shape(4, o_arr.shape, sh, sizeof sh), (long long)in.batch,
-                (long long)in.seqlen_q, (long long)in.heads, (long long)in.dv, q_path, v_path);
+    /* The tested output: NaN/Inf are findings, not bad input. (varlen: without the batch of 1) */
+    const int skip = cli_skip(&in);
+    const int64_t o_want[4] = {in.batch, in.seqlen_q, in.heads, in.dv}, lse_want[3] = {in.batch, in.heads, in.seqlen_q};
+    const char *o_role = skip ? "O [total_q, heads, d_v] (varlen)" : "O [batch, seqlen_q, heads, d_v]";
+    const char *lse_role = skip ? "LSE [heads, total_q] (varlen)" : "LSE [batch, heads, seqlen_q]";
+    if (cli_load_array(o_path, 4 - skip, 0, o_role, &o_arr, &o_t)) goto done;
+    if (memcmp(o_arr.shape, o_want + skip, (size_t)(4 - skip) * sizeof(int64_t)) != 0) {
+        char want[96];
+        cli_die("%s: shape %s should be %s = %s (from %s and %s)", o_path,
+                cli_shape(4 - skip, o_arr.shape, sh, sizeof sh),
+                skip ? "[total_q, heads, d_v]" : "[batch, seqlen_q, heads, d_v]",
+                cli_shape(4 - skip, o_want + skip, want, sizeof want), q_path, v_path);
         goto done;
     }
     if (lse_path) {
-        if (cli_load_array(lse_path, 3, 0, "LSE [batch, heads, seqlen_q]", &lse_arr, &lse_t)) goto done;
+        if (cli_load_array(lse_path, 3 - skip, 0, lse_role, &lse_arr, &lse_t)) goto done;
         if (lse_arr.dtype != FA_F32 && lse_arr.dtype != FA_F64) {
             cli_die("%s: LSE must be float32 or float64, got %s", lse_path, fa_dtype_name(lse_arr.dtype));
             goto done;
         }
-        if (lse_arr.shape[0] != in.batch || lse_arr.shape[1] != in.heads ||
-            lse_arr.shape[2] != in.seqlen_q) {
-            cli_die("%s: shape %s should be [batch, heads, seqlen_q] = [%lld, %lld, %lld] (from %s)",
-                    lse_path, cli_shape(3, lse_arr.shape, sh, sizeof sh), (long long)in.batch,
-                    (long long)in.heads, (long long)in.seqlen_q, q_path);
+        if (memcmp(lse_arr.shape, lse_want + skip, (size_t)(3 - skip) * sizeof(int64_t)) != 0) {
+            char want[96];
+            cli_die("%s: shape %s should be %s = %s (from %s)", lse_path,
+                    cli_shape(3 - skip, lse_arr.shape, sh, sizeof sh),
+                    skip ? "[heads, total_q]" : "[batch, heads, seqlen_q]",
+                    cli_shape(3 - skip, lse_want + skip, want, sizeof want), q_path);
             goto done;
         }
     }
@@ -266,6 +314,7 @@ static int check_main(int argc, char **argv)
     free(text);
     rc = rep.pass ? CLI_EXIT_OK : CLI_EXIT_MISMATCH;
     fa_check_report_free(&rep);
+    if (diagnose && print_diagnosis(&in, &o_t, lse_path ? &lse_t : NULL, &attn, &co) != 0) rc = CLI_EXIT_USAGE;
 done:
     fa_npy_free(&o_arr);
     fa_npy_free(&lse_arr);

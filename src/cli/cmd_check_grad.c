@@ -44,7 +44,7 @@ static const char check_grad_usage[] =
     "\n"
     "NaN or Inf in a tested gradient always fails.\n"
     "\n"
-    "%s\n"
+    "%s\n%s\n"
     "Exit status: 0 within tolerance; 1 mismatch; 2 bad usage or bad input (one line on\n"
     "stderr naming the file).\n";
 
@@ -97,10 +97,11 @@ static int check_grad_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_is_help(argv[i])) {
-            printf(check_grad_usage, cli_mask_help);
+            printf(check_grad_usage, cli_mask_help, cli_varlen_help);
             return CLI_EXIT_OK;
         }
         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_parse_varlen_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
@@ -140,7 +141,7 @@ static int check_grad_main(int argc, char **argv)
     attn.opt.impl = FA_IMPL_REFERENCE;
 
     cli_qkv in;
-    if (cli_load_qkv(&in, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
+    if (cli_load_inputs(&in, &attn, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
     int rc = CLI_EXIT_USAGE;
     fa_npy do_arr, test[3];
     fa_tensor do_t, test_t[3], ref_t[3];
@@ -152,35 +153,40 @@ static int check_grad_main(int argc, char **argv)
                                   {in.batch, in.seqlen_k, in.heads_k, in.d},
                                   {in.batch, in.seqlen_k, in.heads_k, in.dv}};
     static const char *const names[3] = {"dQ", "dK", "dV"};
-    static const char *const dims[3] = {"[batch, seqlen_q, heads, d]", "[batch, seqlen_k, heads_k, d]",
-                                        "[batch, seqlen_k, heads_k, d_v]"};
-    if (cli_attn_load_alibi(&attn, &in)) goto done;
-    if (cli_load_array(do_path, 4, 1, "dO [batch, seqlen_q, heads, d_v]", &do_arr, &do_t)) goto done;
-    if (do_arr.shape[0] != in.batch || do_arr.shape[1] != in.seqlen_q || do_arr.shape[2] != in.heads ||
-        do_arr.shape[3] != in.dv) {
-        cli_die("%s: shape %s should be [batch, seqlen_q, heads, d_v] = [%lld, %lld, %lld, %lld] (from %s and %s)",
-                do_path, cli_shape(4, do_arr.shape, sh, sizeof sh), (long long)in.batch, (long long)in.seqlen_q,
-                (long long)in.heads, (long long)in.dv, q_path, v_path);
+    static const char *const dims4[3] = {"[batch, seqlen_q, heads, d]", "[batch, seqlen_k, heads_k, d]",
+                                         "[batch, seqlen_k, heads_k, d_v]"};
+    static const char *const dims3[3] = {"[total_q, heads, d]", "[total_k, heads_k, d]", "[total_k, heads_k, d_v]"};
+    const int skip = cli_skip(&in); /* varlen: rank 3, without the batch of 1 */
+    const char *const *dims = skip ? dims3 : dims4;
+    char ws[96];
+    if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_alibi(&attn, &in)) goto done;
+    if (cli_load_array(do_path, 4 - skip, 1, skip ? "dO [total_q, heads, d_v]" : "dO [batch, seqlen_q, heads, d_v]",
+                       &do_arr, &do_t))
+        goto done;
+    const int64_t do_want[4] = {in.batch, in.seqlen_q, in.heads, in.dv};
+    if (memcmp(do_arr.shape, do_want + skip, (size_t)(4 - skip) * sizeof(int64_t)) != 0) {
+        cli_die("%s: shape %s should be %s = %s (from %s and %s)", do_path,
+                cli_shape(4 - skip, do_arr.shape, sh, sizeof sh),
+                skip ? "[total_q, heads, d_v]" : "[batch, seqlen_q, heads, d_v]",
+                cli_shape(4 - skip, do_want + skip, ws, sizeof ws), q_path, v_path);
         goto done;
     }
     for (int x = 0; x < 3; x++) {
         /* NaN/Inf in a tested gradient are findings, not bad input */
-        if (cli_load_array(paths[x], 4, 0, dims[x], &test[x], &test_t[x])) goto done;
-        for (int r = 0; r < 4; r++)
-            if (test[x].shape[r] != shapes[x][r]) {
-                cli_die("%s: shape %s should be %s = [%lld, %lld, %lld, %lld] (from %s, %s and %s)", paths[x],
-                        cli_shape(4, test[x].shape, sh, sizeof sh), dims[x], (long long)shapes[x][0],
-                        (long long)shapes[x][1], (long long)shapes[x][2], (long long)shapes[x][3], q_path, k_path,
-                        v_path);
-                goto done;
-            }
+        if (cli_load_array(paths[x], 4 - skip, 0, dims[x], &test[x], &test_t[x])) goto done;
+        if (memcmp(test[x].shape, shapes[x] + skip, (size_t)(4 - skip) * sizeof(int64_t)) != 0) {
+            cli_die("%s: shape %s should be %s = %s (from %s, %s and %s)", paths[x],
+                    cli_shape(4 - skip, test[x].shape, sh, sizeof sh), dims[x],
+                    cli_shape(4 - skip, shapes[x] + skip, ws, sizeof ws), q_path, k_path, v_path);
+            goto done;
+        }
         const size_t n = (size_t)(shapes[x][0] * shapes[x][1] * shapes[x][2] * shapes[x][3]);
         ref_mem[x] = calloc(n ? n : 1, sizeof(double));
         if (!ref_mem[x]) {
             cli_die("check-grad: out of memory allocating the reference (%zu elements)", n);
             goto done;
         }
-        fa_tensor_make(&ref_t[x], ref_mem[x], FA_F64, 4, shapes[x], NULL);
+        fa_tensor_make(&ref_t[x], ref_mem[x], FA_F64, 4 - skip, shapes[x] + skip, NULL);
     }
     if (dtype == FA_DTYPE_COUNT) {
         dtype = FA_F32;

@@ -36,7 +36,7 @@ static const char grad_usage[] =
     "  --dv DV.npy        written: gradient of V, shape of V\n"
     "  --dtype-out T      dtype of the gradients: f32 (default), f64, f16 or bf16 (<u2)\n"
     "\n"
-    "%s\n%s"
+    "%s\n%s\n%s"
     "  (--impl standard has no backward pass: use flash or reference)\n"
     "\n"
     "Exit status: 0 ok; 2 bad usage or bad input (one line on stderr naming the file; no output written).\n";
@@ -44,13 +44,16 @@ static const char grad_usage[] =
 /* Load dO and check it against Q and V. Returns 0 or prints and returns 2. */
 static int load_dout(const char *path, const cli_qkv *in, fa_npy *arr, fa_tensor *t)
 {
-    if (cli_load_array(path, 4, 1, "dO [batch, seqlen_q, heads, d_v]", arr, t)) return CLI_EXIT_USAGE;
-    if (arr->shape[0] != in->batch || arr->shape[1] != in->seqlen_q || arr->shape[2] != in->heads ||
-        arr->shape[3] != in->dv) {
-        char sh[96];
-        cli_die("%s: shape %s should be [batch, seqlen_q, heads, d_v] = [%lld, %lld, %lld, %lld] (from %s and %s)",
-                path, cli_shape(4, arr->shape, sh, sizeof sh), (long long)in->batch, (long long)in->seqlen_q,
-                (long long)in->heads, (long long)in->dv, in->q_path, in->v_path);
+    const int skip = cli_skip(in); /* varlen: [total_q, heads, d_v] */
+    if (cli_load_array(path, 4 - skip, 1, skip ? "dO [total_q, heads, d_v] (varlen)" : "dO [batch, seqlen_q, heads, d_v]",
+                       arr, t))
+        return CLI_EXIT_USAGE;
+    const int64_t want[4] = {in->batch, in->seqlen_q, in->heads, in->dv};
+    if (memcmp(arr->shape, want + skip, (size_t)(4 - skip) * sizeof(int64_t)) != 0) {
+        char sh[96], ws[96];
+        cli_die("%s: shape %s should be %s = %s (from %s and %s)", path, cli_shape(4 - skip, arr->shape, sh, sizeof sh),
+                skip ? "[total_q, heads, d_v]" : "[batch, seqlen_q, heads, d_v]",
+                cli_shape(4 - skip, want + skip, ws, sizeof ws), in->q_path, in->v_path);
         fa_npy_free(arr);
         return CLI_EXIT_USAGE;
     }
@@ -67,11 +70,12 @@ static int grad_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         int r;
         if (cli_is_help(argv[i])) {
-            printf(grad_usage, cli_mask_help, cli_exec_help);
+            printf(grad_usage, cli_mask_help, cli_exec_help, cli_varlen_help);
             return CLI_EXIT_OK;
         }
         if ((r = cli_parse_mask_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_parse_exec_option(argc, argv, &i, &attn)) != 0 ||
+            (r = cli_parse_varlen_option(argc, argv, &i, &attn)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
@@ -93,20 +97,23 @@ static int grad_main(int argc, char **argv)
     fa_dtype out_dtype = FA_F32;
     if (dtype_text && cli_parse_dtype("--dtype-out", dtype_text, &out_dtype) != 0) return CLI_EXIT_USAGE;
     const cli_named outs_named[3] = {{"--dq", dq_path}, {"--dk", dk_path}, {"--dv", dv_path}};
-    const cli_named ins_named[5] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--dout", do_path},
-                                    {"--alibi", attn.alibi_path}};
-    if (cli_check_files("grad", outs_named, 3, ins_named, 5)) return CLI_EXIT_USAGE;
+    const cli_named ins_named[8] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--dout", do_path},
+                                    {"--alibi", attn.alibi_path}, {"--cu-seqlens-q", attn.cu_q_path},
+                                    {"--cu-seqlens-k", attn.cu_k_path}, {"--seqused-k", attn.seqused_path}};
+    if (cli_check_files("grad", outs_named, 3, ins_named, 8)) return CLI_EXIT_USAGE;
 
     cli_qkv in;
-    if (cli_load_qkv(&in, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
+    if (cli_load_inputs(&in, &attn, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
     fa_npy do_arr;
     fa_tensor do_t;
     memset(&do_arr, 0, sizeof do_arr);
     void *mem[3] = {NULL, NULL, NULL};
     int rc = CLI_EXIT_USAGE;
-    if (cli_attn_load_alibi(&attn, &in) || load_dout(do_path, &in, &do_arr, &do_t)) goto done;
+    if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_alibi(&attn, &in) || load_dout(do_path, &in, &do_arr, &do_t))
+        goto done;
 
-    /* dQ [B][Sq][H][d], dK [B][Sk][Hk][d], dV [B][Sk][Hk][dv], all in out_dtype */
+    /* dQ [B][Sq][H][d], dK [B][Sk][Hk][d], dV [B][Sk][Hk][dv], all in out_dtype (varlen: without the batch of 1) */
+    const int skip = cli_skip(&in);
     const int64_t shapes[3][4] = {{in.batch, in.seqlen_q, in.heads, in.d},
                                   {in.batch, in.seqlen_k, in.heads_k, in.d},
                                   {in.batch, in.seqlen_k, in.heads_k, in.dv}};
@@ -118,7 +125,7 @@ static int grad_main(int argc, char **argv)
             cli_die("grad: out of memory allocating the gradients (%zu elements)", n);
             goto done;
         }
-        fa_status st = fa_tensor_make(&grads[x], mem[x], out_dtype, 4, shapes[x], NULL);
+        fa_status st = fa_tensor_make(&grads[x], mem[x], out_dtype, 4 - skip, shapes[x] + skip, NULL);
         if (st != FA_OK) {
             cli_die_status(st);
             goto done;
@@ -139,9 +146,9 @@ static int grad_main(int argc, char **argv)
         cli_warn_nonfinite(grad_paths[x], mem[x], out_dtype, fa_tensor_numel(&grads[x]), 0);
 
     cli_output outs[3] = {
-        {dq_path, mem[0], out_dtype, 4, shapes[0]},
-        {dk_path, mem[1], out_dtype, 4, shapes[1]},
-        {dv_path, mem[2], out_dtype, 4, shapes[2]},
+        {dq_path, mem[0], out_dtype, 4 - skip, shapes[0] + skip},
+        {dk_path, mem[1], out_dtype, 4 - skip, shapes[1] + skip},
+        {dv_path, mem[2], out_dtype, 4 - skip, shapes[2] + skip},
     };
     if (cli_save_outputs(outs, 3)) goto done;
 

@@ -20,6 +20,7 @@ static const command commands[] = {
     {"run", cmd_run, "attention on .npy files: Q, K, V -> O (and LSE)"},
     {"check", cmd_check, "validate a tested attention output against the float64 reference"},
     {"grad", cmd_grad, "attention backward pass on .npy files: dO -> dQ, dK, dV"},
+    {"probe", cmd_probe, "write input sets that make check --diagnose's classes distinguishable"},
     {"check-grad", cmd_check_grad, "validate tested gradients against the float64 reference backward"},
     {"bench", cmd_bench, "measure time, GFLOP/s and memory of the implementations"},
     {"demo", cmd_demo, "standard vs flash side by side on a built-in problem (make run)"},

@@ -1,0 +1,1169 @@
+/*
+ * diagnose.c — fa_diagnose(): which known mistake explains a wrong output.
+ *
+ * 1. Rows: K query rows per (batch, head), one from each of K equal strata of
+ *    [0, Sq) (row 0 and the last row always), seeded; or every row.
+ * 2. For each sampled row: the tested O row (and LSE), the float64 reference
+ *    (the variant with nothing wrong, dg_variant_reference), and, when they
+ *    fit in 256 MiB, the dot products q.k_j of the row, reused by every
+ *    variant that reads the same q and kv head.
+ * 3. Channels: the output (sum of squared differences over the sampled rows,
+ *    a NaN/Inf that the candidate does not predict costs a fixed penalty) and
+ *    the LSE when given. A channel is "wrong" when its error is above the
+ *    rounding floor of the kernel's precision (see flashattn.h).
+ * 4. Candidates (the vocabulary ids the shape makes possible), each one or a
+ *    few variants; parameters are fitted: the scale factor by a grid plus a
+ *    golden-section search on a subset of rows, window shifts, tile sizes and
+ *    LSE bases by trying each, the GQA map per head by the best kv head.
+ *    explained = mean over wrong channels of 1 - residual(candidate) /
+ *    residual(reference), on all sampled rows.
+ *
+ * Everything is float64 and follows mask.h's semantics for the reference.
+ */
+#include "diagnose.h"
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "internal.h"
+
+#define DG_DOTS_MAX_BYTES ((size_t)256 << 20)
+#define DG_FIT_ROWS 8
+#define DG_LSE_PENALTY 100.0
+#define DG_LN2 0.69314718055994530942
+
+typedef struct dg_item {
+    int64_t b, i, h;
+} dg_item;
+
+typedef struct dg_ctx {
+    const fa_problem *p;
+    int64_t n;          /* sampled rows */
+    dg_item *it;        /* [n] */
+    double *ot;         /* [n][dv] tested O */
+    double *lt;         /* [n] tested LSE, or NULL */
+    double *orf;        /* [n][dv] reference O */
+    double *lrf;        /* [n] reference LSE */
+    double *dots;       /* [n][Sk] q.k_j for the row's own kv head, or NULL */
+    double pen;         /* squared penalty of an unpredicted NaN/Inf in O */
+    int nt;             /* threads */
+    double r0o, r0l;    /* reference residuals */
+    double floor_o, floor_l; /* residuals at the rounding floor (over all sampled rows) */
+    double *ro_ref, *rl_ref; /* [n] the reference's residual per row */
+    int sig_o, sig_l;
+    int64_t fit[DG_FIT_ROWS]; /* the sampled rows with the largest reference error: where fits run */
+    int64_t nfit;
+    double fit_o, fit_l;      /* reference residuals on them */
+} dg_ctx;
+
+typedef struct dg_scratch {
+    double *q;   /* [d] */
+    double *x;   /* [max(d, dv)] */
+    double *s;   /* [Sk padded] logits */
+    double *acc; /* [dv] */
+} dg_scratch;
+
+dg_variant dg_variant_reference(const fa_problem *p)
+{
+    dg_variant v;
+    memset(&v, 0, sizeof v);
+    v.scale = p->scale;
+    v.softcap = p->softcap;
+    v.cap_mode = DG_CAP_RIGHT;
+    v.diag = INT64_MIN;
+    v.wl = p->window_left;
+    v.wr = p->window_right;
+    v.kvh = -1;
+    return v;
+}
+
+/* n elements from offset off, stride inc, as float64. */
+static void load_vec(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, double *dst)
+{
+    switch (t->dtype) {
+    case FA_F32: {
+        const float *s = (const float *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
+        break;
+    }
+    case FA_F64: {
+        const double *s = (const double *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
+        break;
+    }
+    case FA_F16: {
+        const uint16_t *s = (const uint16_t *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = fa_f16_to_f32(s[c * inc]);
+        break;
+    }
+    case FA_BF16: {
+        const uint16_t *s = (const uint16_t *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = fa_bf16_to_f32(s[c * inc]);
+        break;
+    }
+    default:
+        for (int64_t c = 0; c < n; c++) dst[c] = NAN;
+        break;
+    }
+}
+
+static int64_t kv_of(const fa_problem *p, const dg_variant *v, int64_t h)
+{
+    return v->kvh >= 0 ? v->kvh : fa_kv_head(p, h);
+}
+
+/* Offsets of Q row (b, i, h) and K/V row (b, j, kvh), read the variant's way:
+ * DG_LAYOUT_ALL_BHSD reads the BSHD buffer as if it were BHSD. */
+static int64_t q_off(const fa_problem *p, int bhsd, int64_t b, int64_t i, int64_t h)
+{
+    if (bhsd) {
+        const int64_t r = h * p->seqlen_q + i;
+        i = r / p->heads;
+        h = r % p->heads;
+    }
+    return fa_off4(&p->q, b, i, h, 0);
+}
+
+static int64_t kv_off(const fa_problem *p, const fa_tensor *t, int bhsd, int64_t b, int64_t j, int64_t kh)
+{
+    if (bhsd) {
+        const int64_t r = kh * p->seqlen_k + j;
+        j = r / p->heads_k;
+        kh = r % p->heads_k;
+    }
+    return fa_off4(t, b, j, kh, 0);
+}
+
+/*
+ * O row (b, i, h) and its LSE as a kernel with variant v computes them
+ * (layout: only the input reading of DG_LAYOUT_ALL_BHSD; the output mapping is
+ * predict()'s). dots: the cached q.k_j of this row for its own kv head, or NULL.
+ * *lse_any = 1 when the variant does not determine the LSE (a finite sentinel).
+ */
+static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int64_t h, const dg_variant *v,
+                      const double *dots, int no_alibi, double *o, double *lse, int *lse_any)
+{
+    const fa_problem *p = cx->p;
+    const int64_t Sk = p->seqlen_k, d = p->d, dv = p->dv;
+    const int bhsd = v->layout == DG_LAYOUT_ALL_BHSD;
+    const int64_t kh = kv_of(p, v, h);
+    const int64_t diag = i + (v->diag == INT64_MIN ? fa_diag_offset(p, b) : v->diag);
+    const int64_t npad = v->pad_tile > 0 ? (Sk + v->pad_tile - 1) / v->pad_tile * v->pad_tile : Sk;
+    int64_t lo = 0, hi = npad;
+    if (v->wl >= 0 && diag - v->wl > lo) lo = diag - v->wl;
+    if (v->wr >= 0 && diag + v->wr + 1 < hi) hi = diag + v->wr + 1;
+    if (hi < lo) hi = lo;
+    const int cap_leak = v->cap_mode == DG_CAP_AFTER_MASK && v->softcap > 0;
+    const int64_t j0 = cap_leak ? 0 : lo, j1 = cap_leak ? Sk : hi;
+    *lse_any = 0;
+    if (j1 <= j0) {
+        if (v->empty == DG_EMPTY_NAN) {
+            for (int64_t c = 0; c < dv; c++) o[c] = NAN;
+            *lse = NAN;
+        } else if (v->empty == DG_EMPTY_MEAN_V) {
+            for (int64_t c = 0; c < dv; c++) o[c] = 0.0;
+            for (int64_t j = 0; j < Sk; j++) {
+                load_vec(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+                for (int64_t c = 0; c < dv; c++) o[c] += s->x[c];
+            }
+            for (int64_t c = 0; c < dv; c++) o[c] /= (double)(Sk > 0 ? Sk : 1);
+            *lse_any = 1;
+            *lse = NAN;
+        } else {
+            for (int64_t c = 0; c < dv; c++) o[c] = 0.0;
+            *lse = -INFINITY;
+        }
+        return;
+    }
+    const double slope = no_alibi ? 0.0 : fa_alibi_slope(p, b, h);
+    if (!dots) load_vec(&p->q, q_off(p, bhsd, b, i, h), p->q.stride[3], d, s->q);
+    double m = -INFINITY;
+    for (int64_t j = j0; j < j1; j++) {
+        double sc;
+        if (cap_leak && (j < lo || j >= hi)) {
+            sc = -v->softcap;
+        } else {
+            double dot = 0.0;
+            if (j < Sk) {
+                if (dots) {
+                    dot = dots[j];
+                } else {
+                    load_vec(&p->k, kv_off(p, &p->k, bhsd, b, j, kh), p->k.stride[3], d, s->x);
+                    for (int64_t c = 0; c < d; c++) dot += s->q[c] * s->x[c];
+                }
+            }
+            if (v->softcap > 0 && v->cap_mode == DG_CAP_BEFORE_SCALE) {
+                sc = v->scale * (v->softcap * tanh(dot / v->softcap));
+            } else {
+                sc = v->scale * dot;
+                if (v->softcap > 0) sc = v->softcap * tanh(sc / v->softcap);
+            }
+            if (slope != 0.0) sc -= slope * fabs((double)(diag - j));
+        }
+        s->s[j - j0] = sc;
+        if (sc > m) m = sc;
+    }
+    for (int64_t c = 0; c < dv; c++) s->acc[c] = 0.0;
+    double l = 0.0;
+    if (v->tile <= 0) {
+        for (int64_t j = j0; j < j1; j++) {
+            const double w = exp(s->s[j - j0] - m);
+            l += w;
+            if (j >= Sk || w == 0.0) continue;
+            load_vec(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+            for (int64_t c = 0; c < dv; c++) s->acc[c] += w * s->x[c];
+        }
+    } else {
+        /* online softmax over key tiles aligned at 0, the running max updated but
+         * the accumulator and the sum never rescaled */
+        double mr = -INFINITY;
+        for (int64_t t0 = j0 - j0 % v->tile; t0 < j1; t0 += v->tile) {
+            const int64_t a = t0 > j0 ? t0 : j0, e = t0 + v->tile < j1 ? t0 + v->tile : j1;
+            double mt = -INFINITY;
+            for (int64_t j = a; j < e; j++)
+                if (s->s[j - j0] > mt) mt = s->s[j - j0];
+            if (mt > mr) mr = mt;
+            for (int64_t j = a; j < e; j++) {
+                const double w = exp(s->s[j - j0] - mr);
+                l += w;
+                if (j >= Sk || w == 0.0) continue;
+                load_vec(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+                for (int64_t c = 0; c < dv; c++) s->acc[c] += w * s->x[c];
+            }
+        }
+        m = mr;
+    }
+    for (int64_t c = 0; c < dv; c++) o[c] = s->acc[c] / l;
+    *lse = m + log(l);
+}
+
+/* The O row and LSE the variant predicts at sampled row w. */
+static void predict(const dg_ctx *cx, dg_scratch *s, int64_t w, const dg_variant *v, double *o, double *lse,
+                    int *lse_any)
+{
+    const fa_problem *p = cx->p;
+    const dg_item *it = &cx->it[w];
+    const int64_t dv = p->dv;
+    *lse_any = 0;
+    if (v->lse != DG_LSE_RIGHT) {
+        memcpy(o, cx->orf + w * dv, (size_t)dv * sizeof *o);
+        const double L = cx->lrf[w];
+        if (v->lse == DG_LSE_LOG2) *lse = L / DG_LN2;
+        else if (v->lse == DG_LSE_LN2_TWICE) *lse = L * DG_LN2;
+        else {
+            dg_variant u = dg_variant_reference(p);
+            u.scale = 1.0;
+            u.softcap = 0.0;
+            eval_core(cx, s, it->b, it->i, it->h, &u, cx->dots ? cx->dots + w * p->seqlen_k : NULL, 1, s->acc + 0,
+                      lse, lse_any);
+            memcpy(o, cx->orf + w * dv, (size_t)dv * sizeof *o);
+        }
+        return;
+    }
+    if (v->layout != DG_LAYOUT_RIGHT) {
+        /* the tested buffer's element (b, i, h) is the BHSD element at the same flat position */
+        const int64_t r = it->i * p->heads + it->h;
+        const int64_t h2 = r / p->seqlen_q, i2 = r % p->seqlen_q;
+        if (v->layout == DG_LAYOUT_OUT_BHSD) {
+            dg_variant u = dg_variant_reference(p);
+            eval_core(cx, s, it->b, i2, h2, &u, NULL, 0, o, lse, lse_any);
+            *lse = cx->lrf[w];
+        } else {
+            double l2;
+            int any2;
+            eval_core(cx, s, it->b, i2, h2, v, NULL, 0, o, &l2, &any2);
+            double *tmp = malloc((size_t)dv * sizeof *tmp);
+            if (tmp) {
+                eval_core(cx, s, it->b, it->i, it->h, v, NULL, 0, tmp, lse, lse_any);
+                free(tmp);
+            } else {
+                *lse = NAN;
+                *lse_any = 1;
+            }
+        }
+        return;
+    }
+    const int own = v->kvh < 0 || v->kvh == fa_kv_head(p, it->h);
+    eval_core(cx, s, it->b, it->i, it->h, v, own && cx->dots ? cx->dots + w * p->seqlen_k : NULL, 0, o, lse,
+              lse_any);
+}
+
+static double o_diff(double t, double c, double pen)
+{
+    if (isfinite(t) && isfinite(c)) return (t - c) * (t - c);
+    if (isnan(t) && isnan(c)) return 0.0;
+    if (t == c) return 0.0;
+    return pen;
+}
+
+static double l_diff(double t, double c)
+{
+    if (isfinite(t) && isfinite(c)) return (t - c) * (t - c);
+    if (isinf(t) && isinf(c)) return 0.0; /* an empty row: either infinity is the convention */
+    if (isnan(t) && isnan(c)) return 0.0;
+    return DG_LSE_PENALTY;
+}
+
+static int scratch_alloc(dg_scratch *s, const fa_problem *p)
+{
+    const int64_t x = p->d > p->dv ? p->d : p->dv;
+    const int64_t ns = p->seqlen_k + 512;
+    s->q = malloc((size_t)p->d * sizeof(double));
+    s->x = malloc((size_t)x * sizeof(double));
+    s->s = malloc((size_t)ns * sizeof(double));
+    s->acc = malloc((size_t)(p->dv + 1) * sizeof(double));
+    return s->q && s->x && s->s && s->acc;
+}
+
+static void scratch_free(dg_scratch *s)
+{
+    free(s->q);
+    free(s->x);
+    free(s->s);
+    free(s->acc);
+}
+
+/*
+ * Residuals of variant v on the rows listed in `rows` (NULL: all n): per row
+ * into ro[w]/rl[w] when those are non-NULL, summed into *so, *sl.
+ * Returns 0, or -1 when scratch could not be allocated.
+ */
+static int residuals(const dg_ctx *cx, const dg_variant *v, const int64_t *rows, int64_t nrows, double *ro,
+                     double *rl, double *so, double *sl)
+{
+    const fa_problem *p = cx->p;
+    const int64_t dv = p->dv;
+    double to = 0.0, tl = 0.0;
+    int bad = 0;
+    const int nt = (int)(nrows < cx->nt ? (nrows > 0 ? nrows : 1) : cx->nt);
+#pragma omp parallel num_threads(nt) reduction(+ : to, tl, bad)
+    {
+        dg_scratch s;
+        double *o = malloc((size_t)dv * sizeof *o);
+        if (!scratch_alloc(&s, p) || !o) {
+            bad++;
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t x = 0; x < nrows; x++) {
+                const int64_t w = rows ? rows[x] : x;
+                double lse;
+                int any;
+                predict(cx, &s, w, v, o, &lse, &any);
+                double a = 0.0, c = 0.0;
+                const double *t = cx->ot + w * dv;
+                for (int64_t k = 0; k < dv; k++) a += o_diff(t[k], o[k], cx->pen);
+                if (cx->lt && !any) c = l_diff(cx->lt[w], lse);
+                if (ro) ro[w] = a;
+                if (rl) rl[w] = c;
+                to += a;
+                tl += c;
+            }
+        }
+        scratch_free(&s);
+        free(o);
+    }
+    *so = to;
+    *sl = tl;
+    return bad ? -1 : 0;
+}
+
+/* Explained fraction from residuals (ro, rl) against reference residuals (bo,
+ * bl): the mean over the wrong channels of 1 - r / r_ref. A channel that is
+ * right (at its rounding floor) may only lower it: a candidate that breaks a
+ * correct output to explain a wrong LSE pays 1 - r / max(r_ref, floor) < 0. */
+static double explained(const dg_ctx *cx, double ro, double rl, double bo, double bl)
+{
+    double e = 0.0;
+    int n = 0;
+    if (cx->sig_o) {
+        e += bo > 0 ? 1.0 - ro / bo : 0.0;
+        n++;
+    } else {
+        const double f = bo > cx->floor_o ? bo : cx->floor_o;
+        if (f > 0 && ro > f) e += 1.0 - ro / f;
+    }
+    if (cx->sig_l) {
+        e += bl > 0 ? 1.0 - rl / bl : 0.0;
+        n++;
+    } else if (cx->lt) {
+        const double f = bl > cx->floor_l ? bl : cx->floor_l;
+        if (f > 0 && rl > f) e += 1.0 - rl / f;
+    }
+    return n ? e / n : 0.0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Candidates                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dg_result {
+    fa_diagnosis d;
+} dg_result;
+
+typedef struct dg_list {
+    fa_diagnosis all[32];
+    int n;
+    char considered[256];
+    int n_considered;
+} dg_list;
+
+static void consider(dg_list *L, const char *id)
+{
+    size_t len = strlen(L->considered);
+    snprintf(L->considered + len, sizeof L->considered - len, "%s%s", len ? ", " : "", id);
+    L->n_considered++;
+}
+
+static void add(dg_list *L, const char *id, double ex, double param, const char *fmt, ...)
+{
+    if (L->n >= (int)(sizeof L->all / sizeof L->all[0])) return;
+    fa_diagnosis *d = &L->all[L->n++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->id, sizeof d->id, "%s", id);
+    d->explained = ex;
+    d->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->detail, sizeof d->detail, fmt, ap);
+    va_end(ap);
+}
+
+/* Score variant v on every sampled row; NaN on allocation failure. */
+static double score(const dg_ctx *cx, const dg_variant *v)
+{
+    double ro, rl;
+    if (residuals(cx, v, NULL, cx->n, NULL, NULL, &ro, &rl) != 0) return NAN;
+    return explained(cx, ro, rl, cx->r0o, cx->r0l);
+}
+
+/* The best of nv variants; its index in *best. With many rows, the variants
+ * are first compared on the rows where the error is largest (cx->fit) and
+ * only the winner is scored on every row. */
+static double best_of(const dg_ctx *cx, const dg_variant *vs, int nv, int *best)
+{
+    *best = 0;
+    if (nv > 1 && cx->n > 2 * cx->nfit) {
+        double top = -INFINITY;
+        for (int x = 0; x < nv; x++) {
+            double ro, rl;
+            if (residuals(cx, &vs[x], cx->fit, cx->nfit, NULL, NULL, &ro, &rl) != 0) return NAN;
+            const double e = explained(cx, ro, rl, cx->fit_o, cx->fit_l);
+            if (e > top) {
+                top = e;
+                *best = x;
+            }
+        }
+        return score(cx, &vs[*best]);
+    }
+    double top = -INFINITY;
+    for (int x = 0; x < nv; x++) {
+        const double e = score(cx, &vs[x]);
+        if (e > top) {
+            top = e;
+            *best = x;
+        }
+    }
+    return top;
+}
+
+/* Scale factor fit on a subset of rows: grid over 2^(k/2), k in -14..14, then golden section. */
+static double fit_scale(const dg_ctx *cx, const int64_t *rows, int64_t nr, double bo, double bl)
+{
+    const fa_problem *p = cx->p;
+    dg_variant v = dg_variant_reference(p);
+    double best_x = 0.0, best_e = -INFINITY;
+    for (int k = -14; k <= 14; k++) {
+        if (k == 0) continue;
+        v.scale = p->scale * exp2(k / 2.0);
+        double ro, rl;
+        if (residuals(cx, &v, rows, nr, NULL, NULL, &ro, &rl) != 0) return 1.0;
+        const double e = explained(cx, ro, rl, bo, bl);
+        if (e > best_e) {
+            best_e = e;
+            best_x = k / 2.0;
+        }
+    }
+    double a = best_x - 0.5, c = best_x + 0.5;
+    const double g = 0.5 * (sqrt(5.0) - 1.0);
+    double x1 = c - g * (c - a), x2 = a + g * (c - a), f1, f2;
+    double ro, rl;
+    v.scale = p->scale * exp2(x1);
+    residuals(cx, &v, rows, nr, NULL, NULL, &ro, &rl);
+    f1 = explained(cx, ro, rl, bo, bl);
+    v.scale = p->scale * exp2(x2);
+    residuals(cx, &v, rows, nr, NULL, NULL, &ro, &rl);
+    f2 = explained(cx, ro, rl, bo, bl);
+    for (int it = 0; it < 22; it++) {
+        if (f1 > f2) {
+            c = x2;
+            x2 = x1;
+            f2 = f1;
+            x1 = c - g * (c - a);
+            v.scale = p->scale * exp2(x1);
+            residuals(cx, &v, rows, nr, NULL, NULL, &ro, &rl);
+            f1 = explained(cx, ro, rl, bo, bl);
+        } else {
+            a = x1;
+            x1 = x2;
+            f1 = f2;
+            x2 = a + g * (c - a);
+            v.scale = p->scale * exp2(x2);
+            residuals(cx, &v, rows, nr, NULL, NULL, &ro, &rl);
+            f2 = explained(cx, ro, rl, bo, bl);
+        }
+    }
+    const double x = f1 > f2 ? x1 : x2;
+    return exp2((f1 > f2 ? f1 : f2) >= best_e ? x : best_x);
+}
+
+static int near(double a, double b, double rel) { return fabs(a - b) <= rel * fabs(b); }
+
+static void cand_scale(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    consider(L, "scale");
+    dg_variant v = dg_variant_reference(p);
+    const double f = fit_scale(cx, cx->fit, cx->nfit, cx->fit_o, cx->fit_l);
+    v.scale = p->scale * f;
+    const double e = score(cx, &v);
+    const double used = v.scale, d = (double)p->d;
+    const char *why = "";
+    if (near(used, 1.0 / d, 0.02)) why = ": 1/d used instead of 1/sqrt(d)";
+    else if (near(used, p->scale * p->scale, 0.02)) why = ": the scale applied twice";
+    else if (near(used, 1.0, 0.02)) why = ": the scale not applied";
+    else if (near(used, 1.0 / p->scale, 0.02)) why = ": the inverse of the scale";
+    add(L, "scale", e, f, "factor %.4g: the kernel's scale is %.4g, expected %.4g%s", f, used, p->scale, why);
+}
+
+static void cand_align(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (p->seqlen_q == p->seqlen_k || (p->window_left < 0 && p->window_right < 0)) return;
+    consider(L, "causal-top-left");
+    dg_variant v = dg_variant_reference(p);
+    v.diag = p->top_left ? p->seqlen_k - p->seqlen_q : 0;
+    const double e = score(cx, &v);
+    if (p->top_left)
+        add(L, "causal-top-left", e, (double)v.diag,
+            "the kernel aligns the mask bottom-right (FlashAttention's), the check expected top-left "
+            "(--align top-left was given)");
+    else
+        add(L, "causal-top-left", e, 0.0,
+            "the kernel aligns the mask top-left (PyTorch SDPA's is_causal); if that is its contract, "
+            "check with --align top-left");
+}
+
+static void cand_softcap(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!(p->softcap > 0)) return;
+    consider(L, "softcap-missing");
+    dg_variant v = dg_variant_reference(p);
+    v.softcap = 0.0;
+    add(L, "softcap-missing", score(cx, &v), p->softcap, "softcap %g not applied", p->softcap);
+    consider(L, "softcap-order");
+    dg_variant vs[2];
+    int nv = 0;
+    vs[nv] = dg_variant_reference(p);
+    vs[nv++].cap_mode = DG_CAP_BEFORE_SCALE;
+    if (p->window_left >= 0 || p->window_right >= 0) {
+        vs[nv] = dg_variant_reference(p);
+        vs[nv++].cap_mode = DG_CAP_AFTER_MASK;
+    }
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    if (vs[best].cap_mode == DG_CAP_BEFORE_SCALE)
+        add(L, "softcap-order", e, 1.0, "the cap applied to q.k before the scale: scale * cap(q.k)");
+    else
+        add(L, "softcap-order", e, 2.0, "the cap applied after the mask: masked keys kept at -softcap");
+}
+
+static void cand_lse(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!cx->lt) return;
+    consider(L, "lse-log2");
+    dg_variant vs[2];
+    vs[0] = dg_variant_reference(p);
+    vs[0].lse = DG_LSE_LOG2;
+    vs[1] = dg_variant_reference(p);
+    vs[1].lse = DG_LSE_LN2_TWICE;
+    int best;
+    const double e = best_of(cx, vs, 2, &best);
+    if (best == 0) add(L, "lse-log2", e, 1.0 / DG_LN2, "LSE in log base 2 (natural LSE x 1.4427)");
+    else add(L, "lse-log2", e, DG_LN2, "LSE converted by ln 2 twice (natural LSE x 0.6931)");
+    consider(L, "lse-unscaled");
+    dg_variant u = dg_variant_reference(p);
+    u.lse = DG_LSE_UNSCALED;
+    add(L, "lse-unscaled", score(cx, &u), 1.0, "LSE of the unscaled q.k (the scale %.4g left out of the LSE)",
+        p->scale);
+}
+
+static void cand_window(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (p->window_left < 0 && p->window_right < 0) return;
+    consider(L, "window-shift");
+    dg_variant vs[12];
+    char what[12][96];
+    double par[12];
+    int nv = 0;
+    static const int shifts[4] = {-2, -1, 1, 2};
+    for (int side = 0; side < 2; side++) {
+        const int64_t w = side ? p->window_right : p->window_left;
+        if (w < 0) continue;
+        for (int x = 0; x < 4; x++) {
+            if (w + shifts[x] < 0) continue;
+            vs[nv] = dg_variant_reference(p);
+            if (side) vs[nv].wr = w + shifts[x];
+            else vs[nv].wl = w + shifts[x];
+            snprintf(what[nv], sizeof what[nv], "%s window %lld instead of %lld (shift %+d)",
+                     side ? "right" : "left", (long long)(w + shifts[x]), (long long)w, shifts[x]);
+            par[nv++] = shifts[x];
+        }
+    }
+    if (p->window_left >= 0 && p->window_right != p->window_left) {
+        vs[nv] = dg_variant_reference(p);
+        vs[nv].wr = p->window_left;
+        snprintf(what[nv], sizeof what[nv], "a symmetric window (%lld, %lld): right = left",
+                 (long long)p->window_left, (long long)p->window_left);
+        par[nv++] = 0.0;
+    }
+    if (!nv) return;
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "window-shift", e, par[best], "%s", what[best]);
+}
+
+static void cand_empty(const dg_ctx *cx, dg_list *L)
+{
+    int any = 0;
+    for (int64_t w = 0; w < cx->n && !any; w++) any = cx->lrf[w] == -INFINITY;
+    if (!any) return;
+    consider(L, "empty-row");
+    dg_variant vs[2];
+    vs[0] = dg_variant_reference(cx->p);
+    vs[0].empty = DG_EMPTY_NAN;
+    vs[1] = dg_variant_reference(cx->p);
+    vs[1].empty = DG_EMPTY_MEAN_V;
+    int best;
+    const double e = best_of(cx, vs, 2, &best);
+    add(L, "empty-row", e, (double)best,
+        best == 0 ? "rows with no visible key give NaN (0/0: no l == 0 guard)"
+                  : "rows with no visible key give mean(V) (a finite -inf sentinel: uniform weights)");
+}
+
+static const int tiles[5] = {16, 32, 64, 128, 256};
+
+static void cand_rescale(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    dg_variant vs[5];
+    int nv = 0;
+    for (int x = 0; x < 5; x++)
+        if (tiles[x] < p->seqlen_k) {
+            vs[nv] = dg_variant_reference(p);
+            vs[nv++].tile = tiles[x];
+        }
+    if (!nv) return;
+    consider(L, "missing-rescale");
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "missing-rescale", e, vs[best].tile,
+        "online softmax over %d-key tiles without rescaling the accumulator when the row max rises",
+        vs[best].tile);
+}
+
+static void cand_tail(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    dg_variant vs[5];
+    int nv = 0;
+    for (int x = 0; x < 5; x++)
+        if (p->seqlen_k % tiles[x] != 0) {
+            vs[nv] = dg_variant_reference(p);
+            vs[nv++].pad_tile = tiles[x];
+        }
+    /* padded keys sit right of every real key: a bounded right window hides them
+     * from every row whose band ends before seqlen_k */
+    if (!nv) return;
+    consider(L, "tail-tile");
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    const int64_t t = vs[best].pad_tile, padded = (p->seqlen_k + t - 1) / t * t;
+    add(L, "tail-tile", e, (double)padded,
+        "keys %lld..%lld read as zero K and V (score 0): the last %lld-key tile is not masked at seqlen_k %lld",
+        (long long)p->seqlen_k, (long long)padded - 1, (long long)t, (long long)p->seqlen_k);
+}
+
+static void cand_gqa(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    const int64_t H = p->heads, Hk = p->heads_k, n = cx->n;
+    if (Hk <= 1 || Hk >= H) return;
+    consider(L, "gqa-head-map");
+    double *ro = malloc((size_t)(Hk * n) * sizeof *ro), *rl = malloc((size_t)(Hk * n) * sizeof *rl);
+    int64_t *map = malloc((size_t)H * sizeof *map);
+    if (!ro || !rl || !map) {
+        free(ro);
+        free(rl);
+        free(map);
+        return;
+    }
+    int64_t *rows = malloc((size_t)n * sizeof *rows);
+    if (!rows) {
+        free(ro);
+        free(rl);
+        free(map);
+        return;
+    }
+    for (int64_t j = 0; j < Hk; j++) {
+        /* a row's own kv head gives the reference: its residuals are known */
+        int64_t nr = 0;
+        for (int64_t w = 0; w < n; w++) {
+            if (fa_kv_head(p, cx->it[w].h) == j) {
+                ro[j * n + w] = cx->ro_ref[w];
+                rl[j * n + w] = cx->rl_ref[w];
+            } else {
+                rows[nr++] = w;
+            }
+        }
+        dg_variant v = dg_variant_reference(p);
+        v.kvh = j;
+        double so, sl;
+        residuals(cx, &v, rows, nr, ro + j * n, rl + j * n, &so, &sl);
+    }
+    free(rows);
+    const double wo = cx->sig_o && cx->r0o > 0 ? 1.0 / cx->r0o : 0.0;
+    const double wl = cx->sig_l && cx->r0l > 0 ? 1.0 / cx->r0l : 0.0;
+    for (int64_t h = 0; h < H; h++) {
+        double best = INFINITY;
+        map[h] = fa_kv_head(p, h);
+        for (int64_t j = 0; j < Hk; j++) {
+            double t = 0.0;
+            for (int64_t w = 0; w < n; w++)
+                if (cx->it[w].h == h) t += wo * ro[j * n + w] + wl * rl[j * n + w];
+            if (t < best) {
+                best = t;
+                map[h] = j;
+            }
+        }
+    }
+    double so = 0.0, sl = 0.0;
+    for (int64_t w = 0; w < n; w++) {
+        const int64_t j = map[cx->it[w].h];
+        so += ro[j * n + w];
+        sl += rl[j * n + w];
+    }
+    const double e = explained(cx, so, sl, cx->r0o, cx->r0l);
+    char text[160];
+    size_t len = 0;
+    int modulo = 1;
+    for (int64_t h = 0; h < H; h++) {
+        if (map[h] != h % Hk) modulo = 0;
+        if (len < 100) len += (size_t)snprintf(text + len, sizeof text - len, "%s%lld->%lld", h ? " " : "",
+                                               (long long)h, (long long)map[h]);
+        else if (len < 104) len += (size_t)snprintf(text + len, sizeof text - len, " ...");
+    }
+    add(L, "gqa-head-map", e, modulo ? 1.0 : 0.0, "query head -> kv head %s%s (expected h / %lld)", text,
+        modulo ? " = h % heads_k" : "", (long long)(H / Hk));
+    free(ro);
+    free(rl);
+    free(map);
+}
+
+static void cand_layout(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (p->heads < 2 || p->seqlen_q < 2) return;
+    consider(L, "layout-transposed");
+    dg_variant vs[2];
+    vs[0] = dg_variant_reference(p);
+    vs[0].layout = DG_LAYOUT_OUT_BHSD;
+    vs[1] = dg_variant_reference(p);
+    vs[1].layout = DG_LAYOUT_ALL_BHSD;
+    const int nv = p->heads_k > 1 || p->seqlen_k > 1 ? 2 : 1;
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "layout-transposed", e, (double)(best + 1),
+        best == 0 ? "O written as [batch, heads, seqlen_q, d_v] into the [batch, seqlen_q, heads, d_v] buffer"
+                  : "Q, K, V read and O written as [batch, heads, seqlen, d] over [batch, seqlen, heads, d] buffers");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entry point                                                               */
+/* ------------------------------------------------------------------------ */
+
+#define DIAG_OPTIONS_MIN_SIZE (offsetof(fa_diagnose_options, min_explained) + sizeof(double))
+#define DIAG_REPORT_MIN_SIZE (offsetof(fa_diagnose_report, batch_rel_rms) + sizeof(double *))
+
+void fa_diagnose_options_init(fa_diagnose_options *opt, size_t struct_size)
+{
+    if (!opt) return;
+    memset(opt, 0, struct_size);
+    fa_diagnose_options o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = struct_size;
+    o.dtype = FA_CHECK_DTYPE_AUTO;
+    o.min_explained = 0.8;
+    memcpy(opt, &o, struct_size < sizeof o ? struct_size : sizeof o);
+}
+
+void fa_diagnose_report_free(fa_diagnose_report *r)
+{
+    if (!r || r->struct_size < DIAG_REPORT_MIN_SIZE) return;
+    const size_t size = r->struct_size;
+    free(r->head_rel_rms);
+    free(r->batch_rel_rms);
+    memset(r, 0, size < sizeof *r ? size : sizeof *r);
+    r->struct_size = size;
+}
+
+static uint64_t mix64(uint64_t *st)
+{
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int dtype_rank(fa_dtype t) { return t == FA_BF16 ? 0 : t == FA_F16 ? 1 : t == FA_F32 ? 2 : 3; }
+
+static int cmp_diag(const void *a, const void *b)
+{
+    const double x = ((const fa_diagnosis *)a)->explained, y = ((const fa_diagnosis *)b)->explained;
+    return (x < y) - (x > y);
+}
+
+static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnose_options *o,
+                     fa_diagnose_report *rep)
+{
+    const int64_t Sq = p->seqlen_q, B = p->batch, H = p->heads, dv = p->dv, Sk = p->seqlen_k;
+    const int64_t K = o->sample_rows > 0 && o->sample_rows < Sq ? o->sample_rows : Sq;
+    dg_ctx cx;
+    memset(&cx, 0, sizeof cx);
+    cx.p = p;
+    cx.n = B * H * K;
+    cx.nt = o->num_threads > 0 ? o->num_threads : p->num_threads;
+    fa_status st = FA_ERR_NOMEM;
+    cx.it = malloc((size_t)cx.n * sizeof *cx.it);
+    cx.ot = malloc((size_t)(cx.n * dv) * sizeof(double));
+    cx.orf = malloc((size_t)(cx.n * dv) * sizeof(double));
+    cx.lrf = malloc((size_t)cx.n * sizeof(double));
+    if (lse) cx.lt = malloc((size_t)cx.n * sizeof(double));
+    double *ro = malloc((size_t)cx.n * sizeof(double)), *rl = calloc((size_t)cx.n, sizeof(double));
+    cx.ro_ref = ro;
+    cx.rl_ref = rl;
+    rep->head_rel_rms = calloc((size_t)H, sizeof(double));
+    rep->batch_rel_rms = calloc((size_t)B, sizeof(double));
+    double *hs = calloc((size_t)(2 * H + 2 * B), sizeof(double));
+    if (!cx.it || !cx.ot || !cx.orf || !cx.lrf || (lse && !cx.lt) || !ro || !rl || !rep->head_rel_rms ||
+        !rep->batch_rel_rms || !hs)
+        goto out;
+    rep->n_heads = H;
+    rep->n_batch = B;
+
+    /* 1. rows: one per stratum, row 0 and the last row always */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            uint64_t sd = o->seed ^ (0x5851f42d4c957f2dull * (uint64_t)(b + 1)) ^
+                          (0x2545f4914f6cdd1dull * (uint64_t)(h + 1));
+            for (int64_t t = 0; t < K; t++) {
+                const int64_t lo = t * Sq / K, hi = (t + 1) * Sq / K;
+                int64_t i = lo + (int64_t)(mix64(&sd) % (uint64_t)(hi - lo));
+                if (t == 0) i = 0;
+                if (t == K - 1) i = Sq - 1;
+                dg_item *it = &cx.it[(b * H + h) * K + t];
+                it->b = b;
+                it->i = i;
+                it->h = h;
+            }
+        }
+    /* 2. tested rows, the dot cache, the reference */
+    double maxref = 0.0;
+    for (int64_t w = 0; w < cx.n; w++) {
+        const dg_item *it = &cx.it[w];
+        load_vec(&p->o, fa_off4(&p->o, it->b, it->i, it->h, 0), p->o.stride[3], dv, cx.ot + w * dv);
+        if (lse) cx.lt[w] = fa_load_f64(lse, fa_lse_off(p, it->b, it->h, it->i));
+    }
+    if ((size_t)cx.n * (size_t)Sk <= DG_DOTS_MAX_BYTES / sizeof(double)) {
+        cx.dots = malloc((size_t)(cx.n * Sk) * sizeof(double));
+        if (cx.dots) {
+            int bad = 0;
+            const int nt = (int)(cx.n < cx.nt ? cx.n : cx.nt);
+#pragma omp parallel num_threads(nt) reduction(+ : bad)
+            {
+                double *q = malloc((size_t)p->d * sizeof *q), *x = malloc((size_t)p->d * sizeof *x);
+                if (!q || !x) bad++;
+                else {
+#pragma omp for schedule(dynamic, 1)
+                    for (int64_t w = 0; w < cx.n; w++) {
+                        const dg_item *it = &cx.it[w];
+                        const int64_t kh = fa_kv_head(p, it->h);
+                        load_vec(&p->q, fa_off4(&p->q, it->b, it->i, it->h, 0), p->q.stride[3], p->d, q);
+                        for (int64_t j = 0; j < Sk; j++) {
+                            load_vec(&p->k, fa_off4(&p->k, it->b, j, kh, 0), p->k.stride[3], p->d, x);
+                            double t = 0.0;
+                            for (int64_t c = 0; c < p->d; c++) t += q[c] * x[c];
+                            cx.dots[w * Sk + j] = t;
+                        }
+                    }
+                }
+                free(q);
+                free(x);
+            }
+            if (bad) goto out;
+        }
+    }
+    {
+        int bad = 0;
+        const dg_variant ref = dg_variant_reference(p);
+        const int nt = (int)(cx.n < cx.nt ? cx.n : cx.nt);
+#pragma omp parallel num_threads(nt) reduction(+ : bad)
+        {
+            dg_scratch s;
+            if (!scratch_alloc(&s, p)) bad++;
+            else {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t w = 0; w < cx.n; w++) {
+                    int any;
+                    eval_core(&cx, &s, cx.it[w].b, cx.it[w].i, cx.it[w].h, &ref,
+                              cx.dots ? cx.dots + w * Sk : NULL, 0, cx.orf + w * dv, cx.lrf + w, &any);
+                }
+            }
+            scratch_free(&s);
+        }
+        if (bad) goto out;
+    }
+    for (int64_t x = 0; x < cx.n * dv; x++)
+        if (fabs(cx.orf[x]) > maxref) maxref = fabs(cx.orf[x]);
+    cx.pen = 4.0 * (maxref + 1.0) * (maxref + 1.0);
+
+    /* 3. channels */
+    double refsq = 0.0, lsq = 0.0, lref2 = 0.0;
+    int64_t nl = 0, nonfinite = 0;
+    for (int64_t w = 0; w < cx.n; w++) {
+        double a = 0.0, r2 = 0.0;
+        for (int64_t c = 0; c < dv; c++) {
+            const double t = cx.ot[w * dv + c], r = cx.orf[w * dv + c];
+            a += o_diff(t, r, cx.pen);
+            r2 += r * r;
+            if (!isfinite(t)) nonfinite++;
+        }
+        ro[w] = a;
+        cx.r0o += a;
+        refsq += r2;
+        hs[cx.it[w].h] += a;
+        hs[H + cx.it[w].h] += r2;
+        hs[2 * H + cx.it[w].b] += a;
+        hs[2 * H + B + cx.it[w].b] += r2;
+        if (cx.lt) {
+            rl[w] = l_diff(cx.lt[w], cx.lrf[w]);
+            cx.r0l += rl[w];
+            if (isfinite(cx.lrf[w])) {
+                lsq += l_diff(cx.lt[w], cx.lrf[w]);
+                lref2 += cx.lrf[w] * cx.lrf[w];
+                nl++;
+            } else if (!isinf(cx.lt[w])) {
+                lsq += DG_LSE_PENALTY;
+            }
+        }
+    }
+    for (int64_t h = 0; h < H; h++)
+        rep->head_rel_rms[h] = sqrt(hs[h] / (hs[H + h] > 0 ? hs[H + h] : 1.0));
+    for (int64_t b = 0; b < B; b++)
+        rep->batch_rel_rms[b] = sqrt(hs[2 * H + b] / (hs[2 * H + B + b] > 0 ? hs[2 * H + B + b] : 1.0));
+    fa_dtype dt = o->dtype;
+    if (dt == FA_CHECK_DTYPE_AUTO) {
+        const fa_dtype all[4] = {p->q.dtype, p->k.dtype, p->v.dtype, p->o.dtype};
+        dt = all[0];
+        for (int x = 1; x < 4; x++)
+            if (dtype_rank(all[x]) < dtype_rank(dt)) dt = all[x];
+    }
+    const double floor_rel = dt == FA_BF16 ? 0x1p-6 : dt == FA_F16 ? 0x1p-9 : 0x1p-16;
+    rep->out_rel_rms = nonfinite ? INFINITY : sqrt(cx.r0o / (refsq > 0 ? refsq : 1.0));
+    cx.sig_o = nonfinite > 0 || rep->out_rel_rms > floor_rel;
+    cx.floor_o = floor_rel * floor_rel * refsq;
+    if (cx.lt) {
+        const double n1 = (double)(cx.n > 0 ? cx.n : 1);
+        rep->lse_rms = sqrt(lsq / n1);
+        const double lr = nl ? sqrt(lref2 / (double)nl) : 0.0;
+        cx.sig_l = rep->lse_rms > 5e-4 * (lr > 1.0 ? lr : 1.0);
+        cx.floor_l = 25e-8 * (lr > 1.0 ? lr * lr : 1.0) * n1;
+    }
+    /* the fit rows: largest normalized reference residual first */
+    {
+        const double wo = cx.r0o > 0 ? 1.0 / cx.r0o : 0.0, wl = cx.r0l > 0 ? 1.0 / cx.r0l : 0.0;
+        cx.nfit = cx.n < DG_FIT_ROWS ? cx.n : DG_FIT_ROWS;
+        for (int64_t x = 0; x < cx.nfit; x++) cx.fit[x] = -1;
+        for (int64_t w = 0; w < cx.n; w++) {
+            const double e = (cx.sig_o ? wo * ro[w] : 0.0) + (cx.sig_l ? wl * rl[w] : 0.0);
+            int64_t x = cx.nfit;
+            while (x > 0 && (cx.fit[x - 1] < 0 ||
+                             e > (cx.sig_o ? wo * ro[cx.fit[x - 1]] : 0.0) + (cx.sig_l ? wl * rl[cx.fit[x - 1]] : 0.0)))
+                x--;
+            if (x >= cx.nfit) continue;
+            memmove(cx.fit + x + 1, cx.fit + x, (size_t)(cx.nfit - 1 - x) * sizeof cx.fit[0]);
+            cx.fit[x] = w;
+        }
+        for (int64_t x = 0; x < cx.nfit; x++) {
+            cx.fit_o += ro[cx.fit[x]];
+            cx.fit_l += rl[cx.fit[x]];
+        }
+    }
+    rep->out_significant = cx.sig_o;
+    rep->lse_significant = cx.sig_l;
+    rep->rows_sampled = cx.n;
+
+    /* 4. candidates */
+    dg_list L;
+    memset(&L, 0, sizeof L);
+    if (cx.sig_o || cx.sig_l) {
+        cand_align(&cx, &L);
+        cand_scale(&cx, &L);
+        cand_softcap(&cx, &L);
+        cand_lse(&cx, &L);
+        cand_gqa(&cx, &L);
+        cand_window(&cx, &L);
+        cand_empty(&cx, &L);
+        cand_rescale(&cx, &L);
+        cand_tail(&cx, &L);
+        cand_layout(&cx, &L);
+    }
+    qsort(L.all, (size_t)L.n, sizeof L.all[0], cmp_diag);
+    for (int x = 0; x < L.n && rep->n < FA_DIAG_MAX; x++)
+        if (L.all[x].explained >= o->min_explained) rep->items[rep->n++] = L.all[x];
+    rep->n_considered = L.n_considered;
+    snprintf(rep->considered, sizeof rep->considered, "%s", L.considered);
+    st = FA_OK;
+out:
+    if (st != FA_OK) st = fa_fail(FA_ERR_NOMEM, "fa_diagnose: out of memory for %lld sampled rows",
+                                  (long long)cx.n);
+    free(cx.it);
+    free(cx.ot);
+    free(cx.orf);
+    free(cx.lrf);
+    free(cx.lt);
+    free(cx.dots);
+    free(ro);
+    free(rl);
+    free(hs);
+    return st;
+}
+
+fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                      const fa_tensor *lse, const fa_options *attn, const fa_diagnose_options *dopt,
+                      fa_diagnose_report *report)
+{
+    if (!report) return fa_fail(FA_ERR_NULL_ARG, "fa_diagnose: report is NULL");
+    static const size_t rknown[] = {sizeof(fa_diagnose_report)};
+    fa_status st = fa_struct_size_check(report, sizeof *report, rknown, 1, "fa_diagnose_report",
+                                        "fa_diagnose_report_init");
+    if (st != FA_OK) return st;
+    const size_t rsize = report->struct_size;
+    memset(report, 0, rsize < sizeof *report ? rsize : sizeof *report);
+    report->struct_size = sizeof *report;
+    fa_diagnose_options o;
+    fa_diagnose_options_init(&o, sizeof o);
+    if (dopt) {
+        static const size_t known[] = {DIAG_OPTIONS_MIN_SIZE};
+        if ((st = fa_struct_size_check(dopt, sizeof o, known, 1, "fa_diagnose_options",
+                                       "fa_diagnose_options_init")) != FA_OK)
+            return st;
+        memcpy(&o, dopt, dopt->struct_size < sizeof o ? dopt->struct_size : sizeof o);
+        o.struct_size = sizeof o;
+    }
+    if (o.sample_rows < 0)
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: sample_rows must be >= 0 (got %lld)", (long long)o.sample_rows);
+    if (o.num_threads < 0)
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: num_threads must be >= 0 (got %d)", o.num_threads);
+    if (!(o.min_explained >= 0.0 && o.min_explained <= 1.0))
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: min_explained must be in [0, 1] (got %g)", o.min_explained);
+    if ((int)o.dtype < 0 || o.dtype > FA_CHECK_DTYPE_AUTO)
+        return fa_fail(FA_ERR_DTYPE, "fa_diagnose: invalid dtype %d", (int)o.dtype);
+    if (!out) return fa_fail(FA_ERR_NULL_ARG, "out: tensor is NULL");
+    fa_problem p;
+    if ((st = fa_resolve(FA_PURPOSE_CHECK, q, k, v, out, lse, attn, NULL, &p)) != FA_OK) return st;
+    if (p.seq || p.cu_seqlens_q || p.cache_seqlens) /* the candidate models index uniform batches */
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: variable-length batches and KV caches are not supported yet "
+                       "(fa_check judges them; diagnose one sequence as its own batch)");
+    if (p.batch == 0 || p.seqlen_q == 0 || p.seqlen_k == 0) {
+        snprintf(report->considered, sizeof report->considered, "%s", "");
+        return FA_OK; /* nothing to diagnose */
+    }
+    st = run(&p, lse, &o, report);
+    if (st != FA_OK) fa_diagnose_report_free(report);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Text                                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dg_text {
+    char *buf;
+    size_t size, len;
+} dg_text;
+
+static void put(dg_text *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *dst = t->len < t->size ? t->buf + t->len : NULL;
+    const int n = vsnprintf(dst, dst ? t->size - t->len : 0, fmt, ap);
+    va_end(ap);
+    if (n > 0) t->len += (size_t)n;
+}
+
+size_t fa_diagnose_report_format(const fa_diagnose_report *r, char *buf, size_t size)
+{
+    dg_text t = {buf, buf ? size : 0, 0};
+    if (buf && size) buf[0] = '\0';
+    if (!r || r->struct_size < DIAG_REPORT_MIN_SIZE) return 0;
+    if (r->n == 0) {
+        if (!r->out_significant && !r->lse_significant)
+            put(&t, "diagnosis: none (the error is at the rounding level of the kernel's precision)\n");
+        else
+            put(&t, "diagnosis: none (no known mistake explains the error; considered: %s)\n",
+                r->n_considered ? r->considered : "nothing");
+    }
+    for (int x = 0; x < r->n; x++)
+        put(&t, "diagnosis: %s (explains %.1f%% of the error; %s)\n", r->items[x].id,
+            100.0 * r->items[x].explained, r->items[x].detail);
+    put(&t, "diagnosis rows: %lld sampled; output relative RMS error %.3g; ", (long long)r->rows_sampled,
+        r->out_rel_rms);
+    if (r->lse_significant || r->lse_rms > 0) put(&t, "LSE RMS error %.3g\n", r->lse_rms);
+    else put(&t, "no LSE error\n");
+    if (r->n_heads > 0 && r->head_rel_rms) {
+        put(&t, "error by head (relative RMS):");
+        for (int64_t h = 0; h < r->n_heads; h++) {
+            if (h == 64) {
+                put(&t, " ...");
+                break;
+            }
+            put(&t, " %lld:%.3g", (long long)h, r->head_rel_rms[h]);
+        }
+        put(&t, "\n");
+    }
+    if (r->n_batch > 0 && r->batch_rel_rms) {
+        put(&t, "error by sequence (relative RMS):");
+        for (int64_t b = 0; b < r->n_batch; b++) {
+            if (b == 64) {
+                put(&t, " ...");
+                break;
+            }
+            put(&t, " %lld:%.3g", (long long)b, r->batch_rel_rms[b]);
+        }
+        put(&t, "\n");
+    }
+    return t.len;
+}

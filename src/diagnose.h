@@ -1,0 +1,59 @@
+/*
+ * diagnose.h — internals of fa_diagnose() (diagnose.c): the candidate
+ * mistakes, as perturbations of the float64 reference for one query row.
+ *
+ * A variant says how a kernel with one known mistake computes a row: which
+ * scale, softcap order, diagonal, window, kv head, tile bookkeeping, empty-row
+ * result, LSE convention and memory layout it uses. The correct reference is
+ * the variant with every field at its resolved value (dg_variant_reference).
+ */
+#ifndef FA_DIAGNOSE_H
+#define FA_DIAGNOSE_H
+
+#include <stdint.h>
+
+#include "problem.h"
+
+typedef enum dg_cap_mode {
+    DG_CAP_RIGHT = 0,    /* scale, then cap (the contract) */
+    DG_CAP_BEFORE_SCALE, /* s = scale * cap(q.k): the cap applied to the raw dot */
+    DG_CAP_AFTER_MASK    /* masked keys kept at cap(-inf) = -softcap */
+} dg_cap_mode;
+
+typedef enum dg_empty_mode {
+    DG_EMPTY_ZERO = 0,   /* O = 0, LSE = -inf (the contract) */
+    DG_EMPTY_NAN,        /* no l == 0 guard: 0/0 */
+    DG_EMPTY_MEAN_V      /* a finite -inf sentinel: uniform weights over every key */
+} dg_empty_mode;
+
+typedef enum dg_lse_mode {
+    DG_LSE_RIGHT = 0,
+    DG_LSE_LOG2,         /* log2 of the sum: LSE / ln 2 */
+    DG_LSE_LN2_TWICE,    /* a natural-log LSE multiplied by ln 2 again */
+    DG_LSE_UNSCALED      /* logsumexp of the unscaled dot products q.k (O right) */
+} dg_lse_mode;
+
+typedef enum dg_layout_mode {
+    DG_LAYOUT_RIGHT = 0,
+    DG_LAYOUT_OUT_BHSD,  /* O written [B][H][Sq][dv] into the [B][Sq][H][dv] buffer */
+    DG_LAYOUT_ALL_BHSD   /* Q, K, V read and O written as BHSD over BSHD buffers */
+} dg_layout_mode;
+
+typedef struct dg_variant {
+    double scale;        /* applied to q.k */
+    double softcap;      /* 0: off */
+    dg_cap_mode cap_mode;
+    int64_t diag;        /* row i lines up with key i + diag; INT64_MIN: the problem's */
+    int64_t wl, wr;      /* window (< 0 unbounded), causal folded in */
+    int64_t kvh;         /* kv head; -1: the problem's map h / (H / Hk) */
+    int tile;            /* > 0: online softmax in tiles of this many keys with no rescale */
+    int pad_tile;        /* > 0: keys padded to a multiple of this with zero K and V (tail tile) */
+    dg_empty_mode empty;
+    dg_lse_mode lse;
+    dg_layout_mode layout;
+} dg_variant;
+
+/* The variant that is the reference for problem p. */
+dg_variant dg_variant_reference(const fa_problem *p);
+
+#endif /* FA_DIAGNOSE_H */

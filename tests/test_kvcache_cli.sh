@@ -1,0 +1,149 @@
+#!/bin/sh
+# test_kvcache_cli.sh — the KV cache through the CLI: --cache-seqlens, --k-new,
+# --v-new, --cache-batch-idx, --cache-leftpad, --block-table in `run` and
+# `check`, and run's --k-cache-out/--v-cache-out.
+#
+# Usage: sh tests/test_kvcache_cli.sh BUILD_DIR   (tests/run_tests.sh passes it)
+#
+# Checks that
+#   - `run` against a cache (with an append, cache_batch_idx and leftpad)
+#     writes O matching tests/ref_numpy.py's independent float64 model
+#     (kvcache_forward) within 2e-6 of max|O|, and the caches after the append
+#     (new rows in place, every other row unchanged);
+#   - the same cache stored as shuffled pages (--block-table, page size 3)
+#     gives bit-identical O and appends into the right pages;
+#   - `check` passes run's output (the caches as they were + the new keys);
+#   - bad index files (cache_seqlens + seqlen_new past the cache, a page index
+#     outside the pages, a wrong length, a float file, --k-new without
+#     --v-new, a cache option without --cache-seqlens) exit 2 with ONE line
+#     naming the file (and the index), and leave no output file.
+set -u
+tests_dir=$(cd "$(dirname "$0")" && pwd)
+. "$tests_dir/cli_test_lib.sh"
+cli_test_setup test_kvcache_cli "${1:-build}"
+
+python3 - <<'EOF' || { echo "test_kvcache_cli.sh: generating inputs failed"; exit 1; }
+import numpy as np
+rng = np.random.default_rng(1357)
+B, Sq, H, Hk, d, dv, Sc, Bc, Sn, ps = 3, 4, 4, 2, 16, 8, 40, 4, 3, 3
+np.save("q.npy", rng.uniform(-2, 2, (B, Sq, H, d)).astype("<f4"))
+kc = rng.uniform(-2, 2, (Bc, Sc, Hk, d)).astype("<f4")
+vc = rng.uniform(-1, 1, (Bc, Sc, Hk, dv)).astype("<f4")
+np.save("kc.npy", kc)
+np.save("vc.npy", vc)
+np.save("kn.npy", rng.uniform(-2, 2, (B, Sn, Hk, d)).astype("<f4"))
+np.save("vn.npy", rng.uniform(-1, 1, (B, Sn, Hk, dv)).astype("<f4"))
+seqlens = np.array([10, 0, 25], "<i4")
+np.save("sl.npy", seqlens)
+np.save("idx.npy", np.array([2, 0, 3], "<i4"))
+np.save("pad.npy", np.array([2, 0, 5], "<i4"))
+# the first B cache rows as shuffled pages of 3 rows
+maxp = -(-Sc // ps)
+npages = B * maxp + 2
+table = rng.permutation(npages)[:B * maxp].reshape(B, maxp).astype("<i4")
+kp = rng.uniform(-9, 9, (npages, ps, Hk, d)).astype("<f4")
+vp = rng.uniform(-9, 9, (npages, ps, Hk, dv)).astype("<f4")
+for b in range(B):
+    for r in range(seqlens[b]):
+        kp[table[b, r // ps], r % ps] = kc[b, r]
+        vp[table[b, r // ps], r % ps] = vc[b, r]
+np.save("kp.npy", kp)
+np.save("vp.npy", vp)
+np.save("table.npy", table)
+bad = table.copy(); bad[2, 5] = npages + 4; np.save("table_bad.npy", bad)
+np.save("sl_past.npy", np.array([10, 0, 38], "<i4"))
+np.save("sl_short.npy", np.array([10, 0], "<i4"))
+np.save("sl_f32.npy", seqlens.astype("<f4"))
+EOF
+
+# expect_fail DESC NEEDLE CMD...: exit 2, exactly one stderr line starting with
+# "flashattn" that contains NEEDLE, and no output file left behind.
+expect_fail() {
+    desc=$1; needle=$2; shift 2
+    rm -f o_bad.npy kc_bad.npy
+    "$@" >out.txt 2>err.txt
+    rc=$?
+    lines=$(wc -l <err.txt)
+    if [ "$rc" != 2 ]; then
+        bad "$desc: exit $rc, expected 2 ($(cat err.txt))"
+    elif [ "$lines" != 1 ]; then
+        bad "$desc: $lines lines on stderr, expected 1: $(cat err.txt)"
+    elif ! grep -q "^flashattn" err.txt || ! grep -qF -- "$needle" err.txt; then
+        bad "$desc: stderr does not contain '$needle': $(cat err.txt)"
+    elif [ -e o_bad.npy ] || [ -e kc_bad.npy ] || ls -a | grep -q '^\.fa-'; then
+        bad "$desc: an output file was left behind"
+    else
+        ok
+    fi
+}
+
+NEW="--k-new kn.npy --v-new vn.npy"
+
+# ---- run against the model, and the caches after the append -----------------------
+if $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy $NEW --cache-batch-idx idx.npy \
+    --cache-leftpad pad.npy --causal -o o.npy --lse l.npy --k-cache-out kc2.npy --v-cache-out vc2.npy \
+    >out.txt 2>err.txt; then ok
+else bad "run with a cache: $(cat err.txt)"; fi
+if TESTS="$tests_dir" python3 - <<'EOF'; then ok; else bad "run with a cache: wrong output or caches"; fi
+import os, sys
+import numpy as np
+sys.path.insert(0, os.environ["TESTS"])
+import ref_numpy
+q, kc, vc, kn, vn = (np.load(f) for f in ("q.npy", "kc.npy", "vc.npy", "kn.npy", "vn.npy"))
+sl, idx, pad = (np.load(f) for f in ("sl.npy", "idx.npy", "pad.npy"))
+want, want_lse = ref_numpy.kvcache_forward(q, kc, vc, sl, kn, vn, idx, pad, causal=True)
+o, lse = np.load("o.npy"), np.load("l.npy")
+assert o.shape == want.shape and np.abs(o - want).max() <= 2e-6 * np.abs(want).max(), "O"
+fin = np.isfinite(want_lse)
+assert np.array_equal(np.isneginf(lse), ~fin) and np.abs(lse[fin] - want_lse[fin]).max() <= 2e-6 * np.abs(want_lse[fin]).max()
+ek, ev = kc.copy(), vc.copy()
+for b in range(3):
+    ek[idx[b], sl[b]:sl[b] + 3] = kn[b]
+    ev[idx[b], sl[b]:sl[b] + 3] = vn[b]
+assert np.array_equal(np.load("kc2.npy"), ek) and np.array_equal(np.load("vc2.npy"), ev), "caches"
+EOF
+
+# ---- paged: the contiguous bits ---------------------------------------------------
+python3 -c "
+import numpy as np
+np.save('kc3.npy', np.load('kc.npy')[:3]); np.save('vc3.npy', np.load('vc.npy')[:3])"
+if $fa run -q q.npy -k kc3.npy -v vc3.npy --cache-seqlens sl.npy $NEW --causal -o oc.npy \
+        --k-cache-out kc3o.npy --v-cache-out vc3o.npy >out.txt 2>err.txt &&
+   $fa run -q q.npy -k kp.npy -v vp.npy --cache-seqlens sl.npy $NEW --block-table table.npy --causal -o op.npy \
+        --k-cache-out kpo.npy --v-cache-out vpo.npy >out.txt 2>err.txt; then ok
+else bad "run paged: $(cat err.txt)"; fi
+if python3 - <<'EOF'; then ok; else bad "paged O differs from contiguous, or the append missed its page"; fi
+import numpy as np
+assert np.array_equal(np.load("oc.npy"), np.load("op.npy")), "O"
+kc, kp, table, sl = np.load("kc3o.npy"), np.load("kpo.npy"), np.load("table.npy"), np.load("sl.npy")
+for b in range(3):
+    for r in range(sl[b] + 3):
+        assert np.array_equal(kp[table[b, r // 3], r % 3], kc[b, r]), (b, r)
+EOF
+
+# ---- check --------------------------------------------------------------------------
+if $fa check -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy $NEW --cache-batch-idx idx.npy \
+    --cache-leftpad pad.npy --causal --out o.npy --lse l.npy >out.txt 2>err.txt && grep -q "PASS" out.txt; then ok
+else bad "check with a cache: exit $? $(cat out.txt err.txt)"; fi
+if $fa check -q q.npy -k kp.npy -v vp.npy --cache-seqlens sl.npy $NEW --block-table table.npy --causal \
+    --out op.npy >out.txt 2>err.txt && grep -q "PASS" out.txt; then ok
+else bad "check with a paged cache: exit $? $(cat out.txt err.txt)"; fi
+
+# ---- bad input ----------------------------------------------------------------------
+expect_fail "past the cache" "sl_past.npy: cache_seqlens[2] + seqlen_new = 38 + 3 is past the cache" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl_past.npy $NEW -o o_bad.npy --k-cache-out kc_bad.npy
+expect_fail "page outside the pages" "table_bad.npy: block_table[2][5]" \
+    $fa run -q q.npy -k kp.npy -v vp.npy --cache-seqlens sl.npy $NEW --block-table table_bad.npy -o o_bad.npy
+expect_fail "cache_seqlens of the wrong length" "sl_short.npy: cache_seqlens has 2 entries, should be batch = 3" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl_short.npy -o o_bad.npy
+expect_fail "float index file" "sl_f32.npy: cache_seqlens must be int32" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl_f32.npy -o o_bad.npy
+expect_fail "--k-new without --v-new" "--k-new needs --v-new" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --k-new kn.npy -o o_bad.npy
+expect_fail "a cache option without --cache-seqlens" "--block-table needs --cache-seqlens" \
+    $fa run -q q.npy -k kp.npy -v vp.npy --block-table table.npy -o o_bad.npy
+expect_fail "check past the cache" "sl_past.npy: cache_seqlens[2]" \
+    $fa check -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl_past.npy $NEW --out o.npy
+
+echo "test_kvcache_cli: $pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -1,0 +1,482 @@
+/*
+ * test_varlen.c — variable-length batches through the public API
+ * (fa_options.varlen: FlashAttention's flash_attn_varlen_func layout).
+ *
+ * Q [total_q][H][d], K/V [total_k][Hk][d|dv], O [total_q][H][dv], LSE
+ * [H][total_q]; sequence b owns query rows cu_seqlens_q[b].. and keys
+ * cu_seqlens_k[b].. (the first seqused_k[b] of them when given). What must
+ * hold:
+ *   - each sequence's O and LSE rows (and dQ, dK, dV rows) are bit for bit
+ *     what the same implementation gives that sequence alone as a uniform
+ *     batch of one (whose correctness the other suites establish), for
+ *     every implementation, masks aligned per sequence, zero-length
+ *     sequences included; the reference also matches a plain dense float64
+ *     model written here;
+ *   - rows no sequence owns get O = 0, LSE = -inf, and zero gradients;
+ *   - fa_check accepts the flash output and pinpoints a wrong element by
+ *     (sequence, row within the sequence);
+ *   - bad index arrays are refused with FA_ERR_INDEX and a message naming
+ *     the array and the index.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXB 8
+
+typedef struct vl_case {
+    const char *name;
+    int64_t batch, H, Hk, d, dv;
+    int32_t q_len[MAXB], k_len[MAXB];
+    int32_t used[MAXB];      /* seqused_k, when use_used */
+    int use_used;
+    int64_t pad_q, pad_k;    /* rows after the last sequence, owned by none */
+} vl_case;
+
+static const vl_case CASES[] = {
+    {"mixed", 5, 4, 2, 16, 8, {5, 0, 13, 6, 1}, {9, 4, 7, 0, 19}, {0}, 0, 2, 3},
+    {"seqused", 4, 3, 1, 24, 24, {7, 3, 1, 10}, {12, 3, 8, 10}, {5, 0, 8, 10}, 1, 0, 0},
+    {"long", 2, 2, 2, 32, 16, {70, 33}, {45, 90}, {0}, 0, 1, 0},
+};
+
+typedef struct opt_case {
+    int causal;
+    int64_t wl, wr;
+    double softcap;
+    int alibi; /* 0 off, 1 [H], 2 [batch][H] */
+} opt_case;
+
+static const opt_case OPTS[] = {
+    {0, -1, -1, 0.0, 0}, {1, -1, -1, 0.0, 0}, {0, 3, 2, 20.0, 1}, {1, 4, -1, 0.0, 2},
+};
+
+typedef struct vl_data {
+    int32_t cu_q[MAXB + 1], cu_k[MAXB + 1];
+    int64_t total_q, total_k;
+    tu_tensor q, k, v, dout, slopes1, slopes2;
+    fa_varlen vl;
+} vl_data;
+
+static void make_data(const vl_case *c, uint64_t *rng, vl_data *g)
+{
+    g->cu_q[0] = g->cu_k[0] = 0;
+    for (int64_t b = 0; b < c->batch; b++) {
+        g->cu_q[b + 1] = g->cu_q[b] + c->q_len[b];
+        g->cu_k[b + 1] = g->cu_k[b] + c->k_len[b];
+    }
+    g->total_q = g->cu_q[c->batch] + c->pad_q;
+    g->total_k = g->cu_k[c->batch] + c->pad_k;
+    const int64_t qs[3] = {g->total_q, c->H, c->d}, ks[3] = {g->total_k, c->Hk, c->d};
+    const int64_t vs[3] = {g->total_k, c->Hk, c->dv}, ds[3] = {g->total_q, c->H, c->dv};
+    const int64_t s1[1] = {c->H}, s2[2] = {c->batch, c->H};
+    g->q = tu_alloc(FA_F32, 3, qs);
+    g->k = tu_alloc(FA_F32, 3, ks);
+    g->v = tu_alloc(FA_F32, 3, vs);
+    g->dout = tu_alloc(FA_F32, 3, ds);
+    g->slopes1 = tu_alloc(FA_F32, 1, s1);
+    g->slopes2 = tu_alloc(FA_F32, 2, s2);
+    tu_fill(&g->q, rng, -2.0, 2.0);
+    tu_fill(&g->k, rng, -2.0, 2.0);
+    tu_fill(&g->v, rng, -1.0, 1.0);
+    tu_fill(&g->dout, rng, -1.0, 1.0);
+    tu_fill(&g->slopes1, rng, 0.05, 0.5);
+    tu_fill(&g->slopes2, rng, 0.05, 0.5);
+    g->vl = fa_varlen_default();
+    g->vl.batch = c->batch;
+    g->vl.cu_seqlens_q = g->cu_q;
+    g->vl.cu_seqlens_k = g->cu_k;
+    g->vl.seqused_k = c->use_used ? c->used : NULL;
+}
+
+static void free_data(vl_data *g)
+{
+    tu_free(&g->q); tu_free(&g->k); tu_free(&g->v); tu_free(&g->dout);
+    tu_free(&g->slopes1); tu_free(&g->slopes2);
+}
+
+static fa_options make_opt(const opt_case *oc, vl_data *g, fa_impl impl, int varlen)
+{
+    fa_options opt = fa_options_default();
+    opt.causal = oc->causal;
+    opt.window_left = oc->wl;
+    opt.window_right = oc->wr;
+    opt.softcap = oc->softcap;
+    opt.alibi_slopes = oc->alibi == 1 ? &g->slopes1.t : oc->alibi == 2 ? &g->slopes2.t : NULL;
+    opt.impl = impl;
+    opt.block_q = 8; /* several blocks and ragged tails per sequence */
+    opt.block_k = 16;
+    opt.num_threads = 2;
+    opt.varlen = varlen ? &g->vl : NULL;
+    return opt;
+}
+
+/* Keys sequence b uses. */
+static int64_t klen(const vl_case *c, int64_t b) { return c->use_used ? c->used[b] : c->k_len[b]; }
+
+/* Rank-4 view [1][len][x1][x2] of rows row0.. of a rank-3 packed tensor. */
+static fa_tensor rows_view(const fa_tensor *t, int64_t row0, int64_t len)
+{
+    fa_tensor v;
+    const int64_t sh[4] = {1, len, t->shape[1], t->shape[2]};
+    const int64_t st[4] = {0, t->stride[0], t->stride[1], t->stride[2]};
+    fa_tensor_make(&v, (char *)t->data + (size_t)(row0 * t->stride[0]) * fa_dtype_size(t->dtype), t->dtype, 4,
+                   sh, st);
+    return v;
+}
+
+/* Rank-3 view [1][H][len] of columns row0.. of LSE [H][total_q]. */
+static fa_tensor lse_view(const fa_tensor *t, int64_t row0, int64_t len)
+{
+    fa_tensor v;
+    const int64_t sh[3] = {1, t->shape[0], len};
+    const int64_t st[3] = {0, t->stride[0], t->stride[1]};
+    fa_tensor_make(&v, (char *)t->data + (size_t)(row0 * t->stride[1]) * fa_dtype_size(t->dtype), t->dtype, 3,
+                   sh, st);
+    return v;
+}
+
+/* Options for sequence b alone: the same, with row b of [batch][H] slopes. */
+static fa_options seq_opt(const fa_options *opt, const opt_case *oc, const vl_data *g, int64_t b,
+                          fa_tensor *slope_row)
+{
+    fa_options o = *opt;
+    o.varlen = NULL;
+    if (oc->alibi == 2) {
+        const int64_t sh[1] = {g->slopes2.t.shape[1]};
+        fa_tensor_make(slope_row, (float *)g->slopes2.t.data + b * g->slopes2.t.stride[0], FA_F32, 1, sh, NULL);
+        o.alibi_slopes = slope_row;
+    }
+    return o;
+}
+
+static void expect_same(const tu_tensor *a, const tu_tensor *b, const char *what, const char *cname, fa_impl impl,
+                        size_t oi)
+{
+    if (a->bytes != b->bytes || memcmp(a->mem, b->mem, a->bytes) != 0) {
+        int64_t where = -1;
+        const double e = tu_max_abs_diff(a, b, &where);
+        fail_msg("%s, %s, options %zu: varlen %s differs from the per-sequence run (max diff %g at flat %lld)",
+                 cname, fa_impl_name(impl), oi, what, e, (long long)where);
+    }
+}
+
+/* A plain dense float64 model of row i, head h of sequence b (no library code). */
+static void dense_row(const vl_data *g, const vl_case *c, const opt_case *oc, int64_t b, int64_t i, int64_t h,
+                      double *out, double *lse)
+{
+    const int64_t q0 = g->cu_q[b], k0 = g->cu_k[b], nq = c->q_len[b], nk = klen(c, b);
+    const int64_t hk = h / (c->H / c->Hk), off = nk - nq, right = oc->causal ? 0 : oc->wr;
+    const double scale = 1.0 / sqrt((double)c->d);
+    double m = -INFINITY, l = 0.0, sc[256];
+    int vis[256];
+    for (int64_t j = 0; j < nk; j++) {
+        vis[j] = !(oc->wl >= 0 && j < i + off - oc->wl) && !(right >= 0 && j > i + off + right);
+        if (!vis[j]) continue;
+        double dot = 0.0;
+        for (int64_t x = 0; x < c->d; x++) {
+            const int64_t qi[3] = {q0 + i, h, x}, ki[3] = {k0 + j, hk, x};
+            dot += tu_get(&g->q, qi) * tu_get(&g->k, ki);
+        }
+        double t = scale * dot;
+        if (oc->softcap > 0.0) t = oc->softcap * tanh(t / oc->softcap);
+        if (oc->alibi) {
+            const int64_t i1[1] = {h}, i2[2] = {b, h};
+            const double slope = oc->alibi == 1 ? tu_get(&g->slopes1, i1) : tu_get(&g->slopes2, i2);
+            t -= slope * fabs((double)(i + off - j));
+        }
+        sc[j] = t;
+        if (t > m) m = t;
+    }
+    for (int64_t x = 0; x < c->dv; x++) out[x] = 0.0;
+    for (int64_t j = 0; j < nk; j++) {
+        if (!vis[j]) continue;
+        const double e = exp(sc[j] - m);
+        l += e;
+        for (int64_t x = 0; x < c->dv; x++) {
+            const int64_t vi[3] = {k0 + j, hk, x};
+            out[x] += e * tu_get(&g->v, vi);
+        }
+    }
+    for (int64_t x = 0; x < c->dv; x++) out[x] = l > 0.0 ? out[x] / l : 0.0;
+    *lse = l > 0.0 ? m + log(l) : -INFINITY;
+}
+
+/* Ensure varlen forward gives every sequence the bits it gets alone, for every implementation and mask. */
+static void test_varlen_forward_matches_each_sequence_alone(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x7a1;
+    for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
+        const vl_case *c = &CASES[ci];
+        vl_data g;
+        make_data(c, &rng, &g);
+        const int64_t os[3] = {g.total_q, c->H, c->dv}, ls[2] = {c->H, g.total_q};
+        for (size_t oi = 0; oi < sizeof OPTS / sizeof OPTS[0]; oi++) {
+            for (int impl = 0; impl < FA_IMPL_COUNT; impl++) {
+                const fa_options opt = make_opt(&OPTS[oi], &g, (fa_impl)impl, 1);
+                tu_tensor o = tu_alloc(FA_F32, 3, os), lse = tu_alloc(FA_F32, 2, ls);
+                tu_tensor o2 = tu_alloc(FA_F32, 3, os), lse2 = tu_alloc(FA_F32, 2, ls);
+                tu_poison(&o); tu_poison(&lse);
+                if (fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt) != FA_OK)
+                    fail_msg("%s: varlen %s forward: %s", c->name, fa_impl_name((fa_impl)impl), fa_last_error());
+                /* the expectation: each sequence alone; unowned rows O = 0, LSE = -inf */
+                memset(o2.mem, 0, o2.bytes);
+                for (int64_t x = 0; x < c->H * g.total_q; x++) ((float *)lse2.mem)[x] = -INFINITY;
+                for (int64_t b = 0; b < c->batch; b++) {
+                    fa_tensor slope_row;
+                    const fa_options so = seq_opt(&opt, &OPTS[oi], &g, b, &slope_row);
+                    fa_tensor qv = rows_view(&g.q.t, g.cu_q[b], c->q_len[b]);
+                    fa_tensor kv = rows_view(&g.k.t, g.cu_k[b], klen(c, b));
+                    fa_tensor vv = rows_view(&g.v.t, g.cu_k[b], klen(c, b));
+                    fa_tensor ov = rows_view(&o2.t, g.cu_q[b], c->q_len[b]);
+                    fa_tensor lv = lse_view(&lse2.t, g.cu_q[b], c->q_len[b]);
+                    if (fa_forward(&qv, &kv, &vv, &ov, &lv, &so) != FA_OK)
+                        fail_msg("%s seq %lld: %s", c->name, (long long)b, fa_last_error());
+                }
+                expect_same(&o, &o2, "O", c->name, (fa_impl)impl, oi);
+                expect_same(&lse, &lse2, "LSE", c->name, (fa_impl)impl, oi);
+                if (impl == FA_IMPL_REFERENCE) /* the reference against a plain dense model */
+                    for (int64_t b = 0; b < c->batch; b++)
+                        for (int64_t i = 0; i < c->q_len[b]; i++)
+                            for (int64_t h = 0; h < c->H; h++) {
+                                double out[64], l;
+                                dense_row(&g, c, &OPTS[oi], b, i, h, out, &l);
+                                for (int64_t x = 0; x < c->dv; x++) {
+                                    const int64_t idx[3] = {g.cu_q[b] + i, h, x};
+                                    const double got = tu_get(&o, idx);
+                                    if (!(fabs(got - out[x]) <= 3e-7 * (1.0 + fabs(out[x]))))
+                                        fail_msg("%s seq %lld row %lld head %lld: reference %.9g, dense model %.9g",
+                                                 c->name, (long long)b, (long long)i, (long long)h, got, out[x]);
+                                }
+                                const int64_t li[2] = {h, g.cu_q[b] + i};
+                                const double gl = tu_get(&lse, li);
+                                if (!(gl == l || fabs(gl - l) <= 3e-7 * (1.0 + fabs(l))))
+                                    fail_msg("%s seq %lld row %lld: reference LSE %.9g, dense model %.9g", c->name,
+                                             (long long)b, (long long)i, gl, l);
+                            }
+                if (impl == FA_IMPL_FLASH) { /* fa_check, varlen, against the float64 reference */
+                    fa_check_options co = fa_check_options_default();
+                    fa_check_report r = fa_check_report_init();
+                    if (fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt, &co, &r) != FA_OK)
+                        fail_msg("%s: varlen fa_check: %s", c->name, fa_last_error());
+                    if (!r.pass) fail_msg("%s, options %zu: flash fails the varlen check (max err %g, bound %g)",
+                                          c->name, oi, r.max_abs_err, r.bound);
+                    int64_t rows = 0;
+                    for (int64_t b = 0; b < c->batch; b++) rows += c->q_len[b];
+                    assert_int_equal(r.rows_total, rows * c->H);
+                    assert_int_equal(r.batch, c->batch);
+                    fa_check_report_free(&r);
+                }
+                tu_free(&o); tu_free(&lse); tu_free(&o2); tu_free(&lse2);
+            }
+        }
+        free_data(&g);
+    }
+}
+
+/* Ensure varlen backward (flash, reference; O/LSE given or recomputed) matches each sequence alone. */
+static void test_varlen_backward_matches_each_sequence_alone(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xb1d;
+    for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
+        const vl_case *c = &CASES[ci];
+        vl_data g;
+        make_data(c, &rng, &g);
+        const int64_t os[3] = {g.total_q, c->H, c->dv}, ls[2] = {c->H, g.total_q};
+        const int64_t qs[3] = {g.total_q, c->H, c->d}, ks[3] = {g.total_k, c->Hk, c->d};
+        const int64_t vs[3] = {g.total_k, c->Hk, c->dv};
+        for (size_t oi = 0; oi < sizeof OPTS / sizeof OPTS[0]; oi++) {
+            for (int impl = 0; impl < 2; impl++) {
+                for (int given = 0; given < 2; given++) {
+                    const fa_options opt = make_opt(&OPTS[oi], &g, (fa_impl)impl, 1);
+                    tu_tensor o = tu_alloc(FA_F32, 3, os), lse = tu_alloc(FA_F32, 2, ls);
+                    if (fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt) != FA_OK)
+                        fail_msg("%s: forward: %s", c->name, fa_last_error());
+                    tu_tensor dq[2], dk[2], dv[2];
+                    for (int x = 0; x < 2; x++) {
+                        dq[x] = tu_alloc(FA_F32, 3, qs);
+                        dk[x] = tu_alloc(FA_F32, 3, ks);
+                        dv[x] = tu_alloc(FA_F32, 3, vs);
+                    }
+                    tu_poison(&dq[0]); tu_poison(&dk[0]); tu_poison(&dv[0]);
+                    memset(dq[1].mem, 0, dq[1].bytes); /* unowned rows: zero gradients */
+                    memset(dk[1].mem, 0, dk[1].bytes);
+                    memset(dv[1].mem, 0, dv[1].bytes);
+                    if (fa_backward(&g.q.t, &g.k.t, &g.v.t, given ? &o.t : NULL, given ? &lse.t : NULL, &g.dout.t,
+                                    &dq[0].t, &dk[0].t, &dv[0].t, &opt) != FA_OK)
+                        fail_msg("%s: varlen %s backward: %s", c->name, fa_impl_name((fa_impl)impl), fa_last_error());
+                    for (int64_t b = 0; b < c->batch; b++) {
+                        fa_tensor slope_row;
+                        const fa_options so = seq_opt(&opt, &OPTS[oi], &g, b, &slope_row);
+                        const int64_t q0 = g.cu_q[b], nq = c->q_len[b], k0 = g.cu_k[b], nk = klen(c, b);
+                        fa_tensor qv = rows_view(&g.q.t, q0, nq), kv = rows_view(&g.k.t, k0, nk);
+                        fa_tensor vv = rows_view(&g.v.t, k0, nk), ov = rows_view(&o.t, q0, nq);
+                        fa_tensor lv = lse_view(&lse.t, q0, nq), dov = rows_view(&g.dout.t, q0, nq);
+                        fa_tensor dqv = rows_view(&dq[1].t, q0, nq), dkv = rows_view(&dk[1].t, k0, nk);
+                        fa_tensor dvv = rows_view(&dv[1].t, k0, nk);
+                        if (fa_backward(&qv, &kv, &vv, given ? &ov : NULL, given ? &lv : NULL, &dov, &dqv, &dkv, &dvv,
+                                        &so) != FA_OK)
+                            fail_msg("%s seq %lld: backward: %s", c->name, (long long)b, fa_last_error());
+                    }
+                    expect_same(&dq[0], &dq[1], "dQ", c->name, (fa_impl)impl, oi);
+                    expect_same(&dk[0], &dk[1], "dK", c->name, (fa_impl)impl, oi);
+                    expect_same(&dv[0], &dv[1], "dV", c->name, (fa_impl)impl, oi);
+                    for (int x = 0; x < 2; x++) { tu_free(&dq[x]); tu_free(&dk[x]); tu_free(&dv[x]); }
+                    tu_free(&o); tu_free(&lse);
+                }
+            }
+        }
+        free_data(&g);
+    }
+}
+
+/* Ensure fa_check pinpoints a wrong element of a varlen output by sequence and row within it. */
+static void test_varlen_check_names_the_sequence_and_row(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xc4e;
+    const vl_case *c = &CASES[0];
+    vl_data g;
+    make_data(c, &rng, &g);
+    const int64_t os[3] = {g.total_q, c->H, c->dv};
+    tu_tensor o = tu_alloc(FA_F32, 3, os);
+    fa_options opt = make_opt(&OPTS[1], &g, FA_IMPL_FLASH, 1);
+    assert_int_equal(fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt), FA_OK);
+    /* sequence 2, row 7, head 1, column 3 */
+    float *x = (float *)o.mem + ((g.cu_q[2] + 7) * c->H + 1) * c->dv + 3;
+    *x += 0.01f;
+    fa_check_options co = fa_check_options_default();
+    fa_check_report r = fa_check_report_init();
+    assert_int_equal(fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt, &co, &r), FA_OK);
+    assert_false(r.pass);
+    assert_int_equal(r.n_fail, 1);
+    assert_int_equal(r.worst_batch, 2);
+    assert_int_equal(r.worst_row, 7);
+    assert_int_equal(r.worst_head, 1);
+    assert_int_equal(r.worst_col, 3);
+    fa_check_report_free(&r);
+    /* a sampled check still sees only rows of the sequences */
+    co.sample_rows = 4;
+    r = fa_check_report_init();
+    assert_int_equal(fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt, &co, &r), FA_OK);
+    int64_t expect = 0;
+    for (int64_t b = 0; b < c->batch; b++) expect += (c->q_len[b] < 4 ? c->q_len[b] : 4) * c->H;
+    assert_int_equal(r.rows_checked, expect);
+    fa_check_report_free(&r);
+    tu_free(&o);
+    free_data(&g);
+}
+
+/* Call fa_forward with varlen arrays cu_q/cu_k/used and expect `status` and `needle` in the message. */
+static void expect_refusal(vl_data *g, const vl_case *c, const int32_t *cu_q, const int32_t *cu_k,
+                           const int32_t *used, fa_status status, const char *needle)
+{
+    const int64_t os[3] = {g->total_q, c->H, c->dv};
+    tu_tensor o = tu_alloc(FA_F32, 3, os);
+    fa_varlen vl = g->vl;
+    vl.cu_seqlens_q = cu_q;
+    vl.cu_seqlens_k = cu_k;
+    vl.seqused_k = used;
+    fa_options opt = fa_options_default();
+    opt.varlen = &vl;
+    const fa_status st = fa_forward(&g->q.t, &g->k.t, &g->v.t, &o.t, NULL, &opt);
+    if (st != status || !strstr(fa_last_error(), needle))
+        fail_msg("expected status %d with '%s', got %d: %s", (int)status, needle, (int)st, fa_last_error());
+    tu_free(&o);
+}
+
+/* Ensure bad cu_seqlens / seqused_k are refused with FA_ERR_INDEX, naming the array and the index. */
+static void test_varlen_refuses_bad_index_arrays(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xbad;
+    const vl_case *c = &CASES[1]; /* batch 4, total_q 21, total_k 33 */
+    vl_data g;
+    make_data(c, &rng, &g);
+    const int32_t ok_q[5] = {0, 7, 10, 11, 21}, ok_k[5] = {0, 12, 15, 23, 33};
+    const int32_t start_q[5] = {1, 7, 10, 11, 21};
+    const int32_t dec_q[5] = {0, 7, 6, 11, 21};
+    const int32_t past_q[5] = {0, 7, 10, 11, 22};
+    const int32_t past_k[5] = {0, 12, 15, 34, 34};
+    const int32_t dec_k[5] = {0, 12, 15, 14, 33};
+    const int32_t used_big[4] = {12, 4, 1, 1}, used_neg[4] = {1, 1, -1, 1};
+    expect_refusal(&g, c, start_q, ok_k, NULL, FA_ERR_INDEX, "cu_seqlens_q[0] = 1");
+    expect_refusal(&g, c, dec_q, ok_k, NULL, FA_ERR_INDEX, "cu_seqlens_q[2] = 6 is less than cu_seqlens_q[1] = 7");
+    expect_refusal(&g, c, past_q, ok_k, NULL, FA_ERR_INDEX, "cu_seqlens_q[4] = 22 is past the end of q");
+    expect_refusal(&g, c, ok_q, past_k, NULL, FA_ERR_INDEX, "cu_seqlens_k[3] = 34 is past the end of k");
+    expect_refusal(&g, c, ok_q, dec_k, NULL, FA_ERR_INDEX, "cu_seqlens_k[3] = 14 is less than");
+    expect_refusal(&g, c, ok_q, ok_k, used_big, FA_ERR_INDEX, "seqused_k[1] = 4 is outside 0..3");
+    expect_refusal(&g, c, ok_q, ok_k, used_neg, FA_ERR_INDEX, "seqused_k[2] = -1");
+    expect_refusal(&g, c, NULL, ok_k, NULL, FA_ERR_NULL_ARG, "cu_seqlens_q is NULL");
+    /* the caller's names (e.g. files) lead the message */
+    g.vl.cu_seqlens_q_name = "cu_q.npy";
+    expect_refusal(&g, c, dec_q, ok_k, NULL, FA_ERR_INDEX, "cu_q.npy: cu_seqlens_q[2]");
+    g.vl.cu_seqlens_q_name = NULL;
+    /* and the good arrays pass */
+    expect_refusal(&g, c, ok_q, ok_k, c->used, FA_OK, "");
+
+    /* rank-4 tensors are not a varlen layout; an LSE must be [heads, total_q] */
+    fa_options opt = fa_options_default();
+    opt.varlen = &g.vl;
+    tu_tensor q4 = tu_alloc4(FA_F32, 1, g.total_q, c->H, c->d, 0);
+    const int64_t os[3] = {g.total_q, c->H, c->dv}, bad_ls[2] = {g.total_q, c->H};
+    tu_tensor o = tu_alloc(FA_F32, 3, os), lse = tu_alloc(FA_F32, 2, bad_ls);
+    assert_int_equal(fa_forward(&q4.t, &g.k.t, &g.v.t, &o.t, NULL, &opt), FA_ERR_SHAPE);
+    assert_non_null(strstr(fa_last_error(), "rank 3"));
+    assert_int_equal(fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt), FA_ERR_SHAPE);
+    assert_non_null(strstr(fa_last_error(), "[heads="));
+    /* [batch][heads] slopes are per sequence */
+    const int64_t s2[2] = {1, c->H};
+    tu_tensor sl = tu_alloc(FA_F32, 2, s2);
+    tu_fill(&sl, &rng, 0.1, 0.2);
+    opt.alibi_slopes = &sl.t;
+    assert_int_equal(fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt), FA_ERR_ALIBI);
+    tu_free(&sl);
+    tu_free(&q4); tu_free(&o); tu_free(&lse);
+    free_data(&g);
+}
+
+/* Ensure an empty varlen batch (batch 0) writes O = 0 and LSE = -inf everywhere, and dQ/dK/dV = 0. */
+static void test_varlen_with_no_sequence_writes_empty_rows(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xe0;
+    const vl_case *c = &CASES[0];
+    vl_data g;
+    make_data(c, &rng, &g);
+    g.vl.batch = 0;
+    const int64_t os[3] = {g.total_q, c->H, c->dv}, ls[2] = {c->H, g.total_q};
+    tu_tensor o = tu_alloc(FA_F32, 3, os), lse = tu_alloc(FA_F32, 2, ls);
+    tu_poison(&o); tu_poison(&lse);
+    fa_options opt = fa_options_default();
+    opt.varlen = &g.vl;
+    assert_int_equal(fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt), FA_OK);
+    for (int64_t x = 0; x < g.total_q * c->H * c->dv; x++) assert_true(((float *)o.mem)[x] == 0.0f);
+    for (int64_t x = 0; x < g.total_q * c->H; x++) assert_true(((float *)lse.mem)[x] == -INFINITY);
+    const int64_t qs[3] = {g.total_q, c->H, c->d}, ks[3] = {g.total_k, c->Hk, c->d}, vs[3] = {g.total_k, c->Hk, c->dv};
+    tu_tensor dq = tu_alloc(FA_F32, 3, qs), dk = tu_alloc(FA_F32, 3, ks), dv = tu_alloc(FA_F32, 3, vs);
+    tu_poison(&dq); tu_poison(&dk); tu_poison(&dv);
+    assert_int_equal(fa_backward(&g.q.t, &g.k.t, &g.v.t, NULL, NULL, &g.dout.t, &dq.t, &dk.t, &dv.t, &opt), FA_OK);
+    assert_int_equal(tu_count_nan(&dq), 0);
+    assert_int_equal(tu_count_nan(&dk), 0);
+    assert_int_equal(tu_count_nan(&dv), 0);
+    size_t bytes = 0;
+    assert_int_equal(fa_workspace_bytes(&g.q.t, &g.k.t, &g.v.t, &opt, &bytes), FA_OK);
+    tu_free(&o); tu_free(&lse); tu_free(&dq); tu_free(&dk); tu_free(&dv);
+    free_data(&g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_varlen_forward_matches_each_sequence_alone),
+        cmocka_unit_test(test_varlen_backward_matches_each_sequence_alone),
+        cmocka_unit_test(test_varlen_check_names_the_sequence_and_row),
+        cmocka_unit_test(test_varlen_refuses_bad_index_arrays),
+        cmocka_unit_test(test_varlen_with_no_sequence_writes_empty_rows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
