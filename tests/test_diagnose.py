@@ -309,3 +309,40 @@ def test_unknown_mistake_gets_none(tmp_path):
     assert "gqa-head-map" in lines[0] and "missing-rescale" in lines[0]
     rc, lines, out = diagnose(tmp_path, q, k, v, f32(o + 0.05), lse, ["--causal"])
     assert rc == 1 and lines[0].startswith("diagnosis: none"), f"seed {SEED}: {out}"
+
+
+# ---- hostile-test findings (issue 13 follow-up) -----------------------------------
+
+def run_cli(args):
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True)
+
+
+def test_varlen_and_kvcache_keep_the_verdict(tmp_path):
+    """--diagnose on a varlen batch or a KV cache: one 'not available' line, and the exit
+    status stays the verdict's (0 pass, 1 fail), never 2."""
+    H, Hk, d = 4, 2, 16
+    cq, ck = np.array([0, 5, 17], np.int32), np.array([0, 9, 30], np.int32)
+    q, k, v = rand((17, H, d), 11), rand((30, Hk, d), 12), rand((30, Hk, d), 13)
+    o, _ = R.varlen_forward(q, k, v, cq, ck, causal=True)
+    for name, x in dict(q=q, k=k, v=v, cq=cq, ck=ck, good=f32(o), bad=f32(o) + 0.1).items():
+        np.save(tmp_path / f"{name}.npy", x)
+    base = ["check", "-q", tmp_path / "q.npy", "-k", tmp_path / "k.npy", "-v", tmp_path / "v.npy", "--causal",
+            "--cu-seqlens-q", tmp_path / "cq.npy", "--cu-seqlens-k", tmp_path / "ck.npy", "--diagnose"]
+    na = "diagnosis: not available for variable-length batches or KV caches"
+    for out, want in (("good", 0), ("bad", 1)):
+        r = run_cli(base + ["--out", tmp_path / f"{out}.npy"])
+        assert r.returncode == want, f"varlen {out}: rc {r.returncode}: {r.stdout}{r.stderr}"
+        assert na in r.stdout.splitlines() and r.stderr == "", r.stdout + r.stderr
+    # KV cache: 2 sequences of 7 queries against caches of 20 rows, 11 and 16 in use
+    B, Sq, Sc = 2, 7, 20
+    q, kc, vc = rand((B, Sq, H, d), 14), rand((B, Sc, Hk, d), 15), rand((B, Sc, Hk, d), 16)
+    cs = np.array([11, 16], np.int32)
+    o, _ = R.kvcache_forward(q, kc, vc, cs)
+    for name, x in dict(q=q, kc=kc, vc=vc, cs=cs, good=f32(o), bad=f32(o) * 1.5).items():
+        np.save(tmp_path / f"{name}.npy", x)
+    base = ["check", "-q", tmp_path / "q.npy", "-k", tmp_path / "kc.npy", "-v", tmp_path / "vc.npy",
+            "--cache-seqlens", tmp_path / "cs.npy", "--diagnose"]
+    for out, want in (("good", 0), ("bad", 1)):
+        r = run_cli(base + ["--out", tmp_path / f"{out}.npy"])
+        assert r.returncode == want, f"kvcache {out}: rc {r.returncode}: {r.stdout}{r.stderr}"
+        assert na in r.stdout.splitlines() and r.stderr == "", r.stdout + r.stderr
