@@ -346,3 +346,47 @@ def test_varlen_and_kvcache_keep_the_verdict(tmp_path):
         r = run_cli(base + ["--out", tmp_path / f"{out}.npy"])
         assert r.returncode == want, f"kvcache {out}: rc {r.returncode}: {r.stdout}{r.stderr}"
         assert na in r.stdout.splitlines() and r.stderr == "", r.stdout + r.stderr
+
+
+def test_nonfinite_shown_in_tables(tmp_path):
+    """A NaN (or Inf) in the tested output shows as nan (inf) in the summary line and in the
+    per-head and per-sequence tables of the heads and sequences that hold it; the others stay finite."""
+    q, k, v = problem(B=2, H=4, Hk=2, Sq=20, Sk=30)
+    o, _ = R.attention_forward(q, k, v)
+    o = f32(o)
+    o[1, :, 2, :] = np.nan                                  # every row of head 2 in sequence 1
+    rc, lines, out = diagnose(tmp_path, q, k, v, o, None, ["--sample-rows", "20"])
+    assert rc == 1, out
+    head = re.search(r"error by head \(relative RMS\):(.*)", out).group(1).split()
+    seq = re.search(r"error by sequence \(relative RMS\):(.*)", out).group(1).split()
+    assert "output relative RMS error nan" in out, out
+    assert head[2] == "2:nan" and all(np.isfinite(float(x.split(":")[1])) for x in head[:2] + head[3:]), out
+    assert seq[1] == "1:nan" and np.isfinite(float(seq[0].split(":")[1])), out
+    o[1, :, 2, :] = 0.0
+    o[0, 3, 1, 0] = np.inf
+    rc, lines, out = diagnose(tmp_path, q, k, v, o, None, ["--sample-rows", "20"])
+    head = re.search(r"error by head \(relative RMS\):(.*)", out).group(1).split()
+    seq = re.search(r"error by sequence \(relative RMS\):(.*)", out).group(1).split()
+    assert rc == 1 and "output relative RMS error inf" in out, out
+    assert head[1] == "1:inf" and seq[0] == "0:inf" and seq[1] != "1:inf", out
+
+
+def test_alibi_alignment_without_mask(tmp_path):
+    """ALiBi with no causal/window mask: the alignment still moves the distances when
+    seqlen_q != seqlen_k, so a kernel using the other corner is diagnosed causal-top-left
+    (both ways, and the reverse under --align top-left); a correct output gets none."""
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    np.save(tmp_path / "al.npy", slopes)
+    for Sq, Sk in ((24, 56), (56, 24)):
+        q, k, v = problem(Sq=Sq, Sk=Sk)
+        o, lse = R.attention_forward(q, k, v, alibi=slopes, align="top-left")
+        rc, lines, out = diagnose(tmp_path, q, k, v, f32(o), lse, ["--alibi", str(tmp_path / "al.npy")])
+        assert rc == 1 and first_id(lines) == "causal-top-left", f"seed {SEED} {Sq}x{Sk}: {out}"
+        assert "ALiBi" in lines[0], out
+        rc, lines, out = diagnose(tmp_path, q, k, v, f32(o), lse,
+                                  ["--alibi", str(tmp_path / "al.npy"), "--align", "top-left"])
+        assert rc == 0 and lines[0].startswith("diagnosis: none"), f"seed {SEED} {Sq}x{Sk}: {out}"
+        o, lse = R.attention_forward(q, k, v, alibi=slopes)
+        rc, lines, out = diagnose(tmp_path, q, k, v, f32(o), lse,
+                                  ["--alibi", str(tmp_path / "al.npy"), "--align", "top-left"])
+        assert rc == 1 and first_id(lines) == "causal-top-left" and "bottom-right" in lines[0], out
