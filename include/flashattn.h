@@ -801,7 +801,7 @@ FA_API size_t fa_check_abi_size(int which);
  *
  * Ids available now: causal-top-left, scale, softcap-missing, softcap-order,
  * lse-log2, lse-unscaled, gqa-head-map, window-shift, empty-row,
- * missing-rescale, tail-tile, layout-transposed. Reserved for features the
+ * missing-rescale, tail-tile, layout-transposed, output-unwritten. Reserved for features the
  * library does not have yet: varlen-leak, varlen-offset, paged-index,
  * kv-append-offset, rotary-pairing, rotary-offset, split-combine, sink-missing,
  * dropout-mask, p-saturation, descale.

@@ -688,6 +688,42 @@ static void cand_rescale(const dg_ctx *cx, dg_list *L)
         vs[best].tile);
 }
 
+/* Is sampled row w's tested O exactly zero everywhere while the reference is not? */
+static int row_unwritten(const dg_ctx *cx, int64_t w)
+{
+    const int64_t dv = cx->p->dv;
+    int ref_nonzero = 0;
+    for (int64_t c = 0; c < dv; c++) {
+        if (cx->ot[w * dv + c] != 0.0) return 0;
+        if (cx->orf[w * dv + c] != 0.0) ref_nonzero = 1;
+    }
+    return ref_nonzero;
+}
+
+/* O residual (and LSE residual) of "the kernel wrote nothing": every tested row
+ * left exactly zero predicted as zero (its LSE as 0 when the tested LSE is 0),
+ * every other row as the reference. */
+static void cand_unwritten(const dg_ctx *cx, dg_list *L)
+{
+    int64_t rows = 0;
+    double so = 0.0, sl = 0.0;
+    for (int64_t w = 0; w < cx->n; w++) {
+        double a = cx->ro_ref[w], c = cx->rl_ref[w];
+        if (row_unwritten(cx, w)) {
+            rows++;
+            a = 0.0;
+            if (cx->lt && cx->lt[w] == 0.0) c = 0.0;
+        }
+        so += a;
+        sl += c;
+    }
+    if (!rows) return;
+    consider(L, "output-unwritten");
+    add(L, "output-unwritten", explained(cx, so, sl, cx->r0o, cx->r0l), (double)rows,
+        "%lld of %lld sampled rows are exactly 0 where the reference is not: the kernel did not write them",
+        (long long)rows, (long long)cx->n);
+}
+
 static void cand_tail(const dg_ctx *cx, dg_list *L)
 {
     const fa_problem *p = cx->p;
@@ -704,6 +740,15 @@ static void cand_tail(const dg_ctx *cx, dg_list *L)
     consider(L, "tail-tile");
     int best;
     const double e = best_of(cx, vs, nv, &best);
+    if (cx->sig_o) {
+        /* zero keys dilute every row towards O = 0 (with a 256-key tile and a few
+         * real keys, to almost 0): the model must explain the output clearly better
+         * than "O = 0" does, or an unwritten output would read as a tail tile */
+        double rt, lt_, rz = 0.0;
+        if (residuals(cx, &vs[best], NULL, cx->n, NULL, NULL, &rt, &lt_) != 0) return;
+        for (int64_t x = 0; x < cx->n * p->dv; x++) rz += o_diff(cx->ot[x], 0.0, cx->pen);
+        if (!(rt < 0.25 * rz)) return;
+    }
     const int64_t t = vs[best].pad_tile, padded = (p->seqlen_k + t - 1) / t * t;
     add(L, "tail-tile", e, (double)padded,
         "keys %lld..%lld read as zero K and V (score 0): the last %lld-key tile is not masked at seqlen_k %lld",
@@ -1055,6 +1100,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         cand_empty(&cx, &L);
         cand_rescale(&cx, &L);
         cand_tail(&cx, &L);
+        cand_unwritten(&cx, &L);
         cand_layout(&cx, &L);
     }
     qsort(L.all, (size_t)L.n, sizeof L.all[0], cmp_diag);

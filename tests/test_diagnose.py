@@ -390,3 +390,20 @@ def test_alibi_alignment_without_mask(tmp_path):
         rc, lines, out = diagnose(tmp_path, q, k, v, f32(o), lse,
                                   ["--alibi", str(tmp_path / "al.npy"), "--align", "top-left"])
         assert rc == 1 and first_id(lines) == "causal-top-left" and "bottom-right" in lines[0], out
+
+
+def test_output_unwritten(tmp_path):
+    """An all-zero output (a kernel that wrote nothing) is output-unwritten, never tail-tile
+    (zero keys of a 256-key tile dilute a few real keys to almost 0), for every seqlen_k;
+    a kernel that skipped the second half of the query rows is output-unwritten too."""
+    for Sk in (3, 9, 33, 65, 100, 300):
+        q, k, v = problem(B=2, Sq=64, H=4, Hk=2, Sk=Sk)
+        o, lse = R.attention_forward(q, k, v)
+        rc, lines, out = diagnose(tmp_path, q, k, v, np.zeros_like(f32(o)), None)
+        assert rc == 1 and first_id(lines) == "output-unwritten", f"seed {SEED} Sk {Sk}: {out}"
+        assert not any("tail-tile" in ln for ln in lines), f"seed {SEED} Sk {Sk}: {out}"
+    o = f32(o)
+    o[:, 32:] = 0.0
+    rc, lines, out = diagnose(tmp_path, q, k, v, o, lse)
+    assert rc == 1 and first_id(lines) == "output-unwritten", f"seed {SEED}: {out}"
+    assert not any("tail-tile" in ln for ln in lines), f"seed {SEED}: {out}"
