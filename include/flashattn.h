@@ -948,7 +948,7 @@ typedef enum fa_kernel_model {
  *
  * Ids available now: causal-top-left, scale, softcap-missing, softcap-order,
  * lse-log2, lse-unscaled, gqa-head-map, window-shift, empty-row,
- * missing-rescale, tail-tile, layout-transposed. Reserved for features the
+ * missing-rescale, tail-tile, layout-transposed, output-unwritten. Reserved for features the
  * library does not have yet: varlen-leak, varlen-offset, paged-index,
  * kv-append-offset, rotary-pairing, rotary-offset, split-combine, sink-missing,
  * dropout-mask, p-saturation, descale.
@@ -983,7 +983,9 @@ typedef struct fa_diagnose_report {
     fa_diagnosis items[FA_DIAG_MAX]; /**< Best first. */
     int out_significant;       /**< 1: the output's error is above the rounding floor. */
     int lse_significant;       /**< 1: an LSE was given and its error is above its floor. */
-    double out_rel_rms;        /**< ||T - R|| / ||R|| over the sampled rows (inf with NaN/Inf). */
+    double out_rel_rms;        /**< ||T - R|| / ||R|| over the sampled rows (NaN when a sampled
+                                    tested value is NaN, else inf with an Inf; the per-head and
+                                    per-sequence values likewise). */
     double lse_rms;            /**< RMS LSE error over sampled rows with visible keys (0: no LSE). */
     int64_t rows_sampled;      /**< Query rows evaluated (all batches and heads). */
     int n_considered;          /**< Candidates the shape made possible and that were evaluated. */

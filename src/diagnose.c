@@ -547,19 +547,24 @@ static void cand_scale(const dg_ctx *cx, dg_list *L)
 static void cand_align(const dg_ctx *cx, dg_list *L)
 {
     const fa_problem *p = cx->p;
-    if (p->seqlen_q == p->seqlen_k || (p->window_left < 0 && p->window_right < 0)) return;
+    /* the alignment changes the result when the lengths differ and it places
+     * something: a bounded side of the band, or the ALiBi distances |i + diag - j| */
+    const int band = p->window_left >= 0 || p->window_right >= 0;
+    if (p->seqlen_q == p->seqlen_k || (!band && !p->alibi.data)) return;
     consider(L, "causal-top-left");
     dg_variant v = dg_variant_reference(p);
     v.diag = p->top_left ? p->seqlen_k - p->seqlen_q : 0;
     const double e = score(cx, &v);
+    const char *what = band ? (p->alibi.data ? "the mask and the ALiBi distances" : "the mask")
+                            : "the ALiBi distances";
     if (p->top_left)
         add(L, "causal-top-left", e, (double)v.diag,
-            "the kernel aligns the mask bottom-right (FlashAttention's), the check expected top-left "
-            "(--align top-left was given)");
+            "the kernel aligns %s bottom-right (FlashAttention's), the check expected top-left "
+            "(--align top-left was given)", what);
     else
         add(L, "causal-top-left", e, 0.0,
-            "the kernel aligns the mask top-left (PyTorch SDPA's is_causal); if that is its contract, "
-            "check with --align top-left");
+            "the kernel aligns %s top-left (PyTorch SDPA's is_causal); if that is its contract, "
+            "check with --align top-left", what);
 }
 
 static void cand_softcap(const dg_ctx *cx, dg_list *L)
@@ -683,6 +688,42 @@ static void cand_rescale(const dg_ctx *cx, dg_list *L)
         vs[best].tile);
 }
 
+/* Is sampled row w's tested O exactly zero everywhere while the reference is not? */
+static int row_unwritten(const dg_ctx *cx, int64_t w)
+{
+    const int64_t dv = cx->p->dv;
+    int ref_nonzero = 0;
+    for (int64_t c = 0; c < dv; c++) {
+        if (cx->ot[w * dv + c] != 0.0) return 0;
+        if (cx->orf[w * dv + c] != 0.0) ref_nonzero = 1;
+    }
+    return ref_nonzero;
+}
+
+/* O residual (and LSE residual) of "the kernel wrote nothing": every tested row
+ * left exactly zero predicted as zero (its LSE as 0 when the tested LSE is 0),
+ * every other row as the reference. */
+static void cand_unwritten(const dg_ctx *cx, dg_list *L)
+{
+    int64_t rows = 0;
+    double so = 0.0, sl = 0.0;
+    for (int64_t w = 0; w < cx->n; w++) {
+        double a = cx->ro_ref[w], c = cx->rl_ref[w];
+        if (row_unwritten(cx, w)) {
+            rows++;
+            a = 0.0;
+            if (cx->lt && cx->lt[w] == 0.0) c = 0.0;
+        }
+        so += a;
+        sl += c;
+    }
+    if (!rows) return;
+    consider(L, "output-unwritten");
+    add(L, "output-unwritten", explained(cx, so, sl, cx->r0o, cx->r0l), (double)rows,
+        "%lld of %lld sampled rows are exactly 0 where the reference is not: the kernel did not write them",
+        (long long)rows, (long long)cx->n);
+}
+
 static void cand_tail(const dg_ctx *cx, dg_list *L)
 {
     const fa_problem *p = cx->p;
@@ -699,6 +740,15 @@ static void cand_tail(const dg_ctx *cx, dg_list *L)
     consider(L, "tail-tile");
     int best;
     const double e = best_of(cx, vs, nv, &best);
+    if (cx->sig_o) {
+        /* zero keys dilute every row towards O = 0 (with a 256-key tile and a few
+         * real keys, to almost 0): the model must explain the output clearly better
+         * than "O = 0" does, or an unwritten output would read as a tail tile */
+        double rt, lt_, rz = 0.0;
+        if (residuals(cx, &vs[best], NULL, cx->n, NULL, NULL, &rt, &lt_) != 0) return;
+        for (int64_t x = 0; x < cx->n * p->dv; x++) rz += o_diff(cx->ot[x], 0.0, cx->pen);
+        if (!(rt < 0.25 * rz)) return;
+    }
     const int64_t t = vs[best].pad_tile, padded = (p->seqlen_k + t - 1) / t * t;
     add(L, "tail-tile", e, (double)padded,
         "keys %lld..%lld read as zero K and V (score 0): the last %lld-key tile is not masked at seqlen_k %lld",
@@ -866,8 +916,10 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
     rep->head_rel_rms = calloc((size_t)H, sizeof(double));
     rep->batch_rel_rms = calloc((size_t)B, sizeof(double));
     double *hs = calloc((size_t)(2 * H + 2 * B), sizeof(double));
+    /* non-finite tested values per head and per sequence: bit 1 an Inf, bit 2 a NaN */
+    unsigned char *nf = calloc((size_t)(H + B), 1);
     if (!cx.it || !cx.ot || !cx.orf || !cx.lrf || (lse && !cx.lt) || !ro || !rl || !rep->head_rel_rms ||
-        !rep->batch_rel_rms || !hs)
+        !rep->batch_rel_rms || !hs || !nf)
         goto out;
     rep->n_heads = H;
     rep->n_batch = B;
@@ -951,13 +1003,20 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
     /* 3. channels */
     double refsq = 0.0, lsq = 0.0, lref2 = 0.0;
     int64_t nl = 0, nonfinite = 0;
+    unsigned char nf_all = 0;
     for (int64_t w = 0; w < cx.n; w++) {
         double a = 0.0, r2 = 0.0;
         for (int64_t c = 0; c < dv; c++) {
             const double t = cx.ot[w * dv + c], r = cx.orf[w * dv + c];
             a += o_diff(t, r, cx.pen);
             r2 += r * r;
-            if (!isfinite(t)) nonfinite++;
+            if (!isfinite(t)) {
+                const unsigned char bit = isnan(t) ? 2 : 1;
+                nonfinite++;
+                nf[cx.it[w].h] |= bit;
+                nf[H + cx.it[w].b] |= bit;
+                nf_all |= bit;
+            }
         }
         ro[w] = a;
         cx.r0o += a;
@@ -978,10 +1037,14 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
             }
         }
     }
+    /* a NaN or Inf in the tested output is shown as such (NaN first), never as
+     * the finite penalty the residuals use */
     for (int64_t h = 0; h < H; h++)
-        rep->head_rel_rms[h] = sqrt(hs[h] / (hs[H + h] > 0 ? hs[H + h] : 1.0));
+        rep->head_rel_rms[h] = nf[h] & 2 ? NAN : nf[h] ? INFINITY : sqrt(hs[h] / (hs[H + h] > 0 ? hs[H + h] : 1.0));
     for (int64_t b = 0; b < B; b++)
-        rep->batch_rel_rms[b] = sqrt(hs[2 * H + b] / (hs[2 * H + B + b] > 0 ? hs[2 * H + B + b] : 1.0));
+        rep->batch_rel_rms[b] = nf[H + b] & 2   ? NAN
+                                : nf[H + b] ? INFINITY
+                                            : sqrt(hs[2 * H + b] / (hs[2 * H + B + b] > 0 ? hs[2 * H + B + b] : 1.0));
     fa_dtype dt = o->dtype;
     if (dt == FA_CHECK_DTYPE_AUTO) {
         const fa_dtype all[4] = {p->q.dtype, p->k.dtype, p->v.dtype, p->o.dtype};
@@ -990,7 +1053,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
             if (dtype_rank(all[x]) < dtype_rank(dt)) dt = all[x];
     }
     const double floor_rel = dt == FA_BF16 ? 0x1p-6 : dt == FA_F16 ? 0x1p-9 : 0x1p-16;
-    rep->out_rel_rms = nonfinite ? INFINITY : sqrt(cx.r0o / (refsq > 0 ? refsq : 1.0));
+    rep->out_rel_rms = nf_all & 2 ? NAN : nonfinite ? INFINITY : sqrt(cx.r0o / (refsq > 0 ? refsq : 1.0));
     cx.sig_o = nonfinite > 0 || rep->out_rel_rms > floor_rel;
     cx.floor_o = floor_rel * floor_rel * refsq;
     if (cx.lt) {
@@ -1037,6 +1100,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         cand_empty(&cx, &L);
         cand_rescale(&cx, &L);
         cand_tail(&cx, &L);
+        cand_unwritten(&cx, &L);
         cand_layout(&cx, &L);
     }
     qsort(L.all, (size_t)L.n, sizeof L.all[0], cmp_diag);
@@ -1057,6 +1121,7 @@ out:
     free(ro);
     free(rl);
     free(hs);
+    free(nf);
     return st;
 }
 

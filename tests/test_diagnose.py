@@ -309,3 +309,101 @@ def test_unknown_mistake_gets_none(tmp_path):
     assert "gqa-head-map" in lines[0] and "missing-rescale" in lines[0]
     rc, lines, out = diagnose(tmp_path, q, k, v, f32(o + 0.05), lse, ["--causal"])
     assert rc == 1 and lines[0].startswith("diagnosis: none"), f"seed {SEED}: {out}"
+
+
+# ---- hostile-test findings (issue 13 follow-up) -----------------------------------
+
+def run_cli(args):
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True)
+
+
+def test_varlen_and_kvcache_keep_the_verdict(tmp_path):
+    """--diagnose on a varlen batch or a KV cache: one 'not available' line, and the exit
+    status stays the verdict's (0 pass, 1 fail), never 2."""
+    H, Hk, d = 4, 2, 16
+    cq, ck = np.array([0, 5, 17], np.int32), np.array([0, 9, 30], np.int32)
+    q, k, v = rand((17, H, d), 11), rand((30, Hk, d), 12), rand((30, Hk, d), 13)
+    o, _ = R.varlen_forward(q, k, v, cq, ck, causal=True)
+    for name, x in dict(q=q, k=k, v=v, cq=cq, ck=ck, good=f32(o), bad=f32(o) + 0.1).items():
+        np.save(tmp_path / f"{name}.npy", x)
+    base = ["check", "-q", tmp_path / "q.npy", "-k", tmp_path / "k.npy", "-v", tmp_path / "v.npy", "--causal",
+            "--cu-seqlens-q", tmp_path / "cq.npy", "--cu-seqlens-k", tmp_path / "ck.npy", "--diagnose"]
+    na = "diagnosis: not available for variable-length batches or KV caches"
+    for out, want in (("good", 0), ("bad", 1)):
+        r = run_cli(base + ["--out", tmp_path / f"{out}.npy"])
+        assert r.returncode == want, f"varlen {out}: rc {r.returncode}: {r.stdout}{r.stderr}"
+        assert na in r.stdout.splitlines() and r.stderr == "", r.stdout + r.stderr
+    # KV cache: 2 sequences of 7 queries against caches of 20 rows, 11 and 16 in use
+    B, Sq, Sc = 2, 7, 20
+    q, kc, vc = rand((B, Sq, H, d), 14), rand((B, Sc, Hk, d), 15), rand((B, Sc, Hk, d), 16)
+    cs = np.array([11, 16], np.int32)
+    o, _ = R.kvcache_forward(q, kc, vc, cs)
+    for name, x in dict(q=q, kc=kc, vc=vc, cs=cs, good=f32(o), bad=f32(o) * 1.5).items():
+        np.save(tmp_path / f"{name}.npy", x)
+    base = ["check", "-q", tmp_path / "q.npy", "-k", tmp_path / "kc.npy", "-v", tmp_path / "vc.npy",
+            "--cache-seqlens", tmp_path / "cs.npy", "--diagnose"]
+    for out, want in (("good", 0), ("bad", 1)):
+        r = run_cli(base + ["--out", tmp_path / f"{out}.npy"])
+        assert r.returncode == want, f"kvcache {out}: rc {r.returncode}: {r.stdout}{r.stderr}"
+        assert na in r.stdout.splitlines() and r.stderr == "", r.stdout + r.stderr
+
+
+def test_nonfinite_shown_in_tables(tmp_path):
+    """A NaN (or Inf) in the tested output shows as nan (inf) in the summary line and in the
+    per-head and per-sequence tables of the heads and sequences that hold it; the others stay finite."""
+    q, k, v = problem(B=2, H=4, Hk=2, Sq=20, Sk=30)
+    o, _ = R.attention_forward(q, k, v)
+    o = f32(o)
+    o[1, :, 2, :] = np.nan                                  # every row of head 2 in sequence 1
+    rc, lines, out = diagnose(tmp_path, q, k, v, o, None, ["--sample-rows", "20"])
+    assert rc == 1, out
+    head = re.search(r"error by head \(relative RMS\):(.*)", out).group(1).split()
+    seq = re.search(r"error by sequence \(relative RMS\):(.*)", out).group(1).split()
+    assert "output relative RMS error nan" in out, out
+    assert head[2] == "2:nan" and all(np.isfinite(float(x.split(":")[1])) for x in head[:2] + head[3:]), out
+    assert seq[1] == "1:nan" and np.isfinite(float(seq[0].split(":")[1])), out
+    o[1, :, 2, :] = 0.0
+    o[0, 3, 1, 0] = np.inf
+    rc, lines, out = diagnose(tmp_path, q, k, v, o, None, ["--sample-rows", "20"])
+    head = re.search(r"error by head \(relative RMS\):(.*)", out).group(1).split()
+    seq = re.search(r"error by sequence \(relative RMS\):(.*)", out).group(1).split()
+    assert rc == 1 and "output relative RMS error inf" in out, out
+    assert head[1] == "1:inf" and seq[0] == "0:inf" and seq[1] != "1:inf", out
+
+
+def test_alibi_alignment_without_mask(tmp_path):
+    """ALiBi with no causal/window mask: the alignment still moves the distances when
+    seqlen_q != seqlen_k, so a kernel using the other corner is diagnosed causal-top-left
+    (both ways, and the reverse under --align top-left); a correct output gets none."""
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    np.save(tmp_path / "al.npy", slopes)
+    for Sq, Sk in ((24, 56), (56, 24)):
+        q, k, v = problem(Sq=Sq, Sk=Sk)
+        o, lse = R.attention_forward(q, k, v, alibi=slopes, align="top-left")
+        rc, lines, out = diagnose(tmp_path, q, k, v, f32(o), lse, ["--alibi", str(tmp_path / "al.npy")])
+        assert rc == 1 and first_id(lines) == "causal-top-left", f"seed {SEED} {Sq}x{Sk}: {out}"
+        assert "ALiBi" in lines[0], out
+        rc, lines, out = diagnose(tmp_path, q, k, v, f32(o), lse,
+                                  ["--alibi", str(tmp_path / "al.npy"), "--align", "top-left"])
+        assert rc == 0 and lines[0].startswith("diagnosis: none"), f"seed {SEED} {Sq}x{Sk}: {out}"
+        o, lse = R.attention_forward(q, k, v, alibi=slopes)
+        rc, lines, out = diagnose(tmp_path, q, k, v, f32(o), lse,
+                                  ["--alibi", str(tmp_path / "al.npy"), "--align", "top-left"])
+        assert rc == 1 and first_id(lines) == "causal-top-left" and "bottom-right" in lines[0], out
+
+
+def test_output_unwritten(tmp_path):
+    """An all-zero output (a kernel that wrote nothing) is output-unwritten, never tail-tile
+    (zero keys of a 256-key tile dilute a few real keys to almost 0), for every seqlen_k;
+    a kernel that skipped the second half of the query rows is output-unwritten too."""
+    for Sk in (3, 9, 33, 65, 100, 300):
+        q, k, v = problem(B=2, Sq=64, H=4, Hk=2, Sk=Sk)
+        o, lse = R.attention_forward(q, k, v)
+        rc, lines, out = diagnose(tmp_path, q, k, v, np.zeros_like(f32(o)), None)
+        assert rc == 1 and first_id(lines) == "output-unwritten", f"seed {SEED} Sk {Sk}: {out}"
+        assert not any("tail-tile" in ln for ln in lines), f"seed {SEED} Sk {Sk}: {out}"
+    o = f32(o)
+    o[:, 32:] = 0.0
+    rc, lines, out = diagnose(tmp_path, q, k, v, o, lse)
+    assert rc == 1 and first_id(lines) == "output-unwritten", f"seed {SEED}: {out}"
+    assert not any("tail-tile" in ln for ln in lines), f"seed {SEED}: {out}"

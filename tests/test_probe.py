@@ -117,3 +117,47 @@ def test_bad_usage(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     r = subprocess.run([CLI, "probe", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--out DIR" in r.stdout
+
+
+def tree(d):
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+def test_failed_probe_leaves_nothing_behind(tmp_path):
+    """A probe run that cannot finish names the path and the reason (never a bare 'I/O error')
+    and leaves --out as it was: no half set of probe directories, no temporary directory."""
+    probe = [CLI, "probe", "--seqlen", "16", "--d", "8", "--out"]
+    out = tmp_path / "a"
+    out.mkdir()
+    (out / "tail-keys").write_text("in the way")                  # the 6th probe's directory is a file
+    r = subprocess.run(probe + [str(out)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "tail-keys" in r.stderr and "not a directory" in r.stderr and "I/O error" not in r.stderr, r.stderr
+    assert tree(out) == ["tail-keys"], tree(out)
+    # a directory where a file goes, in an earlier set
+    out = tmp_path / "b"
+    assert subprocess.run(probe + [str(out)], capture_output=True).returncode == 0
+    (out / "v-ones" / "q.npy").unlink()
+    (out / "v-ones" / "q.npy").mkdir()
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    r = subprocess.run(probe + [str(out), "--seed", "5"], capture_output=True, text=True)
+    assert r.returncode == 2 and "v-ones/q.npy" in r.stderr and "I/O error" not in r.stderr, r.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # nothing replaced or added
+    # a second successful run replaces the set and leaves no temporary directory
+    (out / "v-ones" / "q.npy").rmdir()
+    assert subprocess.run(probe + [str(out), "--seed", "5"], capture_output=True).returncode == 0
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert (out / "v-ones" / "q.npy").is_file() and "seed 5" in (out / "README").read_text()
+
+
+def test_help_lists_only_written_dtypes(tmp_path):
+    """probe --help lists the dtypes probe writes, and each one listed is accepted."""
+    r = subprocess.run([CLI, "probe", "--help"], capture_output=True, text=True)
+    m = re.search(r"--dtype (\S+)\]", r.stdout)
+    assert m, r.stdout
+    for dt in m.group(1).split("|"):
+        out = tmp_path / dt
+        w = subprocess.run([CLI, "probe", "--out", str(out), "--dtype", dt, "--seqlen", "8", "--d", "4"],
+                           capture_output=True, text=True)
+        assert w.returncode == 0, f"--help lists {dt} but: {w.stderr}"
+        assert (out / "README").is_file()

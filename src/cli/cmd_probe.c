@@ -18,10 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static const char probe_usage[] =
     "usage: flashattn probe --out DIR [--batch B] [--seqlen S] [--heads H] [--heads-k HK]\n"
-    "                       [--d D] [--dtype f32|f16|bf16] [--seed S]\n"
+    "                       [--d D] [--dtype f32|bf16] [--seed S]\n"
     "\n"
     "Writes input sets that separate the mistakes `flashattn check --diagnose` names\n"
     "(docs/validation.md, \"Why did my kernel fail\"): DIR/<probe>/{q,k,v}.npy and\n"
@@ -34,10 +35,13 @@ static const char probe_usage[] =
     "  --heads H       query heads (default 8)\n"
     "  --heads-k HK    kv heads (default 2; H must be a multiple)\n"
     "  --d D           head dim (default 64)\n"
-    "  --dtype T       f32 (default), f16 or bf16 (<u2 bit patterns)\n"
+    "  --dtype T       f32 (default) or bf16 (<u2 bit patterns)\n"
     "  --seed S        seed of the random inputs (default 0)\n"
     "\n"
-    "Exit status: 0 written; 2 bad usage or a file that could not be written.\n";
+    "Everything is written into a temporary directory DIR/.probe-XXXXXX first and moved into\n"
+    "place at the end: a failed run leaves DIR as it was (and removes DIR if it created it).\n"
+    "\n"
+    "Exit status: 0 written; 2 bad usage or a file that could not be written (one line naming it).\n";
 
 typedef struct probe_rng {
     uint64_t s;
@@ -77,8 +81,10 @@ static void fill(float *x, int64_t n, fill_kind kind, double amp, probe_rng *r)
         x[e] = kind == FILL_ONES ? 1.0f : kind == FILL_ZERO ? 0.0f : (float)(amp * gauss(r));
 }
 
-/* Round to the dtype and save; bf16/f16 are converted. Returns 0 or prints and returns 2. */
-static int save(const char *dir, const char *file, const float *x, int64_t n, fa_dtype dt, const int64_t *shape)
+/* Round to the dtype and save into dir/file; bf16 is converted. `label` names the file's
+ * final place in messages. Returns 0 or prints and returns 2. */
+static int save(const char *dir, const char *label, const char *file, const float *x, int64_t n, fa_dtype dt,
+                const int64_t *shape)
 {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path)
@@ -99,7 +105,10 @@ static int save(const char *dir, const char *file, const float *x, int64_t n, fa
     }
     fa_status st = fa_npy_save(path, buf, dt, 4, shape);
     free(h);
-    if (st != FA_OK) return cli_die_status(st);
+    if (st != FA_OK) {
+        const char *msg = fa_npy_last_error();
+        return cli_die("probe: cannot write %s/%s: %s", label, file, msg && *msg ? msg : fa_status_string(st));
+    }
     return 0;
 }
 
@@ -133,13 +142,20 @@ static void append(text_buf *t, const char *fmt, ...)
     va_end(ap);
 }
 
-static int write_probe(const char *out, const probe_spec *p, fa_dtype dt, uint64_t seed, text_buf *readme)
+static const char *const probe_files[6] = {"q.npy", "k.npy", "v.npy", "q_bhsd.npy", "k_bhsd.npy", "v_bhsd.npy"};
+
+static int n_files(const probe_spec *p) { return p->bhsd_copy ? 6 : 3; }
+
+/* Write probe p into tmp/<name>/; `out` names its final place in messages. */
+static int write_probe(const char *tmp, const char *out, const probe_spec *p, fa_dtype dt, uint64_t seed,
+                       text_buf *readme)
 {
-    char dir[4096];
-    if ((size_t)snprintf(dir, sizeof dir, "%s/%s", out, p->name) >= sizeof dir)
+    char dir[4096], label[4096];
+    if ((size_t)snprintf(label, sizeof label, "%s/%s", out, p->name) >= sizeof label)
         return cli_die("probe: path too long: %s/%s", out, p->name);
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return cli_die("probe: cannot create directory %s: %s", dir, strerror(errno));
+    if ((size_t)snprintf(dir, sizeof dir, "%s/%s", tmp, p->name) >= sizeof dir)
+        return cli_die("probe: path too long: %s/%s", tmp, p->name);
+    if (mkdir(dir, 0777) != 0) return cli_die("probe: cannot create directory %s: %s", dir, strerror(errno));
     probe_rng r = {seed ^ (uint64_t)(uintptr_t)0 ^ (0x2545f4914f6cdd1dull * (uint64_t)(strlen(p->name) + 7))};
     for (const char *c = p->name; *c; c++) r.s = r.s * 131 + (unsigned char)*c;
     const int64_t qs[4] = {p->b, p->sq, p->h, p->d}, ks[4] = {p->b, p->sk, p->hk, p->d};
@@ -165,22 +181,22 @@ static int write_probe(const char *out, const probe_spec *p, fa_dtype dt, uint64
                         k[((b * p->sk + j) * p->hk + h) * p->d + c] =
                             (float)(4.0 * u * (double)j / (double)p->sk + 0.1 * gauss(&r));
     }
-    if ((rc = save(dir, "q.npy", q, nq, dt, qs)) || (rc = save(dir, "k.npy", k, nk, dt, ks)) ||
-        (rc = save(dir, "v.npy", v, nk, dt, ks)))
+    if ((rc = save(dir, label, "q.npy", q, nq, dt, qs)) || (rc = save(dir, label, "k.npy", k, nk, dt, ks)) ||
+        (rc = save(dir, label, "v.npy", v, nk, dt, ks)))
         goto done;
     if (p->bhsd_copy) {
         const int64_t qb[4] = {p->b, p->h, p->sq, p->d}, kb[4] = {p->b, p->hk, p->sk, p->d};
         float *x;
         if (!(x = to_bhsd(q, qs))) { rc = cli_die("probe: out of memory"); goto done; }
-        rc = save(dir, "q_bhsd.npy", x, nq, dt, qb);
+        rc = save(dir, label, "q_bhsd.npy", x, nq, dt, qb);
         free(x);
         if (rc) goto done;
         if (!(x = to_bhsd(k, ks))) { rc = cli_die("probe: out of memory"); goto done; }
-        rc = save(dir, "k_bhsd.npy", x, nk, dt, kb);
+        rc = save(dir, label, "k_bhsd.npy", x, nk, dt, kb);
         free(x);
         if (rc) goto done;
         if (!(x = to_bhsd(v, ks))) { rc = cli_die("probe: out of memory"); goto done; }
-        rc = save(dir, "v_bhsd.npy", x, nk, dt, kb);
+        rc = save(dir, label, "v_bhsd.npy", x, nk, dt, kb);
         free(x);
         if (rc) goto done;
     }
@@ -238,10 +254,6 @@ static int probe_main(int argc, char **argv)
         if (dt != FA_F32 && dt != FA_BF16)
             return cli_die("--dtype: probe writes f32 or bf16, got '%s'", dtype_text);
     }
-    if (mkdir(out, 0777) != 0 && errno != EEXIST) return cli_die("probe: cannot create %s: %s", out, strerror(errno));
-    struct stat sb;
-    if (stat(out, &sb) != 0 || !S_ISDIR(sb.st_mode)) return cli_die("probe: %s is not a directory", out);
-
     /* uneven GQA: Hk not in {1, g, H} with g not a power of 2 */
     const long long gh = 6, ghk = 3;
     const long long tail = S - S % 64 + 37; /* seqlen_k not a multiple of 64 (nor 16, 32) */
@@ -275,8 +287,41 @@ static int probe_main(int argc, char **argv)
          "|q.k| large: run with your --softcap; a cap skipped or applied in the wrong place "
          "(softcap-missing, softcap-order) or a wrong scale (scale) changes every row a lot"},
     };
-    char path[4096];
+    const size_t np = sizeof probes / sizeof probes[0];
+    /* Before any work: every place a file goes must be free or hold a regular file,
+     * every probe directory free or a directory. */
+    struct stat sb;
+    int created_out = 0;
+    if (stat(out, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode)) return cli_die("probe: %s exists and is not a directory", out);
+    } else if (errno != ENOENT) {
+        return cli_die("probe: cannot use %s: %s", out, strerror(errno));
+    }
+    char path[8192], dst[8192]; /* room for tmp (< 4096) + "/<probe>/<file>" */
+    for (size_t x = 0; x < np; x++) {
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", out, probes[x].name) >= sizeof path)
+            return cli_die("probe: path too long: %s/%s", out, probes[x].name);
+        if (stat(path, &sb) != 0) continue;
+        if (!S_ISDIR(sb.st_mode)) return cli_die("probe: %s exists and is not a directory", path);
+        for (int f = 0; f < n_files(&probes[x]); f++) {
+            if ((size_t)snprintf(dst, sizeof dst, "%s/%s", path, probe_files[f]) >= sizeof dst)
+                return cli_die("probe: path too long: %s/%s", path, probe_files[f]);
+            if (stat(dst, &sb) == 0 && !S_ISREG(sb.st_mode))
+                return cli_die("probe: %s exists and is not a regular file", dst);
+        }
+    }
     if ((size_t)snprintf(path, sizeof path, "%s/README", out) >= sizeof path) return cli_die("probe: path too long");
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) return cli_die("probe: %s exists and is not a regular file", path);
+
+    if (mkdir(out, 0777) == 0) created_out = 1;
+    else if (errno != EEXIST) return cli_die("probe: cannot create %s: %s", out, strerror(errno));
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s/.probe-XXXXXX", out) >= sizeof tmp) return cli_die("probe: path too long");
+    if (!mkdtemp(tmp)) {
+        const int e = errno;
+        if (created_out) rmdir(out);
+        return cli_die("probe: cannot write into %s: %s", out, strerror(e));
+    }
     static text_buf mem;
     mem.len = 0;
     append(&mem, "flashattn probe: inputs that separate the diagnosis classes (seed %llu, dtype %s).\n"
@@ -285,17 +330,55 @@ static int probe_main(int argc, char **argv)
                  "[MASK OPTIONS] --diagnose. See docs/validation.md, \"Why did my kernel fail\".\n\n",
            (unsigned long long)seed, fa_dtype_name(dt));
     int rc = 0;
-    for (size_t x = 0; x < sizeof probes / sizeof probes[0] && !rc; x++)
-        rc = write_probe(out, &probes[x], dt, seed, &mem);
-    if (rc) return rc;
-    fa_outfile f;
-    fa_status st = fa_outfile_open(&f, path);
-    if (st == FA_OK && (st = fa_outfile_write(&f, mem.data, mem.len)) == FA_OK) st = fa_outfile_commit(&f);
-    else if (st != FA_OK && f.fd >= 0) fa_outfile_abort(&f);
-    fa_outfile_free(&f);
-    if (st != FA_OK) return cli_die_status(st);
-    if (!rc) printf("flashattn probe: %zu probes and README written to %s\n", sizeof probes / sizeof probes[0], out);
-    return rc;
+    for (size_t x = 0; x < np && !rc; x++) rc = write_probe(tmp, out, &probes[x], dt, seed, &mem);
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/README", tmp);
+        fa_outfile f;
+        fa_status st = fa_outfile_open(&f, path);
+        if (st == FA_OK && (st = fa_outfile_write(&f, mem.data, mem.len)) == FA_OK) st = fa_outfile_commit(&f);
+        else if (st != FA_OK && f.fd >= 0) fa_outfile_abort(&f);
+        fa_outfile_free(&f);
+        if (st != FA_OK) {
+            const char *msg = fa_last_error();
+            rc = cli_die("probe: cannot write %s/README: %s", out, msg && *msg ? msg : fa_status_string(st));
+        }
+    }
+    /* Move into place (same directory tree: renames), README last. */
+    for (size_t x = 0; x < np && !rc; x++) {
+        snprintf(dst, sizeof dst, "%s/%s", out, probes[x].name);
+        if (mkdir(dst, 0777) != 0 && errno != EEXIST) {
+            rc = cli_die("probe: cannot create directory %s: %s", dst, strerror(errno));
+            break;
+        }
+        for (int f = 0; f < n_files(&probes[x]) && !rc; f++) {
+            snprintf(path, sizeof path, "%s/%s/%s", tmp, probes[x].name, probe_files[f]);
+            snprintf(dst, sizeof dst, "%s/%s/%s", out, probes[x].name, probe_files[f]);
+            if (rename(path, dst) != 0) rc = cli_die("probe: cannot write %s: %s", dst, strerror(errno));
+        }
+    }
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/README", tmp);
+        snprintf(dst, sizeof dst, "%s/README", out);
+        if (rename(path, dst) != 0) rc = cli_die("probe: cannot write %s: %s", dst, strerror(errno));
+    }
+    /* Remove the temporary tree (whatever is left of it). */
+    for (size_t x = 0; x < np; x++) {
+        for (int f = 0; f < n_files(&probes[x]); f++) {
+            snprintf(path, sizeof path, "%s/%s/%s", tmp, probes[x].name, probe_files[f]);
+            unlink(path);
+        }
+        snprintf(path, sizeof path, "%s/%s", tmp, probes[x].name);
+        rmdir(path);
+    }
+    snprintf(path, sizeof path, "%s/README", tmp);
+    unlink(path);
+    rmdir(tmp);
+    if (rc) {
+        if (created_out) rmdir(out);
+        return rc;
+    }
+    printf("flashattn probe: %zu probes and README written to %s\n", np, out);
+    return 0;
 }
 
 int cmd_probe(int argc, char **argv)
