@@ -469,6 +469,123 @@ static void test_varlen_with_no_sequence_writes_empty_rows(void **state)
     free_data(&g);
 }
 
+/* A skewed varlen batch: sequence 0 has `long_len` query rows and keys, the
+ * other batch - 1 sequences one row and one key each. */
+typedef struct skew_data {
+    int32_t *cu;
+    int64_t total;
+    tu_tensor q, k, v, o, lse, dout, dq, dk, dv;
+    fa_varlen vl;
+} skew_data;
+
+static void make_skew(int64_t batch, int32_t long_len, int64_t H, int64_t d, uint64_t *rng, skew_data *s)
+{
+    s->cu = malloc(sizeof(int32_t) * (size_t)(batch + 1));
+    assert_non_null(s->cu);
+    s->cu[0] = 0;
+    for (int64_t b = 0; b < batch; b++) s->cu[b + 1] = s->cu[b] + (b == 0 ? long_len : 1);
+    s->total = s->cu[batch];
+    const int64_t sh[3] = {s->total, H, d}, ls[2] = {H, s->total};
+    s->q = tu_alloc(FA_F32, 3, sh); s->k = tu_alloc(FA_F32, 3, sh); s->v = tu_alloc(FA_F32, 3, sh);
+    s->o = tu_alloc(FA_F32, 3, sh); s->dout = tu_alloc(FA_F32, 3, sh); s->lse = tu_alloc(FA_F32, 2, ls);
+    s->dq = tu_alloc(FA_F32, 3, sh); s->dk = tu_alloc(FA_F32, 3, sh); s->dv = tu_alloc(FA_F32, 3, sh);
+    tu_fill(&s->q, rng, -2.0, 2.0); tu_fill(&s->k, rng, -2.0, 2.0);
+    tu_fill(&s->v, rng, -1.0, 1.0); tu_fill(&s->dout, rng, -1.0, 1.0);
+    s->vl = fa_varlen_default();
+    s->vl.batch = batch;
+    s->vl.cu_seqlens_q = s->cu;
+    s->vl.cu_seqlens_k = s->cu;
+}
+
+static void free_skew(skew_data *s)
+{
+    tu_free(&s->q); tu_free(&s->k); tu_free(&s->v); tu_free(&s->o); tu_free(&s->lse);
+    tu_free(&s->dout); tu_free(&s->dq); tu_free(&s->dk); tu_free(&s->dv);
+    free(s->cu);
+}
+
+/* Peak library allocation of a flash backward of the first `batch` sequences of s. */
+static size_t backward_peak(skew_data *s, int64_t batch, fa_options opt)
+{
+    opt.varlen = &s->vl;
+    s->vl.batch = batch;
+    if (fa_forward(&s->q.t, &s->k.t, &s->v.t, &s->o.t, &s->lse.t, &opt) != FA_OK)
+        fail_msg("skewed batch %lld: forward: %s", (long long)batch, fa_last_error());
+    fa_alloc_stats st;
+    fa_alloc_stats_reset();
+    if (fa_backward(&s->q.t, &s->k.t, &s->v.t, &s->o.t, &s->lse.t, &s->dout.t, &s->dq.t, &s->dk.t, &s->dv.t,
+                    &opt) != FA_OK)
+        fail_msg("skewed batch %lld: backward: %s", (long long)batch, fa_last_error());
+    fa_alloc_stats_get(&st);
+    return st.peak_bytes;
+}
+
+/* Ensure the flash backward's memory grows with the rows in use, not with
+ * batch x the longest sequence: many one-row sequences beside a long one
+ * cost at most a few bytes per added row over the long sequence alone. */
+static void test_varlen_backward_memory_follows_the_rows(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x5e3;
+    const int64_t batch = 1500, H = 2, d = 8;
+    skew_data s;
+    make_skew(batch, 512, H, d, &rng, &s);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_FLASH;
+    opt.causal = 1;
+    opt.num_threads = 2;
+    const size_t alone = backward_peak(&s, 1, opt), many = backward_peak(&s, batch, opt);
+    const size_t allowed = alone + (size_t)(64 * (batch - 1) * H);
+    if (many > allowed)
+        fail_msg("flash backward of 1 x 512 rows + %lld one-row sequences peaks at %zu bytes, the 512-row "
+                 "sequence alone at %zu: more than 64 bytes per added row and head (%zu allowed)",
+                 (long long)(batch - 1), many, alone, allowed);
+    free_skew(&s);
+}
+
+/* Ensure the standard path's S/P cap applies per sequence: a 2048 x 1 and a
+ * 1 x 2048 sequence each need 2048 x 16 floats (128 KiB), not 2048 x 2048,
+ * so a 1 MiB cap accepts them; the result is each sequence's own. */
+static void test_varlen_standard_cap_is_per_sequence(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x57d;
+    const int64_t H = 1, d = 8;
+    int32_t cu_q[3] = {0, 2048, 2049}, cu_k[3] = {0, 1, 2049};
+    const int64_t qs[3] = {2049, H, d}, ls[2] = {H, 2049};
+    tu_tensor q = tu_alloc(FA_F32, 3, qs), k = tu_alloc(FA_F32, 3, qs), v = tu_alloc(FA_F32, 3, qs);
+    tu_tensor o[2] = {tu_alloc(FA_F32, 3, qs), tu_alloc(FA_F32, 3, qs)};
+    tu_tensor lse[2] = {tu_alloc(FA_F32, 2, ls), tu_alloc(FA_F32, 2, ls)};
+    tu_fill(&q, &rng, -2.0, 2.0); tu_fill(&k, &rng, -2.0, 2.0); tu_fill(&v, &rng, -1.0, 1.0);
+    fa_varlen vl = fa_varlen_default();
+    vl.batch = 2;
+    vl.cu_seqlens_q = cu_q;
+    vl.cu_seqlens_k = cu_k;
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_STANDARD;
+    opt.standard_max_bytes = (size_t)1 << 20;
+    opt.varlen = &vl;
+    if (fa_forward(&q.t, &k.t, &v.t, &o[0].t, &lse[0].t, &opt) != FA_OK)
+        fail_msg("standard, 2048 x 1 and 1 x 2048 under a 1 MiB cap: %s", fa_last_error());
+    opt.varlen = NULL;
+    for (int64_t b = 0; b < 2; b++) {
+        fa_tensor qv = rows_view(&q.t, cu_q[b], cu_q[b + 1] - cu_q[b]), ov = rows_view(&o[1].t, cu_q[b], cu_q[b + 1] - cu_q[b]);
+        fa_tensor kv = rows_view(&k.t, cu_k[b], cu_k[b + 1] - cu_k[b]), vv = rows_view(&v.t, cu_k[b], cu_k[b + 1] - cu_k[b]);
+        fa_tensor lv = lse_view(&lse[1].t, cu_q[b], cu_q[b + 1] - cu_q[b]);
+        if (fa_forward(&qv, &kv, &vv, &ov, &lv, &opt) != FA_OK)
+            fail_msg("standard, sequence %lld alone: %s", (long long)b, fa_last_error());
+    }
+    expect_same(&o[0], &o[1], "O", "2048x1 + 1x2048", FA_IMPL_STANDARD, 0);
+    expect_same(&lse[0], &lse[1], "LSE", "2048x1 + 1x2048", FA_IMPL_STANDARD, 0);
+    /* a sequence that alone exceeds the cap is still refused, and named */
+    cu_k[1] = 1024; /* sequence 0: 2048 x 1024 floats = 8 MiB */
+    opt.varlen = &vl;
+    assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o[0].t, &lse[0].t, &opt), FA_ERR_TOO_LARGE);
+    assert_non_null(strstr(fa_last_error(), "sequence 0: seqlen_q 2048 x seqlen_k 1024"));
+    tu_free(&q); tu_free(&k); tu_free(&v);
+    for (int x = 0; x < 2; x++) { tu_free(&o[x]); tu_free(&lse[x]); }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -477,6 +594,8 @@ int main(void)
         cmocka_unit_test(test_varlen_check_names_the_sequence_and_row),
         cmocka_unit_test(test_varlen_refuses_bad_index_arrays),
         cmocka_unit_test(test_varlen_with_no_sequence_writes_empty_rows),
+        cmocka_unit_test(test_varlen_backward_memory_follows_the_rows),
+        cmocka_unit_test(test_varlen_standard_cap_is_per_sequence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
