@@ -585,7 +585,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     int failed = 0;
 
     /* shared packing, each pass on its own, when it fits under the cap */
-    const size_t cap = shared_cap(p);
+    const size_t cap = fa_problem_long_enough(p, g.br, g.bc) ? shared_cap(p) : 0;
     const size_t qfl = packed_q_floats(p, &g), kfl = packed_k_floats(p, &g);
     const size_t qbytes = fa_mul_sat(qfl, sizeof(float)) <= cap ? qfl * sizeof(float) : 0;
     const size_t kbytes = fa_mul_sat(kfl, sizeof(float)) <= cap ? kfl * sizeof(float) : 0;

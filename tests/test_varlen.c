@@ -543,6 +543,60 @@ static void test_varlen_backward_memory_follows_the_rows(void **state)
     free_skew(&s);
 }
 
+/* Peak library allocation of a flash forward and backward of s. */
+static void flash_peaks(skew_data *s, fa_options opt, size_t *fwd, size_t *bwd, tu_tensor *grads)
+{
+    fa_alloc_stats st;
+    opt.varlen = &s->vl;
+    fa_alloc_stats_reset();
+    if (fa_forward(&s->q.t, &s->k.t, &s->v.t, &s->o.t, &s->lse.t, &opt) != FA_OK)
+        fail_msg("many short sequences: forward: %s", fa_last_error());
+    fa_alloc_stats_get(&st);
+    *fwd = st.peak_bytes;
+    fa_alloc_stats_reset();
+    if (fa_backward(&s->q.t, &s->k.t, &s->v.t, &s->o.t, &s->lse.t, &s->dout.t, &grads[0].t, &grads[1].t,
+                    &grads[2].t, &opt) != FA_OK)
+        fail_msg("many short sequences: backward: %s", fa_last_error());
+    fa_alloc_stats_get(&st);
+    *bwd = st.peak_bytes;
+}
+
+/* Ensure many short varlen sequences beside a long one are packed per tile
+ * (shared packing costs barriers per sequence): the default allocates what
+ * pack_max_bytes = 0 allocates, and gives the same bits. */
+static void test_varlen_many_short_sequences_pack_per_tile(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x7a1;
+    const int64_t batch = 2000, H = 2, d = 8;
+    skew_data s;
+    make_skew(batch, 512, H, d, &rng, &s);
+    const int64_t sh[3] = {s.total, H, d};
+    tu_tensor gr[2][3];
+    for (int x = 0; x < 2; x++)
+        for (int y = 0; y < 3; y++) gr[x][y] = tu_alloc(FA_F32, 3, sh);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_FLASH;
+    opt.causal = 1;
+    opt.num_threads = 2;
+    size_t fwd[2], bwd[2];
+    flash_peaks(&s, opt, &fwd[0], &bwd[0], gr[0]);
+    tu_tensor o0 = tu_alloc(FA_F32, 3, sh);
+    memcpy(o0.mem, s.o.mem, o0.bytes);
+    opt.pack_max_bytes = 0;
+    flash_peaks(&s, opt, &fwd[1], &bwd[1], gr[1]);
+    if (fwd[0] != fwd[1] || bwd[0] != bwd[1])
+        fail_msg("1 x 512 + %lld one-row sequences: default packing peaks at %zu / %zu bytes (forward / "
+                 "backward), per-tile packing at %zu / %zu: the default shared the packing",
+                 (long long)(batch - 1), fwd[0], bwd[0], fwd[1], bwd[1]);
+    assert_memory_equal(o0.mem, s.o.mem, o0.bytes);
+    for (int y = 0; y < 3; y++) assert_memory_equal(gr[0][y].mem, gr[1][y].mem, gr[0][y].bytes);
+    for (int x = 0; x < 2; x++)
+        for (int y = 0; y < 3; y++) tu_free(&gr[x][y]);
+    tu_free(&o0);
+    free_skew(&s);
+}
+
 /* Ensure the standard path's S/P cap applies per sequence: a 2048 x 1 and a
  * 1 x 2048 sequence each need 2048 x 16 floats (128 KiB), not 2048 x 2048,
  * so a 1 MiB cap accepts them; the result is each sequence's own. */
@@ -596,6 +650,7 @@ int main(void)
         cmocka_unit_test(test_varlen_with_no_sequence_writes_empty_rows),
         cmocka_unit_test(test_varlen_backward_memory_follows_the_rows),
         cmocka_unit_test(test_varlen_standard_cap_is_per_sequence),
+        cmocka_unit_test(test_varlen_many_short_sequences_pack_per_tile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
