@@ -21,6 +21,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -370,6 +371,59 @@ static void test_varlen_check_names_the_sequence_and_row(void **state)
     free_data(&g);
 }
 
+/* Ensure fa_check reads only the rows sequences use: NaN in query rows past
+ * cu_seqlens_q[batch], keys past cu_seqlens_k[batch] and keys past
+ * seqused_k is no error, and NaN in a row in use is named [row, head, col]
+ * in the caller's rank-3 layout. */
+static void test_varlen_check_ignores_rows_no_sequence_reads(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xa7f;
+    for (size_t ci = 0; ci < 2; ci++) {
+        const vl_case *c = &CASES[ci];
+        vl_data g;
+        make_data(c, &rng, &g);
+        float *q = (float *)g.q.mem, *k = (float *)g.k.mem, *v = (float *)g.v.mem;
+        if (ci == 0) { /* "mixed": padding rows after the last sequence */
+            q[(g.total_q - 1) * c->H * c->d] = NAN;
+            k[(g.total_k - 1) * c->Hk * c->d + 1] = NAN;
+            v[(g.total_k - 2) * c->Hk * c->dv] = INFINITY;
+        } else { /* "seqused": sequence 0 uses 5 of its 12 keys */
+            k[(g.cu_k[0] + 7) * c->Hk * c->d] = NAN;
+            v[(g.cu_k[0] + 11) * c->Hk * c->dv + 2] = NAN;
+        }
+        const int64_t os[3] = {g.total_q, c->H, c->dv};
+        tu_tensor o = tu_alloc(FA_F32, 3, os);
+        fa_options opt = make_opt(&OPTS[1], &g, FA_IMPL_FLASH, 1);
+        assert_int_equal(fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt), FA_OK);
+        for (int tol = 0; tol < 2; tol++) {
+            fa_check_options co = fa_check_options_default();
+            if (tol) {
+                co.use_tolerance = 1;
+                co.atol = 1e-4;
+                co.rtol = 1e-4;
+            }
+            fa_check_report r = fa_check_report_init();
+            if (fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt, &co, &r) != FA_OK)
+                fail_msg("%s: NaN in rows no sequence reads refused: %s", c->name, fa_last_error());
+            assert_true(r.pass);
+            fa_check_report_free(&r);
+        }
+        /* a row in use: sequence 2 (mixed) / 3 (seqused), its row 1, head 1, column 2 */
+        const int64_t sb = ci == 0 ? 2 : 3, row = g.cu_q[sb] + 1;
+        q[(row * c->H + 1) * c->d + 2] = NAN;
+        fa_check_options co = fa_check_options_default();
+        fa_check_report r = fa_check_report_init();
+        assert_int_equal(fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt, &co, &r), FA_ERR_NONFINITE);
+        char want[64];
+        snprintf(want, sizeof want, "q: element [%lld,1,2]", (long long)row);
+        if (!strstr(fa_last_error(), want)) fail_msg("expected '%s' in: %s", want, fa_last_error());
+        fa_check_report_free(&r);
+        tu_free(&o);
+        free_data(&g);
+    }
+}
+
 /* Call fa_forward with varlen arrays cu_q/cu_k/used and expect `status` and `needle` in the message. */
 static void expect_refusal(vl_data *g, const vl_case *c, const int32_t *cu_q, const int32_t *cu_k,
                            const int32_t *used, fa_status status, const char *needle)
@@ -646,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_varlen_forward_matches_each_sequence_alone),
         cmocka_unit_test(test_varlen_backward_matches_each_sequence_alone),
         cmocka_unit_test(test_varlen_check_names_the_sequence_and_row),
+        cmocka_unit_test(test_varlen_check_ignores_rows_no_sequence_reads),
         cmocka_unit_test(test_varlen_refuses_bad_index_arrays),
         cmocka_unit_test(test_varlen_with_no_sequence_writes_empty_rows),
         cmocka_unit_test(test_varlen_backward_memory_follows_the_rows),
