@@ -12,7 +12,8 @@
 #     2e-6 of max|O|, causal and windowed, flash and reference, seqused_k too;
 #   - `check` passes run's output (exit 0) and fails a perturbed one (exit 1);
 #   - `grad` matches varlen_backward within 1e-5 of max|G|, and `check-grad`
-#     passes grad's output;
+#     passes grad's output, also with junk in rows no sequence owns, and fails
+#     a wrong owned element, named [row, head, col];
 #   - bad index files (decreasing, not starting at 0, past the end, seqused_k
 #     too large, float instead of int32, mismatched lengths, a missing
 #     --cu-seqlens-k, rank-4 Q) exit 2 with ONE line naming the file (and the
@@ -136,6 +137,28 @@ EOF
 if $fa check-grad $IN $VL --seqused-k used.npy --causal --dout do.npy --dq gq.npy --dk gk.npy --dv gv.npy \
     >out.txt 2>err.txt && grep -q "^PASS" out.txt; then ok
 else bad "check-grad on grad's output: $(cat out.txt err.txt)"; fi
+# rows no sequence owns (query rows past cu_seqlens_q[-1], keys past seqused_k) are not judged,
+# as check skips them; a wrong element in an owned row fails, named [row, head, col]
+if python3 - <<'EOF'; then ok; else bad "check-grad: making gradients with junk in unowned rows failed"; fi
+import numpy as np
+cq, ck, used = np.load("cq.npy"), np.load("ck.npy"), np.load("used.npy")
+gq, gk, gv = np.load("gq.npy"), np.load("gk.npy"), np.load("gv.npy")
+gq[cq[-1]:] = 7.0                       # past the last sequence
+gk[ck[0] + used[0]:ck[1]] = -3.0        # sequence 0: keys past seqused_k
+gv[ck[-1]:] = 5.0
+gv[ck[2] + used[2]:ck[3]] = 2.0         # sequence 2: keys past seqused_k
+np.save("jq.npy", gq); np.save("jk.npy", gk); np.save("jv.npy", gv)
+gq[cq[2] + 3, 1, 4] += 1.0              # sequence 2, its row 3, head 1, column 4
+np.save("wq.npy", gq)
+EOF
+if $fa check-grad $IN $VL --seqused-k used.npy --causal --dout do.npy --dq jq.npy --dk jk.npy --dv jv.npy \
+    >out.txt 2>err.txt && grep -q "^PASS" out.txt; then ok
+else bad "check-grad judged rows no sequence owns: $(cat out.txt err.txt)"; fi
+$fa check-grad $IN $VL --seqused-k used.npy --causal --dout do.npy --dq wq.npy --dk jk.npy --dv jv.npy \
+    >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 1 ] && grep -q "^dQ FAIL.*worst at (8, 1, 4)" out.txt; then ok
+else bad "check-grad on a wrong owned dQ element: exit $rc $(cat out.txt err.txt)"; fi
 
 # ---- bad input -----------------------------------------------------------------
 expect_fail "decreasing cu_seqlens_q" "cq_dec.npy: cu_seqlens_q[3] = 4 is less than cu_seqlens_q[2] = 5" \
