@@ -420,6 +420,16 @@ static fa_status varlen_geometry(const fa_varlen *vl, fa_problem *p)
             if (u > max_k) max_k = u;
         }
     }
+    /* Implementations size and index per (sequence, head, row of the longest
+     * sequence): batch x heads x max_len x (d + dv) must fit in 64 bits, as it
+     * does for a uniform batch, whose tensors hold that many elements. */
+    const int64_t heads = p->heads > p->heads_k ? p->heads : p->heads_k;
+    const int64_t max_len = max_q > max_k ? max_q : max_k;
+    if (vl->batch > 0 && max_len > 0 &&
+        (heads > INT64_MAX / vl->batch || max_len > INT64_MAX / (vl->batch * heads) ||
+         p->d + p->dv > INT64_MAX / (vl->batch * heads * max_len)))
+        return fa_fail(FA_ERR_SHAPE, "varlen: batch %lld x heads %lld x the longest sequence %lld x (d + d_v) %lld "
+                       "overflows 64 bits", DIM(vl->batch), DIM(heads), DIM(max_len), DIM(p->d + p->dv));
     p->batch = vl->batch;
     p->seqlen_q = max_q;
     p->seqlen_k = max_k;

@@ -694,6 +694,37 @@ static void test_varlen_standard_cap_is_per_sequence(void **state)
     for (int x = 0; x < 2; x++) { tu_free(&o[x]); tu_free(&lse[x]); }
 }
 
+/* Ensure a varlen batch whose batch x heads x longest sequence x (d + d_v)
+ * overflows 64 bits is refused (implementations index with such products),
+ * though each tensor alone is valid: 2^20 sequences, the last of 2^31 - 1
+ * rows, 512 heads, d = d_v = 8 (zero-stride views: nothing is read). */
+static void test_varlen_refuses_index_products_past_64_bits(void **state)
+{
+    (void)state;
+    const int64_t batch = (int64_t)1 << 20, total = INT32_MAX, H = 512, d = 8;
+    int32_t *cu = calloc((size_t)batch + 1, sizeof(int32_t));
+    assert_non_null(cu);
+    cu[batch] = (int32_t)total;
+    float one = 1.0f;
+    const int64_t sh[3] = {total, H, d}, zero[3] = {0, 0, 0};
+    fa_tensor q, k, v;
+    assert_int_equal(fa_tensor_make(&q, &one, FA_F32, 3, sh, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, &one, FA_F32, 3, sh, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, &one, FA_F32, 3, sh, zero), FA_OK);
+    fa_varlen vl = fa_varlen_default();
+    vl.batch = batch;
+    vl.cu_seqlens_q = cu;
+    vl.cu_seqlens_k = cu;
+    fa_options opt = fa_options_default();
+    opt.varlen = &vl;
+    size_t bytes = 0;
+    const fa_status st = fa_workspace_bytes(&q, &k, &v, &opt, &bytes);
+    if (st != FA_ERR_SHAPE || !strstr(fa_last_error(), "overflows 64 bits"))
+        fail_msg("expected FA_ERR_SHAPE '... overflows 64 bits', got %d: %s", (int)st,
+                 st == FA_OK ? "(accepted)" : fa_last_error());
+    free(cu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -702,6 +733,7 @@ int main(void)
         cmocka_unit_test(test_varlen_check_names_the_sequence_and_row),
         cmocka_unit_test(test_varlen_check_ignores_rows_no_sequence_reads),
         cmocka_unit_test(test_varlen_refuses_bad_index_arrays),
+        cmocka_unit_test(test_varlen_refuses_index_products_past_64_bits),
         cmocka_unit_test(test_varlen_with_no_sequence_writes_empty_rows),
         cmocka_unit_test(test_varlen_backward_memory_follows_the_rows),
         cmocka_unit_test(test_varlen_standard_cap_is_per_sequence),
