@@ -62,10 +62,13 @@ fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *kn
                                what, size, lib_size);
         return FA_OK;
     }
+    /* only fa_options existed in 0.2, without struct_size: its first field was `double scale` */
+    const int options = strcmp(what, "fa_options") == 0;
     return fa_fail(FA_ERR_OPTION, "%s: struct_size %zu is not the size of any %s layout (this library's "
-                   "is %zu); initialize it with %s() (a caller built against flashattn 0.2, whose "
-                   "options begin with `double scale`, must be rebuilt)",
-                   what, size, what, lib_size, init_fn);
+                   "is %zu); initialize it with %s()%s",
+                   what, size, what, lib_size, init_fn,
+                   options ? " (a caller built against flashattn 0.2, whose options begin with `double scale`, "
+                             "must be rebuilt)" : "");
 }
 
 void fa_options_init(fa_options *opt, size_t struct_size)

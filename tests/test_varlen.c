@@ -725,6 +725,28 @@ static void test_varlen_refuses_index_products_past_64_bits(void **state)
     free(cu);
 }
 
+/* Ensure a bad fa_varlen.struct_size is refused naming fa_varlen and its
+ * initializer, without fa_options' 0.2 hint (`double scale`). */
+static void test_varlen_bad_struct_size_names_fa_varlen(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x55e;
+    const vl_case *c = &CASES[0];
+    vl_data g;
+    make_data(c, &rng, &g);
+    g.vl.struct_size = 3;
+    const int64_t os[3] = {g.total_q, c->H, c->dv};
+    tu_tensor o = tu_alloc(FA_F32, 3, os);
+    fa_options opt = fa_options_default();
+    opt.varlen = &g.vl;
+    assert_int_equal(fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt), FA_ERR_OPTION);
+    const char *msg = fa_last_error();
+    if (!strstr(msg, "fa_varlen: struct_size 3") || !strstr(msg, "fa_varlen_init()") || strstr(msg, "scale"))
+        fail_msg("unexpected message: %s", msg);
+    tu_free(&o);
+    free_data(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -734,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_varlen_check_ignores_rows_no_sequence_reads),
         cmocka_unit_test(test_varlen_refuses_bad_index_arrays),
         cmocka_unit_test(test_varlen_refuses_index_products_past_64_bits),
+        cmocka_unit_test(test_varlen_bad_struct_size_names_fa_varlen),
         cmocka_unit_test(test_varlen_with_no_sequence_writes_empty_rows),
         cmocka_unit_test(test_varlen_backward_memory_follows_the_rows),
         cmocka_unit_test(test_varlen_standard_cap_is_per_sequence),

@@ -38,6 +38,8 @@ np.save("cq.npy", cq)
 np.save("ck.npy", ck)
 np.save("used.npy", np.array([9, 2, 5, 0, 11], "<i4"))
 np.save("q4.npy", rng.uniform(-1, 1, (1, cq[-1] + 2, H, d)).astype("<f4"))
+np.save("q0.npy", np.zeros((0, H, d), "<f4"))
+np.save("cq0.npy", np.zeros(len(cq), "<i4"))
 bad = cq.copy(); bad[3] = bad[2] - 1; np.save("cq_dec.npy", bad)
 bad = cq.copy(); bad[0] = 2; np.save("cq_start.npy", bad)
 bad = ck.copy(); bad[5] = ck[-1] + 2; np.save("ck_past.npy", bad)
@@ -177,6 +179,8 @@ expect_fail "only one cu_seqlens" "--cu-seqlens-q needs --cu-seqlens-k" \
     $fa run $IN --cu-seqlens-q cq.npy -o o_bad.npy
 expect_fail "rank-4 Q with varlen" "q4.npy: expected rank 3" \
     $fa run -q q4.npy -k k.npy -v v.npy $VL -o o_bad.npy
+expect_fail "no query rows with varlen" "q0.npy: total_q (rows) must be >= 1, got 0" \
+    $fa run -q q0.npy -k k.npy -v v.npy --cu-seqlens-q cq0.npy --cu-seqlens-k ck.npy -o o_bad.npy
 expect_fail "grad with a bad index file" "cq_dec.npy: cu_seqlens_q[3]" \
     $fa grad $IN --cu-seqlens-q cq_dec.npy --cu-seqlens-k ck.npy --dout do.npy --dq o_bad.npy --dk gk2.npy --dv gv2.npy
 expect_fail "check with a bad index file" "ck_past.npy: cu_seqlens_k[5]" \
