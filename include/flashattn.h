@@ -60,11 +60,11 @@ extern "C" {
 /** @brief Major version: changes when the ABI breaks. */
 #define FA_VERSION_MAJOR 0
 /** @brief Minor version: new functions or fields, compatible. */
-#define FA_VERSION_MINOR 3
+#define FA_VERSION_MINOR 4
 /** @brief Patch version: fixes only. */
 #define FA_VERSION_PATCH 0
 /** @brief Library version string, "MAJOR.MINOR.PATCH". */
-#define FA_VERSION "0.3.0"
+#define FA_VERSION "0.4.0"
 /** @brief The version as one comparable number: MAJOR*10000 + MINOR*100 + PATCH. */
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -206,7 +206,10 @@ typedef struct fa_context fa_context;
  * index): cu_seqlens_q[0] and cu_seqlens_k[0] are 0; neither decreases; no
  * entry is past total_q (q.shape[0]) or total_k (k.shape[0]); 0 <=
  * seqused_k[b] <= cu_seqlens_k[b+1] - cu_seqlens_k[b]. The arrays are read
- * by the call only; they must stay valid during it.
+ * by the call only; they must stay valid **and unchanged** during it: the call
+ * validates them once and then reads them again wherever it needs a
+ * sequence's rows (they are not copied), so another thread writing them
+ * meanwhile makes the result undefined (rows outside the tensors included).
  */
 typedef struct fa_varlen {
     size_t struct_size;            /**< sizeof(fa_varlen) of the caller; set by fa_varlen_init(). */
@@ -261,7 +264,9 @@ static inline fa_varlen fa_varlen_default(void)
  * 0 <= cache_batch_idx[b] < batch_cache; every block_table entry a sequence
  * uses in 0..num_pages-1; no cache row written by two sequences' appends.
  * k_new and v_new have the caches' dtypes. block_table cannot be combined with
- * cache_batch_idx or cache_leftpad (as in FlashAttention).
+ * cache_batch_idx or cache_leftpad (as in FlashAttention). As for fa_varlen,
+ * the index arrays are validated once and read again during the call (not
+ * copied): they must not change while it runs.
  */
 typedef struct fa_kvcache {
     size_t struct_size;              /**< sizeof(fa_kvcache) of the caller; set by fa_kvcache_init(). */

@@ -378,6 +378,21 @@ static bwd_packed packed_k_layout(const fa_problem *p, const bwd_dims *g, float 
 }
 
 /*
+ * D is indexed like the tensor rows of Q (like the LSE): [q batches][heads][q
+ * rows], so it is as large as Q's rows, never batch x heads x the longest
+ * sequence. Only rows a sequence owns are written and read.
+ */
+static int64_t d_rows(const fa_problem *p)
+{
+    return p->q.shape[0] * p->heads * p->q.shape[1];
+}
+
+static int64_t d_index(const fa_problem *p, const fa_seq *seq, int64_t h, int64_t i)
+{
+    return (seq->q_batch * p->heads + h) * p->q.shape[1] + seq->q_start + i;
+}
+
+/*
  * Rows i0..i0+br of query head h: LSE, D and visible key intervals into the
  * scratch. Returns 1 if some row sees a key in [j0, j1), else 0.
  */
@@ -385,11 +400,12 @@ static int load_row_info(const fa_problem *p, const float *dvec, int64_t b, int6
                          int64_t j0, int64_t j1, bwd_scratch *sc)
 {
     int any = 0;
+    const fa_seq seq = fa_problem_seq(p, b);
     for (int r = 0; r < br; r++) {
         const int64_t i = i0 + r;
         fa_key_range(p, b, i, &sc->lo[r], &sc->hi[r]);
         sc->lse[r] = (float)load_lse(p, b, h, i);
-        sc->dd[r] = dvec[(b * p->heads + h) * p->seqlen_q + i];
+        sc->dd[r] = dvec[d_index(p, &seq, h, i)];
         if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j1 && sc->hi[r] > j0) any = 1;
     }
     return any;
@@ -562,14 +578,14 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     const bwd_dims g = bwd_layout(p);
     const int64_t nqb = nblocks(p->seqlen_q, g.br);
     const int64_t nkb = nblocks(p->seqlen_k, g.bc);
-    const int64_t rows = p->batch * p->heads * p->seqlen_q;
+    const int64_t rows = d_rows(p);
     const int64_t group = p->heads / p->heads_k;
-    float *dvec = fa_scratch_alloc(p, fa_mul_sat((size_t)(rows > 0 ? rows : 1), sizeof(float))); /* D [B][H][Sq] */
+    float *dvec = fa_scratch_alloc(p, fa_mul_sat((size_t)(rows > 0 ? rows : 1), sizeof(float))); /* D, like Q's rows */
     if (!dvec) return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate D (%lld rows)", DIM(rows));
     int failed = 0;
 
     /* shared packing, each pass on its own, when it fits under the cap */
-    const size_t cap = shared_cap(p);
+    const size_t cap = fa_problem_long_enough(p, g.br, g.bc) ? shared_cap(p) : 0;
     const size_t qfl = packed_q_floats(p, &g), kfl = packed_k_floats(p, &g);
     const size_t qbytes = fa_mul_sat(qfl, sizeof(float)) <= cap ? qfl * sizeof(float) : 0;
     const size_t kbytes = fa_mul_sat(kfl, sizeof(float)) <= cap ? kfl * sizeof(float) : 0;
@@ -591,18 +607,20 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #endif
             failed = 1;
         }
-        /* D_i = dO_i . O_i, accumulated in float64 */
+        /* D_i = dO_i . O_i, accumulated in float64, for the rows each sequence owns */
 #ifdef _OPENMP
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
 #endif
-        for (int64_t t = 0; t < rows; t++) {
-            const int64_t i = t % p->seqlen_q, h = (t / p->seqlen_q) % p->heads, b = t / (p->seqlen_q * p->heads);
+        for (int64_t t = 0; t < p->batch * p->heads; t++) {
+            const int64_t h = t % p->heads, b = t / p->heads;
             const fa_seq seq = fa_problem_seq(p, b);
-            if (i >= seq.q_len) continue; /* a sequence shorter than the longest */
             const fa_rows dos = fa_rows_q(dout, &seq, h), os = fa_rows_q(&p->o, &seq, h);
-            double acc = 0.0;
-            for (int64_t c = 0; c < p->dv; c++) acc += fa_rows_get(&dos, i, c) * fa_rows_get(&os, i, c);
-            dvec[t] = (float)acc;
+            float *dseq = dvec + d_index(p, &seq, h, 0);
+            for (int64_t i = 0; i < seq.q_len; i++) {
+                double acc = 0.0;
+                for (int64_t c = 0; c < p->dv; c++) acc += fa_rows_get(&dos, i, c) * fa_rows_get(&os, i, c);
+                dseq[i] = (float)acc;
+            }
         }
         /* (the implicit barrier of the loop above also publishes `failed`) */
         if (!failed && qpack.a) {

@@ -285,6 +285,7 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
     const size_t per_kb = (size_t)p->d * g->ldk + (size_t)g->bc * g->ldv; /* floats per key block */
     size_t cap = p->pack_max_bytes; /* 0 forces per-tile packing */
+    if (!fa_problem_long_enough(p, g->br, g->bc)) cap = 0; /* many short varlen sequences */
     if (cap > SIZE_MAX / 4) cap = SIZE_MAX / 4;
     /* Decide before multiplying: a strided view can have seqlen_k ~ 2^62, and
      * nkb * per_kb would wrap to a small size that seems to fit. */

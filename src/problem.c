@@ -62,10 +62,13 @@ fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *kn
                                what, size, lib_size);
         return FA_OK;
     }
+    /* only fa_options existed in 0.2, without struct_size: its first field was `double scale` */
+    const int options = strcmp(what, "fa_options") == 0;
     return fa_fail(FA_ERR_OPTION, "%s: struct_size %zu is not the size of any %s layout (this library's "
-                   "is %zu); initialize it with %s() (a caller built against flashattn 0.2, whose "
-                   "options begin with `double scale`, must be rebuilt)",
-                   what, size, what, lib_size, init_fn);
+                   "is %zu); initialize it with %s()%s",
+                   what, size, what, lib_size, init_fn,
+                   options ? " (a caller built against flashattn 0.2, whose options begin with `double scale`, "
+                             "must be rebuilt)" : "");
 }
 
 void fa_options_init(fa_options *opt, size_t struct_size)
@@ -420,6 +423,16 @@ static fa_status varlen_geometry(const fa_varlen *vl, fa_problem *p)
             if (u > max_k) max_k = u;
         }
     }
+    /* Implementations size and index per (sequence, head, row of the longest
+     * sequence): batch x heads x max_len x (d + dv) must fit in 64 bits, as it
+     * does for a uniform batch, whose tensors hold that many elements. */
+    const int64_t heads = p->heads > p->heads_k ? p->heads : p->heads_k;
+    const int64_t max_len = max_q > max_k ? max_q : max_k;
+    if (vl->batch > 0 && max_len > 0 &&
+        (heads > INT64_MAX / vl->batch || max_len > INT64_MAX / (vl->batch * heads) ||
+         p->d + p->dv > INT64_MAX / (vl->batch * heads * max_len)))
+        return fa_fail(FA_ERR_SHAPE, "varlen: batch %lld x heads %lld x the longest sequence %lld x (d + d_v) %lld "
+                       "overflows 64 bits", DIM(vl->batch), DIM(heads), DIM(max_len), DIM(p->d + p->dv));
     p->batch = vl->batch;
     p->seqlen_q = max_q;
     p->seqlen_k = max_k;

@@ -109,6 +109,24 @@ static inline fa_seq fa_problem_seq(const fa_problem *p, int64_t b)
     return s;
 }
 
+/*
+ * Whether the sequences average at least `rows` query rows and `keys` keys.
+ * The flash drivers share packed panels across a (sequence, kv head) only then:
+ * sharing costs barriers per sequence, which many short varlen sequences
+ * cannot repay (they pack per tile instead: the same bits). Not varlen: 1.
+ */
+static inline int fa_problem_long_enough(const fa_problem *p, int64_t rows, int64_t keys)
+{
+    if (!p->cu_seqlens_q) return 1; /* uniform, and KV caches (GQA heads reuse the shared panels) */
+    int64_t sum_q = 0, sum_k = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq seq = fa_problem_seq(p, b);
+        sum_q += seq.q_len;
+        sum_k += seq.k_len;
+    }
+    return sum_q >= p->batch * rows && sum_k >= p->batch * keys;
+}
+
 /* What the request is for: decides which tensors are required. */
 typedef enum fa_purpose {
     FA_PURPOSE_FORWARD = 0,  /* o required (unless workspace query) */

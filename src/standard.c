@@ -32,35 +32,68 @@
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
+/*
+ * S/P is used by one (sequence, head) at a time, so it is sized for the
+ * largest q_len_b x round16(k_len_b) over the sequences, not for the longest
+ * query rows times the most keys of different sequences. *at: the sequence
+ * that needs it. Saturates at SIZE_MAX.
+ */
+static size_t s_floats(const fa_problem *p, int64_t *at)
+{
+    size_t best = 0;
+    *at = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq seq = fa_problem_seq(p, b);
+        const size_t n = fa_mul_sat((size_t)seq.q_len, round16((size_t)seq.k_len));
+        if (n > best) {
+            best = n;
+            *at = b;
+        }
+    }
+    return best;
+}
+
 size_t fa_standard_workspace(const fa_problem *p)
 {
+    int64_t at;
     size_t ldk = round16((size_t)p->seqlen_k);
-    size_t s = (size_t)p->seqlen_q * ldk;                  /* S/P [Sq][ldk] */
+    size_t s = s_floats(p, &at);                           /* S/P [q_len][round16(k_len)] */
     size_t packed = (size_t)p->seqlen_q * (size_t)p->d     /* Q   [Sq][d]   */
                     + (size_t)p->d * ldk                   /* K^T [d][ldk]  */
                     + (size_t)p->seqlen_k * (size_t)p->dv  /* V   [Sk][dv]  */
                     + 2 * (size_t)p->seqlen_q;             /* row max, sum  */
-    return (s + packed) * sizeof(float);
+    return fa_mul_sat(fa_add_sat(s, packed), sizeof(float));
 }
 
 fa_status fa_standard_forward(const fa_problem *p)
 {
-    /* sized for the longest sequence; each (sequence, head) uses its own lengths */
+    /* sized for the longest sequence; each (sequence, head) uses its own lengths
+     * (S and K^T with the sequence's own leading dimension round16(k_len)) */
     const int64_t Sq_max = p->seqlen_q, Sk_max = p->seqlen_k, d = p->d, dv = p->dv;
-    const size_t ldk = round16((size_t)Sk_max);
+    const size_t ldk_max = round16((size_t)Sk_max);
+    int64_t at;
+    const size_t s_fl = s_floats(p, &at);
     /* overflow-safe size of S in bytes */
-    if (Sq_max > 0 && ldk > SIZE_MAX / sizeof(float) / (size_t)Sq_max)
+    if (s_fl > SIZE_MAX / sizeof(float))
         return fa_fail(FA_ERR_TOO_LARGE, "standard: S would need more than SIZE_MAX bytes");
-    const size_t s_bytes = (size_t)Sq_max * ldk * sizeof(float);
-    if (s_bytes > p->standard_max_bytes)
+    const size_t s_bytes = s_fl * sizeof(float);
+    if (s_bytes > p->standard_max_bytes) {
+        const fa_seq big = fa_problem_seq(p, at);
+        if (p->batch > 1 && (p->seq || p->cu_seqlens_q || p->cache_seqlens))
+            return fa_fail(FA_ERR_TOO_LARGE,
+                           "standard: S and P need %zu bytes per head (sequence %lld: seqlen_q %lld x seqlen_k "
+                           "%lld), above the cap of %zu bytes; use the flash path or raise the cap",
+                           s_bytes, (long long)at, (long long)big.q_len, (long long)big.k_len,
+                           p->standard_max_bytes);
         return fa_fail(FA_ERR_TOO_LARGE,
                        "standard: S and P need %zu bytes per head (seqlen_q %lld x seqlen_k %lld), "
                        "above the cap of %zu bytes; use the flash path or raise the cap",
-                       s_bytes, (long long)Sq_max, (long long)Sk_max, p->standard_max_bytes);
+                       s_bytes, (long long)big.q_len, (long long)big.k_len, p->standard_max_bytes);
+    }
 
-    float *S = fa_scratch_alloc(p, s_bytes ? s_bytes : sizeof(float));               /* [Sq_max][ldk] */
+    float *S = fa_scratch_alloc(p, s_bytes ? s_bytes : sizeof(float));               /* [q_len][ldk] */
     float *Q = fa_scratch_alloc(p, (size_t)Sq_max * (size_t)d * sizeof(float));          /* [Sq_max][d] */
-    float *Kt = fa_scratch_alloc(p, (size_t)d * ldk * sizeof(float) + sizeof(float)); /* [d][ldk] */
+    float *Kt = fa_scratch_alloc(p, (size_t)d * ldk_max * sizeof(float) + sizeof(float)); /* [d][ldk] */
     float *V = fa_scratch_alloc(p, ((size_t)Sk_max * (size_t)dv + 1) * sizeof(float));   /* [Sk_max][dv] */
     float *rowm = fa_scratch_alloc(p, (size_t)Sq_max * sizeof(float));                   /* [Sq_max] row max */
     float *rowl = fa_scratch_alloc(p, (size_t)Sq_max * sizeof(float));                   /* [Sq_max] row sum */
@@ -74,6 +107,7 @@ fa_status fa_standard_forward(const fa_problem *p)
     for (int64_t b = 0; b < p->batch; b++) {
         const fa_seq seq = fa_problem_seq(p, b);
         const int64_t Sq = seq.q_len, Sk = seq.k_len; /* this sequence's */
+        const size_t ldk = round16((size_t)Sk);
         for (int64_t h = 0; h < p->heads && Sq > 0; h++) {
             const int64_t hk = fa_kv_head(p, h);
             const double slope = fa_alibi_slope(p, b, h);

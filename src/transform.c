@@ -19,6 +19,7 @@ void fa_transform_tile(const fa_problem *p, int64_t b, int64_t i0, int br, int64
 {
     const int transform = p->softcap > 0.0 || slope != 0.0;
     const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
+    const int64_t diag = transform && slope != 0.0 ? fa_diag_offset(p, b) : 0; /* reads the geometry once */
     for (int r = 0; r < br; r++) {
         float *row = s + (size_t)r * lds;
         const int64_t lo = lo_rows[r] - j0, hi = hi_rows[r] - j0; /* tile-relative */
@@ -32,7 +33,7 @@ void fa_transform_tile(const fa_problem *p, int64_t b, int64_t i0, int br, int64
             float x = row[j];
             if (cap > 0.0f) x = cap * tanhf(x * inv_cap);
             if (slope != 0.0) {
-                int64_t rel = i + fa_diag_offset(p, b) - (j0 + j);
+                const int64_t rel = i + diag - (j0 + j);
                 x -= (float)(slope * (double)(rel < 0 ? -rel : rel));
             }
             row[j] = x;

@@ -285,6 +285,43 @@ static fa_status require_kv_rows(const fa_problem *p, const char *kname, const c
 }
 
 /*
+ * A varlen batch's packed Q, K, V may hold rows no sequence reads (past
+ * cu_seqlens_q[batch], keys past seqused_k): only the rows in use must be
+ * finite and (dt != FA_DTYPE_COUNT) emulable in dt. Elements are named in the
+ * caller's rank-3 layout [row, head, col].
+ */
+static fa_status require_varlen_rows(const fa_problem *p, const char *qname, const char *kname,
+                                     const char *vname, fa_dtype dt)
+{
+    for (int side = 0; side < 3; side++) {
+        const char *name = side == 0 ? qname : side == 1 ? kname : vname;
+        for (int64_t b = 0; b < p->batch; b++) {
+            const fa_seq s = fa_problem_seq(p, b);
+            const int64_t nh = side == 0 ? p->heads : p->heads_k;
+            const int64_t len = side == 0 ? s.q_len : s.k_len, start = side == 0 ? s.q_start : s.k_start;
+            for (int64_t h = 0; h < nh; h++) {
+                const fa_rows r = side == 0 ? fa_rows_q(&p->q, &s, h) : fa_rows_kv(p, &s, h, side == 2);
+                for (int64_t i = 0; i < len; i++)
+                    for (int64_t c = 0; c < r.width; c++) {
+                        const double x = fa_rows_get(&r, i, c);
+                        const int bad = dt == FA_DTYPE_COUNT ? !isfinite(x) : !isfinite(round_to(dt, (float)x));
+                        if (!bad) continue;
+                        if (dt == FA_DTYPE_COUNT)
+                            return fa_fail(FA_ERR_NONFINITE, "%s: element [%lld,%lld,%lld] (sequence %lld) is %s; "
+                                           "inputs must be finite", name, DIM(start + i), DIM(h), DIM(c), DIM(b),
+                                           isnan(x) ? "NaN" : "Inf");
+                        return fa_fail(FA_ERR_NONFINITE, "%s: element [%lld,%lld,%lld] (sequence %lld) = %g overflows "
+                                       "%s: the %s emulation of the default rule would be inf/NaN; check with an "
+                                       "explicit atol/rtol or a wider dtype", name, DIM(start + i), DIM(h), DIM(c),
+                                       DIM(b), x, fa_dtype_name(dt), fa_dtype_name(dt));
+                    }
+            }
+        }
+    }
+    return FA_OK;
+}
+
+/*
  * Validate everything and fill the problem: q, k, v, the tested output and
  * LSE and the attention options go through the one validator (problem.c), so
  * check and forward accept exactly the same problems and resolve the options
@@ -330,6 +367,11 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
         return fa_fail(FA_ERR_OPTION, "check: num_threads must be >= 0 (got %d)", co->num_threads);
 
     /* (p->q, k, v: the rank-4 views fa_resolve made of varlen's packed tensors) */
+    if (p->cu_seqlens_q) { /* varlen: the rows in use */
+        if ((st = require_varlen_rows(p, nm->q, nm->k, nm->v, FA_DTYPE_COUNT)) != FA_OK) return st;
+        if (co->num_threads > 0) p->num_threads = co->num_threads;
+        return FA_OK;
+    }
     if ((st = require_finite(&p->q, nm->q)) != FA_OK) return st;
     if (p->cache_seqlens) { /* a cache: the rows in use */
         if ((st = require_kv_rows(p, nm->k, nm->v, FA_DTYPE_COUNT)) != FA_OK) return st;
@@ -911,7 +953,9 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     }
     if (dt == FA_F64) dt = FA_F32;
     if (co.qkv_format) dt = FA_BF16; /* low-precision kernels write bf16 (FlashAttention-3's FP8 output) */
-    if (!co.use_tolerance) {
+    if (!co.use_tolerance && p.cu_seqlens_q) {
+        if ((st = require_varlen_rows(&p, nm.q, nm.k, nm.v, dt)) != FA_OK) return st;
+    } else if (!co.use_tolerance) {
         if ((st = require_emulable(&p.q, nm.q, dt)) != FA_OK) return st;
         if (p.cache_seqlens) {
             if ((st = require_kv_rows(&p, nm.k, nm.v, dt)) != FA_OK) return st;

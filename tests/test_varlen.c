@@ -21,6 +21,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -370,6 +371,59 @@ static void test_varlen_check_names_the_sequence_and_row(void **state)
     free_data(&g);
 }
 
+/* Ensure fa_check reads only the rows sequences use: NaN in query rows past
+ * cu_seqlens_q[batch], keys past cu_seqlens_k[batch] and keys past
+ * seqused_k is no error, and NaN in a row in use is named [row, head, col]
+ * in the caller's rank-3 layout. */
+static void test_varlen_check_ignores_rows_no_sequence_reads(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xa7f;
+    for (size_t ci = 0; ci < 2; ci++) {
+        const vl_case *c = &CASES[ci];
+        vl_data g;
+        make_data(c, &rng, &g);
+        float *q = (float *)g.q.mem, *k = (float *)g.k.mem, *v = (float *)g.v.mem;
+        if (ci == 0) { /* "mixed": padding rows after the last sequence */
+            q[(g.total_q - 1) * c->H * c->d] = NAN;
+            k[(g.total_k - 1) * c->Hk * c->d + 1] = NAN;
+            v[(g.total_k - 2) * c->Hk * c->dv] = INFINITY;
+        } else { /* "seqused": sequence 0 uses 5 of its 12 keys */
+            k[(g.cu_k[0] + 7) * c->Hk * c->d] = NAN;
+            v[(g.cu_k[0] + 11) * c->Hk * c->dv + 2] = NAN;
+        }
+        const int64_t os[3] = {g.total_q, c->H, c->dv};
+        tu_tensor o = tu_alloc(FA_F32, 3, os);
+        fa_options opt = make_opt(&OPTS[1], &g, FA_IMPL_FLASH, 1);
+        assert_int_equal(fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt), FA_OK);
+        for (int tol = 0; tol < 2; tol++) {
+            fa_check_options co = fa_check_options_default();
+            if (tol) {
+                co.use_tolerance = 1;
+                co.atol = 1e-4;
+                co.rtol = 1e-4;
+            }
+            fa_check_report r = fa_check_report_init();
+            if (fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt, &co, &r) != FA_OK)
+                fail_msg("%s: NaN in rows no sequence reads refused: %s", c->name, fa_last_error());
+            assert_true(r.pass);
+            fa_check_report_free(&r);
+        }
+        /* a row in use: sequence 2 (mixed) / 3 (seqused), its row 1, head 1, column 2 */
+        const int64_t sb = ci == 0 ? 2 : 3, row = g.cu_q[sb] + 1;
+        q[(row * c->H + 1) * c->d + 2] = NAN;
+        fa_check_options co = fa_check_options_default();
+        fa_check_report r = fa_check_report_init();
+        assert_int_equal(fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt, &co, &r), FA_ERR_NONFINITE);
+        char want[64];
+        snprintf(want, sizeof want, "q: element [%lld,1,2]", (long long)row);
+        if (!strstr(fa_last_error(), want)) fail_msg("expected '%s' in: %s", want, fa_last_error());
+        fa_check_report_free(&r);
+        tu_free(&o);
+        free_data(&g);
+    }
+}
+
 /* Call fa_forward with varlen arrays cu_q/cu_k/used and expect `status` and `needle` in the message. */
 static void expect_refusal(vl_data *g, const vl_case *c, const int32_t *cu_q, const int32_t *cu_k,
                            const int32_t *used, fa_status status, const char *needle)
@@ -469,14 +523,244 @@ static void test_varlen_with_no_sequence_writes_empty_rows(void **state)
     free_data(&g);
 }
 
+/* A skewed varlen batch: sequence 0 has `long_len` query rows and keys, the
+ * other batch - 1 sequences one row and one key each. */
+typedef struct skew_data {
+    int32_t *cu;
+    int64_t total;
+    tu_tensor q, k, v, o, lse, dout, dq, dk, dv;
+    fa_varlen vl;
+} skew_data;
+
+static void make_skew(int64_t batch, int32_t long_len, int64_t H, int64_t d, uint64_t *rng, skew_data *s)
+{
+    s->cu = malloc(sizeof(int32_t) * (size_t)(batch + 1));
+    assert_non_null(s->cu);
+    s->cu[0] = 0;
+    for (int64_t b = 0; b < batch; b++) s->cu[b + 1] = s->cu[b] + (b == 0 ? long_len : 1);
+    s->total = s->cu[batch];
+    const int64_t sh[3] = {s->total, H, d}, ls[2] = {H, s->total};
+    s->q = tu_alloc(FA_F32, 3, sh); s->k = tu_alloc(FA_F32, 3, sh); s->v = tu_alloc(FA_F32, 3, sh);
+    s->o = tu_alloc(FA_F32, 3, sh); s->dout = tu_alloc(FA_F32, 3, sh); s->lse = tu_alloc(FA_F32, 2, ls);
+    s->dq = tu_alloc(FA_F32, 3, sh); s->dk = tu_alloc(FA_F32, 3, sh); s->dv = tu_alloc(FA_F32, 3, sh);
+    tu_fill(&s->q, rng, -2.0, 2.0); tu_fill(&s->k, rng, -2.0, 2.0);
+    tu_fill(&s->v, rng, -1.0, 1.0); tu_fill(&s->dout, rng, -1.0, 1.0);
+    s->vl = fa_varlen_default();
+    s->vl.batch = batch;
+    s->vl.cu_seqlens_q = s->cu;
+    s->vl.cu_seqlens_k = s->cu;
+}
+
+static void free_skew(skew_data *s)
+{
+    tu_free(&s->q); tu_free(&s->k); tu_free(&s->v); tu_free(&s->o); tu_free(&s->lse);
+    tu_free(&s->dout); tu_free(&s->dq); tu_free(&s->dk); tu_free(&s->dv);
+    free(s->cu);
+}
+
+/* Peak library allocation of a flash backward of the first `batch` sequences of s. */
+static size_t backward_peak(skew_data *s, int64_t batch, fa_options opt)
+{
+    opt.varlen = &s->vl;
+    s->vl.batch = batch;
+    if (fa_forward(&s->q.t, &s->k.t, &s->v.t, &s->o.t, &s->lse.t, &opt) != FA_OK)
+        fail_msg("skewed batch %lld: forward: %s", (long long)batch, fa_last_error());
+    fa_alloc_stats st;
+    fa_alloc_stats_reset();
+    if (fa_backward(&s->q.t, &s->k.t, &s->v.t, &s->o.t, &s->lse.t, &s->dout.t, &s->dq.t, &s->dk.t, &s->dv.t,
+                    &opt) != FA_OK)
+        fail_msg("skewed batch %lld: backward: %s", (long long)batch, fa_last_error());
+    fa_alloc_stats_get(&st);
+    return st.peak_bytes;
+}
+
+/* Ensure the flash backward's memory grows with the rows in use, not with
+ * batch x the longest sequence: many one-row sequences beside a long one
+ * cost at most a few bytes per added row over the long sequence alone. */
+static void test_varlen_backward_memory_follows_the_rows(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x5e3;
+    const int64_t batch = 1500, H = 2, d = 8;
+    skew_data s;
+    make_skew(batch, 512, H, d, &rng, &s);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_FLASH;
+    opt.causal = 1;
+    opt.num_threads = 2;
+    const size_t alone = backward_peak(&s, 1, opt), many = backward_peak(&s, batch, opt);
+    const size_t allowed = alone + (size_t)(64 * (batch - 1) * H);
+    if (many > allowed)
+        fail_msg("flash backward of 1 x 512 rows + %lld one-row sequences peaks at %zu bytes, the 512-row "
+                 "sequence alone at %zu: more than 64 bytes per added row and head (%zu allowed)",
+                 (long long)(batch - 1), many, alone, allowed);
+    free_skew(&s);
+}
+
+/* Peak library allocation of a flash forward and backward of s. */
+static void flash_peaks(skew_data *s, fa_options opt, size_t *fwd, size_t *bwd, tu_tensor *grads)
+{
+    fa_alloc_stats st;
+    opt.varlen = &s->vl;
+    fa_alloc_stats_reset();
+    if (fa_forward(&s->q.t, &s->k.t, &s->v.t, &s->o.t, &s->lse.t, &opt) != FA_OK)
+        fail_msg("many short sequences: forward: %s", fa_last_error());
+    fa_alloc_stats_get(&st);
+    *fwd = st.peak_bytes;
+    fa_alloc_stats_reset();
+    if (fa_backward(&s->q.t, &s->k.t, &s->v.t, &s->o.t, &s->lse.t, &s->dout.t, &grads[0].t, &grads[1].t,
+                    &grads[2].t, &opt) != FA_OK)
+        fail_msg("many short sequences: backward: %s", fa_last_error());
+    fa_alloc_stats_get(&st);
+    *bwd = st.peak_bytes;
+}
+
+/* Ensure many short varlen sequences beside a long one are packed per tile
+ * (shared packing costs barriers per sequence): the default allocates what
+ * pack_max_bytes = 0 allocates, and gives the same bits. */
+static void test_varlen_many_short_sequences_pack_per_tile(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x7a1;
+    const int64_t batch = 2000, H = 2, d = 8;
+    skew_data s;
+    make_skew(batch, 512, H, d, &rng, &s);
+    const int64_t sh[3] = {s.total, H, d};
+    tu_tensor gr[2][3];
+    for (int x = 0; x < 2; x++)
+        for (int y = 0; y < 3; y++) gr[x][y] = tu_alloc(FA_F32, 3, sh);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_FLASH;
+    opt.causal = 1;
+    opt.num_threads = 2;
+    size_t fwd[2], bwd[2];
+    flash_peaks(&s, opt, &fwd[0], &bwd[0], gr[0]);
+    tu_tensor o0 = tu_alloc(FA_F32, 3, sh);
+    memcpy(o0.mem, s.o.mem, o0.bytes);
+    opt.pack_max_bytes = 0;
+    flash_peaks(&s, opt, &fwd[1], &bwd[1], gr[1]);
+    if (fwd[0] != fwd[1] || bwd[0] != bwd[1])
+        fail_msg("1 x 512 + %lld one-row sequences: default packing peaks at %zu / %zu bytes (forward / "
+                 "backward), per-tile packing at %zu / %zu: the default shared the packing",
+                 (long long)(batch - 1), fwd[0], bwd[0], fwd[1], bwd[1]);
+    assert_memory_equal(o0.mem, s.o.mem, o0.bytes);
+    for (int y = 0; y < 3; y++) assert_memory_equal(gr[0][y].mem, gr[1][y].mem, gr[0][y].bytes);
+    for (int x = 0; x < 2; x++)
+        for (int y = 0; y < 3; y++) tu_free(&gr[x][y]);
+    tu_free(&o0);
+    free_skew(&s);
+}
+
+/* Ensure the standard path's S/P cap applies per sequence: a 2048 x 1 and a
+ * 1 x 2048 sequence each need 2048 x 16 floats (128 KiB), not 2048 x 2048,
+ * so a 1 MiB cap accepts them; the result is each sequence's own. */
+static void test_varlen_standard_cap_is_per_sequence(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x57d;
+    const int64_t H = 1, d = 8;
+    int32_t cu_q[3] = {0, 2048, 2049}, cu_k[3] = {0, 1, 2049};
+    const int64_t qs[3] = {2049, H, d}, ls[2] = {H, 2049};
+    tu_tensor q = tu_alloc(FA_F32, 3, qs), k = tu_alloc(FA_F32, 3, qs), v = tu_alloc(FA_F32, 3, qs);
+    tu_tensor o[2] = {tu_alloc(FA_F32, 3, qs), tu_alloc(FA_F32, 3, qs)};
+    tu_tensor lse[2] = {tu_alloc(FA_F32, 2, ls), tu_alloc(FA_F32, 2, ls)};
+    tu_fill(&q, &rng, -2.0, 2.0); tu_fill(&k, &rng, -2.0, 2.0); tu_fill(&v, &rng, -1.0, 1.0);
+    fa_varlen vl = fa_varlen_default();
+    vl.batch = 2;
+    vl.cu_seqlens_q = cu_q;
+    vl.cu_seqlens_k = cu_k;
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_STANDARD;
+    opt.standard_max_bytes = (size_t)1 << 20;
+    opt.varlen = &vl;
+    if (fa_forward(&q.t, &k.t, &v.t, &o[0].t, &lse[0].t, &opt) != FA_OK)
+        fail_msg("standard, 2048 x 1 and 1 x 2048 under a 1 MiB cap: %s", fa_last_error());
+    opt.varlen = NULL;
+    for (int64_t b = 0; b < 2; b++) {
+        fa_tensor qv = rows_view(&q.t, cu_q[b], cu_q[b + 1] - cu_q[b]), ov = rows_view(&o[1].t, cu_q[b], cu_q[b + 1] - cu_q[b]);
+        fa_tensor kv = rows_view(&k.t, cu_k[b], cu_k[b + 1] - cu_k[b]), vv = rows_view(&v.t, cu_k[b], cu_k[b + 1] - cu_k[b]);
+        fa_tensor lv = lse_view(&lse[1].t, cu_q[b], cu_q[b + 1] - cu_q[b]);
+        if (fa_forward(&qv, &kv, &vv, &ov, &lv, &opt) != FA_OK)
+            fail_msg("standard, sequence %lld alone: %s", (long long)b, fa_last_error());
+    }
+    expect_same(&o[0], &o[1], "O", "2048x1 + 1x2048", FA_IMPL_STANDARD, 0);
+    expect_same(&lse[0], &lse[1], "LSE", "2048x1 + 1x2048", FA_IMPL_STANDARD, 0);
+    /* a sequence that alone exceeds the cap is still refused, and named */
+    cu_k[1] = 1024; /* sequence 0: 2048 x 1024 floats = 8 MiB */
+    opt.varlen = &vl;
+    assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o[0].t, &lse[0].t, &opt), FA_ERR_TOO_LARGE);
+    assert_non_null(strstr(fa_last_error(), "sequence 0: seqlen_q 2048 x seqlen_k 1024"));
+    tu_free(&q); tu_free(&k); tu_free(&v);
+    for (int x = 0; x < 2; x++) { tu_free(&o[x]); tu_free(&lse[x]); }
+}
+
+/* Ensure a varlen batch whose batch x heads x longest sequence x (d + d_v)
+ * overflows 64 bits is refused (implementations index with such products),
+ * though each tensor alone is valid: 2^20 sequences, the last of 2^31 - 1
+ * rows, 512 heads, d = d_v = 8 (zero-stride views: nothing is read). */
+static void test_varlen_refuses_index_products_past_64_bits(void **state)
+{
+    (void)state;
+    const int64_t batch = (int64_t)1 << 20, total = INT32_MAX, H = 512, d = 8;
+    int32_t *cu = calloc((size_t)batch + 1, sizeof(int32_t));
+    assert_non_null(cu);
+    cu[batch] = (int32_t)total;
+    float one = 1.0f;
+    const int64_t sh[3] = {total, H, d}, zero[3] = {0, 0, 0};
+    fa_tensor q, k, v;
+    assert_int_equal(fa_tensor_make(&q, &one, FA_F32, 3, sh, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, &one, FA_F32, 3, sh, zero), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, &one, FA_F32, 3, sh, zero), FA_OK);
+    fa_varlen vl = fa_varlen_default();
+    vl.batch = batch;
+    vl.cu_seqlens_q = cu;
+    vl.cu_seqlens_k = cu;
+    fa_options opt = fa_options_default();
+    opt.varlen = &vl;
+    size_t bytes = 0;
+    const fa_status st = fa_workspace_bytes(&q, &k, &v, &opt, &bytes);
+    if (st != FA_ERR_SHAPE || !strstr(fa_last_error(), "overflows 64 bits"))
+        fail_msg("expected FA_ERR_SHAPE '... overflows 64 bits', got %d: %s", (int)st,
+                 st == FA_OK ? "(accepted)" : fa_last_error());
+    free(cu);
+}
+
+/* Ensure a bad fa_varlen.struct_size is refused naming fa_varlen and its
+ * initializer, without fa_options' 0.2 hint (`double scale`). */
+static void test_varlen_bad_struct_size_names_fa_varlen(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x55e;
+    const vl_case *c = &CASES[0];
+    vl_data g;
+    make_data(c, &rng, &g);
+    g.vl.struct_size = 3;
+    const int64_t os[3] = {g.total_q, c->H, c->dv};
+    tu_tensor o = tu_alloc(FA_F32, 3, os);
+    fa_options opt = fa_options_default();
+    opt.varlen = &g.vl;
+    assert_int_equal(fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, NULL, &opt), FA_ERR_OPTION);
+    const char *msg = fa_last_error();
+    if (!strstr(msg, "fa_varlen: struct_size 3") || !strstr(msg, "fa_varlen_init()") || strstr(msg, "scale"))
+        fail_msg("unexpected message: %s", msg);
+    tu_free(&o);
+    free_data(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_varlen_forward_matches_each_sequence_alone),
         cmocka_unit_test(test_varlen_backward_matches_each_sequence_alone),
         cmocka_unit_test(test_varlen_check_names_the_sequence_and_row),
+        cmocka_unit_test(test_varlen_check_ignores_rows_no_sequence_reads),
         cmocka_unit_test(test_varlen_refuses_bad_index_arrays),
+        cmocka_unit_test(test_varlen_refuses_index_products_past_64_bits),
+        cmocka_unit_test(test_varlen_bad_struct_size_names_fa_varlen),
         cmocka_unit_test(test_varlen_with_no_sequence_writes_empty_rows),
+        cmocka_unit_test(test_varlen_backward_memory_follows_the_rows),
+        cmocka_unit_test(test_varlen_standard_cap_is_per_sequence),
+        cmocka_unit_test(test_varlen_many_short_sequences_pack_per_tile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,7 +12,8 @@
 #     2e-6 of max|O|, causal and windowed, flash and reference, seqused_k too;
 #   - `check` passes run's output (exit 0) and fails a perturbed one (exit 1);
 #   - `grad` matches varlen_backward within 1e-5 of max|G|, and `check-grad`
-#     passes grad's output;
+#     passes grad's output, also with junk in rows no sequence owns, and fails
+#     a wrong owned element, named [row, head, col];
 #   - bad index files (decreasing, not starting at 0, past the end, seqused_k
 #     too large, float instead of int32, mismatched lengths, a missing
 #     --cu-seqlens-k, rank-4 Q) exit 2 with ONE line naming the file (and the
@@ -37,6 +38,8 @@ np.save("cq.npy", cq)
 np.save("ck.npy", ck)
 np.save("used.npy", np.array([9, 2, 5, 0, 11], "<i4"))
 np.save("q4.npy", rng.uniform(-1, 1, (1, cq[-1] + 2, H, d)).astype("<f4"))
+np.save("q0.npy", np.zeros((0, H, d), "<f4"))
+np.save("cq0.npy", np.zeros(len(cq), "<i4"))
 bad = cq.copy(); bad[3] = bad[2] - 1; np.save("cq_dec.npy", bad)
 bad = cq.copy(); bad[0] = 2; np.save("cq_start.npy", bad)
 bad = ck.copy(); bad[5] = ck[-1] + 2; np.save("ck_past.npy", bad)
@@ -136,6 +139,28 @@ EOF
 if $fa check-grad $IN $VL --seqused-k used.npy --causal --dout do.npy --dq gq.npy --dk gk.npy --dv gv.npy \
     >out.txt 2>err.txt && grep -q "^PASS" out.txt; then ok
 else bad "check-grad on grad's output: $(cat out.txt err.txt)"; fi
+# rows no sequence owns (query rows past cu_seqlens_q[-1], keys past seqused_k) are not judged,
+# as check skips them; a wrong element in an owned row fails, named [row, head, col]
+if python3 - <<'EOF'; then ok; else bad "check-grad: making gradients with junk in unowned rows failed"; fi
+import numpy as np
+cq, ck, used = np.load("cq.npy"), np.load("ck.npy"), np.load("used.npy")
+gq, gk, gv = np.load("gq.npy"), np.load("gk.npy"), np.load("gv.npy")
+gq[cq[-1]:] = 7.0                       # past the last sequence
+gk[ck[0] + used[0]:ck[1]] = -3.0        # sequence 0: keys past seqused_k
+gv[ck[-1]:] = 5.0
+gv[ck[2] + used[2]:ck[3]] = 2.0         # sequence 2: keys past seqused_k
+np.save("jq.npy", gq); np.save("jk.npy", gk); np.save("jv.npy", gv)
+gq[cq[2] + 3, 1, 4] += 1.0              # sequence 2, its row 3, head 1, column 4
+np.save("wq.npy", gq)
+EOF
+if $fa check-grad $IN $VL --seqused-k used.npy --causal --dout do.npy --dq jq.npy --dk jk.npy --dv jv.npy \
+    >out.txt 2>err.txt && grep -q "^PASS" out.txt; then ok
+else bad "check-grad judged rows no sequence owns: $(cat out.txt err.txt)"; fi
+$fa check-grad $IN $VL --seqused-k used.npy --causal --dout do.npy --dq wq.npy --dk jk.npy --dv jv.npy \
+    >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 1 ] && grep -q "^dQ FAIL.*worst at (8, 1, 4)" out.txt; then ok
+else bad "check-grad on a wrong owned dQ element: exit $rc $(cat out.txt err.txt)"; fi
 
 # ---- bad input -----------------------------------------------------------------
 expect_fail "decreasing cu_seqlens_q" "cq_dec.npy: cu_seqlens_q[3] = 4 is less than cu_seqlens_q[2] = 5" \
@@ -154,6 +179,8 @@ expect_fail "only one cu_seqlens" "--cu-seqlens-q needs --cu-seqlens-k" \
     $fa run $IN --cu-seqlens-q cq.npy -o o_bad.npy
 expect_fail "rank-4 Q with varlen" "q4.npy: expected rank 3" \
     $fa run -q q4.npy -k k.npy -v v.npy $VL -o o_bad.npy
+expect_fail "no query rows with varlen" "q0.npy: total_q (rows) must be >= 1, got 0" \
+    $fa run -q q0.npy -k k.npy -v v.npy --cu-seqlens-q cq0.npy --cu-seqlens-k ck.npy -o o_bad.npy
 expect_fail "grad with a bad index file" "cq_dec.npy: cu_seqlens_q[3]" \
     $fa grad $IN --cu-seqlens-q cq_dec.npy --cu-seqlens-k ck.npy --dout do.npy --dq o_bad.npy --dk gk2.npy --dv gv2.npy
 expect_fail "check with a bad index file" "ck_past.npy: cu_seqlens_k[5]" \

@@ -682,8 +682,13 @@ static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const c
     else if (in->heads_k < 1) cli_die("%s: heads must be >= 1, got %lld", k_path, (long long)in->heads_k);
     else if (in->dv < 1) cli_die("%s: head dim d_v must be >= 1, got %lld", v_path, (long long)in->dv);
     else if (in->batch < 1) cli_die("%s: batch must be >= 1, got %lld", q_path, (long long)in->batch);
-    else if (in->seqlen_q < 1) cli_die("%s: seqlen_q must be >= 1, got %lld", q_path, (long long)in->seqlen_q);
-    else if (in->seqlen_k < 1) cli_die("%s: seqlen_k must be >= 1, got %lld", k_path, (long long)in->seqlen_k);
+    /* (the library takes an empty varlen batch; the CLI, which reads and writes files of rows, does not) */
+    else if (in->seqlen_q < 1)
+        cli_die("%s: %s must be >= 1, got %lld", q_path, packed ? "total_q (rows)" : "seqlen_q",
+                (long long)in->seqlen_q);
+    else if (in->seqlen_k < 1)
+        cli_die("%s: %s must be >= 1, got %lld", k_path, packed ? "total_k (rows)" : "seqlen_k",
+                (long long)in->seqlen_k);
     else if (k[0] != q[0] && !cache)
         cli_die("%s: batch %lld does not match %s batch %lld", k_path, (long long)k[0], q_path, (long long)q[0]);
     else if (v[0] != (cache ? k[0] : q[0]))

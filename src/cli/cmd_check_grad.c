@@ -65,16 +65,26 @@ typedef struct grad_cmp {
     int64_t n_fail, worst;   /* flat C-order index of the largest error, -1 if none */
 } grad_cmp;
 
-/* test and ref (float64) are C-order arrays of the same shape. */
-static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol, double rtol)
+/*
+ * test and ref (float64) are C-order arrays of the same shape, of rows of
+ * row_elems elements. owned: NULL (every row), or [rows] flags: rows no
+ * sequence owns (varlen: past cu_seqlens_q[batch], keys past seqused_k) are
+ * not judged, as `check` skips them: the library leaves them zero, another
+ * implementation may leave them as they were.
+ */
+static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol, double rtol,
+                        const unsigned char *owned, int64_t row_elems, int64_t *n_judged)
 {
     grad_cmp c = {0.0, 0.0, 0.0, 0, -1};
     const int64_t n = fa_tensor_numel(ref);
     const double *r = ref->data;
+    *n_judged = 0;
     for (int64_t x = 0; x < n; x++)
-        if (fabs(r[x]) > c.max_ref) c.max_ref = fabs(r[x]);
+        if ((!owned || owned[x / row_elems]) && fabs(r[x]) > c.max_ref) c.max_ref = fabs(r[x]);
     c.bound = atol + rtol * c.max_ref;
     for (int64_t x = 0; x < n; x++) {
+        if (owned && !owned[x / row_elems]) continue;
+        ++*n_judged;
         const double t = cli_element(test->data, test->dtype, x);
         const double err = isfinite(t) ? fabs(t - r[x]) : INFINITY;
         if (err > c.bound) c.n_fail++;
@@ -84,6 +94,20 @@ static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol
         }
     }
     return c;
+}
+
+/* Rows of a varlen Q (kside 0) or K/V (kside 1) that some sequence owns; NULL if out of memory. */
+static unsigned char *owned_rows(const fa_varlen *vl, int64_t rows, int kside)
+{
+    unsigned char *own = calloc((size_t)(rows > 0 ? rows : 1), 1);
+    if (!own) return NULL;
+    for (int64_t b = 0; b < vl->batch; b++) {
+        const int32_t *cu = kside ? vl->cu_seqlens_k : vl->cu_seqlens_q;
+        const int64_t r0 = cu[b];
+        const int64_t len = kside && vl->seqused_k ? vl->seqused_k[b] : (int64_t)cu[b + 1] - cu[b];
+        for (int64_t r = r0; r < r0 + len && r < rows; r++) own[r] = 1;
+    }
+    return own;
 }
 
 static int check_grad_main(int argc, char **argv)
@@ -209,22 +233,38 @@ static int check_grad_main(int argc, char **argv)
     printf("rule: max|G_test - G_ref| <= atol + rtol * max|G_ref|, atol %.3g, rtol %.3g (%s)\n", atol, rtol,
            rtol_text ? "given" : fa_dtype_name(dtype));
     int all_pass = 1;
+    const fa_varlen *vl = attn.opt.varlen;
     for (int x = 0; x < 3; x++) {
-        grad_cmp c = compare(&test_t[x], &ref_t[x], atol, rtol);
+        unsigned char *own = NULL;
+        if (vl) { /* rank 3 [rows][heads][width]: judge the rows sequences own */
+            own = owned_rows(vl, ref_t[x].shape[0], x > 0);
+            if (!own) {
+                cli_die("check-grad: out of memory");
+                goto done;
+            }
+        }
+        int64_t judged = 0;
+        grad_cmp c = compare(&test_t[x], &ref_t[x], atol, rtol, own,
+                             vl ? ref_t[x].shape[1] * ref_t[x].shape[2] : 1, &judged);
+        free(own);
         const int pass = c.n_fail == 0 && c.max_err <= c.bound;
         all_pass &= pass;
         printf("%s %-4s max abs err %.3e  bound %.3e  max|ref| %.3e  failing %lld of %lld", names[x],
-               pass ? "ok" : "FAIL", c.max_err, c.bound, c.max_ref, (long long)c.n_fail,
-               (long long)fa_tensor_numel(&ref_t[x]));
+               pass ? "ok" : "FAIL", c.max_err, c.bound, c.max_ref, (long long)c.n_fail, (long long)judged);
+        if (vl && judged < fa_tensor_numel(&ref_t[x]))
+            printf(" (%lld in rows no sequence owns not judged)", (long long)(fa_tensor_numel(&ref_t[x]) - judged));
         if (!pass && c.worst >= 0) {
             int64_t idx[4], rem = c.worst;
             for (int r = 3; r >= 0; r--) {
                 idx[r] = rem % shapes[x][r];
                 rem /= shapes[x][r];
             }
-            printf("; worst at (%lld, %lld, %lld, %lld): test %.6g, ref %.6g", (long long)idx[0],
-                   (long long)idx[1], (long long)idx[2], (long long)idx[3],
-                   cli_element(test_t[x].data, test_t[x].dtype, c.worst), ((const double *)ref_mem[x])[c.worst]);
+            if (skip) /* varlen: the caller's rank 3 [row, head, col] */
+                printf("; worst at (%lld, %lld, %lld)", (long long)idx[1], (long long)idx[2], (long long)idx[3]);
+            else
+                printf("; worst at (%lld, %lld, %lld, %lld)", (long long)idx[0], (long long)idx[1],
+                       (long long)idx[2], (long long)idx[3]);
+            printf(": test %.6g, ref %.6g", cli_element(test_t[x].data, test_t[x].dtype, c.worst), ((const double *)ref_mem[x])[c.worst]);
         }
         printf("\n");
     }
