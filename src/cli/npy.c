@@ -772,11 +772,13 @@ static size_t build_header(fa_npy_type type, int rank, const int64_t *shape, cha
 /*
  * Signal cleanup. Every temporary that exists is listed here, so that a
  * SIGINT/SIGTERM handler (the CLI's) can remove it with nothing but unlink(2),
- * which is async-signal-safe. A slot is 0 (free), 1 (live: name holds a file
- * of ours) or 2 (being filled). Signals are blocked while a temporary is
- * created and registered, and while it is renamed or removed and
- * unregistered, so a handler never sees a name that is not (or no longer)
- * ours.
+ * which is async-signal-safe. A slot is 0 (free), 2 (reserved), 3 (its name
+ * is set and the file is being created) or 1 (live: name holds a file of
+ * ours). Signals are blocked in this thread while a temporary is created and
+ * while it is renamed or removed and unregistered; but a process-directed
+ * signal may be handled by another thread (OpenBLAS and OpenMP keep threads
+ * of their own), so the handler waits out a creation in progress (state 3)
+ * instead of missing the file it is about to produce.
  */
 enum { OUT_SLOTS = 16 };
 static char out_slot_name[OUT_SLOTS][PATH_MAX];
@@ -798,18 +800,12 @@ static void restore_signals(const sigset_t *old)
     sigprocmask(SIG_SETMASK, old, NULL);
 }
 
-/* Claim a free slot for `name`; -1 if none is free or the name does not fit. */
-static int slot_register(const char *name)
+/* Reserve a free slot; -1 if none is free. */
+static int slot_reserve(void)
 {
-    size_t n = strlen(name);
-    if (n >= PATH_MAX) return -1;
     for (int s = 0; s < OUT_SLOTS; s++) {
         int expected = 0;
-        if (atomic_compare_exchange_strong(&out_slot_state[s], &expected, 2)) {
-            memcpy(out_slot_name[s], name, n + 1);
-            atomic_store(&out_slot_state[s], 1);
-            return s;
-        }
+        if (atomic_compare_exchange_strong(&out_slot_state[s], &expected, 2)) return s;
     }
     return -1;
 }
@@ -821,8 +817,13 @@ static void slot_release(int s)
 
 void fa_outfile_cleanup_signal(void)
 {
-    for (int s = 0; s < OUT_SLOTS; s++)
-        if (atomic_load(&out_slot_state[s]) == 1) unlink(out_slot_name[s]);
+    for (int s = 0; s < OUT_SLOTS; s++) {
+        int st;
+        /* a creation in progress in another thread ends in microseconds; bounded anyway */
+        for (long spin = 0; (st = atomic_load(&out_slot_state[s])) == 3 && spin < 100000000L; spin++)
+            continue;
+        if (st == 1) unlink(out_slot_name[s]);
+    }
 }
 
 /* Directory part of `path` ("." if none, "/" for "/x"), malloc'd. */
@@ -1022,6 +1023,7 @@ static int create_temp(fa_outfile *f, const struct stat *old, int exists)
         return -1;
     }
     int fd = -1;
+    int slot = slot_reserve();
     for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -1036,16 +1038,27 @@ static int create_temp(fa_outfile *f, const struct stat *old, int exists)
         snprintf(name, cap, "%s/.fa-%s", dir, suffix);
         sigset_t mask;
         block_signals(&mask);
+        const int named = slot >= 0 && strlen(name) < PATH_MAX;
+        if (named) {
+            memcpy(out_slot_name[slot], name, strlen(name) + 1);
+            atomic_store(&out_slot_state[slot], 3);
+        }
         fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0) f->slot = slot_register(name);
         int e = errno;
+        if (named) atomic_store(&out_slot_state[slot], fd >= 0 ? 1 : 2);
         restore_signals(&mask);
         errno = e;
         if (fd < 0 && errno != EEXIST) break;
     }
     free(dir);
+    if (fd >= 0 && slot >= 0 && atomic_load(&out_slot_state[slot]) != 1) {
+        slot_release(slot); /* a name too long to list: the file lives unlisted, as before */
+        slot = -1;
+    }
+    f->slot = fd >= 0 ? slot : -1;
     if (fd < 0) {
         int e = errno;
+        slot_release(slot);
         free(name);
         errno = e;
         return -1;
