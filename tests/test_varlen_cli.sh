@@ -186,5 +186,12 @@ expect_fail "grad with a bad index file" "cq_dec.npy: cu_seqlens_q[3]" \
 expect_fail "check with a bad index file" "ck_past.npy: cu_seqlens_k[5]" \
     $fa check $IN --cu-seqlens-q cq.npy --cu-seqlens-k ck_past.npy --out o___causal_.npy
 
+# every sequence empty: nothing is compared, and check says so (a PASS alone would mislead)
+python3 -c "import numpy as np; np.save('cq_empty.npy', np.zeros(6, '<i4'))"
+$fa check $IN --cu-seqlens-q cq_empty.npy --cu-seqlens-k ck.npy --out o_perturbed.npy >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 0 ] && grep -q "no output row was compared" err.txt; then ok
+else bad "all sequences empty: exit $rc, expected 0 with a warning on stderr ($(cat err.txt))"; fi
+
 echo "test_varlen_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -318,6 +318,9 @@ static int check_main(int argc, char **argv)
     printf("time: load %.2f s, check %.2f s (%d threads)\n", t_load, t_check,
            co.num_threads > 0 ? co.num_threads : info.max_threads);
     free(text);
+    if (rep.rows_checked == 0)
+        fprintf(stderr, "flashattn: warning: no output row was compared (every sequence is empty); "
+                        "the verdict says nothing about the kernel\n");
     rc = rep.pass ? CLI_EXIT_OK : CLI_EXIT_MISMATCH;
     fa_check_report_free(&rep);
     if (diagnose && print_diagnosis(&in, &o_t, lse_path ? &lse_t : NULL, &attn, &co) != 0) rc = CLI_EXIT_USAGE;
