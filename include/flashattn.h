@@ -277,10 +277,10 @@ typedef struct fa_kvcache {
     const int32_t *cache_leftpad;    /**< NULL, or `[batch]`: the first valid cache row of sequence b. */
     const int32_t *block_table;      /**< NULL, or `[batch][max_pages]` page indices (paged KV). */
     int64_t max_pages;               /**< block_table's row length. */
-    const char *cache_seqlens_name;  /**< Names in messages (e.g. file names); NULL: none. */
-    const char *cache_batch_idx_name;
-    const char *cache_leftpad_name;
-    const char *block_table_name;
+    const char *cache_seqlens_name;  /**< Name of cache_seqlens in messages (e.g. its file); NULL: none. */
+    const char *cache_batch_idx_name; /**< Name of cache_batch_idx in messages; NULL: none. */
+    const char *cache_leftpad_name;  /**< Name of cache_leftpad in messages; NULL: none. */
+    const char *block_table_name;    /**< Name of block_table in messages; NULL: none. */
 } fa_kvcache;
 
 /** @brief Set every field of `kv` to its default (no cache) and struct_size to `struct_size`. */
@@ -929,6 +929,8 @@ typedef enum fa_kernel_model {
                                    scale max/6, e2m1 elements (blocks of 128). */
     FA_KERNEL_MODEL_COUNT     /**< Number of models (not a model). */
 } fa_kernel_model;
+
+/** @} */
 
 /* ---- diagnosis (flashattn check --diagnose): issue 13 ---- */
 
