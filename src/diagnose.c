@@ -86,36 +86,6 @@ dg_variant dg_variant_reference(const fa_problem *p)
     return v;
 }
 
-/* n elements from offset off, stride inc, as float64. */
-static void load_vec(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, double *dst)
-{
-    switch (t->dtype) {
-    case FA_F32: {
-        const float *s = (const float *)t->data + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
-        break;
-    }
-    case FA_F64: {
-        const double *s = (const double *)t->data + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
-        break;
-    }
-    case FA_F16: {
-        const uint16_t *s = (const uint16_t *)t->data + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = fa_f16_to_f32(s[c * inc]);
-        break;
-    }
-    case FA_BF16: {
-        const uint16_t *s = (const uint16_t *)t->data + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = fa_bf16_to_f32(s[c * inc]);
-        break;
-    }
-    default:
-        for (int64_t c = 0; c < n; c++) dst[c] = NAN;
-        break;
-    }
-}
-
 static int64_t kv_of(const fa_problem *p, const dg_variant *v, int64_t h)
 {
     return v->kvh >= 0 ? v->kvh : fa_kv_head(p, h);
@@ -172,7 +142,7 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
         } else if (v->empty == DG_EMPTY_MEAN_V) {
             for (int64_t c = 0; c < dv; c++) o[c] = 0.0;
             for (int64_t j = 0; j < Sk; j++) {
-                load_vec(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+                fa_gather_f64(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
                 for (int64_t c = 0; c < dv; c++) o[c] += s->x[c];
             }
             for (int64_t c = 0; c < dv; c++) o[c] /= (double)(Sk > 0 ? Sk : 1);
@@ -185,7 +155,7 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
         return;
     }
     const double slope = no_alibi ? 0.0 : fa_alibi_slope(p, b, h);
-    if (!dots) load_vec(&p->q, q_off(p, bhsd, b, i, h), p->q.stride[3], d, s->q);
+    if (!dots) fa_gather_f64(&p->q, q_off(p, bhsd, b, i, h), p->q.stride[3], d, s->q);
     double m = -INFINITY;
     for (int64_t j = j0; j < j1; j++) {
         double sc;
@@ -197,7 +167,7 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
                 if (dots) {
                     dot = dots[j];
                 } else {
-                    load_vec(&p->k, kv_off(p, &p->k, bhsd, b, j, kh), p->k.stride[3], d, s->x);
+                    fa_gather_f64(&p->k, kv_off(p, &p->k, bhsd, b, j, kh), p->k.stride[3], d, s->x);
                     for (int64_t c = 0; c < d; c++) dot += s->q[c] * s->x[c];
                 }
             }
@@ -219,7 +189,7 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
             const double w = exp(s->s[j - j0] - m);
             l += w;
             if (j >= Sk || w == 0.0) continue;
-            load_vec(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+            fa_gather_f64(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
             for (int64_t c = 0; c < dv; c++) s->acc[c] += w * s->x[c];
         }
     } else {
@@ -236,7 +206,7 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
                 const double w = exp(s->s[j - j0] - mr);
                 l += w;
                 if (j >= Sk || w == 0.0) continue;
-                load_vec(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+                fa_gather_f64(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
                 for (int64_t c = 0; c < dv; c++) s->acc[c] += w * s->x[c];
             }
         }
@@ -944,7 +914,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
     double maxref = 0.0;
     for (int64_t w = 0; w < cx.n; w++) {
         const dg_item *it = &cx.it[w];
-        load_vec(&p->o, fa_off4(&p->o, it->b, it->i, it->h, 0), p->o.stride[3], dv, cx.ot + w * dv);
+        fa_gather_f64(&p->o, fa_off4(&p->o, it->b, it->i, it->h, 0), p->o.stride[3], dv, cx.ot + w * dv);
         if (lse) cx.lt[w] = fa_load_f64(lse, fa_lse_off(p, it->b, it->h, it->i));
     }
     if ((size_t)cx.n * (size_t)Sk <= DG_DOTS_MAX_BYTES / sizeof(double)) {
@@ -961,9 +931,9 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
                     for (int64_t w = 0; w < cx.n; w++) {
                         const dg_item *it = &cx.it[w];
                         const int64_t kh = fa_kv_head(p, it->h);
-                        load_vec(&p->q, fa_off4(&p->q, it->b, it->i, it->h, 0), p->q.stride[3], p->d, q);
+                        fa_gather_f64(&p->q, fa_off4(&p->q, it->b, it->i, it->h, 0), p->q.stride[3], p->d, q);
                         for (int64_t j = 0; j < Sk; j++) {
-                            load_vec(&p->k, fa_off4(&p->k, it->b, j, kh, 0), p->k.stride[3], p->d, x);
+                            fa_gather_f64(&p->k, fa_off4(&p->k, it->b, j, kh, 0), p->k.stride[3], p->d, x);
                             double t = 0.0;
                             for (int64_t c = 0; c < p->d; c++) t += q[c] * x[c];
                             cx.dots[w * Sk + j] = t;

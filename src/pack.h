@@ -127,8 +127,7 @@ static inline void fa_rows_gather_f64(const fa_rows *s, int64_t j, double *dst)
 {
     int64_t off;
     const fa_tensor *t = fa_rows_src(s, j, &off);
-    const int64_t inc = t->stride[3];
-    for (int64_t c = 0; c < s->width; c++) dst[c] = fa_load_f64(t, off + c * inc);
+    fa_gather_f64(t, off, t->stride[3], s->width, dst);
 }
 
 /* Element c of row j, as float64. */

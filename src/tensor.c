@@ -98,3 +98,32 @@ void fa_gather_f32(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, floa
     }
     for (int64_t i = 0; i < n; i++) dst[i] = fa_load_f32(t, off + i * inc);
 }
+
+void fa_gather_f64(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, double *dst)
+{
+    switch (t->dtype) { /* the dtype switch hoisted out of the element loop */
+    case FA_F32: {
+        const float *s = (const float *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
+        break;
+    }
+    case FA_F64: {
+        const double *s = (const double *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
+        break;
+    }
+    case FA_F16: {
+        const uint16_t *s = (const uint16_t *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = fa_f16_to_f32(s[c * inc]);
+        break;
+    }
+    case FA_BF16: {
+        const uint16_t *s = (const uint16_t *)t->data + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = fa_bf16_to_f32(s[c * inc]);
+        break;
+    }
+    default:
+        for (int64_t c = 0; c < n; c++) dst[c] = NAN;
+        break;
+    }
+}

@@ -130,4 +130,7 @@ static inline void fa_store_f64(const fa_tensor *t, int64_t off, double x)
  */
 void fa_gather_f32(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, float *dst);
 
+/* n elements from offset off, stride inc, as float64 (exact for every dtype). */
+void fa_gather_f64(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, double *dst);
+
 #endif /* FA_TENSOR_H */

@@ -106,39 +106,6 @@ static int needs_rounding(fa_dtype src, fa_dtype dt)
     return 1; /* f16 <-> bf16 and f32/f64 -> 16-bit all lose something */
 }
 
-/* Row j of a row source (pack.h), as float64 (dtype switch hoisted). */
-static void load_row_f64(const fa_rows *src, int64_t j, double *dst)
-{
-    int64_t off;
-    const fa_tensor *t = fa_rows_src(src, j, &off);
-    const int64_t inc = t->stride[3], n = src->width;
-    switch (t->dtype) {
-    case FA_F32: {
-        const float *s = (const float *)t->data + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
-        break;
-    }
-    case FA_F64: {
-        const double *s = (const double *)t->data + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = s[c * inc];
-        break;
-    }
-    case FA_F16: {
-        const uint16_t *s = (const uint16_t *)t->data + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = fa_f16_to_f32(s[c * inc]);
-        break;
-    }
-    case FA_BF16: {
-        const uint16_t *s = (const uint16_t *)t->data + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = fa_bf16_to_f32(s[c * inc]);
-        break;
-    }
-    default:
-        for (int64_t c = 0; c < n; c++) dst[c] = NAN;
-        break;
-    }
-}
-
 /* The emulation's copy of a row: float32, rounded to dt when that changes it. */
 static void emu_row(const double *src, int64_t n, fa_dtype dt, int round, float *dst)
 {
@@ -465,7 +432,7 @@ static int load_kv_row(const fa_rows *src, int64_t j, fa_dtype dt, int round, ro
     const fa_tensor *t = fa_rows_src(src, j, &off);
     const int64_t inc = t->stride[3], n = src->width;
     if (t->dtype == FA_F64) {
-        load_row_f64(src, j, s->xd);
+        fa_rows_gather_f64(src, j, s->xd);
         emu_row(s->xd, n, dt, round, s->xf);
         *emu = s->xf;
         return 1;
@@ -553,7 +520,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     int64_t lo, hi;
     fa_key_range(p, b, i, &lo, &hi);
 
-    load_row_f64(&qs, i, s->qd);
+    fa_rows_gather_f64(&qs, i, s->qd);
     emu_row(s->qd, d, dt, cx->round_q, s->qf);
     for (int64_t c = 0; c < d; c++) s->qf[c] *= scale_f; /* scale folded into q, in float32 */
 
