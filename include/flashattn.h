@@ -299,6 +299,9 @@ static inline fa_kvcache fa_kvcache_default(void)
 }
 #endif
 
+struct fa_rotary;  /* rotary embedding (issue 12; defined with its implementation) */
+struct fa_dropout; /* dropout with an explicit keep-mask (issue 12; defined with its implementation) */
+
 /**
  * @brief Attention options. Initialize with fa_options_default().
  *
@@ -329,6 +332,13 @@ typedef struct fa_options {
                                    then packed, without a batch dimension. Appended after align. */
     const fa_kvcache *kvcache; /**< NULL, or a KV cache (see fa_kvcache): k and v are then the caches
                                    (or pages). Forward and check only. Appended after varlen. */
+    const fa_tensor *sinks;   /**< NULL, or float32/float64 `[heads]`: one learnable logit per head, in the
+                                   scaled-logit domain, added to the softmax denominator only
+                                   (LSE = ln(sum_j e^{s_ij} + e^{sink_h})). Appended after kvcache (0.5). */
+    const struct fa_rotary *rotary;   /**< NULL, or rotary embedding applied to q (and k_new) inside the call. */
+    const struct fa_dropout *dropout; /**< NULL, or dropout with a caller-supplied keep-mask (validation). */
+    int num_splits;           /**< Split-KV for decoding: 0 = heuristic, 1 = no split, n > 1 = n key splits
+                                   (results are bit-identical for a fixed count). */
 } fa_options;
 
 /**

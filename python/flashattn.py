@@ -83,7 +83,9 @@ class _Options(ctypes.Structure):
                 ("num_threads", ctypes.c_int), ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
                 ("standard_max_bytes", ctypes.c_size_t),
                 ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int),
-                ("varlen", ctypes.c_void_p), ("kvcache", ctypes.c_void_p)]
+                ("varlen", ctypes.c_void_p), ("kvcache", ctypes.c_void_p),
+                ("sinks", ctypes.c_void_p), ("rotary", ctypes.c_void_p), ("dropout", ctypes.c_void_p),
+                ("num_splits", ctypes.c_int)]
 
 _ALIGNS = {"bottom-right": 0, "top-left": 1}
 

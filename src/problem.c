@@ -45,6 +45,8 @@
 #define FA_OPTIONS_ALIGN_SIZE (offsetof(fa_options, align) + sizeof(int))
 /* ... and through varlen, before kvcache was appended. */
 #define FA_OPTIONS_VARLEN_SIZE (offsetof(fa_options, varlen) + sizeof(const fa_varlen *))
+/* ... and through kvcache (0.4.0), before sinks, rotary, dropout and num_splits. */
+#define FA_OPTIONS_KVCACHE_SIZE (offsetof(fa_options, kvcache) + sizeof(const fa_kvcache *))
 
 fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *known, int n_known,
                                const char *what, const char *init_fn)
@@ -97,7 +99,7 @@ fa_status fa_options_read(const fa_options *in, fa_options *out)
     fa_options_init(out, sizeof *out);
     if (!in) return FA_OK;
     static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_CONTEXT_SIZE, FA_OPTIONS_ALIGN_SIZE,
-                                   FA_OPTIONS_VARLEN_SIZE,
+                                   FA_OPTIONS_VARLEN_SIZE, FA_OPTIONS_KVCACHE_SIZE,
                                    sizeof(fa_options)};
     fa_status st = fa_struct_size_check(in, sizeof *out, known, (int)(sizeof known / sizeof known[0]),
                                         "fa_options", "fa_options_default");
@@ -667,6 +669,11 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     fa_options opt;
     fa_status st = fa_options_read(opt_in, &opt);
     if (st != FA_OK) return st;
+    /* sinks, rotary and dropout are laid out (0.5) and refused until implemented */
+    if (opt.sinks || opt.rotary || opt.dropout)
+        return fa_fail(FA_ERR_OPTION, "%s is not implemented yet", opt.sinks ? "sinks" : opt.rotary ? "rotary" : "dropout");
+    if (opt.num_splits < 0)
+        return fa_fail(FA_ERR_OPTION, "num_splits must be >= 0 (0 = heuristic, 1 = none; got %d)", opt.num_splits);
     fa_tensor views[5]; /* varlen: rank-4 views of q, k, v, o and the rank-3 view of lse */
     if (opt.varlen && (st = varlen_views(opt.varlen, qn, kn, vn, on, ln, &q, &k, &v, &o, &lse, views)) != FA_OK)
         return st;

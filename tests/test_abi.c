@@ -57,6 +57,12 @@ typedef struct options_with_varlen {
     const fa_varlen *varlen;
 } options_with_varlen;
 
+/* fa_options as 0.4.0 shipped it (through kvcache, before sinks, rotary, dropout, num_splits). */
+typedef struct options_v040 {
+    options_with_varlen head;
+    const fa_kvcache *kvcache;
+} options_v040;
+
 typedef struct small {
     tu_tensor q, k, v, o, lse;
 } small;
@@ -180,6 +186,43 @@ static void test_options_without_kvcache_still_work(void **state)
     free(buf);
     free_small(&a);
     free_small(&b);
+}
+
+/* Ensure a caller built against 0.4.0 (fa_options ending at `kvcache`) still works: the bytes
+ * where sinks, rotary, dropout and num_splits would be are garbage and must not be read. */
+static void test_options_v040_still_work(void **state)
+{
+    (void)state;
+    assert_int_equal(offsetof(options_v040, kvcache), offsetof(fa_options, kvcache));
+    assert_true(sizeof(options_v040) < sizeof(fa_options));
+    small a = make_small(0xab5), b = make_small(0xab5);
+    fa_options cur = fa_options_default();
+    cur.window_left = 3;
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+    unsigned char *buf = malloc(sizeof(fa_options) + 64);
+    memset(buf, 0x5a, sizeof(fa_options) + 64);
+    options_v040 old;
+    memset(&old, 0, sizeof old);
+    fa_options_init((fa_options *)(void *)&old, sizeof old);
+    old.head.head.head.window_left = 3;
+    memcpy(buf, &old, sizeof old);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
+    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
+    free(buf);
+    free_small(&a);
+    free_small(&b);
+}
+
+/* Ensure a negative num_splits is refused with a message naming it. */
+static void test_negative_num_splits_is_refused(void **state)
+{
+    (void)state;
+    small s = make_small(0xab6);
+    fa_options opt = fa_options_default();
+    opt.num_splits = -1;
+    assert_int_equal(fa_forward(&s.q.t, &s.k.t, &s.v.t, &s.o.t, NULL, &opt), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "num_splits"));
+    free_small(&s);
 }
 
 /* Ensure options with struct_size 0 (not initialized by fa_options_default) are refused. */
@@ -456,6 +499,8 @@ int main(void)
         cmocka_unit_test(test_older_smaller_options_still_work),
         cmocka_unit_test(test_options_without_varlen_still_work),
         cmocka_unit_test(test_options_without_kvcache_still_work),
+        cmocka_unit_test(test_options_v040_still_work),
+        cmocka_unit_test(test_negative_num_splits_is_refused),
         cmocka_unit_test(test_uninitialized_struct_size_is_refused),
         cmocka_unit_test(test_check_writes_only_the_callers_report),
         cmocka_unit_test(test_init_writes_only_the_callers_size),
