@@ -64,16 +64,47 @@
 
 namespace {
 
-constexpr int NT = 128, BK = 64, BM = 64; /* kernel 2: keys per block; kernel 3: query rows per block */
+constexpr int NT = 128, BM = 64; /* kernels 1 and 3: threads, query rows per block */
 constexpr float L2E = 1.4426950408889634f;
 
+/* Kernel 2: 4 warps and 64 keys per block (deterministic: dQ is kernel 3's), or 8 warps and
+ * 128 keys (single pass: the block also adds its dS K_j into dQ; the wider key block halves
+ * the dQ atomics and the Q/dO re-reads per key). Every warp owns 16 keys. */
+template <bool FUSED> __host__ __device__ constexpr int k2_warps() { return FUSED ? 8 : 4; }
+template <bool FUSED> __host__ __device__ constexpr int k2_keys() { return 16 * k2_warps<FUSED>(); }
 template <int D> __host__ __device__ constexpr int bq() { return D == 128 ? 32 : 64; } /* kernel 2's query step */
 constexpr int KQ = 64;                                                            /* kernel 3's key step */
 constexpr int STAGES = 2;
 
-/* Kernel 2's shared memory: K, V tiles (BK x D), then STAGES x {Q, dO (BQ x D), LSE, D (BQ floats)}. */
+/* Kernel 2's shared memory: K, V tiles (BK x D), then STAGES x {Q, dO (BQ x D), LSE, D (BQ floats)},
+ * then (single pass) the dS^T tile, BK x BQ. */
 template <int D> __host__ __device__ constexpr int k2_stage_bytes() { return 2 * bq<D>() * D * 2 + 2 * bq<D>() * 4; }
-template <int D> constexpr size_t k2_smem() { return (size_t)2 * BK * D * 2 + (size_t)STAGES * k2_stage_bytes<D>(); }
+template <int D, bool FUSED> constexpr size_t k2_smem()
+{
+    return (size_t)2 * k2_keys<FUSED>() * D * 2 + (size_t)STAGES * k2_stage_bytes<D>() +
+           (FUSED ? (size_t)k2_keys<FUSED>() * bq<D>() * 2 : 0);
+}
+
+/* Byte offset of 16-byte chunk c of row r in the dS^T tile (rows: keys; W = BQ halves a row).
+ * W = 64: mma.cuh's swizzle. W = 32 (4 chunks a row): chunk ^ ((r >> 1) & 3), so the 8 rows of
+ * an ldmatrix phase (or of one store by the warp) fill the 8 16-byte slots of 128 bytes. */
+template <int W> __device__ __forceinline__ uint32_t ds_off(int r, int c)
+{
+    static_assert(W == 32 || W == 64, "dS^T tile width");
+    if (W == 64) return swz<64>(r, c);
+    return (uint32_t)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+}
+
+/* dQacc[x .. x+1] += (a, b) in float, atomically: one vector reduction on sm_90 (two before). */
+__device__ __forceinline__ void atomic_add2(float *x, float a, float b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(x), make_float2(a, b));
+#else
+    atomicAdd(x, a);
+    atomicAdd(x + 1, b);
+#endif
+}
 /* Kernel 3's: Q, dO (BM x D), then STAGES x {K, V (KQ x D)}. */
 template <int D> constexpr size_t k3_smem() { return (size_t)2 * BM * D * 2 + (size_t)STAGES * 2 * KQ * D * 2; }
 
@@ -113,17 +144,20 @@ __global__ void __launch_bounds__(NT) bwd_dot_do_o_mma(attn_shape p, const T *__
     }
 }
 
-/* 2. dK_j, dV_j: grid (ceil(Sk / 64), heads_k, batch). Warp w owns keys 16w .. 16w+15 of the block. */
-template <typename T, int D>
-__global__ void __launch_bounds__(NT, 2)
+/* 2. dK_j, dV_j (and, FUSED, dQ += dS K_j into the float dQacc): grid (ceil(Sk / BK), heads_k, batch).
+ *    Warp w owns keys 16w .. 16w+15 of the block. */
+template <typename T, int D, bool FUSED>
+__global__ void __launch_bounds__(32 * k2_warps<FUSED>(), FUSED ? 1 : 2)
     bwd_dk_dv_mma(attn_shape p, const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                   const T *__restrict__ dout, const float *__restrict__ lse, const float *__restrict__ Dg,
-                  T *__restrict__ dk, T *__restrict__ dv)
+                  T *__restrict__ dk, T *__restrict__ dv, float *__restrict__ dqacc)
 {
     constexpr int BQ = bq<D>(), NB = BQ / 8, DT = D / 8, SB = k2_stage_bytes<D>(), TQ = BQ * D * 2;
+    constexpr int BK = k2_keys<FUSED>(), NT = 32 * k2_warps<FUSED>();
     extern __shared__ uint4 smem_u4[];
     char *smem = reinterpret_cast<char *>(smem_u4);
     const uint32_t sK = smem_addr(smem), sV = sK + BK * D * 2, sS0 = sV + BK * D * 2; /* stage s at sS0 + s SB */
+    const uint32_t sdS = sS0 + STAGES * SB;                                           /* FUSED: dS^T [BK][BQ] */
     const float *fS0 = reinterpret_cast<const float *>(smem + 2 * BK * D * 2);
 
     const int hk = blockIdx.y, b = blockIdx.z, group = p.heads / p.heads_k;
@@ -212,7 +246,54 @@ __global__ void __launch_bounds__(NT, 2)
         pack_a<T, BQ>(af, st);
         mma_pv<T, BQ, D>(dVa, af, sdO); /* dV_j += P^T dO_i */
         pack_a<T, BQ>(af, dpt);
+        if constexpr (FUSED) {
+            /* dS^T of this warp's 16 keys, as rounded for the products, into the shared tile:
+             * af[kk] holds rows (g, g + 8) x query columns 16 kk + 2 t4 (+ 8) */
+            char *ds = smem + (sdS - sK);
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                const int r = warp * 16 + g;
+                *reinterpret_cast<uint32_t *>(ds + ds_off<BQ>(r, 2 * kk) + 4 * t4) = af[kk][0];
+                *reinterpret_cast<uint32_t *>(ds + ds_off<BQ>(r + 8, 2 * kk) + 4 * t4) = af[kk][1];
+                *reinterpret_cast<uint32_t *>(ds + ds_off<BQ>(r, 2 * kk + 1) + 4 * t4) = af[kk][2];
+                *reinterpret_cast<uint32_t *>(ds + ds_off<BQ>(r + 8, 2 * kk + 1) + 4 * t4) = af[kk][3];
+            }
+        }
         mma_pv<T, BQ, D>(dKa, af, sQ); /* dK_j += dS^T Q_i (scale at the end) */
+        if constexpr (FUSED) {
+            /* dQ_i += dS K_j over the block's BK keys: warp w takes query rows 16 mt .. of the step
+             * and 32 columns of d at 32 cg; A = dS (ldmatrix.trans of the dS^T tile), B = K_j
+             * (ldmatrix.trans, as V in P V); then one float2 atomic add per accumulator pair */
+            __syncthreads(); /* every warp's dS^T is in the tile */
+            constexpr int MT = BQ / 16;
+            const int mt = warp % MT, cg = warp / MT;
+            static_assert(k2_warps<FUSED>() / MT * 32 == D, "the warps tile dQ's BQ x D");
+            float dq[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                uint32_t a[4];
+                ldsm_x4_trans(a, sdS + ds_off<BQ>(16 * kk + ((lane >> 4) << 3) + (lane & 7), 2 * mt + ((lane >> 3) & 1)));
+#pragma unroll
+                for (int dpi = 0; dpi < 2; dpi++) {
+                    uint32_t bb[4];
+                    ldsm_x4_trans(bb, sK + swz<D>(16 * kk + (lane & 15), 4 * cg + 2 * dpi + (lane >> 4)));
+                    mma16816(dq[2 * dpi], a, bb[0], bb[1], (T *)nullptr);
+                    mma16816(dq[2 * dpi + 1], a, bb[2], bb[3], (T *)nullptr);
+                }
+            }
+            const int h = hk * group + stp / nq;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const long long ii = i0 + 16 * mt + g + 8 * r;
+                if (ii < p.seqlen_q) {
+                    float *row = dqacc + bshd(b, ii, h, p.seqlen_q, p.heads, D) + 32 * cg + 2 * t4;
+#pragma unroll
+                    for (int n = 0; n < 4; n++) atomic_add2(row + 8 * n, dq[n][2 * r], dq[n][2 * r + 1]);
+                }
+            }
+        }
     }
     cp_async_wait<0>();
     __syncthreads(); /* every thread's copies into K, V have landed (no step may have waited for them) */
@@ -321,28 +402,63 @@ __global__ void __launch_bounds__(NT, 2)
     store_tile_warp<T, D>(dQa, p.scale, smem, warp * 16, dq + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
 }
 
-template <typename T, int D> cudaError_t launch(const bwd_args &a)
+/* 4. (single pass) dQ = scale dQacc, rounded to T: 8 elements a thread, 16-byte stores. */
+template <typename T>
+__global__ void __launch_bounds__(256) bwd_dq_convert(const float *__restrict__ acc, T *__restrict__ dq, float scale,
+                                                      long long n8)
+{
+    const long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= n8) return;
+    const float4 lo = reinterpret_cast<const float4 *>(acc)[2 * x], hi = reinterpret_cast<const float4 *>(acc)[2 * x + 1];
+    uint4 out;
+    out.x = pack2(lo.x * scale, lo.y * scale, (T *)nullptr);
+    out.y = pack2(lo.z * scale, lo.w * scale, (T *)nullptr);
+    out.z = pack2(hi.x * scale, hi.y * scale, (T *)nullptr);
+    out.w = pack2(hi.z * scale, hi.w * scale, (T *)nullptr);
+    reinterpret_cast<uint4 *>(dq)[x] = out;
+}
+
+size_t d_bytes(const attn_shape &p) { return 2 * sizeof(float) * (size_t)p.batch * p.heads * p.seqlen_q; }
+
+template <typename T, int D, bool FUSED> cudaError_t launch(const bwd_args &a)
 {
     const attn_shape &p = a.sh;
     float *Dg = static_cast<float *>(a.work), *Dt = Dg + (size_t)p.batch * p.heads * p.seqlen_q;
+    float *dqacc = FUSED ? reinterpret_cast<float *>(static_cast<char *>(a.work) + d_bytes(p)) : nullptr;
     const T *q = static_cast<const T *>(a.q), *k = static_cast<const T *>(a.k), *v = static_cast<const T *>(a.v);
     const T *o = static_cast<const T *>(a.o), *dout = static_cast<const T *>(a.dout);
-    const size_t s1 = (size_t)2 * BM * D * 2, s2 = k2_smem<D>(), s3 = k3_smem<D>();
+    constexpr int BK = k2_keys<FUSED>();
+    const size_t s1 = (size_t)2 * BM * D * 2, s2 = k2_smem<D, FUSED>(), s3 = k3_smem<D>();
     cudaError_t e = cudaFuncSetAttribute(bwd_dot_do_o_mma<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(bwd_dk_dv_mma<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(bwd_dq_mma<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s3);
+        e = cudaFuncSetAttribute(bwd_dk_dv_mma<T, D, FUSED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
+    if (e == cudaSuccess && !FUSED)
+        e = cudaFuncSetAttribute(bwd_dq_mma<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s3);
     if (e != cudaSuccess) return e;
+    const size_t nq = (size_t)p.batch * p.seqlen_q * p.heads * D;
+    if (FUSED && (e = cudaMemsetAsync(dqacc, 0, nq * sizeof(float), a.stream)) != cudaSuccess) return e;
     const dim3 gq((p.seqlen_q + BM - 1) / BM, p.heads, p.batch), gk((p.seqlen_k + BK - 1) / BK, p.heads_k, p.batch);
     bwd_dot_do_o_mma<T, D><<<gq, NT, s1, a.stream>>>(p, o, dout, Dg, Dt);
-    bwd_dk_dv_mma<T, D><<<gk, NT, s2, a.stream>>>(p, q, k, v, dout, a.lse, Dt, static_cast<T *>(a.dk),
-                                                 static_cast<T *>(a.dv));
-    bwd_dq_mma<T, D><<<gq, NT, s3, a.stream>>>(p, q, k, v, dout, a.lse, Dg, static_cast<T *>(a.dq));
+    bwd_dk_dv_mma<T, D, FUSED><<<gk, 32 * k2_warps<FUSED>(), s2, a.stream>>>(
+        p, q, k, v, dout, a.lse, Dt, static_cast<T *>(a.dk), static_cast<T *>(a.dv), dqacc);
+    if (FUSED) {
+        const long long n8 = (long long)(nq / 8);
+        bwd_dq_convert<T><<<(unsigned)((n8 + 255) / 256), 256, 0, a.stream>>>(dqacc, static_cast<T *>(a.dq), p.scale, n8);
+    } else {
+        bwd_dq_mma<T, D><<<gq, NT, s3, a.stream>>>(p, q, k, v, dout, a.lse, Dg, static_cast<T *>(a.dq));
+    }
     return cudaGetLastError();
 }
+template <typename T, int D> cudaError_t launch_fused(const bwd_args &a) { return launch<T, D, true>(a); }
+template <typename T, int D> cudaError_t launch_det(const bwd_args &a) { return launch<T, D, false>(a); }
 
 } // namespace
 
-size_t mma_bwd_workspace_bytes(const attn_shape &p) { return 2 * sizeof(float) * (size_t)p.batch * p.heads * p.seqlen_q; }
+size_t mma_bwd_workspace_bytes(const attn_shape &p)
+{
+    return d_bytes(p) + sizeof(float) * (size_t)p.batch * p.seqlen_q * p.heads * p.d;
+}
+cudaError_t mma_backward(const bwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch_fused, a); }
 
-cudaError_t mma_backward(const bwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch, a); }
+size_t mma_bwd_det_workspace_bytes(const attn_shape &p) { return d_bytes(p); }
+cudaError_t mma_backward_det(const bwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch_det, a); }

@@ -1,7 +1,7 @@
 /*
  * flashattn_cuda.cu — the harness of the CUDA ladder: build/cuda/flashattn-cuda.
  *
- *   flashattn-cuda --kernel 01|02|03|03b|04|04b [--batch B] [--heads H] [--heads-k HK]
+ *   flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd [--batch B] [--heads H] [--heads-k HK]
  *                  [--seqlen-q N] [--seqlen-k N] [--seqlen N] [--d 64|128]
  *                  [--causal] [--window L,R] [--softcap C] [--scale S] [--dtype bf16|fp16]
  *                  [--repeats R] [--max-seconds S] [--sample-rows K] [--grad-ref auto|reference|flash|none]
@@ -59,14 +59,14 @@
  * Options and their parsing (no CUDA here: the self-test runs it on any machine)
  * ========================================================================== */
 
-enum rung { RUNG_NAIVE = 0, RUNG_FLASH1, RUNG_FLASH2, RUNG_FLASH2_BWD, RUNG_MMA, RUNG_MMA_BWD, RUNG_COUNT };
-static const char *const rung_ids[RUNG_COUNT] = {"01", "02", "03", "03b", "04", "04b"};
+enum rung { RUNG_NAIVE = 0, RUNG_FLASH1, RUNG_FLASH2, RUNG_FLASH2_BWD, RUNG_MMA, RUNG_MMA_BWD, RUNG_MMA_BWD_DET, RUNG_COUNT };
+static const char *const rung_ids[RUNG_COUNT] = {"01", "02", "03", "03b", "04", "04b", "04bd"};
 static const char *const rung_names[RUNG_COUNT] = {"01_naive", "02_flash1", "03_flash2", "03b_flash2_bwd", "04_mma",
-                                                   "04b_mma_bwd"};
+                                                   "04b_mma_bwd", "04bd_mma_bwd_det"};
 
 /* A backward rung, and the forward rung whose O and LSE it consumes. */
-static bool is_bwd(int kernel) { return kernel == RUNG_FLASH2_BWD || kernel == RUNG_MMA_BWD; }
-static int fwd_of(int kernel) { return kernel == RUNG_MMA_BWD ? RUNG_MMA : RUNG_FLASH2; }
+static bool is_bwd(int kernel) { return kernel == RUNG_FLASH2_BWD || kernel == RUNG_MMA_BWD || kernel == RUNG_MMA_BWD_DET; }
+static int fwd_of(int kernel) { return kernel == RUNG_MMA_BWD || kernel == RUNG_MMA_BWD_DET ? RUNG_MMA : RUNG_FLASH2; }
 
 enum grad_ref { GREF_AUTO = 0, GREF_REFERENCE, GREF_FLASH, GREF_NONE };
 
@@ -89,7 +89,7 @@ struct harness_opts {
 };
 
 static const char usage_text[] =
-    "usage: flashattn-cuda --kernel 01|02|03|03b|04|04b [shape] [mask] [--dtype bf16|fp16] [run options]\n"
+    "usage: flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd [shape] [mask] [--dtype bf16|fp16] [run options]\n"
     "       flashattn-cuda --self-test\n"
     "\n"
     "Runs one rung of the CUDA ladder on random inputs, validates its output with libflashattn\n"
@@ -98,7 +98,8 @@ static const char usage_text[] =
     "\n"
     "  --kernel NN        01 naive (S, P in global memory), 02 FlashAttention-1 loop order,\n"
     "                     03 FlashAttention-2 forward, 03b FlashAttention-2 backward (CUDA cores),\n"
-    "                     04 forward, 04b backward on tensor cores (mma.sync)\n"
+    "                     04 forward, 04b backward on tensor cores (mma.sync; 04b: FlashAttention-2's\n"
+    "                     single pass, dQ by float atomics; 04bd: the deterministic split, dQ by its own kernel)\n"
     "shape:  --batch B (1) --heads H (16) --heads-k HK (= H) --seqlen-q N --seqlen-k N (1024)\n"
     "        --seqlen N (both) --d 64|128 (128)\n"
     "mask:   --causal  --window L,R (-1 = unbounded)  --softcap C  --scale S (default 1/sqrt(d))\n"
@@ -183,7 +184,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
             o->kernel = -1;
             for (int r = 0; r < RUNG_COUNT; r++)
                 if (!strcmp(val, rung_ids[r]) || !strcmp(val, rung_names[r])) o->kernel = r;
-            if (o->kernel < 0) return fail_msg(err, n, "--kernel: unknown rung '%s' (expected 01, 02, 03, 03b, 04 or 04b)", val);
+            if (o->kernel < 0) return fail_msg(err, n, "--kernel: unknown rung '%s' (expected 01, 02, 03, 03b, 04, 04b or 04bd)", val);
         } else if (!strcmp(a, "--batch")) {
             if (parse_ll(a, val, 1, 65535, &x, err, n)) return -1;
             o->batch = (int)x;
@@ -247,7 +248,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
         }
     }
     if (o->help || o->self_test) return 0;
-    if (o->kernel < 0) return fail_msg(err, n, "missing --kernel NN (01, 02, 03, 03b, 04 or 04b; see --help)");
+    if (o->kernel < 0) return fail_msg(err, n, "missing --kernel NN (01, 02, 03, 03b, 04, 04b or 04bd; see --help)");
     if (o->heads_k == 0) o->heads_k = o->heads;
     if (o->heads % o->heads_k != 0)
         return fail_msg(err, n, "--heads (%d) is not a multiple of --heads-k (%d)", o->heads, o->heads_k);
@@ -633,6 +634,10 @@ static int self_test(void)
                   "--kernel 04b is the tensor-core backward, fed by rung 04's forward");
         rc = parse_args(3, (char **)tc_name, &o, err, sizeof err);
         st_expect(rc == 0 && o.kernel == RUNG_MMA && !is_bwd(o.kernel), "--kernel 04_mma (by name) is the tensor-core forward");
+        const char *det[] = {"x", "--kernel", "04bd"};
+        rc = parse_args(3, (char **)det, &o, err, sizeof err);
+        st_expect(rc == 0 && o.kernel == RUNG_MMA_BWD_DET && is_bwd(o.kernel) && fwd_of(o.kernel) == RUNG_MMA,
+                  "--kernel 04bd is the deterministic tensor-core backward, fed by rung 04's forward");
         struct bad_case {
             const char *argv[4];
             int argc;
@@ -861,8 +866,11 @@ static int self_test(void)
         const double bwd = flop_count(&ho, s);
         ho.kernel = RUNG_MMA_BWD;
         const double bwd_mma = flop_count(&ho, s);
-        st_expect(full == 4.0 * 1024 * 1024 * 128 * 16 && causal == full / 2 && bwd == 2.5 * causal && bwd_mma == bwd,
-                  "FLOPs: 4 Sq Sk d per head, halved when causal, backward (03b and 04b) 2.5x");
+        ho.kernel = RUNG_MMA_BWD_DET;
+        const double bwd_det = flop_count(&ho, s);
+        st_expect(full == 4.0 * 1024 * 1024 * 128 * 16 && causal == full / 2 && bwd == 2.5 * causal && bwd_mma == bwd &&
+                      bwd_det == bwd,
+                  "FLOPs: 4 Sq Sk d per head, halved when causal, backward (03b, 04b, 04bd) 2.5x");
         /* bottom-right causal with one query row sees every key: not half of Sq Sk */
         ho.kernel = RUNG_FLASH2;
         ho.seqlen_q = 1;
@@ -920,7 +928,7 @@ static cudaError_t launch_rung(int kernel, const attn_shape &s, cuda_dtype dt, c
         a.dv = db.dv;
         a.work = db.work;
         a.stream = 0;
-        return kernel == RUNG_MMA_BWD ? mma_backward(a) : flash2_backward(a);
+        return kernel == RUNG_MMA_BWD ? mma_backward(a) : kernel == RUNG_MMA_BWD_DET ? mma_backward_det(a) : flash2_backward(a);
     }
     fwd_args a;
     a.sh = s;
@@ -1013,6 +1021,7 @@ static int run(const harness_opts *o)
                       : o->kernel == RUNG_FLASH2 ? flash2_workspace_bytes(s)
                       : o->kernel == RUNG_MMA    ? mma_workspace_bytes(s)
                       : o->kernel == RUNG_MMA_BWD ? mma_bwd_workspace_bytes(s)
+                      : o->kernel == RUNG_MMA_BWD_DET ? mma_bwd_det_workspace_bytes(s)
                                                  : flash2_bwd_workspace_bytes(s);
     if (ws) CUDA_TRY(cudaMalloc(&db.work, ws));
     /* poison: 0xFFFF is NaN in bf16 and fp16, 0xFF.. NaN in float */

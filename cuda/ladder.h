@@ -29,9 +29,13 @@ cudaError_t flash2_backward(const bwd_args &a);
 size_t mma_workspace_bytes(const attn_shape &sh);
 cudaError_t mma_forward(const fwd_args &a);
 
-/* 04b_mma_bwd.cu: its backward on tensor cores (needs O and LSE of the forward). */
+/* 04b_mma_bwd.cu: its backward on tensor cores (needs O and LSE of the forward): FlashAttention-2's
+ * single pass, dQ accumulated with float atomics (the default; run to run different in the last
+ * bits of dQ), and the deterministic split (dQ by its own kernel, 7 tile products instead of 5). */
 size_t mma_bwd_workspace_bytes(const attn_shape &sh);
 cudaError_t mma_backward(const bwd_args &a);
+size_t mma_bwd_det_workspace_bytes(const attn_shape &sh);
+cudaError_t mma_backward_det(const bwd_args &a);
 
 /* fma_probe.cu: the FP32 CUDA-core ceiling. Runs `iters` FMAs on 8 independent
  * chains per thread; returns FLOPs performed (2 per FMA). */

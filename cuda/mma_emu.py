@@ -27,6 +27,10 @@ rng = np.random.default_rng(0)
 def swz(D, row, chunk):  # byte offset
     return row * (D * 2) + ((chunk ^ (row & 7)) << 4)
 
+def ds_off(W, r, c):  # 04b's dS^T tile (rows: keys, W halves a row)
+    if W == 64: return swz(64, r, c)
+    return r * 64 + ((c ^ ((r >> 1) & 3)) << 4)
+
 class Smem:
     def __init__(s, nbytes): s.h = np.full(nbytes // 2, np.nan)
     def store_tile(s, base, M, D):  # logical M[rows][D] -> swizzled
@@ -323,9 +327,13 @@ def ref_bwd(p, q, k, v, do):
             dq[b, :, h] = p.scale * dS @ k[b, :, hk]
     return dq, dk, dv
 
-def bwd(p, q, k, v, o, lse, do, D):
+def bwd(p, q, k, v, o, lse, do, D, fused=False):
+    """04b_mma_bwd.cu: fused=True is the single pass (kernel 2 with 8 warps, 128 keys, dQ += dS K_j
+    by atomics into a float dQacc, then the conversion kernel); False the deterministic split."""
     B, Sq, H, _ = q.shape; Hk = k.shape[2]; Sk = k.shape[1]; group = H // Hk
-    BM = BK = KQ = 64; BQ = 32 if D == 128 else 64; STAGES = 2
+    BM = KQ = 64; BQ = 32 if D == 128 else 64; STAGES = 2
+    NW = 8 if fused else 4; BK = 16 * NW
+    dqacc = np.zeros(q.shape)
     Dg = np.full((B, H, Sq), np.nan); Dt = np.full((B, H, Sq), np.nan)
     # kernel 1
     for b in range(B):
@@ -364,7 +372,8 @@ def bwd(p, q, k, v, o, lse, do, D):
                 istart = (ilo // BQ) * BQ
                 nq = (ihi - istart + BQ - 1) // BQ if ihi > ilo else 0; nsteps = nq * group
                 SB = 2 * TQ
-                sm = Smem(2 * BK * D * 2 + STAGES * SB); sK = 0; sV = BK * D * 2; sS0 = 2 * BK * D * 2
+                sm = Smem(2 * BK * D * 2 + STAGES * SB + BK * BQ * 2); sK = 0; sV = BK * D * 2; sS0 = 2 * BK * D * 2
+                sdS = sS0 + STAGES * SB
                 LS = {}
                 def load_step(stp):
                     h = hk * group + stp // nq; i0 = istart + (stp % nq) * BQ
@@ -376,13 +385,13 @@ def bwd(p, q, k, v, o, lse, do, D):
                 load_tile(sm, sK, k[b, :, hk], j0, Sk, BK, D); load_tile(sm, sV, v[b, :, hk], j0, Sk, BK, D)
                 for s in range(STAGES - 1):
                     if s < nsteps: load_step(s)
-                W = [dict(dK=zeros(D // 8), dV=zeros(D // 8)) for _ in range(4)]
+                W = [dict(dK=zeros(D // 8), dV=zeros(D // 8)) for _ in range(NW)]
                 for stp in range(nsteps):
                     if stp + STAGES - 1 < nsteps: load_step(stp + STAGES - 1)
                     buf = stp % STAGES; sQ = sS0 + buf * SB; sdO = sQ + TQ; Ls, Dsm = LS[buf]
                     i0 = istart + (stp % nq) * BQ
                     full = mask_tile_full(p, i0, i0 + BQ, j0, j0 + BK) and i0 + BQ <= Sq
-                    for warp in range(4):
+                    for warp in range(NW):
                         stt = zeros(BQ // 8); dpt = zeros(BQ // 8)
                         for kk in range(D // 16):
                             mma_abt_step(sm, stt, load_a(sm, sK, D, warp * 16, kk), sQ, D, BQ // 8, kk)
@@ -397,12 +406,43 @@ def bwd(p, q, k, v, o, lse, do, D):
                                     pv, ds = elem(stt[n][lane][e], Ls[col] * L2E, Dsm[col], dpt[n][lane][e], vis)
                                     stt[n][lane][e] = pv; dpt[n][lane][e] = ds
                         mma_pv(sm, W[warp]["dV"], pack_a(stt, BQ), sdO, D, BQ)
-                        mma_pv(sm, W[warp]["dK"], pack_a(dpt, BQ), sQ, D, BQ)
-                for warp in range(4):
+                        af = pack_a(dpt, BQ)
+                        if fused:
+                            for kk in range(BQ // 16):
+                                for lane in range(32):
+                                    g, t4 = lane >> 2, lane & 3; r = warp * 16 + g
+                                    for (rr, ch, x) in ((r, 2 * kk, 0), (r + 8, 2 * kk, 1), (r, 2 * kk + 1, 2), (r + 8, 2 * kk + 1, 3)):
+                                        o_ = (sdS + ds_off(BQ, rr, ch) + 4 * t4) // 2
+                                        sm.h[o_:o_ + 2] = af[kk][lane][x]
+                        mma_pv(sm, W[warp]["dK"], af, sQ, D, BQ)
+                    if fused:  # after __syncthreads: every warp's dS^T is in the tile
+                        MT = BQ // 16
+                        assert NW // MT * 32 == D
+                        h = hk * group + stp // nq
+                        for warp in range(NW):
+                            mt, cg = warp % MT, warp // MT
+                            dqw = zeros(4)
+                            for kk in range(BK // 16):
+                                a = ldsm_x4(sm, [sdS + ds_off(BQ, 16 * kk + ((l >> 4) << 3) + (l & 7), 2 * mt + ((l >> 3) & 1)) for l in range(32)], trans=True)
+                                for dpi in range(2):
+                                    bb = ldsm_x4(sm, [sK + swz(D, 16 * kk + (l & 15), 4 * cg + 2 * dpi + (l >> 4)) for l in range(32)], trans=True)
+                                    mma(dqw[2 * dpi], a, [bb[l][0] for l in range(32)], [bb[l][1] for l in range(32)])
+                                    mma(dqw[2 * dpi + 1], a, [bb[l][2] for l in range(32)], [bb[l][3] for l in range(32)])
+                            for lane in range(32):
+                                g, t4 = lane >> 2, lane & 3
+                                for r in range(2):
+                                    ii = i0 + 16 * mt + g + 8 * r
+                                    if ii < Sq:
+                                        for n in range(4):
+                                            c0 = 32 * cg + 8 * n + 2 * t4
+                                            dqacc[b, ii, h, c0:c0 + 2] += dqw[n][lane][2 * r:2 * r + 2]
+                for warp in range(NW):
                     MK = acc_to_mat(W[warp]["dK"], D // 8) * p.scale; MV = acc_to_mat(W[warp]["dV"], D // 8)
                     for rr in range(16):
                         if warp * 16 + rr < cols:
                             dk[b, j0 + warp*16 + rr, hk] = MK[rr]; dv[b, j0 + warp*16 + rr, hk] = MV[rr]
+    if fused:  # the conversion kernel
+        return p.scale * dqacc, dk, dv
     # kernel 3
     TK = KQ * D * 2
     for b in range(B):
@@ -458,10 +498,12 @@ def run(name, B, Sq, Sk, H, Hk, D, causal=False, wl=-1, wr=-1, softcap=0.0, do_b
     good = e1 < 1e-9 and e2 < 1e-9 and ok_inf
     if do_bwd:
         do = rng.standard_normal(q.shape)
-        dq, dk, dv = bwd(p, q, k, v, o, lse, do, D); rq, rk, rv = ref_bwd(p, q, k, v, do)
-        errs = [np.abs(a - r).max() if not np.isnan(a).any() else np.inf for a, r in ((dq, rq), (dk, rk), (dv, rv))]
-        msg += " bwd dq/dk/dv err " + " ".join(f"{x:.2e}" for x in errs)
-        good = good and max(errs) < 1e-9
+        rq, rk, rv = ref_bwd(p, q, k, v, do)
+        for fused in (False, True):
+            dq, dk, dv = bwd(p, q, k, v, o, lse, do, D, fused)
+            errs = [np.abs(a - r).max() if not np.isnan(a).any() else np.inf for a, r in ((dq, rq), (dk, rk), (dv, rv))]
+            msg += (" single-pass" if fused else " deterministic") + " bwd dq/dk/dv err " + " ".join(f"{x:.2e}" for x in errs)
+            good = good and max(errs) < 1e-9
     print(("ok   " if good else "FAIL ") + msg, flush=True)
     return good
 

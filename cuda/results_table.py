@@ -21,7 +21,7 @@ def main():
             sdpa[key] = float(r["tflops"])
 
     def ratio(r, backend):
-        name = backend + ("_bwd" if r["kernel"].endswith("_bwd") else "")
+        name = backend + ("_bwd" if "_bwd" in r["kernel"] else "")
         t = sdpa.get((name, r["d"], r["seqlen_q"], r["heads"], r["heads_k"], r["causal"]))
         return f"{float(r['tflops']) / t:.3f}" if t else "-"
 
