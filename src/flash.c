@@ -56,6 +56,7 @@
 #include <assert.h>
 #include <stdlib.h>
 
+#include "decode.h"
 #include "kernels/kernels.h"
 #include "pack.h"
 
@@ -312,6 +313,7 @@ static flash_packed packed_slot(char *base, size_t slot_bytes, int64_t s, const 
 
 size_t fa_flash_workspace(const fa_problem *p)
 {
+    if (fa_decode_applies(p)) return fa_decode_workspace(p);
     flash_dims g = flash_layout(p);
     int64_t per_pass;
     size_t slot = shared_plan(p, &g, &per_pass);
@@ -332,6 +334,7 @@ static int64_t block_rows(const fa_problem *p, int64_t b, int64_t i0, int blk)
 
 fa_status fa_flash_forward(const fa_problem *p)
 {
+    if (fa_decode_applies(p)) return fa_decode_forward(p); /* few query rows: decode.c */
     const fa_kernels *kern = p->kern;
     const flash_dims g = flash_layout(p);
     assert(kern && g.br >= 1 && g.bc >= 1);

@@ -758,6 +758,7 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
         return fa_fail(FA_ERR_OPTION, "align must be FA_ALIGN_BOTTOM_RIGHT (0) or FA_ALIGN_TOP_LEFT (1) (got %d)",
                        opt.align);
     p->top_left = opt.align == FA_ALIGN_TOP_LEFT;
+    p->num_splits = opt.num_splits;
     p->window_left = opt.window_left < 0 ? -1 : opt.window_left;
     p->window_right = opt.window_right < 0 ? -1 : opt.window_right;
     if (opt.causal) p->window_right = 0;

@@ -82,6 +82,7 @@ typedef struct fa_problem {
     int blocks_pinned_q, blocks_pinned_k; /* 1: the caller or FA_BLOCK_Q/K chose them */
     size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
     size_t standard_max_bytes;   /* resolved cap */
+    int num_splits;              /* split-KV of the decode path (decode.c): 0 heuristic, 1 none, n splits */
     const struct fa_kernels *kern; /* the kernel table (the context's, or the dispatched one) */
     const fa_context *context;   /* the caller's context, or NULL */
     struct fa_arena *arena;      /* the context's scratch arena during a call, or NULL */

@@ -41,6 +41,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "fma_peak.h"
 #include "simd_exp.h"
@@ -442,6 +443,34 @@ double fa_fma_loop_avx2(long iters, float *sink)
     return (double)iters * 12 * 8 * 2;
 }
 
+/* ------------------------------------------------------------------------ */
+/* widen: f16/bf16 -> float32 (the decode path's KV-cache packing)           */
+/* ------------------------------------------------------------------------ */
+
+/* 8 values per step: bf16 is the high half of a float32 (zero-extend and
+ * shift), f16 goes through F16C's vcvtph2ps; both exact. The tail goes
+ * through a small buffer, so nothing past n is read or written. */
+static void widen_avx2(int n, const uint16_t *src, float *dst, int bf16)
+{
+    int c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(src + c));
+        const __m256 f = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                              : _mm256_cvtph_ps(h);
+        _mm256_storeu_ps(dst + c, f);
+    }
+    if (c < n) {
+        uint16_t in[8] = {0};
+        float out[8];
+        memcpy(in, src + c, (size_t)(n - c) * sizeof(uint16_t));
+        const __m128i h = _mm_loadu_si128((const __m128i *)in);
+        const __m256 f = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                              : _mm256_cvtph_ps(h);
+        _mm256_storeu_ps(out, f);
+        memcpy(dst + c, out, (size_t)(n - c) * sizeof(float));
+    }
+}
+
 const fa_kernels fa_kernels_avx2 = {
     .name = "avx2",
     .simd_width = 8,
@@ -451,4 +480,5 @@ const fa_kernels fa_kernels_avx2 = {
     .pv = pv_avx2,
     .vexp = vexp_avx2,
     .transpose = transpose_avx2,
+    .widen = widen_avx2,
 };

@@ -380,6 +380,24 @@ double fa_fma_loop_avx512(long iters, float *sink)
     return (double)iters * 16 * 16 * 2;
 }
 
+/* ------------------------------------------------------------------------ */
+/* widen: f16/bf16 -> float32 (the decode path's KV-cache packing)           */
+/* ------------------------------------------------------------------------ */
+
+/* 16 values per step: bf16 is the high half of a float32 (zero-extend and
+ * shift), f16 goes through F16C's vcvtph2ps; both exact. The tail reads and
+ * writes only n elements (masked). */
+static void widen_avx512(int n, const uint16_t *src, float *dst, int bf16)
+{
+    for (int c = 0; c < n; c += 16) {
+        const __mmask16 k = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1u);
+        const __m256i h = _mm256_maskz_loadu_epi16(k, src + c);
+        const __m512 f = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                              : _mm512_cvtph_ps(h);
+        _mm512_mask_storeu_ps(dst + c, k, f);
+    }
+}
+
 const fa_kernels fa_kernels_avx512 = {
     .name = "avx512",
     .simd_width = 16,
@@ -389,4 +407,5 @@ const fa_kernels fa_kernels_avx512 = {
     .pv = pv_avx512,
     .vexp = vexp_avx512,
     .transpose = fa_transpose_avx512, /* avx512_transpose.c */
+    .widen = widen_avx512,
 };

@@ -29,6 +29,7 @@
 #define FA_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct fa_kernels {
     const char *name;       /* "scalar", "avx2", "avx512", "neon" */
@@ -64,6 +65,14 @@ typedef struct fa_kernels {
      * Columns bc..round16(bc)-1 of kt are zeroed by the driver.
      */
     void (*transpose)(int bc, int d, const float *k, size_t ldk_src, float *kt, size_t ldkt);
+
+    /*
+     * Optional (NULL: the portable conversion of tensor.h). Widen n 16-bit
+     * floats to float32: dst[i] = src[i] as bf16 (bf16 != 0) or IEEE half.
+     * Exact (every f16 and bf16 value is a float32); the decode path packs
+     * f16/bf16 KV caches through it.
+     */
+    void (*widen)(int n, const uint16_t *src, float *dst, int bf16);
 } fa_kernels;
 
 /* The tables each ISA file defines (only those compiled in exist). */

@@ -1,0 +1,481 @@
+/*
+ * decode.c — the flash forward pass for few query rows (decoding).
+ *
+ * Why decoding needs its own driver. One generated token is one query row
+ * per head against the whole KV cache: each K/V element read from memory is
+ * used for 2 FLOPs per query row that reads it, so the pass is bound by the
+ * memory bandwidth, not by the FMA units, and the two things that matter are
+ * (1) reading every K/V byte once and (2) having every thread read.
+ * flash.c's driver gets neither: it gives each query head its own task (a GQA
+ * group of g query heads reads the same K/V g times), and with batch x heads
+ * tasks < threads most threads have nothing to do.
+ *
+ * GQA packing. The g query heads of one kv head and the q_len query rows of
+ * each become the rows of one tile: row r = gi * q_len + i is query row i of
+ * head hk * g + gi. One K/V tile read then serves all g x q_len rows (the qk
+ * and pv kernels see an ordinary Br x Bc tile). Each row keeps its own key
+ * interval [lo, hi) (causal, windows) and its own ALiBi slope: the transform
+ * runs per head segment of the rows. More than DEC_MAX_ROWS rows (large
+ * groups, q_len up to FA_DECODE_MAX_Q) are cut into row chunks.
+ *
+ * Split-KV. The key blocks that a chunk's rows can see are cut into
+ * `splits` contiguous ranges; task (sequence, kv head, chunk, split) runs
+ * the online softmax over its range alone and leaves a partial (m, l, Õ):
+ * running max, running sum and the unnormalized output. The partials of
+ * one row merge by the same rule that merges two key blocks in the online
+ * softmax (flash.c's teacher comment):
+ *
+ *     m = max_s m_s,   l = Σ_s e^{m_s - m} l_s,   Õ = Σ_s e^{m_s - m} Õ_s,
+ *     O = Õ / l,       LSE = m + ln l
+ *
+ * — exact, the same sum reassociated. The merge runs in split order 0, 1,
+ * ... for every row, and the split boundaries depend only on the split count
+ * and the sequence, so for a fixed split count the bits do not depend on the
+ * thread count or the schedule. The partials are O(batch x heads x q_len x
+ * splits x d_v) floats; nothing is proportional to seqlen_q x seqlen_k.
+ * (With one split a task normalizes and writes its rows itself.)
+ *
+ * Low-precision caches. K and V rows in f16/bf16 are widened to float32 as
+ * they are packed (the kernel table's `widen`, SIMD, when it has one), so a
+ * bf16 cache moves half the bytes of a float32 one.
+ *
+ * Every KV source — dense, paged, a cache with new keys not yet appended —
+ * reaches this file through pack.h's one row accessor, so a paged cache gives
+ * the bits of the same cache stored contiguously.
+ */
+#include "decode.h"
+
+#include "internal.h"
+
+#include <assert.h>
+#include <stdlib.h>
+
+#include "kernels/kernels.h"
+#include "pack.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Rows of one tile at most (query heads of a group x query rows). */
+#define DEC_MAX_ROWS 64
+
+static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+typedef struct dec_dims {
+    int64_t group;  /* query heads per kv head */
+    int64_t rows;   /* group x seqlen_q: tile rows of the longest sequence */
+    int64_t chunks; /* row chunks per (sequence, kv head) */
+    int64_t chunk_rows; /* most rows of one chunk */
+    int splits;
+    int bc;
+    size_t ldq, ldk, ldv, lds, ldo;
+} dec_dims;
+
+int fa_decode_applies(const fa_problem *p)
+{
+    return p->seqlen_q >= 1 && p->seqlen_q <= FA_DECODE_MAX_Q;
+}
+
+static dec_dims dec_layout_rows(const fa_problem *p)
+{
+    dec_dims g;
+    memset(&g, 0, sizeof g);
+    g.group = p->heads / p->heads_k;
+    g.rows = g.group * p->seqlen_q;
+    g.chunks = (g.rows + DEC_MAX_ROWS - 1) / DEC_MAX_ROWS;
+    g.chunk_rows = (g.rows + g.chunks - 1) / g.chunks;
+    g.bc = p->block_k;
+    g.ldq = round16((size_t)p->d);
+    g.ldk = round16((size_t)g.bc);
+    g.ldv = round16((size_t)p->dv);
+    g.lds = g.ldk;
+    g.ldo = round16((size_t)p->dv);
+    return g;
+}
+
+int fa_decode_splits(const fa_problem *p)
+{
+    const dec_dims g = dec_layout_rows(p);
+    const int64_t nkb = (p->seqlen_k + g.bc - 1) / g.bc; /* key blocks of the longest sequence */
+    int64_t cap = nkb < FA_DECODE_MAX_SPLITS ? nkb : FA_DECODE_MAX_SPLITS;
+    if (cap < 1) cap = 1;
+    int64_t n;
+    if (p->num_splits > 0) {
+        n = p->num_splits;
+    } else {
+        /* heuristic: split only when the unsplit tasks leave threads idle, and
+         * then into enough splits that every thread gets one */
+        const int64_t tasks = p->batch * p->heads_k * g.chunks;
+        n = tasks >= p->num_threads || tasks < 1 ? 1 : (p->num_threads + tasks - 1) / tasks;
+    }
+    return (int)(n < cap ? n : cap);
+}
+
+static dec_dims dec_layout(const fa_problem *p)
+{
+    dec_dims g = dec_layout_rows(p);
+    g.splits = fa_decode_splits(p);
+    return g;
+}
+
+/* Per-thread scratch. */
+typedef struct dec_scratch {
+    float *qi;    /* [cr][ldq]  the chunk's query rows */
+    float *kt;    /* [d][ldk]   K tile transposed */
+    float *kr;    /* [bc][ldq]  K rows widened to float32 (before the transpose) */
+    float *vj;    /* [bc][ldv]  V tile */
+    float *s;     /* [cr][lds]  scores, then P */
+    float *oa;    /* [cr][ldo]  Õ */
+    float *keep;  /* [cr][ldo]  Õ before a P V (restored when V held Inf/NaN) */
+    float *m, *l, *alpha; /* [cr] */
+    int64_t *lo, *hi;     /* [cr] visible keys of each row */
+    void *base;
+} dec_scratch;
+
+static size_t scratch_floats(const fa_problem *p, const dec_dims *g)
+{
+    const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr);
+    return cr * g->ldq + (size_t)p->d * g->ldk + (size_t)g->bc * g->ldq + (size_t)g->bc * g->ldv +
+           cr * g->lds + 2 * cr * g->ldo + 3 * r16 + 4 * r16 /* lo, hi: int64 */ + 16 * 10;
+}
+
+static int scratch_alloc(const fa_problem *p, const dec_dims *g, dec_scratch *sc)
+{
+    float *base = fa_scratch_alloc(p, scratch_floats(p, g) * sizeof(float));
+    sc->base = base;
+    if (!base) return 0;
+    const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr);
+    float *cur = base;
+    /* each piece starts 64-byte aligned (the allocation is) */
+#define TAKE(ptr, n) do { ptr = cur; cur += round16(n); } while (0)
+    TAKE(sc->qi, cr * g->ldq);
+    TAKE(sc->kt, (size_t)p->d * g->ldk);
+    TAKE(sc->kr, (size_t)g->bc * g->ldq);
+    TAKE(sc->vj, (size_t)g->bc * g->ldv);
+    TAKE(sc->s, cr * g->lds);
+    TAKE(sc->oa, cr * g->ldo);
+    TAKE(sc->keep, cr * g->ldo);
+    TAKE(sc->m, r16);
+    TAKE(sc->l, r16);
+    TAKE(sc->alpha, r16);
+#undef TAKE
+    sc->lo = (int64_t *)cur;
+    cur += 2 * r16;
+    sc->hi = (int64_t *)cur;
+    memset(sc->kt, 0, (size_t)p->d * g->ldk * sizeof(float));
+    return 1;
+}
+
+/* The partials of split-KV: per (sequence, kv head, row, split) the running
+ * max and sum (ml[2]) and Õ [dv]. */
+typedef struct dec_partials {
+    float *o;  /* [batch][heads_k][rows][splits][dv] */
+    float *ml; /* [batch][heads_k][rows][splits][2] */
+} dec_partials;
+
+static size_t partial_index(const fa_problem *p, const dec_dims *g, int64_t b, int64_t hk, int64_t r, int s)
+{
+    return (((size_t)b * (size_t)p->heads_k + (size_t)hk) * (size_t)g->rows + (size_t)r) * (size_t)g->splits +
+           (size_t)s;
+}
+
+static size_t partial_floats(const fa_problem *p, const dec_dims *g)
+{
+    if (g->splits <= 1) return 0;
+    const size_t n = fa_mul_sat(fa_mul_sat((size_t)p->batch * (size_t)p->heads_k, (size_t)g->rows),
+                                (size_t)g->splits);
+    return fa_add_sat(fa_mul_sat(n, (size_t)p->dv), fa_mul_sat(n, 2)) + 16;
+}
+
+size_t fa_decode_workspace(const fa_problem *p)
+{
+    const dec_dims g = dec_layout(p);
+    const int64_t tasks = p->batch * p->heads_k * g.chunks * g.splits;
+    const size_t threads = (size_t)fa_threads_for(p, tasks);
+    return fa_add_sat(fa_mul_sat(threads, fa_mul_sat(scratch_floats(p, &g), sizeof(float))),
+                      fa_mul_sat(partial_floats(p, &g), sizeof(float)));
+}
+
+/* Row j of a KV source as float32 into dst[width]: f16/bf16 rows through the
+ * kernel table's SIMD widening when it has one. */
+static void gather_row(const fa_kernels *kern, const fa_rows *s, int64_t j, float *dst)
+{
+    int64_t off;
+    const fa_tensor *t = fa_rows_src(s, j, &off);
+    if (kern->widen && t->stride[3] == 1 && (t->dtype == FA_F16 || t->dtype == FA_BF16)) {
+        kern->widen((int)s->width, (const uint16_t *)t->data + off, dst, t->dtype == FA_BF16);
+        return;
+    }
+    fa_gather_f32(t, off, t->stride[3], s->width, dst);
+}
+
+/* K rows j0 .. j0 + n - 1 transposed into kt [d][ldk] (columns n..round16(n)-1
+ * zeroed). A dense float32 source is transposed in place by the packer; any
+ * other (paged, f16/bf16, new keys) is gathered into float32 rows first. */
+static void pack_k(const fa_kernels *kern, const fa_rows *ks, int64_t j0, int n, float *kr, size_t ldr,
+                   float *kt, size_t ldk)
+{
+    if (fa_rows_ld(ks) >= 0 && fa_rows_f32(ks, j0)) {
+        fa_pack_transposed(kern, ks, j0, n, kt, ldk);
+        return;
+    }
+    const int64_t d = ks->width;
+    for (int r = 0; r < n; r++) gather_row(kern, ks, j0 + r, kr + (size_t)r * ldr);
+    if (kern->transpose) {
+        kern->transpose(n, (int)d, kr, ldr, kt, ldk);
+    } else {
+        for (int jb = 0; jb < n; jb += 16) { /* 16 rows at a time: whole lines of kt */
+            const int nj = n - jb < 16 ? n - jb : 16;
+            for (int64_t c = 0; c < d; c++)
+                for (int jj = 0; jj < nj; jj++) kt[(size_t)c * ldk + (size_t)(jb + jj)] = kr[(size_t)(jb + jj) * ldr + (size_t)c];
+        }
+    }
+    const int pad = (int)round16((size_t)n);
+    for (int64_t c = 0; c < d; c++)
+        for (int r = n; r < pad; r++) kt[(size_t)c * ldk + (size_t)r] = 0.0f;
+}
+
+/* Whether every element of rows [0, nr) x [0, dv) is finite. */
+static int rows_finite(const float *o, int nr, int64_t dv, size_t ldo)
+{
+    uint32_t bad = 0;
+    for (int r = 0; r < nr; r++) {
+        const float *row = o + (size_t)r * ldo;
+        for (int64_t c = 0; c < dv; c++) {
+            uint32_t u;
+            memcpy(&u, &row[c], 4);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+    }
+    return !bad;
+}
+
+/*
+ * P V for a tile whose V holds Inf or NaN (see flash.c's pv_masked_rows): the
+ * fast kernel multiplies the P = 0 of masked keys into V too, and 0 * Inf is
+ * NaN, which would leak into rows that cannot see the bad key. Each row here
+ * multiplies only its visible keys.
+ */
+static void pv_masked_rows(const fa_kernels *kern, int nr, int64_t j0, int bc, int64_t dv, const dec_scratch *sc,
+                           size_t lds, const float *vj, size_t ldv, size_t ldo)
+{
+    for (int r = 0; r < nr; r++) {
+        int64_t a = sc->lo[r] - j0, e = sc->hi[r] - j0;
+        if (a < 0) a = 0;
+        if (e > bc) e = bc;
+        float *orow = sc->oa + (size_t)r * ldo;
+        if (a >= e) {
+            for (int64_t c = 0; c < dv; c++) orow[c] *= sc->alpha[r];
+            continue;
+        }
+        kern->pv(1, (int)(e - a), (int)dv, sc->s + (size_t)r * lds + a, lds, vj + (size_t)a * ldv, ldv,
+                 &sc->alpha[r], orow, ldo);
+    }
+}
+
+/*
+ * Normalize one row and write O (and LSE): query row i of head h of sequence
+ * b, from its running max m, sum l and Õ. (The attention sink, when it lands,
+ * is added to l here — once per row, after the merge, never per split.)
+ */
+static void finalize_row(const fa_problem *p, int64_t b, int64_t h, int64_t i, float m, float l, const float *orow)
+{
+    const int64_t dv = p->dv;
+    const fa_seq seq = fa_problem_seq(p, b);
+    const fa_rows os = fa_rows_q(&p->o, &seq, h);
+    int64_t lo, hi;
+    fa_key_range(p, b, i, &lo, &hi);
+    /* empty from the key range only, never from m (as flash.c) */
+    const int empty = !(lo < hi);
+    if (!empty && m == -INFINITY) {
+        l = NAN;
+        m = NAN;
+    }
+    const float inv = empty ? 0.0f : 1.0f / l;
+    if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
+        float *dst = (float *)p->o.data + fa_rows_off(&os, i);
+        for (int64_t c = 0; c < dv; c++) dst[c] = empty ? 0.0f : orow[c] * inv;
+    } else {
+        for (int64_t c = 0; c < dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
+    }
+    if (p->lse.data)
+        fa_store_f64(&p->lse, fa_lse_off(p, b, h, i), empty ? -INFINITY : (double)m + log((double)l));
+}
+
+/* One task: sequence b, kv head hk, row chunk ch, key split sp. */
+static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_dims *g, dec_scratch *sc,
+                        const dec_partials *part, int64_t b, int64_t hk, int64_t ch, int sp)
+{
+    const int64_t d = p->d, dv = p->dv;
+    const fa_seq seq = fa_problem_seq(p, b);
+    const int64_t q_len = seq.q_len;
+    if (q_len <= 0) return;
+    const int64_t rows = g->group * q_len;
+    const int64_t per = (rows + g->chunks - 1) / g->chunks;
+    const int64_t r0 = ch * per, r1 = r0 + per < rows ? r0 + per : rows;
+    if (r0 >= r1) return;
+    const int nr = (int)(r1 - r0);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
+
+    /* the chunk's query rows (row r: query row r % q_len of head hk*group + r / q_len) */
+    int64_t jmin = seq.k_len, jmax = 0;
+    for (int r = 0; r < nr; r++) {
+        const int64_t h = hk * g->group + (r0 + r) / q_len, i = (r0 + r) % q_len;
+        const fa_rows qs = fa_rows_q(&p->q, &seq, h);
+        fa_rows_gather(&qs, i, sc->qi + (size_t)r * g->ldq);
+        fa_key_range(p, b, i, &sc->lo[r], &sc->hi[r]);
+        if (sc->lo[r] < sc->hi[r]) {
+            if (sc->lo[r] < jmin) jmin = sc->lo[r];
+            if (sc->hi[r] > jmax) jmax = sc->hi[r];
+        }
+        sc->m[r] = -INFINITY;
+        sc->l[r] = 0.0f;
+        memset(sc->oa + (size_t)r * g->ldo, 0, (size_t)dv * sizeof(float));
+    }
+
+    /* this split's share of the key blocks some row can see */
+    if (jmin < jmax) {
+        const int64_t kb0 = jmin / g->bc, kb1 = (jmax + g->bc - 1) / g->bc, nkb = kb1 - kb0;
+        const int64_t kbs = kb0 + nkb * sp / g->splits, kbe = kb0 + nkb * (sp + 1) / g->splits;
+        for (int64_t kb = kbs; kb < kbe; kb++) {
+            const int64_t j0 = kb * g->bc;
+            const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
+            pack_k(kern, &ks, j0, bc, sc->kr, g->ldq, sc->kt, g->ldk);
+            for (int j = 0; j < bc; j++) gather_row(kern, &vs, j0 + j, sc->vj + (size_t)j * g->ldv);
+
+            kern->qk(nr, bc, (int)d, sc->qi, g->ldq, sc->kt, g->ldk, (float)p->scale, sc->s, g->lds);
+            /* softcap, ALiBi and the mask per head segment (its own rows i and slope) */
+            for (int r = 0; r < nr;) {
+                const int64_t gi = (r0 + r) / q_len, i = (r0 + r) % q_len;
+                int n = (int)(q_len - i);
+                if (n > nr - r) n = nr - r;
+                fa_transform_tile(p, b, i, n, j0, bc, fa_alibi_slope(p, b, hk * g->group + gi), sc->lo + r,
+                                  sc->hi + r, sc->s + (size_t)r * g->lds, g->lds);
+                r += n;
+            }
+            kern->softmax(nr, bc, sc->s, g->lds, sc->m, sc->l, sc->alpha);
+            for (int r = 0; r < nr; r++)
+                memcpy(sc->keep + (size_t)r * g->ldo, sc->oa + (size_t)r * g->ldo, (size_t)dv * sizeof(float));
+            kern->pv(nr, bc, (int)dv, sc->s, g->lds, sc->vj, g->ldv, sc->alpha, sc->oa, g->ldo);
+            /* V with Inf/NaN (or rows already non-finite): redo the P V per row over
+             * its visible keys only, from Õ as it was */
+            if (!rows_finite(sc->oa, nr, dv, g->ldo)) {
+                for (int r = 0; r < nr; r++)
+                    memcpy(sc->oa + (size_t)r * g->ldo, sc->keep + (size_t)r * g->ldo, (size_t)dv * sizeof(float));
+                pv_masked_rows(kern, nr, j0, bc, dv, sc, g->lds, sc->vj, g->ldv, g->ldo);
+            }
+        }
+    }
+
+    for (int r = 0; r < nr; r++) {
+        const int64_t h = hk * g->group + (r0 + r) / q_len, i = (r0 + r) % q_len;
+        const float *orow = sc->oa + (size_t)r * g->ldo;
+        if (g->splits == 1) {
+            finalize_row(p, b, h, i, sc->m[r], sc->l[r], orow);
+        } else {
+            const size_t at = partial_index(p, g, b, hk, r0 + r, sp);
+            part->ml[2 * at] = sc->m[r];
+            part->ml[2 * at + 1] = sc->l[r];
+            memcpy(part->o + at * (size_t)dv, orow, (size_t)dv * sizeof(float));
+        }
+    }
+}
+
+/* Merge the splits of row r of (b, hk) in split order and write it; acc [dv]. */
+static void combine_row(const fa_problem *p, const dec_dims *g, const dec_partials *part, int64_t b, int64_t hk,
+                        int64_t r, float *acc)
+{
+    const fa_seq seq = fa_problem_seq(p, b);
+    const int64_t q_len = seq.q_len;
+    if (r >= g->group * q_len) return;
+    const int64_t h = hk * g->group + r / q_len, i = r % q_len, dv = p->dv;
+    const size_t at0 = partial_index(p, g, b, hk, r, 0);
+    float m = -INFINITY;
+    int nan = 0;
+    for (int s = 0; s < g->splits; s++) {
+        const float ms = part->ml[2 * (at0 + (size_t)s)];
+        if (isnan(ms)) nan = 1;
+        else if (ms > m) m = ms;
+    }
+    if (nan) m = NAN;
+    float l = 0.0f;
+    for (int64_t c = 0; c < dv; c++) acc[c] = 0.0f;
+    if (m != -INFINITY) {
+        for (int s = 0; s < g->splits; s++) {
+            const size_t at = at0 + (size_t)s;
+            const float ms = part->ml[2 * at];
+            if (ms == -INFINITY) continue; /* the split saw no finite score */
+            const float w = expf(ms - m);
+            l += w * part->ml[2 * at + 1];
+            const float *os = part->o + at * (size_t)dv;
+            for (int64_t c = 0; c < dv; c++) acc[c] += w * os[c];
+        }
+    }
+    finalize_row(p, b, h, i, m, l, acc);
+}
+
+fa_status fa_decode_forward(const fa_problem *p)
+{
+    const fa_kernels *kern = p->kern;
+    const dec_dims g = dec_layout(p);
+    assert(kern && g.bc >= 1 && g.splits >= 1);
+
+    dec_partials part = {NULL, NULL};
+    const size_t pf = partial_floats(p, &g);
+    float *pbase = NULL;
+    if (pf > 0) {
+        pbase = fa_scratch_alloc(p, fa_mul_sat(pf, sizeof(float)));
+        if (!pbase)
+            return fa_fail(FA_ERR_NOMEM, "flash (decode): could not allocate %zu bytes for split-KV partials",
+                           fa_mul_sat(pf, sizeof(float)));
+        const size_t n = (size_t)p->batch * (size_t)p->heads_k * (size_t)g.rows * (size_t)g.splits;
+        part.o = pbase;
+        part.ml = pbase + n * (size_t)p->dv;
+    }
+
+    const int64_t ntask = p->batch * p->heads_k * g.chunks * g.splits;
+    const int64_t nrows = p->batch * p->heads_k * g.rows;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(fa_threads_for(p, ntask))
+#endif
+    {
+        dec_scratch sc;
+        memset(&sc, 0, sizeof sc);
+        if (!scratch_alloc(p, &g, &sc)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+        if (!failed) {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t t = 0; t < ntask; t++) {
+                const int sp = (int)(t % g.splits);
+                const int64_t u = t / g.splits, ch = u % g.chunks, bhk = u / g.chunks;
+                decode_task(p, kern, &g, &sc, &part, bhk / p->heads_k, bhk % p->heads_k, ch, sp);
+            }
+            if (g.splits > 1) { /* (the loop above ends with a barrier) */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+                for (int64_t t = 0; t < nrows; t++) {
+                    const int64_t r = t % g.rows, bhk = t / g.rows;
+                    combine_row(p, &g, &part, bhk / p->heads_k, bhk % p->heads_k, r, sc.oa);
+                }
+            }
+        }
+        fa_scratch_free(p, sc.base);
+    }
+    fa_scratch_free(p, pbase);
+    if (failed)
+        return fa_fail(FA_ERR_NOMEM, "flash (decode): could not allocate %zu bytes of per-thread scratch",
+                       fa_decode_workspace(p));
+    return FA_OK;
+}

@@ -1,0 +1,32 @@
+/*
+ * decode.h — the flash forward pass for few query rows (decoding): GQA
+ * packing and split-KV (decode.c). flash.c hands a problem over when
+ * fa_decode_applies() says so.
+ */
+#ifndef FA_DECODE_H
+#define FA_DECODE_H
+
+#include <stddef.h>
+
+#include "problem.h"
+
+/* Query rows per sequence up to which the decode path runs (seqlen_q <= this). */
+#define FA_DECODE_MAX_Q 16
+
+/* Most key splits one (sequence, kv head) is cut into (num_splits is clamped to it). */
+#define FA_DECODE_MAX_SPLITS 128
+
+/* Whether fa_flash_forward hands problem p to the decode path. */
+int fa_decode_applies(const fa_problem *p);
+
+/* The key splits the decode path uses for p: num_splits (clamped to the key
+ * blocks of the longest sequence and FA_DECODE_MAX_SPLITS), or for 0 the
+ * heuristic: 1 when batch x heads_k x row chunks already occupies the threads,
+ * else enough splits to occupy them. */
+int fa_decode_splits(const fa_problem *p);
+
+/* The decode forward pass (O, and LSE when requested) and its scratch bytes. */
+fa_status fa_decode_forward(const fa_problem *p);
+size_t fa_decode_workspace(const fa_problem *p);
+
+#endif /* FA_DECODE_H */

@@ -1,0 +1,584 @@
+/*
+ * test_decode.c — the decode path of flash (src/decode.c): few query rows,
+ * GQA packing, split-KV (fa_options.num_splits), f16/bf16 and paged caches.
+ *
+ * What must hold:
+ *   - for every split count 1..7, with GQA, causal, windows, softcap, ALiBi
+ *     and seqlen_q 1..4, O and LSE match the float64 reference under the
+ *     project's one tolerance model (test_forward.c's: fa_check's float32
+ *     emulation, 8x its max error, 4x its mean error, 4x its LSE error);
+ *   - for a fixed split count the bits do not depend on the thread count (1, 2, 3);
+ *   - GQA packing (the g query heads of a kv head in one tile) gives the bits
+ *     of the same problem with every kv head replicated g times (one query
+ *     head per kv head: no packing);
+ *   - an f16/bf16 cache gives the bits of a float32 cache holding the same
+ *     values (the widening is exact) and matches the reference;
+ *   - a paged cache (pages 1, 3, 16, shuffled) gives the contiguous cache's
+ *     bits with splits; varlen batches (empty sequences included) match the
+ *     reference for every split count;
+ *   - Inf in V at a key a row cannot see does not reach that row, with splits;
+ *   - the num_splits heuristic and clamp; the workspace holds no Sq x Sk term.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode.h"
+#include "internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* One flash run against the float64 reference                              */
+/* ------------------------------------------------------------------------ */
+
+/* Tensors shaped like `like` (q: rank 4 [B][S][H][d] or varlen rank 3 [T][H][d]) with last dim w. */
+static tu_tensor like_rows(const fa_tensor *like, fa_dtype dt, int64_t w)
+{
+    if (like->rank == 4) return tu_alloc4(dt, like->shape[0], like->shape[1], like->shape[2], w, 0);
+    const int64_t s[3] = {like->shape[0], like->shape[1], w};
+    return tu_alloc(dt, 3, s);
+}
+
+static tu_tensor lse_like(const fa_tensor *q, fa_dtype dt)
+{
+    if (q->rank == 4) {
+        const int64_t s[3] = {q->shape[0], q->shape[2], q->shape[1]};
+        return tu_alloc(dt, 3, s);
+    }
+    const int64_t s[2] = {q->shape[1], q->shape[0]};
+    return tu_alloc(dt, 2, s);
+}
+
+typedef struct run_out {
+    tu_tensor o, lse;
+} run_out;
+
+/* flash with `opt` (threads, splits as set) into fresh poisoned O and LSE. */
+static run_out run_flash(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, int64_t dv, fa_options opt,
+                         const char *what)
+{
+    run_out r;
+    r.o = like_rows(q, FA_F32, dv);
+    r.lse = lse_like(q, FA_F32);
+    tu_poison(&r.o);
+    tu_poison(&r.lse);
+    opt.impl = FA_IMPL_FLASH;
+    if (fa_forward(q, k, v, &r.o.t, &r.lse.t, &opt) != FA_OK) fail_msg("flash failed: %s (%s)", fa_last_error(), what);
+    return r;
+}
+
+static void free_out(run_out *r)
+{
+    tu_free(&r->o);
+    tu_free(&r->lse);
+}
+
+static void same_bits(const run_out *a, const run_out *b, const char *what)
+{
+    if (a->o.bytes != b->o.bytes || memcmp(a->o.mem, b->o.mem, a->o.bytes) != 0)
+        fail_msg("O bits differ: %s", what);
+    if (a->lse.bytes != b->lse.bytes || memcmp(a->lse.mem, b->lse.mem, a->lse.bytes) != 0)
+        fail_msg("LSE bits differ: %s", what);
+}
+
+/* Largest finite |x| of a tensor (at least 1). */
+static double max_abs_finite(const tu_tensor *t)
+{
+    double mx = 1.0;
+    const int64_t n = fa_tensor_numel(&t->t); /* contiguous tensors only */
+    for (int64_t i = 0; i < n; i++) {
+        const double x = fabs(fa_load_f64(&t->t, i));
+        if (isfinite(x) && x > mx) mx = x;
+    }
+    return mx;
+}
+
+/* Compare a flash output against the float64 reference of the same problem
+ * (the rule of test_forward.c, the f32 emulation even for f16/bf16 inputs:
+ * the flash path computes in float32 on the exact input values). */
+static void expect_reference(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, int64_t dv, fa_options opt,
+                             const run_out *got, const char *what)
+{
+    tu_tensor o_ref = like_rows(q, FA_F64, dv), lse_ref = lse_like(q, FA_F64);
+    tu_poison(&o_ref);
+    tu_poison(&lse_ref);
+    opt.impl = FA_IMPL_REFERENCE;
+    if (fa_forward(q, k, v, &o_ref.t, &lse_ref.t, &opt) != FA_OK)
+        fail_msg("reference failed: %s (%s)", fa_last_error(), what);
+    if (tu_count_nan(&got->o) != 0 || tu_count_nan(&got->lse) != 0)
+        fail_msg("unwritten (NaN) outputs: O %lld, LSE %lld (%s)", (long long)tu_count_nan(&got->o),
+                 (long long)tu_count_nan(&got->lse), what);
+    fa_check_options co = fa_check_options_default();
+    co.dtype = FA_F32;
+    fa_check_report rep = fa_check_report_init();
+    if (fa_check(q, k, v, &got->o.t, &got->lse.t, &opt, &co, &rep) != FA_OK)
+        fail_msg("fa_check failed: %s (%s)", fa_last_error(), what);
+    int64_t where;
+    const double eo = tu_max_abs_diff(&got->o, &o_ref, &where);
+    const double max_bound = 8.0 * rep.emu_max_abs_err + 0x1p-20 * rep.max_abs_ref;
+    const double mean_bound = 4.0 * rep.emu_mean_abs_err + 0x1p-24 * rep.max_abs_ref;
+    if (!(eo <= max_bound) || !(rep.mean_abs_err <= mean_bound))
+        fail_msg("O error max %.3g at %lld (bound %.3g), mean %.3g (bound %.3g) (%s)", eo, (long long)where,
+                 max_bound, rep.mean_abs_err, mean_bound, what);
+    const double el = tu_max_abs_diff(&got->lse, &lse_ref, &where);
+    const double lse_tol = 4.0 * rep.lse_emu_max_abs_err + 0x1p-20 * max_abs_finite(&lse_ref);
+    if (!(el <= lse_tol)) fail_msg("LSE error %.3g at %lld exceeds %.3g (%s)", el, (long long)where, lse_tol, what);
+    if (getenv("FA_TEST_VERBOSE"))
+        printf("  O err %.2e (bound %.2e) LSE err %.2e (bound %.2e): %s\n", eo, max_bound, el, lse_tol, what);
+    fa_check_report_free(&rep);
+    tu_free(&o_ref);
+    tu_free(&lse_ref);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Dense problems                                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef struct mask_case {
+    int causal;
+    int64_t wl, wr;
+    double softcap;
+    int alibi;
+} mask_case;
+
+static const mask_case MASKS[] = {
+    {0, -1, -1, 0.0, 0}, {1, -1, -1, 0.0, 0}, {1, 40, -1, 0.0, 0}, {0, -1, -1, 15.0, 1}, {1, 70, 0, 10.0, 1},
+};
+
+static fa_options mask_opt(const mask_case *mc, const tu_tensor *slopes)
+{
+    fa_options opt = fa_options_default();
+    opt.causal = mc->causal;
+    opt.window_left = mc->wl;
+    opt.window_right = mc->wr;
+    opt.softcap = mc->softcap;
+    opt.alibi_slopes = mc->alibi ? &slopes->t : NULL;
+    opt.block_k = 16; /* many key blocks to split */
+    opt.num_threads = 2;
+    return opt;
+}
+
+/* Ensure split counts 1..7 match the float64 reference for seqlen_q 1..4, GQA and every mask. */
+static void test_splits_match_reference(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de01u;
+    enum { Bn = 2, H = 8, HK = 2, D = 32, DV = 24, SK = 203 };
+    const int64_t hs[1] = {H};
+    tu_tensor slopes = tu_alloc(FA_F32, 1, hs);
+    tu_fill(&slopes, &rng, 0.02, 0.3);
+    for (int64_t sq = 1; sq <= 4; sq++) {
+        tu_tensor q = tu_alloc4(FA_F32, Bn, sq, H, D, 0), k = tu_alloc4(FA_F32, Bn, SK, HK, D, 0);
+        tu_tensor v = tu_alloc4(FA_F32, Bn, SK, HK, DV, 0);
+        tu_fill(&q, &rng, -2, 2);
+        tu_fill(&k, &rng, -2, 2);
+        tu_fill(&v, &rng, -1, 1);
+        for (size_t mi = 0; mi < sizeof MASKS / sizeof MASKS[0]; mi++)
+            for (int ns = 1; ns <= 7; ns++) {
+                fa_options opt = mask_opt(&MASKS[mi], &slopes);
+                opt.num_splits = ns;
+                char what[160];
+                snprintf(what, sizeof what, "sq=%lld mask=%zu splits=%d", (long long)sq, mi, ns);
+                run_out r = run_flash(&q.t, &k.t, &v.t, DV, opt, what);
+                expect_reference(&q.t, &k.t, &v.t, DV, opt, &r, what);
+                free_out(&r);
+            }
+        tu_free(&q); tu_free(&k); tu_free(&v);
+    }
+    tu_free(&slopes);
+}
+
+/* Ensure a fixed split count gives the same bits for 1, 2 and 3 threads (and the heuristic for a fixed thread count). */
+static void test_split_bits_do_not_depend_on_threads(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de02u;
+    enum { Bn = 1, H = 4, HK = 1, D = 40, SK = 517 };
+    tu_tensor q = tu_alloc4(FA_F32, Bn, 2, H, D, 0), k = tu_alloc4(FA_F32, Bn, SK, HK, D, 0);
+    tu_tensor v = tu_alloc4(FA_F32, Bn, SK, HK, D, 0);
+    tu_fill(&q, &rng, -2, 2);
+    tu_fill(&k, &rng, -2, 2);
+    tu_fill(&v, &rng, -1, 1);
+    static const int splits[] = {3, 5, 0};
+    for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++)
+        for (int causal = 0; causal <= 1; causal++) {
+            fa_options opt = fa_options_default();
+            opt.causal = causal;
+            opt.block_k = 32;
+            opt.num_splits = splits[si];
+            /* the heuristic (0) picks the split count by thread count: it is compared with itself */
+            const int fixed = splits[si] > 0;
+            opt.num_threads = fixed ? 1 : 2;
+            run_out first = run_flash(&q.t, &k.t, &v.t, D, opt, "first");
+            static const int threads[] = {2, 3, 1, 3};
+            for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+                opt.num_threads = fixed ? threads[t] : 2;
+                run_out r = run_flash(&q.t, &k.t, &v.t, D, opt, "threads");
+                char what[96];
+                snprintf(what, sizeof what, "splits %d, causal %d, %d threads vs %d", splits[si], causal,
+                         opt.num_threads, fixed ? 1 : 2);
+                same_bits(&r, &first, what);
+                free_out(&r);
+            }
+            free_out(&first);
+        }
+    tu_free(&q); tu_free(&k); tu_free(&v);
+}
+
+/* Ensure GQA packing gives the bits of the unpacked problem (every kv head replicated per query head). */
+static void test_gqa_packing_matches_unpacked(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de03u;
+    enum { Bn = 2, H = 8, D = 32, SK = 150 };
+    static const int64_t hks[] = {1, 2, 4};
+    for (size_t hi = 0; hi < sizeof hks / sizeof hks[0]; hi++)
+        for (int64_t sq = 1; sq <= 3; sq++) {
+            const int64_t HK = hks[hi], g = H / HK;
+            tu_tensor q = tu_alloc4(FA_F32, Bn, sq, H, D, 0), k = tu_alloc4(FA_F32, Bn, SK, HK, D, 0);
+            tu_tensor v = tu_alloc4(FA_F32, Bn, SK, HK, D, 0);
+            tu_tensor kr = tu_alloc4(FA_F32, Bn, SK, H, D, 0), vr = tu_alloc4(FA_F32, Bn, SK, H, D, 0);
+            tu_fill(&q, &rng, -2, 2);
+            tu_fill(&k, &rng, -2, 2);
+            tu_fill(&v, &rng, -1, 1);
+            for (int64_t b = 0; b < Bn; b++)
+                for (int64_t j = 0; j < SK; j++)
+                    for (int64_t h = 0; h < H; h++) {
+                        memcpy((float *)kr.mem + ((b * SK + j) * H + h) * D, (float *)k.mem + ((b * SK + j) * HK + h / g) * D,
+                               D * sizeof(float));
+                        memcpy((float *)vr.mem + ((b * SK + j) * H + h) * D, (float *)v.mem + ((b * SK + j) * HK + h / g) * D,
+                               D * sizeof(float));
+                    }
+            for (int causal = 0; causal <= 1; causal++)
+                for (int ns = 1; ns <= 3; ns += 2) {
+                    fa_options opt = fa_options_default();
+                    opt.causal = causal;
+                    opt.block_k = 16;
+                    opt.num_splits = ns;
+                    opt.num_threads = 2;
+                    char what[128];
+                    snprintf(what, sizeof what, "heads_k %lld, sq %lld, causal %d, splits %d", (long long)HK,
+                             (long long)sq, causal, ns);
+                    run_out packed = run_flash(&q.t, &k.t, &v.t, D, opt, what);
+                    run_out plain = run_flash(&q.t, &kr.t, &vr.t, D, opt, what);
+                    same_bits(&packed, &plain, what);
+                    expect_reference(&q.t, &k.t, &v.t, D, opt, &packed, what);
+                    free_out(&packed);
+                    free_out(&plain);
+                }
+            tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&kr); tu_free(&vr);
+        }
+}
+
+/* Ensure Inf in V at a key a row cannot see stays out of that row, with and without splits. */
+static void test_inf_in_hidden_value_stays_hidden(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de04u;
+    enum { H = 4, HK = 2, D = 16, SK = 90, SQ = 3 };
+    tu_tensor q = tu_alloc4(FA_F32, 1, SQ, H, D, 0), k = tu_alloc4(FA_F32, 1, SK, HK, D, 0);
+    tu_tensor v = tu_alloc4(FA_F32, 1, SK, HK, D, 0);
+    tu_fill(&q, &rng, -1, 1);
+    tu_fill(&k, &rng, -1, 1);
+    tu_fill(&v, &rng, -1, 1);
+    /* the last key: visible only to the last query row under the causal mask */
+    for (int64_t hk = 0; hk < HK; hk++) ((float *)v.mem)[((SK - 1) * HK + hk) * D + 3] = INFINITY;
+    for (int ns = 1; ns <= 4; ns++) {
+        fa_options opt = fa_options_default();
+        opt.causal = 1;
+        opt.block_k = 16;
+        opt.num_splits = ns;
+        run_out r = run_flash(&q.t, &k.t, &v.t, D, opt, "inf in V");
+        tu_tensor o_ref = tu_alloc4(FA_F64, 1, SQ, H, D, 0);
+        opt.impl = FA_IMPL_REFERENCE;
+        assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o_ref.t, NULL, &opt), FA_OK);
+        for (int64_t i = 0; i < SQ - 1; i++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t c = 0; c < D; c++) {
+                    const int64_t idx[4] = {0, i, h, c};
+                    const double x = tu_get(&r.o, idx), y = tu_get(&o_ref, idx);
+                    if (!isfinite(x) || fabs(x - y) > 1e-5)
+                        fail_msg("splits %d: row %lld head %lld col %lld = %g, reference %g", ns, (long long)i,
+                                 (long long)h, (long long)c, x, y);
+                }
+        /* the row that sees it: Inf (or NaN) in that column, as the reference */
+        const int64_t idx[4] = {0, SQ - 1, 0, 3};
+        if (isfinite(tu_get(&r.o, idx))) fail_msg("splits %d: the row that sees Inf is finite", ns);
+        tu_free(&o_ref);
+        free_out(&r);
+    }
+    tu_free(&q); tu_free(&k); tu_free(&v);
+}
+
+/* ------------------------------------------------------------------------ */
+/* KV caches: f16/bf16, paged                                                */
+/* ------------------------------------------------------------------------ */
+
+enum { CB = 3, CH = 8, CHK = 2, CD = 32, CSC = 180 };
+
+/* Round-trip a float32 cache through dt (the values a dt cache holds, as float32). */
+static void round_to(tu_tensor *f32, tu_tensor *low)
+{
+    const int64_t n = fa_tensor_numel(&f32->t);
+    for (int64_t i = 0; i < n; i++) {
+        fa_store_f64(&low->t, i, (double)((float *)f32->mem)[i]);
+        ((float *)f32->mem)[i] = (float)fa_load_f64(&low->t, i);
+    }
+}
+
+/* Ensure f16/bf16 caches give the bits of a float32 cache of the same values, and match the reference. */
+static void test_low_precision_cache(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de05u;
+    static const fa_dtype dts[] = {FA_BF16, FA_F16};
+    const int32_t seqlens[CB] = {180, 77, 1};
+    for (size_t di = 0; di < 2; di++)
+        for (int64_t sq = 1; sq <= 2; sq++) {
+            tu_tensor q = tu_alloc4(FA_F32, CB, sq, CH, CD, 0);
+            tu_tensor k = tu_alloc4(FA_F32, CB, CSC, CHK, CD, 0), v = tu_alloc4(FA_F32, CB, CSC, CHK, CD, 0);
+            tu_tensor kl = tu_alloc4(dts[di], CB, CSC, CHK, CD, 0), vl = tu_alloc4(dts[di], CB, CSC, CHK, CD, 0);
+            tu_fill(&q, &rng, -2, 2);
+            tu_fill(&k, &rng, -2, 2);
+            tu_fill(&v, &rng, -1, 1);
+            round_to(&k, &kl);
+            round_to(&v, &vl);
+            fa_kvcache kv = fa_kvcache_default();
+            kv.cache_seqlens = seqlens;
+            for (int causal = 0; causal <= 1; causal++)
+                for (int ns = 1; ns <= 4; ns += 3) {
+                    fa_options opt = fa_options_default();
+                    opt.kvcache = &kv;
+                    opt.causal = causal;
+                    opt.block_k = 32;
+                    opt.num_splits = ns;
+                    char what[128];
+                    snprintf(what, sizeof what, "%s cache, sq %lld, causal %d, splits %d", fa_dtype_name(dts[di]),
+                             (long long)sq, causal, ns);
+                    run_out low = run_flash(&q.t, &kl.t, &vl.t, CD, opt, what);
+                    run_out f32 = run_flash(&q.t, &k.t, &v.t, CD, opt, what);
+                    same_bits(&low, &f32, what);
+                    expect_reference(&q.t, &kl.t, &vl.t, CD, opt, &low, what);
+                    free_out(&low);
+                    free_out(&f32);
+                }
+            tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&kl); tu_free(&vl);
+        }
+}
+
+/* Ensure a paged cache (pages 1, 3, 16; shuffled) gives the contiguous cache's bits with splits, f32 and bf16. */
+static void test_paged_cache_with_splits(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de06u;
+    const int32_t seqlens[CB] = {171, 0, 64};
+    static const int64_t page_sizes[] = {1, 3, 16};
+    static const fa_dtype dts[] = {FA_F32, FA_BF16};
+    for (size_t di = 0; di < 2; di++)
+        for (size_t pi = 0; pi < 3; pi++) {
+            const int64_t ps = page_sizes[pi], maxp = (CSC + ps - 1) / ps, npages = CB * maxp + 3;
+            const int64_t sq = 1 + (int64_t)pi;
+            tu_tensor q = tu_alloc4(FA_F32, CB, sq, CH, CD, 0);
+            tu_tensor k = tu_alloc4(dts[di], CB, CSC, CHK, CD, 0), v = tu_alloc4(dts[di], CB, CSC, CHK, CD, 0);
+            tu_tensor kp = tu_alloc4(dts[di], npages, ps, CHK, CD, 0), vp = tu_alloc4(dts[di], npages, ps, CHK, CD, 0);
+            tu_fill(&q, &rng, -2, 2);
+            tu_fill(&k, &rng, -2, 2);
+            tu_fill(&v, &rng, -1, 1);
+            tu_fill(&kp, &rng, -9, 9); /* rows no sequence owns hold other values */
+            tu_fill(&vp, &rng, -9, 9);
+            int32_t *perm = malloc((size_t)npages * sizeof(int32_t)), *table = malloc((size_t)(CB * maxp) * sizeof(int32_t));
+            assert_non_null(perm);
+            assert_non_null(table);
+            for (int64_t x = 0; x < npages; x++) perm[x] = (int32_t)x;
+            for (int64_t x = npages - 1; x > 0; x--) {
+                const int64_t y = (int64_t)(tu_next(&rng) % (uint64_t)(x + 1));
+                const int32_t t = perm[x];
+                perm[x] = perm[y];
+                perm[y] = t;
+            }
+            const size_t esz = fa_dtype_size(dts[di]), row = (size_t)CHK * CD * esz;
+            for (int64_t b = 0; b < CB; b++)
+                for (int64_t pg = 0; pg < maxp; pg++) {
+                    const int32_t page = perm[b * maxp + pg];
+                    table[b * maxp + pg] = page;
+                    for (int64_t r = 0; r < ps && pg * ps + r < CSC; r++) {
+                        memcpy((char *)kp.mem + (size_t)(page * ps + r) * row, (char *)k.mem + (size_t)(b * CSC + pg * ps + r) * row, row);
+                        memcpy((char *)vp.mem + (size_t)(page * ps + r) * row, (char *)v.mem + (size_t)(b * CSC + pg * ps + r) * row, row);
+                    }
+                }
+            fa_kvcache kv = fa_kvcache_default(), kvp = fa_kvcache_default();
+            kv.cache_seqlens = seqlens;
+            kvp.cache_seqlens = seqlens;
+            kvp.block_table = table;
+            kvp.max_pages = maxp;
+            for (int ns = 1; ns <= 5; ns += 2) {
+                fa_options opt = fa_options_default();
+                opt.causal = 1;
+                opt.block_k = 16;
+                opt.num_splits = ns;
+                char what[128];
+                snprintf(what, sizeof what, "%s, page %lld, sq %lld, splits %d", fa_dtype_name(dts[di]), (long long)ps,
+                         (long long)sq, ns);
+                opt.kvcache = &kv;
+                run_out flat = run_flash(&q.t, &k.t, &v.t, CD, opt, what);
+                opt.kvcache = &kvp;
+                run_out paged = run_flash(&q.t, &kp.t, &vp.t, CD, opt, what);
+                same_bits(&paged, &flat, what);
+                expect_reference(&q.t, &kp.t, &vp.t, CD, opt, &paged, what);
+                free_out(&flat);
+                free_out(&paged);
+            }
+            free(perm);
+            free(table);
+            tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&kp); tu_free(&vp);
+        }
+}
+
+/* Ensure a cache with new keys appended in the call matches the reference with splits. */
+static void test_cache_append_with_splits(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de07u;
+    enum { SN = 2 };
+    const int32_t seqlens[CB] = {100, 0, 170};
+    for (int ns = 1; ns <= 4; ns++) {
+        tu_tensor q = tu_alloc4(FA_F32, CB, SN, CH, CD, 0);
+        tu_tensor k = tu_alloc4(FA_BF16, CB, CSC, CHK, CD, 0), v = tu_alloc4(FA_BF16, CB, CSC, CHK, CD, 0);
+        tu_tensor kn = tu_alloc4(FA_BF16, CB, SN, CHK, CD, 0), vn = tu_alloc4(FA_BF16, CB, SN, CHK, CD, 0);
+        tu_fill(&q, &rng, -2, 2);
+        tu_fill(&k, &rng, -2, 2);
+        tu_fill(&v, &rng, -1, 1);
+        tu_fill(&kn, &rng, -2, 2);
+        tu_fill(&vn, &rng, -1, 1);
+        fa_kvcache kv = fa_kvcache_default();
+        kv.cache_seqlens = seqlens;
+        kv.k_new = &kn.t;
+        kv.v_new = &vn.t;
+        fa_options opt = fa_options_default();
+        opt.kvcache = &kv;
+        opt.causal = 1;
+        opt.block_k = 16;
+        opt.num_splits = ns;
+        /* fa_check reads k_new/v_new where they are not yet appended: check first, on a copy of the result */
+        tu_tensor k0 = tu_alloc4(FA_BF16, CB, CSC, CHK, CD, 0), v0 = tu_alloc4(FA_BF16, CB, CSC, CHK, CD, 0);
+        memcpy(k0.mem, k.mem, k.bytes);
+        memcpy(v0.mem, v.mem, v.bytes);
+        char what[64];
+        snprintf(what, sizeof what, "append, splits %d", ns);
+        run_out r = run_flash(&q.t, &k.t, &v.t, CD, opt, what); /* appends into k, v */
+        expect_reference(&q.t, &k0.t, &v0.t, CD, opt, &r, what);
+        free_out(&r);
+        tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&kn); tu_free(&vn); tu_free(&k0); tu_free(&v0);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Varlen                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Ensure varlen decode batches (query lengths 0..4, empty key sets) match the reference for split counts 1..5. */
+static void test_varlen_decode_with_splits(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de08u;
+    enum { NB = 5, H = 6, HK = 3, D = 24 };
+    const int32_t cu_q[NB + 1] = {0, 1, 4, 4, 6, 10}, cu_k[NB + 1] = {0, 130, 130, 170, 241, 300};
+    const int64_t tq = cu_q[NB], tk = cu_k[NB];
+    const int64_t qs[3] = {tq, H, D}, ks[3] = {tk, HK, D};
+    tu_tensor q = tu_alloc(FA_F32, 3, qs), k = tu_alloc(FA_F32, 3, ks), v = tu_alloc(FA_F32, 3, ks);
+    tu_fill(&q, &rng, -2, 2);
+    tu_fill(&k, &rng, -2, 2);
+    tu_fill(&v, &rng, -1, 1);
+    fa_varlen vl = fa_varlen_default();
+    vl.batch = NB;
+    vl.cu_seqlens_q = cu_q;
+    vl.cu_seqlens_k = cu_k;
+    for (int causal = 0; causal <= 1; causal++)
+        for (int ns = 1; ns <= 5; ns++) {
+            fa_options opt = fa_options_default();
+            opt.varlen = &vl;
+            opt.causal = causal;
+            opt.block_k = 16;
+            opt.num_splits = ns;
+            char what[64];
+            snprintf(what, sizeof what, "varlen, causal %d, splits %d", causal, ns);
+            run_out r = run_flash(&q.t, &k.t, &v.t, D, opt, what);
+            expect_reference(&q.t, &k.t, &v.t, D, opt, &r, what);
+            free_out(&r);
+        }
+    tu_free(&q); tu_free(&k); tu_free(&v);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The split count, the workspace                                            */
+/* ------------------------------------------------------------------------ */
+
+static fa_problem resolve(int64_t B, int64_t sq, int64_t sk, int64_t H, int64_t HK, int threads, int splits, int bk)
+{
+    static float dummy[1];
+    fa_tensor q, k, v;
+    const int64_t qs[4] = {B, sq, H, 8}, ks[4] = {B, sk, HK, 8}, z[4] = {0, 0, 0, 0};
+    assert_int_equal(fa_tensor_make(&q, dummy, FA_F32, 4, qs, z), FA_OK);
+    assert_int_equal(fa_tensor_make(&k, dummy, FA_F32, 4, ks, z), FA_OK);
+    assert_int_equal(fa_tensor_make(&v, dummy, FA_F32, 4, ks, z), FA_OK);
+    fa_options opt = fa_options_default();
+    opt.num_threads = threads;
+    opt.num_splits = splits;
+    opt.block_k = bk;
+    fa_problem p;
+    if (fa_resolve(FA_PURPOSE_WORKSPACE, &q, &k, &v, NULL, NULL, &opt, NULL, &p) != FA_OK)
+        fail_msg("resolve: %s", fa_last_error());
+    return p;
+}
+
+/* Ensure num_splits 0 splits only when the unsplit tasks leave threads idle, and counts are clamped to the key blocks. */
+static void test_split_heuristic_and_clamp(void **state)
+{
+    (void)state;
+    fa_problem p = resolve(1, 1, 4096, 8, 1, 4, 0, 64); /* MQA, one task: a split per thread */
+    assert_true(fa_decode_applies(&p));
+    assert_int_equal(fa_decode_splits(&p), 4);
+    p = resolve(1, 1, 4096, 32, 8, 2, 0, 64); /* 8 kv heads >= 2 threads: no split */
+    assert_int_equal(fa_decode_splits(&p), 1);
+    p = resolve(1, 1, 4096, 8, 1, 3, 0, 64); /* 1 task, 3 threads */
+    assert_int_equal(fa_decode_splits(&p), 3);
+    p = resolve(2, 1, 4096, 8, 1, 7, 0, 64); /* 2 tasks, 7 threads: 4 splits each */
+    assert_int_equal(fa_decode_splits(&p), 4);
+    p = resolve(1, 1, 100, 8, 1, 1, 7, 64); /* 2 key blocks: at most 2 splits */
+    assert_int_equal(fa_decode_splits(&p), 2);
+    p = resolve(1, 1, 1 << 20, 8, 1, 1, 1000000, 64);
+    assert_int_equal(fa_decode_splits(&p), FA_DECODE_MAX_SPLITS);
+    p = resolve(1, FA_DECODE_MAX_Q + 1, 4096, 8, 1, 1, 0, 64); /* longer queries: the flash driver */
+    assert_false(fa_decode_applies(&p));
+}
+
+/* Ensure the decode workspace grows with the splits but never with seqlen_q x seqlen_k. */
+static void test_workspace_has_no_sq_sk_term(void **state)
+{
+    (void)state;
+    fa_problem a = resolve(1, 4, 1 << 14, 8, 2, 2, 4, 64), b = resolve(1, 4, 1 << 18, 8, 2, 2, 4, 64);
+    assert_int_equal(fa_decode_workspace(&a), fa_decode_workspace(&b)); /* 16x the keys: same bytes */
+    fa_problem c = resolve(1, 4, 1 << 14, 8, 2, 2, 8, 64);
+    assert_true(fa_decode_workspace(&c) > fa_decode_workspace(&a)); /* more partials */
+    fa_problem one = resolve(1, 4, 1 << 14, 8, 2, 2, 1, 64);
+    assert_true(fa_decode_workspace(&one) < fa_decode_workspace(&a)); /* one split: no partials */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_splits_match_reference),
+        cmocka_unit_test(test_split_bits_do_not_depend_on_threads),
+        cmocka_unit_test(test_gqa_packing_matches_unpacked),
+        cmocka_unit_test(test_inf_in_hidden_value_stays_hidden),
+        cmocka_unit_test(test_low_precision_cache),
+        cmocka_unit_test(test_paged_cache_with_splits),
+        cmocka_unit_test(test_cache_append_with_splits),
+        cmocka_unit_test(test_varlen_decode_with_splits),
+        cmocka_unit_test(test_split_heuristic_and_clamp),
+        cmocka_unit_test(test_workspace_has_no_sq_sk_term),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
