@@ -13,3 +13,13 @@ $(BUILD)/tools/bench_kernels: tools/bench_kernels.c $(BUILD)/libflashattn.a src/
 
 bench-kernels: $(BUILD)/tools/bench_kernels
 	./$(BUILD)/tools/bench_kernels $(BENCH_KERNELS_ARGS)
+
+# make tanh-ulp        the SIMD tanh's error over every float of |x| < 10 against
+#                      tanh in double and libm's tanhf (tools/tanh_ulp.c).
+.PHONY: tanh-ulp
+$(BUILD)/tools/tanh_ulp: tools/tanh_ulp.c $(BUILD)/libflashattn.a src/kernels/kernels.h src/kernels/simd_exp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libflashattn.a $(LDFLAGS) $(LDLIBS)
+
+tanh-ulp: $(BUILD)/tools/tanh_ulp
+	./$(BUILD)/tools/tanh_ulp $(TANH_ULP_ARGS)

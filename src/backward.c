@@ -427,23 +427,7 @@ static void tile_line(const fa_problem *p, const fa_kernels *kern, float *restri
                       const float *restrict dd, int per_elem, double slope, int64_t rel0, int rel_step)
 {
     const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
-    for (int x = 0; x < va; x++) s[x] = -INFINITY;
-    for (int x = vb; x < n; x++) s[x] = -INFINITY;
-    if (cap > 0.0f || slope != 0.0) {
-        for (int x = va; x < vb; x++) {
-            float u = s[x];
-            if (cap > 0.0f) {
-                u = cap * tanhf(u * inv_cap);
-                const float th = u * inv_cap;
-                g[x] = 1.0f - th * th; /* d/dt c tanh(t/c) */
-            }
-            if (slope != 0.0) {
-                const int64_t rel = rel0 + rel_step * (int64_t)x;
-                u -= (float)(slope * (double)(rel < 0 ? -rel : rel));
-            }
-            s[x] = u;
-        }
-    }
+    kern->transform(n, va, vb, s, cap, inv_cap, slope, rel0, rel_step, cap > 0.0f ? g : NULL);
     if (per_elem) {
         FA_SIMD
         for (int x = va; x < vb; x++) s[x] -= lse[x];

@@ -7,6 +7,8 @@
 
 #include <math.h>
 
+#include "kernels/kernels.h"
+
 /*
  * Finish the scores of tile S (rows i0.., keys j0..) after qk has scaled them:
  * softcap, ALiBi and the mask, in docs/semantics.md's order. (The scale multiplies the
@@ -20,24 +22,15 @@ void fa_transform_tile(const fa_problem *p, int64_t b, int64_t i0, int br, int64
     const int transform = p->softcap > 0.0 || slope != 0.0;
     const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
     const int64_t diag = transform && slope != 0.0 ? fa_diag_offset(p, b) : 0; /* reads the geometry once */
+    /* the kernel table's line transform runs at the ISA's width (scalar.c's is the spec) */
+    void (*line)(int, int, int, float *, float, float, double, int64_t, int, float *) =
+        p->kern && p->kern->transform ? p->kern->transform : fa_transform_line_scalar;
     for (int r = 0; r < br; r++) {
-        float *row = s + (size_t)r * lds;
         const int64_t lo = lo_rows[r] - j0, hi = hi_rows[r] - j0; /* tile-relative */
         const int jlo = lo > 0 ? (lo < bc ? (int)lo : bc) : 0;
         const int jhi = hi < bc ? (hi > jlo ? (int)hi : jlo) : bc;
-        for (int j = 0; j < jlo; j++) row[j] = -INFINITY;
-        for (int j = jhi; j < bc; j++) row[j] = -INFINITY;
-        if (!transform) continue;
-        const int64_t i = i0 + r;
-        for (int j = jlo; j < jhi; j++) {
-            float x = row[j];
-            if (cap > 0.0f) x = cap * tanhf(x * inv_cap);
-            if (slope != 0.0) {
-                const int64_t rel = i + diag - (j0 + j);
-                x -= (float)(slope * (double)(rel < 0 ? -rel : rel));
-            }
-            row[j] = x;
-        }
+        if (!transform && jlo == 0 && jhi == bc) continue; /* nothing to do on this row */
+        /* ALiBi's distance of key j0 + j: |i0 + r + diag - (j0 + j)| */
+        line(bc, jlo, jhi, s + (size_t)r * lds, cap, inv_cap, slope, i0 + r + diag - j0, -1, NULL);
     }
 }
-

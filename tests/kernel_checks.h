@@ -32,6 +32,8 @@
  *            |dO| <= 2 * (bc + 2) * u * (|alpha O| + sum_j |P_j V_j|).
  *   vexp:    <= FA_EXP_MAX_ULP ulps from expf where expf(x) >= FLT_MIN;
  *            exactly +0 below; exp(-inf) = +0, exp(+inf) = +inf, NaN -> NaN.
+ *   tanh:    <= FA_TANH_MAX_ULP ulps from tanhf (through `transform`, c = 1).
+ *   transform: see kc_check_transform.
  */
 #ifndef FA_KERNEL_CHECKS_H
 #define FA_KERNEL_CHECKS_H
@@ -482,6 +484,150 @@ static int kc_check_vexp(const fa_kernels *k, uint32_t stride, double *max_ulp, 
     free(x); free(y);
     *max_ulp = worst;
     *worst_x = wx;
+    return nf;
+}
+
+/* ---- tanh and the line transform (softcap, ALiBi, mask) ------------------- */
+
+/*
+ * The table's tanh through its transform with c = 1 (u = 1 * tanh(u * 1)):
+ * every `stride`-th float of |x| < 10 (both signs), every float around the
+ * switch from the polynomial to the exp form (0.625) and where tanhf reaches
+ * 1 (9..9.02), against libm's tanhf: at most FA_TANH_MAX_ULP ulps, the same
+ * sign; then special values at every lane position: +-0 keep their sign,
+ * +-inf give +-1, NaN gives NaN, huge give +-1, subnormals give themselves.
+ */
+static int kc_check_tanh(const fa_kernels *k, uint32_t stride, double *max_ulp, float *worst_x, char *msg,
+                         size_t cap)
+{
+    int nf = 0;
+    enum { CHUNK = 4096 };
+    float *x = malloc(CHUNK * sizeof(float)), *y = malloc(CHUNK * sizeof(float));
+    if (!x || !y) abort();
+    double worst = 0.0;
+    float wx = 0.0f;
+    const uint32_t ranges[][4] = {/* first, last, step, sign */
+                                  {0, kc_bits(10.0f), stride, 0},
+                                  {0, kc_bits(10.0f), stride, 1},
+                                  {kc_bits(0.62f), kc_bits(0.63f), 1, 0},
+                                  {kc_bits(0.62f), kc_bits(0.63f), 1, 1},
+                                  {kc_bits(9.0f), kc_bits(9.02f), 1, 0}};
+    for (int rg = 0; rg < 5; rg++) {
+        uint32_t u = ranges[rg][0];
+        const uint32_t last = ranges[rg][1], step = ranges[rg][2], sign = ranges[rg][3];
+        while (u <= last) {
+            int n = 0;
+            for (; n < CHUNK && u <= last; n++, u += step) x[n] = kc_from_bits(u | (sign ? 0x80000000u : 0u));
+            memcpy(y, x, (size_t)n * sizeof(float));
+            k->transform(n, 0, n, y, 1.0f, 1.0f, 0.0, 0, 1, NULL);
+            for (int i = 0; i < n; i++) {
+                const float t = tanhf(x[i]);
+                const double ulp = signbit(y[i]) == signbit(t) ? fabs((double)kc_bits(y[i]) - (double)kc_bits(t))
+                                                              : INFINITY;
+                if (ulp > worst) worst = ulp, wx = x[i];
+            }
+        }
+    }
+    if (!(worst <= FA_TANH_MAX_ULP))
+        kc_fail(msg, cap, &nf, "%s tanh: %.0f ulp from tanhf at x = %.9g (bound %.1f)", k->name, worst, wx,
+                FA_TANH_MAX_ULP);
+
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -1e30f, 1e-40f, -1e-40f,
+                             0.625f, -0.625f, 10.0f, -10.0f, 44.0f, 1e-5f};
+    const int nsp = (int)(sizeof special / sizeof special[0]);
+    for (int len = 1; len <= 40; len++) {
+        kc_buf b = kc_alloc((size_t)len);
+        for (int i = 0; i < len; i++) b.p[i] = special[(i + len) % nsp];
+        k->transform(len, 0, len, b.p, 1.0f, 1.0f, 0.0, 0, 1, NULL);
+        for (int i = 0; i < len; i++) {
+            const float xi = special[(i + len) % nsp], yi = b.p[i], t = tanhf(xi);
+            const int ok = isnan(xi) ? isnan(yi)
+                         : (xi == 0.0f || isinf(xi) || fabsf(xi) < FLT_MIN) ? memcmp(&yi, &t, 4) == 0
+                         : signbit(yi) == signbit(t) &&
+                               fabs((double)kc_bits(yi) - (double)kc_bits(t)) <= FA_TANH_MAX_ULP;
+            if (!ok) kc_fail(msg, cap, &nf, "%s tanh(%g) = %.9g, tanhf %.9g (n = %d)", k->name, xi, yi, t, len);
+        }
+        kc_free(&b);
+    }
+    free(x); free(y);
+    *max_ulp = worst;
+    *worst_x = wx;
+    return nf;
+}
+
+/*
+ * The line transform against the scalar spec on random lines of every tail
+ * length, visible intervals [va, vb) empty, whole and partial, softcap
+ * c in {0, 0.5, 5, 30}, ALiBi slopes 0 and not, both directions, a far
+ * offset, NaN and +-inf scores, with and without the derivative g:
+ *   outside [va, vb): s = -inf exactly, g untouched (sentinel);
+ *   no softcap: bit-identical (the ALiBi product is the same double);
+ *   softcap: cap*tanh differs from the spec's cap*tanhf by at most
+ *     (FA_TANH_MAX_ULP + 1) ulp of it (tanh's ulps, then the product's own
+ *     rounding), and subtracting the same bias adds one rounding of the
+ *     result: |d| <= 2^-23 * ((MAX + 1) |cap t| + |cap t| + |bias|);
+ *   g = 1 - th^2, th = u / c off by (MAX + 2) ulp: |dg| <= 2 (MAX + 2) 2^-23 + 2^-23.
+ */
+static int kc_check_transform(const fa_kernels *k, const fa_kernels *ref, uint64_t seed, char *msg, size_t cap)
+{
+    int nf = 0;
+    uint64_t rng = seed;
+    const float caps[] = {0.0f, 0.5f, 5.0f, 30.0f};
+    const double slopes[] = {0.0, 0.0625, 0.3};
+    const double u23 = 0x1.0p-23, mx = FA_TANH_MAX_ULP;
+    for (int a = 0; a < KC_NSIZES && !nf; a++) {
+        const int n = kc_sizes[a];
+        const int iv[][2] = {{0, n}, {0, 0}, {n / 3, n - n / 4}, {1 < n ? 1 : n, n}, {0, n - 1}, {n, n}};
+        for (int w = 0; w < 6 && !nf; w++)
+            for (int c = 0; c < 4 && !nf; c++)
+                for (int sl = 0; sl < 3 && !nf; sl++) {
+                    const int va = iv[w][0], vb = iv[w][1] > va ? iv[w][1] : va;
+                    const float cp = caps[c], inv = cp > 0.0f ? (float)(1.0 / (double)cp) : 0.0f;
+                    const double slope = slopes[sl];
+                    const int step = (w + c) % 2 ? 1 : -1;
+                    const int64_t rel0 = (w == 5 ? 3000000000LL : 0) + (int64_t)(kc_next(&rng) % 97) - 48;
+                    const int want_g = (sl + w) % 2;
+                    kc_buf in = kc_alloc((size_t)n), s0 = kc_alloc((size_t)n), s1 = kc_alloc((size_t)n),
+                           capped = kc_alloc((size_t)n), g0 = kc_alloc((size_t)n), g1 = kc_alloc((size_t)n);
+                    for (int x = 0; x < n; x++) {
+                        const uint64_t r = kc_next(&rng) % 64;
+                        in.p[x] = r == 0 ? NAN : r == 1 ? INFINITY : r == 2 ? -INFINITY
+                                                                    : kc_uniform(&rng, -40.0f, 40.0f);
+                        g0.p[x] = g1.p[x] = kc_sentinel();
+                    }
+                    memcpy(s0.p, in.p, (size_t)n * sizeof(float));
+                    memcpy(s1.p, in.p, (size_t)n * sizeof(float));
+                    memcpy(capped.p, in.p, (size_t)n * sizeof(float));
+                    k->transform(n, va, vb, s0.p, cp, inv, slope, rel0, step, want_g ? g0.p : NULL);
+                    ref->transform(n, va, vb, s1.p, cp, inv, slope, rel0, step, want_g ? g1.p : NULL);
+                    ref->transform(n, va, vb, capped.p, cp, inv, 0.0, 0, 1, NULL); /* cap * tanhf alone */
+                    for (int x = 0; x < n && !nf; x++) {
+                        const float got = s0.p[x], want = s1.p[x];
+                        int ok;
+                        if (x < va || x >= vb)
+                            ok = got == -INFINITY && kc_is_sentinel(g0.p[x]);
+                        else if (isnan(want) || isinf(want) || !(cp > 0.0f))
+                            ok = memcmp(&got, &want, 4) == 0 || (isnan(got) && isnan(want));
+                        else {
+                            const int64_t rel = rel0 + (int64_t)step * x;
+                            const double bias = fabs(slope * (double)(rel < 0 ? -rel : rel));
+                            const double ct = fabs((double)capped.p[x]);
+                            ok = fabs((double)got - (double)want) <= u23 * ((mx + 2.0) * ct + bias);
+                        }
+                        if (ok && want_g && x >= va && x < vb && cp > 0.0f) {
+                            const float gg = g0.p[x], gw = g1.p[x];
+                            ok = isnan(gw) ? isnan(gg) : fabs((double)gg - (double)gw) <= (2.0 * (mx + 2.0) + 1.0) * u23;
+                        }
+                        if (!ok)
+                            kc_fail(msg, cap, &nf,
+                                    "%s transform n=%d [%d,%d) cap=%g slope=%g rel0=%lld step=%d g=%d: x=%d in %.9g "
+                                    "-> %.9g (g %.9g), scalar %.9g (g %.9g)",
+                                    k->name, n, va, vb, cp, slope, (long long)rel0, step, want_g, x, in.p[x], got,
+                                    g0.p[x], want, g1.p[x]);
+                    }
+                    kc_free(&in); kc_free(&s0); kc_free(&s1); kc_free(&capped); kc_free(&g0); kc_free(&g1);
+                }
+    }
     return nf;
 }
 

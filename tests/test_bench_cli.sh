@@ -62,7 +62,7 @@ import csv, sys
 rows = list(csv.DictReader(open("b.csv")))
 head = open("b.csv").readline().strip().split(",")
 want = ("impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,"
-        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib").split(",")
+        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right").split(",")
 errs = []
 if head != want: errs.append(f"columns {head}")
 if sorted((r["pass"], r["seqlen_q"]) for r in rows) != [("bwd", "32"), ("bwd", "48"), ("fwd", "32"), ("fwd", "48")]:
@@ -76,6 +76,38 @@ for r in rows:
     if not float(r["lib_peak_mib"]) > 0: errs.append(f"lib_peak_mib {r['lib_peak_mib']} (flash allocates scratch)")
 if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
+
+# ---- the mask options: checked against the reference, FLOPs of the visible pairs ----------
+expect_fail "--softcap -1" "--softcap" $TINY --softcap -1
+expect_fail "--window 5" "--window" $TINY --window 5
+expect_fail "--window 5,x" "--window" $TINY --window 5,x
+expect_fail "--windowx" "unknown option '--windowx'" $TINY --windowx 1,1
+for impls in flash,standard,blas flash,standard; do # blas only where it is built
+    if timeout 120 "$fa" bench --impl $impls --pass fwd --n 40 --d 16 --heads 2 --threads 1 --repeats 1 --warmup 0 \
+            --softcap 0.5 --window 7,3 --csv m.csv >out.txt 2>err.txt; then ok; break; fi
+done
+[ -s m.csv ] || bad "bench --softcap --window: $(cat err.txt)"
+grep -q "window (7, 3), softcap 0.5" out.txt || bad "the header does not name the mask: $(head -4 out.txt)"
+if python3 - <<'EOF'; then ok; else bad "the mask CSV is wrong"; fi
+import csv, sys
+rows = list(csv.DictReader(open("m.csv")))
+errs = []
+if len(rows) < 2: errs.append(f"{len(rows)} rows")
+# row i of N=40 sees keys [max(0, i-7), min(39, i+3)]
+pairs = sum(min(39, i + 3) - max(0, i - 7) + 1 for i in range(40))
+for r in rows:
+    if (r["softcap"], r["window_left"], r["window_right"]) != ("0.5", "7", "3"):
+        errs.append(f"{r['impl']}: mask columns {r['softcap']},{r['window_left']},{r['window_right']}")
+    ms = float(r["median_ms"])
+    want = 4 * pairs * 16 * 2 / (ms * 1e-3) / 1e9
+    if abs(float(r["gflops"]) - want) > 0.011 + 0.01 * want:
+        errs.append(f"{r['impl']}: gflops {r['gflops']} but visible-pair FLOPs/time = {want:.3f}")
+if errs: sys.exit(print("; ".join(errs)) or 1)
+EOF
+# a softcapped causal backward is checked against the reference too (a wrong one exits 1, untimed)
+if timeout 120 "$fa" bench --impl flash --pass bwd --n 40 --d 16 --heads 2 --threads 1 --repeats 1 --warmup 0 \
+        --causal --softcap 2 >out.txt 2>err.txt && grep -q "^flash *bwd" out.txt; then ok
+else bad "bench --pass bwd --causal --softcap: exit $? $(cat err.txt)"; fi
 
 # ---- SIGINT / SIGTERM keep the previous CSV -----------------------------------------------
 printf 'previous,csv\n' >keep.csv

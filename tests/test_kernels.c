@@ -90,6 +90,27 @@ static void test_vexp_within_stated_ulp_bound(void **state)
     report(nf);
 }
 
+/* Ensure the SIMD tanh stays within FA_TANH_MAX_ULP of tanhf over |x| < 10 and on special values. */
+static void test_tanh_within_stated_ulp_bound(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    double worst;
+    float wx;
+    msg[0] = 0;
+    const int nf = kc_check_tanh(k, 16, &worst, &wx, msg, sizeof msg); /* every 16th float: ~1.4e8 */
+    print_message("[  INFO    ] %s tanh: max error %.0f ulp vs tanhf (at x = %.9g); bound %.1f\n", k->name, worst,
+                  wx, FA_TANH_MAX_ULP);
+    report(nf);
+}
+
+/* Ensure the line transform (softcap, ALiBi, mask, softcap derivative) matches the scalar spec. */
+static void test_transform_matches_scalar(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_transform(k, &fa_kernels_scalar, tu_seed() ^ 5, msg, sizeof msg));
+}
+
 /* Ensure the table's K transpose (when it has one) packs Kt exactly and stays in bounds. */
 static void test_transpose_packs_kt_exactly(void **state)
 {
@@ -134,6 +155,8 @@ static void test_by_name_knows_scalar_and_rejects_unknown(void **state)
     cmocka_unit_test_prestate(test_softmax_matches_scalar_when_masked_and_extreme, (void *)isa), \
     cmocka_unit_test_prestate(test_pv_matches_scalar_on_all_tails, (void *)isa),                \
     cmocka_unit_test_prestate(test_vexp_within_stated_ulp_bound, (void *)isa),                  \
+    cmocka_unit_test_prestate(test_tanh_within_stated_ulp_bound, (void *)isa),                  \
+    cmocka_unit_test_prestate(test_transform_matches_scalar, (void *)isa),                      \
     cmocka_unit_test_prestate(test_transpose_packs_kt_exactly, (void *)isa),                    \
     cmocka_unit_test_prestate(test_tile_chain_matches_scalar, (void *)isa)
 

@@ -68,14 +68,17 @@
 static const char *bench_usage =
     "usage: flashattn bench [--impl flash,standard,blas] [--pass fwd,bwd] [--n 1024,2048,4096,8192]\n"
     "                       [--d 64,128] [--batch B] [--heads H] [--heads-k HK] [--causal]\n"
+    "                       [--window L,R] [--softcap C]\n"
     "                       [--threads T] [--repeats R] [--warmup W] [--csv FILE] [--no-check]\n"
     "                       [--max-seconds S]\n"
     "Times attention implementations side by side on random float32 inputs and\n"
-    "reports median/min/max time, GFLOP/s (4*Sq*Sk*d per head, half if causal;\n"
-    "x2.5 for --pass bwd), the fraction of a measured FMA peak, and peak memory.\n"
+    "reports median/min/max time, GFLOP/s (4*Sq*Sk*d per head, half if causal,\n"
+    "4*d per visible (query, key) pair with --window; x2.5 for --pass bwd), the\n"
+    "fraction of a measured FMA peak, and peak memory.\n"
     "\n"
     "  --impl LIST     flash, standard, reference, blas (if built); bwd: flash, reference\n"
     "  --pass LIST     fwd (default) and/or bwd (fa_backward given O and LSE)\n"
+    "  --causal, --window L,R, --softcap C   the mask options of run (each one's cost is measured)\n"
     "  --n, --d LIST   up to 16 comma-separated values each\n"
     "  --batch B, --heads H, --heads-k HK   1..1000000 (HK divides H; default HK = H)\n"
     "  --threads T     1..4096 (default: OMP_NUM_THREADS or all cores)\n"
@@ -239,13 +242,28 @@ static double measure_peak(const char *isa, int threads)
     return gflops;
 }
 
+typedef struct bench_cfg {
+    int64_t batch, heads, heads_k;
+    int causal, threads, repeats, warmup, check;
+    int64_t window_left, window_right; /* --window; -1 = unbounded */
+    double softcap;                    /* --softcap; 0 = off */
+    const char *isa;
+    double peak;
+    fa_outfile *csv;
+} bench_cfg;
+
+static double run_flops(int bwd, double n, double d, const struct bench_cfg *cfg);
+
 /* ---- standard attention on BLAS ------------------------------------------- */
 
 #ifdef FA_HAVE_BLAS
 /* q, k, v, o float32 BSHD contiguous. Returns 0, or -1 if out of memory. */
 static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, fa_tensor *o,
-                          int causal, int threads)
+                          const bench_cfg *cfg)
 {
+    const int threads = cfg->threads;
+    const int64_t wl = cfg->window_left, wr = cfg->causal ? 0 : cfg->window_right;
+    const float cap = (float)cfg->softcap;
     const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], d = q->shape[3];
     const int64_t Sk = k->shape[1], Hk = k->shape[2], dv = v->shape[3];
     const int64_t group = H / Hk;
@@ -265,11 +283,15 @@ static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tenso
 #endif
             for (int64_t i = 0; i < Sq; i++) {
                 float *row = S + i * Sk;
-                const int64_t hi = causal ? i + Sk - Sq + 1 : Sk;
+                const int64_t diag = i + Sk - Sq; /* bottom-right, as the library */
+                const int64_t lo = wl >= 0 && diag - wl > 0 ? diag - wl : 0;
+                const int64_t hi = wr >= 0 && diag + wr + 1 < Sk ? diag + wr + 1 : Sk;
                 float m = -INFINITY, l = 0.0f;
-                for (int64_t j = 0; j < hi && j < Sk; j++) m = row[j] > m ? row[j] : m;
+                if (cap > 0.0f)
+                    for (int64_t j = lo; j < hi; j++) row[j] = cap * tanhf(row[j] / cap);
+                for (int64_t j = lo; j < hi; j++) m = row[j] > m ? row[j] : m;
                 for (int64_t j = 0; j < Sk; j++) {
-                    row[j] = (j < hi && m != -INFINITY) ? expf(row[j] - m) : 0.0f;
+                    row[j] = (j >= lo && j < hi && m != -INFINITY) ? expf(row[j] - m) : 0.0f;
                     l += row[j];
                 }
                 const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -286,13 +308,14 @@ static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tenso
 
 /* ---- one measurement -------------------------------------------------------- */
 
-typedef struct bench_cfg {
-    int64_t batch, heads, heads_k;
-    int causal, threads, repeats, warmup, check;
-    const char *isa;
-    double peak;
-    fa_outfile *csv;
-} bench_cfg;
+/* The mask options of the bench into opt. */
+static void bench_mask(fa_options *opt, const bench_cfg *cfg)
+{
+    opt->causal = cfg->causal;
+    opt->window_left = cfg->window_left;
+    if (!cfg->causal) opt->window_right = cfg->window_right;
+    opt->softcap = cfg->softcap;
+}
 
 /* Run impl's forward once. Returns 0 on success; prints the error and returns 2 otherwise. */
 static int run_once(const char *impl, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
@@ -300,7 +323,7 @@ static int run_once(const char *impl, const fa_tensor *q, const fa_tensor *k, co
 {
 #ifdef FA_HAVE_BLAS
     if (strcmp(impl, "blas") == 0) {
-        if (blas_attention(q, k, v, o, cfg->causal, cfg->threads) != 0) {
+        if (blas_attention(q, k, v, o, cfg) != 0) {
             fprintf(stderr, "flashattn bench: blas: out of memory\n");
             return 2;
         }
@@ -308,7 +331,7 @@ static int run_once(const char *impl, const fa_tensor *q, const fa_tensor *k, co
     }
 #endif
     fa_options opt = fa_options_default();
-    opt.causal = cfg->causal;
+    bench_mask(&opt, cfg);
     opt.num_threads = cfg->threads;
     opt.standard_max_bytes = (size_t)8 << 30;
     fa_status st = fa_impl_from_name(impl, &opt.impl);
@@ -330,7 +353,7 @@ static int run_bwd_once(const char *impl, const fa_tensor *q, const fa_tensor *k
                         bwd_io *io, const bench_cfg *cfg)
 {
     fa_options opt = fa_options_default();
-    opt.causal = cfg->causal;
+    bench_mask(&opt, cfg);
     opt.num_threads = cfg->threads;
     fa_status st = fa_impl_from_name(impl, &opt.impl);
     if (st == FA_OK)
@@ -357,7 +380,7 @@ static double check_rows(const fa_tensor *q, const fa_tensor *k, const fa_tensor
     fa_tensor os;
     fa_tensor_make(&os, ref, FA_F64, 4, shape, NULL);
     fa_options opt = fa_options_default();
-    opt.causal = cfg->causal;
+    bench_mask(&opt, cfg);
     opt.impl = FA_IMPL_REFERENCE;
     opt.num_threads = cfg->threads;
     double err = INFINITY;
@@ -403,7 +426,7 @@ static double check_bwd_rows(const fa_tensor *q, const fa_tensor *k, const fa_te
     if (dq && dk && dvv && fa_tensor_make(&tq, dq, FA_F64, 4, sq, NULL) == FA_OK &&
         fa_tensor_make(&tk, dk, FA_F64, 4, sk, NULL) == FA_OK && fa_tensor_make(&tv, dvv, FA_F64, 4, sv, NULL) == FA_OK) {
         fa_options opt = fa_options_default();
-        opt.causal = cfg->causal;
+        bench_mask(&opt, cfg);
         opt.impl = FA_IMPL_REFERENCE;
         opt.num_threads = cfg->threads;
         if (fa_backward(&qs, k, v, NULL, NULL, &dos, &tq, &tk, &tv, &opt) == FA_OK) {
@@ -520,9 +543,7 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
     if (rc != 0) goto out;
     qsort(times, (size_t)reps, sizeof(double), cmp_double);
     double med = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
-    double flops = 4.0 * (double)n * (double)n * (double)d * (double)(B * H);
-    if (bwd) flops *= 2.5;
-    if (cfg->causal) flops *= 0.5;
+    const double flops = run_flops(bwd, (double)n, (double)d, cfg);
     double gflops = flops / med / 1e9;
     double frac = cfg->peak > 0 ? gflops / cfg->peak : 0.0;
     fa_alloc_stats as;
@@ -537,10 +558,11 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
     if (cfg->csv) {
         char row[512];
         int len = snprintf(row, sizeof row,
-                           "%s,%s,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,,,%.2f\n", impl,
+                           "%s,%s,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,,,%.2f,%g,%lld,%lld\n", impl,
                            bwd ? "bwd" : "fwd", isa, cfg->threads, (long long)B, (long long)H, (long long)Hk,
                            (long long)n, (long long)n, (long long)d, cfg->causal, med * 1e3, times[0] * 1e3,
-                           times[reps - 1] * 1e3, gflops, frac, rss, lib_mib);
+                           times[reps - 1] * 1e3, gflops, frac, rss, lib_mib, cfg->softcap,
+                           (long long)cfg->window_left, (long long)(cfg->causal ? 0 : cfg->window_right));
         if (fa_outfile_write(cfg->csv, row, (size_t)len) != FA_OK) {
             cli_die_npy(FA_ERR_IO);
             rc = 2;
@@ -572,11 +594,29 @@ static double estimate_bytes(const char *impl, int bwd, double n, double d, cons
     return bytes;
 }
 
-/* FLOPs of one run. */
+/*
+ * (query, key) pairs one head computes: N^2, N^2 / 2 when causal (the
+ * convention of every figure so far), else with --window the exact count of
+ * visible pairs (Sq = Sk = n: row i sees [max(0, i - L), min(n - 1, i + R)]).
+ */
+static double visible_pairs(double n, const bench_cfg *cfg)
+{
+    const int64_t wl = cfg->window_left, wr = cfg->causal ? 0 : cfg->window_right;
+    if (wl < 0 && wr < 0) return n * n;
+    if (cfg->causal && wl < 0) return 0.5 * n * n;
+    double pairs = 0.0;
+    for (int64_t i = 0; i < (int64_t)n; i++) {
+        const int64_t lo = wl >= 0 && i - wl > 0 ? i - wl : 0;
+        const int64_t hi = wr >= 0 && wr < (int64_t)n - 1 - i ? i + wr : (int64_t)n - 1;
+        pairs += (double)(hi - lo + 1);
+    }
+    return pairs;
+}
+
+/* FLOPs of one run: 4 d per visible pair and head (x2.5 backward). */
 static double run_flops(int bwd, double n, double d, const bench_cfg *cfg)
 {
-    double f = 4.0 * n * n * d * (double)cfg->batch * (double)cfg->heads * (bwd ? 2.5 : 1.0);
-    return cfg->causal ? 0.5 * f : f;
+    return 4.0 * visible_pairs(n, cfg) * d * (double)cfg->batch * (double)cfg->heads * (bwd ? 2.5 : 1.0);
 }
 
 /* The reference's float64 loops run far below the FMA peak, so a time bound
@@ -634,6 +674,9 @@ static int bench_main(int argc, char **argv)
     cfg.repeats = 5;
     cfg.warmup = 1;
     cfg.check = 1;
+    cfg.window_left = cfg.window_right = -1;
+    cli_attn mask;
+    cli_attn_init(&mask);
     {
         fa_cpu_info ci;
         cfg.threads = fa_get_cpu_info(&ci) == FA_OK ? ci.max_threads : 1;
@@ -651,6 +694,13 @@ static int bench_main(int argc, char **argv)
             cfg.causal = 1;
         } else if (strcmp(argv[i], "--no-check") == 0) {
             cfg.check = 0;
+        } else if (strncmp(argv[i], "--window", 8) == 0 || strncmp(argv[i], "--softcap", 9) == 0) {
+            /* the run command's parser, so the values mean the same */
+            if ((r = cli_parse_mask_option(argc, argv, &i, &mask)) < 0) return 2;
+            if (r == 0) return cli_unknown_option("bench", argv[i]);
+            cfg.window_left = mask.opt.window_left;
+            cfg.window_right = mask.opt.window_right;
+            cfg.softcap = mask.opt.softcap;
         } else if ((r = cli_opt_value(argc, argv, &i, "--impl", &val)) != 0) {
             if (r < 0) return 2;
             impls = val;
@@ -791,7 +841,7 @@ static int bench_main(int argc, char **argv)
         cfg.csv = &csv;
         static const char header[] =
             "impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,gflops,"
-            "peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib\n";
+            "peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right\n";
         if (fa_outfile_write(&csv, header, sizeof header - 1) != FA_OK) {
             fa_outfile_abort(&csv);
             return cli_die_npy(FA_ERR_IO);
@@ -804,9 +854,17 @@ static int bench_main(int argc, char **argv)
     printf("ISA %s (%d float32 lanes), %d thread%s, measured FMA peak %.1f GFLOP/s%s\n", info.isa,
            info.simd_width, cfg.threads, cfg.threads == 1 ? "" : "s", cfg.peak,
            probe_threads < cfg.threads ? " (probed on as many threads as CPUs)" : "");
-    printf("float32, batch %lld, heads %lld (kv heads %lld), %s; FLOPs = 4*N^2*d per head%s%s\n",
-           (long long)cfg.batch, (long long)cfg.heads, (long long)cfg.heads_k,
-           cfg.causal ? "causal" : "non-causal", cfg.causal ? " / 2" : "", do_pass[1] ? ", x2.5 for bwd" : "");
+    char maskdesc[160];
+    int ml = snprintf(maskdesc, sizeof maskdesc, "%s", cfg.causal ? "causal" : "non-causal");
+    if (cfg.window_left >= 0 || (!cfg.causal && cfg.window_right >= 0))
+        ml += snprintf(maskdesc + ml, sizeof maskdesc - (size_t)ml, ", window (%lld, %lld)",
+                       (long long)cfg.window_left, (long long)(cfg.causal ? 0 : cfg.window_right));
+    if (cfg.softcap > 0) snprintf(maskdesc + ml, sizeof maskdesc - (size_t)ml, ", softcap %g", cfg.softcap);
+    const int windowed = cfg.window_left >= 0 || (!cfg.causal && cfg.window_right >= 0);
+    printf("float32, batch %lld, heads %lld (kv heads %lld), %s; FLOPs = %s per head%s\n",
+           (long long)cfg.batch, (long long)cfg.heads, (long long)cfg.heads_k, maskdesc,
+           windowed ? "4*d per visible (query, key) pair" : cfg.causal ? "4*N^2*d / 2" : "4*N^2*d",
+           do_pass[1] ? ", x2.5 for bwd" : "");
     printf("times are median (min, max) of >= %d runs after %d warm-up; check = max |err| of the last %d rows vs float64%s\n",
            cfg.repeats, cfg.warmup, CHECK_ROWS,
            do_pass[1] ? " (bwd: dQ error / (1e-6 + 1e-4 max|ref|), <= 1 passes)" : "");

@@ -119,6 +119,74 @@ static void vexp_avx2(int n, const float *x, float *y)
 }
 
 /* ------------------------------------------------------------------------ */
+/* transform: softcap, ALiBi, mask of one score line                         */
+/* ------------------------------------------------------------------------ */
+
+/* tanh(x), simd_exp.h's algorithm. exp_nonpos's reconstruction holds for
+ * n + 127 in [1, 254]; here the argument 2|x| <= 20 gives n <= 29. */
+INLINE __m256 tanh_avx2(__m256 x)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 ax = _mm256_andnot_ps(sign, x);
+    const __m256 z = _mm256_mul_ps(ax, ax);
+    __m256 p = _mm256_set1_ps(FA_TANH_T4);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(FA_TANH_T3));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(FA_TANH_T2));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(FA_TANH_T1));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(FA_TANH_T0));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(ax, z), p, ax);
+    const __m256 is_small = _mm256_cmp_ps(ax, _mm256_set1_ps(FA_TANH_SMALL), _CMP_LT_OQ);
+    __m256 t = small;
+    if (_mm256_movemask_ps(is_small) != 0xff) { /* softcapped scores are mostly small: skip exp when all are */
+        const __m256 c = _mm256_min_ps(_mm256_set1_ps(FA_TANH_X_ONE), ax); /* NaN stays NaN */
+        const __m256 e = exp_nonpos(_mm256_add_ps(c, c));
+        const __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+        t = _mm256_blendv_ps(large, small, is_small);
+    }
+    return _mm256_or_ps(t, _mm256_and_ps(x, sign));
+}
+
+/* (float)(slope * |rel|) for rel = base + step * lane, lanes 0..7, in double
+ * as scalar.c does (exact for |rel| < 2^53). */
+INLINE __m256 alibi_bias(double base, double step, __m256d slope)
+{
+    const __m256d sign = _mm256_set1_pd(-0.0);
+    const __m256d lane = _mm256_setr_pd(0.0, 1.0, 2.0, 3.0);
+    const __m256d r0 = _mm256_andnot_pd(sign, _mm256_fmadd_pd(lane, _mm256_set1_pd(step), _mm256_set1_pd(base)));
+    const __m256d r1 = _mm256_andnot_pd(sign, _mm256_fmadd_pd(lane, _mm256_set1_pd(step), _mm256_set1_pd(base + 4.0 * step)));
+    return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_mul_pd(slope, r1)), _mm256_cvtpd_ps(_mm256_mul_pd(slope, r0)));
+}
+
+static void transform_avx2(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
+                           int64_t rel0, int rel_step, float *g)
+{
+    for (int x = 0; x < va; x++) s[x] = -INFINITY;
+    for (int x = vb; x < n; x++) s[x] = -INFINITY;
+    const int softcap = cap > 0.0f;
+    if (!softcap && slope == 0.0) return;
+    const __m256 vcap = _mm256_set1_ps(cap), vinv = _mm256_set1_ps(inv_cap), one = _mm256_set1_ps(1.0f);
+    const __m256d vslope = _mm256_set1_pd(slope);
+    for (int x = va; x < vb; x += 8) {
+        const int left = vb - x;
+        const __m256i k = left >= 8 ? _mm256_set1_epi32(-1) : lanes_below(left);
+        __m256 u = left >= 8 ? _mm256_loadu_ps(s + x) : _mm256_maskload_ps(s + x, k);
+        if (softcap) {
+            u = _mm256_mul_ps(vcap, tanh_avx2(_mm256_mul_ps(u, vinv)));
+            if (g) {
+                const __m256 th = _mm256_mul_ps(u, vinv);
+                const __m256 gv = _mm256_sub_ps(one, _mm256_mul_ps(th, th)); /* d/dt c tanh(t/c) */
+                if (left >= 8) _mm256_storeu_ps(g + x, gv);
+                else _mm256_maskstore_ps(g + x, k, gv);
+            }
+        }
+        if (slope != 0.0)
+            u = _mm256_sub_ps(u, alibi_bias((double)(rel0 + (int64_t)rel_step * x), (double)rel_step, vslope));
+        if (left >= 8) _mm256_storeu_ps(s + x, u);
+        else _mm256_maskstore_ps(s + x, k, u);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* qk: S = Q Kt                                                              */
 /* ------------------------------------------------------------------------ */
 
@@ -481,4 +549,5 @@ const fa_kernels fa_kernels_avx2 = {
     .vexp = vexp_avx2,
     .transpose = transpose_avx2,
     .widen = widen_avx2,
+    .transform = transform_avx2,
 };

@@ -102,6 +102,76 @@ static void vexp_avx512(int n, const float *x, float *y)
 }
 
 /* ------------------------------------------------------------------------ */
+/* transform: softcap, ALiBi, mask of one score line                         */
+/* ------------------------------------------------------------------------ */
+
+/* tanh(x), simd_exp.h's algorithm (the same steps as avx2.c's tanh_avx2). */
+INLINE __m512 tanh_avx512(__m512 x)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 ax = _mm512_abs_ps(x);
+    const __m512 z = _mm512_mul_ps(ax, ax);
+    __m512 p = _mm512_set1_ps(FA_TANH_T4);
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(FA_TANH_T3));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(FA_TANH_T2));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(FA_TANH_T1));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(FA_TANH_T0));
+    const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(ax, z), p, ax);
+    const __mmask16 is_small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(FA_TANH_SMALL), _CMP_LT_OQ);
+    __m512 t = small;
+    if (is_small != 0xffff) { /* softcapped scores are mostly small: skip exp when all are */
+        const __m512 c = _mm512_min_ps(_mm512_set1_ps(FA_TANH_X_ONE), ax); /* NaN stays NaN */
+        const __m512 e = exp_nonpos(_mm512_add_ps(c, c)); /* vscalefps: any n */
+        /* 2 / (e + 1) by vrcp14ps and one Newton step (2^-28 relative before
+         * rounding): a zmm vdivps costs more than the whole rest of tanh */
+        const __m512 den = _mm512_add_ps(e, one);
+        __m512 rc = _mm512_rcp14_ps(den);
+        rc = _mm512_mul_ps(rc, _mm512_fnmadd_ps(den, rc, _mm512_set1_ps(2.0f)));
+        const __m512 large = _mm512_sub_ps(one, _mm512_add_ps(rc, rc));
+        t = _mm512_mask_blend_ps(is_small, large, small);
+    }
+    return _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_castps_si512(t), _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
+}
+
+/* (float)(slope * |rel|) for rel = base + step * lane, lanes 0..15, in
+ * double as scalar.c does (exact for |rel| < 2^53). */
+INLINE __m512 alibi_bias(double base, double step, __m512d slope)
+{
+    const __m512d lane = _mm512_setr_pd(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+    const __m512d r0 = _mm512_abs_pd(_mm512_fmadd_pd(lane, _mm512_set1_pd(step), _mm512_set1_pd(base)));
+    const __m512d r1 = _mm512_abs_pd(_mm512_fmadd_pd(lane, _mm512_set1_pd(step), _mm512_set1_pd(base + 8.0 * step)));
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(slope, r0)), hi = _mm512_cvtpd_ps(_mm512_mul_pd(slope, r1));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+static void transform_avx512(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
+                             int64_t rel0, int rel_step, float *g)
+{
+    for (int x = 0; x < va; x++) s[x] = -INFINITY;
+    for (int x = vb; x < n; x++) s[x] = -INFINITY;
+    const int softcap = cap > 0.0f;
+    if (!softcap && slope == 0.0) return;
+    const __m512 vcap = _mm512_set1_ps(cap), vinv = _mm512_set1_ps(inv_cap), one = _mm512_set1_ps(1.0f);
+    const __m512d vslope = _mm512_set1_pd(slope);
+    for (int x = va; x < vb; x += 16) {
+        const int left = vb - x;
+        const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        __m512 u = _mm512_maskz_loadu_ps(k, s + x);
+        if (softcap) {
+            u = _mm512_mul_ps(vcap, tanh_avx512(_mm512_mul_ps(u, vinv)));
+            if (g) {
+                const __m512 th = _mm512_mul_ps(u, vinv);
+                _mm512_mask_storeu_ps(g + x, k, _mm512_sub_ps(one, _mm512_mul_ps(th, th))); /* d/dt c tanh(t/c) */
+            }
+        }
+        if (slope != 0.0)
+            u = _mm512_sub_ps(u, alibi_bias((double)(rel0 + (int64_t)rel_step * x), (double)rel_step, vslope));
+        _mm512_mask_storeu_ps(s + x, k, u);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* qk: S = Q Kt                                                              */
 /* ------------------------------------------------------------------------ */
 
@@ -408,4 +478,5 @@ const fa_kernels fa_kernels_avx512 = {
     .vexp = vexp_avx512,
     .transpose = fa_transpose_avx512, /* avx512_transpose.c */
     .widen = widen_avx512,
+    .transform = transform_avx512,
 };

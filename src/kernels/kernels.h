@@ -73,7 +73,27 @@ typedef struct fa_kernels {
      * f16/bf16 KV caches through it.
      */
     void (*widen)(int n, const uint16_t *src, float *dst, int bf16);
+     * Finish one line of n scores in place (a row of S, or of S^T in the
+     * backward pass) after qk has scaled them, in docs/semantics.md's order:
+     *   x outside [va, vb):  s[x] = -inf (masked; g untouched)
+     *   x inside:            u = s[x]
+     *                        softcap (cap > 0): u = cap * tanh(u * inv_cap),
+     *                          and g[x] = 1 - (u * inv_cap)^2 when g != NULL
+     *                          (the softcap's derivative, for the backward pass)
+     *                        ALiBi (slope != 0): u -= (float)(slope * |rel0 + rel_step * x|),
+     *                          the product in double as in scalar.c
+     *                        s[x] = u
+     * 0 <= va <= vb <= n; rel_step is +1 or -1. The SIMD tables use the tanh
+     * of simd_exp.h (within FA_TANH_MAX_ULP of tanhf); everything else is
+     * bit-identical to fa_transform_line_scalar, the spec.
+     */
+    void (*transform)(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
+                      int64_t rel0, int rel_step, float *g);
 } fa_kernels;
+
+/* The spec of fa_kernels::transform (libm's tanhf), shared by tables without their own. */
+void fa_transform_line_scalar(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
+                              int64_t rel0, int rel_step, float *g);
 
 /* The tables each ISA file defines (only those compiled in exist). */
 extern const fa_kernels fa_kernels_scalar;

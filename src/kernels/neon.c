@@ -367,4 +367,5 @@ const fa_kernels fa_kernels_neon = {
     .pv = pv_neon,
     .vexp = vexp_neon,
     .transpose = transpose_neon,
+    .transform = fa_transform_line_scalar, /* no NEON tanh yet: the spec's loop */
 };

@@ -67,6 +67,29 @@ static void pv_scalar(int br, int bc, int dv, const float *p, size_t ldp,
     }
 }
 
+void fa_transform_line_scalar(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
+                              int64_t rel0, int rel_step, float *g)
+{
+    for (int x = 0; x < va; x++) s[x] = -INFINITY;
+    for (int x = vb; x < n; x++) s[x] = -INFINITY;
+    if (!(cap > 0.0f) && slope == 0.0) return;
+    for (int x = va; x < vb; x++) {
+        float u = s[x];
+        if (cap > 0.0f) {
+            u = cap * tanhf(u * inv_cap);
+            if (g) {
+                const float th = u * inv_cap;
+                g[x] = 1.0f - th * th; /* d/dt c tanh(t/c) */
+            }
+        }
+        if (slope != 0.0) {
+            const int64_t rel = rel0 + (int64_t)rel_step * x;
+            u -= (float)(slope * (double)(rel < 0 ? -rel : rel));
+        }
+        s[x] = u;
+    }
+}
+
 const fa_kernels fa_kernels_scalar = {
     .name = "scalar",
     .simd_width = 1,
@@ -75,4 +98,5 @@ const fa_kernels fa_kernels_scalar = {
     .softmax = softmax_scalar,
     .pv = pv_scalar,
     .vexp = vexp_scalar,
+    .transform = fa_transform_line_scalar,
 };

@@ -65,4 +65,49 @@
 /* Stated bound, checked by tests/test_kernels.c (max |err| in ulps of expf). */
 #define FA_EXP_MAX_ULP 2.0
 
+/*
+ * tanh, built from the exp above (the softcap c * tanh(s / c) of the score
+ * transform, kernels.h's `transform`). Odd, so computed on |x| and given x's
+ * sign back:
+ *
+ *   |x| <  FA_TANH_SMALL:  tanh(x) ~= x + x^3 (T0 + T1 z + T2 z^2 + T3 z^3 + T4 z^4),
+ *                          z = x^2. 1 - 2/(e^2x + 1) would cancel here (it
+ *                          loses every bit of tanh(x) ~ x below 2^-24). T0..T4
+ *                          are a minimax fit of tanh's *relative* error on
+ *                          [0, 0.625] (Lawson-weighted least squares in double,
+ *                          computed for this project, rounded to float);
+ *                          simulated in float: <= 0.77 ulp.
+ *   otherwise:             tanh(|x|) = 1 - 2 / (exp(2|x|) + 1), with |x|
+ *                          clamped to FA_TANH_X_ONE (tanhf is exactly 1 above
+ *                          9.01), so exp's argument is at most 20 and never
+ *                          overflows. tanh >= 0.55 here, so the subtraction
+ *                          cancels nothing; exp (<= 1 ulp), the add and the
+ *                          division (0.5 ulp each) leave a few ulp at most.
+ *   NaN stays NaN (the clamp is min(C, x), which returns x when x is NaN, and
+ *   NaN fails the small-|x| test); +-inf give +-1, -0 gives -0.
+ *
+ *   The division 2 / (e + 1): vdivps on AVX2; on AVX-512 vrcp14ps and one
+ *   Newton step (a zmm vdivps costs more than the rest of tanh together).
+ *   Softcapped arguments s / c are mostly below FA_TANH_SMALL (|s| < 18.75
+ *   at c = 30), so a vector whose lanes are all small skips the exp path.
+ *
+ * Measured (`make tanh-ulp`, tools/tanh_ulp.c: EVERY float of |x| < 10, both
+ * signs, 2.19e9 of them; above 10 the result is exactly +-1): AVX2 is within
+ * 1 ulp of tanh computed in double and rounded (0.3% of floats not correctly
+ * rounded), AVX-512 (reciprocal + Newton) within 2 ulp; both within 2 ulp of
+ * glibc 2.36's tanhf, which is itself up to 2 ulp from the rounded tanh.
+ * tests/test_kernels.c checks FA_TANH_MAX_ULP = 4 against tanhf (a margin
+ * for other libms) on every 16th float plus every float near 0.625 and 9.
+ */
+#define FA_TANH_SMALL 0.625f
+#define FA_TANH_X_ONE 10.0f
+#define FA_TANH_T0 -0x1.555532p-2f /* -3.3333280683e-01 */
+#define FA_TANH_T1  0x1.110726p-3f /*  1.3331441581e-01 */
+#define FA_TANH_T2 -0x1.b83c5ap-5f /* -5.3739715368e-02 */
+#define FA_TANH_T3  0x1.52269ep-6f /*  2.0639089867e-02 */
+#define FA_TANH_T4 -0x1.75e1d4p-8f /* -5.7049887255e-03 */
+
+/* Stated bound, checked by tests/test_kernels.c (max |err| in ulps of tanhf). */
+#define FA_TANH_MAX_ULP 4.0
+
 #endif /* FA_SIMD_EXP_H */
