@@ -73,6 +73,8 @@ typedef struct fa_kernels {
      * f16/bf16 KV caches through it.
      */
     void (*widen)(int n, const uint16_t *src, float *dst, int bf16);
+
+    /*
      * Finish one line of n scores in place (a row of S, or of S^T in the
      * backward pass) after qk has scaled them, in docs/semantics.md's order:
      *   x outside [va, vb):  s[x] = -inf (masked; g untouched)
