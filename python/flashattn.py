@@ -1005,11 +1005,14 @@ class DiagnoseReport:
 
 def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, scale=None,
              alibi_slopes=None, dtype=None, sample_rows=32, seed=0, min_explained=0.8,
-             num_threads=0, bf16_bits=None, align="bottom-right"):
+             num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
+             seqused_k=None, cache_seqlens=None, k_new=None, v_new=None, cache_batch_idx=None,
+             cache_leftpad=None, block_table=None):
     """Name the known mistake behind a wrong output (fa_diagnose; `check --diagnose`).
 
-    Arguments as for check(); sample_rows rows per (batch, head) are evaluated
-    (0: all). Returns a DiagnoseReport; raises FlashAttnError on bad input.
+    Arguments as for check() (varlen batches and KV caches, paged or not,
+    included); sample_rows rows per (sequence, head) are evaluated (0: all).
+    Returns a DiagnoseReport; raises FlashAttnError on bad input.
     """
     lib = library()
     keep = []
@@ -1021,6 +1024,13 @@ def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, 
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
     opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
+    vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
+    if vl is not None:
+        opt.varlen = ctypes.addressof(vl)
+    if cache_seqlens is not None:
+        kv = _kvcache(arrs[0], arrs[1], k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad,
+                      block_table, bf16_bits, keep)
+        opt.kvcache = ctypes.addressof(kv)
     do = _DiagnoseOptions()
     lib.fa_diagnose_options_init(ctypes.byref(do), ctypes.sizeof(_DiagnoseOptions))
     if dtype is not None:

@@ -18,6 +18,12 @@
  *    explained = mean over wrong channels of 1 - residual(candidate) /
  *    residual(reference), on all sampled rows.
  *
+ * Varlen batches and KV caches (paged or not): rows are sampled per (sequence,
+ * head), and every variant reads a sequence's keys through its own geometry
+ * (geo_of/key_src: the problem's, or the kernel's mistaken span, start, page or
+ * append slot), so every class applies per sequence and the serving classes
+ * (varlen-leak, varlen-offset, paged-index, kv-append-offset) are variants too.
+ *
  * Everything is float64 and follows mask.h's semantics for the reference.
  */
 #include "diagnose.h"
@@ -79,7 +85,7 @@ dg_variant dg_variant_reference(const fa_problem *p)
     v.scale = p->scale;
     v.softcap = p->softcap;
     v.cap_mode = DG_CAP_RIGHT;
-    v.diag = INT64_MIN;
+    v.align = -1;
     v.wl = p->window_left;
     v.wr = p->window_right;
     v.kvh = -1;
@@ -91,8 +97,19 @@ static int64_t kv_of(const fa_problem *p, const dg_variant *v, int64_t h)
     return v->kvh >= 0 ? v->kvh : fa_kv_head(p, h);
 }
 
-/* Offsets of Q row (b, i, h) and K/V row (b, j, kvh), read the variant's way:
- * DG_LAYOUT_ALL_BHSD reads the BSHD buffer as if it were BHSD. */
+/* Does the variant read the keys (and the query) the problem's way? Then the
+ * cached dot products of the row's own kv head apply. */
+static int keys_right(const dg_variant *v)
+{
+    return v->keys == DG_KEYS_RIGHT && !v->k_shift && !v->q_shift && !v->len_delta && !v->no_new && !v->new_at &&
+           v->page == DG_PAGE_RIGHT && v->layout != DG_LAYOUT_ALL_BHSD;
+}
+
+/* Is the problem a uniform batch (sequence b = tensor batch b, every row)? */
+static int uniform(const fa_problem *p) { return !p->seq && !p->cu_seqlens_q && !p->cache_seqlens; }
+
+/* Offsets of Q row (b, i, h) and K/V row (b, j, kvh) of a uniform batch, read
+ * the variant's way: DG_LAYOUT_ALL_BHSD reads the BSHD buffer as if it were BHSD. */
 static int64_t q_off(const fa_problem *p, int bhsd, int64_t b, int64_t i, int64_t h)
 {
     if (bhsd) {
@@ -114,6 +131,110 @@ static int64_t kv_off(const fa_problem *p, const fa_tensor *t, int bhsd, int64_t
 }
 
 /*
+ * The keys of sequence b as a kernel with variant v sees them: `len` keys,
+ * key j at row start + j of the K/V tensor's batch (through the pages when
+ * paged), keys j >= new_from from row j - new_from of k_new/v_new; query row i
+ * lines up with key i + diag0 and is read from row q_row0 + i.
+ */
+typedef struct dg_geo {
+    int64_t b;
+    fa_seq s;
+    int64_t len, start, new_from, diag0, q_row0;
+} dg_geo;
+
+static dg_geo geo_of(const fa_problem *p, const dg_variant *v, int64_t b)
+{
+    dg_geo g;
+    g.b = b;
+    g.s = fa_problem_seq(p, b);
+    g.len = g.s.k_len;
+    g.start = g.s.k_start;
+    g.new_from = p->k_new.data ? g.s.k_new_from : INT64_MAX;
+    g.q_row0 = g.s.q_start + v->q_shift;
+    int64_t qpos = 0; /* the kernel's position of query row 0 when it sees one long sequence */
+    if (p->cu_seqlens_q) {
+        const int64_t total_k = p->k.shape[1], next = p->cu_seqlens_k[b + 1];
+        switch (v->keys) {
+        case DG_KEYS_MAXLEN: g.len = p->seqlen_k; break;
+        case DG_KEYS_TO_END: g.len = total_k - g.start; break;
+        case DG_KEYS_IGNORE_USED: g.len = next - g.start; break;
+        case DG_KEYS_FROM_START: g.len += g.start; g.start = 0; break;
+        case DG_KEYS_GLOBAL:
+            g.start = 0;
+            g.len = total_k;
+            qpos = g.s.q_start;
+            break;
+        default: break;
+        }
+        g.start += v->k_shift;
+    }
+    if (p->cache_seqlens) {
+        const int64_t cached = g.s.k_new_from, nnew = p->seqlen_new;
+        if (v->no_new) g.len = cached;
+        g.len += v->len_delta;
+        if (v->new_at) {
+            g.new_from = cached + v->new_at;
+            g.len = cached + v->new_at + nnew;
+        }
+        if (g.len < 0) g.len = 0;
+    }
+    const int align = v->align >= 0 ? v->align : p->top_left;
+    const int64_t q_len = v->keys == DG_KEYS_GLOBAL ? p->q.shape[1] : g.s.q_len;
+    g.diag0 = qpos + (align ? 0 : g.len - q_len);
+    return g;
+}
+
+/* Where key j (vside 0: K, 1: V) of kv head kh lives for geometry g; NULL when
+ * the kernel would read outside every tensor (the key is then left out). */
+static const fa_tensor *key_src(const fa_problem *p, const dg_variant *v, const dg_geo *g, int64_t j, int vside,
+                                int64_t kh, int64_t *off)
+{
+    const fa_tensor *t = vside ? &p->v : &p->k;
+    if (uniform(p)) {
+        if (j < 0 || j >= p->seqlen_k) return NULL;
+        *off = kv_off(p, t, v->layout == DG_LAYOUT_ALL_BHSD, g->b, j, kh);
+        return t;
+    }
+    if (j >= g->new_from) {
+        const fa_tensor *nw = vside ? &p->v_new : &p->k_new;
+        if (j - g->new_from < p->seqlen_new) {
+            *off = fa_off4(nw, g->s.k_new_batch, j - g->new_from, kh, 0);
+            return nw;
+        }
+        /* past the new keys: the cache slot the kernel reads there */
+    }
+    const int64_t r = g->start + j;
+    if (r < 0) return NULL;
+    if (g->s.k_pages) {
+        const int64_t ps = g->s.k_page_size, num = t->shape[0];
+        int64_t e = r / ps, row = g->b, page;
+        if (v->page == DG_PAGE_ENTRY) e += v->page_delta;
+        if (v->page == DG_PAGE_TABLE_ROW) row += v->page_delta;
+        if (e < 0 || e >= p->max_pages || row < 0 || row >= p->batch) return NULL;
+        page = v->page == DG_PAGE_IDENTITY ? g->b * p->max_pages + e : p->block_table[row * p->max_pages + e];
+        if (v->page == DG_PAGE_PHYS) page += v->page_delta;
+        if (page < 0 || page >= num) return NULL;
+        *off = fa_off4(t, page, r % ps, kh, 0);
+        return t;
+    }
+    if (r >= t->shape[1]) return NULL;
+    *off = fa_off4(t, g->s.k_batch, r, kh, 0);
+    return t;
+}
+
+/* Longest key list any variant may build (scratch size). */
+static int64_t keys_max(const fa_problem *p)
+{
+    int64_t n = p->seqlen_k;
+    if (p->cu_seqlens_q && p->k.shape[1] > n) n = p->k.shape[1];
+    if (p->cache_seqlens) {
+        const int64_t rows = p->block_table ? p->max_pages * p->page_size : p->k.shape[1];
+        if (rows + p->seqlen_new > n) n = rows + p->seqlen_new;
+    }
+    return n + 4;
+}
+
+/*
  * O row (b, i, h) and its LSE as a kernel with variant v computes them
  * (layout: only the input reading of DG_LAYOUT_ALL_BHSD; the output mapping is
  * predict()'s). dots: the cached q.k_j of this row for its own kv head, or NULL.
@@ -123,10 +244,12 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
                       const double *dots, int no_alibi, double *o, double *lse, int *lse_any)
 {
     const fa_problem *p = cx->p;
-    const int64_t Sk = p->seqlen_k, d = p->d, dv = p->dv;
+    const int64_t d = p->d, dv = p->dv;
     const int bhsd = v->layout == DG_LAYOUT_ALL_BHSD;
     const int64_t kh = kv_of(p, v, h);
-    const int64_t diag = i + (v->diag == INT64_MIN ? fa_diag_offset(p, b) : v->diag);
+    const dg_geo g = geo_of(p, v, b);
+    const int64_t Sk = g.len;
+    const int64_t diag = i + g.diag0;
     const int64_t npad = v->pad_tile > 0 ? (Sk + v->pad_tile - 1) / v->pad_tile * v->pad_tile : Sk;
     int64_t lo = 0, hi = npad;
     if (v->wl >= 0 && diag - v->wl > lo) lo = diag - v->wl;
@@ -135,17 +258,67 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
     const int cap_leak = v->cap_mode == DG_CAP_AFTER_MASK && v->softcap > 0;
     const int64_t j0 = cap_leak ? 0 : lo, j1 = cap_leak ? Sk : hi;
     *lse_any = 0;
-    if (j1 <= j0) {
+    double m = -INFINITY;
+    if (j1 > j0) {
+        const double slope = no_alibi ? 0.0 : fa_alibi_slope(p, b, h);
+        if (!dots) {
+            if (uniform(p)) {
+                fa_gather_f64(&p->q, q_off(p, bhsd, b, i, h), p->q.stride[3], d, s->q);
+            } else {
+                const int64_t r = g.q_row0 + i;
+                if (r >= 0 && r < p->q.shape[1])
+                    fa_gather_f64(&p->q, fa_off4(&p->q, g.s.q_batch, r, h, 0), p->q.stride[3], d, s->q);
+                else
+                    for (int64_t c = 0; c < d; c++) s->q[c] = 0.0;
+            }
+        }
+        for (int64_t j = j0; j < j1; j++) {
+            double sc;
+            if (cap_leak && (j < lo || j >= hi)) {
+                sc = -v->softcap;
+            } else {
+                double dot = 0.0;
+                if (j < Sk) {
+                    int64_t off;
+                    const fa_tensor *t;
+                    if (dots) {
+                        dot = dots[j];
+                    } else if ((t = key_src(p, v, &g, j, 0, kh, &off)) != NULL) {
+                        fa_gather_f64(t, off, t->stride[3], d, s->x);
+                        for (int64_t c = 0; c < d; c++) dot += s->q[c] * s->x[c];
+                    } else {
+                        s->s[j - j0] = -INFINITY; /* read outside every tensor: left out */
+                        continue;
+                    }
+                }
+                if (v->softcap > 0 && v->cap_mode == DG_CAP_BEFORE_SCALE) {
+                    sc = v->scale * (v->softcap * tanh(dot / v->softcap));
+                } else {
+                    sc = v->scale * dot;
+                    if (v->softcap > 0) sc = v->softcap * tanh(sc / v->softcap);
+                }
+                if (slope != 0.0) sc -= slope * fabs((double)(diag - j));
+            }
+            s->s[j - j0] = sc;
+            if (sc > m) m = sc;
+        }
+    }
+    if (j1 <= j0 || m == -INFINITY) {
         if (v->empty == DG_EMPTY_NAN) {
             for (int64_t c = 0; c < dv; c++) o[c] = NAN;
             *lse = NAN;
         } else if (v->empty == DG_EMPTY_MEAN_V) {
+            int64_t n = 0;
             for (int64_t c = 0; c < dv; c++) o[c] = 0.0;
             for (int64_t j = 0; j < Sk; j++) {
-                fa_gather_f64(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+                int64_t off;
+                const fa_tensor *t = key_src(p, v, &g, j, 1, kh, &off);
+                if (!t) continue;
+                fa_gather_f64(t, off, t->stride[3], dv, s->x);
                 for (int64_t c = 0; c < dv; c++) o[c] += s->x[c];
+                n++;
             }
-            for (int64_t c = 0; c < dv; c++) o[c] /= (double)(Sk > 0 ? Sk : 1);
+            for (int64_t c = 0; c < dv; c++) o[c] /= (double)(n > 0 ? n : 1);
             *lse_any = 1;
             *lse = NAN;
         } else {
@@ -154,42 +327,16 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
         }
         return;
     }
-    const double slope = no_alibi ? 0.0 : fa_alibi_slope(p, b, h);
-    if (!dots) fa_gather_f64(&p->q, q_off(p, bhsd, b, i, h), p->q.stride[3], d, s->q);
-    double m = -INFINITY;
-    for (int64_t j = j0; j < j1; j++) {
-        double sc;
-        if (cap_leak && (j < lo || j >= hi)) {
-            sc = -v->softcap;
-        } else {
-            double dot = 0.0;
-            if (j < Sk) {
-                if (dots) {
-                    dot = dots[j];
-                } else {
-                    fa_gather_f64(&p->k, kv_off(p, &p->k, bhsd, b, j, kh), p->k.stride[3], d, s->x);
-                    for (int64_t c = 0; c < d; c++) dot += s->q[c] * s->x[c];
-                }
-            }
-            if (v->softcap > 0 && v->cap_mode == DG_CAP_BEFORE_SCALE) {
-                sc = v->scale * (v->softcap * tanh(dot / v->softcap));
-            } else {
-                sc = v->scale * dot;
-                if (v->softcap > 0) sc = v->softcap * tanh(sc / v->softcap);
-            }
-            if (slope != 0.0) sc -= slope * fabs((double)(diag - j));
-        }
-        s->s[j - j0] = sc;
-        if (sc > m) m = sc;
-    }
     for (int64_t c = 0; c < dv; c++) s->acc[c] = 0.0;
     double l = 0.0;
     if (v->tile <= 0) {
         for (int64_t j = j0; j < j1; j++) {
             const double w = exp(s->s[j - j0] - m);
             l += w;
-            if (j >= Sk || w == 0.0) continue;
-            fa_gather_f64(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+            int64_t off;
+            const fa_tensor *t;
+            if (j >= Sk || w == 0.0 || !(t = key_src(p, v, &g, j, 1, kh, &off))) continue;
+            fa_gather_f64(t, off, t->stride[3], dv, s->x);
             for (int64_t c = 0; c < dv; c++) s->acc[c] += w * s->x[c];
         }
     } else {
@@ -205,8 +352,10 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
             for (int64_t j = a; j < e; j++) {
                 const double w = exp(s->s[j - j0] - mr);
                 l += w;
-                if (j >= Sk || w == 0.0) continue;
-                fa_gather_f64(&p->v, kv_off(p, &p->v, bhsd, b, j, kh), p->v.stride[3], dv, s->x);
+                int64_t off;
+                const fa_tensor *t;
+                if (j >= Sk || w == 0.0 || !(t = key_src(p, v, &g, j, 1, kh, &off))) continue;
+                fa_gather_f64(t, off, t->stride[3], dv, s->x);
                 for (int64_t c = 0; c < dv; c++) s->acc[c] += w * s->x[c];
             }
         }
@@ -262,7 +411,7 @@ static void predict(const dg_ctx *cx, dg_scratch *s, int64_t w, const dg_variant
         }
         return;
     }
-    const int own = v->kvh < 0 || v->kvh == fa_kv_head(p, it->h);
+    const int own = (v->kvh < 0 || v->kvh == fa_kv_head(p, it->h)) && keys_right(v);
     eval_core(cx, s, it->b, it->i, it->h, v, own && cx->dots ? cx->dots + w * p->seqlen_k : NULL, 0, o, lse,
               lse_any);
 }
@@ -286,7 +435,7 @@ static double l_diff(double t, double c)
 static int scratch_alloc(dg_scratch *s, const fa_problem *p)
 {
     const int64_t x = p->d > p->dv ? p->d : p->dv;
-    const int64_t ns = p->seqlen_k + 512;
+    const int64_t ns = keys_max(p) + 512;
     s->q = malloc((size_t)p->d * sizeof(double));
     s->x = malloc((size_t)x * sizeof(double));
     s->s = malloc((size_t)ns * sizeof(double));
@@ -514,27 +663,162 @@ static void cand_scale(const dg_ctx *cx, dg_list *L)
     add(L, "scale", e, f, "factor %.4g: the kernel's scale is %.4g, expected %.4g%s", f, used, p->scale, why);
 }
 
+/* Does some sequence have q_len != k_len (the alignment then matters)? */
+static int lengths_differ(const fa_problem *p)
+{
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq s = fa_problem_seq(p, b);
+        if (s.q_len > 0 && s.q_len != s.k_len) return 1;
+    }
+    return 0;
+}
+
 static void cand_align(const dg_ctx *cx, dg_list *L)
 {
     const fa_problem *p = cx->p;
     /* the alignment changes the result when the lengths differ and it places
      * something: a bounded side of the band, or the ALiBi distances |i + diag - j| */
     const int band = p->window_left >= 0 || p->window_right >= 0;
-    if (p->seqlen_q == p->seqlen_k || (!band && !p->alibi.data)) return;
+    if (!lengths_differ(p) || (!band && !p->alibi.data)) return;
     consider(L, "causal-top-left");
     dg_variant v = dg_variant_reference(p);
-    v.diag = p->top_left ? p->seqlen_k - p->seqlen_q : 0;
+    v.align = p->top_left ? 0 : 1;
     const double e = score(cx, &v);
     const char *what = band ? (p->alibi.data ? "the mask and the ALiBi distances" : "the mask")
                             : "the ALiBi distances";
     if (p->top_left)
-        add(L, "causal-top-left", e, (double)v.diag,
+        add(L, "causal-top-left", e, 1.0,
             "the kernel aligns %s bottom-right (FlashAttention's), the check expected top-left "
             "(--align top-left was given)", what);
     else
         add(L, "causal-top-left", e, 0.0,
             "the kernel aligns %s top-left (PyTorch SDPA's is_causal); if that is its contract, "
             "check with --align top-left", what);
+}
+
+/* varlen-leak: the keys of a sequence run into its neighbours or into padding. */
+static void cand_varlen_leak(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!p->cu_seqlens_q || p->batch < 1) return;
+    static const struct {
+        dg_keys_mode m;
+        const char *what;
+    } modes[] = {
+        {DG_KEYS_MAXLEN, "each sequence attends to max_seqlen_k keys from its start: into the next sequence"},
+        {DG_KEYS_TO_END, "each sequence attends to every key from its start to the end of the packed batch"},
+        {DG_KEYS_IGNORE_USED, "seqused_k ignored: each sequence attends to its whole cu_seqlens_k span (padding)"},
+        {DG_KEYS_FROM_START, "each sequence attends to every key before its own: the previous sequences"},
+        {DG_KEYS_GLOBAL, "cu_seqlens ignored: the packed batch attended as one sequence"},
+    };
+    dg_variant vs[5];
+    int idx[5], nv = 0;
+    for (int x = 0; x < 5; x++) {
+        if (modes[x].m == DG_KEYS_IGNORE_USED && !p->seqused_k) continue;
+        if (p->batch < 2 && modes[x].m != DG_KEYS_IGNORE_USED && modes[x].m != DG_KEYS_TO_END) continue;
+        vs[nv] = dg_variant_reference(p);
+        vs[nv].keys = modes[x].m;
+        idx[nv++] = x;
+    }
+    if (!nv) return;
+    consider(L, "varlen-leak");
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "varlen-leak", e, (double)modes[idx[best]].m, "%s", modes[idx[best]].what);
+}
+
+/* varlen-offset: cu_seqlens_q or cu_seqlens_k read one (or two) rows off. */
+static void cand_varlen_offset(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!p->cu_seqlens_q) return;
+    consider(L, "varlen-offset");
+    static const int shifts[4] = {-1, 1, -2, 2};
+    dg_variant vs[12];
+    int side[12], sh[12], nv = 0;
+    for (int k = 0; k < 3; k++)
+        for (int x = 0; x < 4; x++) {
+            vs[nv] = dg_variant_reference(p);
+            if (k != 1) vs[nv].k_shift = shifts[x];
+            if (k != 0) vs[nv].q_shift = shifts[x];
+            side[nv] = k;
+            sh[nv++] = shifts[x];
+        }
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    static const char *const what[3] = {"keys and values", "queries", "queries, keys and values"};
+    add(L, "varlen-offset", e, (double)sh[best],
+        "each sequence's %s read %d row%s %s: cu_seqlens_%s off by %+d", what[side[best]], abs(sh[best]),
+        abs(sh[best]) == 1 ? "" : "s", sh[best] > 0 ? "late" : "early",
+        side[best] == 0 ? "k" : side[best] == 1 ? "q" : "q and cu_seqlens_k", sh[best]);
+}
+
+/* paged-index: a wrong page of the block table. */
+static void cand_paged(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!p->block_table) return;
+    consider(L, "paged-index");
+    dg_variant vs[7];
+    char what[7][112];
+    int nv = 0;
+    for (int x = -1; x <= 1; x += 2) {
+        vs[nv] = dg_variant_reference(p);
+        vs[nv].page = DG_PAGE_ENTRY;
+        vs[nv].page_delta = x;
+        snprintf(what[nv++], sizeof what[0], "block_table[b][r / page_size %+d]: the %s logical page", x,
+                 x > 0 ? "next" : "previous");
+        vs[nv] = dg_variant_reference(p);
+        vs[nv].page = DG_PAGE_PHYS;
+        vs[nv].page_delta = x;
+        snprintf(what[nv++], sizeof what[0], "block_table[b][r / page_size] %+d: the physical page one off", x);
+        if (p->batch > 1) {
+            vs[nv] = dg_variant_reference(p);
+            vs[nv].page = DG_PAGE_TABLE_ROW;
+            vs[nv].page_delta = x;
+            snprintf(what[nv++], sizeof what[0], "block_table[b %+d]: another sequence's row of the table", x);
+        }
+    }
+    vs[nv] = dg_variant_reference(p);
+    vs[nv].page = DG_PAGE_IDENTITY;
+    snprintf(what[nv++], sizeof what[0], "the block table ignored: pages read in order (b * max_pages + r / page_size)");
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "paged-index", e, (double)vs[best].page_delta, "%s", what[best]);
+}
+
+/* kv-append-offset: new keys placed one slot off, or one key too few/many attended. */
+static void cand_append(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!p->cache_seqlens) return;
+    consider(L, "kv-append-offset");
+    dg_variant vs[5];
+    char what[5][112];
+    double par[5];
+    int nv = 0;
+    for (int x = -1; x <= 1; x += 2) {
+        vs[nv] = dg_variant_reference(p);
+        vs[nv].len_delta = x;
+        par[nv] = x;
+        snprintf(what[nv++], sizeof what[0], "attention over cache_seqlens + seqlen_new %+d keys", x);
+        if (p->k_new.data) {
+            vs[nv] = dg_variant_reference(p);
+            vs[nv].new_at = x;
+            par[nv] = x;
+            snprintf(what[nv++], sizeof what[0], "new keys appended at cache_seqlens %+d (one slot off)", x);
+        }
+    }
+    if (p->seqlen_new > 0) {
+        vs[nv] = dg_variant_reference(p);
+        vs[nv].no_new = 1;
+        par[nv] = (double)-p->seqlen_new;
+        snprintf(what[nv++], sizeof what[0], "attention over the cache_seqlens cached keys only: the %lld new keys left out",
+                 (long long)p->seqlen_new);
+    }
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "kv-append-offset", e, par[best], "%s", what[best]);
 }
 
 static void cand_softcap(const dg_ctx *cx, dg_list *L)
@@ -694,13 +978,21 @@ static void cand_unwritten(const dg_ctx *cx, dg_list *L)
         (long long)rows, (long long)cx->n);
 }
 
+/* Does some sequence's key count not fill whole tiles of t keys? */
+static int ragged_keys(const fa_problem *p, int64_t t)
+{
+    for (int64_t b = 0; b < p->batch; b++)
+        if (fa_problem_seq(p, b).k_len % t != 0) return 1;
+    return 0;
+}
+
 static void cand_tail(const dg_ctx *cx, dg_list *L)
 {
     const fa_problem *p = cx->p;
     dg_variant vs[5];
     int nv = 0;
     for (int x = 0; x < 5; x++)
-        if (p->seqlen_k % tiles[x] != 0) {
+        if (ragged_keys(p, tiles[x])) {
             vs[nv] = dg_variant_reference(p);
             vs[nv++].pad_tile = tiles[x];
         }
@@ -720,6 +1012,12 @@ static void cand_tail(const dg_ctx *cx, dg_list *L)
         if (!(rt < 0.25 * rz)) return;
     }
     const int64_t t = vs[best].pad_tile, padded = (p->seqlen_k + t - 1) / t * t;
+    if (!uniform(p)) {
+        add(L, "tail-tile", e, (double)t,
+            "keys past each sequence's k_len up to a multiple of %lld read as zero K and V (score 0): the last "
+            "tile is not masked", (long long)t);
+        return;
+    }
     add(L, "tail-tile", e, (double)padded,
         "keys %lld..%lld read as zero K and V (score 0): the last %lld-key tile is not masked at seqlen_k %lld",
         (long long)p->seqlen_k, (long long)padded - 1, (long long)t, (long long)p->seqlen_k);
@@ -804,7 +1102,7 @@ static void cand_gqa(const dg_ctx *cx, dg_list *L)
 static void cand_layout(const dg_ctx *cx, dg_list *L)
 {
     const fa_problem *p = cx->p;
-    if (p->heads < 2 || p->seqlen_q < 2) return;
+    if (p->heads < 2 || p->seqlen_q < 2 || !uniform(p)) return;
     consider(L, "layout-transposed");
     dg_variant vs[2];
     vs[0] = dg_variant_reference(p);
@@ -867,12 +1165,13 @@ static int cmp_diag(const void *a, const void *b)
 static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnose_options *o,
                      fa_diagnose_report *rep)
 {
-    const int64_t Sq = p->seqlen_q, B = p->batch, H = p->heads, dv = p->dv, Sk = p->seqlen_k;
-    const int64_t K = o->sample_rows > 0 && o->sample_rows < Sq ? o->sample_rows : Sq;
+    const int64_t B = p->batch, H = p->heads, dv = p->dv, Sk = p->seqlen_k;
+    /* K(b): rows sampled per head of sequence b (its own q_len) */
+#define DG_ROWS_OF(qlen) (o->sample_rows > 0 && o->sample_rows < (qlen) ? o->sample_rows : (qlen))
     dg_ctx cx;
     memset(&cx, 0, sizeof cx);
     cx.p = p;
-    cx.n = B * H * K;
+    for (int64_t b = 0; b < B; b++) cx.n += H * DG_ROWS_OF(fa_problem_seq(p, b).q_len);
     cx.nt = o->num_threads > 0 ? o->num_threads : p->num_threads;
     fa_status st = FA_ERR_NOMEM;
     cx.it = malloc((size_t)cx.n * sizeof *cx.it);
@@ -894,32 +1193,41 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
     rep->n_heads = H;
     rep->n_batch = B;
 
-    /* 1. rows: one per stratum, row 0 and the last row always */
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++) {
-            uint64_t sd = o->seed ^ (0x5851f42d4c957f2dull * (uint64_t)(b + 1)) ^
-                          (0x2545f4914f6cdd1dull * (uint64_t)(h + 1));
-            for (int64_t t = 0; t < K; t++) {
-                const int64_t lo = t * Sq / K, hi = (t + 1) * Sq / K;
-                int64_t i = lo + (int64_t)(mix64(&sd) % (uint64_t)(hi - lo));
-                if (t == 0) i = 0;
-                if (t == K - 1) i = Sq - 1;
-                dg_item *it = &cx.it[(b * H + h) * K + t];
-                it->b = b;
-                it->i = i;
-                it->h = h;
+    /* 1. rows: one per stratum of each sequence, its row 0 and its last row always */
+    {
+        int64_t w = 0;
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t Sq = fa_problem_seq(p, b).q_len, K = DG_ROWS_OF(Sq);
+            for (int64_t h = 0; h < H; h++) {
+                uint64_t sd = o->seed ^ (0x5851f42d4c957f2dull * (uint64_t)(b + 1)) ^
+                              (0x2545f4914f6cdd1dull * (uint64_t)(h + 1));
+                for (int64_t t = 0; t < K; t++) {
+                    const int64_t lo = t * Sq / K, hi = (t + 1) * Sq / K;
+                    int64_t i = lo + (int64_t)(mix64(&sd) % (uint64_t)(hi - lo));
+                    if (t == 0) i = 0;
+                    if (t == K - 1) i = Sq - 1;
+                    dg_item *it = &cx.it[w++];
+                    it->b = b;
+                    it->i = i;
+                    it->h = h;
+                }
             }
         }
+    }
+#undef DG_ROWS_OF
     /* 2. tested rows, the dot cache, the reference */
     double maxref = 0.0;
     for (int64_t w = 0; w < cx.n; w++) {
         const dg_item *it = &cx.it[w];
-        fa_gather_f64(&p->o, fa_off4(&p->o, it->b, it->i, it->h, 0), p->o.stride[3], dv, cx.ot + w * dv);
+        const fa_seq sq = fa_problem_seq(p, it->b);
+        fa_gather_f64(&p->o, fa_off4(&p->o, sq.q_batch, sq.q_start + it->i, it->h, 0), p->o.stride[3], dv,
+                      cx.ot + w * dv);
         if (lse) cx.lt[w] = fa_load_f64(lse, fa_lse_off(p, it->b, it->h, it->i));
     }
     if ((size_t)cx.n * (size_t)Sk <= DG_DOTS_MAX_BYTES / sizeof(double)) {
         cx.dots = malloc((size_t)(cx.n * Sk) * sizeof(double));
         if (cx.dots) {
+            const dg_variant ref = dg_variant_reference(p);
             int bad = 0;
             const int nt = (int)(cx.n < cx.nt ? cx.n : cx.nt);
 #pragma omp parallel num_threads(nt) reduction(+ : bad)
@@ -931,11 +1239,17 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
                     for (int64_t w = 0; w < cx.n; w++) {
                         const dg_item *it = &cx.it[w];
                         const int64_t kh = fa_kv_head(p, it->h);
-                        fa_gather_f64(&p->q, fa_off4(&p->q, it->b, it->i, it->h, 0), p->q.stride[3], p->d, q);
+                        const dg_geo g = geo_of(p, &ref, it->b);
+                        fa_gather_f64(&p->q, fa_off4(&p->q, g.s.q_batch, g.q_row0 + it->i, it->h, 0), p->q.stride[3],
+                                      p->d, q);
                         for (int64_t j = 0; j < Sk; j++) {
-                            fa_gather_f64(&p->k, fa_off4(&p->k, it->b, j, kh, 0), p->k.stride[3], p->d, x);
+                            int64_t off;
+                            const fa_tensor *kt = j < g.len ? key_src(p, &ref, &g, j, 0, kh, &off) : NULL;
                             double t = 0.0;
-                            for (int64_t c = 0; c < p->d; c++) t += q[c] * x[c];
+                            if (kt) {
+                                fa_gather_f64(kt, off, kt->stride[3], p->d, x);
+                                for (int64_t c = 0; c < p->d; c++) t += q[c] * x[c];
+                            }
                             cx.dots[w * Sk + j] = t;
                         }
                     }
@@ -1072,6 +1386,10 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         cand_tail(&cx, &L);
         cand_unwritten(&cx, &L);
         cand_layout(&cx, &L);
+        cand_varlen_leak(&cx, &L);
+        cand_varlen_offset(&cx, &L);
+        cand_paged(&cx, &L);
+        cand_append(&cx, &L);
     }
     qsort(L.all, (size_t)L.n, sizeof L.all[0], cmp_diag);
     for (int x = 0; x < L.n && rep->n < FA_DIAG_MAX; x++)
@@ -1128,9 +1446,6 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     if (!out) return fa_fail(FA_ERR_NULL_ARG, "out: tensor is NULL");
     fa_problem p;
     if ((st = fa_resolve(FA_PURPOSE_CHECK, q, k, v, out, lse, attn, NULL, &p)) != FA_OK) return st;
-    if (p.seq || p.cu_seqlens_q || p.cache_seqlens) /* the candidate models index uniform batches */
-        return fa_fail(FA_ERR_OPTION, "fa_diagnose: variable-length batches and KV caches are not supported yet "
-                       "(fa_check judges them; diagnose one sequence as its own batch)");
     if (p.batch == 0 || p.seqlen_q == 0 || p.seqlen_k == 0) {
         snprintf(report->considered, sizeof report->considered, "%s", "");
         return FA_OK; /* nothing to diagnose */

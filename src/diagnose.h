@@ -39,11 +39,29 @@ typedef enum dg_layout_mode {
     DG_LAYOUT_ALL_BHSD   /* Q, K, V read and O written as BHSD over BSHD buffers */
 } dg_layout_mode;
 
+/* How the kernel finds the keys of a sequence (varlen, KV cache, paged). */
+typedef enum dg_keys_mode {
+    DG_KEYS_RIGHT = 0,
+    DG_KEYS_MAXLEN,      /* varlen: max_seqlen_k keys from its start (into the next sequence) */
+    DG_KEYS_TO_END,      /* varlen: every key from its start to the end of the packed tensor */
+    DG_KEYS_IGNORE_USED, /* varlen: cu_seqlens_k's span, seqused_k ignored (padding read) */
+    DG_KEYS_FROM_START,  /* varlen: every key from packed row 0 to its end (the sequences before) */
+    DG_KEYS_GLOBAL       /* varlen: cu_seqlens ignored: one sequence of total_q queries, total_k keys */
+} dg_keys_mode;
+
+typedef enum dg_page_mode {
+    DG_PAGE_RIGHT = 0,
+    DG_PAGE_ENTRY,       /* block_table[b][r / page_size + delta] */
+    DG_PAGE_TABLE_ROW,   /* block_table[b + delta][r / page_size] */
+    DG_PAGE_PHYS,        /* block_table[b][r / page_size] + delta */
+    DG_PAGE_IDENTITY     /* the block table ignored: page b * max_pages + r / page_size */
+} dg_page_mode;
+
 typedef struct dg_variant {
     double scale;        /* applied to q.k */
     double softcap;      /* 0: off */
     dg_cap_mode cap_mode;
-    int64_t diag;        /* row i lines up with key i + diag; INT64_MIN: the problem's */
+    int align;           /* -1: the problem's; 0: bottom-right (by the kernel's key count); 1: top-left */
     int64_t wl, wr;      /* window (< 0 unbounded), causal folded in */
     int64_t kvh;         /* kv head; -1: the problem's map h / (H / Hk) */
     int tile;            /* > 0: online softmax in tiles of this many keys with no rescale */
@@ -51,6 +69,15 @@ typedef struct dg_variant {
     dg_empty_mode empty;
     dg_lse_mode lse;
     dg_layout_mode layout;
+    /* serving geometry (all 0: the problem's) */
+    dg_keys_mode keys;
+    int64_t k_shift;     /* keys read from row start + k_shift (varlen: cu_seqlens_k off by k_shift) */
+    int64_t q_shift;     /* query row i read from row i + q_shift of the packed Q */
+    int64_t len_delta;   /* KV cache: attention over k_len + len_delta keys */
+    int no_new;          /* KV cache: attention over the cached keys only (the new ones left out) */
+    int64_t new_at;      /* KV cache: new keys placed new_at slots after cache_seqlens[b] */
+    dg_page_mode page;
+    int64_t page_delta;
 } dg_variant;
 
 /* The variant that is the reference for problem p. */

@@ -119,9 +119,8 @@ static int check_emulation_range(const fa_check_options *co, const cli_qkv *in, 
     return 0;
 }
 
-/* `--diagnose`: fa_diagnose on the same rows budget, printed after the check report.
- * Varlen batches and KV caches get one line, `diagnosis: not available ...`, and
- * the verdict's exit status. Returns 0, or prints one line and returns 2. */
+/* `--diagnose`: fa_diagnose on the same rows budget (per head of each sequence),
+ * printed after the check report. Returns 0, or prints one line and returns 2. */
 static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_tensor *lse_t, const cli_attn *attn,
                            const fa_check_options *co)
 {
@@ -131,11 +130,6 @@ static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_ten
     dopt.sample_rows = co->sample_rows > 0 ? co->sample_rows : 32;
     dopt.seed = co->seed;
     dopt.num_threads = co->num_threads;
-    if (attn->opt.varlen || attn->opt.kvcache) {
-        /* fa_diagnose's candidate models index uniform batches; the verdict above stands */
-        printf("diagnosis: not available for variable-length batches or KV caches\n");
-        return 0;
-    }
     fa_diagnose_report rep = fa_diagnose_report_init();
     const double t0 = cli_now();
     fa_status st = fa_diagnose(&in->q_t, &in->k_t, &in->v_t, o_t, lse_t, &attn->opt, &dopt, &rep);
