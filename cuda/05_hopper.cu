@@ -1,0 +1,308 @@
+/*
+ * 05_hopper.cu — FlashAttention's forward pass on Hopper's warpgroup tensor cores (wgmma, sm_90a).
+ *
+ * STATUS: first version — wgmma from shared memory with 128-byte-swizzled tiles, fed by cp.async
+ *   (no TMA, no mbarrier pipeline, no warp specialization, no ping-pong yet; see "What it leaves out").
+ *
+ * Previous rung (04_mma.cu): FlashAttention-2 on the tensor cores through mma.sync — every warp
+ *   issues its own 16 x 8 x 16 products and first fetches both operands from shared memory into
+ *   registers with ldmatrix (ncu, H200: tensor pipe active 46.7% of the kernel, issue slots 49.7%
+ *   busy: the ldmatrix/mma.sync instruction stream of 8 warps cannot keep the pipe fed).
+ * What this rung adds — Hopper's warpgroup MMA:
+ *   - wgmma.mma_async: the 4 warps of a warpgroup (128 threads) issue one 64 x N x 16 product
+ *     together (N = 128 keys for S = Q K^T: 262 144 FLOP in one instruction, against mma.sync's
+ *     4096); the tensor cores read B — and here A too for S — straight from shared memory through
+ *     a 64-bit matrix descriptor, with no ldmatrix and no register staging;
+ *   - the descriptor's 128-byte swizzle: every tile is stored as d/64 sub-tiles of [rows][64]
+ *     halves, 128-byte rows, the 16-byte chunk c of row r at chunk c ^ (r & 7) — the layout TMA's
+ *     SWIZZLE_128B writes (so rung 05's TMA step will not change the kernel's reads): the 8 rows a
+ *     descriptor step touches hit 8 different bank groups. Q and K are "K-major" operands (d
+ *     contiguous), V is read as an "MN-major" B (d contiguous, keys the k dimension: the
+ *     transpose bit), exactly as FlashAttention-3 reads it;
+ *   - asynchronous issue: wgmma.fence / commit_group / wait_group bracket a product; the warps
+ *     are free while it runs (this version still waits for it before the softmax);
+ *   - P from registers: the S accumulator fragment of wgmma (per warp: rows 16w + g, g + 8, two
+ *     columns 2t, 2t+1 per 8-column block — the mma.sync C layout) is, rounded to bf16/fp16 and
+ *     packed in pairs, the register A fragment of the P V wgmma (the "RS" form), as in rung 04;
+ *   - 128 query rows per block (one 64-row slice per warpgroup, two warpgroups), 128 keys per step.
+ *   Kept from rung 04: the online softmax in log2 units, the cp.async K/V pipeline (2 stages at
+ *   d = 128, 3 at d = 64), causal (bottom-right) and windows by key range plus an element mask on
+ *   straddling tiles, heaviest query blocks first, GQA, softcap, d = 64 or 128, O staged through
+ *   shared memory for 16-byte stores, LSE.
+ * What it leaves out (FlashAttention-3's remaining steps, in order of expected gain):
+ *   TMA bulk tensor copies completing on mbarriers (cp.async costs the consumer warps issue slots),
+ *   producer/consumer warp specialization with setmaxnreg (a load warp, consumers at 240 registers),
+ *   the ping-pong schedule (warpgroup 1's softmax while warpgroup 0's products run, by named
+ *   barriers) and the intra-warpgroup overlap of softmax j with S_{j+1}; fp8.
+ * What bounds it (expected; this version has not been profiled): the block-wide barrier per key
+ *   step keeps both warpgroups in lockstep, so their softmax phases coincide and the tensor pipe
+ *   idles while both compute exponentials; wait_group 0 after each product serializes issue.
+ * Resources: see `make cuda-regs` (registers; a spill fails the build). Shared memory: Q 128 x d,
+ *   STAGES x (K + V) 128 x d halves, + 1 KiB to align the tiles to the swizzle's 1024-byte atom:
+ *   161 KiB at d = 128, 113 KiB at d = 64; one block (8 warps) per SM.
+ * Descriptor fields (PTX ISA, "Matrix Descriptor Format" for wgmma): start address >> 4 (bits
+ *   0-13), leading byte offset >> 4 (16-29), stride byte offset >> 4 (32-45), base offset (49-51,
+ *   0: the tiles are 1024-byte aligned), swizzle mode (62-63, 1 = 128B). Every product here spans
+ *   one 128-byte swizzle atom along its contiguous dimension (16 of the 64 halves of a K-major row;
+ *   64 d-columns of an MN-major V row — the P V product is issued per 64 columns of d), so only the
+ *   8-row stride matters: 1024 bytes. It is written into both offset fields, so the layout does not
+ *   depend on which of the two the hardware reads for that stride.
+ */
+#include "ladder.h"
+#include "mma.cuh"
+
+namespace {
+
+constexpr int BR = 128, BC = 128, NT = 256; /* two consumer warpgroups of 64 query rows */
+constexpr int SUB = 128 * 128;              /* bytes of one [128 rows][64 halves] sub-tile */
+constexpr float L2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+template <int D> __host__ __device__ constexpr int stages() { return D == 64 ? 3 : 2; }
+template <int D> __host__ __device__ constexpr int tile_bytes() { return 128 * D * 2; } /* BR = BC = 128 */
+template <int D> constexpr size_t smem_bytes() { return (size_t)tile_bytes<D>() * (1 + 2 * stages<D>()) + 1024; }
+
+/* Byte offset of 16-byte chunk `ch` (columns 8 ch .. 8 ch + 7) of row r in a 128-row tile. */
+__device__ __forceinline__ uint32_t toff(int r, int ch)
+{
+    return (uint32_t)((ch >> 3) * SUB + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+
+/* 128 rows of D halves (row r at g + r * row_stride; rows >= nvalid zero-filled) into a tile. */
+template <typename T, int D> __device__ __forceinline__ void load_tile128(uint32_t dst, const T *g, long long row_stride, int nvalid)
+{
+    constexpr int CPR = D / 8;
+#pragma unroll
+    for (int it = 0; it < 128 * CPR / NT; it++) {
+        const int c = it * NT + threadIdx.x, r = c / CPR, ch = c % CPR;
+        const bool ok = r < nvalid;
+        cp_async16(dst + toff(r, ch), ok ? (const void *)(g + r * row_stride + ch * 8) : (const void *)g, ok ? 16 : 0);
+    }
+}
+
+/* The wgmma shared-memory descriptor of the operand starting at shared address a (see the header). */
+__device__ __forceinline__ uint64_t desc128(uint32_t a)
+{
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* Generic-proxy writes (cp.async) made visible to the async proxy (wgmma) — before the barrier. */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* Keep the compiler from moving accesses of accumulator registers across wgmma fence/wait. */
+template <int N> __device__ __forceinline__ void reg_fence(float (&x)[N][4])
+{
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(x[n][e])::"memory");
+}
+
+/* wgmma, m64 n{128,64} k16, fp32 accumulators: d[4 j + e] is element e of 8-column block j
+ * (the mma.sync C layout per warp). _ss: A and B by descriptor (scale_d 0: D = A B);
+ * _rs_tb: A from registers (the mma.sync A layout per warp), B by descriptor, transposed
+ * (MN-major), D += A B. */
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db, int scale_d, __nv_bfloat16 *)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float *d, const uint32_t (&a)[4], uint64_t db, __nv_bfloat16 *)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db, int scale_d, __half *)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float *d, const uint32_t (&a)[4], uint64_t db, __half *)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(NT, 1)
+    hopper_forward_kernel(attn_shape p, const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                          T *__restrict__ o, float *__restrict__ lse)
+{
+    constexpr int S = stages<D>(), TB = tile_bytes<D>(), DT = D / 8, NB = BC / 8;
+    extern __shared__ uint4 smem_u4[];
+    const uint32_t raw = smem_addr(smem_u4);
+    const uint32_t sQ = (raw + 1023u) & ~1023u, sK = sQ + TB, sV = sK + S * TB; /* K stages, then V stages */
+    char *gQ = reinterpret_cast<char *>(smem_u4) + (sQ - raw);
+
+    const int qblock = gridDim.x - 1 - blockIdx.x; /* heaviest (causal) first */
+    const int h = blockIdx.y, b = blockIdx.z, hk = kv_head(p, h);
+    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long i0 = (long long)qblock * BR;
+    const int rows = min(BR, p.seqlen_q - (int)i0);
+    const long long qstride = (long long)p.heads * D, kstride = (long long)p.heads_k * D;
+
+    long long jlo, jhi;
+    mask_key_range(p, i0, i0 + rows, &jlo, &jhi);
+    const long long jstart = (jlo / BC) * BC;
+    const int nblk = jhi > jlo ? (int)((jhi - jstart + BC - 1) / BC) : 0;
+    const T *kbase = k + bshd(b, 0, hk, p.seqlen_k, p.heads_k, D), *vbase = v + bshd(b, 0, hk, p.seqlen_k, p.heads_k, D);
+
+    auto load_kv = [&](int blk) {
+        const long long j0 = jstart + (long long)blk * BC;
+        const int cols = (int)min((long long)BC, p.seqlen_k - j0);
+        const int st = blk % S;
+        load_tile128<T, D>(sK + st * TB, kbase + j0 * kstride, kstride, cols);
+        load_tile128<T, D>(sV + st * TB, vbase + j0 * kstride, kstride, cols);
+    };
+
+    load_tile128<T, D>(sQ, q + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+    cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < nblk) load_kv(s);
+        cp_async_commit();
+    }
+
+    float acc[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < DT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    const float sl2 = p.scale * L2E;
+    const long long qrow = i0 + warp * 16 + g; /* this lane's rows: qrow, qrow + 8 (warp w: rows 16 w ..) */
+    const uint32_t qbase = sQ + wg * 64 * 128; /* this warpgroup's 64 rows, in every sub-tile */
+
+    for (int blk = 0; blk < nblk; blk++) {
+        cp_async_wait<S - 2>(); /* tile blk (and Q) has landed for this thread ... */
+        fence_proxy_async();    /* ... is visible to the tensor cores' reads ... */
+        __syncthreads();        /* ... for all threads; and all are done with tile blk - 1 */
+        if (blk + S - 1 < nblk) load_kv(blk + S - 1);
+        cp_async_commit();
+        const int st = blk % S;
+        const long long j0 = jstart + (long long)blk * BC;
+        const uint32_t kt = sK + st * TB, vt = sV + st * TB;
+
+        /* S = Q K^T: 64 rows x 128 keys per warpgroup, D / 16 steps of k16 */
+        float s[NB][4];
+        float (&sf)[NB * 4] = reinterpret_cast<float (&)[NB * 4]>(s);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const uint32_t off = (kk >> 2) * SUB + (kk & 3) * 32;
+            wgmma_m64n128k16_ss(sf, desc128(qbase + off), desc128(kt + off), kk > 0, (T *)nullptr);
+        }
+        wg_commit();
+        wg_wait0();
+        reg_fence(s);
+
+        /* to log2 units, softcap, mask — as rung 04 */
+        if (p.softcap > 0.0f) {
+            const float inv = p.scale / p.softcap, cl = p.softcap * L2E;
+#pragma unroll
+            for (int n = 0; n < NB; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] = cl * tanhf(s[n][e] * inv);
+        } else {
+#pragma unroll
+            for (int n = 0; n < NB; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] *= sl2;
+        }
+        if (!mask_tile_full(p, i0, i0 + rows, j0, j0 + BC)) {
+#pragma unroll
+            for (int n = 0; n < NB; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const long long i = qrow + 8 * (e >> 1), j = j0 + 8 * n + 2 * t4 + (e & 1);
+                    if (j >= p.seqlen_k || !mask_visible(p, i, j)) s[n][e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[r], mx);
+            const float msc = m_new == -INFINITY ? 0.0f : m_new;
+            const float alpha = exp2f(m[r] - msc);
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NB; n++) {
+                s[n][2 * r] = exp2f(s[n][2 * r] - msc);
+                s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - msc);
+                sum += s[n][2 * r] + s[n][2 * r + 1];
+            }
+            l[r] = fmaf(l[r], alpha, sum);
+            m[r] = m_new;
+#pragma unroll
+            for (int n = 0; n < DT; n++) {
+                acc[n][2 * r] *= alpha;
+                acc[n][2 * r + 1] *= alpha;
+            }
+        }
+        uint32_t pf[BC / 16][4];
+        pack_a<T, BC>(pf, s);
+
+        /* O += P V: per 64 columns of d (one swizzle atom of V's rows), BC / 16 steps of k16 */
+        reg_fence(acc);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++)
+#pragma unroll
+            for (int hh = 0; hh < D / 64; hh++)
+                wgmma_m64n64k16_rs_tb(&acc[8 * hh][0], pf[kk], desc128(vt + hh * SUB + kk * 16 * 128), (T *)nullptr);
+        wg_commit();
+        wg_wait0();
+        reg_fence(acc);
+    }
+    cp_async_wait<0>();
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lsum = l[r];
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+        inv[r] = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        const long long i = qrow + 8 * r;
+        if (t4 == 0 && i < p.seqlen_q)
+            lse[((long long)b * p.heads + h) * p.seqlen_q + i] = lsum > 0.0f ? (m[r] + log2f(lsum)) * LN2 : -INFINITY;
+    }
+#pragma unroll
+    for (int n = 0; n < DT; n++) {
+        acc[n][0] *= inv[0];
+        acc[n][1] *= inv[0];
+        acc[n][2] *= inv[1];
+        acc[n][3] *= inv[1];
+    }
+    __syncthreads(); /* both warpgroups are done reading the Q tile: it becomes O's staging area */
+    store_tile_warp<T, D>(acc, 1.0f, gQ, warp * 16, o + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+}
+
+template <typename T, int D> cudaError_t launch(const fwd_args &a)
+{
+    auto kern = hopper_forward_kernel<T, D>;
+    const size_t smem = smem_bytes<D>();
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((a.sh.seqlen_q + BR - 1) / BR, a.sh.heads, a.sh.batch);
+    kern<<<grid, NT, smem, a.stream>>>(a.sh, static_cast<const T *>(a.q), static_cast<const T *>(a.k),
+                                       static_cast<const T *>(a.v), static_cast<T *>(a.o), a.lse);
+    return cudaGetLastError();
+}
+
+} // namespace
+
+size_t hopper_workspace_bytes(const attn_shape &) { return 0; }
+
+cudaError_t hopper_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch, a); }
