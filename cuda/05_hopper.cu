@@ -51,6 +51,8 @@
 #include "ladder.h"
 #include "mma.cuh"
 
+#include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched at run time: no -lcuda) */
+
 namespace {
 
 constexpr int BR = 128, BC = 128, NT = 256; /* two consumer warpgroups of 64 query rows */
@@ -133,12 +135,101 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float *d, const uint32_t (
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+/*
+ * One key tile for this warpgroup's 64 query rows: S = Q K^T (wgmma, A and B from the swizzled
+ * tiles at qbase and kt), scale/softcap/mask, the online-softmax update of (m, l, acc), and
+ * acc += P V (wgmma, P from registers, V from the tile at vt). Returns with both products complete
+ * (wait_group 0), so the caller may release the K/V stage.
+ */
+template <typename T, int D>
+__device__ __forceinline__ void tile_step(const attn_shape &p, uint32_t qbase, uint32_t kt, uint32_t vt, long long i0,
+                                          int rows, long long j0, long long qrow, int t4, float (&acc)[D / 8][4],
+                                          float (&m)[2], float (&l)[2])
+{
+    constexpr int DT = D / 8, NB = BC / 8;
+    const float sl2 = p.scale * L2E;
+    /* S = Q K^T: 64 rows x 128 keys per warpgroup, D / 16 steps of k16 */
+    float s[NB][4];
+    float (&sf)[NB * 4] = reinterpret_cast<float (&)[NB * 4]>(s);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t off = (kk >> 2) * SUB + (kk & 3) * 32;
+        wgmma_m64n128k16_ss(sf, desc128(qbase + off), desc128(kt + off), kk > 0, (T *)nullptr);
+    }
+    wg_commit();
+    wg_wait0();
+    reg_fence(s);
+
+    /* to log2 units, softcap, mask — as rung 04 */
+    if (p.softcap > 0.0f) {
+        const float inv = p.scale / p.softcap, cl = p.softcap * L2E;
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = cl * tanhf(s[n][e] * inv);
+    } else {
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] *= sl2;
+    }
+    if (!mask_tile_full(p, i0, i0 + rows, j0, j0 + BC)) {
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const long long i = qrow + 8 * (e >> 1), j = j0 + 8 * n + 2 * t4 + (e & 1);
+                if (j >= p.seqlen_k || !mask_visible(p, i, j)) s[n][e] = -INFINITY;
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[r], mx);
+        const float msc = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = exp2f(m[r] - msc);
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NB; n++) {
+            s[n][2 * r] = exp2f(s[n][2 * r] - msc);
+            s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - msc);
+            sum += s[n][2 * r] + s[n][2 * r + 1];
+        }
+        l[r] = fmaf(l[r], alpha, sum);
+        m[r] = m_new;
+#pragma unroll
+        for (int n = 0; n < DT; n++) {
+            acc[n][2 * r] *= alpha;
+            acc[n][2 * r + 1] *= alpha;
+        }
+    }
+    uint32_t pf[BC / 16][4];
+    pack_a<T, BC>(pf, s);
+
+    /* O += P V: per 64 columns of d (one swizzle atom of V's rows), BC / 16 steps of k16 */
+    reg_fence(acc);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+#pragma unroll
+        for (int hh = 0; hh < D / 64; hh++)
+            wgmma_m64n64k16_rs_tb(&acc[8 * hh][0], pf[kk], desc128(vt + hh * SUB + kk * 16 * 128), (T *)nullptr);
+    wg_commit();
+    wg_wait0();
+    reg_fence(acc);
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(NT, 1)
     hopper_forward_kernel(attn_shape p, const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                           T *__restrict__ o, float *__restrict__ lse)
 {
-    constexpr int S = stages<D>(), TB = tile_bytes<D>(), DT = D / 8, NB = BC / 8;
+    constexpr int S = stages<D>(), TB = tile_bytes<D>(), DT = D / 8;
     extern __shared__ uint4 smem_u4[];
     const uint32_t raw = smem_addr(smem_u4);
     const uint32_t sQ = (raw + 1023u) & ~1023u, sK = sQ + TB, sV = sK + S * TB; /* K stages, then V stages */
@@ -176,7 +267,6 @@ __global__ void __launch_bounds__(NT, 1)
     float acc[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < DT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    const float sl2 = p.scale * L2E;
     const long long qrow = i0 + warp * 16 + g; /* this lane's rows: qrow, qrow + 8 (warp w: rows 16 w ..) */
     const uint32_t qbase = sQ + wg * 64 * 128; /* this warpgroup's 64 rows, in every sub-tile */
 
@@ -188,82 +278,8 @@ __global__ void __launch_bounds__(NT, 1)
         cp_async_commit();
         const int st = blk % S;
         const long long j0 = jstart + (long long)blk * BC;
-        const uint32_t kt = sK + st * TB, vt = sV + st * TB;
 
-        /* S = Q K^T: 64 rows x 128 keys per warpgroup, D / 16 steps of k16 */
-        float s[NB][4];
-        float (&sf)[NB * 4] = reinterpret_cast<float (&)[NB * 4]>(s);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            const uint32_t off = (kk >> 2) * SUB + (kk & 3) * 32;
-            wgmma_m64n128k16_ss(sf, desc128(qbase + off), desc128(kt + off), kk > 0, (T *)nullptr);
-        }
-        wg_commit();
-        wg_wait0();
-        reg_fence(s);
-
-        /* to log2 units, softcap, mask — as rung 04 */
-        if (p.softcap > 0.0f) {
-            const float inv = p.scale / p.softcap, cl = p.softcap * L2E;
-#pragma unroll
-            for (int n = 0; n < NB; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[n][e] = cl * tanhf(s[n][e] * inv);
-        } else {
-#pragma unroll
-            for (int n = 0; n < NB; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[n][e] *= sl2;
-        }
-        if (!mask_tile_full(p, i0, i0 + rows, j0, j0 + BC)) {
-#pragma unroll
-            for (int n = 0; n < NB; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const long long i = qrow + 8 * (e >> 1), j = j0 + 8 * n + 2 * t4 + (e & 1);
-                    if (j >= p.seqlen_k || !mask_visible(p, i, j)) s[n][e] = -INFINITY;
-                }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[r], mx);
-            const float msc = m_new == -INFINITY ? 0.0f : m_new;
-            const float alpha = exp2f(m[r] - msc);
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < NB; n++) {
-                s[n][2 * r] = exp2f(s[n][2 * r] - msc);
-                s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - msc);
-                sum += s[n][2 * r] + s[n][2 * r + 1];
-            }
-            l[r] = fmaf(l[r], alpha, sum);
-            m[r] = m_new;
-#pragma unroll
-            for (int n = 0; n < DT; n++) {
-                acc[n][2 * r] *= alpha;
-                acc[n][2 * r + 1] *= alpha;
-            }
-        }
-        uint32_t pf[BC / 16][4];
-        pack_a<T, BC>(pf, s);
-
-        /* O += P V: per 64 columns of d (one swizzle atom of V's rows), BC / 16 steps of k16 */
-        reg_fence(acc);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++)
-#pragma unroll
-            for (int hh = 0; hh < D / 64; hh++)
-                wgmma_m64n64k16_rs_tb(&acc[8 * hh][0], pf[kk], desc128(vt + hh * SUB + kk * 16 * 128), (T *)nullptr);
-        wg_commit();
-        wg_wait0();
-        reg_fence(acc);
+        tile_step<T, D>(p, qbase, sK + st * TB, sV + st * TB, i0, rows, j0, qrow, t4, acc, m, l);
     }
     cp_async_wait<0>();
 
@@ -301,8 +317,198 @@ template <typename T, int D> cudaError_t launch(const fwd_args &a)
     return cudaGetLastError();
 }
 
+
+/* ==========================================================================================
+ * 05ws: the same consumer work, fed by TMA through an mbarrier pipeline (FlashAttention-3's
+ * producer/consumer split). Three warpgroups: warpgroup 0 is the producer — it gives most of
+ * its registers away (setmaxnreg.dec to 24) and one thread issues the bulk tensor copies —
+ * warpgroups 1 and 2 are the consumers (setmaxnreg.inc to 240), 64 query rows each. Per stage:
+ * a "full" mbarrier (the producer arms it with the stage's byte count; the copy engine completes
+ * it) and an "empty" one (each consumer warp arrives once it is done with the stage). No block
+ * barrier in the key loop: each consumer warpgroup runs at its own pace, so the softmax of one
+ * overlaps the products of the other (the ping-pong FlashAttention-3 enforces with named barriers
+ * happens here only as far as the warp schedulers interleave them).
+ * ========================================================================================== */
+constexpr int NT_WS = 384;
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Wait until the phase of parity `parity` of the barrier has completed. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
+{
+    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+/* One box of the 4-d tensor map (d, seqlen, heads, batch) into shared memory, completing on bar. */
+__device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+/* A 128-row tile (d / 64 boxes of 64 columns) at row `row` of (head, batch). */
+template <int D>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *map, int row, int head, int batch, uint32_t bar)
+{
+#pragma unroll
+    for (int hh = 0; hh < D / 64; hh++) tma_load4(dst + hh * SUB, map, 64 * hh, row, head, batch, bar);
+}
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+template <int D> constexpr size_t smem_bytes_ws() { return smem_bytes<D>() + 256; } /* + the mbarriers */
+
+template <typename T, int D>
+__global__ void __launch_bounds__(NT_WS, 1)
+    hopper_ws_kernel(attn_shape p, const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                     const __grid_constant__ CUtensorMap tv, T *__restrict__ o, float *__restrict__ lse)
+{
+    constexpr int S = stages<D>(), TB = tile_bytes<D>(), DT = D / 8;
+    extern __shared__ uint4 smem_u4[];
+    const uint32_t raw = smem_addr(smem_u4);
+    const uint32_t sQ = (raw + 1023u) & ~1023u, sK = sQ + TB, sV = sK + S * TB;
+    const uint32_t bars = sV + S * TB; /* qbar, full[S], empty[S]: 8 bytes each */
+    const uint32_t qbar = bars;
+    auto full = [&](int st) { return bars + 8 + 8 * st; };
+    auto empty = [&](int st) { return bars + 8 + 8 * S + 8 * st; };
+    char *gQ = reinterpret_cast<char *>(smem_u4) + (sQ - raw);
+
+    const int qblock = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z, hk = kv_head(p, h);
+    const int wgi = threadIdx.x >> 7;
+    const long long i0 = (long long)qblock * BR;
+    const int rows = min(BR, p.seqlen_q - (int)i0);
+    long long jlo, jhi;
+    mask_key_range(p, i0, i0 + rows, &jlo, &jhi);
+    const long long jstart = (jlo / BC) * BC;
+    const int nblk = jhi > jlo ? (int)((jhi - jstart + BC - 1) / BC) : 0;
+
+    if (threadIdx.x == 0) {
+        mbar_init(qbar, 1);
+        for (int st = 0; st < S; st++) {
+            mbar_init(full(st), 1);
+            mbar_init(empty(st), 8); /* one arrival per consumer warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wgi == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (threadIdx.x == 0) {
+            mbar_expect_tx(qbar, TB);
+            tma_tile<D>(sQ, &tq, (int)i0, h, b, qbar);
+            for (int blk = 0; blk < nblk; blk++) {
+                const int st = blk % S;
+                mbar_wait(empty(st), ((blk / S) & 1) ^ 1); /* the consumers are done with its last use */
+                mbar_expect_tx(full(st), 2 * TB);
+                const int j0 = (int)(jstart + (long long)blk * BC);
+                tma_tile<D>(sK + st * TB, &tk, j0, hk, b, full(st));
+                tma_tile<D>(sV + st * TB, &tv, j0, hk, b, full(st));
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int cwg = wgi - 1, warp = (threadIdx.x >> 5) - 4, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    float acc[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < DT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    const long long qrow = i0 + warp * 16 + g;
+    const uint32_t qbase = sQ + cwg * 64 * 128;
+    mbar_wait(qbar, 0);
+    for (int blk = 0; blk < nblk; blk++) {
+        const int st = blk % S;
+        mbar_wait(full(st), (blk / S) & 1);
+        const long long j0 = jstart + (long long)blk * BC;
+        tile_step<T, D>(p, qbase, sK + st * TB, sV + st * TB, i0, rows, j0, qrow, t4, acc, m, l);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(st));
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lsum = l[r];
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+        inv[r] = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        const long long i = qrow + 8 * r;
+        if (t4 == 0 && i < p.seqlen_q)
+            lse[((long long)b * p.heads + h) * p.seqlen_q + i] = lsum > 0.0f ? (m[r] + log2f(lsum)) * LN2 : -INFINITY;
+    }
+#pragma unroll
+    for (int n = 0; n < DT; n++) {
+        acc[n][0] *= inv[0];
+        acc[n][1] *= inv[0];
+        acc[n][2] *= inv[1];
+        acc[n][3] *= inv[1];
+    }
+    consumer_sync(); /* both consumer warpgroups are done reading the Q tile */
+    const long long qstride = (long long)p.heads * D;
+    store_tile_warp<T, D>(acc, 1.0f, gQ, warp * 16, o + bshd(b, i0, h, p.seqlen_q, p.heads, D), qstride, rows);
+}
+
+/* The 4-d tensor map of a BSHD tensor (dims innermost first: d, seqlen, heads, batch), boxes of
+ * 64 columns x 128 rows, 128-byte swizzle, zero fill past the end. */
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+static cudaError_t make_map(CUtensorMap *map, const void *base, cuda_dtype dt, int batch, int seqlen, int heads, int d)
+{
+    static encode_tiled_fn encode = nullptr;
+    if (!encode) {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+        if (e != cudaSuccess) return e;
+        if (q != cudaDriverEntryPointSuccess || !fn) return cudaErrorNotSupported;
+        encode = reinterpret_cast<encode_tiled_fn>(fn);
+    }
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
+    const cuuint64_t strides[3] = {(cuuint64_t)heads * d * 2, (cuuint64_t)d * 2, (cuuint64_t)seqlen * heads * d * 2};
+    const cuuint32_t box[4] = {64, 128, 1, 1}, estride[4] = {1, 1, 1, 1};
+    const CUresult r = encode(map, dt == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                              const_cast<void *>(base), dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename T, int D> cudaError_t launch_ws(const fwd_args &a)
+{
+    const attn_shape &s = a.sh;
+    CUtensorMap tq, tk, tv;
+    cudaError_t e = make_map(&tq, a.q, a.dtype, s.batch, s.seqlen_q, s.heads, D);
+    if (e == cudaSuccess) e = make_map(&tk, a.k, a.dtype, s.batch, s.seqlen_k, s.heads_k, D);
+    if (e == cudaSuccess) e = make_map(&tv, a.v, a.dtype, s.batch, s.seqlen_k, s.heads_k, D);
+    if (e != cudaSuccess) return e;
+    auto kern = hopper_ws_kernel<T, D>;
+    const size_t smem = smem_bytes_ws<D>();
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((s.seqlen_q + BR - 1) / BR, s.heads, s.batch);
+    kern<<<grid, NT_WS, smem, a.stream>>>(s, tq, tk, tv, static_cast<T *>(a.o), a.lse);
+    return cudaGetLastError();
+}
+
 } // namespace
 
 size_t hopper_workspace_bytes(const attn_shape &) { return 0; }
 
 cudaError_t hopper_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch, a); }
+
+cudaError_t hopper_ws_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch_ws, a); }

@@ -6,14 +6,15 @@
 #                                                   with `make cuda` and carried: nothing compiles here)
 # In priority order, each step inside the budget (what no longer fits is logged as skipped):
 #   1. the harness self-test;
-#   2. rung 05 validated over all rows by libflashattn, from the simplest shape up (one 128 x 128
-#      tile at d = 64, then d = 128, then many tiles), then check_gpu.sh's six edge shapes, bf16 and fp16;
+#   2. rungs 05 and 05ws validated over all rows by libflashattn, from the simplest shape up (one
+#      128 x 128 tile at d = 64, then d = 128, then many tiles), then check_gpu.sh's six edge shapes,
+#      bf16 and fp16 (05ws: if its first small run fails or hangs, every later 05ws step is skipped);
 #   3. PyTorch SDPA (flash, cuDNN, memory-efficient; forward and backward) on every shape timed below;
-#   4. the target shape (bf16, d 128, N 16384, H 16, causal and not): 05, 04, 04b, 03 - the same-run
+#   4. the target shape (bf16, d 128, N 16384, H 16, causal and not): 05, 05ws, 04, 04b, 03 - the same-run
 #      table of cuda/README.md - each validated by libflashattn before it is timed;
 #   5. ncu of 05's kernel at the target shape (tensor pipe, bank conflicts, stalls);
-#   6. compute-sanitizer memcheck and racecheck of 05 on small shapes;
-#   7. 05 at d = 64 (N 16384), GQA 32:8 (d 128, N 4096, B 2) and fp16 (target shape).
+#   6. compute-sanitizer memcheck and racecheck of 05 (memcheck of 05ws) on small shapes;
+#   7. 05 and 05ws at d = 64 (N 16384), GQA 32:8 (d 128, N 4096, B 2) and fp16 (target shape).
 # Output in OUTDIR: h200_tc3.csv, run.log, device.txt, clocks.csv, ncu_05.txt.
 set -u
 OUTDIR=${1:?usage: sh cuda/run_tc3.sh OUTDIR [BUDGET_SECONDS]}
@@ -85,6 +86,28 @@ for dt in bf16 fp16; do
 $EDGES
 EOF
 done
+ws=1
+hw() { # as h, for rung 05ws: nothing once it has failed
+    if [ $ws = 0 ]; then say "skipped (05ws failed before): $1"; return; fi
+    f0=$fails
+    h "$@"
+    [ $fails -gt "$f0" ] && ws=0
+    return 0
+}
+hw "validate 05ws bf16 one tile d=64" 15 --kernel 05ws --heads 1 --seqlen 128 --d 64 --no-time --seed 7
+ws1=$ws
+ws=1
+hw "validate 05ws bf16 one tile d=128" 15 --kernel 05ws --heads 1 --seqlen 128 --d 128 --no-time --seed 7
+[ $ws1 = 0 ] && ws=0
+hw "validate 05ws bf16 8x8 tiles d=128 H=2" 20 --kernel 05ws --heads 2 --seqlen 1024 --d 128 --no-time --seed 7
+hw "validate 05ws bf16 8x8 tiles d=64 causal" 20 --kernel 05ws --heads 2 --seqlen 1024 --d 64 --causal --no-time --seed 7
+for dt in bf16 fp16; do
+    while read -r line; do
+        hw "validate 05ws $dt $line" 20 --kernel 05ws --dtype $dt $(echo "$line" | sed 's/=/ /g') --no-time --seed 7
+    done <<EOF
+$EDGES
+EOF
+done
 
 say "== 3. SDPA ($(left) s left)"
 SHAPES="128:16384:0:16:16:1,128:16384:1:16:16:1,64:16384:0:16:16:1,64:16384:1:16:16:1,128:4096:0:32:8:2,128:4096:1:32:8:2"
@@ -95,6 +118,8 @@ say "== 4. target shape ($(left) s left)"
 T="--d 128 --seqlen 16384 --heads 16 --batch 1 --dtype bf16 --repeats 10 --max-seconds 0.5 --csv $CSV"
 h "time 05   bf16 d=128 N=16384 causal=0" 25 --kernel 05 $T
 h "time 05   bf16 d=128 N=16384 causal=1" 25 --kernel 05 $T --causal
+hw "time 05ws bf16 d=128 N=16384 causal=0" 25 --kernel 05ws $T
+hw "time 05ws bf16 d=128 N=16384 causal=1" 25 --kernel 05ws $T --causal
 h "time 04   bf16 d=128 N=16384 causal=0" 25 --kernel 04 $T
 h "time 04   bf16 d=128 N=16384 causal=1" 25 --kernel 04 $T --causal
 h "time 04b  bf16 d=128 N=16384 causal=0" 50 --kernel 04b $T
@@ -122,6 +147,10 @@ san "memcheck  05 d=128 causal GQA tails" memcheck --kernel 05 --d 128 --heads 2
 san "memcheck  05 d=64 window+softcap" memcheck --kernel 05 --d 64 --heads 2 --seqlen 192 --window 40,7 --softcap 20
 san "racecheck 05 d=128 causal GQA tails" racecheck --kernel 05 --d 128 --heads 2 --heads-k 1 --seqlen-q 100 --seqlen-k 150 --causal
 san "racecheck 05 d=64 full tiles" racecheck --kernel 05 --d 64 --heads 2 --seqlen 384
+if [ $ws = 1 ]; then
+    san "memcheck  05ws d=128 causal GQA tails" memcheck --kernel 05ws --d 128 --heads 2 --heads-k 1 --seqlen-q 100 --seqlen-k 150 --causal
+    san "memcheck  05ws d=64 window+softcap" memcheck --kernel 05ws --d 64 --heads 2 --seqlen 192 --window 40,7 --softcap 20
+fi
 
 say "== 7. d = 64, GQA, fp16 ($(left) s left)"
 for c in 0 1; do
@@ -131,8 +160,12 @@ for c in 0 1; do
     SG="--d 128 --seqlen 4096 --heads 32 --heads-k 8 --batch 2 --dtype bf16 --repeats 10 --max-seconds 0.5 --csv $CSV $cc"
     h "time 05   bf16 d=64 N=16384 causal=$c" 25 --kernel 05 $S64
     h "time 05   bf16 d=128 N=4096 GQA 32:8 B=2 causal=$c" 25 --kernel 05 $SG
+    hw "time 05ws bf16 d=64 N=16384 causal=$c" 25 --kernel 05ws $S64
+    hw "time 05ws bf16 d=128 N=4096 GQA 32:8 B=2 causal=$c" 25 --kernel 05ws $SG
 done
 h "time 05   fp16 d=128 N=16384 causal=0" 25 --kernel 05 --d 128 --seqlen 16384 --heads 16 --batch 1 --dtype fp16 \
+    --repeats 10 --max-seconds 0.5 --csv "$CSV"
+hw "time 05ws fp16 d=128 N=16384 causal=0" 25 --kernel 05ws --d 128 --seqlen 16384 --heads 16 --batch 1 --dtype fp16 \
     --repeats 10 --max-seconds 0.5 --csv "$CSV"
 
 {
