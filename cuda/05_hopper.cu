@@ -1,8 +1,10 @@
 /*
  * 05_hopper.cu — FlashAttention's forward pass on Hopper's warpgroup tensor cores (wgmma, sm_90a).
  *
- * STATUS: first version — wgmma from shared memory with 128-byte-swizzled tiles, fed by cp.async
- *   (no TMA, no mbarrier pipeline, no warp specialization, no ping-pong yet; see "What it leaves out").
+ * Two kernels, one consumer (tile_step): 05 feeds it with cp.async under a block barrier per key
+ *   tile; 05ws with TMA through an mbarrier pipeline and a producer warpgroup (FlashAttention-3's
+ *   warp specialization). Both validated by libflashattn on the H200 (all rows on 12 edge
+ *   shapes, bf16 and fp16; sampled rows on every timed shape) — cuda/results/tc3.
  *
  * Previous rung (04_mma.cu): FlashAttention-2 on the tensor cores through mma.sync — every warp
  *   issues its own 16 x 8 x 16 products and first fetches both operands from shared memory into
@@ -15,12 +17,12 @@
  *     a 64-bit matrix descriptor, with no ldmatrix and no register staging;
  *   - the descriptor's 128-byte swizzle: every tile is stored as d/64 sub-tiles of [rows][64]
  *     halves, 128-byte rows, the 16-byte chunk c of row r at chunk c ^ (r & 7) — the layout TMA's
- *     SWIZZLE_128B writes (so rung 05's TMA step will not change the kernel's reads): the 8 rows a
+ *     SWIZZLE_128B writes (so 05ws's TMA copies did not change the kernel's reads): the 8 rows a
  *     descriptor step touches hit 8 different bank groups. Q and K are "K-major" operands (d
  *     contiguous), V is read as an "MN-major" B (d contiguous, keys the k dimension: the
  *     transpose bit), exactly as FlashAttention-3 reads it;
  *   - asynchronous issue: wgmma.fence / commit_group / wait_group bracket a product; the warps
- *     are free while it runs (this version still waits for it before the softmax);
+ *     are free while it runs (this rung still waits for it before the softmax);
  *   - P from registers: the S accumulator fragment of wgmma (per warp: rows 16w + g, g + 8, two
  *     columns 2t, 2t+1 per 8-column block — the mma.sync C layout) is, rounded to bf16/fp16 and
  *     packed in pairs, the register A fragment of the P V wgmma (the "RS" form), as in rung 04;
@@ -29,17 +31,35 @@
  *   d = 128, 3 at d = 64), causal (bottom-right) and windows by key range plus an element mask on
  *   straddling tiles, heaviest query blocks first, GQA, softcap, d = 64 or 128, O staged through
  *   shared memory for 16-byte stores, LSE.
- * What it leaves out (FlashAttention-3's remaining steps, in order of expected gain):
- *   TMA bulk tensor copies completing on mbarriers (cp.async costs the consumer warps issue slots),
- *   producer/consumer warp specialization with setmaxnreg (a load warp, consumers at 240 registers),
- *   the ping-pong schedule (warpgroup 1's softmax while warpgroup 0's products run, by named
- *   barriers) and the intra-warpgroup overlap of softmax j with S_{j+1}; fp8.
- * What bounds it (expected; this version has not been profiled): the block-wide barrier per key
- *   step keeps both warpgroups in lockstep, so their softmax phases coincide and the tensor pipe
- *   idles while both compute exponentials; wait_group 0 after each product serializes issue.
- * Resources: see `make cuda-regs` (registers; a spill fails the build). Shared memory: Q 128 x d,
- *   STAGES x (K + V) 128 x d halves, + 1 KiB to align the tiles to the swizzle's 1024-byte atom:
- *   161 KiB at d = 128, 113 KiB at d = 64; one block (8 warps) per SM.
+ * 05ws adds (second kernel, bottom of this file): TMA — cp.async.bulk.tensor of 64 x 128 boxes
+ *   from 4-d tensor maps (d, seqlen, heads, batch), written by the copy engine in the same
+ *   128-byte swizzle, rows past the end zero-filled — completing on "full" mbarriers armed with
+ *   the byte count; "empty" mbarriers the consumer warps arrive on when a stage is free; a
+ *   producer warpgroup (one thread issues every copy; setmaxnreg.dec to 24 registers) and two
+ *   consumer warpgroups (setmaxnreg.inc to 240) that never meet at a block barrier in the key
+ *   loop, so one warpgroup's softmax runs while the other's wgmmas keep the tensor cores busy.
+ * What it leaves out (FlashAttention-3's remaining steps): the explicit ping-pong schedule
+ *   (named barriers that hand the tensor cores from one warpgroup to the other), the
+ *   intra-warpgroup overlap of softmax j with S_{j+1} (a second S accumulator: registers), a
+ *   persistent grid, fp8; and the backward on wgmma.
+ * Measured (H200, bf16, d = 128, N = 16384, H = 16; PyTorch SDPA in the same run, flash 355,
+ *   cuDNN 683 TFLOP/s): 05 426.4 TFLOP/s = 1.20x flash, 0.62x cuDNN; 05ws 563.2 = 1.59x
+ *   flash, 0.82x cuDNN (causal 421.1 / 531.6 against flash 323, cuDNN 590: 05ws 1.64x /
+ *   0.90x); d = 64: 297.4 / 344.2 (flash 299, cuDNN 493); GQA 32:8 N 4096: 425.6 / 513.2.
+ * What bounds 05 — measured (ncu --clock-control none, target shape; cuda/results/tc3/ncu_05.txt):
+ *   5.13 ms at 1.81 GHz; the shared pipe (wgmma's) busiest at 43.9% of peak; 50,331,648
+ *   warpgroup MMA instructions (against 04's 536,870,912 mma.sync) and 2.30e9 instructions
+ *   in all; issue slots 47% busy, 4.12 cycles between two issues of a warp; 0 shared-memory
+ *   bank conflicts in 361M wavefronts (the 128-byte swizzle). The block barrier per key tile
+ *   keeps both warpgroups in step, so their softmax phases (64 ex2 per thread per tile, on
+ *   the special-function units) tend to coincide and the tensor pipe waits — what 05ws gains by
+ *   taking the barrier (and the consumers' copy instructions) out of the key loop: +32%.
+ *   (This ncu build has no sm__pipe_tensor_op_gmma_cycles_active: "n/a"; 05ws was not profiled.)
+ * Resources (`make cuda-regs`; a spill fails the build): 05: 254-255 registers, 256 threads,
+ *   one block per SM; 05ws: 384 threads under a 168-register cap at entry, then 24 (producer) /
+ *   240 (consumers) after setmaxnreg; 0 spills. Shared memory: Q 128 x d, STAGES x (K + V)
+ *   128 x d halves, + 1 KiB to align the tiles to the swizzle's 1024-byte atom (+ 256 bytes of
+ *   mbarriers for 05ws): 161 KiB at d = 128, 113 KiB at d = 64.
  * Descriptor fields (PTX ISA, "Matrix Descriptor Format" for wgmma): start address >> 4 (bits
  *   0-13), leading byte offset >> 4 (16-29), stride byte offset >> 4 (32-45), base offset (49-51,
  *   0: the tiles are 1024-byte aligned), swizzle mode (62-63, 1 = 128B). Every product here spans

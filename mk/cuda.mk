@@ -58,9 +58,18 @@ $(CUDA_BIN): $(CUDA_OBJS) $(BUILD)/libflashattn.a
 	$(NVCC) $(CUDA_ARCH) -o $@ $(CUDA_OBJS) $(BUILD)/libflashattn.a $(if $(OMPFLAGS),-Xcompiler $(OMPFLAGS)) -lm
 
 # `make plots` draws the ladder against PyTorch SDPA from the committed CSV, when it is there.
+# With the tensor-core run's CSV (CUDA_TC_CSV) it also draws build/plots/cuda_tensor.png: rungs
+# 03-05ws and SDPA's backends at the target shape, forward and backward, from that one run.
+CUDA_TC_CSV ?= cuda/results/tc3/h200_tc3.csv
 ifneq ($(wildcard $(CUDA_CSV)),)
 plots: $(BUILD)/plots/cuda_ladder.png
 $(BUILD)/plots/cuda_ladder.png: plots/cuda_ladder.gp $(CUDA_CSV)
 	@mkdir -p $(dir $@)
 	$(or $(GNUPLOT),gnuplot) -e "csv='$(CUDA_CSV)'; out='$@'" $<
+ifneq ($(wildcard $(CUDA_TC_CSV)),)
+plots: $(BUILD)/plots/cuda_tensor.png
+$(BUILD)/plots/cuda_tensor.png: plots/cuda_ladder.gp $(CUDA_CSV) $(CUDA_TC_CSV)
+	@mkdir -p $(dir $@)
+	$(or $(GNUPLOT),gnuplot) -e "csv='$(CUDA_CSV)'; out='$(BUILD)/plots/cuda_ladder.png'; tc='$(CUDA_TC_CSV)'; out_tc='$@'" $<
+endif
 endif
