@@ -41,17 +41,21 @@
  * What it leaves out (rung 05): Hopper's wgmma (warpgroup-wide, B from shared memory,
  *   asynchronous), TMA bulk copies with mbarriers, warp specialization and the
  *   ping-pong of softmax against the products of another warpgroup; fp8.
- * What bounds it (to be confirmed with ncu on the H200): mma.sync issues from every
- *   warp and waits on its own ldmatrix traffic; the tensor pipe then runs at a
- *   fraction of what wgmma reaches (ncu: sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,
- *   and smsp__pcsamp_warps_issue_stalled_{short_scoreboard,mio_throttle,barrier}
- *   for the ldmatrix/exp and __syncthreads stalls; l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
- *   should be ~0 with the swizzle). Per warp and key step it reads 16 KiB of K and V
- *   fragments from shared memory (d = 128) for 0.5 MFLOP: 32 FLOP/byte, i.e. a
- *   shared-memory ceiling near 4 kFLOP/clk/SM, above what mma.sync sustains.
- *   The softmax (ex2 on the SFU, 16 per 16 x 64 strip per lane) sits between the two
- *   products of the same warp; only the other warps and the second block of the SM
- *   hide it — what FA-3's ping-pong fixes.
+ * What bounds it — measured (ncu --clock-control none, H200, bf16, d = 128, N = 16384, H = 16,
+ *   2026-12-03; cuda/results/tc2/ncu_04.txt): the instruction stream, not the tensor cores.
+ *   Duration 7.50 ms at 1.80 GHz; tensor pipe (HMMA) active 46.7% of its peak
+ *   (sm__pipe_tensor_op_hmma_cycles_active), 536,870,912 mma.sync instructions; issue slots
+ *   busy 49.7% (IPC 2.05); 8 warps per SM = 2 per scheduler (occupancy 12.5%, capped by the
+ *   250 registers and the 80 KiB of tiles), 3.89 cycles between two issues of a warp, of which
+ *   1.3 (32%) the top stall: a fixed-latency execution dependency (an mma waiting for the
+ *   previous one's accumulators, the softmax's dependent FMUL/ex2 chain). With two warps per
+ *   scheduler nothing hides those latencies, and every product also costs its ldmatrix
+ *   instructions. Shared memory: 260,561 bank conflicts in 1.106e9 wavefronts (0.02%: the
+ *   swizzle holds; what is left is the O staging stores), L1 throughput 64%. What lifts it is
+ *   rung 05: one wgmma (64 x 128 x 16, issued by a warpgroup) does the work of 64 mma.sync
+ *   and reads its operands from shared memory itself, with no ldmatrix.
+ *   Measured speed (same H200 run as SDPA, cuda/results/tc3): 293.7 TFLOP/s forward = 0.83x
+ *   PyTorch's flash backend, causal 296.5 = 0.92x; d = 64: 247.8 = 0.82x; fp16 as bf16.
  * Memory traffic (per head, N = seqlen_q = seqlen_k): Q read and O written once,
  *   K and V read once per query block of 64: 2 N d (N / 64) elements — 2 GiB per
  *   head at N = 16384, d = 128, mostly L2 hits (one head's K, V is 8 MiB).

@@ -3,58 +3,81 @@
  *
  * Previous rung (03b_flash2_bwd.cu): the backward's algorithm and its
  *   deterministic split, every product on the FP32 CUDA cores.
- * What this rung adds: the same three kernels with every tile product on the
- *   tensor cores, built from rung 04's two warp products (mma.cuh):
+ * What this rung adds: the backward on the tensor cores, built from rung 04's two warp
+ *   products (mma.cuh):
  *     S = Q K^T, dP = dO V^T (and their transposes)  — mma_abt: A and B rows from
  *       swizzled shared memory through ldmatrix;
  *     dV += P^T dO, dK += dS^T Q, dQ += dS K         — mma_pv: the left factor
- *       (P^T, dS^T, dS) never leaves the registers: the fp32 accumulator fragment
- *       of S^T (or S), turned elementwise into P and dS, is rounded to bf16/fp16
- *       and re-packed as the A fragment; the right factor is read with ldmatrix.trans.
- *   Tiles arrive by cp.async, double-buffered (the loads of step s+1 fly while
- *   step s computes), into XOR-swizzled bf16/fp16 tiles (no bank conflicts).
+ *       (P^T, dS^T) never leaves the registers: the fp32 accumulator fragment of S^T,
+ *       turned elementwise into P and dS, is rounded to bf16/fp16 and re-packed as the A
+ *       fragment; the right factor is read with ldmatrix.trans.
+ *   Tiles arrive by cp.async, double-buffered (the loads of step s+1 fly while step s
+ *   computes), into XOR-swizzled bf16/fp16 tiles (no bank conflicts). Two variants:
+ *   --kernel 04b (the default): FlashAttention-2's single pass, 5 tile products:
  *     kernel 1 (D = rowsum(dO o O)): one warp per 16 rows; the row dot products are
  *       taken on the tensor cores too, as the diagonal of the 16 x 16 tile dO_w O_w^T,
  *       so that D_i is formed by exactly the instruction sequence that forms dP_ij =
- *       dO_i . v_j in kernel 3 (same operands in the same A/B roles, same k order,
- *       same start): where a row's whole probability sits on one key (seqlen_k = 1,
- *       say), O_i = v_j, so dP_ij - D_i is exactly 0 and so are dS, dQ and dK, as they
- *       are mathematically (rung 03b's header says why check-grad insists). Kernel 2
- *       forms dP^T = V dO^T, A and B the other way round, so kernel 1 also forms the
- *       diagonal of O_w dO_w^T for it (Dt; the same number unless the tensor core's sum
- *       depends on which operand is A) — no reliance on that symmetry;
- *     kernel 2 (dK, dV): one block of 4 warps per 64 keys (16 per warp); it walks
- *       the query blocks of BQ rows (32 at d = 128, 64 at d = 64) that can see them,
- *       for every query head of the GQA group in a fixed order:
+ *       dO_i . v_j (same operands in the same A/B roles, same k order, same start):
+ *       where a row's whole probability sits on one key (seqlen_k = 1, say), O_i = v_j,
+ *       so dP_ij - D_i is exactly 0 and so are dS, dQ and dK, as they are mathematically
+ *       (rung 03b's header says why check-grad insists). Kernel 2 forms dP^T = V dO^T, A
+ *       and B the other way round, so kernel 1 also forms the diagonal of O_w dO_w^T for it
+ *       (Dt) — no reliance on the tensor core's sum being symmetric in A and B;
+ *     kernel 2 (dK, dV and dQ): one block of 8 warps per 128 keys (16 per warp); it walks
+ *       the query blocks of BQ rows (32 at d = 128, 64 at d = 64) that can see them, for
+ *       every query head of the GQA group in a fixed order:
  *         S^T = K_j Q_i^T, dP^T = V_j dO_i^T, P^T = 2^(t - LSE log2 e),
- *         dS^T = P^T o (dP^T - D), dV_j += P^T dO_i, dK_j += dS^T Q_i;
- *     kernel 3 (dQ): one block of 4 warps per 64 query rows walks the key blocks of 64
- *       they can see: S = Q_i K_j^T, dP = dO_i V_j^T, dS, dQ_i += dS K_j.
- *   dQ is deterministic by the split, as in rung 03b: every element of dQ, dK, dV is
- *   accumulated by one thread in a fixed order, no atomics, the same bits every run.
- *   The price: kernel 3 recomputes S and dP, 7 tile products instead of FlashAttention-2's
- *   5; TFLOP/s are counted on FlashAttention's 5 (2.5 x the forward), so this rung's
- *   tensor pipes do 1.4 x the counted work.
+ *         dS^T = P^T o (dP^T - D), dV_j += P^T dO_i, dK_j += dS^T Q_i,
+ *       then writes its rounded dS^T to a shared tile (swizzled for 32- or 64-half rows:
+ *       conflict-free stores and ldmatrix phases), and after one barrier the 8 warps split
+ *       dQ_i += dS K_j (BQ x d) between them — A = dS by ldmatrix.trans of the dS^T tile,
+ *       B = K_j by ldmatrix.trans — and add it into a float dQ accumulator in global memory,
+ *       one float2 atomic (sm_90's vector red) per accumulator pair: BQ x d adds per step
+ *       for BQ x 128 (q, k) pairs, d / 128 = one float add per pair at d = 128 (FA-2's rate);
+ *     kernel 3 (dQ = scale x the accumulator, rounded to bf16/fp16; 16-byte stores).
+ *     The float accumulator is zeroed (cudaMemsetAsync) in the same stream first; it is
+ *     batch x seqlen_q x heads x d floats of workspace.
+ *   --kernel 04bd: the deterministic split of rung 03b: kernel 2 with 4 warps per 64 keys
+ *     computes dK, dV only; dQ by its own kernel (one block of 4 warps per 64 query rows,
+ *     walking the key blocks: S = Q_i K_j^T, dP = dO_i V_j^T, dS, dQ_i += dS K_j) — every
+ *     element of dQ, dK, dV is summed by one thread in a fixed order, the same bits every
+ *     run, at the price of recomputing S and dP there: 7 tile products instead of 5.
+ *   Why the single pass is the default: it is FlashAttention-2's own algorithm and what
+ *   PyTorch's flash backend (the target) runs, and it meets issue 15's backward target where
+ *   the deterministic split cannot (5/7 of the work at equal efficiency predicted 0.71x and
+ *   measured 0.66x). Its dQ differs from run to run in the last bits (float additions in
+ *   arrival order) — well inside check-grad's rule — while dK and dV stay bitwise
+ *   reproducible; a user who needs dQ bit-for-bit runs 04bd (FlashAttention-3 reaches both
+ *   with semaphore-ordered dQ accumulation — not here).
+ *   TFLOP/s are counted on FlashAttention's 5 products (2.5 x the forward) for both.
  *   Softcap: t = c tanh(scale s / c), dS *= 1 - tanh^2 (the same expression as rung 04's
  *   forward, so P is rebuilt from the same bits as the forward's).
- * What it leaves out: FlashAttention-2's single-pass dQ (atomic fp32 adds, run-to-run
- *   different) and FlashAttention-3's deterministic semaphore-ordered dQ accumulation,
- *   wgmma/TMA (rung 05).
- * What bounds it (to confirm with ncu on the H200): kernel 2 re-reads its K_j, V_j A
- *   fragments by ldmatrix at every step (no room in registers beside the dK and dV
- *   accumulators: 2 x 64 registers at d = 128) and does four products per step against
- *   one __syncthreads; the elementwise P/dS work (ex2, and tanh under softcap) sits
- *   between the products of one warp. ncu: sm__pipe_tensor_op_hmma_cycles_active
- *   (tensor pipe), smsp__pcsamp_warps_issue_stalled_{mio_throttle,short_scoreboard,barrier},
- *   l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum (~0 expected).
+ * What it leaves out: FlashAttention-3's deterministic ordered dQ accumulation; wgmma/TMA
+ *   (a Hopper backward rung was not written).
+ * What bounds it — measured (ncu --clock-control none, H200, kernel 2 of 04b, bf16, d = 128,
+ *   N = 4096, H = 16, B = 4, 2026-12-03; cuda/results/tc2/ncu_04b.txt): the shared-memory
+ *   operand traffic of mma.sync. Duration 6.39 ms at 1.80 GHz; tensor pipe (HMMA) active
+ *   34.3% (335,544,320 mma.sync), issue slots busy 28.4% (IPC 1.17); 8 warps per SM
+ *   (one block: 255 registers), 6.82 cycles between two issues of a warp, of which 2.3 (33%,
+ *   the top stall) a short scoreboard on MIO — waiting for ldmatrix results from shared
+ *   memory: kernel 2 re-reads its K_j, V_j A fragments at every step (no room in registers
+ *   beside the dK and dV accumulators: 2 x 64 registers at d = 128) and every product
+ *   streams its B operand through ldmatrix; L1 throughput 73%. Bank conflicts: 0 on loads
+ *   and stores (27,234 of 934M wavefronts in all: the atomics' traffic). The dQ atomics are
+ *   not the bound: the single pass (5 products + atomics) runs 1.10x the deterministic split
+ *   (7 products, no atomics), against 1.4x if it were as efficient per product.
+ *   Measured speed (H200, SDPA in the same run, cuda/results/tc2 and tc3): 04b 217.3 TFLOP/s
+ *   = 0.72-0.73x PyTorch's flash backward (299-300), causal 216.7 = 0.72x; d = 64 191.8 =
+ *   0.69x (causal 0.74x); GQA 32:8 212.5 = 0.78x; fp16 217.6; 04bd 197.5 = 0.66x.
  * Memory traffic (per head, N = seqlen_q = seqlen_k): kernel 2 reads Q, dO once per key
- *   block (2 N d N / 64 elements), kernel 3 reads K, V once per query block (the same):
- *   mostly L2 hits.
- * Resources (nvcc 13.0, sm_90, `make cuda-regs`; bf16 and fp16 alike), 128 threads a block,
- *   __launch_bounds__(128, 2) for kernels 2 and 3 (two blocks, 8 warps per SM):
- *     kernel 1: 55 registers (d = 128) / 38 (d = 64), 32 KiB / 16 KiB shared;
- *     kernel 2: 255 / 240 registers, 64.5 KiB / 49 KiB shared;
- *     kernel 3: 244 / 222 registers, 96 KiB / 48 KiB shared;
+ *   block (2 N d N / 128 elements) and adds dQ once per key block (N d N / 128 floats,
+ *   mostly L2 atomics); 04bd's dQ kernel reads K, V once per query block of 64.
+ * Resources (nvcc 13.0, sm_90, `make cuda-regs`; bf16 and fp16 alike):
+ *     kernel 1: 55 registers (d = 128) / 38 (d = 64), 32 KiB / 16 KiB shared, 128 threads;
+ *     kernel 2 (04b): 255 / 243 registers, 256 threads, __launch_bounds__(256, 1), 104.5 KiB /
+ *       81 KiB shared (K, V 128 x d; 2 stages of Q, dO, LSE, D; the dS^T tile);
+ *     kernel 2 (04bd): 255 / 240 registers, 128 threads, (128, 2), 64.5 KiB / 49 KiB shared;
+ *     04bd's dQ kernel: 244 / 222 registers, 96 KiB / 48 KiB shared;
  *   0 bytes spilled, 0 stack everywhere (a spill fails the build: -Xptxas -warn-spills,-Werror).
  *   Kernel 2 at d = 128 sits at the 255-register cap: its dK and dV accumulators alone are
  *   128 registers, which is why its query step is 32 rows there (64 at d = 64).

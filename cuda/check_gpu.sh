@@ -4,7 +4,7 @@
 #   sh cuda/check_gpu.sh [LOGFILE]            (RUNGS="04 04b" sh cuda/check_gpu.sh: only those rungs)
 #
 # 1. builds libflashattn and the ladder, runs the self-test;
-# 2. validates every rung (01 02 03 03b 04 04b, or $RUNGS) in bf16 and fp16 on shapes chosen to hit the edges —
+# 2. validates every rung (01 02 03 03b 04 04b 04bd 05, or $RUNGS) in bf16 and fp16 on shapes chosen to hit the edges —
 #    tails (lengths not multiples of 64), bottom-right causal with seqlen_q != seqlen_k, rows with
 #    no visible key, sliding windows with softcap, GQA and MQA, d = 64 and 128 — with
 #    libflashattn's fa_check / check-grad rule over all rows (--no-time);
@@ -12,7 +12,7 @@
 # Prints one line per run and a final count; exit status 1 if anything failed.
 set -u
 LOG=${1:-build/cuda/check_gpu.log}
-RUNGS=${RUNGS:-01 02 03 03b 04 04b}
+RUNGS=${RUNGS:-01 02 03 03b 04 04b 04bd 05}
 BIN=build/cuda/flashattn-cuda
 mkdir -p "$(dirname "$LOG")"
 : > "$LOG"

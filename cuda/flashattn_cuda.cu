@@ -1,7 +1,7 @@
 /*
  * flashattn_cuda.cu — the harness of the CUDA ladder: build/cuda/flashattn-cuda.
  *
- *   flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd [--batch B] [--heads H] [--heads-k HK]
+ *   flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd|05|05ws [--batch B] [--heads H] [--heads-k HK]
  *                  [--seqlen-q N] [--seqlen-k N] [--seqlen N] [--d 64|128]
  *                  [--causal] [--window L,R] [--softcap C] [--scale S] [--dtype bf16|fp16]
  *                  [--repeats R] [--max-seconds S] [--sample-rows K] [--grad-ref auto|reference|flash|none]
@@ -59,10 +59,14 @@
  * Options and their parsing (no CUDA here: the self-test runs it on any machine)
  * ========================================================================== */
 
-enum rung { RUNG_NAIVE = 0, RUNG_FLASH1, RUNG_FLASH2, RUNG_FLASH2_BWD, RUNG_MMA, RUNG_MMA_BWD, RUNG_MMA_BWD_DET, RUNG_COUNT };
-static const char *const rung_ids[RUNG_COUNT] = {"01", "02", "03", "03b", "04", "04b", "04bd"};
+enum rung {
+    RUNG_NAIVE = 0, RUNG_FLASH1, RUNG_FLASH2, RUNG_FLASH2_BWD, RUNG_MMA, RUNG_MMA_BWD, RUNG_MMA_BWD_DET, RUNG_HOPPER,
+    RUNG_HOPPER_WS, RUNG_COUNT
+};
+static const char *const rung_ids[RUNG_COUNT] = {"01", "02", "03", "03b", "04", "04b", "04bd", "05", "05ws"};
 static const char *const rung_names[RUNG_COUNT] = {"01_naive", "02_flash1", "03_flash2", "03b_flash2_bwd", "04_mma",
-                                                   "04b_mma_bwd", "04bd_mma_bwd_det"};
+                                                   "04b_mma_bwd", "04bd_mma_bwd_det", "05_hopper",
+                                                   "05ws_hopper_tma"};
 
 /* A backward rung, and the forward rung whose O and LSE it consumes. */
 static bool is_bwd(int kernel) { return kernel == RUNG_FLASH2_BWD || kernel == RUNG_MMA_BWD || kernel == RUNG_MMA_BWD_DET; }
@@ -89,7 +93,7 @@ struct harness_opts {
 };
 
 static const char usage_text[] =
-    "usage: flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd [shape] [mask] [--dtype bf16|fp16] [run options]\n"
+    "usage: flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd|05|05ws [shape] [mask] [--dtype bf16|fp16] [run options]\n"
     "       flashattn-cuda --self-test\n"
     "\n"
     "Runs one rung of the CUDA ladder on random inputs, validates its output with libflashattn\n"
@@ -99,7 +103,8 @@ static const char usage_text[] =
     "  --kernel NN        01 naive (S, P in global memory), 02 FlashAttention-1 loop order,\n"
     "                     03 FlashAttention-2 forward, 03b FlashAttention-2 backward (CUDA cores),\n"
     "                     04 forward, 04b backward on tensor cores (mma.sync; 04b: FlashAttention-2's\n"
-    "                     single pass, dQ by float atomics; 04bd: the deterministic split, dQ by its own kernel)\n"
+    "                     single pass, dQ by float atomics; 04bd: the deterministic split, dQ by its own kernel),\n"
+    "                     05 forward on Hopper's wgmma (sm_90a only; 05ws: fed by TMA, producer warpgroup)\n"
     "shape:  --batch B (1) --heads H (16) --heads-k HK (= H) --seqlen-q N --seqlen-k N (1024)\n"
     "        --seqlen N (both) --d 64|128 (128)\n"
     "mask:   --causal  --window L,R (-1 = unbounded)  --softcap C  --scale S (default 1/sqrt(d))\n"
@@ -184,7 +189,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
             o->kernel = -1;
             for (int r = 0; r < RUNG_COUNT; r++)
                 if (!strcmp(val, rung_ids[r]) || !strcmp(val, rung_names[r])) o->kernel = r;
-            if (o->kernel < 0) return fail_msg(err, n, "--kernel: unknown rung '%s' (expected 01, 02, 03, 03b, 04, 04b or 04bd)", val);
+            if (o->kernel < 0) return fail_msg(err, n, "--kernel: unknown rung '%s' (expected 01, 02, 03, 03b, 04, 04b, 04bd, 05 or 05ws)", val);
         } else if (!strcmp(a, "--batch")) {
             if (parse_ll(a, val, 1, 65535, &x, err, n)) return -1;
             o->batch = (int)x;
@@ -248,7 +253,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
         }
     }
     if (o->help || o->self_test) return 0;
-    if (o->kernel < 0) return fail_msg(err, n, "missing --kernel NN (01, 02, 03, 03b, 04, 04b or 04bd; see --help)");
+    if (o->kernel < 0) return fail_msg(err, n, "missing --kernel NN (01, 02, 03, 03b, 04, 04b, 04bd, 05 or 05ws; see --help)");
     if (o->heads_k == 0) o->heads_k = o->heads;
     if (o->heads % o->heads_k != 0)
         return fail_msg(err, n, "--heads (%d) is not a multiple of --heads-k (%d)", o->heads, o->heads_k);
@@ -638,12 +643,18 @@ static int self_test(void)
         rc = parse_args(3, (char **)det, &o, err, sizeof err);
         st_expect(rc == 0 && o.kernel == RUNG_MMA_BWD_DET && is_bwd(o.kernel) && fwd_of(o.kernel) == RUNG_MMA,
                   "--kernel 04bd is the deterministic tensor-core backward, fed by rung 04's forward");
+        const char *hop[] = {"x", "--kernel", "05"};
+        rc = parse_args(3, (char **)hop, &o, err, sizeof err);
+        st_expect(rc == 0 && o.kernel == RUNG_HOPPER && !is_bwd(o.kernel), "--kernel 05 is the Hopper (wgmma) forward");
+        const char *hws[] = {"x", "--kernel", "05ws"};
+        rc = parse_args(3, (char **)hws, &o, err, sizeof err);
+        st_expect(rc == 0 && o.kernel == RUNG_HOPPER_WS && !is_bwd(o.kernel), "--kernel 05ws is the TMA-fed Hopper forward");
         struct bad_case {
             const char *argv[4];
             int argc;
             const char *needle;
         } bad[] = {
-            {{"x", "--kernel", "05"}, 3, "unknown rung"},
+            {{"x", "--kernel", "06"}, 3, "unknown rung"},
             {{"x", "--kernel", "03", "--d"}, 4, "missing value"},
             {{"x", "--kernel", "03", "--bogus"}, 4, "unknown option"},
             {{"x", "--seqlen", "64"}, 3, "missing --kernel"},
@@ -943,6 +954,8 @@ static cudaError_t launch_rung(int kernel, const attn_shape &s, cuda_dtype dt, c
     return kernel == RUNG_NAIVE    ? naive_forward(a)
            : kernel == RUNG_FLASH1 ? flash1_forward(a)
            : kernel == RUNG_MMA    ? mma_forward(a)
+           : kernel == RUNG_HOPPER ? hopper_forward(a)
+           : kernel == RUNG_HOPPER_WS ? hopper_ws_forward(a)
                                    : flash2_forward(a);
 }
 
@@ -1020,6 +1033,7 @@ static int run(const harness_opts *o)
                       : o->kernel == RUNG_FLASH1 ? flash1_workspace_bytes(s)
                       : o->kernel == RUNG_FLASH2 ? flash2_workspace_bytes(s)
                       : o->kernel == RUNG_MMA    ? mma_workspace_bytes(s)
+                      : o->kernel == RUNG_HOPPER || o->kernel == RUNG_HOPPER_WS ? hopper_workspace_bytes(s)
                       : o->kernel == RUNG_MMA_BWD ? mma_bwd_workspace_bytes(s)
                       : o->kernel == RUNG_MMA_BWD_DET ? mma_bwd_det_workspace_bytes(s)
                                                  : flash2_bwd_workspace_bytes(s);

@@ -37,6 +37,12 @@ cudaError_t mma_backward(const bwd_args &a);
 size_t mma_bwd_det_workspace_bytes(const attn_shape &sh);
 cudaError_t mma_backward_det(const bwd_args &a);
 
+/* 05_hopper.cu: the forward on Hopper's wgmma (sm_90a only), 128-byte-swizzled tiles: fed by
+ * cp.async (05), or by TMA through an mbarrier pipeline with a producer warpgroup (05ws). */
+size_t hopper_workspace_bytes(const attn_shape &sh);
+cudaError_t hopper_forward(const fwd_args &a);
+cudaError_t hopper_ws_forward(const fwd_args &a);
+
 /* fma_probe.cu: the FP32 CUDA-core ceiling. Runs `iters` FMAs on 8 independent
  * chains per thread; returns FLOPs performed (2 per FMA). */
 double fma_probe_launch(float *sink, int blocks, int iters, cudaStream_t stream);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """mma_emu.py -- a CPU emulation of the tensor-core rungs' warp-level bookkeeping (no GPU needed).
 
-    python3 cuda/mma_emu.py        (about a minute)
+    python3 cuda/mma_emu.py        (a few minutes: rungs 04 and 04b)
+    python3 cuda/mma_emu.py --05   (rung 05: its tile layout and descriptor walks, its kernel ported)
 
 1. Fragment layouts: ldmatrix (.x4, .trans) and mma.m16n8k16 are emulated from the PTX ISA's
    fragment tables (which lane holds which element), shared memory as an array of halves with
@@ -508,7 +509,200 @@ def run(name, B, Sq, Sk, H, Hk, D, causal=False, wl=-1, wr=-1, softcap=0.0, do_b
     return good
 
 
+
+
+# ---- rung 05 (wgmma): the descriptor model of 05_hopper.cu's header, and its kernel ported ----
+# A 128-byte-swizzle descriptor operand: element (row r, k) of a K-major operand sits at
+#   start + (r // 8) * SBO + (r % 8) * 128 + 2 k, element (k, n) of an MN-major one at
+#   start + (k // 8) * SBO + (k % 8) * 128 + 2 n (n < 64: one swizzle atom), and the hardware
+#   XORs address bits 4-6 with bits 7-9. The start may sit 32 bytes into an atom (k steps).
+SUB = 128 * 128
+
+def toff(r, ch):
+    return (ch >> 3) * SUB + r * 128 + (((ch & 7) ^ (r & 7)) << 4)
+
+def sw128(addr):
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+def desc_kmajor(sm, start, rows, sbo=1024):  # rows x 16 (k) halves
+    M = np.zeros((rows, 16))
+    for r in range(rows):
+        for kk in range(16):
+            a = start + (r // 8) * sbo + (r % 8) * 128 + 2 * kk
+            M[r, kk] = sm.h[sw128(a) // 2]
+    return M
+
+def desc_mnmajor(sm, start, n, sbo=1024):  # 16 (k) x n halves, n <= 64
+    M = np.zeros((16, n))
+    for kk in range(16):
+        for c in range(n):
+            a = start + (kk // 8) * sbo + (kk % 8) * 128 + 2 * c
+            M[kk, c] = sm.h[sw128(a) // 2]
+    return M
+
+def store_tile128(sm, base, M, D):  # logical M[128][D] -> 05's tile layout
+    for r in range(M.shape[0]):
+        for ch in range(D // 8):
+            o = (base + toff(r, ch)) // 2
+            sm.h[o:o + 8] = M[r, ch * 8:ch * 8 + 8]
+
+def wg_acc_to_mat(acc_w):  # acc_w[warp 0..3] = list of n8 tiles [lane][4] -> 64 x (8 NT)
+    return np.vstack([acc_to_mat(acc_w[w], len(acc_w[w])) for w in range(4)])
+
+def wg_mat_to_acc(M):  # 64 x N -> per warp list of n8 tiles
+    out = []
+    for w in range(4):
+        tiles = []
+        for n in range(M.shape[1] // 8):
+            t = [[0.0] * 4 for _ in range(32)]
+            for lane in range(32):
+                g, t4 = lane // 4, lane % 4
+                t[lane] = [M[16*w+g, 8*n+2*t4], M[16*w+g, 8*n+2*t4+1], M[16*w+g+8, 8*n+2*t4], M[16*w+g+8, 8*n+2*t4+1]]
+            tiles.append(t)
+        out.append(tiles)
+    return out
+
+def wgmma_ss_n128(sm, acc_w, da, db, scale_d):  # D (64 x 128) = A(64 x 16) B^T (B: 128 rows, K-major)
+    A = desc_kmajor(sm, da, 64); B = desc_kmajor(sm, db, 128)
+    C = (wg_acc_to_mat(acc_w) if scale_d else 0) + A @ B.T
+    return wg_mat_to_acc(C)
+
+def wgmma_rs_n64_tb(sm, acc_w, nt0, pf_w, db):  # acc n8 tiles nt0..nt0+7 += P(64 x 16, regs) B (16 x 64 MN-major)
+    A = np.zeros((64, 16))
+    for w in range(4):
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            a = pf_w[w][lane]
+            A[16*w+g, 2*t:2*t+2] = a[0]; A[16*w+g+8, 2*t:2*t+2] = a[1]
+            A[16*w+g, 2*t+8:2*t+10] = a[2]; A[16*w+g+8, 2*t+8:2*t+10] = a[3]
+    B = desc_mnmajor(sm, db, 64)
+    C = wg_acc_to_mat([acc_w[w][nt0:nt0 + 8] for w in range(4)]) + A @ B
+    new = wg_mat_to_acc(C)
+    for w in range(4): acc_w[w][nt0:nt0 + 8] = new[w]
+
+def fwd05(p, q, k, v, D):
+    BR = BC = 128; S = 3 if D == 64 else 2; TB = 128 * D * 2
+    B, Sq, H, _ = q.shape; Hk = k.shape[2]
+    o = np.full(q.shape, np.nan); lse = np.full((B, H, Sq), np.nan)
+    for b in range(B):
+        for h in range(H):
+            hk = h // (H // Hk)
+            for qblock in range((Sq + BR - 1) // BR):
+                sm = Smem(TB * (1 + 2 * S)); sQ = 0; sK = TB; sV = sK + S * TB
+                i0 = qblock * BR; rows = min(BR, Sq - i0)
+                jlo, jhi = mask_key_range(p, i0, i0 + rows); jstart = (jlo // BC) * BC
+                nblk = (jhi - jstart + BC - 1) // BC if jhi > jlo else 0
+                def tile(G, r0, total):
+                    M = np.zeros((128, D)); n = max(0, min(128, total - r0)); M[:n] = G[r0:r0 + n]; return M
+                store_tile128(sm, sQ, tile(q[b, :, h], i0, Sq), D)
+                def load_kv(blk):
+                    j0 = jstart + blk * BC; st = blk % S
+                    store_tile128(sm, sK + st * TB, tile(k[b, :, hk], j0, p.seqlen_k), D)
+                    store_tile128(sm, sV + st * TB, tile(v[b, :, hk], j0, p.seqlen_k), D)
+                for s_ in range(S - 1):
+                    if s_ < nblk: load_kv(s_)
+                WG = [dict(acc=[zeros(D // 8) for _ in range(4)], m=[[[-INF, -INF] for _ in range(32)] for _ in range(4)],
+                           l=[[[0.0, 0.0] for _ in range(32)] for _ in range(4)]) for _ in range(2)]
+                for blk in range(nblk):
+                    if blk + S - 1 < nblk: load_kv(blk + S - 1)
+                    st = blk % S; j0 = jstart + blk * BC; kt = sK + st * TB; vt = sV + st * TB
+                    for wg in range(2):
+                        W = WG[wg]; qbase = sQ + wg * 64 * 128
+                        sacc = [zeros(16) for _ in range(4)]
+                        for kk in range(D // 16):
+                            off = (kk >> 2) * SUB + (kk & 3) * 32
+                            sacc = wgmma_ss_n128(sm, sacc, qbase + off, kt + off, kk > 0)
+                        pf_w = []
+                        for wq in range(4):
+                            warp = wg * 4 + wq; s = sacc[wq]
+                            for n in range(16):
+                                for lane in range(32):
+                                    for e in range(4):
+                                        if p.softcap > 0: s[n][lane][e] = p.softcap * L2E * math.tanh(s[n][lane][e] * (p.scale / p.softcap))
+                                        else: s[n][lane][e] *= p.scale * L2E
+                            if not mask_tile_full(p, i0, i0 + rows, j0, j0 + BC):
+                                for n in range(16):
+                                    for lane in range(32):
+                                        g, t4 = lane >> 2, lane & 3
+                                        for e in range(4):
+                                            i = i0 + warp * 16 + g + 8 * (e >> 1); j = j0 + 8 * n + 2 * t4 + (e & 1)
+                                            if j >= p.seqlen_k or not mask_visible(p, i, j): s[n][lane][e] = -INF
+                            for r in range(2):
+                                mx = shfl_rowreduce([max([-INF] + [max(s[n][l][2*r], s[n][l][2*r+1]) for n in range(16)]) for l in range(32)], max)
+                                for lane in range(32):
+                                    mo = W["m"][wq][lane][r]; m_new = max(mo, mx[lane]); msc = 0.0 if m_new == -INF else m_new
+                                    alpha = 2.0 ** (mo - msc) if mo != -INF else 0.0
+                                    sm_ = 0.0
+                                    for n in range(16):
+                                        for e in (2*r, 2*r+1):
+                                            s[n][lane][e] = 2.0 ** (s[n][lane][e] - msc) if s[n][lane][e] != -INF else 0.0
+                                            sm_ += s[n][lane][e]
+                                    W["l"][wq][lane][r] = W["l"][wq][lane][r] * alpha + sm_; W["m"][wq][lane][r] = m_new
+                                    for n in range(D // 8):
+                                        W["acc"][wq][n][lane][2*r] *= alpha; W["acc"][wq][n][lane][2*r+1] *= alpha
+                            pf_w.append(pack_a(s, BC))
+                        for kk in range(BC // 16):
+                            for hh in range(D // 64):
+                                wgmma_rs_n64_tb(sm, W["acc"], 8 * hh, [pf_w[w][kk] for w in range(4)], vt + hh * SUB + kk * 16 * 128)
+                for wg in range(2):
+                    W = WG[wg]
+                    for wq in range(4):
+                        warp = wg * 4 + wq; acc = W["acc"][wq]
+                        for r in range(2):
+                            ls = shfl_rowreduce([W["l"][wq][l][r] for l in range(32)], lambda a, b: a + b)
+                            for lane in range(32):
+                                g, t4 = lane >> 2, lane & 3
+                                i = i0 + warp * 16 + g + 8 * r
+                                inv = 1.0 / ls[lane] if ls[lane] > 0 else 0.0
+                                if t4 == 0 and i < Sq:
+                                    lse[b, h, i] = (W["m"][wq][lane][r] + math.log2(ls[lane])) * LN2 if ls[lane] > 0 else -INF
+                                for n in range(D // 8):
+                                    acc[n][lane][2*r] *= inv; acc[n][lane][2*r+1] *= inv
+                        M = acc_to_mat(acc, D // 8)
+                        for rr in range(16):
+                            if warp * 16 + rr < rows: o[b, i0 + warp * 16 + rr, h] = M[rr]
+    return o, lse
+
+def desc_tests():
+    """The tile layout round-trips; a K-major descriptor walk at k step kk reads columns 16 kk ..;
+    an MN-major walk reads V's rows; every 8-row phase of the layout covers 8 bank groups."""
+    for D in (64, 128):
+        sm = Smem(128 * D * 2); M = rng.standard_normal((128, D))
+        store_tile128(sm, 0, M, D)
+        for kk in range(D // 16):
+            off = (kk >> 2) * SUB + (kk & 3) * 32
+            assert np.array_equal(desc_kmajor(sm, off, 128), M[:, 16 * kk:16 * kk + 16]), "K-major walk"
+            assert np.array_equal(desc_kmajor(sm, 64 * 128 + off, 64), M[64:, 16 * kk:16 * kk + 16]), "warpgroup 1's rows"
+        for kk in range(8):
+            for hh in range(D // 64):
+                assert np.array_equal(desc_mnmajor(sm, hh * SUB + kk * 16 * 128, 64), M[16 * kk:16 * kk + 16, 64 * hh:64 * hh + 64]), "MN-major walk"
+        for r0 in range(0, 128, 8):
+            for ch in range(D // 8):
+                assert len({(toff(r0 + r, ch) // 16) % 8 for r in range(8)}) == 8, "bank groups"
+        print("05 tile layout D =", D, "ok")
+
+def run05(name, B, Sq, Sk, H, Hk, D, causal=False, wl=-1, wr=-1, softcap=0.0):
+    p = P(); p.seqlen_q, p.seqlen_k = Sq, Sk; p.scale = 1 / math.sqrt(D); p.softcap = softcap
+    p.window_left = wl; p.window_right = 0 if causal else wr
+    q = rng.standard_normal((B, Sq, H, D)); k = rng.standard_normal((B, Sk, Hk, D)); v = rng.standard_normal((B, Sk, Hk, D))
+    o, lse = fwd05(p, q, k, v, D); ro, rl = ref_fwd(p, q, k, v)
+    e1 = np.nanmax(np.abs(o - ro)) if not np.isnan(o).any() else np.inf
+    fin = np.isfinite(rl)
+    e2 = np.max(np.abs(lse[fin] - rl[fin])) if fin.any() else 0.0
+    ok_inf = np.array_equal(np.isneginf(lse), np.isneginf(rl))
+    good = e1 < 1e-9 and e2 < 1e-9 and ok_inf
+    print(("ok   " if good else "FAIL ") + f"05 {name}: O err {e1:.2e} LSE err {e2:.2e} noinf-rows-match {ok_inf}", flush=True)
+    return good
+
+
 def main():
+    if "--05" in sys.argv:  # rung 05 only (a few minutes)
+        desc_tests()
+        ok = run05("d64 causal GQA 2:1 Sq 150 Sk 200", 1, 150, 200, 2, 1, 64, causal=True)
+        ok &= run05("d128 window 40,7 softcap 20 Sq 130 Sk 140", 1, 130, 140, 1, 1, 128, wl=40, wr=7, softcap=20.0)
+        ok &= run05("d128 causal Sq 260 Sk 100 (rows with no key)", 1, 260, 100, 1, 1, 128, causal=True)
+        print("ALL OK" if ok else "SOME FAILED")
+        return 0 if ok else 1
     fragment_tests()
     allok = True
     allok &= run("d64 B2 H4 S100 full", 1, 100, 100, 2, 2, 64)

@@ -4,6 +4,7 @@
 # frac_probe,check,note). Four panels: d = 128 / 64, non-causal / causal; 16 heads (the GQA rows
 # are left out); the gray line is the FP32 FMA ceiling measured in the same run (median).
 # Called as: gnuplot -e "csv='cuda/results/h200.csv'; out='FILE.png'" plots/cuda_ladder.gp
+# (add tc='cuda/results/tc3/h200_tc3.csv'; out_tc='FILE2.png' for the tensor-core figure at the end)
 set terminal pngcairo size 1300,950 font ",10" noenhanced
 set output out
 set datafile separator ","
@@ -37,3 +38,34 @@ do for [d in "128 64"] {
   }
 }
 unset multiplot
+
+# Part 2 (tensor cores), when called with tc='cuda/results/tc3/h200_tc3.csv' and out_tc='FILE.png':
+# every rung and SDPA backend timed at the target shape (bf16, d = 128, N = 16384, 16 heads) in that
+# one run, forward and backward, non-causal and causal side by side.
+if (exists("tc") && exists("out_tc")) {
+  set terminal pngcairo size 1300,600 font ",10" noenhanced
+  set output out_tc
+  unset logscale
+  unset multiplot
+  set datafile separator whitespace
+  set style data histograms
+  set style histogram clustered gap 1
+  set style fill solid 0.8 border -1
+  set boxwidth 0.9
+  set xtics rotate by 30 right nomirror
+  set bmargin 7
+  set rmargin 3
+  set lmargin 10
+  set size 1,1
+  set origin 0,0
+  set autoscale x
+  set yrange [0:*]
+  set ylabel "TFLOP/s (FlashAttention's count; backward 2.5x forward)"
+  unset xlabel
+  set key left top
+  set grid ytics
+  set title "Tensor-core rungs vs PyTorch SDPA on one H200, same run (bf16, d = 128, N = 16384, 16 heads)"
+  order = "03_flash2 04_mma 05_hopper 05ws_hopper_tma sdpa_flash sdpa_cudnn sdpa_efficient 04b_mma_bwd 04bd_mma_bwd_det sdpa_flash_bwd sdpa_cudnn_bwd sdpa_efficient_bwd"
+  tab = sprintf("< awk -F, -v order='%s' 'NR>1 && $2==\"bf16\" && $8==128 && $6==16384 && $4==16 && $5==16 && $17!=\"\" {t[$1\",\"$9]=$17} END {n=split(order,o,\" \"); for (i=1;i<=n;i++) if ((o[i]\",0\") in t || (o[i]\",1\") in t) printf \"%%s %%s %%s\\n\", o[i], ((o[i]\",0\") in t ? t[o[i]\",0\"] : \"NaN\"), ((o[i]\",1\") in t ? t[o[i]\",1\"] : \"NaN\")}' %s", order, tc)
+  plot tab using 2:xtic(1) title "non-causal" lc rgb "#4477aa", '' using 3 title "causal (halved FLOP count)" lc rgb "#ee8866"
+}
