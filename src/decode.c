@@ -341,6 +341,15 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
         for (int64_t kb = kbs; kb < kbe; kb++) {
             const int64_t j0 = kb * g->bc;
             const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
+            /* ask for the next tile while this one is packed and computed: in a
+             * cache [.., seqlen, heads_k, d] one kv head's rows are heads_k*d
+             * elements apart, often a page or more, and hardware prefetchers do
+             * not cross pages (flash.c's prefetch_tile) */
+            if (kb + 1 < kbe) {
+                const int64_t j1 = j0 + g->bc, n1 = seq.k_len - j1 < g->bc ? seq.k_len - j1 : g->bc;
+                fa_rows_prefetch(&ks, j1, n1);
+                fa_rows_prefetch(&vs, j1, n1);
+            }
             pack_k(kern, &ks, j0, bc, sc->kr, g->ldq, sc->kt, g->ldk);
             for (int j = 0; j < bc; j++) gather_row(kern, &vs, j0 + j, sc->vj + (size_t)j * g->ldv);
 

@@ -12,6 +12,9 @@
 #   - --pass fwd,bwd gives fwd and bwd rows; the CSV keeps its column order and
 #     adds gbps, bw_fraction (empty) and lib_peak_mib; bwd GFLOP/s use 2.5x the
 #     forward FLOPs;
+#   - decode rows (--seqlen-q, --kv-dtype, --num-splits, --page-size): one row per
+#     combination, gbps = K/V bytes (once) / median time, bw_fraction > 0 against the
+#     bandwidth the header reports; their options refused without --seqlen-q or out of range;
 #   - an interrupted bench (SIGINT, SIGTERM) keeps the previous CSV and leaves
 #     no temporary.
 # Tiny sizes only: a few seconds (timings on a shared machine mean nothing here).
@@ -62,7 +65,7 @@ import csv, sys
 rows = list(csv.DictReader(open("b.csv")))
 head = open("b.csv").readline().strip().split(",")
 want = ("impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,"
-        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right").split(",")
+        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right,kv_dtype,num_splits,page_size").split(",")
 errs = []
 if head != want: errs.append(f"columns {head}")
 if sorted((r["pass"], r["seqlen_q"]) for r in rows) != [("bwd", "32"), ("bwd", "48"), ("fwd", "32"), ("fwd", "48")]:
@@ -73,6 +76,7 @@ for r in rows:
     if abs(float(r["gflops"]) - flops / (ms * 1e-3) / 1e9) > 0.011 + 0.01 * float(r["gflops"]):
         errs.append(f"{r['pass']} N={n}: gflops {r['gflops']} but FLOPs/time = {flops / (ms * 1e-3) / 1e9:.3f}")
     if r["gbps"] != "" or r["bw_fraction"] != "": errs.append("gbps/bw_fraction should be empty")
+    if r["kv_dtype"] != "" or r["num_splits"] != "" or r["page_size"] != "": errs.append("decode columns should be empty")
     if not float(r["lib_peak_mib"]) > 0: errs.append(f"lib_peak_mib {r['lib_peak_mib']} (flash allocates scratch)")
 if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
@@ -108,6 +112,36 @@ EOF
 if timeout 120 "$fa" bench --impl flash --pass bwd --n 40 --d 16 --heads 2 --threads 1 --repeats 1 --warmup 0 \
         --causal --softcap 2 >out.txt 2>err.txt && grep -q "^flash *bwd" out.txt; then ok
 else bad "bench --pass bwd --causal --softcap: exit $? $(cat err.txt)"; fi
+# ---- decode rows (--seqlen-q): GB/s of K/V, the measured bandwidth, the decode columns ------
+expect_fail "--kv-dtype without --seqlen-q" "--seqlen-q" $TINY --kv-dtype bf16
+expect_fail "--kv-dtype f8" "--kv-dtype" --seqlen-q 1 $TINY --kv-dtype f8
+expect_fail "--num-splits 129" "--num-splits" --seqlen-q 1 $TINY --num-splits 129
+expect_fail "--page-size -1" "--page-size" --seqlen-q 1 $TINY --page-size -1
+expect_fail "--seqlen-q 0" "--seqlen-q" --seqlen-q 0 $TINY
+expect_fail "decode --pass bwd" "forward only" --seqlen-q 1 $TINY --pass bwd
+if timeout 300 "$fa" bench --seqlen-q 2 --n 200 --d 16 --heads 4 --heads-k 2 --threads 2 --repeats 1 --warmup 0 \
+        --kv-dtype f32,bf16 --page-size 0,3 --num-splits 1,3 --causal --csv dec.csv >out.txt 2>err.txt; then ok
+else bad "bench decode rows: exit $? $(cat err.txt)"; fi
+grep -q "measured read bandwidth [0-9.]* GB/s" out.txt && ok || bad "no measured read bandwidth in the header: $(head -5 out.txt)"
+if python3 - <<'EOF'; then ok; else bad "the decode CSV is wrong"; fi
+import csv, sys
+rows = list(csv.DictReader(open("dec.csv")))
+errs = []
+want = sorted((t, s, p) for t in ("f32", "bf16") for s in ("1", "3") for p in ("0", "3"))
+got = sorted((r["kv_dtype"], r["num_splits"], r["page_size"]) for r in rows)
+if got != want: errs.append(f"rows {got}")
+for r in rows:
+    n, d, hk, ms = int(r["seqlen_k"]), int(r["d"]), int(r["heads_k"]), float(r["median_ms"])
+    if r["seqlen_q"] != "2" or r["causal"] != "1": errs.append(f"seqlen_q {r['seqlen_q']} causal {r['causal']}")
+    size = 4 if r["kv_dtype"] == "f32" else 2
+    gbps = 2 * n * hk * d * size / (ms * 1e-3) / 1e9   # K/V bytes once / median time
+    if abs(float(r["gbps"]) - gbps) > 0.002 + 0.01 * gbps: errs.append(f"gbps {r['gbps']} but bytes/time = {gbps:.4f}")
+    flops = 4 * 2 * n * d * int(r["heads"])
+    if abs(float(r["gflops"]) - flops / (ms * 1e-3) / 1e9) > 0.011 + 0.01 * float(r["gflops"]):
+        errs.append(f"gflops {r['gflops']}")
+    if not float(r["bw_fraction"]) > 0: errs.append(f"bw_fraction {r['bw_fraction']}")
+if errs: sys.exit(print("; ".join(errs)) or 1)
+EOF
 
 # ---- SIGINT / SIGTERM keep the previous CSV -----------------------------------------------
 printf 'previous,csv\n' >keep.csv

@@ -13,6 +13,8 @@
 #   - the same cache stored as shuffled pages (--block-table, page size 3)
 #     gives bit-identical O and appends into the right pages;
 #   - `check` passes run's output (the caches as they were + the new keys);
+#   - run --num-splits 3 (split-KV) matches the model, with the same bits on 1
+#     and 2 threads;
 #   - bad index files (cache_seqlens + seqlen_new past the cache, a page index
 #     outside the pages, a wrong length, a float file, --k-new without
 #     --v-new, a cache option without --cache-seqlens) exit 2 with ONE line
@@ -120,6 +122,27 @@ for b in range(3):
     for r in range(sl[b] + 3):
         assert np.array_equal(kp[table[b, r // 3], r % 3], kc[b, r]), (b, r)
 EOF
+
+# ---- split-KV (--num-splits): the model, and the same bits for any --threads ---------
+for t in 1 2; do
+    $fa run -q q.npy -k kc3.npy -v vc3.npy --cache-seqlens sl.npy --causal --block-k 4 --num-splits 3 \
+        --threads $t -o os$t.npy --lse ls$t.npy >out.txt 2>err.txt || bad "run --num-splits 3 --threads $t: $(cat err.txt)"
+done
+if TESTS="$tests_dir" python3 - <<'EOF'; then ok; else bad "--num-splits 3: wrong O/LSE, or bits differ between 1 and 2 threads"; fi
+import os, sys
+import numpy as np
+sys.path.insert(0, os.environ["TESTS"])
+import ref_numpy
+q, kc, vc, sl = np.load("q.npy"), np.load("kc.npy")[:3], np.load("vc.npy")[:3], np.load("sl.npy")
+want, want_lse = ref_numpy.kvcache_forward(q, kc, vc, sl, None, None, None, None, causal=True)
+o1, o2, l1, l2 = (np.load(f) for f in ("os1.npy", "os2.npy", "ls1.npy", "ls2.npy"))
+assert np.array_equal(o1, o2) and np.array_equal(l1, l2), "bits"
+assert np.abs(o1 - want).max() <= 2e-6 * np.abs(want).max(), "O"
+fin = np.isfinite(want_lse)
+assert np.array_equal(np.isneginf(l1), ~fin) and np.abs(l1[fin] - want_lse[fin]).max() <= 2e-6 * np.abs(want_lse[fin]).max()
+EOF
+expect_fail "--num-splits -1" "--num-splits" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --num-splits -1 -o o_bad.npy
 
 # ---- check --------------------------------------------------------------------------
 if $fa check -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy $NEW --cache-batch-idx idx.npy \

@@ -40,6 +40,7 @@ for src in "$(dirname "$0")"/../tutorials/[0-9][0-9]_*.c; do
         12_*) args="--n 64,128 --M 8K,16K --d 16" ;;
         13_*) args="--n 64,100 --reps 1" ;;
         14_*) args="--n 128" ;;
+        15_*) args="--n 4096 --reps 1" ;;
         *) args="--n 64,128 --reps 1" ;;
     esac
     if "$t" $args $G --out "$out" >"$out/$name.log" 2>&1; then ok "$name runs and matches the reference"

@@ -139,7 +139,7 @@ void cli_attn_init(cli_attn *a);
 int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a);
 
 /* Execution options at argv[*i]: --impl NAME  --threads T  --block-q N  --block-k N
- * --standard-max-bytes N.
+ * --num-splits N  --standard-max-bytes N.
  * Same return convention. */
 int cli_parse_exec_option(int argc, char **argv, int *i, cli_attn *a);
 

@@ -182,6 +182,8 @@ const char cli_exec_help[] =
     "  --threads T        OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
     "  --block-q N        flash row block Br (default: derived from the caches, see `flashattn info`)\n"
     "  --block-k N        flash key block Bc\n"
+    "  --num-splits N     split-KV of flash for seqlen_q <= 16 (decoding): 0 heuristic (default),\n"
+    "                     1 none, N key ranges merged in a fixed order (0..65536)\n"
     "  --standard-max-bytes N  cap on the standard path's S/P scratch (default 1G; K, M, G, T suffixes)\n";
 
 void cli_attn_init(cli_attn *a)
@@ -474,6 +476,11 @@ int cli_parse_exec_option(int argc, char **argv, int *i, cli_attn *a)
     if ((r = cli_opt_value(argc, argv, i, "--block-k", &val)) != 0) {
         if (r < 0 || cli_parse_int("--block-k", val, 1, 1024, &n) != 0) return -1;
         a->opt.block_k = (int)n;
+        return 1;
+    }
+    if ((r = cli_opt_value(argc, argv, i, "--num-splits", &val)) != 0) {
+        if (r < 0 || cli_parse_int("--num-splits", val, 0, 65536, &n) != 0) return -1;
+        a->opt.num_splits = (int)n;
         return 1;
     }
     if ((r = cli_opt_value(argc, argv, i, "--standard-max-bytes", &val)) != 0) {

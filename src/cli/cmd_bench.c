@@ -65,12 +65,21 @@
 #define CHECK_ROWS 8
 #define MAX_LIST 16
 
+/* The CSV header (docs/cli.md): columns are only ever appended. gbps and
+ * bw_fraction are filled by decode rows and empty for attention rows;
+ * kv_dtype, num_splits and page_size likewise. */
+static const char csv_header[] =
+    "impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,gflops,"
+    "peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right,kv_dtype,num_splits,page_size\n";
+
 static const char *bench_usage =
     "usage: flashattn bench [--impl flash,standard,blas] [--pass fwd,bwd] [--n 1024,2048,4096,8192]\n"
     "                       [--d 64,128] [--batch B] [--heads H] [--heads-k HK] [--causal]\n"
     "                       [--window L,R] [--softcap C]\n"
     "                       [--threads T] [--repeats R] [--warmup W] [--csv FILE] [--no-check]\n"
     "                       [--max-seconds S]\n"
+    "       flashattn bench --seqlen-q S [--kv-dtype f32,f16,bf16] [--num-splits N,...] [--page-size P,...]\n"
+    "                       [--n KEYS,...] [--d ...] [--batch B] [--heads H] [--heads-k HK] ...  (decode rows)\n"
     "Times attention implementations side by side on random float32 inputs and\n"
     "reports median/min/max time, GFLOP/s (4*Sq*Sk*d per head, half if causal,\n"
     "4*d per visible (query, key) pair with --window; x2.5 for --pass bwd), the\n"
@@ -86,6 +95,11 @@ static const char *bench_usage =
     "  --warmup W      0..100 warm-up runs (the checked run counts as the first)\n"
     "  --max-seconds S refuse a bench whose time at the measured FMA peak exceeds S (default 3600)\n"
     "  --csv FILE      also write the rows as CSV (replaced atomically at the end)\n"
+    "Decode rows (--seqlen-q S, 1..65536): S query rows per head against a KV cache of --n keys\n"
+    "(default 32768), reporting GB/s of K/V read and its fraction of a read bandwidth bench measures:\n"
+    "  --kv-dtype LIST   cache dtypes f32, f16, bf16 (default f32)\n"
+    "  --num-splits LIST split-KV: 0 heuristic (default), 1 none, N splits (0..128)\n"
+    "  --page-size LIST  0 contiguous (default), else a paged cache of pages of P rows (1..65536)\n"
     "Options take their value as the next argument or after '=' (--n=64).\n"
     "Memory is estimated before any work and checked against MemAvailable.\n";
 
@@ -558,7 +572,7 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
     if (cfg->csv) {
         char row[512];
         int len = snprintf(row, sizeof row,
-                           "%s,%s,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,,,%.2f,%g,%lld,%lld\n", impl,
+                           "%s,%s,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,,,%.2f,%g,%lld,%lld,,,\n", impl,
                            bwd ? "bwd" : "fwd", isa, cfg->threads, (long long)B, (long long)H, (long long)Hk,
                            (long long)n, (long long)n, (long long)d, cfg->causal, med * 1e3, times[0] * 1e3,
                            times[reps - 1] * 1e3, gflops, frac, rss, lib_mib, cfg->softcap,
@@ -571,6 +585,282 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
 out:
     for (int x = 0; x < nbuf; x++) free(buf[x]);
     return rc;
+}
+
+/* ---- decode rows (--seqlen-q): memory-bound, GB/s of K/V ---------------------- */
+
+/*
+ * With --seqlen-q S every row is a decode measurement: S query rows per head
+ * against a KV cache of N keys (--n) through fa_options.kvcache, the cache in
+ * --kv-dtype (f32, f16, bf16), contiguous or paged (--page-size P: pages of P
+ * rows in a shuffled order, as a paged allocator leaves them), with
+ * --num-splits. Such a pass reads every K/V byte once and does 2 FLOPs per
+ * byte pair at most: it is bound by the memory, so the rows report GB/s of
+ * K/V read (2 x batch x N x heads_k x d x element size, each byte counted
+ * once) and its fraction of a read bandwidth bench measures itself
+ * (measure_read_gbps) on the same thread count, beside GFLOP/s
+ * (4 x S x N x d per query head).
+ */
+
+#define DEC_MAX_DTYPES 3
+
+typedef struct decode_cfg {
+    int on;                        /* --seqlen-q given */
+    int64_t seqlen_q;
+    int nkv;
+    fa_dtype kv[DEC_MAX_DTYPES];   /* --kv-dtype list */
+    int nsplit, npage;
+    long long splits[MAX_LIST];    /* --num-splits list */
+    long long pages[MAX_LIST];     /* --page-size list (0: contiguous) */
+    double bw_gbps;                /* measured read bandwidth */
+    size_t bw_bytes;               /* its buffer */
+} decode_cfg;
+
+/* --kv-dtype: a comma-separated list of f32, f16, bf16. -1 after printing what is wrong. */
+static int parse_kv_dtypes(const char *s, decode_cfg *dc)
+{
+    char buf[64];
+    const char *names[DEC_MAX_DTYPES];
+    int n = split_names("--kv-dtype", s, buf, sizeof buf, names, DEC_MAX_DTYPES);
+    if (n < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(names[i], "f32") == 0) dc->kv[i] = FA_F32;
+        else if (strcmp(names[i], "f16") == 0) dc->kv[i] = FA_F16;
+        else if (strcmp(names[i], "bf16") == 0) dc->kv[i] = FA_BF16;
+        else {
+            cli_die("bench: --kv-dtype: expected f32, f16 or bf16, got '%s'", names[i]);
+            return -1;
+        }
+    }
+    dc->nkv = n;
+    return 0;
+}
+
+/*
+ * Read bandwidth in GB/s on `threads` threads: an XOR over a buffer of
+ * `bytes` (several times the last-level cache), each thread its static share
+ * (first touched by the thread that reads it), best of 5 passes after one
+ * warm pass. XOR has a one-cycle latency and vectorizes (omp simd), so the
+ * loop waits on memory, not on arithmetic. 0 if the buffer cannot be had.
+ */
+static double measure_read_gbps(int threads, size_t bytes)
+{
+    const size_t n = bytes / sizeof(uint64_t);
+    uint64_t *buf = malloc(n * sizeof(uint64_t));
+    if (!buf) return 0.0;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (size_t i = 0; i < n; i++) buf[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
+    double best = 0.0;
+    volatile uint64_t sink = 0;
+    for (int pass = 0; pass < 6; pass++) {
+        uint64_t x = 0;
+        const double t0 = now_s();
+#ifdef _OPENMP
+#pragma omp parallel for simd num_threads(threads) schedule(static) reduction(^ : x)
+#endif
+        for (size_t i = 0; i < n; i++) x ^= buf[i];
+        const double t = now_s() - t0;
+        sink ^= x;
+        if (pass > 0 && t > 0 && (double)(n * sizeof(uint64_t)) / t / 1e9 > best)
+            best = (double)(n * sizeof(uint64_t)) / t / 1e9;
+    }
+    (void)sink;
+    free(buf);
+    return best;
+}
+
+/* The bandwidth buffer: 4x the last-level cache (256 MiB when unknown or
+ * smaller), at most 2 GiB and a quarter of MemAvailable. */
+static size_t bw_buffer_bytes(double avail)
+{
+    fa_cpu_info ci;
+    size_t llc = fa_get_cpu_info(&ci) == FA_OK ? ci.l3_bytes : 0;
+    double b = 4.0 * (double)llc;
+    if (b < 256.0 * 1048576) b = 256.0 * 1048576;
+    if (b > 2048.0 * 1048576) b = 2048.0 * 1048576;
+    if (avail > 0 && b > avail / 4) b = avail / 4;
+    return (size_t)b & ~(size_t)4095;
+}
+
+/* n random 16-bit floats of dtype dt with magnitudes in [2^-6, 1) (never 0,
+ * never subnormal): sign, exponent and mantissa bits drawn directly. */
+static void fill_random16(uint16_t *x, size_t n, fa_dtype dt, uint64_t *rng)
+{
+    for (size_t i = 0; i < n; i++) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        const unsigned r = (unsigned)(*rng >> 33);
+        if (dt == FA_BF16) /* exponent 121..126 (bias 127), 7 mantissa bits */
+            x[i] = (uint16_t)(((r & 1u) << 15) | ((121u + (r >> 1) % 6u) << 7) | ((r >> 4) & 0x7fu));
+        else /* f16: exponent 9..14 (bias 15), 10 mantissa bits */
+            x[i] = (uint16_t)(((r & 1u) << 15) | ((9u + (r >> 1) % 6u) << 10) | ((r >> 4) & 0x3ffu));
+    }
+}
+
+/* Bytes one decode configuration needs. */
+static double decode_estimate_bytes(double n, double d, double esz, double page, const bench_cfg *cfg,
+                                    const decode_cfg *dc)
+{
+    const double B = (double)cfg->batch, H = (double)cfg->heads, Hk = (double)cfg->heads_k;
+    const double keys = page > 0 ? ceil(n / page) * page : n;
+    return esz * 2 * B * keys * Hk * d + 4.0 * 2 * B * (double)dc->seqlen_q * H * d +
+           (cfg->check ? 8.0 * B * (double)dc->seqlen_q * H * d : 0) + (double)cfg->threads * (2 << 20);
+}
+
+/* One decode row: impl, N keys, head dim d, cache dtype kvdt, page size (0: contiguous), num_splits. */
+static int decode_bench_one(const char *impl, int64_t n, int64_t d, fa_dtype kvdt, int64_t page, int splits,
+                            const bench_cfg *cfg, const decode_cfg *dc, uint64_t *rng)
+{
+    const int64_t B = cfg->batch, H = cfg->heads, Hk = cfg->heads_k, Sq = dc->seqlen_q;
+    const int64_t maxp = page > 0 ? (n + page - 1) / page : 0, npages = B * maxp;
+    const int64_t rows = page > 0 ? npages * page : B * n; /* cache rows stored */
+    const size_t esz = fa_dtype_size(kvdt), nq = (size_t)(B * Sq * H * d), nkv = (size_t)(rows * Hk * d);
+    float *qb = malloc(nq * sizeof(float)), *ob = malloc(nq * sizeof(float));
+    void *kb = malloc(nkv * esz), *vb = malloc(nkv * esz);
+    int32_t *seqlens = malloc((size_t)B * sizeof(int32_t));
+    int32_t *table = malloc((size_t)(npages > 0 ? npages : 1) * sizeof(int32_t));
+    double *ref = cfg->check ? malloc(nq * sizeof(double)) : NULL;
+    int rc = 0;
+    if (!qb || !ob || !kb || !vb || !seqlens || !table || (cfg->check && !ref)) {
+        fprintf(stderr, "flashattn bench: out of memory for the decode row N=%lld d=%lld\n", (long long)n, (long long)d);
+        rc = 2;
+        goto out;
+    }
+    fill_random(qb, nq, rng);
+    if (kvdt == FA_F32) {
+        fill_random(kb, nkv, rng);
+        fill_random(vb, nkv, rng);
+    } else {
+        fill_random16(kb, nkv, kvdt, rng);
+        fill_random16(vb, nkv, kvdt, rng);
+    }
+    for (int64_t b = 0; b < B; b++) seqlens[b] = (int32_t)n;
+    /* pages in a shuffled order (Fisher-Yates) */
+    for (int64_t x = 0; x < npages; x++) table[x] = (int32_t)x;
+    for (int64_t x = npages - 1; x > 0; x--) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t y = (int64_t)((*rng >> 33) % (uint64_t)(x + 1));
+        const int32_t t = table[x];
+        table[x] = table[y];
+        table[y] = t;
+    }
+    int64_t qs[4] = {B, Sq, H, d}, ks[4] = {page > 0 ? npages : B, page > 0 ? page : n, Hk, d};
+    fa_tensor q, k, v, o, os;
+    fa_tensor_make(&q, qb, FA_F32, 4, qs, NULL);
+    fa_tensor_make(&o, ob, FA_F32, 4, qs, NULL);
+    fa_tensor_make(&k, kb, kvdt, 4, ks, NULL);
+    fa_tensor_make(&v, vb, kvdt, 4, ks, NULL);
+    fa_kvcache kv = fa_kvcache_default();
+    kv.cache_seqlens = seqlens;
+    if (page > 0) {
+        kv.block_table = table;
+        kv.max_pages = maxp;
+    }
+    fa_options opt = fa_options_default();
+    bench_mask(&opt, cfg);
+    opt.num_threads = cfg->threads;
+    opt.kvcache = &kv;
+    opt.num_splits = splits;
+    fa_status st = fa_impl_from_name(impl, &opt.impl);
+
+    /* 1. check: every output row against the float64 reference of the same cache */
+    double err = NAN;
+    reset_peak_rss();
+    memset(ob, 0xff, nq * sizeof(float));
+    if (st == FA_OK) st = fa_forward(&q, &k, &v, &o, NULL, &opt);
+    if (st == FA_OK && cfg->check) {
+        fa_options ro = opt;
+        ro.impl = FA_IMPL_REFERENCE;
+        fa_tensor_make(&os, ref, FA_F64, 4, qs, NULL);
+        st = fa_forward(&q, &k, &v, &os, NULL, &ro);
+        err = 0.0;
+        for (size_t i = 0; st == FA_OK && i < nq; i++) {
+            const double e = fabs((double)ob[i] - ref[i]);
+            if (!(e <= err)) err = e; /* NaN propagates */
+        }
+    }
+    if (st != FA_OK) {
+        fprintf(stderr, "flashattn bench: %s decode: %s\n", impl, fa_last_error());
+        rc = 2;
+        goto out;
+    }
+    if (cfg->check && !(err <= 1e-4)) {
+        fprintf(stderr, "flashattn bench: %s decode N=%lld d=%lld kv %s: max error %.3g against the reference; "
+                "not timing a wrong result\n", impl, (long long)n, (long long)d, fa_dtype_name(kvdt), err);
+        rc = 1;
+        goto out;
+    }
+    /* 2. warm up, then repeat */
+    fa_alloc_stats_reset();
+    for (int w = 1; w < cfg->warmup && st == FA_OK; w++) st = fa_forward(&q, &k, &v, &o, NULL, &opt);
+    double times[3 * 200];
+    int reps = 0;
+    double spent = 0.0;
+    while (st == FA_OK && reps < (int)(sizeof times / sizeof times[0]) &&
+           (reps < cfg->repeats || (spent < 1.0 && reps < 3 * cfg->repeats))) {
+        const double t0 = now_s();
+        st = fa_forward(&q, &k, &v, &o, NULL, &opt);
+        times[reps] = now_s() - t0;
+        spent += times[reps++];
+    }
+    if (st != FA_OK) {
+        fprintf(stderr, "flashattn bench: %s decode: %s\n", impl, fa_last_error());
+        rc = 2;
+        goto out;
+    }
+    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    const double med = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+    const double bytes = 2.0 * (double)B * (double)n * (double)Hk * (double)d * (double)esz;
+    const double gbps = bytes / med / 1e9, bwf = dc->bw_gbps > 0 ? gbps / dc->bw_gbps : 0.0;
+    const double gflops = 4.0 * (double)(B * H) * (double)Sq * (double)n * (double)d / med / 1e9;
+    const double frac = cfg->peak > 0 ? gflops / cfg->peak : 0.0;
+    fa_alloc_stats as;
+    fa_alloc_stats_get(&as);
+    const double lib_mib = (double)as.peak_bytes / 1048576.0, rss = peak_rss_mib();
+    char split_name[16];
+    if (splits == 0) snprintf(split_name, sizeof split_name, "auto");
+    else snprintf(split_name, sizeof split_name, "%d", splits);
+    printf("%-9s %-4s %5lld %6s %7lld %4lld %9.3f %9.3f %9.3f %8.1f %6.1f%% %8.1f %9.1f %9.1e\n", impl,
+           fa_dtype_name(kvdt), (long long)page, split_name, (long long)n, (long long)d, med * 1e3, times[0] * 1e3,
+           times[reps - 1] * 1e3, gbps, 100.0 * bwf, gflops, lib_mib, err);
+    fflush(stdout);
+    if (cfg->csv) {
+        char row[640];
+        const int len = snprintf(row, sizeof row,
+                                 "%s,fwd,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,%.3f,%.4f,%.2f,"
+                                 "%g,%lld,%lld,%s,%d,%lld\n",
+                                 impl, cfg->isa, cfg->threads, (long long)B, (long long)H, (long long)Hk, (long long)Sq,
+                                 (long long)n, (long long)d, cfg->causal, med * 1e3, times[0] * 1e3,
+                                 times[reps - 1] * 1e3, gflops, frac, rss, gbps, bwf, lib_mib, cfg->softcap,
+                                 (long long)cfg->window_left, (long long)(cfg->causal ? 0 : cfg->window_right),
+                                 fa_dtype_name(kvdt),
+                                 splits, (long long)page);
+        if (fa_outfile_write(cfg->csv, row, (size_t)len) != FA_OK) {
+            cli_die_npy(FA_ERR_IO);
+            rc = 2;
+        }
+    }
+out:
+    free(qb); free(ob); free(kb); free(vb); free(seqlens); free(table); free(ref);
+    return rc;
+}
+
+/* The decode rows' header lines (after the machine line). */
+static void decode_print_header(const bench_cfg *cfg, const decode_cfg *dc)
+{
+    printf("decode: %lld query row%s per head against a KV cache of N keys (fa_options.kvcache); batch %lld, heads %lld "
+           "(kv heads %lld), %s\n",
+           (long long)dc->seqlen_q, dc->seqlen_q == 1 ? "" : "s", (long long)cfg->batch, (long long)cfg->heads,
+           (long long)cfg->heads_k, cfg->causal ? "causal" : "non-causal");
+    printf("measured read bandwidth %.1f GB/s (%d thread%s, XOR over a %zu MiB buffer); GB/s = K/V bytes "
+           "(2*batch*N*heads_k*d*size, once) / median time\n",
+           dc->bw_gbps, cfg->threads, cfg->threads == 1 ? "" : "s", dc->bw_bytes >> 20);
+    printf("times are median (min, max) of >= %d runs after %d warm-up; check = max |err| of every row vs float64\n",
+           cfg->repeats, cfg->warmup);
+    printf("\n%-9s %-4s %5s %6s %7s %4s %9s %9s %9s %8s %7s %8s %9s %9s\n", "impl", "kv", "page", "splits", "N", "d",
+           "med_ms", "min_ms", "max_ms", "GB/s", "of_bw", "GFLOP/s", "lib_MiB", "check");
+    fflush(stdout);
 }
 
 /* ---- estimates ---------------------------------------------------------------- */
@@ -659,6 +949,96 @@ static int has_backward(const char *impl)
     return strcmp(impl, "flash") == 0 || strcmp(impl, "reference") == 0;
 }
 
+/*
+ * `bench --seqlen-q S`: the decode rows. The same protocol as bench_main's
+ * (limits before any work, check first, median of repeats, an atomic CSV),
+ * over N (--n, default 32768 keys) x d x --kv-dtype x --page-size x
+ * --num-splits x --impl, with the read bandwidth measured once up front.
+ */
+static int decode_main(const char *const *names, int nimpl, const int *do_pass, const long long *ns_in, int nn,
+                       const long long *ds, int nd, bench_cfg *cfg, decode_cfg *dc, const char *csv_path,
+                       double max_seconds)
+{
+    static const long long default_n[1] = {32768};
+    const long long *ns = ns_in ? ns_in : default_n;
+    if (!ns_in) nn = 1;
+    if (do_pass[1]) return cli_die("bench: --pass bwd: decode rows (--seqlen-q) are forward only");
+    for (int c = 0; c < nimpl; c++)
+        if (strcmp(names[c], "blas") == 0)
+            return cli_die("bench: --impl blas has no KV cache: decode rows (--seqlen-q) run flash, standard or reference");
+    if (csv_path && cli_check_output("--csv", csv_path)) return 2;
+
+    const double avail = mem_available();
+    double flops_total = 0.0;
+    char b1[32], b2[32];
+    for (int a = 0; a < nd; a++)
+        for (int b = 0; b < nn; b++)
+            for (int t = 0; t < dc->nkv; t++)
+                for (int pg = 0; pg < dc->npage; pg++) {
+                    const double need = decode_estimate_bytes((double)ns[b], (double)ds[a],
+                                                              (double)fa_dtype_size(dc->kv[t]), (double)dc->pages[pg],
+                                                              cfg, dc);
+                    if (avail > 0 && need > avail)
+                        return cli_die("bench: decode N=%lld d=%lld kv %s needs about %s (the KV cache, Q, O), more "
+                                       "than the %s available (MemAvailable); use smaller --n, --d, --batch or --heads-k",
+                                       ns[b], ds[a], fa_dtype_name(dc->kv[t]),
+                                       cli_bytes(need >= 1.8e19 ? SIZE_MAX : (size_t)need, b1, sizeof b1),
+                                       cli_bytes((size_t)avail, b2, sizeof b2));
+                    const int runs = 1 + (cfg->warmup > 1 ? cfg->warmup - 1 : 0) + cfg->repeats;
+                    flops_total += (double)(runs * nimpl * dc->nsplit) * 4.0 * (double)(cfg->batch * cfg->heads) *
+                                   (double)dc->seqlen_q * (double)ns[b] * (double)ds[a];
+                }
+
+    fa_cpu_info info;
+    if (fa_get_cpu_info(&info) != FA_OK) return cli_die("bench: %s", fa_last_error());
+    cfg->isa = info.isa;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int probe_threads = cpus > 0 && cfg->threads > cpus ? (int)cpus : cfg->threads;
+    cfg->peak = measure_peak(info.isa, probe_threads);
+    if (cfg->peak > 0 && flops_total / (cfg->peak * 1e9) > max_seconds)
+        return cli_die("bench: the runs asked for need at least %.3g s (%.3g FLOP at the measured FMA peak of "
+                       "%.1f GFLOP/s), more than --max-seconds %.3g; use smaller sizes or raise --max-seconds",
+                       flops_total / (cfg->peak * 1e9), flops_total, cfg->peak, max_seconds);
+    dc->bw_bytes = bw_buffer_bytes(avail);
+    dc->bw_gbps = measure_read_gbps(probe_threads, dc->bw_bytes);
+
+    fa_outfile csv;
+    if (csv_path) {
+        cli_cleanup_on_signals();
+        if (fa_outfile_open(&csv, csv_path) != FA_OK) return cli_die_npy(FA_ERR_IO);
+        cfg->csv = &csv;
+        if (fa_outfile_write(&csv, csv_header, sizeof csv_header - 1) != FA_OK) {
+            fa_outfile_abort(&csv);
+            return cli_die_npy(FA_ERR_IO);
+        }
+    }
+    char model[256];
+    cpu_model(model, sizeof model);
+    printf("flashattn bench — %s, %ld logical CPUs\n", model, cpus);
+    printf("ISA %s (%d float32 lanes), %d thread%s, measured FMA peak %.1f GFLOP/s%s\n", info.isa, info.simd_width,
+           cfg->threads, cfg->threads == 1 ? "" : "s", cfg->peak,
+           probe_threads < cfg->threads ? " (probed on as many threads as CPUs)" : "");
+    decode_print_header(cfg, dc);
+
+    uint64_t rng = 0x5eed1234abcdull;
+    int rc = 0;
+    for (int a = 0; a < nd; a++)
+        for (int b = 0; b < nn; b++)
+            for (int t = 0; t < dc->nkv; t++)
+                for (int pg = 0; pg < dc->npage; pg++)
+                    for (int sp = 0; sp < dc->nsplit; sp++)
+                        for (int c = 0; c < nimpl; c++) {
+                            int r = decode_bench_one(names[c], ns[b], ds[a], dc->kv[t], dc->pages[pg],
+                                                     (int)dc->splits[sp], cfg, dc, &rng);
+                            if (r > rc) rc = r;
+                        }
+    if (cfg->csv) {
+        if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_npy(FA_ERR_IO);
+        fa_outfile_free(&csv);
+    }
+    return rc;
+}
+
 static int bench_main(int argc, char **argv)
 {
     const char *impls = NULL, *passes = "fwd", *csv_path = NULL;
@@ -666,6 +1046,11 @@ static int bench_main(int argc, char **argv)
     int nn = 4, nd = 2;
     double max_seconds = 3600.0;
     double reference_flops = 0;   /* the reference's share, timed at its own measured rate */
+    int n_given = 0, decode_opts = 0;
+    decode_cfg dc;
+    memset(&dc, 0, sizeof dc);
+    dc.nkv = dc.nsplit = dc.npage = 1; /* f32, heuristic splits, contiguous */
+    dc.kv[0] = FA_F32;
     bench_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.batch = 1;
@@ -709,6 +1094,20 @@ static int bench_main(int argc, char **argv)
             passes = val;
         } else if ((r = cli_opt_value(argc, argv, &i, "--n", &val)) != 0) {
             if (r < 0 || (nn = parse_list("--n", val, 1, INT32_MAX, ns)) < 0) return 2;
+            n_given = 1;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--seqlen-q", &val)) != 0) {
+            if (r < 0 || cli_parse_int("--seqlen-q", val, 1, 65536, &x)) return 2;
+            dc.on = 1;
+            dc.seqlen_q = x;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--kv-dtype", &val)) != 0) {
+            if (r < 0 || parse_kv_dtypes(val, &dc) < 0) return 2;
+            decode_opts = 1;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--num-splits", &val)) != 0) {
+            if (r < 0 || (dc.nsplit = parse_list("--num-splits", val, 0, 128, dc.splits)) < 0) return 2;
+            decode_opts = 1;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--page-size", &val)) != 0) {
+            if (r < 0 || (dc.npage = parse_list("--page-size", val, 0, 65536, dc.pages)) < 0) return 2;
+            decode_opts = 1;
         } else if ((r = cli_opt_value(argc, argv, &i, "--d", &val)) != 0) {
             if (r < 0 || (nd = parse_list("--d", val, 1, 1 << 16, ds)) < 0) return 2;
         } else if ((r = cli_opt_value(argc, argv, &i, "--batch", &val)) != 0) {
@@ -743,6 +1142,7 @@ static int bench_main(int argc, char **argv)
     if (cfg.heads % cfg.heads_k)
         return cli_die("bench: --heads %lld is not a multiple of --heads-k %lld", (long long)cfg.heads,
                        (long long)cfg.heads_k);
+    if (!impls && dc.on) impls = "flash";
     if (!impls) {
 #ifdef FA_HAVE_BLAS
         impls = "flash,standard,blas";
@@ -778,6 +1178,10 @@ static int bench_main(int argc, char **argv)
     if (do_pass[1] && !runs_bwd && !do_pass[0])
         return cli_die("bench: --pass bwd: none of --impl %s has a backward pass (flash and reference do)", impls);
 
+    if (decode_opts && !dc.on)
+        return cli_die("bench: --kv-dtype, --num-splits and --page-size apply to decode rows: give --seqlen-q");
+    if (dc.on)
+        return decode_main(names, nimpl, do_pass, n_given ? ns : NULL, nn, ds, nd, &cfg, &dc, csv_path, max_seconds);
     if (csv_path && cli_check_output("--csv", csv_path)) return 2;
 
     /* memory: every configuration must fit in what the system has available */
@@ -839,10 +1243,7 @@ static int bench_main(int argc, char **argv)
         cli_cleanup_on_signals();
         if (fa_outfile_open(&csv, csv_path) != FA_OK) return cli_die_npy(FA_ERR_IO);
         cfg.csv = &csv;
-        static const char header[] =
-            "impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,gflops,"
-            "peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right\n";
-        if (fa_outfile_write(&csv, header, sizeof header - 1) != FA_OK) {
+        if (fa_outfile_write(&csv, csv_header, sizeof csv_header - 1) != FA_OK) {
             fa_outfile_abort(&csv);
             return cli_die_npy(FA_ERR_IO);
         }
