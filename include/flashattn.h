@@ -991,6 +991,9 @@ typedef struct fa_diagnose_options {
     uint64_t seed;        /**< Seed of the row sampler. */
     int num_threads;      /**< OpenMP threads; 0: the OpenMP default. */
     double min_explained; /**< List candidates explaining at least this fraction (default 0.8). */
+    int qkv_format;       /**< The ::fa_qformat Q, K, V were read in (passed dequantized), FA_QF_NONE (default)
+                               when not low precision: sets the rounding floor from P's format and makes
+                               `descale` and `p-saturation` candidates. (Added in 0.5.) */
 } fa_diagnose_options;
 
 /** @brief What fa_diagnose() found. Initialize with fa_diagnose_report_init(); free with fa_diagnose_report_free(). */

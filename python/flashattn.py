@@ -176,7 +176,8 @@ class _Diagnosis(ctypes.Structure):
 
 class _DiagnoseOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int), ("sample_rows", _i64),
-                ("seed", ctypes.c_uint64), ("num_threads", ctypes.c_int), ("min_explained", ctypes.c_double)]
+                ("seed", ctypes.c_uint64), ("num_threads", ctypes.c_int), ("min_explained", ctypes.c_double),
+                ("qkv_format", ctypes.c_int)]
 
 
 class _DiagnoseReport(ctypes.Structure):
@@ -1007,11 +1008,14 @@ def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, 
              alibi_slopes=None, dtype=None, sample_rows=32, seed=0, min_explained=0.8,
              num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
              seqused_k=None, cache_seqlens=None, k_new=None, v_new=None, cache_batch_idx=None,
-             cache_leftpad=None, block_table=None):
+             cache_leftpad=None, block_table=None, qkv_format=None):
     """Name the known mistake behind a wrong output (fa_diagnose; `check --diagnose`).
 
     Arguments as for check() (varlen batches and KV caches, paged or not,
     included); sample_rows rows per (sequence, head) are evaluated (0: all).
+    qkv_format ("e4m3", "e5m2", "e2m1", "int8"; q, k, v passed dequantized):
+    the rounding floor follows P's format, and `descale` and `p-saturation`
+    are candidates.
     Returns a DiagnoseReport; raises FlashAttnError on bad input.
     """
     lib = library()
@@ -1039,6 +1043,10 @@ def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, 
     do.seed = _int_arg(seed, "seed", 0, _UINT64_MAX)
     do.num_threads = _int_arg(num_threads, "num_threads", 0, _INT_MAX)
     do.min_explained = _float_arg(min_explained, "min_explained")
+    if qkv_format is not None:
+        if qkv_format not in ("e4m3", "e5m2", "e2m1", "int8"):
+            raise ValueError(f"qkv_format must be 'e4m3', 'e5m2', 'e2m1' or 'int8', got {qkv_format!r}")
+        do.qkv_format = QFORMATS[qkv_format]
     rep = _DiagnoseReport()
     st = lib.fa_diagnose(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
                          ctypes.byref(tl) if tl is not None else None, ctypes.byref(opt),

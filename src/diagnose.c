@@ -23,6 +23,10 @@
  * (geo_of/key_src: the problem's, or the kernel's mistaken span, start, page or
  * append slot), so every class applies per sequence and the serving classes
  * (varlen-leak, varlen-offset, paged-index, kv-append-offset) are variants too.
+ * Low precision (fa_diagnose_options::qkv_format): the rounding floor follows
+ * P's format, and `descale` (one (batch, kv head)'s Q/K or V descale off by a
+ * fitted factor) and `p-saturation` (P~ clamped at the format's max in P.V,
+ * row sums unclamped, online over key blocks) are candidates.
  *
  * Everything is float64 and follows mask.h's semantics for the reference.
  */
@@ -41,6 +45,7 @@
 #endif
 
 #include "internal.h"
+#include "lowprec.h"
 
 #define DG_DOTS_MAX_BYTES ((size_t)256 << 20)
 #define DG_FIT_ROWS 8
@@ -69,6 +74,7 @@ typedef struct dg_ctx {
     int64_t fit[DG_FIT_ROWS]; /* the sampled rows with the largest reference error: where fits run */
     int64_t nfit;
     double fit_o, fit_l;      /* reference residuals on them */
+    int qfmt;                 /* fa_qformat of Q, K, V (low precision), or FA_QF_NONE */
 } dg_ctx;
 
 typedef struct dg_scratch {
@@ -329,6 +335,37 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
     }
     for (int64_t c = 0; c < dv; c++) s->acc[c] = 0.0;
     double l = 0.0;
+    if (v->psat_c > 0) {
+        /* blocks aligned at key 0, visited last to first (FlashAttention-3) or first to last */
+        const int64_t bs = v->psat_block, nb0 = j0 / bs, nb1 = (j1 - 1) / bs;
+        double mr = -INFINITY;
+        for (int64_t x = nb0; x <= nb1; x++) {
+            const int64_t nb = v->psat_reverse ? nb1 - (x - nb0) : x;
+            const int64_t a = nb * bs > j0 ? nb * bs : j0, e = (nb + 1) * bs < j1 ? (nb + 1) * bs : j1;
+            double mt = -INFINITY;
+            for (int64_t j = a; j < e; j++)
+                if (s->s[j - j0] > mt) mt = s->s[j - j0];
+            const double mn = mt > mr ? mt : mr;
+            if (mn == -INFINITY) continue;
+            const double r = mr == -INFINITY ? 0.0 : exp(mr - mn);
+            l *= r;
+            for (int64_t c = 0; c < dv; c++) s->acc[c] *= r;
+            mr = mn;
+            for (int64_t j = a; j < e; j++) {
+                const double w = v->psat_c * exp(s->s[j - j0] - mr);
+                l += w;
+                int64_t off;
+                const fa_tensor *t;
+                if (j >= Sk || w == 0.0 || !(t = key_src(p, v, &g, j, 1, kh, &off))) continue;
+                const double pw = w < v->psat_max ? w : v->psat_max;
+                fa_gather_f64(t, off, t->stride[3], dv, s->x);
+                for (int64_t c = 0; c < dv; c++) s->acc[c] += pw * s->x[c];
+            }
+        }
+        for (int64_t c = 0; c < dv; c++) o[c] = s->acc[c] / l;
+        *lse = mr + log(l / v->psat_c);
+        return;
+    }
     if (v->tile <= 0) {
         for (int64_t j = j0; j < j1; j++) {
             const double w = exp(s->s[j - j0] - m);
@@ -1117,6 +1154,148 @@ static void cand_layout(const dg_ctx *cx, dg_list *L)
                   : "Q, K, V read and O written as [batch, heads, seqlen, d] over [batch, seqlen, heads, d] buffers");
 }
 
+/* descale (low precision): the Q, K or V descale of some (batch, kv head) off by a factor.
+ * A Q or K descale scales that group's logits (fitted like `scale`, on the group's rows), a V
+ * descale its output rows (least squares); per group the better, when it removes most of the
+ * group's error. All groups off by one factor is `scale`'s (or every descale's) business. */
+static void cand_descale(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!cx->qfmt || !cx->sig_o) return;
+    consider(L, "descale");
+    const int64_t n = cx->n, dv = p->dv, G = p->batch * p->heads_k;
+    int64_t *rows = malloc((size_t)n * sizeof *rows);
+    double *ro = malloc((size_t)n * sizeof *ro), *rl = malloc((size_t)n * sizeof *rl);
+    if (!rows || !ro || !rl) {
+        free(rows);
+        free(ro);
+        free(rl);
+        return;
+    }
+    double so = 0.0, sl = 0.0, worst = 0.0, fac_worst = 1.0;
+    int64_t n_off = 0, n_same = 0;
+    double first_fac = 0.0;
+    char text[160] = "";
+    size_t len = 0;
+    for (int64_t gi = 0; gi < G; gi++) {
+        const int64_t b = gi / p->heads_k, kh = gi % p->heads_k;
+        int64_t nr = 0;
+        double go = 0.0, gl = 0.0, tr = 0.0, rr = 0.0;
+        for (int64_t w = 0; w < n; w++)
+            if (cx->it[w].b == b && fa_kv_head(p, cx->it[w].h) == kh) {
+                rows[nr++] = w;
+                go += cx->ro_ref[w];
+                gl += cx->rl_ref[w];
+                for (int64_t c = 0; c < dv; c++) {
+                    tr += cx->ot[w * dv + c] * cx->orf[w * dv + c];
+                    rr += cx->orf[w * dv + c] * cx->orf[w * dv + c];
+                }
+            }
+        double bo = go, bl = gl, fac = 1.0;
+        int which = 0; /* 0 none, 1 Q or K, 2 V */
+        if (nr > 0 && go > 0.01 * cx->r0o && go > cx->floor_o * (double)nr / (double)n) {
+            /* V: O scaled by f, LSE unchanged */
+            const double f = rr > 0 ? tr / rr : 1.0;
+            double vo = 0.0;
+            for (int64_t x = 0; x < nr; x++) {
+                const int64_t w = rows[x];
+                for (int64_t c = 0; c < dv; c++) vo += o_diff(cx->ot[w * dv + c], f * cx->orf[w * dv + c], cx->pen);
+            }
+            /* Q or K: the logits scaled, fitted on (up to) the group's DG_FIT_ROWS worst rows */
+            int64_t fr[DG_FIT_ROWS], nf = 0;
+            double fo = 0.0, fl = 0.0;
+            for (int64_t x = 0; x < nr; x++) { /* keep the DG_FIT_ROWS largest, largest first */
+                const int64_t w = rows[x];
+                int64_t y = nf < DG_FIT_ROWS ? nf++ : DG_FIT_ROWS - 1;
+                if (y == DG_FIT_ROWS - 1 && nf == DG_FIT_ROWS && x >= DG_FIT_ROWS &&
+                    cx->ro_ref[fr[y]] >= cx->ro_ref[w])
+                    continue;
+                while (y > 0 && cx->ro_ref[fr[y - 1]] < cx->ro_ref[w]) {
+                    fr[y] = fr[y - 1];
+                    y--;
+                }
+                fr[y] = w;
+            }
+            for (int64_t x = 0; x < nf; x++) {
+                fo += cx->ro_ref[fr[x]];
+                fl += cx->rl_ref[fr[x]];
+            }
+            const double fq = fit_scale(cx, fr, nf, fo, fl);
+            dg_variant v = dg_variant_reference(p);
+            v.scale = p->scale * fq;
+            double qo, ql;
+            if (residuals(cx, &v, rows, nr, NULL, NULL, &qo, &ql) != 0) qo = ql = INFINITY;
+            const double eq = explained(cx, qo, ql, go, gl), ev = explained(cx, vo, gl, go, gl);
+            if (eq >= ev && eq > 0.5) {
+                which = 1;
+                fac = fq;
+                bo = qo;
+                bl = ql;
+            } else if (ev > 0.5) {
+                which = 2;
+                fac = f;
+                bo = vo;
+            }
+        }
+        so += bo;
+        sl += bl;
+        if (which) {
+            n_off++;
+            if (n_off == 1) first_fac = fac;
+            if (near(fac, first_fac, 0.02)) n_same++;
+            if (go - bo > worst) {
+                worst = go - bo;
+                fac_worst = fac;
+            }
+            if (len < 110)
+                len += (size_t)snprintf(text + len, sizeof text - len, "%s(batch %lld, kv head %lld) %s x%.3g",
+                                        len ? ", " : "", (long long)b, (long long)kh, which == 1 ? "Q or K" : "V",
+                                        fac);
+            else if (len < 114)
+                len += (size_t)snprintf(text + len, sizeof text - len, ", ...");
+        }
+    }
+    free(rows);
+    free(ro);
+    free(rl);
+    if (!n_off) return;
+    if (n_off == G && n_same == G && G > 1) return; /* one factor everywhere: the `scale` candidate's */
+    add(L, "descale", explained(cx, so, sl, cx->r0o, cx->r0l), fac_worst, "%lld of %lld descales off: %s",
+        (long long)n_off, (long long)G, text);
+}
+
+/* p-saturation (low precision): P~ = c * exp(s - running max) went past the P format's largest
+ * value and was clamped there in P.V while the row sum kept the unclamped P~ (FlashAttention-4
+ * before its PR 2717). c (a power of 2^(1/4)), the block size and the block order are fitted. */
+static void cand_psat(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!cx->qfmt || !cx->sig_o) return;
+    const int pf = fa_lp_p_format(cx->qfmt);
+    const double pmax = pf == FA_QF_E5M2 ? 57344.0 : pf == FA_QF_E2M1 ? 6.0 : 448.0;
+    consider(L, "p-saturation");
+    enum { NC = 49 };
+    static const int blocks[2] = {64, 128};
+    dg_variant vs[2 * 2 * NC];
+    int nv = 0;
+    for (int bk = 0; bk < 2; bk++)
+        for (int rev = 1; rev >= 0; rev--)
+            for (int k = 0; k < NC; k++) {
+                vs[nv] = dg_variant_reference(p);
+                vs[nv].psat_c = pmax * exp2(0.25 * (k + 1));
+                vs[nv].psat_max = pmax;
+                vs[nv].psat_block = blocks[bk];
+                vs[nv++].psat_reverse = rev;
+            }
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    const dg_variant *v = &vs[best];
+    add(L, "p-saturation", e, v->psat_c,
+        "P saturated at %g (%s's max) in P.V, the row sums unclamped: P scaled by ~2^%.2f before rounding; "
+        "blocks of %d keys, %s", pmax, fa_qformat_name(pf), log2(v->psat_c), v->psat_block,
+        v->psat_reverse ? "last to first" : "first to last");
+}
+
 /* ------------------------------------------------------------------------ */
 /* Entry point                                                               */
 /* ------------------------------------------------------------------------ */
@@ -1336,7 +1515,14 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         for (int x = 1; x < 4; x++)
             if (dtype_rank(all[x]) < dtype_rank(dt)) dt = all[x];
     }
-    const double floor_rel = dt == FA_BF16 ? 0x1p-6 : dt == FA_F16 ? 0x1p-9 : 0x1p-16;
+    double floor_rel = dt == FA_BF16 ? 0x1p-6 : dt == FA_F16 ? 0x1p-9 : 0x1p-16;
+    cx.qfmt = o->qkv_format;
+    if (cx.qfmt) {
+        /* P rounded to its format before P.V: e4m3 (FP8 e4m3 and INT8 kernels) has 3 mantissa bits,
+         * e5m2 2, e2m1 1 (its block scale adds its own) */
+        const int pf = fa_lp_p_format(cx.qfmt);
+        floor_rel = pf == FA_QF_E5M2 ? 0x1p-3 : pf == FA_QF_E2M1 ? 0x1p-2 : 0x1p-4;
+    }
     rep->out_rel_rms = nf_all & 2 ? NAN : nonfinite ? INFINITY : sqrt(cx.r0o / (refsq > 0 ? refsq : 1.0));
     cx.sig_o = nonfinite > 0 || rep->out_rel_rms > floor_rel;
     cx.floor_o = floor_rel * floor_rel * refsq;
@@ -1390,6 +1576,8 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         cand_varlen_offset(&cx, &L);
         cand_paged(&cx, &L);
         cand_append(&cx, &L);
+        cand_descale(&cx, &L);
+        cand_psat(&cx, &L);
     }
     qsort(L.all, (size_t)L.n, sizeof L.all[0], cmp_diag);
     for (int x = 0; x < L.n && rep->n < FA_DIAG_MAX; x++)
@@ -1428,8 +1616,8 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     fa_diagnose_options o;
     fa_diagnose_options_init(&o, sizeof o);
     if (dopt) {
-        static const size_t known[] = {DIAG_OPTIONS_MIN_SIZE};
-        if ((st = fa_struct_size_check(dopt, sizeof o, known, 1, "fa_diagnose_options",
+        static const size_t known[] = {DIAG_OPTIONS_MIN_SIZE, sizeof(fa_diagnose_options)};
+        if ((st = fa_struct_size_check(dopt, sizeof o, known, 2, "fa_diagnose_options",
                                        "fa_diagnose_options_init")) != FA_OK)
             return st;
         memcpy(&o, dopt, dopt->struct_size < sizeof o ? dopt->struct_size : sizeof o);
@@ -1441,6 +1629,8 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
         return fa_fail(FA_ERR_OPTION, "fa_diagnose: num_threads must be >= 0 (got %d)", o.num_threads);
     if (!(o.min_explained >= 0.0 && o.min_explained <= 1.0))
         return fa_fail(FA_ERR_OPTION, "fa_diagnose: min_explained must be in [0, 1] (got %g)", o.min_explained);
+    if (o.qkv_format < FA_QF_NONE || o.qkv_format >= FA_QF_E8M0)
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: qkv_format %d is not e4m3, e5m2, e2m1 or int8", o.qkv_format);
     if ((int)o.dtype < 0 || o.dtype > FA_CHECK_DTYPE_AUTO)
         return fa_fail(FA_ERR_DTYPE, "fa_diagnose: invalid dtype %d", (int)o.dtype);
     if (!out) return fa_fail(FA_ERR_NULL_ARG, "out: tensor is NULL");

@@ -78,6 +78,10 @@ typedef struct dg_variant {
     int64_t new_at;      /* KV cache: new keys placed new_at slots after cache_seqlens[b] */
     dg_page_mode page;
     int64_t page_delta;
+    /* low precision: P~ = psat_c * exp(s - running max) clamped at psat_max in P.V, the row sum of the
+     * unclamped P~, online over blocks of psat_block keys (last to first with psat_reverse); 0: off */
+    double psat_c, psat_max;
+    int psat_block, psat_reverse;
 } dg_variant;
 
 /* The variant that is the reference for problem p. */

@@ -130,6 +130,7 @@ static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_ten
     dopt.sample_rows = co->sample_rows > 0 ? co->sample_rows : 32;
     dopt.seed = co->seed;
     dopt.num_threads = co->num_threads;
+    dopt.qkv_format = co->qkv_format; /* low precision: P's rounding floor, descale and p-saturation */
     fa_diagnose_report rep = fa_diagnose_report_init();
     const double t0 = cli_now();
     fa_status st = fa_diagnose(&in->q_t, &in->k_t, &in->v_t, o_t, lse_t, &attn->opt, &dopt, &rep);
