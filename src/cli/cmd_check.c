@@ -120,7 +120,7 @@ static int check_emulation_range(const fa_check_options *co, const cli_qkv *in, 
 }
 
 /* `--diagnose`: fa_diagnose on the same rows budget, printed after the check report.
- * Varlen batches and KV caches get one line, `diagnosis: not available ...`, and
+ * Varlen batches, KV caches and sinks get one line, `diagnosis: not available ...`, and
  * the verdict's exit status. Returns 0, or prints one line and returns 2. */
 static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_tensor *lse_t, const cli_attn *attn,
                            const fa_check_options *co)
@@ -134,6 +134,10 @@ static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_ten
     if (attn->opt.varlen || attn->opt.kvcache) {
         /* fa_diagnose's candidate models index uniform batches; the verdict above stands */
         printf("diagnosis: not available for variable-length batches or KV caches\n");
+        return 0;
+    }
+    if (attn->opt.sinks || attn->opt.dropout) { /* the candidate models have no sink term, no dropout */
+        printf("diagnosis: not available with %s\n", attn->opt.sinks ? "attention sinks" : "dropout");
         return 0;
     }
     fa_diagnose_report rep = fa_diagnose_report_init();
