@@ -18,7 +18,8 @@
  *     and `j <= i + seqlen_k - seqlen_q + window_right` (unless window_right < 0).
  *     `causal` means window_right = 0. fa_options::align = FA_ALIGN_TOP_LEFT
  *     drops the `seqlen_k - seqlen_q` term (PyTorch SDPA's convention).
- *   - A query row with no visible key gets O = 0 and LSE = -inf. "No visible
+ *   - A query row with no visible key gets O = 0 and LSE = -inf (LSE = the
+ *     sink with fa_options::sinks). "No visible
  *     key" is decided from the mask alone: a row that sees keys but whose
  *     scores are NaN (a NaN in q, say) gets NaN, never the empty-row result.
  *   - The full semantics: docs/semantics.md.
@@ -299,8 +300,98 @@ static inline fa_kvcache fa_kvcache_default(void)
 }
 #endif
 
-struct fa_rotary;  /* rotary embedding (issue 12; defined with its implementation) */
-struct fa_dropout; /* dropout with an explicit keep-mask (issue 12; defined with its implementation) */
+/**
+ * @brief Rotary position embedding applied inside the call (FlashAttention's
+ * `flash_attn_with_kvcache` rotary_cos / rotary_sin), given through
+ * fa_options::rotary. Initialize with fa_rotary_init() (or fa_rotary_default()).
+ * Versioned: later versions only append fields.
+ *
+ * As in FlashAttention it needs a KV cache with new keys (fa_kvcache::k_new):
+ * q and k_new are rotated before attention, and the rotated k_new is what is
+ * appended into the cache. Positions: new key t of sequence b at
+ * cache_seqlens[b] + t; query row i at cache_seqlens[b] + i when the mask is
+ * causal or windowed (a window side >= 0 and below the cache's row capacity,
+ * FlashAttention's "local"), else every query row at cache_seqlens[b]. With rotary_dim = 2 x cos.shape[1], each pair
+ * (x1, x2) of the first rotary_dim elements of a row becomes
+ * (x1 cos - x2 sin, x1 sin + x2 cos) with cos[pos][i], sin[pos][i]; the pairs
+ * are (2i, 2i+1) when interleaved (GPT-J) and (i, i + rotary_dim/2) otherwise
+ * (GPT-NeoX); elements past rotary_dim are untouched. The rotation is computed
+ * in float64 and the rotated rows are rounded to the dtype of q (k_new), as
+ * FlashAttention rounds them to its input dtype.
+ *
+ * Refused: cos and sin not both rank 2 of one shape [seqlen_ro][rotary_dim/2],
+ * f32 or f64, finite; rotary_dim > d; seqlen_ro too short for the largest
+ * position (FA_ERR_SHAPE, naming it); rotary without a KV cache with k_new
+ * (FA_ERR_OPTION).
+ */
+typedef struct fa_rotary {
+    size_t struct_size;    /**< sizeof(fa_rotary) of the caller; set by fa_rotary_init(). */
+    const fa_tensor *cos;  /**< `[seqlen_ro][rotary_dim / 2]`, f32 or f64. */
+    const fa_tensor *sin;  /**< `[seqlen_ro][rotary_dim / 2]`, same shape. */
+    int interleaved;       /**< Non-zero: GPT-J pairs (2i, 2i+1); 0: GPT-NeoX pairs (i, i + rotary_dim/2). */
+} fa_rotary;
+
+/** @brief Set every field of @p r to its default (no tables, half-split) and struct_size to @p struct_size. */
+FA_API void fa_rotary_init(fa_rotary *r, size_t struct_size);
+
+#if defined(FA_BUILDING_LIBRARY) || defined(FA_NO_INLINE_DEFAULTS)
+/** @brief A fa_rotary with every field at its default. */
+FA_API fa_rotary fa_rotary_default(void);
+#else
+/** @brief A fa_rotary with every field at its default. */
+static inline fa_rotary fa_rotary_default(void)
+{
+    fa_rotary r;
+    fa_rotary_init(&r, sizeof r);
+    return r;
+}
+#endif
+
+/**
+ * @brief Dropout with a caller-supplied keep-mask (FlashAttention's dropout,
+ * reproduced for validation), given to fa_forward, fa_backward and fa_check
+ * through fa_options::dropout. Initialize with fa_dropout_init() (or
+ * fa_dropout_default()). Versioned: later versions only append fields.
+ *
+ * With Z the keep-mask and P the softmax of the (undropped) scores:
+ *   O_i = sum_j P_ij Z_ij / (1 - p) v_j,   LSE_i = the undropped LSE,
+ * and the backward pass uses the same Z: dV = (P o Z / (1-p))^T dO,
+ * dS = P o (Z / (1-p) o dP - D), D = dO . O.
+ *
+ * keep_mask holds one byte per (batch, head, query row, key): 1 keep, 0 drop;
+ * any other value is refused (FA_ERR_INDEX, naming the element). Its logical
+ * shape is `[batch][heads][seqlen_q][seqlen_k]`; for a variable-length batch
+ * `[batch][heads][max q_len][max k_len]` (FlashAttention's varlen layout: entry
+ * [b][h][i][j] is query i, key j of sequence b). keep_stride gives the strides
+ * in bytes (elements) of the four dimensions; all zero means C-contiguous.
+ * (fa_tensor has no uint8 dtype: adding one would change FA_DTYPE_COUNT, which
+ * is FA_CHECK_DTYPE_AUTO; so the mask is described here.)
+ * p must be in [0, 1). KV caches (fa_kvcache) take no dropout.
+ */
+typedef struct fa_dropout {
+    size_t struct_size;           /**< sizeof(fa_dropout) of the caller; set by fa_dropout_init(). */
+    double p;                     /**< Drop probability, 0 <= p < 1: kept values are scaled by 1/(1-p). */
+    const uint8_t *keep_mask;     /**< The keep-mask, 0/1 bytes (required). */
+    int64_t keep_shape[4];        /**< Its shape: [batch, heads, seqlen_q, seqlen_k] (varlen: max lengths). */
+    int64_t keep_stride[4];       /**< Its strides in bytes; all 0: C-contiguous. */
+    const char *keep_mask_name;   /**< Name in messages (e.g. its file); NULL: "dropout keep_mask". */
+} fa_dropout;
+
+/** @brief Set every field of @p d to its default (p = 0, no mask) and struct_size to @p struct_size. */
+FA_API void fa_dropout_init(fa_dropout *d, size_t struct_size);
+
+#if defined(FA_BUILDING_LIBRARY) || defined(FA_NO_INLINE_DEFAULTS)
+/** @brief A fa_dropout with every field at its default. */
+FA_API fa_dropout fa_dropout_default(void);
+#else
+/** @brief A fa_dropout with every field at its default. */
+static inline fa_dropout fa_dropout_default(void)
+{
+    fa_dropout d;
+    fa_dropout_init(&d, sizeof d);
+    return d;
+}
+#endif
 
 /**
  * @brief Attention options. Initialize with fa_options_default().
@@ -334,9 +425,12 @@ typedef struct fa_options {
                                    (or pages). Forward and check only. Appended after varlen. */
     const fa_tensor *sinks;   /**< NULL, or float32/float64 `[heads]`: one learnable logit per head, in the
                                    scaled-logit domain, added to the softmax denominator only
-                                   (LSE = ln(sum_j e^{s_ij} + e^{sink_h})). Appended after kvcache (0.5). */
-    const struct fa_rotary *rotary;   /**< NULL, or rotary embedding applied to q (and k_new) inside the call. */
-    const struct fa_dropout *dropout; /**< NULL, or dropout with a caller-supplied keep-mask (validation). */
+                                   (LSE = ln(sum_j e^{s_ij} + e^{sink_h})); a row with no visible key then
+                                   gets O = 0 and LSE = sink_h. Finite, |sink| <= FLT_MAX. Its gradient:
+                                   fa_backward_ex. Appended after kvcache (0.5). */
+    const struct fa_rotary *rotary;   /**< NULL, or rotary embedding of q and k_new inside the call (see fa_rotary;
+                                           KV cache with new keys only). */
+    const struct fa_dropout *dropout; /**< NULL, or dropout with a caller-supplied keep-mask (see fa_dropout). */
     int num_splits;           /**< Split-KV for decoding: 0 = heuristic, 1 = no split, n > 1 = n key splits
                                    (results are bit-identical for a fixed count). */
 } fa_options;
@@ -810,6 +904,9 @@ typedef enum fa_abi_struct {
     FA_ABI_DIAGNOSE_REPORT = 5,  /**< fa_diagnose_report */
     FA_ABI_VARLEN = 6,           /**< fa_varlen */
     FA_ABI_KVCACHE = 7,          /**< fa_kvcache */
+    FA_ABI_BACKWARD_EXTRA = 8,   /**< fa_backward_extra */
+    FA_ABI_DROPOUT = 9,          /**< fa_dropout */
+    FA_ABI_ROTARY = 10,          /**< fa_rotary */
     FA_ABI_STRUCT_COUNT       /**< Number of entries (not a struct). */
 } fa_abi_struct;
 
@@ -1118,6 +1215,35 @@ FA_API size_t fa_diagnose_report_format(const fa_diagnose_report *report, char *
 FA_API fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                       const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout,
                       fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt);
+
+/**
+ * @brief Extra outputs of the backward pass (fa_backward_ex): gradients of
+ * inputs that live in fa_options rather than in the argument list.
+ * Initialize with fa_backward_extra_init(). Versioned like fa_options: later
+ * versions only append fields.
+ */
+typedef struct fa_backward_extra {
+    size_t struct_size;  /**< sizeof(fa_backward_extra) of the caller; set by fa_backward_extra_init(). */
+    fa_tensor *dsinks;   /**< NULL, or written: dLoss/dsinks `[heads]`, f32 or f64. Needs
+                              fa_options::sinks. dsinks_h = -sum_{b,i} e^{sink_h - LSE_{b,h,i}} D_{b,h,i},
+                              D = dO . O (docs/semantics.md). */
+} fa_backward_extra;
+
+/** @brief Set every field of @p x to its default (no extra outputs) and
+ *  struct_size to @p struct_size (the caller's sizeof(fa_backward_extra)). */
+FA_API void fa_backward_extra_init(fa_backward_extra *x, size_t struct_size);
+
+/**
+ * @brief fa_backward() with extra outputs: with @p extra NULL (or every
+ * output in it NULL) it is fa_backward(). extra->dsinks receives the
+ * gradient of the attention sinks (fa_options::sinks); requesting it without
+ * sinks is FA_ERR_OPTION. The extra outputs follow the rules of dq, dk, dv
+ * (no overlap with any other tensor of the call: FA_ERR_STRIDE).
+ */
+FA_API fa_status fa_backward_ex(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                                const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout,
+                                fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt,
+                                const fa_backward_extra *extra);
 
 /** @} */
 

@@ -100,6 +100,20 @@ class _KVCache(ctypes.Structure):
                 ("block_table_name", ctypes.c_char_p)]
 
 
+class _BackwardExtra(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("dsinks", ctypes.POINTER(_Tensor))]
+
+
+class _Dropout(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("p", ctypes.c_double), ("keep_mask", ctypes.c_void_p),
+                ("keep_shape", _i64 * 4), ("keep_stride", _i64 * 4), ("keep_mask_name", ctypes.c_char_p)]
+
+
+class _Rotary(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("cos", ctypes.POINTER(_Tensor)), ("sin", ctypes.POINTER(_Tensor)),
+                ("interleaved", ctypes.c_int)]
+
+
 class _Varlen(ctypes.Structure):
     _i32p = ctypes.POINTER(ctypes.c_int32)
     _fields_ = [("struct_size", ctypes.c_size_t), ("batch", _i64),
@@ -258,6 +272,15 @@ def library():
     lib.fa_forward.restype = ctypes.c_int
     lib.fa_backward.argtypes = [tp, tp, tp, tp, tp, tp, tp, tp, tp, ctypes.POINTER(_Options)]
     lib.fa_backward.restype = ctypes.c_int
+    lib.fa_backward_extra_init.argtypes = [ctypes.POINTER(_BackwardExtra), ctypes.c_size_t]
+    lib.fa_backward_extra_init.restype = None
+    lib.fa_dropout_init.argtypes = [ctypes.POINTER(_Dropout), ctypes.c_size_t]
+    lib.fa_dropout_init.restype = None
+    lib.fa_rotary_init.argtypes = [ctypes.POINTER(_Rotary), ctypes.c_size_t]
+    lib.fa_rotary_init.restype = None
+    lib.fa_backward_ex.argtypes = [tp, tp, tp, tp, tp, tp, tp, tp, tp, ctypes.POINTER(_Options),
+                                   ctypes.POINTER(_BackwardExtra)]
+    lib.fa_backward_ex.restype = ctypes.c_int
     lib.fa_check.argtypes = [tp, tp, tp, tp, tp, ctypes.POINTER(_Options),
                              ctypes.POINTER(_CheckOptions), ctypes.POINTER(_Report)]
     lib.fa_check.restype = ctypes.c_int
@@ -276,7 +299,7 @@ def library():
     # struct_size, so a library whose struct is larger (a newer version that
     # appended fields) still reads this older mirror; a smaller one cannot.
     for which, cls in enumerate((_Tensor, _Options, _CheckOptions, _Report, _DiagnoseOptions, _DiagnoseReport,
-                                 _Varlen, _KVCache)):
+                                 _Varlen, _KVCache, _BackwardExtra, _Dropout, _Rotary)):
         want = lib.fa_check_abi_size(which)
         ok = want == ctypes.sizeof(cls) if cls is _Tensor else want >= ctypes.sizeof(cls)
         if not ok:
@@ -500,7 +523,82 @@ def _alibi_array(slopes):
     return a
 
 
-def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align="bottom-right"):
+def _sinks_array(sinks):
+    """Attention sinks [heads] as float32/float64 values (a torch tensor is converted by value)."""
+    if _is_torch(sinks):
+        import torch
+        sinks = sinks.detach().to("cpu", torch.float64)
+    a = _as_array(sinks, "sinks")
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float64)
+    return a
+
+
+def _dropout(p, mask, keep):
+    """A _Dropout from dropout_p and a keep-mask (bool or uint8 0/1, rank 4), or None."""
+    if mask is None:
+        if p:
+            raise ValueError("dropout_p needs dropout_mask: the keep-mask is an input "
+                             "(uint8 or bool [batch, heads, seqlen_q, seqlen_k])")
+        return None
+    if _is_torch(mask):
+        mask = mask.detach().to("cpu").numpy()
+    m = np.asarray(mask)
+    if m.dtype == np.bool_:
+        m = m.astype(np.uint8)
+    if m.dtype != np.uint8:
+        raise ValueError(f"dropout_mask must be uint8 or bool (0 drop, 1 keep), got {m.dtype}")
+    if m.ndim != 4:
+        raise ValueError(f"dropout_mask must be rank 4 [batch, heads, seqlen_q, seqlen_k], got rank {m.ndim}")
+    p = _float_arg(p, "dropout_p")
+    lib = library()
+    d = _Dropout()
+    lib.fa_dropout_init(ctypes.byref(d), ctypes.sizeof(_Dropout))
+    d.p = p
+    d.keep_mask = m.ctypes.data
+    for r in range(4):
+        d.keep_shape[r] = m.shape[r]
+        d.keep_stride[r] = m.strides[r] if m.shape[r] > 1 else 0
+    if all(m.strides[r] == 0 or m.shape[r] <= 1 for r in range(4)) and m.size > 1:
+        m = np.ascontiguousarray(m)  # (a broadcast view: give the library real bytes)
+        d.keep_mask = m.ctypes.data
+        for r in range(4):
+            d.keep_stride[r] = m.strides[r]
+    if not any(d.keep_stride[r] for r in range(4)):
+        d.keep_stride[3] = 1  # a single element: any nonzero stride
+    keep += [m, d]
+    return d
+
+
+def _rotary(cos, sin, interleaved, keep):
+    """A _Rotary from the cos/sin tables [seqlen_ro, rotary_dim / 2], or None."""
+    if cos is None and sin is None:
+        return None
+    if cos is None or sin is None:
+        raise ValueError("rotary_cos and rotary_sin go together")
+    tabs = []
+    for x, name in ((cos, "rotary_cos"), (sin, "rotary_sin")):
+        if _is_torch(x):
+            import torch
+            x = x.detach().to("cpu", torch.float64)
+        a = _as_array(x, name)
+        if a.dtype not in (np.float32, np.float64):
+            a = a.astype(np.float64)
+        t = _tensor(a, name)
+        keep += [a, t]
+        tabs.append(t)
+    lib = library()
+    r = _Rotary()
+    lib.fa_rotary_init(ctypes.byref(r), ctypes.sizeof(_Rotary))
+    r.cos = ctypes.pointer(tabs[0])
+    r.sin = ctypes.pointer(tabs[1])
+    r.interleaved = int(bool(interleaved))
+    keep.append(r)
+    return r
+
+
+def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align="bottom-right",
+             sinks=None, dropout_p=0.0, dropout_mask=None):
     """fa_options from the keyword arguments, every value checked first."""
     scale = _scale_arg(scale)
     if align not in _ALIGNS:
@@ -534,6 +632,14 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
         ta = _tensor(a, "alibi_slopes")
         keep += [a, ta]
         opt.alibi_slopes = ctypes.pointer(ta)
+    if sinks is not None:
+        a = _sinks_array(sinks)
+        ts = _tensor(a, "sinks")
+        keep += [a, ts]
+        opt.sinks = ctypes.addressof(ts)
+    d = _dropout(dropout_p, dropout_mask, keep)
+    if d is not None:
+        opt.dropout = ctypes.addressof(d)
     return opt
 
 
@@ -630,7 +736,7 @@ def _torch_device(*xs):
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
               num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None,
-              cu_seqlens_k=None, seqused_k=None):
+              cu_seqlens_k=None, seqused_k=None, sinks=None, dropout_p=0.0, dropout_mask=None):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
     q, k, v: numpy arrays or torch tensors (any device; copied to the host).
@@ -646,6 +752,13 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     cu_seqlens_q, cu_seqlens_k, seqused_k: a variable-length batch (module
     doc): q [total_q, heads, d], k/v [total_k, heads_k, d], O [total_q, heads,
     d_v], LSE [heads, total_q]; alibi_slopes [batch, heads] are per sequence.
+    sinks: None, or attention sinks [heads] (float): one logit per head in the
+    final-score domain, added to the softmax denominator only
+    (LSE = ln(sum_j e^s_ij + e^sink_h)); a row with no visible key gets O = 0
+    and LSE = sink.
+    dropout_p, dropout_mask: dropout with a given keep-mask (uint8 or bool 0/1,
+    [batch, heads, seqlen_q, seqlen_k]; varlen: [batch, heads, max q_len, max
+    k_len]): O = (P * Z / (1 - p)) V, the LSE undropped.
     """
     lib = library()
     keep = []
@@ -654,7 +767,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     tq, tk, tv = (_tensor(a, n, bf16_bits) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     code = _dtype_code(out_dtype, "out_dtype")
-    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks,
+                   dropout_p, dropout_mask)
     if vl is not None:
         if q.ndim != 3 or v.ndim != 3:
             raise ValueError("varlen: q, k, v must be rank 3 [total, heads, d]")
@@ -681,7 +795,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, cache_batch_idx=None,
                            cache_leftpad=None, block_table=None, causal=False, window=None, softcap=0.0,
                            scale=None, alibi_slopes=None, impl="flash", return_lse=False,
-                           out_dtype=np.float32, num_threads=0, bf16_bits=None, align="bottom-right"):
+                           out_dtype=np.float32, num_threads=0, bf16_bits=None, align="bottom-right",
+                           sinks=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True):
     """Attention against a KV cache, as FlashAttention's flash_attn_with_kvcache.
 
     q [batch, seqlen_q, heads, d]; k_cache/v_cache [batch_cache, seqlen_cache,
@@ -692,7 +807,13 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     arrays of the same dtypes); sequence b then attends to cache rows
     cache_leftpad[b] .. cache_seqlens[b] - 1 of cache cache_batch_idx[b] and its
     new keys, masks bottom-right aligned to that count. Returns O (and LSE
-    [batch, heads, seqlen_q] with return_lse) like attention().
+    [batch, heads, seqlen_q] with return_lse) like attention(); sinks as there.
+    rotary_cos, rotary_sin [seqlen_ro, rotary_dim / 2]: rotary embedding of q
+    and k before attention (needs k, v; the rotated k is what is appended), as
+    flash_attn_with_kvcache: new key t at cache_seqlens[b] + t, queries at
+    cache_seqlens[b] + i when causal or windowed, else at cache_seqlens[b];
+    rotary_interleaved=True (FlashAttention's default here) pairs (2i, 2i+1),
+    False pairs (i, i + rotary_dim / 2); dims past rotary_dim are untouched.
     """
     lib = library()
     keep = []
@@ -709,8 +830,11 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
         raise ValueError("q and the caches must be rank 4")
     kv = _kvcache(q, kc, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep)
     code = _dtype_code(out_dtype, "out_dtype")
-    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks)
     opt.kvcache = ctypes.addressof(kv)
+    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep)
+    if rot is not None:
+        opt.rotary = ctypes.addressof(rot)
     B, Sq, H = q.shape[:3]
     o, to = _output((B, Sq, H, vc.shape[3]), code)
     lse, tl = _output((B, H, Sq), FA_F32) if return_lse else (None, None)
@@ -728,8 +852,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
 
 def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softcap=0.0,
          scale=None, alibi_slopes=None, impl="flash", grad_dtype=np.float32, num_threads=0,
-         bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
-    """Attention backward pass (fa_backward): returns (dq, dk, dv).
+         bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+         sinks=None, dropout_p=0.0, dropout_mask=None):
+    """Attention backward pass (fa_backward): returns (dq, dk, dv), and with
+    sinks (as in attention()) (dq, dk, dv, dsinks), dsinks float64 [heads]:
+    dsinks_h = -sum_{b,i} e^(sink_h - LSE_bhi) (dO_bhi . O_bhi). dropout_p and
+    dropout_mask as in attention(): the backward uses the same keep-mask.
 
     dout is dLoss/dO ``[batch, seqlen_q, heads, d_v]``. out and lse are the
     forward's O and LSE; when either is None, both are recomputed by the
@@ -759,20 +887,29 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
         out, lse = _as_array(out, "out"), _as_array(lse, "lse")
         to, tl = _tensor(out, "out", bf16_bits), _tensor(lse, "lse", bf16_bits)
     code = _dtype_code(grad_dtype, "grad_dtype")
-    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks,
+                   dropout_p, dropout_mask)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)
     (dq, tdq), (dk, tdk), (dv, tdv) = (_output(x.shape, code) for x in (q, k, v))
-    st = lib.fa_backward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
-                         ctypes.byref(to) if to is not None else None,
-                         ctypes.byref(tl) if tl is not None else None,
-                         ctypes.byref(tdo), ctypes.byref(tdq), ctypes.byref(tdk), ctypes.byref(tdv),
-                         ctypes.byref(opt))
+    extra = _BackwardExtra()
+    lib.fa_backward_extra_init(ctypes.byref(extra), ctypes.sizeof(_BackwardExtra))
+    ds = None
+    if sinks is not None:
+        ds, tds = _output((q.shape[-2],), FA_F64)
+        keep.append(tds)
+        extra.dsinks = ctypes.pointer(tds)
+    st = lib.fa_backward_ex(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                            ctypes.byref(to) if to is not None else None,
+                            ctypes.byref(tl) if tl is not None else None,
+                            ctypes.byref(tdo), ctypes.byref(tdq), ctypes.byref(tdk), ctypes.byref(tdv),
+                            ctypes.byref(opt), ctypes.byref(extra))
     if st != 0:
         _raise(st)
+    out = (dq, dk, dv) if ds is None else (dq, dk, dv, ds)
     if device is not None:
-        return tuple(_torch_result(g, code, device) for g in (dq, dk, dv))
-    return dq, dk, dv
+        return tuple(_torch_result(g, code if g is not ds else FA_F64, device) for g in out)
+    return out
 
 
 # ---- check ----------------------------------------------------------------------
@@ -818,7 +955,8 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
           alibi_slopes=None, dtype=None, atol=None, rtol=None, sample_rows=0, seed=0,
           num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
           seqused_k=None, cache_seqlens=None, k_new=None, v_new=None, cache_batch_idx=None,
-          cache_leftpad=None, block_table=None, qkv_format=None, kernel_model=None):
+          cache_leftpad=None, block_table=None, qkv_format=None, kernel_model=None, sinks=None,
+          dropout_p=0.0, dropout_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True):
     """Check a tested attention output (and optionally its LSE) against the
     float64 reference, by the library's one tolerance model.
 
@@ -838,7 +976,11 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
     in that format: pass them dequantized (see dequantize()); the
     low-precision rule (FlashAttention-3's FP8 rule, bf16 output) replaces the
     dtype rule. kernel_model="fa3" or "sage" also emulates that kernel's data
-    path. Every report has cos_sim, rel_l1, rmse and sqnr_db.
+    path. Every report has cos_sim, rel_l1, rmse and sqnr_db. sinks: the
+    attention sinks the kernel ran with, as in attention(); dropout_p and
+    dropout_mask: the dropout it ran with (its keep-mask), as in attention();
+    rotary_cos, rotary_sin, rotary_interleaved: with a KV cache, as in
+    attention_with_kvcache() (q and k_new are passed unrotated).
     Returns a CheckReport (true when it passed); raises FlashAttnError on bad
     input.
     """
@@ -851,7 +993,8 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         lse_a = _as_array(lse, "lse")
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
-    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align, sinks,
+                   dropout_p, dropout_mask)
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)
@@ -859,6 +1002,9 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         kv = _kvcache(arrs[0], arrs[1], k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad,
                       block_table, bf16_bits, keep)
         opt.kvcache = ctypes.addressof(kv)
+    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep)
+    if rot is not None:
+        opt.rotary = ctypes.addressof(rot)
     co = _CheckOptions()
     lib.fa_check_options_init(ctypes.byref(co), ctypes.sizeof(_CheckOptions))
     if dtype is not None:

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "kernels/kernels.h"
+#include "serve.h"
 
 #define DIM(x) ((long long)(x))
 
@@ -113,19 +114,28 @@ fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
         if ((st = fa_check_output(lse, "lse", others, names, 4)) != FA_OK) return st;
     }
     /* KV cache: append the new keys in place (the caches must not overlap them) */
+    void *rot_mem = NULL; /* rotary: the rotated q and k_new (serve.c) */
     if (p.cache_seqlens && p.k_new.data) {
         const fa_tensor *nk[] = {&p.k_new, &p.v_new, q, v};
         const char *nn[] = {"k_new", "v_new", "q", "v cache"};
         if ((st = fa_check_output(k, "k cache", nk, nn, 4)) != FA_OK ||
             (st = fa_check_output(v, "v cache", nk, nn, 3)) != FA_OK)
             return st;
-        if ((st = fa_kvcache_append(&p)) != FA_OK) return st;
+        /* rotary: q and k_new rotated first, so the rotated keys are appended */
+        if ((st = fa_rotary_apply(&p, &rot_mem)) != FA_OK) return st;
+        if ((st = fa_kvcache_append(&p)) != FA_OK) {
+            fa_free(rot_mem);
+            return st;
+        }
     }
     /* varlen: the rows no sequence owns get O = 0, LSE = -inf */
     if ((st = fa_fill_unowned_rows(&p, &p.o, 0, 0.0)) != FA_OK ||
-        (st = fa_fill_unowned_lse(&p, p.lse.data ? &p.lse : NULL, -INFINITY)) != FA_OK)
+        (st = fa_fill_unowned_lse(&p, p.lse.data ? &p.lse : NULL, -INFINITY)) != FA_OK) {
+        fa_free(rot_mem);
         return st;
+    }
     if (p.batch == 0 || p.seqlen_q == 0) {
+        fa_free(rot_mem);
         fa_clear_error();
         return FA_OK;
     }
@@ -136,6 +146,7 @@ fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
     default: st = fa_flash_forward(&p); break;
     }
     fa_arena_end(p.arena);
+    fa_free(rot_mem);
     if (st == FA_OK) fa_clear_error();
     return st;
 }
@@ -144,13 +155,54 @@ fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
 /* Backward                                                                  */
 /* ------------------------------------------------------------------------ */
 
+void fa_backward_extra_init(fa_backward_extra *x, size_t struct_size)
+{
+    if (!x) return;
+    memset(x, 0, struct_size);
+    fa_backward_extra e;
+    memset(&e, 0, sizeof e);
+    e.struct_size = struct_size;
+    memcpy(x, &e, struct_size < sizeof e ? struct_size : sizeof e);
+}
+
 fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                       const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout,
                       fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt)
 {
+    return fa_backward_ex(q, k, v, o, lse, dout, dq, dk, dv, opt, NULL);
+}
+
+fa_status fa_backward_ex(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                         const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout,
+                         fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, const fa_options *opt,
+                         const fa_backward_extra *extra_in)
+{
+    fa_backward_extra extra;
+    fa_backward_extra_init(&extra, sizeof extra);
+    if (extra_in) { /* a versioned struct: read what the caller's layout holds */
+        static const size_t known[] = {sizeof(fa_backward_extra)};
+        fa_status est = fa_struct_size_check(extra_in, sizeof extra, known, 1, "fa_backward_extra",
+                                             "fa_backward_extra_init");
+        if (est != FA_OK) return est;
+        memcpy(&extra, extra_in, extra_in->struct_size < sizeof extra ? extra_in->struct_size : sizeof extra);
+    }
     fa_problem p;
     fa_status st = fa_resolve(FA_PURPOSE_BACKWARD, q, k, v, o, lse, opt, NULL, &p);
     if (st != FA_OK) return st;
+    const fa_tensor *dsinks = extra.dsinks;
+    if (dsinks) {
+        if (!p.sinks.data)
+            return fa_fail(FA_ERR_OPTION, "dsinks: requested, but fa_options.sinks is NULL (no sinks to differentiate)");
+        if (dsinks->dtype != FA_F32 && dsinks->dtype != FA_F64)
+            return fa_fail(FA_ERR_DTYPE, "dsinks: dtype must be f32 or f64 (got %s)", fa_dtype_name(dsinks->dtype));
+        if (dsinks->rank != 1 || dsinks->shape[0] != p.heads)
+            return fa_fail(FA_ERR_SHAPE, "dsinks: shape must be [heads=%lld], the shape of the sinks", DIM(p.heads));
+        if (!dsinks->data) return fa_fail(FA_ERR_NULL_ARG, "dsinks: data pointer is NULL");
+        if (dsinks->stride[0] < 0) return fa_fail(FA_ERR_STRIDE, "dsinks: negative stride");
+        const fa_tensor *others[] = {q, k, v, o, lse, dout, dq, dk, dv, &p.sinks};
+        const char *onames[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "sinks"};
+        if ((st = fa_check_output(dsinks, "dsinks", others, onames, 10)) != FA_OK) return st;
+    }
     if (p.cache_seqlens)
         return fa_fail(FA_ERR_OPTION, "backward: a KV cache (fa_options.kvcache) is forward only");
     /* the tensors' own rows (varlen: [1][total]; p.batch, seqlen_q/k count sequences) */
@@ -188,6 +240,7 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
         (st = fa_fill_unowned_rows(&p, &dv4, 1, 0.0)) != FA_OK)
         return st;
     if (p.batch == 0) {
+        for (int64_t h = 0; dsinks && h < p.heads; h++) fa_store_f64(dsinks, h * dsinks->stride[0], 0.0);
         fa_clear_error();
         return FA_OK;
     }
@@ -223,6 +276,7 @@ fa_status fa_backward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     if (st == FA_OK)
         st = p.impl == FA_IMPL_REFERENCE ? fa_reference_backward(&p, &dout4, &dq4, &dk4, &dv4)
                                          : fa_flash_backward(&p, &dout4, &dq4, &dk4, &dv4);
+    if (st == FA_OK && dsinks) st = fa_sinks_backward(&p, &dout4, dsinks);
     fa_scratch_free(&p, o_tmp);
     fa_scratch_free(&p, lse_tmp);
     fa_arena_end(p.arena);

@@ -142,6 +142,7 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
             fa_rows_gather_f64(&os, i, oi);
             for (int64_t x = 0; x < dvd; x++) D += doi[x] * oi[x];
             for (int64_t x = 0; x < d; x++) dqi[x] = 0.0;
+            const uint8_t *keep = p->keep ? fa_keep_row(p, b, h, i) : NULL;
             for (int64_t j = lo; j < hi; j++) { /* an empty row (lo >= hi) contributes nothing */
                 double dot = 0.0;
                 for (int64_t x = 0; x < d; x++) dot += qi[x] * kd[j * d + x];
@@ -152,13 +153,16 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
                 const double P = exp(s - L);
                 double dP = 0.0;
                 for (int64_t x = 0; x < dvd; x++) dP += doi[x] * vd[j * dvd + x];
-                double dS = P * (dP - D);
+                /* dropout: O uses P Z / (1-p), so dV gets it and dP is masked and scaled */
+                const double z = keep ? (keep[j * p->keep_stride[3]] ? p->keep_scale : 0.0) : 1.0;
+                double dS = P * (z * dP - D);
                 if (c > 0.0) dS *= 1.0 - (u / c) * (u / c); /* d/dt c tanh(t/c) */
                 for (int64_t x = 0; x < d; x++) {
                     dqi[x] += dS * kd[j * d + x];
                     dk_acc[j * d + x] += dS * qi[x];
                 }
-                for (int64_t x = 0; x < dvd; x++) dv_acc[j * dvd + x] += P * doi[x];
+                const double Pz = P * z;
+                for (int64_t x = 0; x < dvd; x++) dv_acc[j * dvd + x] += Pz * doi[x];
             }
             for (int64_t x = 0; x < d; x++) fa_rows_put(&dqs, i, x, p->scale * dqi[x]);
         }
@@ -424,7 +428,8 @@ static int load_row_info(const fa_problem *p, const float *dvec, int64_t b, int6
  */
 static void tile_line(const fa_problem *p, const fa_kernels *kern, float *restrict g, int n, int va, int vb,
                       float *restrict s, float *restrict dp, const float *restrict lse,
-                      const float *restrict dd, int per_elem, double slope, int64_t rel0, int rel_step)
+                      const float *restrict dd, int per_elem, double slope, int64_t rel0, int rel_step,
+                      const uint8_t *keep, int64_t kstep)
 {
     const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
     kern->transform(n, va, vb, s, cap, inv_cap, slope, rel0, rel_step, cap > 0.0f ? g : NULL);
@@ -437,7 +442,14 @@ static void tile_line(const fa_problem *p, const fa_kernels *kern, float *restri
         for (int x = va; x < vb; x++) s[x] -= L;
     }
     kern->vexp(n, s, s); /* exp(-inf) = 0 exactly: masked P = 0 */
-    if (per_elem) {
+    if (keep) { /* dropout: dS = P o (Z/(1-p) o dP - D), and s becomes P o Z/(1-p) for dV */
+        const float zs = (float)p->keep_scale;
+        for (int x = 0; x < n; x++) {
+            const float z = keep[x * kstep] ? zs : 0.0f;
+            dp[x] = s[x] * (z * dp[x] - (per_elem ? dd[x] : dd[0]));
+            s[x] *= z;
+        }
+    } else if (per_elem) {
         FA_SIMD
         for (int x = 0; x < n; x++) dp[x] = s[x] * (dp[x] - dd[x]);
     } else {
@@ -495,7 +507,8 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
                 while (r2 < br && sc->lo[r2] <= key) r2++;
                 tile_line(p, kern, sc->g, br, r1, r2 > r1 ? r2 : r1, sc->st + (size_t)j * g->ldr,
                           sc->dpt + (size_t)j * g->ldr, sc->lse, sc->dd, 1, slope,
-                          i0 + fa_diag_offset(p, b) - key, 1);
+                          i0 + fa_diag_offset(p, b) - key, 1,
+                          p->keep ? fa_keep_row(p, b, h, i0) + key * p->keep_stride[3] : NULL, p->keep_stride[2]);
             }
             kern->pv(bc, br, (int)dvd, sc->st, g->ldr, dor, g->lddv, sc->ones, sc->dva, g->lddv);
             kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
@@ -547,7 +560,8 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
                 const int va = lo > 0 ? (lo < bc ? (int)lo : bc) : 0;
                 const int vb = hi < bc ? (hi > va ? (int)hi : va) : bc;
                 tile_line(p, kern, sc->g, bc, va, vb, sc->s + (size_t)r * g->ldc, sc->dp + (size_t)r * g->ldc,
-                          sc->lse + r, sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1);
+                          sc->lse + r, sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1,
+                          p->keep ? fa_keep_row(p, b, h, i0 + r) + j0 * p->keep_stride[3] : NULL, p->keep_stride[3]);
             }
             kern->pv(br, bc, (int)d, sc->dp, g->ldc, kr, g->ldd, sc->ones, sc->dqa, g->ldd);
         }

@@ -74,7 +74,8 @@ typedef struct dec_dims {
 
 int fa_decode_applies(const fa_problem *p)
 {
-    return p->seqlen_q >= 1 && p->seqlen_q <= FA_DECODE_MAX_Q;
+    /* sinks, dropout and rotary are applied by flash.c's general path (not yet here) */
+    return p->seqlen_q >= 1 && p->seqlen_q <= FA_DECODE_MAX_Q && !p->sinks.data && !p->keep && !p->rot_dim;
 }
 
 static dec_dims dec_layout_rows(const fa_problem *p)

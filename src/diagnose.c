@@ -1636,6 +1636,9 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     if (!out) return fa_fail(FA_ERR_NULL_ARG, "out: tensor is NULL");
     fa_problem p;
     if ((st = fa_resolve(FA_PURPOSE_CHECK, q, k, v, out, lse, attn, NULL, &p)) != FA_OK) return st;
+    if (p.sinks.data || p.keep || p.rot_dim) /* the candidate models have no sink, dropout or rotary term */
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: not available with %s",
+                       p.sinks.data ? "attention sinks" : p.keep ? "dropout" : "rotary");
     if (p.batch == 0 || p.seqlen_q == 0 || p.seqlen_k == 0) {
         snprintf(report->considered, sizeof report->considered, "%s", "");
         return FA_OK; /* nothing to diagnose */

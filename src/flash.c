@@ -59,6 +59,7 @@
 #include "decode.h"
 #include "kernels/kernels.h"
 #include "pack.h"
+#include "serve.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -241,6 +242,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
             kern->qk(br, bc, (int)d, sc->qi, g->ldq, kt, g->ldk, (float)p->scale, sc->s, g->lds);
             fa_transform_tile(p, b, i0, br, j0, bc, slope, sc->lo, sc->hi, sc->s, g->lds);
             kern->softmax(br, bc, sc->s, g->lds, sc->m, sc->l, sc->alpha);
+            if (p->keep) fa_dropout_tile(p, b, h, i0, br, j0, bc, sc->s, g->lds); /* P o Z / (1-p); l undropped */
             if (v_bad)
                 pv_masked_rows(kern, br, j0, bc, dv, sc, g->lds, vj, ldv, g->ldo);
             else
@@ -261,17 +263,20 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
             l = NAN;
             sc->m[r] = NAN;
         }
-        const float inv = empty ? 0.0f : 1.0f / l;
+        float inv = empty ? 0.0f : 1.0f / l;
+        double lse_row = empty ? -INFINITY : (double)sc->m[r] + log((double)l);
+        if (p->sinks.data) { /* the sink joins the denominator only (mask.h) */
+            double sscale;
+            fa_sink_finish(fa_sink(p, h), (double)sc->m[r], (double)l, empty, &sscale, &lse_row);
+            inv = (float)sscale;
+        }
         if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
             float *dst = (float *)p->o.data + fa_rows_off(&os, i);
             for (int64_t c = 0; c < dv; c++) dst[c] = empty ? 0.0f : orow[c] * inv;
         } else {
             for (int64_t c = 0; c < dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
         }
-        if (p->lse.data)
-            fa_store_f64(&p->lse,
-                         fa_lse_off(p, b, h, i),
-                         empty ? -INFINITY : (double)sc->m[r] + log((double)l));
+        if (p->lse.data) fa_store_f64(&p->lse, fa_lse_off(p, b, h, i), lse_row);
     }
 }
 

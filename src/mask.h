@@ -19,6 +19,50 @@ static inline double fa_alibi_slope(const fa_problem *p, int64_t b, int64_t h)
     return fa_load_f64(&p->alibi, b * p->alibi.stride[0] + h * p->alibi.stride[1]);
 }
 
+/* Attention sink of query head h: an extra logit in the final-score domain
+ * (after scale, softcap, ALiBi) that joins the softmax denominator only;
+ * -inf when there are no sinks (e^-inf = 0: the same formulas hold). */
+static inline double fa_sink(const fa_problem *p, int64_t h)
+{
+    if (!p->sinks.data) return -INFINITY;
+    return fa_load_f64(&p->sinks, h * p->sinks.stride[0]);
+}
+
+/*
+ * Fold the sink into a finished row: m is the row's max over its visible
+ * keys, l = sum_j e^{s_j - m}, and the unnormalized output is
+ * sum_j e^{s_j - m} v_j. With the sink the denominator is l e^{m - m'} +
+ * e^{sink - m'}, m' = max(m, sink), so O = unnormalized * (*out_scale) and
+ * LSE = *lse. An empty row (no visible key: m = -inf, l = 0) gets scale 0 and
+ * LSE = sink (-inf without sinks): O = 0, as FlashAttention-4. A NaN row stays
+ * NaN. Computed in float64, whatever the caller accumulated in.
+ */
+static inline void fa_sink_finish(double sink, double m, double l, int empty, double *out_scale, double *lse)
+{
+    if (empty) {
+        *out_scale = 0.0;
+        *lse = sink;
+        return;
+    }
+    if (isnan(m) || isnan(l) || sink == -INFINITY) {
+        *out_scale = 1.0 / l;
+        *lse = m + log(l);
+        return;
+    }
+    const double m2 = m > sink ? m : sink;
+    const double a = exp(m - m2);
+    const double l2 = l * a + exp(sink - m2);
+    *out_scale = a / l2;
+    *lse = m2 + log(l2);
+}
+
+/* Dropout: the keep-mask bytes of query row i of (sequence b, head h); key j
+ * is at [j * p->keep_stride[3]]. Only when p->keep is set. */
+static inline const uint8_t *fa_keep_row(const fa_problem *p, int64_t b, int64_t h, int64_t i)
+{
+    return p->keep + b * p->keep_stride[0] + h * p->keep_stride[1] + i * p->keep_stride[2];
+}
+
 /* KV head read by query head h (GQA/MQA). */
 static inline int64_t fa_kv_head(const fa_problem *p, int64_t h)
 {

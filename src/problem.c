@@ -658,6 +658,171 @@ fa_status fa_fill_unowned_lse(const fa_problem *p, const fa_tensor *lse, double 
     return FA_OK;
 }
 
+/* Attention sinks (fa_options::sinks): float32/float64 [heads], finite, within
+ * the float32 range (the LSE is stored as float32 by the CLI and flash). */
+static fa_status resolve_sinks(const fa_tensor *t, fa_problem *p)
+{
+    if (t->dtype != FA_F32 && t->dtype != FA_F64)
+        return fa_fail(FA_ERR_DTYPE, "sinks: dtype must be f32 or f64 (got %s)", fa_dtype_name(t->dtype));
+    if (t->rank != 1 || t->shape[0] != p->heads)
+        return fa_fail(FA_ERR_SHAPE, "sinks: shape must be [heads=%lld] (got rank %d, first extent %lld)",
+                       DIM(p->heads), t->rank, DIM(t->rank >= 1 ? t->shape[0] : 0));
+    if (t->stride[0] < 0) return fa_fail(FA_ERR_STRIDE, "sinks: negative stride");
+    if (!t->data) return fa_fail(FA_ERR_NULL_ARG, "sinks: data pointer is NULL");
+    for (int64_t h = 0; h < p->heads; h++) {
+        const double x = fa_load_f64(t, h * t->stride[0]);
+        if (!isfinite(x) || fabs(x) > FA_SCALE_MAX)
+            return fa_fail(FA_ERR_NONFINITE, "sinks: element [%lld] is %g; sinks must be finite and within "
+                           "the float32 range (|sink| <= %g)", DIM(h), x, FA_SCALE_MAX);
+    }
+    p->sinks = *t;
+    return FA_OK;
+}
+
+void fa_dropout_init(fa_dropout *d, size_t struct_size)
+{
+    if (!d) return;
+    memset(d, 0, struct_size);
+    fa_dropout x;
+    memset(&x, 0, sizeof x);
+    x.struct_size = struct_size;
+    memcpy(d, &x, struct_size < sizeof x ? struct_size : sizeof x);
+}
+
+fa_dropout fa_dropout_default(void)
+{
+    fa_dropout d;
+    fa_dropout_init(&d, sizeof d);
+    return d;
+}
+
+/* Dropout (fa_options::dropout): p in [0, 1), a 0/1 keep-mask of shape
+ * [batch][heads][seqlen_q][seqlen_k] (varlen: the longest lengths), every
+ * byte of it checked once here (input-sized work, no allocation). */
+static fa_status resolve_dropout(const fa_dropout *in, fa_problem *p)
+{
+    static const size_t known[] = {sizeof(fa_dropout)};
+    fa_status st = fa_struct_size_check(in, sizeof *in, known, 1, "fa_dropout", "fa_dropout_init");
+    if (st != FA_OK) return st;
+    fa_dropout d;
+    fa_dropout_init(&d, sizeof d);
+    memcpy(&d, in, in->struct_size < sizeof d ? in->struct_size : sizeof d);
+    const char *mn = nm(d.keep_mask_name, "dropout keep_mask");
+    if (p->cache_seqlens)
+        return fa_fail(FA_ERR_OPTION, "dropout cannot be combined with a KV cache (an inference path, as in "
+                       "FlashAttention's flash_attn_with_kvcache)");
+    if (!(d.p >= 0.0 && d.p < 1.0))
+        return fa_fail(FA_ERR_OPTION, "dropout p must be in [0, 1) (got %g)", d.p);
+    if (!d.keep_mask) return fa_fail(FA_ERR_NULL_ARG, "%s: the keep-mask is NULL (dropout needs one)", mn);
+    const int64_t want[4] = {p->batch, p->heads, p->seqlen_q, p->seqlen_k};
+    for (int r = 0; r < 4; r++)
+        if (d.keep_shape[r] != want[r])
+            return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld,%lld,%lld] should be [batch=%lld, heads=%lld, "
+                           "seqlen_q=%lld, seqlen_k=%lld]%s", mn, DIM(d.keep_shape[0]), DIM(d.keep_shape[1]),
+                           DIM(d.keep_shape[2]), DIM(d.keep_shape[3]), DIM(want[0]), DIM(want[1]), DIM(want[2]),
+                           DIM(want[3]), p->cu_seqlens_q ? " (varlen: the longest sequence's lengths)" : "");
+    int64_t stride[4];
+    const int zero = !d.keep_stride[0] && !d.keep_stride[1] && !d.keep_stride[2] && !d.keep_stride[3];
+    int64_t reach = 0;
+    for (int r = 3; r >= 0; r--) {
+        stride[r] = zero ? (r == 3 ? 1 : stride[r + 1] * (want[r + 1] > 0 ? want[r + 1] : 1)) : d.keep_stride[r];
+        if (stride[r] < 0) return fa_fail(FA_ERR_STRIDE, "%s: negative stride", mn);
+        int64_t t;
+        if (want[r] > 0 && (__builtin_mul_overflow(want[r] - 1, stride[r], &t) ||
+                            __builtin_add_overflow(reach, t, &reach)))
+            return fa_fail(FA_ERR_STRIDE, "%s: the largest offset overflows 64 bits", mn);
+    }
+    for (int64_t b = 0; b < want[0]; b++)
+        for (int64_t h = 0; h < want[1]; h++)
+            for (int64_t i = 0; i < want[2]; i++) {
+                const uint8_t *row = d.keep_mask + b * stride[0] + h * stride[1] + i * stride[2];
+                for (int64_t j = 0; j < want[3]; j++)
+                    if (row[j * stride[3]] > 1)
+                        return fa_fail(FA_ERR_INDEX, "%s: element [%lld,%lld,%lld,%lld] is %u; a keep-mask holds "
+                                       "0 (drop) or 1 (keep)", mn, DIM(b), DIM(h), DIM(i), DIM(j),
+                                       (unsigned)row[j * stride[3]]);
+            }
+    p->keep = d.keep_mask;
+    memcpy(p->keep_stride, stride, sizeof stride);
+    p->keep_scale = 1.0 / (1.0 - d.p);
+    return FA_OK;
+}
+
+void fa_rotary_init(fa_rotary *r, size_t struct_size)
+{
+    if (!r) return;
+    memset(r, 0, struct_size);
+    fa_rotary x;
+    memset(&x, 0, sizeof x);
+    x.struct_size = struct_size;
+    memcpy(r, &x, struct_size < sizeof x ? struct_size : sizeof x);
+}
+
+fa_rotary fa_rotary_default(void)
+{
+    fa_rotary r;
+    fa_rotary_init(&r, sizeof r);
+    return r;
+}
+
+/* Rotary (fa_options::rotary): FlashAttention's flash_attn_with_kvcache rule, so a KV
+ * cache with new keys is required; cos/sin [seqlen_ro][rotary_dim/2] f32/f64 finite,
+ * rotary_dim <= d, seqlen_ro past the largest position. per_row: queries at their own
+ * positions (causal or windowed). */
+static fa_status resolve_rotary(const fa_rotary *in, int per_row, fa_problem *p)
+{
+    static const size_t known[] = {sizeof(fa_rotary)};
+    fa_status st = fa_struct_size_check(in, sizeof *in, known, 1, "fa_rotary", "fa_rotary_init");
+    if (st != FA_OK) return st;
+    fa_rotary r;
+    fa_rotary_init(&r, sizeof r);
+    memcpy(&r, in, in->struct_size < sizeof r ? in->struct_size : sizeof r);
+    if (!p->cache_seqlens || !p->k_new.data)
+        return fa_fail(FA_ERR_OPTION, "rotary needs a KV cache with new keys (fa_kvcache k_new/v_new), as "
+                       "FlashAttention's flash_attn_with_kvcache: q and k_new are rotated at cache positions");
+    if (!r.cos || !r.sin) return fa_fail(FA_ERR_NULL_ARG, "rotary: cos and sin are both required");
+    const fa_tensor *t[2] = {r.cos, r.sin};
+    const char *tn[2] = {"rotary cos", "rotary sin"};
+    for (int x = 0; x < 2; x++) {
+        if (t[x]->dtype != FA_F32 && t[x]->dtype != FA_F64)
+            return fa_fail(FA_ERR_DTYPE, "%s: dtype must be f32 or f64 (got %s)", tn[x], fa_dtype_name(t[x]->dtype));
+        if (t[x]->rank != 2)
+            return fa_fail(FA_ERR_SHAPE, "%s: rank %d should be 2 [seqlen_ro, rotary_dim / 2]", tn[x], t[x]->rank);
+        if (t[x]->stride[0] < 0 || t[x]->stride[1] < 0) return fa_fail(FA_ERR_STRIDE, "%s: negative stride", tn[x]);
+        if (!t[x]->data) return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", tn[x]);
+    }
+    if (r.sin->shape[0] != r.cos->shape[0] || r.sin->shape[1] != r.cos->shape[1])
+        return fa_fail(FA_ERR_SHAPE, "rotary sin: shape [%lld,%lld] differs from cos [%lld,%lld]", DIM(r.sin->shape[0]),
+                       DIM(r.sin->shape[1]), DIM(r.cos->shape[0]), DIM(r.cos->shape[1]));
+    const int64_t rd = 2 * r.cos->shape[1], seqlen_ro = r.cos->shape[0];
+    if (rd < 2 || rd > p->d)
+        return fa_fail(FA_ERR_SHAPE, "rotary: rotary_dim = 2 x %lld = %lld must be in 2..d = %lld (cos/sin are "
+                       "[seqlen_ro, rotary_dim / 2])", DIM(r.cos->shape[1]), DIM(rd), DIM(p->d));
+    int64_t need = 0; /* the largest position + 1 */
+    int64_t at = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t last = (int64_t)p->cache_seqlens[b] +
+                             (p->seqlen_new > (per_row ? p->seqlen_q : 1) ? p->seqlen_new : (per_row ? p->seqlen_q : 1));
+        if (last > need) { need = last; at = b; }
+    }
+    if (seqlen_ro < need)
+        return fa_fail(FA_ERR_SHAPE, "rotary: cos/sin have %lld positions, but sequence %lld needs position %lld "
+                       "(cache_seqlens[%lld] = %d, seqlen_new %lld, seqlen_q %lld%s)", DIM(seqlen_ro), DIM(at),
+                       DIM(need - 1), DIM(at), p->cache_seqlens[at], DIM(p->seqlen_new), DIM(p->seqlen_q),
+                       per_row ? ", queries at their own positions (causal or windowed)" : "");
+    for (int x = 0; x < 2; x++)
+        for (int64_t i = 0; i < seqlen_ro; i++)
+            for (int64_t c = 0; c < rd / 2; c++)
+                if (!isfinite(fa_load_f64(t[x], i * t[x]->stride[0] + c * t[x]->stride[1])))
+                    return fa_fail(FA_ERR_NONFINITE, "%s: element [%lld,%lld] is not finite", tn[x], DIM(i), DIM(c));
+    p->rot_cos = *r.cos;
+    p->rot_sin = *r.sin;
+    p->rot_dim = rd;
+    p->rot_interleaved = r.interleaved != 0;
+    p->rot_q_per_row = per_row;
+    return FA_OK;
+}
+
 fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                      const fa_tensor *o, const fa_tensor *lse, const fa_options *opt_in,
                      const fa_names *names, fa_problem *p)
@@ -669,9 +834,6 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     fa_options opt;
     fa_status st = fa_options_read(opt_in, &opt);
     if (st != FA_OK) return st;
-    /* sinks, rotary and dropout are laid out (0.5) and refused until implemented */
-    if (opt.sinks || opt.rotary || opt.dropout)
-        return fa_fail(FA_ERR_OPTION, "%s is not implemented yet", opt.sinks ? "sinks" : opt.rotary ? "rotary" : "dropout");
     if (opt.num_splits < 0)
         return fa_fail(FA_ERR_OPTION, "num_splits must be >= 0 (0 = heuristic, 1 = none; got %d)", opt.num_splits);
     fa_tensor views[5]; /* varlen: rank-4 views of q, k, v, o and the rank-3 view of lse */
@@ -800,6 +962,18 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
                                    slope, DIM(h), DIM(max_dist), FA_ALIBI_BIAS_MAX,
                                    FA_ALIBI_BIAS_MAX / (double)(max_dist > 0 ? max_dist : 1));
             }
+    }
+
+    if (opt.sinks && (st = resolve_sinks(opt.sinks, p)) != FA_OK) return st;
+    if (opt.dropout && (st = resolve_dropout(opt.dropout, p)) != FA_OK) return st;
+    if (opt.rotary) {
+        /* FlashAttention's rule for the query positions: causal or local, where a window
+         * side counts when it is below the cache's row capacity (wider ones it treats as
+         * unbounded) */
+        const int64_t cap = p->block_table ? p->max_pages * p->page_size : k->shape[1];
+        const int per_row = opt.causal || (opt.window_left >= 0 && opt.window_left < cap) ||
+                            (opt.window_right >= 0 && opt.window_right < cap);
+        if ((st = resolve_rotary(opt.rotary, per_row, p)) != FA_OK) return st;
     }
 
     p->q = *q;

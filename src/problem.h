@@ -77,6 +77,15 @@ typedef struct fa_problem {
     double softcap;              /* 0: off */
     int top_left;                /* 1: mask and ALiBi aligned top-left (fa_options::align) */
     fa_tensor alibi;             /* alibi.data == NULL when off; rank 1 [H] or rank 2 [B][H] */
+    fa_tensor sinks;             /* sinks.data == NULL when off; rank 1 [H], finite (fa_options::sinks) */
+    const uint8_t *keep;         /* dropout keep-mask [B][H][Sq][Sk] of 0/1 bytes, or NULL (fa_options::dropout) */
+    int64_t keep_stride[4];      /* its strides in bytes (resolved: never all zero) */
+    double keep_scale;           /* 1 / (1 - p) */
+    /* rotary (fa_options::rotary; KV cache with k_new only): rot_dim == 0 when off */
+    fa_tensor rot_cos, rot_sin;  /* [seqlen_ro][rot_dim / 2] */
+    int64_t rot_dim;
+    int rot_interleaved;
+    int rot_q_per_row;           /* 1: query row i at cache_seqlens[b] + i (causal or windowed); 0: all at cache_seqlens[b] */
     int num_threads;             /* resolved: >= 1 */
     int block_q, block_k;        /* flash blocks (forward blocks; backward.c caps its own) */
     int blocks_pinned_q, blocks_pinned_k; /* 1: the caller or FA_BLOCK_Q/K chose them */

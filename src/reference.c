@@ -9,7 +9,14 @@
  *   m     = max_j s_j;   l = sum_j exp(s_j - m)
  *   O_i   = sum_j exp(s_j - m) v_j / l;   LSE_i = m + ln l
  *
- * Rows with no visible key get O = 0 and LSE = -inf. Nothing is tiled, nothing
+ * With attention sinks (fa_options::sinks) the denominator gains e^{sink_h}:
+ *   O_i = sum_j exp(s_j - m) v_j / (l + exp(sink_h - m)),  LSE_i = ln(sum_j e^{s_j} + e^{sink_h})
+ * (fa_sink_finish, mask.h).
+ *
+ * With dropout (fa_options::dropout) key j's weight in O is multiplied by
+ * Z_ij / (1 - p); l and the LSE keep the undropped scores.
+ *
+ * Rows with no visible key get O = 0 and LSE = -inf (LSE = sink_h with sinks). Nothing is tiled, nothing
  * is clever; the only scratch is one row of scores per thread (O(Sk)). Rows
  * are independent, so OpenMP over (batch, head, row) changes no bits.
  */
@@ -67,15 +74,27 @@ static void reference_row(const fa_problem *p, int64_t b, int64_t i, int64_t h, 
     }
     for (int64_t c = 0; c < p->dv; c++) acc[c] = 0.0;
     double l = 0.0;
+    const uint8_t *keep = p->keep ? fa_keep_row(p, b, h, i) : NULL; /* dropout: Z_ij / (1 - p) on P only */
     if (hi > lo && m != -INFINITY) {
         for (int64_t j = lo; j < hi; j++) {
             double e = exp(s[j] - m);
             l += e;
+            if (keep) {
+                if (!keep[j * p->keep_stride[3]]) continue; /* dropped: contributes to l only */
+                e *= p->keep_scale;
+            }
             fa_rows_gather_f64(&vs, j, xd);
             for (int64_t c = 0; c < p->dv; c++) acc[c] += e * xd[c];
         }
     }
     const int empty = !(l > 0.0) && !isnan(l);
+    if (p->sinks.data) { /* the sink joins the denominator only (mask.h) */
+        double scale, lse;
+        fa_sink_finish(fa_sink(p, h), m, l, empty, &scale, &lse);
+        for (int64_t c = 0; c < p->dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : acc[c] * scale);
+        if (p->lse.data) fa_store_f64(&p->lse, fa_lse_off(p, b, h, i), lse);
+        return;
+    }
     for (int64_t c = 0; c < p->dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : acc[c] / l);
     if (p->lse.data) {
         double lse = empty ? -INFINITY : m + log(l);

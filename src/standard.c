@@ -25,6 +25,7 @@
 
 #include "kernels/kernels.h"
 #include "pack.h"
+#include "serve.h"
 
 /* Rows per micro-kernel call, and the d_v chunk of the P V accumulator. */
 #define STD_ROWS 32
@@ -147,6 +148,7 @@ fa_status fa_standard_forward(const fa_problem *p)
                 float *sblk = S + (size_t)i0 * ldk; /* [br][ldk] */
                 fa_transform_tile(p, b, i0, br, 0, (int)Sk, slope, lo, hi, sblk, ldk);
                 kern->softmax(br, (int)Sk, sblk, ldk, rowm + i0, rowl + i0, alpha);
+                if (p->keep) fa_dropout_tile(p, b, h, i0, br, 0, (int)Sk, sblk, ldk); /* P o Z / (1-p) */
                 /* empty is decided from the key range only: a row that sees keys but
                  * whose max stayed -inf (NaN scores, or float32 scores that all
                  * overflowed to -inf) cannot be computed in float32 and is NaN */
@@ -185,6 +187,13 @@ fa_status fa_standard_forward(const fa_problem *p)
                     for (int r = 0; r < br; r++) {
                         const int64_t i = i0 + r;
                         const int empty = rowm[i] == -INFINITY;
+                        if (p->sinks.data) { /* the sink joins the denominator only (mask.h) */
+                            double sscale, lse;
+                            fa_sink_finish(fa_sink(p, h), rowm[i], rowl[i], empty, &sscale, &lse);
+                            for (int c = 0; c < nc; c++)
+                                fa_rows_put(&os, i, c0 + c, empty ? 0.0 : (double)(acc[r * STD_DV_CHUNK + c] * (float)sscale));
+                            continue;
+                        }
                         for (int c = 0; c < nc; c++)
                             fa_rows_put(&os, i, c0 + c,
                                         empty ? 0.0 : (double)(acc[r * STD_DV_CHUNK + c] / rowl[i]));
@@ -193,8 +202,12 @@ fa_status fa_standard_forward(const fa_problem *p)
                 if (p->lse.data)
                     for (int r = 0; r < br; r++) {
                         const int64_t i = i0 + r;
-                        fa_store_f64(&p->lse, fa_lse_off(p, b, h, i),
-                                     rowm[i] == -INFINITY ? -INFINITY : (double)rowm[i] + log((double)rowl[i]));
+                        double lse = rowm[i] == -INFINITY ? -INFINITY : (double)rowm[i] + log((double)rowl[i]);
+                        if (p->sinks.data) {
+                            double sscale;
+                            fa_sink_finish(fa_sink(p, h), rowm[i], rowl[i], rowm[i] == -INFINITY, &sscale, &lse);
+                        }
+                        fa_store_f64(&p->lse, fa_lse_off(p, b, h, i), lse);
                     }
             }
         }

@@ -36,6 +36,7 @@
 #include "internal.h"
 #include "lowprec.h"
 #include "pack.h"
+#include "serve.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -152,6 +153,9 @@ size_t fa_check_abi_size(int which)
     case FA_ABI_DIAGNOSE_REPORT: return sizeof(fa_diagnose_report);
     case FA_ABI_VARLEN: return sizeof(fa_varlen);
     case FA_ABI_KVCACHE: return sizeof(fa_kvcache);
+    case FA_ABI_BACKWARD_EXTRA: return sizeof(fa_backward_extra);
+    case FA_ABI_DROPOUT: return sizeof(fa_dropout);
+    case FA_ABI_ROTARY: return sizeof(fa_rotary);
     default: return 0;
     }
 }
@@ -328,6 +332,9 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
     if (co->kernel_model == FA_KERNEL_MODEL_FA3 && co->qkv_format == FA_QF_E2M1)
         return fa_fail(FA_ERR_OPTION, "check: the fa3 kernel model is FP8 (e4m3, e5m2; int8 Q/K), not e2m1 "
                        "(the sage model covers FP4)");
+    if (co->kernel_model && (p->sinks.data || p->keep))
+        return fa_fail(FA_ERR_OPTION, "check: the kernel models (fa3, sage) do not emulate %s; "
+                       "check without a kernel model", p->sinks.data ? "attention sinks" : "dropout");
     if (co->sample_rows < 0)
         return fa_fail(FA_ERR_OPTION, "check: sample_rows must be >= 0 (got %lld)", DIM(co->sample_rows));
     if (co->num_threads < 0)
@@ -567,6 +574,16 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     if (cx->model)
         fa_lp_model_row(cx->model, cx->pfmt, &vs, dv, s->sf, lo, hi, &s->lp, s->om, &ps->model_sat);
 
+    /* Attention sink: one more logit in both denominators (no value row); an
+     * empty row then has O = 0 and LSE = sink. (A NaN max stays NaN.) */
+    const int sinked = p->sinks.data != NULL;
+    const double sink = fa_sink(p, h);
+    const float sink_f = (float)sink;
+    if (sinked) {
+        if (sink > md) md = sink;
+        if (sink_f > mf) mf = sink_f;
+    }
+
     /* Softmax and P·V. Reference normalizes at the end; the emulation, like a
      * plain implementation, materializes P = softmax(S) in the dtype first
      * (in the low-precision format under the low-precision rule). */
@@ -578,16 +595,26 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
         ld += s->sd[j];
         lf += s->sf[j];
     }
+    if (sinked) {
+        ld += exp(sink - md);
+        lf += expf(sink_f - mf);
+    }
     if (cx->pfmt && hi > lo) fa_lp_round_p(cx->pfmt, s->sf + lo, hi - lo, lf);
     for (int64_t c = 0; c < dv; c++) {
         s->od[c] = 0.0;
         s->of[c] = 0.0f;
     }
+    const uint8_t *keep = p->keep ? fa_keep_row(p, b, h, i) : NULL;
     for (int64_t j = lo; j < hi; j++) {
         const float *xf;
+        double pd = s->sd[j];
+        float pf = cx->pfmt ? s->sf[j] : round_to(dt, s->sf[j] / lf);
+        if (keep) { /* dropout: P o Z / (1 - p) (the sums above are undropped) */
+            if (!keep[j * p->keep_stride[3]]) continue;
+            pd *= p->keep_scale;
+            pf *= (float)p->keep_scale;
+        }
         const int wide = load_kv_row(&vs, j, dt, cx->round_v, s, &xf);
-        const double pd = s->sd[j];
-        const float pf = cx->pfmt ? s->sf[j] : round_to(dt, s->sf[j] / lf);
         double *od = s->od;
         float *of = s->of;
         const double *xd = s->xd;
@@ -613,8 +640,8 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     const int empty = hi <= lo;
 
     row_result *rr = &cx->rr[w];
-    rr->lse_ref = empty ? -INFINITY : md + log(ld);
-    rr->lse_emu = empty ? -INFINITY : (double)(mf + logf(lf));
+    rr->lse_ref = empty && !sinked ? -INFINITY : md + log(ld);
+    rr->lse_emu = empty && !sinked ? -INFINITY : (double)(mf + logf(lf));
     rr->lse_offset = slope * (double)(i + fa_diag_offset(p, b));
     rr->lse_test = NAN;
     if (p->lse.data)
@@ -900,6 +927,10 @@ void fa_check_report_free(fa_check_report *report)
     report->struct_size = rsize;
 }
 
+static fa_status check_resolved(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                                const fa_tensor *lse, const fa_check_options co, fa_check_report *report,
+                                const check_names nm, fa_problem p);
+
 static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                            const fa_tensor *out, const fa_tensor *lse, const fa_options *attn,
                            const fa_check_options co, fa_check_report *report)
@@ -909,7 +940,19 @@ static fa_status check_run(const fa_tensor *q, const fa_tensor *k, const fa_tens
     fa_problem p;
     fa_status st = check_setup(q, k, v, out, lse, attn, &co, &nm, &p);
     if (st != FA_OK) return st;
+    void *rot_mem = NULL; /* rotary: judge against the rotated q and k_new (serve.c) */
+    if ((st = fa_rotary_apply(&p, &rot_mem)) != FA_OK) return st;
+    st = check_resolved(q, k, v, out, lse, co, report, nm, p);
+    fa_free(rot_mem);
+    return st;
+}
 
+/* check_run, once the problem is resolved (and q, k_new rotated). */
+static fa_status check_resolved(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                                const fa_tensor *lse, const fa_check_options co, fa_check_report *report,
+                                const check_names nm, fa_problem p)
+{
+    fa_status st;
     fa_check_report *r = report;
     fa_dtype dt = co.dtype;
     if (dt == FA_CHECK_DTYPE_AUTO) {

@@ -77,12 +77,21 @@ def _slope(alibi, b, h):
 
 
 def attention_forward(q, k, v, scale=None, causal=False, window=(-1, -1),
-                      softcap=0.0, alibi=None, align="bottom-right"):
+                      softcap=0.0, alibi=None, align="bottom-right", sinks=None, dropout_p=0.0,
+                      dropout_mask=None):
     """Return (o, lse) in float64 for the FlashAttention forward contract.
 
     q, k, v are array-likes of any float dtype (already decoded from bf16 if
     needed); window is (left, right) with negative meaning unbounded.
+    sinks: None or [H] attention sinks, one extra logit per head in the
+    denominator only: LSE = ln(sum_j e^s_ij + e^sink_h), O = sum_j e^(s_ij - LSE) v_j;
+    a row with no visible key gets O = 0, LSE = sink.
+    dropout_mask: None or [B, H, Sq, Sk] 0/1 keep-mask Z: O = (P o Z / (1 - dropout_p)) V,
+    the LSE of the undropped scores.
     """
+    if sinks is not None or dropout_mask is not None:
+        return _forward_ext(q, k, v, sinks, dropout_p, dropout_mask, scale, causal, window, softcap, alibi,
+                            align)
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
@@ -132,6 +141,103 @@ def attention_forward(q, k, v, scale=None, causal=False, window=(-1, -1),
                     continue
                 o[b, i, h, :] = (w / total) @ v[b, cols, hk, :]
     return o, lse
+
+
+def _logits(q, k, scale, causal, window, softcap, alibi, align):
+    """(s [B, H, Sq, Sk] final logits with -inf where masked, keep [Sq, Sk])."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    B, Sq, H, d = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    if scale is None or scale == 0:
+        scale = 1.0 / np.sqrt(d)
+    keep = visible_mask(Sq, Sk, window[0], window[1], causal, align)
+    off = diag_offset(Sq, Sk, align)
+    rel = np.abs(np.arange(Sq)[:, None] + off - np.arange(Sk)[None, :]).astype(np.float64)
+    s = np.empty((B, H, Sq, Sk))
+    t = np.empty((B, H, Sq, Sk))
+    for b in range(B):
+        for h in range(H):
+            t[b, h] = scale * (q[b, :, h, :] @ k[b, :, h // (H // Hk), :].T)
+            x = softcap * np.tanh(t[b, h] / softcap) if softcap > 0 else t[b, h].copy()
+            x = x - _slope(alibi, b, h) * rel
+            s[b, h] = np.where(keep, x, -np.inf)
+    return s, t, keep, scale
+
+
+def _sinks_and_keep(sinks, dropout_p, dropout_mask, B, H, Sq, Sk):
+    sinks = np.full(H, -np.inf) if sinks is None else np.asarray(sinks, dtype=np.float64)
+    if dropout_mask is None:
+        z = np.ones((B, H, Sq, Sk))
+    else:
+        z = np.asarray(dropout_mask, dtype=np.float64) / (1.0 - dropout_p)
+    return sinks, z
+
+
+def _forward_ext(q, k, v, sinks, dropout_p, dropout_mask, scale, causal, window, softcap, alibi, align):
+    v = np.asarray(v, dtype=np.float64)
+    s, _, _, _ = _logits(q, k, scale, causal, window, softcap, alibi, align)
+    B, H, Sq, Sk = s.shape
+    sinks, zk = _sinks_and_keep(sinks, dropout_p, dropout_mask, B, H, Sq, Sk)
+    Hk = v.shape[2]
+    o = np.zeros((B, Sq, H, v.shape[3]))
+    lse = np.full((B, H, Sq), -np.inf)
+    for b in range(B):
+        for h in range(H):
+            sink = sinks[h]
+            m = np.maximum(np.max(s[b, h], axis=1, initial=-np.inf), sink)   # [Sq]
+            empty = m == -np.inf                                              # no key, no sink
+            m[empty] = 0.0
+            w = np.exp(s[b, h] - m[:, None])                                  # masked: 0
+            z = w.sum(axis=1) + np.exp(sink - m)
+            lse[b, h] = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, z)))
+            z[empty] = 1.0
+            o[b, :, h, :] = (w * zk[b, h] / z[:, None]) @ v[b, :, h // (H // Hk), :]
+    return o, lse
+
+
+def attention_backward_sinks(q, k, v, dout, sinks, **opts):
+    """(dq, dk, dv, dsinks) with attention sinks [H] (attention_backward_ext)."""
+    return attention_backward_ext(q, k, v, dout, sinks=sinks, **opts)
+
+
+def attention_backward_ext(q, k, v, dout, sinks=None, dropout_p=0.0, dropout_mask=None, scale=None,
+                           causal=False, window=(-1, -1), softcap=0.0, alibi=None, align="bottom-right"):
+    """(dq, dk, dv, dsinks) in float64 with attention sinks [H] and/or dropout.
+    P_ij = e^(s_ij - LSE_i) with the sink in LSE; with the keep-mask Z~ = Z / (1 - p),
+    O = (P o Z~) V, so dV = (P o Z~)^T dO and dS = P o (Z~ o dP - D), D = dO . O; the
+    sink (a logit whose value row is 0): dsink_h = -sum_{b,i} e^(sink_h - LSE_i) D_i
+    (dsinks is None without sinks)."""
+    has_sinks = sinks is not None
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    qd = np.asarray(q, dtype=np.float64)
+    dout = np.asarray(dout, dtype=np.float64)
+    s, t, keep, scale = _logits(q, k, scale, causal, window, softcap, alibi, align)
+    _, lse = _forward_ext(q, k, v, sinks, dropout_p, dropout_mask, scale, causal, window, softcap, alibi, align)
+    B, H, Sq, Sk = s.shape
+    sinks, zk = _sinks_and_keep(sinks, dropout_p, dropout_mask, B, H, Sq, Sk)
+    Hk = k.shape[2]
+    dq, dk, dv = np.zeros_like(qd), np.zeros_like(k), np.zeros_like(v)
+    dsinks = np.zeros(H)
+    for b in range(B):
+        for h in range(H):
+            hk = h // (H // Hk)
+            lb = np.where(np.isfinite(lse[b, h]), lse[b, h], 0.0)
+            p = np.exp(s[b, h] - lb[:, None])
+            pz = p * zk[b, h]
+            o = pz @ v[b, :, hk, :]
+            do = dout[b, :, h, :]
+            big_d = np.sum(do * o, axis=1)
+            ds = p * (zk[b, h] * (do @ v[b, :, hk, :].T) - big_d[:, None])
+            if softcap > 0:
+                ds = ds * (1.0 - np.tanh(t[b, h] / softcap) ** 2)
+            dq[b, :, h, :] += scale * (ds @ k[b, :, hk, :])
+            dk[b, :, hk, :] += scale * (ds.T @ qd[b, :, h, :])
+            dv[b, :, hk, :] += pz.T @ do
+            if has_sinks:
+                dsinks[h] -= np.sum(np.exp(sinks[h] - lse[b, h]) * big_d)
+    return dq, dk, dv, (dsinks if has_sinks else None)
 
 
 def attention_forward_rows(q, k, v, rows, **opts):
@@ -281,9 +387,12 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, alibi=No
     v = np.asarray(v, dtype=np.float64)
     o = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    mask = opts.pop("dropout_mask", None)  # [batch, H, max_q, max_k]: sequence b's corner
     for b, (q0, q1, k0, k1) in enumerate(_varlen_spans(cu_seqlens_q, cu_seqlens_k, seqused_k)):
         if q1 == q0:
             continue
+        if mask is not None:
+            opts["dropout_mask"] = np.asarray(mask)[b:b + 1, :, :q1 - q0, :k1 - k0]
         ob, lb = attention_forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
                                    alibi=_seq_alibi(alibi, b), **opts)
         o[q0:q1] = ob[0]
@@ -307,13 +416,38 @@ def varlen_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, seqused_k=None, a
     return dq, dk, dv
 
 
+def apply_rotary(x, cos, sin, positions, interleaved):
+    """x [S, heads, d] rotated at positions [S]: pairs (2i, 2i+1) (interleaved, GPT-J) or
+    (i, i + rd/2) (GPT-NeoX) of the first rd = 2 * cos.shape[1] dims become
+    (x1 cos - x2 sin, x1 sin + x2 cos); the rest is untouched."""
+    x = np.array(x, dtype=np.float64)
+    cos = np.asarray(cos, dtype=np.float64)
+    sin = np.asarray(sin, dtype=np.float64)
+    half = cos.shape[1]
+    c = cos[positions][:, None, :]
+    s_ = sin[positions][:, None, :]
+    if interleaved:
+        x1, x2 = x[..., 0:2 * half:2].copy(), x[..., 1:2 * half:2].copy()
+        x[..., 0:2 * half:2] = x1 * c - x2 * s_
+        x[..., 1:2 * half:2] = x1 * s_ + x2 * c
+    else:
+        x1, x2 = x[..., :half].copy(), x[..., half:2 * half].copy()
+        x[..., :half] = x1 * c - x2 * s_
+        x[..., half:2 * half] = x1 * s_ + x2 * c
+    return x
+
+
 def kvcache_forward(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, cache_batch_idx=None,
-                    cache_leftpad=None, block_table=None, alibi=None, **opts):
+                    cache_leftpad=None, block_table=None, alibi=None, rotary_cos=None, rotary_sin=None,
+                    rotary_interleaved=False, **opts):
     """(o, lse) of attention against a KV cache (flash_attn_with_kvcache): sequence b
     attends to cache rows cache_leftpad[b] .. cache_seqlens[b] - 1 of cache
     cache_batch_idx[b] (or, paged, logical rows r at page block_table[b, r // page_size],
     row r % page_size), then to its new keys; each sequence is its own problem
     (masks aligned to its key count). The caches are not modified.
+    rotary_cos/sin: q and k_new are rotated first (apply_rotary), new key t at
+    cache_seqlens[b] + t, query i at cache_seqlens[b] + i when causal or windowed
+    (opts causal / window), else at cache_seqlens[b].
     """
     q = np.asarray(q, dtype=np.float64)
     kc = np.asarray(k_cache, dtype=np.float64)
@@ -332,9 +466,18 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, 
         else:
             row = b if cache_batch_idx is None else int(cache_batch_idx[b])
             kb, vb = kc[row, pad:n], vc[row, pad:n]
+        qb = q[b:b + 1]
+        knb = None if k_new is None else np.asarray(k_new[b], dtype=np.float64)
+        if rotary_cos is not None:
+            w = opts.get("window", (-1, -1))
+            per_row = opts.get("causal", False) or w[0] >= 0 or w[1] >= 0
+            sq = q.shape[1]
+            qpos = n + (np.arange(sq) if per_row else np.zeros(sq, dtype=np.int64))
+            qb = apply_rotary(q[b], rotary_cos, rotary_sin, qpos, rotary_interleaved)[None]
+            knb = apply_rotary(knb, rotary_cos, rotary_sin, n + np.arange(knb.shape[0]), rotary_interleaved)
         if k_new is not None:
-            kb = np.concatenate([kb, np.asarray(k_new[b], dtype=np.float64)])
+            kb = np.concatenate([kb, knb])
             vb = np.concatenate([vb, np.asarray(v_new[b], dtype=np.float64)])
-        ob, lb = attention_forward(q[b:b + 1], kb[None], vb[None], alibi=_seq_alibi(alibi, b), **opts)
+        ob, lb = attention_forward(qb, kb[None], vb[None], alibi=_seq_alibi(alibi, b), **opts)
         o[b], lse[b] = ob[0], lb[0]
     return o, lse

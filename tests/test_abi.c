@@ -431,6 +431,7 @@ static void test_abi_sizes_by_name(void **state)
     assert_int_equal(fa_varlen_default().struct_size, sizeof(fa_varlen));
     assert_int_equal(fa_check_abi_size(FA_ABI_KVCACHE), sizeof(fa_kvcache));
     assert_int_equal(fa_kvcache_default().struct_size, sizeof(fa_kvcache));
+    assert_int_equal(fa_check_abi_size(FA_ABI_BACKWARD_EXTRA), sizeof(fa_backward_extra));
     assert_int_equal(fa_check_abi_size(FA_ABI_STRUCT_COUNT), 0);
     assert_int_equal(fa_check_abi_size(-1), 0);
     assert_int_equal(fa_options_default().struct_size, sizeof(fa_options));

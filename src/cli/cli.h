@@ -125,6 +125,20 @@ typedef struct cli_attn {
     fa_npy k_new, v_new;     /* new keys and values (owned) */
     fa_tensor k_new_t, v_new_t;
     fa_kvcache kvcache;      /* opt.kvcache points here once loaded */
+    /* attention sinks (--sinks F: float [heads]) */
+    const char *sinks_path;
+    fa_npy sinks;            /* loaded by cli_attn_load_alibi (owned) */
+    fa_tensor sinks_t;       /* opt.sinks points here once loaded */
+    /* dropout (--dropout-p P --dropout-mask F: uint8 keep-mask [batch, heads, seqlen_q, seqlen_k]) */
+    const char *dropout_p_text, *dropout_mask_path;
+    fa_npy keep;             /* loaded by cli_attn_load_alibi (owned) */
+    fa_dropout dropout;      /* opt.dropout points here once loaded */
+    /* rotary (--rotary-cos F --rotary-sin F [--rotary-interleaved]; KV cache with --k-new only) */
+    const char *rotary_cos_path, *rotary_sin_path;
+    int rotary_interleaved;
+    fa_npy rot_cos, rot_sin; /* loaded by cli_attn_load_alibi (owned) */
+    fa_tensor rot_cos_t, rot_sin_t;
+    fa_rotary rotary;        /* opt.rotary points here once loaded */
 } cli_attn;
 
 /* Defaults: fa_options_default() (flash, no mask, default scale). */
@@ -133,6 +147,7 @@ void cli_attn_init(cli_attn *a);
 /*
  * MASK OPTIONS at argv[*i]:
  *   --causal  --window L,R  --softcap C  --scale S  --alibi SLOPES.npy  --align bottom-right|top-left
+ *   --sinks SINKS.npy  --dropout-p P  --dropout-mask KEEP.npy
  * Returns 1 if consumed (with *i advanced past its value), 0 if argv[*i] is
  * not a mask option, -1 after printing an error for a bad value.
  */
@@ -155,7 +170,8 @@ int cli_attn_is_varlen(const cli_attn *a);
 
 /*
  * KV cache at argv[*i]: --cache-seqlens F  --k-new F  --v-new F
- * --cache-batch-idx F  --cache-leftpad F  --block-table F. Same return
+ * --cache-batch-idx F  --cache-leftpad F  --block-table F, and rotary:
+ * --rotary-cos F  --rotary-sin F  --rotary-interleaved. Same return
  * convention. (--k-cache-out/--v-cache-out are run's own outputs.)
  */
 int cli_parse_kvcache_option(int argc, char **argv, int *i, cli_attn *a);
@@ -259,7 +275,10 @@ void cli_qkv_free(cli_qkv *in);
 
 /*
  * If a->alibi_path is set: load it (f32 or f64, [heads] or [batch][heads],
- * finite) and point a->opt.alibi_slopes at it. Returns 0 or prints and returns 2.
+ * finite) and point a->opt.alibi_slopes at it; the same for a->sinks_path
+ * (--sinks: f32 or f64 [heads], finite) and a->opt.sinks, and the dropout
+ * keep-mask (--dropout-mask, uint8 rank 4; the library checks its shape and
+ * values) and a->opt.dropout. Returns 0 or prints and returns 2.
  */
 int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in);
 

@@ -174,7 +174,14 @@ const char cli_mask_help[] =
     "  --softcap C        s = C * tanh(s / C) after scaling (0 = off)\n"
     "  --scale S          softmax scale (default 1/sqrt(d))\n"
     "  --alibi FILE.npy   ALiBi slopes, f32/f64, shape [heads] or [batch, heads]:\n"
-    "                     s -= slope * |i + seqlen_k - seqlen_q - j|\n";
+    "                     s -= slope * |i + seqlen_k - seqlen_q - j|\n"
+    "  --sinks FILE.npy   attention sinks, f32/f64 [heads]: one logit per head (final-score\n"
+    "                     domain) added to the softmax denominator only:\n"
+    "                     LSE = ln(sum_j e^s_ij + e^sink_h); a row with no visible key: O = 0, LSE = sink\n"
+    "  --dropout-p P --dropout-mask FILE.npy\n"
+    "                     dropout with the given keep-mask, uint8 (|u1) 0/1 [batch, heads, seqlen_q,\n"
+    "                     seqlen_k] (varlen: [batch, heads, max q_len, max k_len]): O = (P*Z/(1-p)) V,\n"
+    "                     LSE undropped; 0 <= p < 1; both options go together\n";
 
 const char cli_exec_help[] =
     "EXECUTION OPTIONS:\n"
@@ -196,6 +203,13 @@ void cli_attn_free(cli_attn *a)
 {
     fa_npy_free(&a->alibi);
     a->opt.alibi_slopes = NULL;
+    fa_npy_free(&a->sinks);
+    a->opt.sinks = NULL;
+    fa_npy_free(&a->keep);
+    a->opt.dropout = NULL;
+    fa_npy_free(&a->rot_cos);
+    fa_npy_free(&a->rot_sin);
+    a->opt.rotary = NULL;
     free(a->cu_q);
     free(a->cu_k);
     free(a->seqused);
@@ -219,7 +233,12 @@ const char cli_kvcache_help[] =
     "                     (the caches' dtypes); attention over cache_seqlens[b] + seqlen_new keys\n"
     "  --cache-batch-idx F  [batch]: the cache row of sequence b\n"
     "  --cache-leftpad F  [batch]: the first valid cache row of sequence b\n"
-    "  --block-table F    [batch, max_pages]: paged KV, -k/-v are pages [num_pages, page_size, heads_k, x]\n";
+    "  --block-table F    [batch, max_pages]: paged KV, -k/-v are pages [num_pages, page_size, heads_k, x]\n"
+    "  --rotary-cos F --rotary-sin F  [seqlen_ro, rotary_dim/2] f32/f64: rotary embedding of q and --k-new\n"
+    "                     (the rotated keys are appended); new key t at cache_seqlens[b] + t, queries at\n"
+    "                     cache_seqlens[b] + i when causal or windowed, else at cache_seqlens[b];\n"
+    "                     pairs (i, i + rotary_dim/2) (GPT-NeoX), dims past rotary_dim untouched\n"
+    "  --rotary-interleaved  pairs (2i, 2i+1) instead (GPT-J)\n";
 
 int cli_parse_kvcache_option(int argc, char **argv, int *i, cli_attn *a)
 {
@@ -229,8 +248,14 @@ int cli_parse_kvcache_option(int argc, char **argv, int *i, cli_attn *a)
         (r = cli_opt_value(argc, argv, i, "--v-new", &a->v_new_path)) != 0 ||
         (r = cli_opt_value(argc, argv, i, "--cache-batch-idx", &a->cache_idx_path)) != 0 ||
         (r = cli_opt_value(argc, argv, i, "--cache-leftpad", &a->leftpad_path)) != 0 ||
-        (r = cli_opt_value(argc, argv, i, "--block-table", &a->block_table_path)) != 0)
+        (r = cli_opt_value(argc, argv, i, "--block-table", &a->block_table_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--rotary-cos", &a->rotary_cos_path)) != 0 ||
+        (r = cli_opt_value(argc, argv, i, "--rotary-sin", &a->rotary_sin_path)) != 0)
         return r < 0 ? -1 : 1;
+    if (strcmp(argv[*i], "--rotary-interleaved") == 0) {
+        a->rotary_interleaved = 1;
+        return 1;
+    }
     return 0;
 }
 
@@ -445,6 +470,27 @@ int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a)
     if ((r = cli_opt_value(argc, argv, i, "--alibi", &val)) != 0) {
         if (r < 0) return -1;
         a->alibi_path = val;
+        return 1;
+    }
+    if ((r = cli_opt_value(argc, argv, i, "--sinks", &val)) != 0) {
+        if (r < 0) return -1;
+        a->sinks_path = val;
+        return 1;
+    }
+    if ((r = cli_opt_value(argc, argv, i, "--dropout-p", &val)) != 0) {
+        if (r < 0) return -1;
+        fa_dropout_init(&a->dropout, sizeof a->dropout);
+        if (cli_parse_double("--dropout-p", val, &a->dropout.p) != 0) return -1;
+        if (!(a->dropout.p >= 0.0 && a->dropout.p < 1.0)) {
+            cli_die("--dropout-p: must be in [0, 1), got '%s'", val);
+            return -1;
+        }
+        a->dropout_p_text = val;
+        return 1;
+    }
+    if ((r = cli_opt_value(argc, argv, i, "--dropout-mask", &val)) != 0) {
+        if (r < 0) return -1;
+        a->dropout_mask_path = val;
         return 1;
     }
     return 0;
@@ -743,8 +789,93 @@ int cli_load_inputs(cli_qkv *in, const cli_attn *a, const char *q_path, const ch
     return load_qkv(in, q_path, k_path, v_path, cli_attn_is_varlen(a) ? 1 : cli_attn_is_kvcache(a) ? 2 : 0);
 }
 
+/* --sinks: f32/f64 [heads], finite (the library checks the range). */
+static int load_sinks(cli_attn *a, const cli_qkv *in)
+{
+    if (!a->sinks_path) return 0;
+    const char *path = a->sinks_path;
+    if (cli_load_array(path, 0, 1, "sinks [heads]", &a->sinks, &a->sinks_t)) {
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    char sh[96];
+    if (a->sinks.rank != 1 || a->sinks.shape[0] != in->heads) {
+        cli_die("%s: sinks of shape %s should be [heads] = [%lld]", path,
+                cli_shape(a->sinks.rank, a->sinks.shape, sh, sizeof sh), (long long)in->heads);
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    if (a->sinks.dtype != FA_F32 && a->sinks.dtype != FA_F64) {
+        cli_die("%s: sinks must be float32 or float64, got %s", path, fa_dtype_name(a->sinks.dtype));
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    a->opt.sinks = &a->sinks_t;
+    return 0;
+}
+
+/* --dropout-p and --dropout-mask: the keep-mask as uint8 bytes (the library checks shape and values). */
+static int load_dropout(cli_attn *a)
+{
+    if (!a->dropout_p_text && !a->dropout_mask_path) return 0;
+    if (!a->dropout_p_text || !a->dropout_mask_path) {
+        cli_die("%s needs %s (dropout takes the keep-mask as an input)",
+                a->dropout_p_text ? "--dropout-p" : "--dropout-mask", a->dropout_p_text ? "--dropout-mask" : "--dropout-p");
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    if (cli_load_codes(a->dropout_mask_path, "--dropout-mask [batch, heads, seqlen_q, seqlen_k]", 4, NULL, &a->keep)) {
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    a->dropout.keep_mask = (const uint8_t *)a->keep.data;
+    memcpy(a->dropout.keep_shape, a->keep.shape, sizeof a->dropout.keep_shape);
+    a->dropout.keep_mask_name = a->dropout_mask_path;
+    a->opt.dropout = &a->dropout;
+    return 0;
+}
+
+/* --rotary-cos/--rotary-sin: f32/f64 rank 2, finite (the library checks shapes and positions). */
+static int load_rotary(cli_attn *a)
+{
+    if (!a->rotary_cos_path && !a->rotary_sin_path) {
+        if (a->rotary_interleaved) {
+            cli_die("--rotary-interleaved needs --rotary-cos and --rotary-sin");
+            cli_attn_free(a);
+            return CLI_EXIT_USAGE;
+        }
+        return 0;
+    }
+    if (!a->rotary_cos_path || !a->rotary_sin_path || !a->cache_seqlens_path || !a->k_new_path) {
+        cli_die("%s needs %s", a->rotary_cos_path ? "--rotary-cos" : "--rotary-sin",
+                !a->rotary_cos_path ? "--rotary-cos" : !a->rotary_sin_path ? "--rotary-sin"
+                : "a KV cache with new keys (--cache-seqlens, --k-new, --v-new), as flash_attn_with_kvcache");
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    if (cli_load_array(a->rotary_cos_path, 2, 1, "rotary cos [seqlen_ro, rotary_dim / 2]", &a->rot_cos, &a->rot_cos_t) ||
+        cli_load_array(a->rotary_sin_path, 2, 1, "rotary sin [seqlen_ro, rotary_dim / 2]", &a->rot_sin, &a->rot_sin_t)) {
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    const char *bad = a->rot_cos.dtype != FA_F32 && a->rot_cos.dtype != FA_F64 ? a->rotary_cos_path
+                      : a->rot_sin.dtype != FA_F32 && a->rot_sin.dtype != FA_F64 ? a->rotary_sin_path : NULL;
+    if (bad) {
+        cli_die("%s: rotary tables must be float32 or float64", bad);
+        cli_attn_free(a);
+        return CLI_EXIT_USAGE;
+    }
+    fa_rotary_init(&a->rotary, sizeof a->rotary);
+    a->rotary.cos = &a->rot_cos_t;
+    a->rotary.sin = &a->rot_sin_t;
+    a->rotary.interleaved = a->rotary_interleaved;
+    a->opt.rotary = &a->rotary;
+    return 0;
+}
+
 int cli_attn_load_alibi(cli_attn *a, const cli_qkv *in)
 {
+    if (load_sinks(a, in) || load_dropout(a) || load_rotary(a)) return CLI_EXIT_USAGE;
     if (!a->alibi_path) return 0;
     const char *path = a->alibi_path;
     if (cli_load_array(path, 0, 1, "ALiBi slopes [heads] or [batch, heads]", &a->alibi, &a->alibi_t))
@@ -822,7 +953,7 @@ static int same_id(const file_id *a, const file_id *b)
 
 int cli_check_files(const char *cmd, const cli_named *outs, int nout, const cli_named *ins, int nin)
 {
-    enum { MAX_FILES = 16 };
+    enum { MAX_FILES = 32 };
     if (nout > MAX_FILES || nin > MAX_FILES) return cli_die("%s: too many files", cmd);
     for (int i = 0; i < nout; i++)
         if (outs[i].path && cli_check_output(outs[i].opt, outs[i].path)) return CLI_EXIT_USAGE;

@@ -37,6 +37,7 @@ static const char check_grad_usage[] =
     "\n"
     "  -q, -k, -v, --dout     inputs, as for flashattn grad\n"
     "  --dq/--dk/--dv FILE    the tested gradients (any float dtype; bf16 as <u2)\n"
+    "  --dsinks FILE          with --sinks: the tested gradient of the sinks [heads], judged by the same rule\n"
     "  --dtype T              precision the tested kernel ran in (default: lowest among the tested files)\n"
     "  --atol A  --rtol R     tolerance: G passes iff max|G_test - G_ref| <= A + R * max|G_ref|\n"
     "                         (defaults: A = 1e-6; R = 1e-4 f32, 1e-2 f16, 5e-2 bf16)\n"
@@ -114,7 +115,7 @@ static int check_grad_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *do_path = NULL;
     const char *paths[3] = {NULL, NULL, NULL};
-    const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *threads_text = NULL;
+    const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *threads_text = NULL, *ds_path = NULL;
     cli_attn attn;
     cli_attn_init(&attn);
 
@@ -133,6 +134,7 @@ static int check_grad_main(int argc, char **argv)
             (r = cli_opt_value(argc, argv, &i, "--dq", &paths[0])) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--dk", &paths[1])) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--dv", &paths[2])) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dsinks", &ds_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--dtype", &dtype_text)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--atol", &atol_text)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--rtol", &rtol_text)) != 0 ||
@@ -163,14 +165,17 @@ static int check_grad_main(int argc, char **argv)
         attn.opt.num_threads = (int)t;
     }
     attn.opt.impl = FA_IMPL_REFERENCE;
+    if (ds_path && !attn.sinks_path) return cli_die("--dsinks needs --sinks (the sinks it is the gradient of)");
 
     cli_qkv in;
     if (cli_load_inputs(&in, &attn, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
     int rc = CLI_EXIT_USAGE;
-    fa_npy do_arr, test[3];
-    fa_tensor do_t, test_t[3], ref_t[3];
+    fa_npy do_arr, test[3], ds_arr;
+    fa_tensor do_t, test_t[3], ref_t[3], ds_t, ds_ref_t;
     void *ref_mem[3] = {NULL, NULL, NULL};
+    double *ds_ref = NULL;
     memset(&do_arr, 0, sizeof do_arr);
+    memset(&ds_arr, 0, sizeof ds_arr);
     memset(test, 0, sizeof test);
     char sh[96];
     const int64_t shapes[3][4] = {{in.batch, in.seqlen_q, in.heads, in.d},
@@ -212,6 +217,24 @@ static int check_grad_main(int argc, char **argv)
         }
         fa_tensor_make(&ref_t[x], ref_mem[x], FA_F64, 4 - skip, shapes[x] + skip, NULL);
     }
+    fa_backward_extra extra;
+    fa_backward_extra_init(&extra, sizeof extra);
+    if (ds_path) { /* the tested dsinks [heads] */
+        if (cli_load_array(ds_path, 1, 0, "dsinks [heads]", &ds_arr, &ds_t)) goto done;
+        if (ds_arr.shape[0] != in.heads) {
+            cli_die("%s: shape %s should be [heads] = [%lld] (from %s)", ds_path,
+                    cli_shape(1, ds_arr.shape, sh, sizeof sh), (long long)in.heads, q_path);
+            goto done;
+        }
+        ds_ref = calloc((size_t)in.heads, sizeof(double));
+        if (!ds_ref) {
+            cli_die("check-grad: out of memory");
+            goto done;
+        }
+        const int64_t hs[1] = {in.heads};
+        fa_tensor_make(&ds_ref_t, ds_ref, FA_F64, 1, hs, NULL);
+        extra.dsinks = &ds_ref_t;
+    }
     if (dtype == FA_DTYPE_COUNT) {
         dtype = FA_F32;
         for (int x = 0; x < 3; x++)
@@ -220,8 +243,8 @@ static int check_grad_main(int argc, char **argv)
     if (rtol < 0) rtol = dtype == FA_BF16 ? 5e-2 : dtype == FA_F16 ? 1e-2 : 1e-4;
 
     double t0 = cli_now();
-    fa_status st = fa_backward(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &ref_t[0], &ref_t[1], &ref_t[2],
-                               &attn.opt);
+    fa_status st = fa_backward_ex(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &ref_t[0], &ref_t[1], &ref_t[2],
+                                  &attn.opt, &extra);
     double secs = cli_now() - t0;
     if (st != FA_OK) {
         cli_die_status(st);
@@ -268,6 +291,18 @@ static int check_grad_main(int argc, char **argv)
         }
         printf("\n");
     }
+    if (ds_path) {
+        int64_t judged = 0;
+        grad_cmp c = compare(&ds_t, &ds_ref_t, atol, rtol, NULL, 1, &judged);
+        const int pass = c.n_fail == 0 && c.max_err <= c.bound;
+        all_pass &= pass;
+        printf("dsinks %-4s max abs err %.3e  bound %.3e  max|ref| %.3e  failing %lld of %lld", pass ? "ok" : "FAIL",
+               c.max_err, c.bound, c.max_ref, (long long)c.n_fail, (long long)judged);
+        if (!pass && c.worst >= 0)
+            printf("; worst at (%lld): test %.6g, ref %.6g", (long long)c.worst,
+                   cli_element(ds_t.data, ds_t.dtype, c.worst), ds_ref[c.worst]);
+        printf("\n");
+    }
     printf("%s\n", all_pass ? "PASS" : "FAIL");
     rc = all_pass ? CLI_EXIT_OK : CLI_EXIT_MISMATCH;
 done:
@@ -276,6 +311,8 @@ done:
         fa_npy_free(&test[x]);
     }
     fa_npy_free(&do_arr);
+    fa_npy_free(&ds_arr);
+    free(ds_ref);
     cli_attn_free(&attn);
     cli_qkv_free(&in);
     return rc;

@@ -21,6 +21,7 @@
 static const char grad_usage[] =
     "usage: flashattn grad -q Q.npy -k K.npy -v V.npy --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy\n"
     "                      [MASK OPTIONS] [--impl NAME] [--threads T] [--dtype-out f32|f64|f16|bf16]\n"
+    "                      [--dsinks-out DSINKS.npy]\n"
     "\n"
     "Attention backward pass: given dO = dLoss/dO, writes dLoss/dQ, dLoss/dK, dLoss/dV\n"
     "(FlashAttention semantics: P is recomputed from Q, K and the forward's LSE; for GQA/MQA,\n"
@@ -35,6 +36,9 @@ static const char grad_usage[] =
     "  --dk DK.npy        written: gradient of K, shape of K\n"
     "  --dv DV.npy        written: gradient of V, shape of V\n"
     "  --dtype-out T      dtype of the gradients: f32 (default), f64, f16 or bf16 (<u2)\n"
+    "  --dsinks-out F     with --sinks: written, the gradient of the sinks [heads]\n"
+    "                     (f64 with --dtype-out f64, else f32):\n"
+    "                     dsink_h = -sum_{b,i} e^(sink_h - LSE_bhi) * (dO_bhi . O_bhi)\n"
     "\n"
     "%s\n%s\n%s"
     "  (--impl standard has no backward pass: use flash or reference)\n"
@@ -63,7 +67,7 @@ static int load_dout(const char *path, const cli_qkv *in, fa_npy *arr, fa_tensor
 static int grad_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *do_path = NULL;
-    const char *dq_path = NULL, *dk_path = NULL, *dv_path = NULL, *dtype_text = NULL;
+    const char *dq_path = NULL, *dk_path = NULL, *dv_path = NULL, *dtype_text = NULL, *ds_path = NULL;
     cli_attn attn;
     cli_attn_init(&attn);
 
@@ -83,6 +87,7 @@ static int grad_main(int argc, char **argv)
             (r = cli_opt_value(argc, argv, &i, "--dq", &dq_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--dk", &dk_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--dv", &dv_path)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--dsinks-out", &ds_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--dtype-out", &dtype_text)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             continue;
@@ -96,18 +101,20 @@ static int grad_main(int argc, char **argv)
                        : "--dv DV.npy");
     fa_dtype out_dtype = FA_F32;
     if (dtype_text && cli_parse_dtype("--dtype-out", dtype_text, &out_dtype) != 0) return CLI_EXIT_USAGE;
-    const cli_named outs_named[3] = {{"--dq", dq_path}, {"--dk", dk_path}, {"--dv", dv_path}};
-    const cli_named ins_named[8] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--dout", do_path},
+    if (ds_path && !attn.sinks_path) return cli_die("--dsinks-out needs --sinks (the sinks to differentiate)");
+    const cli_named outs_named[4] = {{"--dq", dq_path}, {"--dk", dk_path}, {"--dv", dv_path}, {"--dsinks-out", ds_path}};
+    const cli_named ins_named[10] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--dout", do_path},
                                     {"--alibi", attn.alibi_path}, {"--cu-seqlens-q", attn.cu_q_path},
-                                    {"--cu-seqlens-k", attn.cu_k_path}, {"--seqused-k", attn.seqused_path}};
-    if (cli_check_files("grad", outs_named, 3, ins_named, 8)) return CLI_EXIT_USAGE;
+                                    {"--cu-seqlens-k", attn.cu_k_path}, {"--seqused-k", attn.seqused_path},
+                                    {"--sinks", attn.sinks_path}, {"--dropout-mask", attn.dropout_mask_path}};
+    if (cli_check_files("grad", outs_named, 4, ins_named, 10)) return CLI_EXIT_USAGE;
 
     cli_qkv in;
     if (cli_load_inputs(&in, &attn, q_path, k_path, v_path)) return CLI_EXIT_USAGE;
     fa_npy do_arr;
     fa_tensor do_t;
     memset(&do_arr, 0, sizeof do_arr);
-    void *mem[3] = {NULL, NULL, NULL};
+    void *mem[4] = {NULL, NULL, NULL, NULL}; /* dq, dk, dv, dsinks */
     int rc = CLI_EXIT_USAGE;
     if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_alibi(&attn, &in) || load_dout(do_path, &in, &do_arr, &do_t))
         goto done;
@@ -132,9 +139,25 @@ static int grad_main(int argc, char **argv)
         }
     }
 
+    /* dsinks [heads]: f64 with --dtype-out f64, else f32 */
+    const fa_dtype ds_dtype = out_dtype == FA_F64 ? FA_F64 : FA_F32;
+    const int64_t ds_shape[1] = {in.heads};
+    fa_tensor ds_t;
+    fa_backward_extra extra;
+    fa_backward_extra_init(&extra, sizeof extra);
+    if (ds_path) {
+        mem[3] = calloc((size_t)in.heads, fa_dtype_size(ds_dtype));
+        if (!mem[3]) {
+            cli_die("grad: out of memory allocating dsinks");
+            goto done;
+        }
+        fa_tensor_make(&ds_t, mem[3], ds_dtype, 1, ds_shape, NULL);
+        extra.dsinks = &ds_t;
+    }
+
     double t0 = cli_now();
-    fa_status st = fa_backward(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &grads[0], &grads[1], &grads[2],
-                               &attn.opt);
+    fa_status st = fa_backward_ex(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &grads[0], &grads[1], &grads[2],
+                                  &attn.opt, &extra);
     double secs = cli_now() - t0;
     if (st != FA_OK) {
         cli_die_status(st);
@@ -145,22 +168,26 @@ static int grad_main(int argc, char **argv)
     for (int x = 0; x < 3; x++) /* written anyway, but never silently */
         cli_warn_nonfinite(grad_paths[x], mem[x], out_dtype, fa_tensor_numel(&grads[x]), 0);
 
-    cli_output outs[3] = {
+    if (ds_path) cli_warn_nonfinite(ds_path, mem[3], ds_dtype, in.heads, 0);
+
+    cli_output outs[4] = {
         {dq_path, mem[0], out_dtype, 4 - skip, shapes[0] + skip},
         {dk_path, mem[1], out_dtype, 4 - skip, shapes[1] + skip},
         {dv_path, mem[2], out_dtype, 4 - skip, shapes[2] + skip},
+        {ds_path, mem[3], ds_dtype, 1, ds_shape},
     };
-    if (cli_save_outputs(outs, 3)) goto done;
+    if (cli_save_outputs(outs, 4)) goto done;
 
     fa_cpu_info info;
     fa_get_cpu_info(&info);
-    printf("wrote %s, %s, %s (%s; %s, %s, %d threads, %.1f ms)\n", dq_path, dk_path, dv_path,
+    printf("wrote %s, %s, %s%s%s (%s; %s, %s, %d threads, %.1f ms)\n", dq_path, dk_path, dv_path,
+           ds_path ? ", " : "", ds_path ? ds_path : "",
            fa_dtype_name(out_dtype), fa_impl_name(attn.opt.impl),
            attn.opt.impl == FA_IMPL_REFERENCE ? "float64 loops" : info.isa,
            attn.opt.num_threads > 0 ? attn.opt.num_threads : info.max_threads, secs * 1e3);
     rc = CLI_EXIT_OK;
 done:
-    for (int x = 0; x < 3; x++) free(mem[x]);
+    for (int x = 0; x < 4; x++) free(mem[x]);
     fa_npy_free(&do_arr);
     cli_attn_free(&attn);
     cli_qkv_free(&in);

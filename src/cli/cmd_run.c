@@ -84,13 +84,15 @@ static int run_main(int argc, char **argv)
     const cli_named outs_named[4] = {{"-o", o_path}, {"--lse", lse_path}, {"--k-cache-out", kc_out},
                                      {"--v-cache-out", vc_out}};
     if (cli_lowprec_validate(&lp, &attn)) return CLI_EXIT_USAGE;
-    cli_named ins_named[19] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--alibi", attn.alibi_path},
+    cli_named ins_named[23] = {{"-q", q_path}, {"-k", k_path}, {"-v", v_path}, {"--alibi", attn.alibi_path},
                                      {"--cu-seqlens-q", attn.cu_q_path}, {"--cu-seqlens-k", attn.cu_k_path},
                                      {"--seqused-k", attn.seqused_path}, {"--cache-seqlens", attn.cache_seqlens_path},
                                      {"--k-new", attn.k_new_path}, {"--v-new", attn.v_new_path},
                                      {"--cache-batch-idx", attn.cache_idx_path}, {"--cache-leftpad", attn.leftpad_path},
-                                     {"--block-table", attn.block_table_path}};
-    const int n_ins = 13 + cli_lowprec_inputs(&lp, ins_named + 13);
+                                     {"--block-table", attn.block_table_path}, {"--sinks", attn.sinks_path},
+                                     {"--dropout-mask", attn.dropout_mask_path},
+                                     {"--rotary-cos", attn.rotary_cos_path}, {"--rotary-sin", attn.rotary_sin_path}};
+    const int n_ins = 17 + cli_lowprec_inputs(&lp, ins_named + 17);
     if (cli_check_files("run", outs_named, 4, ins_named, n_ins)) return CLI_EXIT_USAGE;
 
     cli_qkv in;
