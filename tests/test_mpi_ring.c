@@ -381,6 +381,9 @@ int main(int argc, char **argv)
         {"window 20,7 top-left", 1, 72, 96, 3, 1, 16, 16, 0, 20, 7, 0, FA_ALIGN_TOP_LEFT},
         {"window left 30", 1, 96, 96, 2, 2, 16, 16, 0, 30, -1, 0, FA_ALIGN_BOTTOM_RIGHT},
         {"causal window 10", 1, 96, 72, 2, 2, 16, 16, 1, 10, -1, 30.0, FA_ALIGN_BOTTOM_RIGHT},
+        /* long enough that a Q chunk is cut into pieces while a transfer is in flight (>= 128 rows) */
+        {"long causal", 1, 384, 384, 1, 1, 16, 16, 1, -1, -1, 0, FA_ALIGN_BOTTOM_RIGHT},
+        {"long window 50,3 Sq<Sk", 1, 384, 480, 2, 1, 16, 16, 0, 50, 3, 0, FA_ALIGN_BOTTOM_RIGHT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], seed + 7919 * i);
     bad_inputs();

@@ -20,7 +20,8 @@
  *
  * The ring: K/V shards travel rank r -> r+1 (MPI_Isend/MPI_Irecv into a second
  * buffer) while the rank computes on the one it holds, calling MPI_Test between
- * blocks; each (Q chunk, K chunk) block is one fa_forward call with the band
+ * blocks (a Q chunk is cut into up to 8 pieces while a transfer is in flight, so
+ * that MPI progresses it); each (Q piece, K chunk) block is one fa_forward call with the band
  * shifted to the chunks' global offsets (top-left alignment, rows or keys that
  * see nothing sliced off), and the partial (O, LSE) merge in float64:
  *   LSE = max + log1p(exp(min - max)),  O = exp(LSE_a - LSE) O_a + exp(LSE_b - LSE) O_b.
@@ -65,8 +66,8 @@ typedef struct fa_ring_stats {
     uint64_t bytes_sent;       /**< bytes this rank sent in all */
     uint64_t bytes_recv;       /**< bytes this rank received in all */
     uint64_t step_bytes;       /**< bytes sent in one K/V step (the same every step) */
-    int64_t blocks_computed;   /**< (Q chunk, K chunk) blocks with a visible key */
-    int64_t blocks_skipped;    /**< blocks the mask hides entirely */
+    int64_t blocks_computed;   /**< library calls: (Q piece, K chunk) blocks with a visible key */
+    int64_t blocks_skipped;    /**< (Q piece, K chunk) blocks the mask hides entirely */
     double visible_pairs;      /**< (query, key) pairs visible in the computed blocks (work measure) */
     double compute_s;          /**< seconds in fa_forward / fa_backward and the merge */
     double wait_s;             /**< seconds blocked in MPI_Wait* after the compute of a step */

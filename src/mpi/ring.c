@@ -477,6 +477,26 @@ static void stats_begin(fa_ring_stats *s, const ring *R)
     s->layout = R->layout;
 }
 
+/*
+ * While a transfer is in flight the Q run of a block is cut into pieces (at
+ * most 8, of at least 64 rows), one library call each, with MPI_Test between
+ * them: MPI progresses a large (rendezvous) message only inside MPI calls, so
+ * one call per block would leave the transfer to the final MPI_Waitall. With
+ * nothing in flight (the last step, one rank) the block is one call.
+ */
+static int pieces_of(int64_t len, int in_flight)
+{
+    if (!in_flight) return 1;
+    const int64_t p = len / 64;
+    return p < 1 ? 1 : p > 8 ? 8 : (int)p;
+}
+
+static seg piece(const seg *s, int k, int n)
+{
+    const int64_t a = s->len * k / n, b = s->len * (k + 1) / n;
+    return (seg){s->gstart + a, b - a, s->loff + a};
+}
+
 /* The whole problem in one block (P = 1): the caller's options, unchanged. */
 static int is_whole(const ring *R, const seg *qs, const seg *ks)
 {
@@ -580,8 +600,8 @@ fa_status fa_ring_forward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor 
         const fa_tensor vt = dense(kv[cur] + kbytes, v->dtype, 4, B, ck, Hk, dv);
         const shard ksh = make_shard(ck, R.size, src, R.layout);
         for (int a = 0; a < R.qsh.n; a++)
-            for (int b = 0; b < ksh.n; b++) {
-                const seg *qs = &R.qsh.s[a], *ks = &ksh.s[b];
+            for (int b = 0, np = pieces_of(R.qsh.s[a].len, x.n > 0); b < ksh.n * np; b++) {
+                const seg qpc = piece(&R.qsh.s[a], b % np, np), *qs = &qpc, *ks = &ksh.s[b / np];
                 plan p;
                 if (!plan_block(&R.g, &R.opt, is_whole(&R, qs, ks), qs, ks, &p)) {
                     S->blocks_skipped++;
@@ -732,8 +752,8 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
         double *target = s == 0 ? dacc[dc] : dstep;
         fill(target, ndkv, -0.0);
         for (int a = 0; a < R.qsh.n; a++)
-            for (int b = 0; b < ksh.n; b++) {
-                const seg *qs = &R.qsh.s[a], *ks = &ksh.s[b];
+            for (int b = 0, np = pieces_of(R.qsh.s[a].len, x.n > 0 || dx.n > 0); b < ksh.n * np; b++) {
+                const seg qpc = piece(&R.qsh.s[a], b % np, np), *qs = &qpc, *ks = &ksh.s[b / np];
                 plan p;
                 if (!plan_block(&R.g, &R.opt, is_whole(&R, qs, ks), qs, ks, &p)) {
                     S->blocks_skipped++;
