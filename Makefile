@@ -81,7 +81,8 @@ LIB_OBJS = $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CLI_SRCS = $(wildcard src/cli/*.c)
 CLI_OBJS = $(CLI_SRCS:%.c=$(BUILD)/%.o)
 
-TEST_SRCS = $(filter-out tests/test_util.c,$(wildcard tests/test_*.c))
+# tests/test_mpi*.c are MPI programs run under mpirun by tests/test_mpi.sh (mk/mpi.mk).
+TEST_SRCS = $(filter-out tests/test_util.c tests/test_mpi%.c,$(wildcard tests/test_*.c))
 TEST_BINS = $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
 .PHONY: all run test check-deps bench tutorials plots docs cuda clean sanitize fuzz

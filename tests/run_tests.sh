@@ -22,7 +22,7 @@ done
 # Under the sanitizers (make sanitize sets FA_SANITIZED) the scripts that only
 # build, install or package another copy of the project add build time and no
 # sanitizer coverage of the library: they run in the plain `make test`.
-san_skip="test_install.sh test_python_install.sh test_plots.sh test_probes.sh test_tsan.sh test_neon.sh"
+san_skip="test_install.sh test_python_install.sh test_plots.sh test_probes.sh test_tsan.sh test_neon.sh test_mpi.sh test_mpi_cli.sh"
 for t in tests/test_*.sh; do
     [ -f "$t" ] || continue
     if [ -n "${FA_SANITIZED:-}" ] && echo " $san_skip " | grep -q " $(basename "$t") "; then

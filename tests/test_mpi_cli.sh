@@ -1,0 +1,99 @@
+#!/bin/sh
+# test_mpi_cli.sh — `mpirun -np P flashattn-mpi run|grad|check` against `flashattn`
+# (skips with one sentence without Open MPI, like tests/test_mpi.sh):
+#   1 rank: the same bits as flashattn run / grad;
+#   2-4 ranks: flashattn check / check-grad (single process, float64) accept the outputs;
+#   --impl reference distributed equals flashattn run --impl reference (float64, ~1e-15);
+#   the same command twice: the same bytes;
+#   check over the ranks: a good output passes (0), a perturbed one fails (1);
+#   bad input: exit 2 on every rank, exactly one "flashattn" line, no output file.
+. "$(dirname "$0")/cli_test_lib.sh"
+cli_test_setup test_mpi_cli "${1:-build}"
+if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
+    echo "test_mpi_cli: SKIPPED: Open MPI is not installed (apt-get install libopenmpi-dev openmpi-bin)"; exit 0
+fi
+fm=$build/flashattn-mpi
+[ -x "$fm" ] || { echo "test_mpi_cli: $fm not built (make mpi)"; exit 1; }
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+mr() { np=$1; shift; timeout 120 mpirun --oversubscribe --allow-run-as-root --bind-to none -np "$np" "$fm" "$@"; }
+
+python3 - <<'PY'
+import numpy as np, os
+r = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+np.save("q.npy", r.standard_normal((2, 48, 4, 16)).astype(np.float32))
+np.save("k.npy", r.standard_normal((2, 96, 2, 16)).astype(np.float32))
+np.save("v.npy", r.standard_normal((2, 96, 2, 24)).astype(np.float32))
+np.save("do.npy", r.standard_normal((2, 48, 4, 24)).astype(np.float32))
+np.save("q50.npy", r.standard_normal((1, 50, 2, 8)).astype(np.float32))
+PY
+same() { python3 -c "import numpy as np,sys; sys.exit(0 if np.array_equal(np.load('$1'), np.load('$2')) else 1)"; }
+
+for mask in "" "--causal" "--window 20,5 --softcap 10"; do
+    # 1 rank: single-process bits
+    "$fa" run -q q.npy -k k.npy -v v.npy -o o_sp.npy --lse l_sp.npy $mask >/dev/null || bad "flashattn run $mask"
+    mr 1 run -q q.npy -k k.npy -v v.npy -o o_1.npy --lse l_1.npy $mask >/dev/null || bad "flashattn-mpi run -np 1 $mask"
+    if same o_sp.npy o_1.npy && same l_sp.npy l_1.npy; then ok; else bad "run -np 1 $mask: not the bits of flashattn run"; fi
+    "$fa" grad -q q.npy -k k.npy -v v.npy --dout do.npy --dq dq_sp.npy --dk dk_sp.npy --dv dv_sp.npy $mask >/dev/null ||
+        bad "flashattn grad $mask"
+    mr 1 grad -q q.npy -k k.npy -v v.npy --dout do.npy --dq dq_1.npy --dk dk_1.npy --dv dv_1.npy $mask >/dev/null ||
+        bad "flashattn-mpi grad -np 1 $mask"
+    if same dq_sp.npy dq_1.npy && same dk_sp.npy dk_1.npy && same dv_sp.npy dv_1.npy; then ok; else
+        bad "grad -np 1 $mask: not the bits of flashattn grad"; fi
+    for np_ in 2 3 4; do
+        for layout in contiguous zigzag; do
+            mr $np_ run -q q.npy -k k.npy -v v.npy -o o_p.npy --lse l_p.npy $mask --layout $layout >/dev/null ||
+                bad "run -np $np_ $layout $mask"
+            if "$fa" check -q q.npy -k k.npy -v v.npy --out o_p.npy --lse l_p.npy $mask >check.txt; then ok; else
+                bad "flashattn check rejects run -np $np_ --layout $layout $mask"; cat check.txt; fi
+        done
+        mr $np_ grad -q q.npy -k k.npy -v v.npy --dout do.npy --dq dq_p.npy --dk dk_p.npy --dv dv_p.npy $mask >/dev/null ||
+            bad "grad -np $np_ $mask"
+        if "$fa" check-grad -q q.npy -k k.npy -v v.npy --dout do.npy --dq dq_p.npy --dk dk_p.npy --dv dv_p.npy $mask \
+            >check.txt; then ok; else bad "flashattn check-grad rejects grad -np $np_ $mask"; cat check.txt; fi
+    done
+done
+
+# the same command twice: the same bytes
+mr 3 run -q q.npy -k k.npy -v v.npy -o r1.npy --causal >/dev/null && mr 3 run -q q.npy -k k.npy -v v.npy -o r2.npy --causal >/dev/null
+if cmp -s r1.npy r2.npy; then ok; else bad "run -np 3 twice: different bytes"; fi
+
+# --impl reference, distributed: float64 equal to the single-process reference
+"$fa" run -q q.npy -k k.npy -v v.npy -o ref_sp.npy --impl reference --dtype-out f64 --causal >/dev/null
+mr 4 run -q q.npy -k k.npy -v v.npy -o ref_4.npy --impl reference --dtype-out f64 --causal >/dev/null
+if python3 -c "import numpy as np,sys; a,b=np.load('ref_sp.npy'),np.load('ref_4.npy'); sys.exit(0 if a.dtype==np.float64 and np.abs(a-b).max() <= 1e-13*np.abs(a).max() else 1)"; then ok
+else bad "run --impl reference -np 4: differs from the single-process reference"; fi
+
+# check over the ranks: the flash output passes, a perturbed one fails
+"$fa" run -q q.npy -k k.npy -v v.npy -o o_sp.npy --lse l_sp.npy --causal >/dev/null
+if mr 3 check -q q.npy -k k.npy -v v.npy --out o_sp.npy --lse l_sp.npy --causal >check.txt; then ok; else
+    bad "flashattn-mpi check rejects flashattn's output"; cat check.txt; fi
+python3 -c "import numpy as np; o=np.load('o_sp.npy'); o[1,40,2,3]+=1e-3; np.save('o_bad.npy', o)"
+mr 3 check -q q.npy -k k.npy -v v.npy --out o_bad.npy --causal >check.txt 2>/dev/null
+rc=$?
+if [ $rc = 1 ] && grep -q "FAIL" check.txt && grep -q "1 out of tolerance" check.txt; then ok; else
+    bad "flashattn-mpi check on a perturbed output: exit $rc (want 1)"; cat check.txt; fi
+
+# bad input: exit 2 on every rank, one message, nothing written
+refuse() { # refuse NP WHAT ARGS...
+    np_=$1; what=$2; shift 2
+    rm -f out.npy
+    mr "$np_" "$@" >out.txt 2>err.txt
+    rc=$?
+    n=$(grep -c "^flashattn" err.txt)
+    if [ $rc != 0 ] && [ "$n" = 1 ] && [ ! -e out.npy ] && ! grep -q "Exit code: *[013-9]" err.txt; then ok; else
+        bad "$what: exit $rc, $n message lines (want 1), out.npy $( [ -e out.npy ] && echo written || echo absent)"
+        cat err.txt
+    fi
+}
+refuse 4 "seqlen 50 over 4 ranks" run -q q50.npy -k q50.npy -v q50.npy -o out.npy
+refuse 3 "zigzag 48 over 3 ranks: 8 rows each, fine; 50 not" run -q q50.npy -k q50.npy -v q50.npy -o out.npy --causal
+refuse 2 "missing file" run -q nothere.npy -k k.npy -v v.npy -o out.npy
+refuse 3 "unknown option" run -q q.npy -k k.npy -v v.npy -o out.npy --bogus
+refuse 2 "ALiBi" run -q q.npy -k k.npy -v v.npy -o out.npy --alibi q.npy
+refuse 2 "dtype-out bf16" run -q q.npy -k k.npy -v v.npy -o out.npy --dtype-out bf16
+refuse 3 "dO of the wrong shape" grad -q q.npy -k k.npy -v v.npy --dout q.npy --dq out.npy --dk dk.npy --dv dv.npy
+refuse 2 "bad layout" run -q q.npy -k k.npy -v v.npy -o out.npy --layout spiral
+grep -q "seqlen\|split" err.txt || true
+
+echo "test_mpi_cli: $pass passed, $fail failed"
+[ "$fail" = 0 ]
