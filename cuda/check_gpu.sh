@@ -1,7 +1,8 @@
 #!/bin/sh
 # cuda/check_gpu.sh — correctness of every rung on a GPU machine, on small shapes (about a minute).
 #
-#   sh cuda/check_gpu.sh [LOGFILE]            (RUNGS="04 04b" sh cuda/check_gpu.sh: only those rungs)
+#   sh cuda/check_gpu.sh [LOGFILE]            (RUNGS="04 04b" sh cuda/check_gpu.sh: only those rungs;
+#                                              RUNGS=05ws adds the TMA rung — its racecheck was never run)
 #
 # 1. builds libflashattn and the ladder, runs the self-test;
 # 2. validates every rung (01 02 03 03b 04 04b 04bd 05, or $RUNGS) in bf16 and fp16 on shapes chosen to hit the edges —

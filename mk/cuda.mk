@@ -5,6 +5,8 @@
 #   make cuda-regs     ptxas's register / spill report of the tensor-core rungs (04*, 05*)
 #   sh cuda/run_h200.sh OUTDIR   on a GPU machine: build, validate and time the grid, PyTorch SDPA beside it
 #   sh cuda/run_tc.sh OUTDIR     on a GPU machine: validate rungs 04/04b everywhere, time 03/04 vs SDPA
+#   sh cuda/run_tc2.sh OUTDIR    on the H200: 04b/04bd validation and timings, ncu, sanitizers
+#   sh cuda/run_tc3.sh OUTDIR    on the H200: rungs 05/05ws validated and timed beside 03/04/04b and SDPA
 #
 # The harness links libflashattn.a: every rung is validated by the library's own fa_check.
 # Targets: sm_90 machine code plus compute_80 PTX (portable: the driver compiles it for any
