@@ -317,7 +317,8 @@ static inline fa_kvcache fa_kvcache_default(void)
  * are (2i, 2i+1) when interleaved (GPT-J) and (i, i + rotary_dim/2) otherwise
  * (GPT-NeoX); elements past rotary_dim are untouched. The rotation is computed
  * in float64 and the rotated rows are rounded to the dtype of q (k_new), as
- * FlashAttention rounds them to its input dtype.
+ * FlashAttention rounds them to its input dtype. The call allocates one
+ * rotated copy of q and of k_new (not counted by fa_workspace_bytes).
  *
  * Refused: cos and sin not both rank 2 of one shape [seqlen_ro][rotary_dim/2],
  * f32 or f64, finite; rotary_dim > d; seqlen_ro too short for the largest

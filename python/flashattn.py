@@ -555,17 +555,14 @@ def _dropout(p, mask, keep):
     d = _Dropout()
     lib.fa_dropout_init(ctypes.byref(d), ctypes.sizeof(_Dropout))
     d.p = p
+    if any(st < 0 for st in m.strides) or not any(m.strides[r] for r in range(4) if m.shape[r] > 1):
+        m = np.ascontiguousarray(m)  # reversed or fully broadcast views: give the library plain bytes
     d.keep_mask = m.ctypes.data
     for r in range(4):
         d.keep_shape[r] = m.shape[r]
-        d.keep_stride[r] = m.strides[r] if m.shape[r] > 1 else 0
-    if all(m.strides[r] == 0 or m.shape[r] <= 1 for r in range(4)) and m.size > 1:
-        m = np.ascontiguousarray(m)  # (a broadcast view: give the library real bytes)
-        d.keep_mask = m.ctypes.data
-        for r in range(4):
-            d.keep_stride[r] = m.strides[r]
+        d.keep_stride[r] = m.strides[r]
     if not any(d.keep_stride[r] for r in range(4)):
-        d.keep_stride[3] = 1  # a single element: any nonzero stride
+        d.keep_stride[3] = 1  # all strides 0 would read as C order; one element needs any stride
     keep += [m, d]
     return d
 

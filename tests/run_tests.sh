@@ -14,7 +14,7 @@ isas=$("$build"/flashattn info 2>/dev/null | sed -n 's/^supported: \(.*\) (FA_IS
 chosen=$("$build"/flashattn info 2>/dev/null | sed -n 's/^ISA *: \([a-z0-9]*\).*/\1/p')
 for isa in $isas; do
     [ "$isa" = "$chosen" ] && continue # ran above
-    for s in test_forward test_backward test_determinism test_robustness test_varlen test_geometry test_kvcache test_align test_decode test_sinks; do
+    for s in test_forward test_backward test_determinism test_robustness test_varlen test_geometry test_kvcache test_align test_decode test_sinks test_dropout; do
         echo "=== $s (FA_ISA=$isa)"
         if FA_ISA=$isa "$build/tests/$s"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $s/$isa"; fi
     done

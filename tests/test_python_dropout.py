@@ -134,3 +134,16 @@ def test_bad_dropout_is_refused():
         fa.attention(q, k, v, dropout_p=P)
     with pytest.raises(ValueError, match="uint8 or bool"):
         fa.attention(q, k, v, dropout_p=P, dropout_mask=mask.astype(np.float32))
+
+
+def test_mask_views_are_read_as_given():
+    """A reversed view and a broadcast view of the mask mean the arrays they show."""
+    rng = np.random.default_rng(SEED + 60)
+    q, k, v, _, mask, _ = make(rng)
+    flipped = mask[:, :, ::-1, :]
+    want = fa.attention(q, k, v, dropout_p=P, dropout_mask=np.ascontiguousarray(flipped))
+    assert np.array_equal(fa.attention(q, k, v, dropout_p=P, dropout_mask=flipped), want)
+    row = (rng.uniform(0, 1, (1, 1, 1, SK)) >= P).astype(np.uint8)
+    bcast = np.broadcast_to(row, (B, H, SQ, SK))
+    want = fa.attention(q, k, v, dropout_p=P, dropout_mask=np.ascontiguousarray(bcast))
+    assert np.array_equal(fa.attention(q, k, v, dropout_p=P, dropout_mask=bcast), want)
