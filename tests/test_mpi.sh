@@ -18,13 +18,13 @@ MPIRUN="mpirun --oversubscribe --allow-run-as-root --bind-to none"
 fail=0
 for np in 1 2 3 4; do
     echo "-- mpirun -np $np mpi_ring_check (1 thread per rank)"
-    if ! OMP_NUM_THREADS=1 timeout 300 $MPIRUN -np $np "$build/tests/mpi_ring_check"; then
-        echo "FAIL: mpi_ring_check with $np ranks (exit $?; 124 = timed out)"; fail=1
-    fi
+    OMP_NUM_THREADS=1 timeout 300 $MPIRUN -np $np "$build/tests/mpi_ring_check"
+    rc=$?
+    [ $rc = 0 ] || { echo "FAIL: mpi_ring_check with $np ranks (exit $rc; 124 = timed out)"; fail=1; }
 done
 echo "-- mpirun -np 2 mpi_ring_check (2 OpenMP threads per rank, MPI_THREAD_FUNNELED)"
-if ! OMP_NUM_THREADS=2 timeout 300 $MPIRUN -np 2 "$build/tests/mpi_ring_check"; then
-    echo "FAIL: mpi_ring_check with 2 ranks x 2 threads"; fail=1
-fi
+OMP_NUM_THREADS=2 timeout 300 $MPIRUN -np 2 "$build/tests/mpi_ring_check"
+rc=$?
+[ $rc = 0 ] || { echo "FAIL: mpi_ring_check with 2 ranks x 2 threads (exit $rc; 124 = timed out)"; fail=1; }
 [ $fail = 0 ] && echo "test_mpi.sh: ok"
 exit $fail

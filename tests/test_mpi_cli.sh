@@ -86,14 +86,17 @@ refuse() { # refuse NP WHAT ARGS...
     fi
 }
 refuse 4 "seqlen 50 over 4 ranks" run -q q50.npy -k q50.npy -v q50.npy -o out.npy
-refuse 3 "zigzag 48 over 3 ranks: 8 rows each, fine; 50 not" run -q q50.npy -k q50.npy -v q50.npy -o out.npy --causal
+refuse 3 "50 rows over 3 ranks, zigzag (6 chunks)" run -q q50.npy -k q50.npy -v q50.npy -o out.npy --causal
 refuse 2 "missing file" run -q nothere.npy -k k.npy -v v.npy -o out.npy
 refuse 3 "unknown option" run -q q.npy -k k.npy -v v.npy -o out.npy --bogus
 refuse 2 "ALiBi" run -q q.npy -k k.npy -v v.npy -o out.npy --alibi q.npy
 refuse 2 "dtype-out bf16" run -q q.npy -k k.npy -v v.npy -o out.npy --dtype-out bf16
 refuse 3 "dO of the wrong shape" grad -q q.npy -k k.npy -v v.npy --dout q.npy --dq out.npy --dk dk.npy --dv dv.npy
 refuse 2 "bad layout" run -q q.npy -k k.npy -v v.npy -o out.npy --layout spiral
-grep -q "seqlen\|split" err.txt || true
+# one rank takes any length, also under --causal (zigzag needs none with P = 1)
+if mr 1 run -q q50.npy -k q50.npy -v q50.npy -o o50.npy --causal >/dev/null &&
+    "$fa" run -q q50.npy -k q50.npy -v q50.npy -o o50_sp.npy --causal >/dev/null && same o50.npy o50_sp.npy; then ok
+else bad "run -np 1 --causal on 50 rows: refused or not the single-process bits"; fi
 
 echo "test_mpi_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -163,6 +163,7 @@ int main(int argc, char **argv)
 {
     tut_args a = {0};
     a.d = 64;
+    a.reps = 3;
     a.n[0] = 256, a.n[1] = 512, a.n_count = 2;
     tut_parse_args(argc, argv, &a, "ring attention: the online-softmax merge over P ranks (simulated)");
     const int d = a.d;
@@ -207,7 +208,7 @@ int main(int argc, char **argv)
     double *lse = tut_alloc((size_t)c * 8);
     tut_fill(q, (size_t)c * d, 4, -1, 1);
     double best = 1e30;
-    for (int rep = 0; rep < (a.reps > 0 ? a.reps : 3); rep++) {
+    for (int rep = 0; rep < a.reps; rep++) {
         for (int i = 0; i < c; i++) lse[i] = -INFINITY;
         const double t0 = tut_now();
         block(d, 0, q, q, q, c, 0, 0, o, lse, ob, l);

@@ -64,7 +64,7 @@ static int load_and_scatter(job *j, const char *q_path, const char *k_path, cons
                             const char *x_role, const char *xl_path)
 {
     int rc = 0;
-    j->layout = fa_ring_resolve_layout(j->ring.layout, &j->attn.opt);
+    j->layout = mpi_size == 1 ? FA_RING_CONTIGUOUS : fa_ring_resolve_layout(j->ring.layout, &j->attn.opt);
     if (mpi_rank == 0) {
         if (j->attn.alibi_path) {
             rc = cli_die("--alibi: ALiBi is not supported over the ring (use flashattn)");

@@ -98,7 +98,7 @@ int mpi_cmd_bench(int argc, char **argv)
     if (!heads_k) heads_k = heads;
     if (!rc && !help && heads % heads_k) rc = cli_die("--heads %lld is not a multiple of --heads-k %lld", heads, heads_k);
     const int64_t N = n ? n : cpr * mpi_size;
-    const fa_ring_layout L = fa_ring_resolve_layout(ro.layout, &attn.opt);
+    const fa_ring_layout L = mpi_size == 1 ? FA_RING_CONTIGUOUS : fa_ring_resolve_layout(ro.layout, &attn.opt);
     if (!rc && !help && fa_ring_check_split(N, mpi_size, L) != FA_OK) rc = cli_die("bench: %s", fa_ring_last_error());
     mpi_quiet_end();
     if (help || rc) return rc;

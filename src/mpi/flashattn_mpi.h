@@ -15,6 +15,7 @@
  *   FA_RING_ZIGZAG      the sequence cut into 2P chunks of c/2 rows; rank r holds
  *                       chunks r and 2P-1-r, in that order (balances causal work)
  *   FA_RING_AUTO        zigzag when the options mask (causal or a window), else contiguous
+ * (with one rank every layout is contiguous: the same rows, any length)
  *
  * fa_ring_global_row() maps a local row to its global position.
  *

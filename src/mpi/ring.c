@@ -416,22 +416,22 @@ static fa_status check_local(ring *R, const fa_tensor *q, const fa_tensor *k, co
 /* Every rank must hold the same shapes and options. */
 static fa_status check_same(ring *R, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v)
 {
-    double sc = R->opt.scale, cap = R->opt.softcap;
-    int64_t x[16], lo[16], hi[16];
-    static const char *names[16] = {"batch", "rows of q per rank", "rows of k per rank", "heads", "heads_k", "d",
+    enum { NV = 18 };
+    int64_t x[NV], lo[NV], hi[NV], bits_sc, bits_cap;
+    static const char *names[NV] = {"batch", "rows of q per rank", "rows of k per rank", "heads", "heads_k", "d",
                                     "d_v", "dtype of q", "dtype of k", "dtype of v", "layout", "causal",
-                                    "window_left", "window_right", "impl", "align/scale/softcap"};
-    int64_t bits_sc, bits_cap;
-    memcpy(&bits_sc, &sc, sizeof sc);
-    memcpy(&bits_cap, &cap, sizeof cap);
-    const int64_t w[16] = {R->batch, R->cq, R->ck, R->heads, R->heads_k, R->d, R->dv, q->dtype, k->dtype, v->dtype,
+                                    "window_left", "window_right", "impl", "align", "scale (bits)",
+                                    "softcap (bits)"};
+    memcpy(&bits_sc, &R->opt.scale, sizeof bits_sc);
+    memcpy(&bits_cap, &R->opt.softcap, sizeof bits_cap);
+    const int64_t w[NV] = {R->batch, R->cq, R->ck, R->heads, R->heads_k, R->d, R->dv, q->dtype, k->dtype, v->dtype,
                            R->layout, R->opt.causal != 0, R->opt.window_left < 0 ? -1 : R->opt.window_left,
-                           R->opt.window_right < 0 ? -1 : R->opt.window_right, R->opt.impl,
-                           (bits_sc ^ (bits_cap * 31)) + R->opt.align};
+                           R->opt.window_right < 0 ? -1 : R->opt.window_right, R->opt.impl, R->opt.align, bits_sc,
+                           bits_cap};
     memcpy(x, w, sizeof x);
-    MPI_Allreduce(x, lo, 16, MPI_INT64_T, MPI_MIN, R->comm);
-    MPI_Allreduce(x, hi, 16, MPI_INT64_T, MPI_MAX, R->comm);
-    for (int i = 0; i < 16; i++)
+    MPI_Allreduce(x, lo, NV, MPI_INT64_T, MPI_MIN, R->comm);
+    MPI_Allreduce(x, hi, NV, MPI_INT64_T, MPI_MAX, R->comm);
+    for (int i = 0; i < NV; i++)
         if (lo[i] != hi[i])
             return fail(FA_ERR_SHAPE, "the ranks disagree on %s (from %lld to %lld): every rank must hold an equal "
                                       "shard and pass the same options", names[i], (long long)lo[i], (long long)hi[i]);
@@ -456,6 +456,7 @@ static fa_status ring_open(ring *R, MPI_Comm comm, fa_ring_layout layout, const 
     if (layout != FA_RING_AUTO && layout != FA_RING_CONTIGUOUS && layout != FA_RING_ZIGZAG)
         st = fail(FA_ERR_OPTION, "unknown ring layout %d", (int)layout);
     R->layout = fa_ring_resolve_layout(layout, &R->opt);
+    if (R->size == 1) R->layout = FA_RING_CONTIGUOUS; /* one rank: the same rows; no even length needed */
     if (st == FA_OK) st = check_local(R, q, k, v);
     if ((st = agree(R->comm, st)) != FA_OK) return st;
     if ((st = agree(R->comm, check_same(R, q, k, v))) != FA_OK) return st;
