@@ -335,6 +335,57 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
     }
     for (int64_t c = 0; c < dv; c++) s->acc[c] = 0.0;
     double l = 0.0;
+    if (v->split_mode != DG_SPLIT_RIGHT) {
+        /* each split: its own max m_c, sum l_c and accumulator (o[] holds it), then the combine */
+        const int64_t chunk = (Sk + v->split_n - 1) / v->split_n;
+        double num = 0.0, den = 0.0, lmax = -INFINITY, lsum = 0.0;
+        int64_t used = 0;
+        for (int64_t c = 0; c < dv; c++) s->acc[c] = 0.0;
+        for (int sp = 0; sp < v->split_n; sp++) {
+            const int64_t a0 = sp * chunk > j0 ? sp * chunk : j0, e0 = (sp + 1) * chunk < j1 ? (sp + 1) * chunk : j1;
+            double mc = -INFINITY, lc = 0.0;
+            for (int64_t j = a0; j < e0; j++)
+                if (s->s[j - j0] > mc) mc = s->s[j - j0];
+            if (mc == -INFINITY) continue;
+            for (int64_t c = 0; c < dv; c++) o[c] = 0.0;
+            for (int64_t j = a0; j < e0; j++) {
+                const double w = exp(s->s[j - j0] - mc);
+                lc += w;
+                int64_t off;
+                const fa_tensor *t;
+                if (j >= Sk || w == 0.0 || !(t = key_src(p, v, &g, j, 1, kh, &off))) continue;
+                fa_gather_f64(t, off, t->stride[3], dv, s->x);
+                for (int64_t c = 0; c < dv; c++) o[c] += w * s->x[c];
+            }
+            const double lse_c = mc + log(lc);
+            used++;
+            lsum += exp(lse_c - m); /* m: the row's max over every visible key */
+            if (lse_c > lmax) lmax = lse_c;
+            switch (v->split_mode) {
+            case DG_SPLIT_MEAN:
+                for (int64_t c = 0; c < dv; c++) s->acc[c] += o[c] / lc;
+                den += 1.0;
+                break;
+            case DG_SPLIT_OWN_MAX:
+                for (int64_t c = 0; c < dv; c++) s->acc[c] += o[c];
+                den += lc;
+                break;
+            case DG_SPLIT_LAST:
+                for (int64_t c = 0; c < dv; c++) s->acc[c] = o[c] / lc;
+                den = 1.0;
+                num = lse_c;
+                break;
+            default: /* DG_SPLIT_LSE_MAX: the right O */
+                for (int64_t c = 0; c < dv; c++) s->acc[c] += exp(lse_c - m) * o[c] / lc;
+                break;
+            }
+        }
+        if (v->split_mode == DG_SPLIT_LSE_MAX) den = lsum;
+        for (int64_t c = 0; c < dv; c++) o[c] = s->acc[c] / den;
+        *lse = v->split_mode == DG_SPLIT_LAST ? num : v->split_mode == DG_SPLIT_LSE_MAX ? lmax : m + log(lsum);
+        (void)used;
+        return;
+    }
     if (v->psat_c > 0) {
         /* blocks aligned at key 0, visited last to first (FlashAttention-3) or first to last */
         const int64_t bs = v->psat_block, nb0 = j0 / bs, nb1 = (j1 - 1) / bs;
@@ -566,7 +617,10 @@ typedef struct dg_result {
 } dg_result;
 
 typedef struct dg_list {
-    fa_diagnosis all[32];
+    struct dg_entry {
+        fa_diagnosis d;
+        int order; /* the order it was added: ties go to the earlier (more specific) class */
+    } all[32];
     int n;
     char considered[256];
     int n_considered;
@@ -582,7 +636,8 @@ static void consider(dg_list *L, const char *id)
 static void add(dg_list *L, const char *id, double ex, double param, const char *fmt, ...)
 {
     if (L->n >= (int)(sizeof L->all / sizeof L->all[0])) return;
-    fa_diagnosis *d = &L->all[L->n++];
+    L->all[L->n].order = L->n;
+    fa_diagnosis *d = &L->all[L->n++].d;
     memset(d, 0, sizeof *d);
     snprintf(d->id, sizeof d->id, "%s", id);
     d->explained = ex;
@@ -1296,6 +1351,41 @@ static void cand_psat(const dg_ctx *cx, dg_list *L)
         v->psat_reverse ? "last to first" : "first to last");
 }
 
+/* split-combine: a split-KV kernel's partials (O_s, LSE_s) combined wrongly. The number of
+ * splits (2 .. 8, keys in chunks of ceil(seqlen_k / n)) and the way are fitted. */
+static void cand_split(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (p->seqlen_k < 4) return;
+    consider(L, "split-combine");
+    static const struct {
+        dg_split_mode m;
+        const char *what;
+    } modes[] = {
+        {DG_SPLIT_MEAN, "the splits' partial outputs averaged (no LSE weights)"},
+        {DG_SPLIT_OWN_MAX, "the partials weighted by their sums without rescaling to a common max"},
+        {DG_SPLIT_LAST, "only the last split's partial (O, LSE) kept"},
+        {DG_SPLIT_LSE_MAX, "the combined LSE taken as the max of the splits' LSEs"},
+    };
+    dg_variant vs[4 * 7];
+    int mi[4 * 7], nv = 0;
+    for (int x = 0; x < 4; x++) {
+        if (modes[x].m == DG_SPLIT_LSE_MAX && !cx->lt) continue;
+        for (int n = 2; n <= 8; n++) {
+            if (n > p->seqlen_k) break;
+            vs[nv] = dg_variant_reference(p);
+            vs[nv].split_mode = modes[x].m;
+            vs[nv].split_n = n;
+            mi[nv++] = x;
+        }
+    }
+    if (!nv) return;
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "split-combine", e, (double)vs[best].split_n, "%d splits of the keys: %s", vs[best].split_n,
+        modes[mi[best]].what);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Entry point                                                               */
 /* ------------------------------------------------------------------------ */
@@ -1337,8 +1427,9 @@ static int dtype_rank(fa_dtype t) { return t == FA_BF16 ? 0 : t == FA_F16 ? 1 : 
 
 static int cmp_diag(const void *a, const void *b)
 {
-    const double x = ((const fa_diagnosis *)a)->explained, y = ((const fa_diagnosis *)b)->explained;
-    return (x < y) - (x > y);
+    const struct dg_entry *x = a, *y = b;
+    if (x->d.explained != y->d.explained) return (x->d.explained < y->d.explained) - (x->d.explained > y->d.explained);
+    return (x->order > y->order) - (x->order < y->order);
 }
 
 static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnose_options *o,
@@ -1578,10 +1669,12 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         cand_append(&cx, &L);
         cand_descale(&cx, &L);
         cand_psat(&cx, &L);
+        cand_split(&cx, &L);
     }
+    /* best first; a tie goes to the candidate considered first (a more specific class) */
     qsort(L.all, (size_t)L.n, sizeof L.all[0], cmp_diag);
     for (int x = 0; x < L.n && rep->n < FA_DIAG_MAX; x++)
-        if (L.all[x].explained >= o->min_explained) rep->items[rep->n++] = L.all[x];
+        if (L.all[x].d.explained >= o->min_explained) rep->items[rep->n++] = L.all[x].d;
     rep->n_considered = L.n_considered;
     snprintf(rep->considered, sizeof rep->considered, "%s", L.considered);
     st = FA_OK;

@@ -57,6 +57,15 @@ typedef enum dg_page_mode {
     DG_PAGE_IDENTITY     /* the block table ignored: page b * max_pages + r / page_size */
 } dg_page_mode;
 
+/* How a split-KV kernel combines its splits' partial (O, LSE). */
+typedef enum dg_split_mode {
+    DG_SPLIT_RIGHT = 0,
+    DG_SPLIT_MEAN,       /* O = the mean of the non-empty splits' partial O (no LSE weights) */
+    DG_SPLIT_OWN_MAX,    /* weights l_s = sum of exp(s - m_s) with each split's own max m_s (no rescale) */
+    DG_SPLIT_LAST,       /* only the last non-empty split's partial (O, LSE) */
+    DG_SPLIT_LSE_MAX     /* O right, LSE = max over the splits' LSEs */
+} dg_split_mode;
+
 typedef struct dg_variant {
     double scale;        /* applied to q.k */
     double softcap;      /* 0: off */
@@ -82,6 +91,9 @@ typedef struct dg_variant {
      * unclamped P~, online over blocks of psat_block keys (last to first with psat_reverse); 0: off */
     double psat_c, psat_max;
     int psat_block, psat_reverse;
+    /* split-KV: keys in split_n chunks of ceil(len / split_n), combined the split_mode way */
+    dg_split_mode split_mode;
+    int split_n;
 } dg_variant;
 
 /* The variant that is the reference for problem p. */
