@@ -61,11 +61,11 @@ extern "C" {
 /** @brief Major version: changes when the ABI breaks. */
 #define FA_VERSION_MAJOR 0
 /** @brief Minor version: new functions or fields, compatible. */
-#define FA_VERSION_MINOR 4
+#define FA_VERSION_MINOR 5
 /** @brief Patch version: fixes only. */
 #define FA_VERSION_PATCH 0
 /** @brief Library version string, "MAJOR.MINOR.PATCH". */
-#define FA_VERSION "0.4.0"
+#define FA_VERSION "0.5.0"
 /** @brief The version as one comparable number: MAJOR*10000 + MINOR*100 + PATCH. */
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 

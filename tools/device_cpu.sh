@@ -1,0 +1,58 @@
+#!/bin/sh
+# The CPU figures that need a quiet many-core machine, in ONE job so every ratio
+# is side by side: decode targets (issue 12), forward/backward/mask/dtype costs
+# and thread scaling (issue 14), PyTorch's CPU SDPA on the same shapes, and the
+# ring-attention scaling (issue 16) when build/flashattn-mpi and Open MPI's
+# packages were carried. Usage: sh tools/device_cpu.sh OUTDIR [BUDGET_S]
+# Each part is skipped, with a line saying so, once BUDGET_S (default 400) is spent.
+set -u
+out=${1:?usage: device_cpu.sh OUTDIR [BUDGET_S]}
+budget=${2:-400}
+mkdir -p "$out"
+start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - start))); }
+part() { # part NAME MIN_SECONDS_LEFT CMD...
+    name=$1; need=$2; shift 2
+    if [ "$(left)" -lt "$need" ]; then echo "== $name: skipped ($(left) s left, needs $need)"; return; fi
+    echo "== $name ($(left) s left): $*"
+    t0=$(date +%s)
+    timeout "$(left)" "$@" 2>&1
+    echo "== $name: rc $? in $(( $(date +%s) - t0 )) s"
+}
+fa=build/flashattn
+part build 30 make -j16 build/flashattn
+[ -x "$fa" ] || { echo "no $fa"; exit 1; }
+part info 5 "$fa" info
+lscpu 2>/dev/null | sed -n '1,20p'
+# issue 12 targets: decode B=1, H=32, Hk=8, d=128, 1 query vs 32768 keys, 2 threads
+part decode 40 "$fa" bench --seqlen-q 1 --n 32768 --d 128 --heads 32 --heads-k 8 --threads 2 \
+    --kv-dtype f32,bf16 --num-splits 1,0 --page-size 0,16 --repeats 20 --csv "$out/decode.csv"
+part decode_mqa 30 "$fa" bench --seqlen-q 1 --n 32768 --d 128 --heads 8 --heads-k 1 --threads 2 \
+    --kv-dtype f32,bf16 --num-splits 1,0 --repeats 20 --csv "$out/decode_mqa.csv"
+# issue 14: forward and backward, 1 and 2 threads, d 64/128
+for t in 1 2; do
+    part "fwd_bwd_t$t" 60 "$fa" bench --impl flash --pass fwd,bwd --n 1024,2048,4096 --d 64,128 --heads 8 \
+        --threads $t --repeats 5 --csv "$out/fwdbwd_t$t.csv"
+done
+part causal_t2 40 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --threads 2 --causal --repeats 5 \
+    --csv "$out/causal_t2.csv"
+part softcap_t2 40 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --threads 2 --softcap 30 --repeats 5 \
+    --csv "$out/softcap_t2.csv"
+if "$fa" bench --help 2>&1 | grep -q -- '--dtype'; then
+    part bf16_t2 40 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --threads 2 --dtype f32,bf16 \
+        --repeats 5 --csv "$out/dtype_t2.csv"
+fi
+part many_threads 40 "$fa" bench --impl flash --pass fwd,bwd --n 4096,8192 --d 128 --heads 16 --threads 16 \
+    --repeats 5 --csv "$out/t16.csv"
+# PyTorch's CPU attention, same shapes and threads
+part torch_sdpa 60 python3 tools/torch_cpu_sdpa.py --n 1024,2048,4096 --d 64,128 --threads 1,2,16 --causal 0,1 \
+    --repeats 5
+# issue 16: ring attention (needs the carried build/flashattn-mpi and build/ompi-debs)
+if [ -x build/flashattn-mpi ] && [ -d build/ompi-debs ]; then
+    part ompi 20 sh tools/ompi_debs.sh install build/ompi-debs
+    part ring 60 sh tools/ring_bench.sh --ranks "1 2 4 8" --threads 2 --tokens-per-rank 4096 --n 16384 --d 128 \
+        --heads 4 --reps 3 --out "$out/ring_bench"
+else
+    echo "== ring: skipped (build/flashattn-mpi or build/ompi-debs not carried)"
+fi
+echo "== done in $(( $(date +%s) - start )) s"
