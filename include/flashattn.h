@@ -338,7 +338,12 @@ typedef struct fa_options {
     const struct fa_rotary *rotary;   /**< NULL, or rotary embedding applied to q (and k_new) inside the call. */
     const struct fa_dropout *dropout; /**< NULL, or dropout with a caller-supplied keep-mask (validation). */
     int num_splits;           /**< Split-KV for decoding: 0 = heuristic, 1 = no split, n > 1 = n key splits
-                                   (results are bit-identical for a fixed count). */
+                                   (results are bit-identical for a fixed count, whatever the thread
+                                   count). Used by FA_IMPL_FLASH when seqlen_q <= 16 (its decode path,
+                                   which also packs a GQA group's query heads into one tile); clamped
+                                   to the key blocks and to 128. The heuristic splits only when batch x
+                                   heads_k tasks leave threads idle, so its bits follow the thread
+                                   count. */
 } fa_options;
 
 /**
