@@ -433,7 +433,12 @@ typedef struct fa_options {
                                            KV cache with new keys only). */
     const struct fa_dropout *dropout; /**< NULL, or dropout with a caller-supplied keep-mask (see fa_dropout). */
     int num_splits;           /**< Split-KV for decoding: 0 = heuristic, 1 = no split, n > 1 = n key splits
-                                   (results are bit-identical for a fixed count). */
+                                   (results are bit-identical for a fixed count, whatever the thread
+                                   count). Used by FA_IMPL_FLASH when seqlen_q <= 16 (its decode path,
+                                   which also packs a GQA group's query heads into one tile); clamped
+                                   to the key blocks and to 128. The heuristic splits only when batch x
+                                   heads_k tasks leave threads idle, so its bits follow the thread
+                                   count. */
 } fa_options;
 
 /**

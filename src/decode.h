@@ -21,7 +21,7 @@ int fa_decode_applies(const fa_problem *p);
 
 /* The key splits the decode path uses for p: num_splits (clamped to the key
  * blocks of the longest sequence and FA_DECODE_MAX_SPLITS), or for 0 the
- * heuristic: 1 when batch x heads_k x row chunks already occupies the threads,
+ * heuristic: 1 when batch x heads_k x row chunks already occupy the threads,
  * else enough splits to occupy them. */
 int fa_decode_splits(const fa_problem *p);
 

@@ -16,6 +16,8 @@
  *   - a paged cache (pages 1, 3, 16, shuffled) gives the contiguous cache's
  *     bits with splits; varlen batches (empty sequences included) match the
  *     reference for every split count;
+ *   - task shapes (a kv head of more than 64 rows cut into chunks; groups of kv heads
+ *     that do not divide heads_k) match the reference;
  *   - Inf in V at a key a row cannot see does not reach that row, with splits;
  *   - the num_splits heuristic and clamp; the workspace holds no Sq x Sk term.
  */
@@ -270,6 +272,38 @@ static void test_gqa_packing_matches_unpacked(void **state)
                 }
             tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&kr); tu_free(&vr);
         }
+}
+
+/* Ensure the task shapes match the reference: a kv head with more than 64 rows (cut into row
+ * chunks) and groups of kv heads that do not divide heads_k (the last task holds fewer heads). */
+static void test_task_shapes_match_reference(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de09u;
+    static const int64_t shapes[][3] = {{48, 1, 3}, {40, 5, 4}, {12, 3, 1}}; /* H, HK, seqlen_q */
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t H = shapes[si][0], HK = shapes[si][1], SQ = shapes[si][2], D = 16, SK = 77;
+        tu_tensor q = tu_alloc4(FA_F32, 2, SQ, H, D, 0), k = tu_alloc4(FA_F32, 2, SK, HK, D, 0);
+        tu_tensor v = tu_alloc4(FA_F32, 2, SK, HK, D, 0);
+        tu_fill(&q, &rng, -2, 2);
+        tu_fill(&k, &rng, -2, 2);
+        tu_fill(&v, &rng, -1, 1);
+        for (int causal = 0; causal <= 1; causal++)
+            for (int ns = 1; ns <= 3; ns++) {
+                fa_options opt = fa_options_default();
+                opt.causal = causal;
+                opt.block_k = 16;
+                opt.num_splits = ns;
+                opt.num_threads = 3;
+                char what[96];
+                snprintf(what, sizeof what, "H %lld, heads_k %lld, sq %lld, causal %d, splits %d", (long long)H,
+                         (long long)HK, (long long)SQ, causal, ns);
+                run_out r = run_flash(&q.t, &k.t, &v.t, D, opt, what);
+                expect_reference(&q.t, &k.t, &v.t, D, opt, &r, what);
+                free_out(&r);
+            }
+        tu_free(&q); tu_free(&k); tu_free(&v);
+    }
 }
 
 /* Ensure Inf in V at a key a row cannot see stays out of that row, with and without splits. */
@@ -533,7 +567,8 @@ static fa_problem resolve(int64_t B, int64_t sq, int64_t sk, int64_t H, int64_t 
     return p;
 }
 
-/* Ensure num_splits 0 splits only when the unsplit tasks leave threads idle, and counts are clamped to the key blocks. */
+/* Ensure num_splits 0 splits only when batch x heads_k x row chunks leave threads idle, and counts are
+ * clamped to the key blocks. */
 static void test_split_heuristic_and_clamp(void **state)
 {
     (void)state;
@@ -541,6 +576,10 @@ static void test_split_heuristic_and_clamp(void **state)
     assert_true(fa_decode_applies(&p));
     assert_int_equal(fa_decode_splits(&p), 4);
     p = resolve(1, 1, 4096, 32, 8, 2, 0, 64); /* 8 kv heads >= 2 threads: no split */
+    assert_int_equal(fa_decode_splits(&p), 1);
+    p = resolve(4, 1, 4096, 32, 8, 2, 0, 64);
+    assert_int_equal(fa_decode_splits(&p), 1);
+    p = resolve(1, 16, 4096, 64, 8, 2, 0, 64); /* 8 x 16 = 128 rows per kv head: 2 chunks each, 16 tasks */
     assert_int_equal(fa_decode_splits(&p), 1);
     p = resolve(1, 1, 4096, 8, 1, 3, 0, 64); /* 1 task, 3 threads */
     assert_int_equal(fa_decode_splits(&p), 3);
@@ -572,6 +611,7 @@ int main(void)
         cmocka_unit_test(test_splits_match_reference),
         cmocka_unit_test(test_split_bits_do_not_depend_on_threads),
         cmocka_unit_test(test_gqa_packing_matches_unpacked),
+        cmocka_unit_test(test_task_shapes_match_reference),
         cmocka_unit_test(test_inf_in_hidden_value_stays_hidden),
         cmocka_unit_test(test_low_precision_cache),
         cmocka_unit_test(test_paged_cache_with_splits),

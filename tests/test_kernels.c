@@ -8,7 +8,8 @@
  * with -inf masks (partial, whole rows, a first tile all masked followed by
  * finite ones), very negative and large scores, unpadded Q/V/O rows ending
  * at a guard page, and sentinels in S/O padding; then the exp error bound
- * over a dense sweep of [-88, 88]; then qk -> softmax -> pv chains of tiles.
+ * over a dense sweep of [-88, 88]; then qk -> softmax -> pv chains of tiles;
+ * and the f16/bf16 widening (every 16-bit pattern, exact).
  * Tolerances and their derivation: see kernel_checks.h.
  *
  * An ISA this CPU lacks is skipped (CMocka's skip(), with a message naming
@@ -22,7 +23,10 @@
 #include <cmocka.h>
 #include <string.h>
 
+#include <math.h>
+
 #include "kernel_checks.h"
+#include "tensor.h"
 #include "test_util.h"
 
 static char msg[1024];
@@ -123,6 +127,35 @@ static void test_transpose_packs_kt_exactly(void **state)
     report(kc_check_transpose(k, tu_seed() ^ 4, msg, sizeof msg));
 }
 
+/* Ensure the table's widen (when it has one) turns every f16 and bf16 value into its exact
+ * float32 (NaN stays NaN) for every length 1..40 and writes nothing past n. */
+static void test_widen_is_exact(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    if (!k->widen) {
+        print_message("[  INFO    ] %s has no widen (the portable conversion is used)\n", k->name);
+        return;
+    }
+    static uint16_t src[65536 + 64];
+    static float dst[65536 + 64];
+    for (int bf = 0; bf <= 1; bf++) {
+        for (uint32_t x = 0; x < 65536; x++) src[x] = (uint16_t)x;
+        /* every pattern, in runs of 1..40 values (every tail of 8 and 16 lanes) */
+        for (uint32_t at = 0, len = 1; at < 65536; at += len, len = len % 40 + 1) {
+            const int n = (int)(at + len <= 65536 ? len : 65536 - at);
+            dst[at + (uint32_t)n] = 12345.0f; /* sentinel just past the run */
+            k->widen(n, src + at, dst + at, bf);
+            if (dst[at + (uint32_t)n] != 12345.0f) fail_msg("%s widen(n = %d) wrote past n", k->name, n);
+        }
+        for (uint32_t x = 0; x < 65536; x++) {
+            const float want = bf ? fa_bf16_to_f32((uint16_t)x) : fa_f16_to_f32((uint16_t)x);
+            if (isnan(want) ? !isnan(dst[x]) : memcmp(&want, &dst[x], 4) != 0)
+                fail_msg("%s widen(%s 0x%04x) = %a, want %a", k->name, bf ? "bf16" : "f16", (unsigned)x,
+                         (double)dst[x], (double)want);
+        }
+    }
+}
+
 /* Ensure a chain of tiles (qk, mask, softmax, pv) gives the scalar chain's output. */
 static void test_tile_chain_matches_scalar(void **state)
 {
@@ -158,6 +191,7 @@ static void test_by_name_knows_scalar_and_rejects_unknown(void **state)
     cmocka_unit_test_prestate(test_tanh_within_stated_ulp_bound, (void *)isa),                  \
     cmocka_unit_test_prestate(test_transform_matches_scalar, (void *)isa),                      \
     cmocka_unit_test_prestate(test_transpose_packs_kt_exactly, (void *)isa),                    \
+    cmocka_unit_test_prestate(test_widen_is_exact, (void *)isa),                                \
     cmocka_unit_test_prestate(test_tile_chain_matches_scalar, (void *)isa)
 
 int main(void)
