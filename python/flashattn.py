@@ -730,10 +730,20 @@ def _torch_device(*xs):
 
 # ---- attention ------------------------------------------------------------------
 
+def _num_splits(n):
+    """num_splits as a C int (the library refuses negatives with a message)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"num_splits must be an int (got {type(n).__name__})")
+    if not -2**31 <= int(n) < 2**31:
+        raise ValueError(f"num_splits {int(n)} is out of range")
+    return int(n)
+
+
 def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
               num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None,
-              cu_seqlens_k=None, seqused_k=None, sinks=None, dropout_p=0.0, dropout_mask=None):
+              cu_seqlens_k=None, seqused_k=None, sinks=None, dropout_p=0.0, dropout_mask=None,
+              num_splits=0):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
     q, k, v: numpy arrays or torch tensors (any device; copied to the host).
@@ -756,6 +766,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     dropout_p, dropout_mask: dropout with a given keep-mask (uint8 or bool 0/1,
     [batch, heads, seqlen_q, seqlen_k]; varlen: [batch, heads, max q_len, max
     k_len]): O = (P * Z / (1 - p)) V, the LSE undropped.
+    num_splits: split-KV of the decoding path (seqlen_q <= 16): 0 heuristic,
+    1 none, n splits (the bits are identical for a fixed n at any thread count).
     """
     lib = library()
     keep = []
@@ -766,6 +778,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     code = _dtype_code(out_dtype, "out_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks,
                    dropout_p, dropout_mask)
+    opt.num_splits = _num_splits(num_splits)
     if vl is not None:
         if q.ndim != 3 or v.ndim != 3:
             raise ValueError("varlen: q, k, v must be rank 3 [total, heads, d]")
@@ -793,7 +806,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                            cache_leftpad=None, block_table=None, causal=False, window=None, softcap=0.0,
                            scale=None, alibi_slopes=None, impl="flash", return_lse=False,
                            out_dtype=np.float32, num_threads=0, bf16_bits=None, align="bottom-right",
-                           sinks=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True):
+                           sinks=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                           num_splits=0):
     """Attention against a KV cache, as FlashAttention's flash_attn_with_kvcache.
 
     q [batch, seqlen_q, heads, d]; k_cache/v_cache [batch_cache, seqlen_cache,
@@ -811,6 +825,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     cache_seqlens[b] + i when causal or windowed, else at cache_seqlens[b];
     rotary_interleaved=True (FlashAttention's default here) pairs (2i, 2i+1),
     False pairs (i, i + rotary_dim / 2); dims past rotary_dim are untouched.
+    num_splits: as in attention() (split-KV: 0 heuristic, 1 none, n splits).
     """
     lib = library()
     keep = []
@@ -829,6 +844,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     code = _dtype_code(out_dtype, "out_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks)
     opt.kvcache = ctypes.addressof(kv)
+    opt.num_splits = _num_splits(num_splits)
     rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep)
     if rot is not None:
         opt.rotary = ctypes.addressof(rot)
