@@ -156,31 +156,37 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float *d, const uint32_t (
 }
 
 /*
- * One key tile for this warpgroup's 64 query rows: S = Q K^T (wgmma, A and B from the swizzled
- * tiles at qbase and kt), scale/softcap/mask, the online-softmax update of (m, l, acc), and
- * acc += P V (wgmma, P from registers, V from the tile at vt). Returns with both products complete
- * (wait_group 0), so the caller may release the K/V stage.
+ * The three pieces of one key tile for this warpgroup's 64 query rows (tile_step runs them in a
+ * row; 05pp interleaves them with the other warpgroup's): s_issue — S = Q K^T (wgmma, A and B from
+ * the swizzled tiles at qbase and kt), issued, not committed; softmax_pack — scale/softcap/mask,
+ * the online-softmax update of (m, l), acc rescaled, P packed into A fragments; pv_issue —
+ * acc += P V (wgmma, P from registers, V from the tile at vt), issued, not committed.
  */
-template <typename T, int D>
-__device__ __forceinline__ void tile_step(const attn_shape &p, uint32_t qbase, uint32_t kt, uint32_t vt, long long i0,
-                                          int rows, long long j0, long long qrow, int t4, float (&acc)[D / 8][4],
-                                          float (&m)[2], float (&l)[2])
+template <typename T, int D> __device__ __forceinline__ void s_issue(float (&s)[BC / 8][4], uint32_t qbase, uint32_t kt)
 {
-    constexpr int DT = D / 8, NB = BC / 8;
-    const float sl2 = p.scale * L2E;
-    /* S = Q K^T: 64 rows x 128 keys per warpgroup, D / 16 steps of k16 */
-    float s[NB][4];
-    float (&sf)[NB * 4] = reinterpret_cast<float (&)[NB * 4]>(s);
-    wg_fence();
+    float (&sf)[BC / 2] = reinterpret_cast<float (&)[BC / 2]>(s);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t off = (kk >> 2) * SUB + (kk & 3) * 32;
         wgmma_m64n128k16_ss(sf, desc128(qbase + off), desc128(kt + off), kk > 0, (T *)nullptr);
     }
-    wg_commit();
-    wg_wait0();
-    reg_fence(s);
-
+}
+template <typename T, int D>
+__device__ __forceinline__ void pv_issue(float (&acc)[D / 8][4], const uint32_t (&pf)[BC / 16][4], uint32_t vt)
+{
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+#pragma unroll
+        for (int hh = 0; hh < D / 64; hh++)
+            wgmma_m64n64k16_rs_tb(&acc[8 * hh][0], pf[kk], desc128(vt + hh * SUB + kk * 16 * 128), (T *)nullptr);
+}
+template <typename T, int D>
+__device__ __forceinline__ void softmax_pack(const attn_shape &p, float (&s)[BC / 8][4], long long i0, int rows,
+                                             long long j0, long long qrow, int t4, float (&acc)[D / 8][4],
+                                             float (&m)[2], float (&l)[2], uint32_t (&pf)[BC / 16][4])
+{
+    constexpr int DT = D / 8, NB = BC / 8;
+    const float sl2 = p.scale * L2E;
     /* to log2 units, softcap, mask — as rung 04 */
     if (p.softcap > 0.0f) {
         const float inv = p.scale / p.softcap, cl = p.softcap * L2E;
@@ -228,17 +234,29 @@ __device__ __forceinline__ void tile_step(const attn_shape &p, uint32_t qbase, u
             acc[n][2 * r + 1] *= alpha;
         }
     }
-    uint32_t pf[BC / 16][4];
     pack_a<T, BC>(pf, s);
+}
+
+/* One key tile for this warpgroup (05 and 05ws): S, then softmax, then P V; returns with both
+ * products complete (wait_group 0), so the caller may release the K/V stage. */
+template <typename T, int D>
+__device__ __forceinline__ void tile_step(const attn_shape &p, uint32_t qbase, uint32_t kt, uint32_t vt, long long i0,
+                                          int rows, long long j0, long long qrow, int t4, float (&acc)[D / 8][4],
+                                          float (&m)[2], float (&l)[2])
+{
+    float s[BC / 8][4];
+    wg_fence();
+    s_issue<T, D>(s, qbase, kt);
+    wg_commit();
+    wg_wait0();
+    reg_fence(s);
+    uint32_t pf[BC / 16][4];
+    softmax_pack<T, D>(p, s, i0, rows, j0, qrow, t4, acc, m, l, pf);
 
     /* O += P V: per 64 columns of d (one swizzle atom of V's rows), BC / 16 steps of k16 */
     reg_fence(acc);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++)
-#pragma unroll
-        for (int hh = 0; hh < D / 64; hh++)
-            wgmma_m64n64k16_rs_tb(&acc[8 * hh][0], pf[kk], desc128(vt + hh * SUB + kk * 16 * 128), (T *)nullptr);
+    pv_issue<T, D>(acc, pf, vt);
     wg_commit();
     wg_wait0();
     reg_fence(acc);
@@ -388,14 +406,24 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *map, i
 }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-template <int D> constexpr size_t smem_bytes_ws() { return smem_bytes<D>() + 256; } /* + the mbarriers */
+/* 05pp holds a stage one key tile longer (its V is read by the next tile's P V): one stage more
+ * than 05/05ws — 3 at d = 128 (225.3 KiB of the 227 a block may have), 4 at d = 64. */
+template <int D, bool PP> __host__ __device__ constexpr int stages_ws() { return stages<D>() + (PP ? 1 : 0); }
+template <int D, bool PP> constexpr size_t smem_bytes_ws()
+{
+    return (size_t)tile_bytes<D>() * (1 + 2 * stages_ws<D, PP>()) + 1024 + 256; /* + the mbarriers */
+}
+/* 05pp's two named barriers (ids 2, 3; id 1 is consumer_sync): consumer warpgroup c waits on
+ * 2 + c before it issues its products; the other warpgroup's 128 threads arrive on it. */
+__device__ __forceinline__ void sched_sync(int c) { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + c) : "memory"); }
+__device__ __forceinline__ void sched_arrive(int c) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + c) : "memory"); }
 
-template <typename T, int D>
+template <typename T, int D, bool PP>
 __global__ void __launch_bounds__(NT_WS, 1)
     hopper_ws_kernel(attn_shape p, const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, T *__restrict__ o, float *__restrict__ lse)
 {
-    constexpr int S = stages<D>(), TB = tile_bytes<D>(), DT = D / 8;
+    constexpr int S = stages_ws<D, PP>(), TB = tile_bytes<D>(), DT = D / 8;
     extern __shared__ uint4 smem_u4[];
     const uint32_t raw = smem_addr(smem_u4);
     const uint32_t sQ = (raw + 1023u) & ~1023u, sK = sQ + TB, sV = sK + S * TB;
@@ -449,13 +477,63 @@ __global__ void __launch_bounds__(NT_WS, 1)
     const long long qrow = i0 + warp * 16 + g;
     const uint32_t qbase = sQ + cwg * 64 * 128;
     mbar_wait(qbar, 0);
-    for (int blk = 0; blk < nblk; blk++) {
-        const int st = blk % S;
-        mbar_wait(full(st), (blk / S) & 1);
-        const long long j0 = jstart + (long long)blk * BC;
-        tile_step<T, D>(p, qbase, sK + st * TB, sV + st * TB, i0, rows, j0, qrow, t4, acc, m, l);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty(st));
+    if (!PP) {
+        for (int blk = 0; blk < nblk; blk++) {
+            const int st = blk % S;
+            mbar_wait(full(st), (blk / S) & 1);
+            const long long j0 = jstart + (long long)blk * BC;
+            tile_step<T, D>(p, qbase, sK + st * TB, sV + st * TB, i0, rows, j0, qrow, t4, acc, m, l);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(st));
+        }
+    } else {
+        /* 05pp: the ping-pong. Per key tile j a warpgroup waits for its turn (sched_sync), issues
+         * P_{j-1} V_{j-1} and S_j = Q K_j^T as one commit group, hands the turn to the other
+         * warpgroup (sched_arrive) and only then waits for its products and runs softmax j — so
+         * its softmax runs while the other warpgroup's two products occupy the tensor cores.
+         * Both warpgroups see the same nblk; warpgroup 1 arrives once before the loop (warpgroup
+         * 0 goes first) and skips its last arrival, so every arrival meets exactly one sync. */
+        uint32_t pf[BC / 16][4];
+        if (nblk > 0) { /* tile 0: S only (no P V before it; a separate copy keeps every wgmma of a
+                           group on a path without branches — ptxas serializes them otherwise) */
+            if (cwg == 1) sched_arrive(0);
+            mbar_wait(full(0), 0);
+            float s[BC / 8][4];
+            sched_sync(cwg);
+            wg_fence();
+            s_issue<T, D>(s, qbase, sK);
+            wg_commit();
+            if (cwg == 0 || nblk > 1) sched_arrive(cwg ^ 1);
+            wg_wait0();
+            reg_fence(s);
+            softmax_pack<T, D>(p, s, i0, rows, jstart, qrow, t4, acc, m, l, pf);
+        }
+        for (int blk = 1; blk < nblk; blk++) {
+            const int st = blk % S, pst = (blk + S - 1) % S;
+            mbar_wait(full(st), (blk / S) & 1);
+            float s[BC / 8][4];
+            sched_sync(cwg);
+            reg_fence(acc);
+            wg_fence();
+            pv_issue<T, D>(acc, pf, sV + pst * TB);
+            s_issue<T, D>(s, qbase, sK + st * TB);
+            wg_commit();
+            if (cwg == 0 || blk + 1 < nblk) sched_arrive(cwg ^ 1);
+            wg_wait0();
+            reg_fence(s);
+            reg_fence(acc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(pst)); /* K and V of tile blk - 1 are read */
+            softmax_pack<T, D>(p, s, i0, rows, jstart + (long long)blk * BC, qrow, t4, acc, m, l, pf);
+        }
+        if (nblk > 0) { /* the last P V, outside the turns (the other warpgroup is past its own) */
+            reg_fence(acc);
+            wg_fence();
+            pv_issue<T, D>(acc, pf, sV + ((nblk - 1) % S) * TB);
+            wg_commit();
+            wg_wait0();
+            reg_fence(acc);
+        }
     }
 
     float inv[2];
@@ -508,7 +586,7 @@ static cudaError_t make_map(CUtensorMap *map, const void *base, cuda_dtype dt, i
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, int D> cudaError_t launch_ws(const fwd_args &a)
+template <typename T, int D, bool PP> cudaError_t launch_ws_pp(const fwd_args &a)
 {
     const attn_shape &s = a.sh;
     CUtensorMap tq, tk, tv;
@@ -516,14 +594,17 @@ template <typename T, int D> cudaError_t launch_ws(const fwd_args &a)
     if (e == cudaSuccess) e = make_map(&tk, a.k, a.dtype, s.batch, s.seqlen_k, s.heads_k, D);
     if (e == cudaSuccess) e = make_map(&tv, a.v, a.dtype, s.batch, s.seqlen_k, s.heads_k, D);
     if (e != cudaSuccess) return e;
-    auto kern = hopper_ws_kernel<T, D>;
-    const size_t smem = smem_bytes_ws<D>();
+    auto kern = hopper_ws_kernel<T, D, PP>;
+    const size_t smem = smem_bytes_ws<D, PP>();
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((s.seqlen_q + BR - 1) / BR, s.heads, s.batch);
     kern<<<grid, NT_WS, smem, a.stream>>>(s, tq, tk, tv, static_cast<T *>(a.o), a.lse);
     return cudaGetLastError();
 }
+
+template <typename T, int D> cudaError_t launch_ws(const fwd_args &a) { return launch_ws_pp<T, D, false>(a); }
+template <typename T, int D> cudaError_t launch_pp(const fwd_args &a) { return launch_ws_pp<T, D, true>(a); }
 
 } // namespace
 
@@ -532,3 +613,5 @@ size_t hopper_workspace_bytes(const attn_shape &) { return 0; }
 cudaError_t hopper_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch, a); }
 
 cudaError_t hopper_ws_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch_ws, a); }
+
+cudaError_t hopper_pp_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch_pp, a); }
