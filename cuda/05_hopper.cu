@@ -408,7 +408,12 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;
 
 /* 05pp holds a stage one key tile longer (its V is read by the next tile's P V): one stage more
  * than 05/05ws — 3 at d = 128 (225.3 KiB of the 227 a block may have), 4 at d = 64. */
-template <int D, bool PP> __host__ __device__ constexpr int stages_ws() { return stages<D>() + (PP ? 1 : 0); }
+/* Ablation switch, not a rung: built with -DFA_05WS_EXTRA_STAGE=1, 05ws gets 05pp's stage count —
+ * what separates the ping-pong's gain from the extra stage's (cuda/results/tc4/ablation). */
+#ifndef FA_05WS_EXTRA_STAGE
+#define FA_05WS_EXTRA_STAGE 0
+#endif
+template <int D, bool PP> __host__ __device__ constexpr int stages_ws() { return stages<D>() + (PP ? 1 : FA_05WS_EXTRA_STAGE); }
 template <int D, bool PP> constexpr size_t smem_bytes_ws()
 {
     return (size_t)tile_bytes<D>() * (1 + 2 * stages_ws<D, PP>()) + 1024 + 256; /* + the mbarriers */
