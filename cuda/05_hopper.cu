@@ -1,10 +1,12 @@
 /*
  * 05_hopper.cu — FlashAttention's forward pass on Hopper's warpgroup tensor cores (wgmma, sm_90a).
  *
- * Two kernels, one consumer (tile_step): 05 feeds it with cp.async under a block barrier per key
- *   tile; 05ws with TMA through an mbarrier pipeline and a producer warpgroup (FlashAttention-3's
- *   warp specialization). Both validated by libflashattn on the H200 (all rows on 12 edge
- *   shapes, bf16 and fp16; sampled rows on every timed shape) — cuda/results/tc3.
+ * Three kernels, one consumer's pieces (s_issue, softmax_pack, pv_issue): 05 feeds them with
+ *   cp.async under a block barrier per key tile; 05ws with TMA through an mbarrier pipeline and a
+ *   producer warpgroup (FlashAttention-3's warp specialization); 05pp is 05ws with
+ *   FlashAttention-3's ping-pong schedule of the two consumer warpgroups. All validated by
+ *   libflashattn on the H200 (all rows on 12 edge shapes, bf16 and fp16, and on 1- and 64-tile
+ *   shapes; sampled rows on every timed shape) — cuda/results/tc3 (05, 05ws), tc4 (05pp).
  *
  * Previous rung (04_mma.cu): FlashAttention-2 on the tensor cores through mma.sync — every warp
  *   issues its own 16 x 8 x 16 products and first fetches both operands from shared memory into
@@ -38,11 +40,34 @@
  *   producer warpgroup (one thread issues every copy; setmaxnreg.dec to 24 registers) and two
  *   consumer warpgroups (setmaxnreg.inc to 240) that never meet at a block barrier in the key
  *   loop, so one warpgroup's softmax runs while the other's wgmmas keep the tensor cores busy.
- * What it leaves out (FlashAttention-3's remaining steps): the explicit ping-pong schedule
- *   (named barriers that hand the tensor cores from one warpgroup to the other), the
- *   intra-warpgroup overlap of softmax j with S_{j+1} (a second S accumulator: registers), a
- *   persistent grid, fp8; and the backward on wgmma.
- * Measured (H200, bf16, d = 128, N = 16384, H = 16; PyTorch SDPA in the same run, flash 355,
+ * 05pp adds (the same kernel as 05ws, template flag PP): the explicit ping-pong. Two named
+ *   barriers (ids 2, 3; bar.sync by the waiting warpgroup, bar.arrive by the other, 256 threads)
+ *   hand the tensor cores from one consumer warpgroup to the other: per key tile j a warpgroup
+ *   waits for its turn, issues P_{j-1} V_{j-1} and S_j = Q K_j^T as one commit group, passes the
+ *   turn, and only then waits for its products and runs softmax j — so its exponentials run
+ *   while the other warpgroup's two products occupy the tensor cores, by construction rather than
+ *   by the schedulers' chance. Deferring P V by one tile holds a K/V stage one tile longer, so
+ *   05pp has one stage more (3 at d = 128: 225.3 KiB of shared memory, 4 at d = 64). Tile 0 is
+ *   a separate copy of the loop body: with `if (j > 0) P V` inside the group ptxas serialized
+ *   every wgmma (warning C7520).
+ * What it leaves out (FlashAttention-3's remaining steps): the intra-warpgroup overlap of softmax
+ *   j with S_{j+1} (a second S accumulator: registers), a persistent grid, fp8; and the backward
+ *   on wgmma.
+ * Measured, 05pp (H200, bf16, d = 128, N = 16384, H = 16; cuda/results/tc4, one run with 05ws and
+ *   SDPA: flash 347, cuDNN 652, causal 318 / 622 TFLOP/s): 05pp 581.8 TFLOP/s = 1.68x flash,
+ *   0.89x cuDNN (05ws in that run 567.2); causal 571.4 = 1.80x / 0.92x (05ws 531.2); d = 64:
+ *   376.0 (05ws 344.1; flash 292, cuDNN 470); GQA 32:8 N 4096: 549.9 / causal 453.3 (05ws 513.3 /
+ *   423.0); fp16 567.5. Ablation (cuda/results/tc4/ablation, second run): 05ws given 05pp's stage
+ *   count is slower at d = 128 (506.8, causal 499.8 against 564.3 / 528.8 with 2 stages; 05pp
+ *   577.4 / 570.8), so there the gain is the ping-pong's (+14% over the same stage count); at
+ *   d = 64 the fourth stage gives most of it (341.0 -> 368.0; 05pp 373.3).
+ * What bounds 05pp: not profiled (no ncu in either run). 582 TFLOP/s is 0.86x of the 673 TFLOP/s
+ *   bf16 matmul measured earlier on this card; what is left between the two products of one
+ *   warpgroup is its own softmax (the other warpgroup's products cover it only if they are as
+ *   long: at d = 64 they are half as long — inferred, not measured — which fits 376), and each
+ *   warpgroup still waits for S_j before softmax j (the intra-warpgroup overlap would issue
+ *   S_{j+1} first).
+ * Measured, 05/05ws (H200, bf16, d = 128, N = 16384, H = 16; PyTorch SDPA in the same run, flash 355,
  *   cuDNN 683 TFLOP/s): 05 426.4 TFLOP/s = 1.20x flash, 0.62x cuDNN; 05ws 563.2 = 1.59x
  *   flash, 0.82x cuDNN (causal 421.1 / 531.6 against flash 323, cuDNN 590: 05ws 1.64x /
  *   0.90x); d = 64: 297.4 / 344.2 (flash 299, cuDNN 493); GQA 32:8 N 4096: 425.6 / 513.2.
@@ -56,7 +81,7 @@
  *   taking the barrier (and the consumers' copy instructions) out of the key loop: +32%.
  *   (This ncu build has no sm__pipe_tensor_op_gmma_cycles_active: "n/a"; 05ws was not profiled.)
  * Resources (`make cuda-regs`; a spill fails the build): 05: 254-255 registers, 256 threads,
- *   one block per SM; 05ws: 384 threads under a 168-register cap at entry, then 24 (producer) /
+ *   one block per SM; 05ws and 05pp: 384 threads under a 168-register cap at entry, then 24 (producer) /
  *   240 (consumers) after setmaxnreg; 0 spills. Shared memory: Q 128 x d, STAGES x (K + V)
  *   128 x d halves, + 1 KiB to align the tiles to the swizzle's 1024-byte atom (+ 256 bytes of
  *   mbarriers for 05ws): 161 KiB at d = 128, 113 KiB at d = 64.
@@ -365,7 +390,8 @@ template <typename T, int D> cudaError_t launch(const fwd_args &a)
  * it) and an "empty" one (each consumer warp arrives once it is done with the stage). No block
  * barrier in the key loop: each consumer warpgroup runs at its own pace, so the softmax of one
  * overlaps the products of the other (the ping-pong FlashAttention-3 enforces with named barriers
- * happens here only as far as the warp schedulers interleave them).
+ * happens in 05ws only as far as the warp schedulers interleave them; 05pp, the PP instance of the
+ * same kernel, enforces it).
  * ========================================================================================== */
 constexpr int NT_WS = 384;
 
