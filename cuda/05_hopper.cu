@@ -1,10 +1,12 @@
 /*
  * 05_hopper.cu — FlashAttention's forward pass on Hopper's warpgroup tensor cores (wgmma, sm_90a).
  *
- * Two kernels, one consumer (tile_step): 05 feeds it with cp.async under a block barrier per key
- *   tile; 05ws with TMA through an mbarrier pipeline and a producer warpgroup (FlashAttention-3's
- *   warp specialization). Both validated by libflashattn on the H200 (all rows on 12 edge
- *   shapes, bf16 and fp16; sampled rows on every timed shape) — cuda/results/tc3.
+ * Three kernels, one consumer's pieces (s_issue, softmax_pack, pv_issue): 05 feeds them with
+ *   cp.async under a block barrier per key tile; 05ws with TMA through an mbarrier pipeline and a
+ *   producer warpgroup (FlashAttention-3's warp specialization); 05pp is 05ws with
+ *   FlashAttention-3's ping-pong schedule of the two consumer warpgroups. All validated by
+ *   libflashattn on the H200 (all rows on 12 edge shapes, bf16 and fp16, and on 1- and 64-tile
+ *   shapes; sampled rows on every timed shape) — cuda/results/tc3 (05, 05ws), tc4 (05pp).
  *
  * Previous rung (04_mma.cu): FlashAttention-2 on the tensor cores through mma.sync — every warp
  *   issues its own 16 x 8 x 16 products and first fetches both operands from shared memory into
@@ -38,11 +40,34 @@
  *   producer warpgroup (one thread issues every copy; setmaxnreg.dec to 24 registers) and two
  *   consumer warpgroups (setmaxnreg.inc to 240) that never meet at a block barrier in the key
  *   loop, so one warpgroup's softmax runs while the other's wgmmas keep the tensor cores busy.
- * What it leaves out (FlashAttention-3's remaining steps): the explicit ping-pong schedule
- *   (named barriers that hand the tensor cores from one warpgroup to the other), the
- *   intra-warpgroup overlap of softmax j with S_{j+1} (a second S accumulator: registers), a
- *   persistent grid, fp8; and the backward on wgmma.
- * Measured (H200, bf16, d = 128, N = 16384, H = 16; PyTorch SDPA in the same run, flash 355,
+ * 05pp adds (the same kernel as 05ws, template flag PP): the explicit ping-pong. Two named
+ *   barriers (ids 2, 3; bar.sync by the waiting warpgroup, bar.arrive by the other, 256 threads)
+ *   hand the tensor cores from one consumer warpgroup to the other: per key tile j a warpgroup
+ *   waits for its turn, issues P_{j-1} V_{j-1} and S_j = Q K_j^T as one commit group, passes the
+ *   turn, and only then waits for its products and runs softmax j — so its exponentials run
+ *   while the other warpgroup's two products occupy the tensor cores, by construction rather than
+ *   by the schedulers' chance. Deferring P V by one tile holds a K/V stage one tile longer, so
+ *   05pp has one stage more (3 at d = 128: 225.3 KiB of shared memory, 4 at d = 64). Tile 0 is
+ *   a separate copy of the loop body: with `if (j > 0) P V` inside the group ptxas serialized
+ *   every wgmma (warning C7520).
+ * What it leaves out (FlashAttention-3's remaining steps): the intra-warpgroup overlap of softmax
+ *   j with S_{j+1} (a second S accumulator: registers), a persistent grid, fp8; and the backward
+ *   on wgmma.
+ * Measured, 05pp (H200, bf16, d = 128, N = 16384, H = 16; cuda/results/tc4, one run with 05ws and
+ *   SDPA: flash 347, cuDNN 652, causal 318 / 622 TFLOP/s): 05pp 581.8 TFLOP/s = 1.68x flash,
+ *   0.89x cuDNN (05ws in that run 567.2); causal 571.4 = 1.80x / 0.92x (05ws 531.2); d = 64:
+ *   376.0 (05ws 344.1; flash 292, cuDNN 470); GQA 32:8 N 4096: 549.9 / causal 453.3 (05ws 513.3 /
+ *   423.0); fp16 567.5. Ablation (cuda/results/tc4/ablation, second run): 05ws given 05pp's stage
+ *   count is slower at d = 128 (506.8, causal 499.8 against 564.3 / 528.8 with 2 stages; 05pp
+ *   577.4 / 570.8), so there the gain is the ping-pong's (+14% over the same stage count); at
+ *   d = 64 the fourth stage gives most of it (341.0 -> 368.0; 05pp 373.3).
+ * What bounds 05pp: not profiled (no ncu in either run). 582 TFLOP/s is 0.86x of the 673 TFLOP/s
+ *   bf16 matmul measured earlier on this card; what is left between the two products of one
+ *   warpgroup is its own softmax (the other warpgroup's products cover it only if they are as
+ *   long: at d = 64 they are half as long — inferred, not measured — which fits 376), and each
+ *   warpgroup still waits for S_j before softmax j (the intra-warpgroup overlap would issue
+ *   S_{j+1} first).
+ * Measured, 05/05ws (H200, bf16, d = 128, N = 16384, H = 16; PyTorch SDPA in the same run, flash 355,
  *   cuDNN 683 TFLOP/s): 05 426.4 TFLOP/s = 1.20x flash, 0.62x cuDNN; 05ws 563.2 = 1.59x
  *   flash, 0.82x cuDNN (causal 421.1 / 531.6 against flash 323, cuDNN 590: 05ws 1.64x /
  *   0.90x); d = 64: 297.4 / 344.2 (flash 299, cuDNN 493); GQA 32:8 N 4096: 425.6 / 513.2.
@@ -56,7 +81,7 @@
  *   taking the barrier (and the consumers' copy instructions) out of the key loop: +32%.
  *   (This ncu build has no sm__pipe_tensor_op_gmma_cycles_active: "n/a"; 05ws was not profiled.)
  * Resources (`make cuda-regs`; a spill fails the build): 05: 254-255 registers, 256 threads,
- *   one block per SM; 05ws: 384 threads under a 168-register cap at entry, then 24 (producer) /
+ *   one block per SM; 05ws and 05pp: 384 threads under a 168-register cap at entry, then 24 (producer) /
  *   240 (consumers) after setmaxnreg; 0 spills. Shared memory: Q 128 x d, STAGES x (K + V)
  *   128 x d halves, + 1 KiB to align the tiles to the swizzle's 1024-byte atom (+ 256 bytes of
  *   mbarriers for 05ws): 161 KiB at d = 128, 113 KiB at d = 64.
@@ -156,31 +181,37 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float *d, const uint32_t (
 }
 
 /*
- * One key tile for this warpgroup's 64 query rows: S = Q K^T (wgmma, A and B from the swizzled
- * tiles at qbase and kt), scale/softcap/mask, the online-softmax update of (m, l, acc), and
- * acc += P V (wgmma, P from registers, V from the tile at vt). Returns with both products complete
- * (wait_group 0), so the caller may release the K/V stage.
+ * The three pieces of one key tile for this warpgroup's 64 query rows (tile_step runs them in a
+ * row; 05pp interleaves them with the other warpgroup's): s_issue — S = Q K^T (wgmma, A and B from
+ * the swizzled tiles at qbase and kt), issued, not committed; softmax_pack — scale/softcap/mask,
+ * the online-softmax update of (m, l), acc rescaled, P packed into A fragments; pv_issue —
+ * acc += P V (wgmma, P from registers, V from the tile at vt), issued, not committed.
  */
-template <typename T, int D>
-__device__ __forceinline__ void tile_step(const attn_shape &p, uint32_t qbase, uint32_t kt, uint32_t vt, long long i0,
-                                          int rows, long long j0, long long qrow, int t4, float (&acc)[D / 8][4],
-                                          float (&m)[2], float (&l)[2])
+template <typename T, int D> __device__ __forceinline__ void s_issue(float (&s)[BC / 8][4], uint32_t qbase, uint32_t kt)
 {
-    constexpr int DT = D / 8, NB = BC / 8;
-    const float sl2 = p.scale * L2E;
-    /* S = Q K^T: 64 rows x 128 keys per warpgroup, D / 16 steps of k16 */
-    float s[NB][4];
-    float (&sf)[NB * 4] = reinterpret_cast<float (&)[NB * 4]>(s);
-    wg_fence();
+    float (&sf)[BC / 2] = reinterpret_cast<float (&)[BC / 2]>(s);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t off = (kk >> 2) * SUB + (kk & 3) * 32;
         wgmma_m64n128k16_ss(sf, desc128(qbase + off), desc128(kt + off), kk > 0, (T *)nullptr);
     }
-    wg_commit();
-    wg_wait0();
-    reg_fence(s);
-
+}
+template <typename T, int D>
+__device__ __forceinline__ void pv_issue(float (&acc)[D / 8][4], const uint32_t (&pf)[BC / 16][4], uint32_t vt)
+{
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+#pragma unroll
+        for (int hh = 0; hh < D / 64; hh++)
+            wgmma_m64n64k16_rs_tb(&acc[8 * hh][0], pf[kk], desc128(vt + hh * SUB + kk * 16 * 128), (T *)nullptr);
+}
+template <typename T, int D>
+__device__ __forceinline__ void softmax_pack(const attn_shape &p, float (&s)[BC / 8][4], long long i0, int rows,
+                                             long long j0, long long qrow, int t4, float (&acc)[D / 8][4],
+                                             float (&m)[2], float (&l)[2], uint32_t (&pf)[BC / 16][4])
+{
+    constexpr int DT = D / 8, NB = BC / 8;
+    const float sl2 = p.scale * L2E;
     /* to log2 units, softcap, mask — as rung 04 */
     if (p.softcap > 0.0f) {
         const float inv = p.scale / p.softcap, cl = p.softcap * L2E;
@@ -228,17 +259,29 @@ __device__ __forceinline__ void tile_step(const attn_shape &p, uint32_t qbase, u
             acc[n][2 * r + 1] *= alpha;
         }
     }
-    uint32_t pf[BC / 16][4];
     pack_a<T, BC>(pf, s);
+}
+
+/* One key tile for this warpgroup (05 and 05ws): S, then softmax, then P V; returns with both
+ * products complete (wait_group 0), so the caller may release the K/V stage. */
+template <typename T, int D>
+__device__ __forceinline__ void tile_step(const attn_shape &p, uint32_t qbase, uint32_t kt, uint32_t vt, long long i0,
+                                          int rows, long long j0, long long qrow, int t4, float (&acc)[D / 8][4],
+                                          float (&m)[2], float (&l)[2])
+{
+    float s[BC / 8][4];
+    wg_fence();
+    s_issue<T, D>(s, qbase, kt);
+    wg_commit();
+    wg_wait0();
+    reg_fence(s);
+    uint32_t pf[BC / 16][4];
+    softmax_pack<T, D>(p, s, i0, rows, j0, qrow, t4, acc, m, l, pf);
 
     /* O += P V: per 64 columns of d (one swizzle atom of V's rows), BC / 16 steps of k16 */
     reg_fence(acc);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++)
-#pragma unroll
-        for (int hh = 0; hh < D / 64; hh++)
-            wgmma_m64n64k16_rs_tb(&acc[8 * hh][0], pf[kk], desc128(vt + hh * SUB + kk * 16 * 128), (T *)nullptr);
+    pv_issue<T, D>(acc, pf, vt);
     wg_commit();
     wg_wait0();
     reg_fence(acc);
@@ -347,7 +390,8 @@ template <typename T, int D> cudaError_t launch(const fwd_args &a)
  * it) and an "empty" one (each consumer warp arrives once it is done with the stage). No block
  * barrier in the key loop: each consumer warpgroup runs at its own pace, so the softmax of one
  * overlaps the products of the other (the ping-pong FlashAttention-3 enforces with named barriers
- * happens here only as far as the warp schedulers interleave them).
+ * happens in 05ws only as far as the warp schedulers interleave them; 05pp, the PP instance of the
+ * same kernel, enforces it).
  * ========================================================================================== */
 constexpr int NT_WS = 384;
 
@@ -388,14 +432,29 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *map, i
 }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-template <int D> constexpr size_t smem_bytes_ws() { return smem_bytes<D>() + 256; } /* + the mbarriers */
+/* 05pp holds a stage one key tile longer (its V is read by the next tile's P V): one stage more
+ * than 05/05ws — 3 at d = 128 (225.3 KiB of the 227 a block may have), 4 at d = 64. */
+/* Ablation switch, not a rung: built with -DFA_05WS_EXTRA_STAGE=1, 05ws gets 05pp's stage count —
+ * what separates the ping-pong's gain from the extra stage's (cuda/results/tc4/ablation). */
+#ifndef FA_05WS_EXTRA_STAGE
+#define FA_05WS_EXTRA_STAGE 0
+#endif
+template <int D, bool PP> __host__ __device__ constexpr int stages_ws() { return stages<D>() + (PP ? 1 : FA_05WS_EXTRA_STAGE); }
+template <int D, bool PP> constexpr size_t smem_bytes_ws()
+{
+    return (size_t)tile_bytes<D>() * (1 + 2 * stages_ws<D, PP>()) + 1024 + 256; /* + the mbarriers */
+}
+/* 05pp's two named barriers (ids 2, 3; id 1 is consumer_sync): consumer warpgroup c waits on
+ * 2 + c before it issues its products; the other warpgroup's 128 threads arrive on it. */
+__device__ __forceinline__ void sched_sync(int c) { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + c) : "memory"); }
+__device__ __forceinline__ void sched_arrive(int c) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + c) : "memory"); }
 
-template <typename T, int D>
+template <typename T, int D, bool PP>
 __global__ void __launch_bounds__(NT_WS, 1)
     hopper_ws_kernel(attn_shape p, const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, T *__restrict__ o, float *__restrict__ lse)
 {
-    constexpr int S = stages<D>(), TB = tile_bytes<D>(), DT = D / 8;
+    constexpr int S = stages_ws<D, PP>(), TB = tile_bytes<D>(), DT = D / 8;
     extern __shared__ uint4 smem_u4[];
     const uint32_t raw = smem_addr(smem_u4);
     const uint32_t sQ = (raw + 1023u) & ~1023u, sK = sQ + TB, sV = sK + S * TB;
@@ -449,13 +508,63 @@ __global__ void __launch_bounds__(NT_WS, 1)
     const long long qrow = i0 + warp * 16 + g;
     const uint32_t qbase = sQ + cwg * 64 * 128;
     mbar_wait(qbar, 0);
-    for (int blk = 0; blk < nblk; blk++) {
-        const int st = blk % S;
-        mbar_wait(full(st), (blk / S) & 1);
-        const long long j0 = jstart + (long long)blk * BC;
-        tile_step<T, D>(p, qbase, sK + st * TB, sV + st * TB, i0, rows, j0, qrow, t4, acc, m, l);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty(st));
+    if (!PP) {
+        for (int blk = 0; blk < nblk; blk++) {
+            const int st = blk % S;
+            mbar_wait(full(st), (blk / S) & 1);
+            const long long j0 = jstart + (long long)blk * BC;
+            tile_step<T, D>(p, qbase, sK + st * TB, sV + st * TB, i0, rows, j0, qrow, t4, acc, m, l);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(st));
+        }
+    } else {
+        /* 05pp: the ping-pong. Per key tile j a warpgroup waits for its turn (sched_sync), issues
+         * P_{j-1} V_{j-1} and S_j = Q K_j^T as one commit group, hands the turn to the other
+         * warpgroup (sched_arrive) and only then waits for its products and runs softmax j — so
+         * its softmax runs while the other warpgroup's two products occupy the tensor cores.
+         * Both warpgroups see the same nblk; warpgroup 1 arrives once before the loop (warpgroup
+         * 0 goes first) and skips its last arrival, so every arrival meets exactly one sync. */
+        uint32_t pf[BC / 16][4];
+        if (nblk > 0) { /* tile 0: S only (no P V before it; a separate copy keeps every wgmma of a
+                           group on a path without branches — ptxas serializes them otherwise) */
+            if (cwg == 1) sched_arrive(0);
+            mbar_wait(full(0), 0);
+            float s[BC / 8][4];
+            sched_sync(cwg);
+            wg_fence();
+            s_issue<T, D>(s, qbase, sK);
+            wg_commit();
+            if (cwg == 0 || nblk > 1) sched_arrive(cwg ^ 1);
+            wg_wait0();
+            reg_fence(s);
+            softmax_pack<T, D>(p, s, i0, rows, jstart, qrow, t4, acc, m, l, pf);
+        }
+        for (int blk = 1; blk < nblk; blk++) {
+            const int st = blk % S, pst = (blk + S - 1) % S;
+            mbar_wait(full(st), (blk / S) & 1);
+            float s[BC / 8][4];
+            sched_sync(cwg);
+            reg_fence(acc);
+            wg_fence();
+            pv_issue<T, D>(acc, pf, sV + pst * TB);
+            s_issue<T, D>(s, qbase, sK + st * TB);
+            wg_commit();
+            if (cwg == 0 || blk + 1 < nblk) sched_arrive(cwg ^ 1);
+            wg_wait0();
+            reg_fence(s);
+            reg_fence(acc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(pst)); /* K and V of tile blk - 1 are read */
+            softmax_pack<T, D>(p, s, i0, rows, jstart + (long long)blk * BC, qrow, t4, acc, m, l, pf);
+        }
+        if (nblk > 0) { /* the last P V, outside the turns (the other warpgroup is past its own) */
+            reg_fence(acc);
+            wg_fence();
+            pv_issue<T, D>(acc, pf, sV + ((nblk - 1) % S) * TB);
+            wg_commit();
+            wg_wait0();
+            reg_fence(acc);
+        }
     }
 
     float inv[2];
@@ -508,7 +617,7 @@ static cudaError_t make_map(CUtensorMap *map, const void *base, cuda_dtype dt, i
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, int D> cudaError_t launch_ws(const fwd_args &a)
+template <typename T, int D, bool PP> cudaError_t launch_ws_pp(const fwd_args &a)
 {
     const attn_shape &s = a.sh;
     CUtensorMap tq, tk, tv;
@@ -516,14 +625,17 @@ template <typename T, int D> cudaError_t launch_ws(const fwd_args &a)
     if (e == cudaSuccess) e = make_map(&tk, a.k, a.dtype, s.batch, s.seqlen_k, s.heads_k, D);
     if (e == cudaSuccess) e = make_map(&tv, a.v, a.dtype, s.batch, s.seqlen_k, s.heads_k, D);
     if (e != cudaSuccess) return e;
-    auto kern = hopper_ws_kernel<T, D>;
-    const size_t smem = smem_bytes_ws<D>();
+    auto kern = hopper_ws_kernel<T, D, PP>;
+    const size_t smem = smem_bytes_ws<D, PP>();
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((s.seqlen_q + BR - 1) / BR, s.heads, s.batch);
     kern<<<grid, NT_WS, smem, a.stream>>>(s, tq, tk, tv, static_cast<T *>(a.o), a.lse);
     return cudaGetLastError();
 }
+
+template <typename T, int D> cudaError_t launch_ws(const fwd_args &a) { return launch_ws_pp<T, D, false>(a); }
+template <typename T, int D> cudaError_t launch_pp(const fwd_args &a) { return launch_ws_pp<T, D, true>(a); }
 
 } // namespace
 
@@ -532,3 +644,5 @@ size_t hopper_workspace_bytes(const attn_shape &) { return 0; }
 cudaError_t hopper_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch, a); }
 
 cudaError_t hopper_ws_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch_ws, a); }
+
+cudaError_t hopper_pp_forward(const fwd_args &a) { return FA_DISPATCH(a.dtype, a.sh.d, launch_pp, a); }

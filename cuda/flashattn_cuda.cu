@@ -1,7 +1,7 @@
 /*
  * flashattn_cuda.cu — the harness of the CUDA ladder: build/cuda/flashattn-cuda.
  *
- *   flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd|05|05ws [--batch B] [--heads H] [--heads-k HK]
+ *   flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd|05|05ws|05pp [--batch B] [--heads H] [--heads-k HK]
  *                  [--seqlen-q N] [--seqlen-k N] [--seqlen N] [--d 64|128]
  *                  [--causal] [--window L,R] [--softcap C] [--scale S] [--dtype bf16|fp16]
  *                  [--repeats R] [--max-seconds S] [--sample-rows K] [--grad-ref auto|reference|flash|none]
@@ -61,12 +61,12 @@
 
 enum rung {
     RUNG_NAIVE = 0, RUNG_FLASH1, RUNG_FLASH2, RUNG_FLASH2_BWD, RUNG_MMA, RUNG_MMA_BWD, RUNG_MMA_BWD_DET, RUNG_HOPPER,
-    RUNG_HOPPER_WS, RUNG_COUNT
+    RUNG_HOPPER_WS, RUNG_HOPPER_PP, RUNG_COUNT
 };
-static const char *const rung_ids[RUNG_COUNT] = {"01", "02", "03", "03b", "04", "04b", "04bd", "05", "05ws"};
+static const char *const rung_ids[RUNG_COUNT] = {"01", "02", "03", "03b", "04", "04b", "04bd", "05", "05ws", "05pp"};
 static const char *const rung_names[RUNG_COUNT] = {"01_naive", "02_flash1", "03_flash2", "03b_flash2_bwd", "04_mma",
                                                    "04b_mma_bwd", "04bd_mma_bwd_det", "05_hopper",
-                                                   "05ws_hopper_tma"};
+                                                   "05ws_hopper_tma", "05pp_hopper_pingpong"};
 
 /* A backward rung, and the forward rung whose O and LSE it consumes. */
 static bool is_bwd(int kernel) { return kernel == RUNG_FLASH2_BWD || kernel == RUNG_MMA_BWD || kernel == RUNG_MMA_BWD_DET; }
@@ -93,7 +93,7 @@ struct harness_opts {
 };
 
 static const char usage_text[] =
-    "usage: flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd|05|05ws [shape] [mask] [--dtype bf16|fp16] [run options]\n"
+    "usage: flashattn-cuda --kernel 01|02|03|03b|04|04b|04bd|05|05ws|05pp [shape] [mask] [--dtype bf16|fp16] [run options]\n"
     "       flashattn-cuda --self-test\n"
     "\n"
     "Runs one rung of the CUDA ladder on random inputs, validates its output with libflashattn\n"
@@ -104,7 +104,8 @@ static const char usage_text[] =
     "                     03 FlashAttention-2 forward, 03b FlashAttention-2 backward (CUDA cores),\n"
     "                     04 forward, 04b backward on tensor cores (mma.sync; 04b: FlashAttention-2's\n"
     "                     single pass, dQ by float atomics; 04bd: the deterministic split, dQ by its own kernel),\n"
-    "                     05 forward on Hopper's wgmma (sm_90a only; 05ws: fed by TMA, producer warpgroup)\n"
+    "                     05 forward on Hopper's wgmma (sm_90a only; 05ws: fed by TMA, producer warpgroup;\n"
+    "                     05pp: 05ws with FlashAttention-3's ping-pong of the two consumer warpgroups)\n"
     "shape:  --batch B (1) --heads H (16) --heads-k HK (= H) --seqlen-q N --seqlen-k N (1024)\n"
     "        --seqlen N (both) --d 64|128 (128)\n"
     "mask:   --causal  --window L,R (-1 = unbounded)  --softcap C  --scale S (default 1/sqrt(d))\n"
@@ -189,7 +190,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
             o->kernel = -1;
             for (int r = 0; r < RUNG_COUNT; r++)
                 if (!strcmp(val, rung_ids[r]) || !strcmp(val, rung_names[r])) o->kernel = r;
-            if (o->kernel < 0) return fail_msg(err, n, "--kernel: unknown rung '%s' (expected 01, 02, 03, 03b, 04, 04b, 04bd, 05 or 05ws)", val);
+            if (o->kernel < 0) return fail_msg(err, n, "--kernel: unknown rung '%s' (expected 01, 02, 03, 03b, 04, 04b, 04bd, 05, 05ws or 05pp)", val);
         } else if (!strcmp(a, "--batch")) {
             if (parse_ll(a, val, 1, 65535, &x, err, n)) return -1;
             o->batch = (int)x;
@@ -253,7 +254,7 @@ static int parse_args(int argc, char **argv, harness_opts *o, char *err, size_t 
         }
     }
     if (o->help || o->self_test) return 0;
-    if (o->kernel < 0) return fail_msg(err, n, "missing --kernel NN (01, 02, 03, 03b, 04, 04b, 04bd, 05 or 05ws; see --help)");
+    if (o->kernel < 0) return fail_msg(err, n, "missing --kernel NN (01, 02, 03, 03b, 04, 04b, 04bd, 05, 05ws or 05pp; see --help)");
     if (o->heads_k == 0) o->heads_k = o->heads;
     if (o->heads % o->heads_k != 0)
         return fail_msg(err, n, "--heads (%d) is not a multiple of --heads-k (%d)", o->heads, o->heads_k);
@@ -649,6 +650,9 @@ static int self_test(void)
         const char *hws[] = {"x", "--kernel", "05ws"};
         rc = parse_args(3, (char **)hws, &o, err, sizeof err);
         st_expect(rc == 0 && o.kernel == RUNG_HOPPER_WS && !is_bwd(o.kernel), "--kernel 05ws is the TMA-fed Hopper forward");
+        const char *hpp[] = {"x", "--kernel", "05pp"};
+        rc = parse_args(3, (char **)hpp, &o, err, sizeof err);
+        st_expect(rc == 0 && o.kernel == RUNG_HOPPER_PP && !is_bwd(o.kernel), "--kernel 05pp is the ping-pong Hopper forward");
         struct bad_case {
             const char *argv[4];
             int argc;
@@ -956,6 +960,7 @@ static cudaError_t launch_rung(int kernel, const attn_shape &s, cuda_dtype dt, c
            : kernel == RUNG_MMA    ? mma_forward(a)
            : kernel == RUNG_HOPPER ? hopper_forward(a)
            : kernel == RUNG_HOPPER_WS ? hopper_ws_forward(a)
+           : kernel == RUNG_HOPPER_PP ? hopper_pp_forward(a)
                                    : flash2_forward(a);
 }
 
@@ -1033,7 +1038,7 @@ static int run(const harness_opts *o)
                       : o->kernel == RUNG_FLASH1 ? flash1_workspace_bytes(s)
                       : o->kernel == RUNG_FLASH2 ? flash2_workspace_bytes(s)
                       : o->kernel == RUNG_MMA    ? mma_workspace_bytes(s)
-                      : o->kernel == RUNG_HOPPER || o->kernel == RUNG_HOPPER_WS ? hopper_workspace_bytes(s)
+                      : o->kernel == RUNG_HOPPER || o->kernel == RUNG_HOPPER_WS || o->kernel == RUNG_HOPPER_PP ? hopper_workspace_bytes(s)
                       : o->kernel == RUNG_MMA_BWD ? mma_bwd_workspace_bytes(s)
                       : o->kernel == RUNG_MMA_BWD_DET ? mma_bwd_det_workspace_bytes(s)
                                                  : flash2_bwd_workspace_bytes(s);

@@ -42,6 +42,8 @@ cudaError_t mma_backward_det(const bwd_args &a);
 size_t hopper_workspace_bytes(const attn_shape &sh);
 cudaError_t hopper_forward(const fwd_args &a);
 cudaError_t hopper_ws_forward(const fwd_args &a);
+/* 05pp: 05ws with the two consumer warpgroups taking turns on the tensor cores (named barriers). */
+cudaError_t hopper_pp_forward(const fwd_args &a);
 
 /* fma_probe.cu: the FP32 CUDA-core ceiling. Runs `iters` FMAs on 8 independent
  * chains per thread; returns FLOPs performed (2 per FMA). */

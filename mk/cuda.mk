@@ -7,6 +7,7 @@
 #   sh cuda/run_tc.sh OUTDIR     on a GPU machine: validate rungs 04/04b everywhere, time 03/04 vs SDPA
 #   sh cuda/run_tc2.sh OUTDIR    on the H200: 04b/04bd validation and timings, ncu, sanitizers
 #   sh cuda/run_tc3.sh OUTDIR    on the H200: rungs 05/05ws validated and timed beside 03/04/04b and SDPA
+#   sh cuda/run_tc4.sh OUTDIR    on the H200: rung 05pp (ping-pong) validated, sanitized, timed beside 05ws and SDPA
 #
 # The harness links libflashattn.a: every rung is validated by the library's own fa_check.
 # Targets: sm_90 machine code plus compute_80 PTX (portable: the driver compiles it for any
@@ -63,6 +64,9 @@ $(CUDA_BIN): $(CUDA_OBJS) $(BUILD)/libflashattn.a
 # With the tensor-core run's CSV (CUDA_TC_CSV) it also draws build/plots/cuda_tensor.png: rungs
 # 03-05ws and SDPA's backends at the target shape, forward and backward, from that one run.
 CUDA_TC_CSV ?= cuda/results/tc3/h200_tc3.csv
+# And from the ping-pong run's CSV (CUDA_PP_CSV), build/plots/cuda_pingpong.png: 05ws, 05pp and SDPA's
+# forward backends at the target shape, from that one run.
+CUDA_PP_CSV ?= cuda/results/tc4/h200_tc4.csv
 ifneq ($(wildcard $(CUDA_CSV)),)
 plots: $(BUILD)/plots/cuda_ladder.png
 $(BUILD)/plots/cuda_ladder.png: plots/cuda_ladder.gp $(CUDA_CSV)
@@ -73,5 +77,11 @@ plots: $(BUILD)/plots/cuda_tensor.png
 $(BUILD)/plots/cuda_tensor.png: plots/cuda_ladder.gp $(CUDA_CSV) $(CUDA_TC_CSV)
 	@mkdir -p $(dir $@)
 	$(or $(GNUPLOT),gnuplot) -e "csv='$(CUDA_CSV)'; out='$(BUILD)/plots/cuda_ladder.png'; tc='$(CUDA_TC_CSV)'; out_tc='$@'" $<
+endif
+ifneq ($(wildcard $(CUDA_PP_CSV)),)
+plots: $(BUILD)/plots/cuda_pingpong.png
+$(BUILD)/plots/cuda_pingpong.png: plots/cuda_ladder.gp $(CUDA_CSV) $(CUDA_PP_CSV)
+	@mkdir -p $(dir $@)
+	$(or $(GNUPLOT),gnuplot) -e "csv='$(CUDA_CSV)'; out='$(BUILD)/plots/cuda_ladder.png'; tc='$(CUDA_PP_CSV)'; out_tc='$@'; tc_title='05ws vs 05pp (ping-pong) vs PyTorch SDPA forward on one H200, same run (bf16, d = 128, N = 16384, 16 heads)'" $<
 endif
 endif

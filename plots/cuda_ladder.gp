@@ -41,7 +41,8 @@ unset multiplot
 
 # Part 2 (tensor cores), when called with tc='cuda/results/tc3/h200_tc3.csv' and out_tc='FILE.png':
 # every rung and SDPA backend timed at the target shape (bf16, d = 128, N = 16384, 16 heads) in that
-# one run, forward and backward, non-causal and causal side by side.
+# one run, forward and backward, non-causal and causal side by side (the kernels of `order` that the
+# CSV has). tc_title= overrides the title: make plots draws cuda_pingpong.png from run_tc4.sh's CSV.
 if (exists("tc") && exists("out_tc")) {
   set terminal pngcairo size 1300,600 font ",10" noenhanced
   set output out_tc
@@ -64,8 +65,9 @@ if (exists("tc") && exists("out_tc")) {
   unset xlabel
   set key left top
   set grid ytics
-  set title "Tensor-core rungs vs PyTorch SDPA on one H200, same run (bf16, d = 128, N = 16384, 16 heads)"
-  order = "03_flash2 04_mma 05_hopper 05ws_hopper_tma sdpa_flash sdpa_cudnn sdpa_efficient 04b_mma_bwd 04bd_mma_bwd_det sdpa_flash_bwd sdpa_cudnn_bwd sdpa_efficient_bwd"
+  if (!exists("tc_title")) { tc_title = "Tensor-core rungs vs PyTorch SDPA on one H200, same run (bf16, d = 128, N = 16384, 16 heads)" }
+  set title tc_title
+  order = "03_flash2 04_mma 05_hopper 05ws_hopper_tma 05pp_hopper_pingpong sdpa_flash sdpa_cudnn sdpa_efficient 04b_mma_bwd 04bd_mma_bwd_det sdpa_flash_bwd sdpa_cudnn_bwd sdpa_efficient_bwd"
   tab = sprintf("< awk -F, -v order='%s' 'NR>1 && $2==\"bf16\" && $8==128 && $6==16384 && $4==16 && $5==16 && $17!=\"\" {t[$1\",\"$9]=$17} END {n=split(order,o,\" \"); for (i=1;i<=n;i++) if ((o[i]\",0\") in t || (o[i]\",1\") in t) printf \"%%s %%s %%s\\n\", o[i], ((o[i]\",0\") in t ? t[o[i]\",0\"] : \"NaN\"), ((o[i]\",1\") in t ? t[o[i]\",1\"] : \"NaN\")}' %s", order, tc)
   plot tab using 2:xtic(1) title "non-causal" lc rgb "#4477aa", '' using 3 title "causal (halved FLOP count)" lc rgb "#ee8866"
 }
