@@ -631,6 +631,56 @@ static int kc_check_transform(const fa_kernels *k, const fa_kernels *ref, uint64
     return nf;
 }
 
+/* ---- widen: float16 / bfloat16 -> float32 --------------------------------- */
+
+/*
+ * Every one of the 65536 bit patterns of both formats, in one call, against
+ * the scalar spec: the same float32 bits (conversions are exact), NaN for NaN
+ * (the payload may come back quieted); then every length 1..40 with the source
+ * and the destination ending at a guard page and a sentinel after the last
+ * element (nothing read or written beyond n).
+ */
+static int kc_check_widen(const fa_kernels *k, const fa_kernels *ref, char *msg, size_t cap)
+{
+    int nf = 0;
+    enum { ALL = 65536 };
+    for (int bf = 0; bf < 2 && !nf; bf++) {
+        uint16_t *src = malloc(ALL * sizeof(uint16_t));
+        float *got = malloc(ALL * sizeof(float)), *want = malloc(ALL * sizeof(float));
+        if (!src || !got || !want) abort();
+        for (int i = 0; i < ALL; i++) src[i] = (uint16_t)(i * 40503u); /* a permutation: every pattern once */
+        k->widen(ALL, src, bf, got);
+        ref->widen(ALL, src, bf, want);
+        for (int i = 0; i < ALL; i++) {
+            const int ok = isnan(want[i]) ? isnan(got[i]) : memcmp(&got[i], &want[i], 4) == 0;
+            if (!ok) {
+                kc_fail(msg, cap, &nf, "%s widen %s 0x%04x = %.9g, scalar %.9g", k->name, bf ? "bf16" : "f16",
+                        src[i], got[i], want[i]);
+                break;
+            }
+        }
+        for (int len = 1; len <= 40 && !nf; len++) {
+            kc_buf sb = kc_alloc((size_t)(len + 1) / 2), db = kc_alloc((size_t)len + 1);
+            uint16_t *s16 = (uint16_t *)(sb.p + (len + 1) / 2) - len; /* ends at the guard page */
+            for (int i = 0; i < len; i++) s16[i] = src[(i * 977 + len) % ALL];
+            db.p[len] = kc_sentinel();
+            k->widen(len, s16, bf, db.p);
+            for (int i = 0; i < len && !nf; i++) {
+                float w;
+                ref->widen(1, &s16[i], bf, &w);
+                if (!(isnan(w) ? isnan(db.p[i]) : memcmp(&db.p[i], &w, 4) == 0))
+                    kc_fail(msg, cap, &nf, "%s widen %s n=%d: element %d = %.9g, scalar %.9g", k->name,
+                            bf ? "bf16" : "f16", len, i, db.p[i], w);
+            }
+            if (!nf && !kc_is_sentinel(db.p[len]))
+                kc_fail(msg, cap, &nf, "%s widen n=%d wrote past the end", k->name, len);
+            kc_free(&sb); kc_free(&db);
+        }
+        free(src); free(got); free(want);
+    }
+    return nf;
+}
+
 /* ---- transpose (optional in the table) ------------------------------------ */
 
 /*

@@ -44,6 +44,7 @@
 
 #include "fma_peak.h"
 #include "simd_exp.h"
+#include "tensor.h"
 
 #define MR 6
 #define NV 2
@@ -491,6 +492,31 @@ static void transpose_avx2(int bc, int d, const float *k, size_t ldk, float *kt,
 }
 
 /* ------------------------------------------------------------------------ */
+/* widen: float16 (F16C vcvtph2ps) and bfloat16 (a 16-bit shift) to float32  */
+/* ------------------------------------------------------------------------ */
+
+static void widen_avx2(int n, const uint16_t *src, int bf16, float *dst)
+{
+    int i = 0;
+    if (bf16) {
+        for (; i + 16 <= n; i += 16) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
+            const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+            const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
+            _mm256_storeu_ps(dst + i + 8, _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
+        }
+        for (; i < n; i++) dst[i] = fa_bf16_to_f32(src[i]);
+    } else {
+        for (; i + 16 <= n; i += 16) {
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+            _mm256_storeu_ps(dst + i + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i + 8))));
+        }
+        for (; i < n; i++) dst[i] = fa_f16_to_f32(src[i]);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* FMA peak loop                                                             */
 /* ------------------------------------------------------------------------ */
 
@@ -520,4 +546,5 @@ const fa_kernels fa_kernels_avx2 = {
     .vexp = vexp_avx2,
     .transpose = transpose_avx2,
     .transform = transform_avx2,
+    .widen = widen_avx2,
 };

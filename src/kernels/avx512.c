@@ -450,6 +450,29 @@ double fa_fma_loop_avx512(long iters, float *sink)
     return (double)iters * 16 * 16 * 2;
 }
 
+/* ------------------------------------------------------------------------ */
+/* widen: float16 (vcvtph2ps) and bfloat16 (a 16-bit shift) to float32       */
+/* ------------------------------------------------------------------------ */
+
+INLINE __m512 widen16(__m256i h, int bf16)
+{
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+static void widen_avx512(int n, const uint16_t *src, int bf16, float *dst)
+{
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        _mm512_storeu_ps(dst + i, widen16(_mm256_loadu_si256((const __m256i *)(src + i)), bf16));
+        _mm512_storeu_ps(dst + i + 16, widen16(_mm256_loadu_si256((const __m256i *)(src + i + 16)), bf16));
+    }
+    for (; i < n; i += 16) {
+        const int left = n - i;
+        const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        _mm512_mask_storeu_ps(dst + i, k, widen16(_mm256_maskz_loadu_epi16(k, src + i), bf16));
+    }
+}
+
 const fa_kernels fa_kernels_avx512 = {
     .name = "avx512",
     .simd_width = 16,
@@ -460,4 +483,5 @@ const fa_kernels fa_kernels_avx512 = {
     .vexp = vexp_avx512,
     .transpose = fa_transpose_avx512, /* avx512_transpose.c */
     .transform = transform_avx512,
+    .widen = widen_avx512,
 };

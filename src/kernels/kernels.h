@@ -83,7 +83,18 @@ typedef struct fa_kernels {
      */
     void (*transform)(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
                       int64_t rel0, int rel_step, float *g);
+
+    /*
+     * dst[i] = src[i] widened to float32 for i < n: IEEE binary16 bit
+     * patterns (bf16 = 0) or bfloat16 (bf16 = 1). Exact (every half value is
+     * a float32, subnormals included); a NaN stays a NaN (its payload may come
+     * back quieted). The packers' conversion of half-precision Q, K, V, dO.
+     */
+    void (*widen)(int n, const uint16_t *src, int bf16, float *dst);
 } fa_kernels;
+
+/* The spec of fa_kernels::widen (tensor.h's conversions), shared by tables without their own. */
+void fa_widen_scalar(int n, const uint16_t *src, int bf16, float *dst);
 
 /* The spec of fa_kernels::transform (libm's tanhf), shared by tables without their own. */
 void fa_transform_line_scalar(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,

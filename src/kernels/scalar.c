@@ -10,6 +10,8 @@
 
 #include <math.h>
 
+#include "tensor.h"
+
 static void qk_scalar(int br, int bc, int d, const float *q, size_t ldq,
                       const float *kt, size_t ldk, float scale, float *s, size_t lds)
 {
@@ -90,6 +92,14 @@ void fa_transform_line_scalar(int n, int va, int vb, float *s, float cap, float 
     }
 }
 
+void fa_widen_scalar(int n, const uint16_t *src, int bf16, float *dst)
+{
+    if (bf16)
+        for (int i = 0; i < n; i++) dst[i] = fa_bf16_to_f32(src[i]);
+    else
+        for (int i = 0; i < n; i++) dst[i] = fa_f16_to_f32(src[i]);
+}
+
 const fa_kernels fa_kernels_scalar = {
     .name = "scalar",
     .simd_width = 1,
@@ -99,4 +109,5 @@ const fa_kernels fa_kernels_scalar = {
     .pv = pv_scalar,
     .vexp = vexp_scalar,
     .transform = fa_transform_line_scalar,
+    .widen = fa_widen_scalar,
 };
