@@ -15,8 +15,12 @@
  *                    [d][16], 8 KiB at d = 128, stays in L1).
  *   pv  O = aO + PV: MR = 6 rows x NV = 2 vectors (16 columns of dv), the
  *                    same shape: per key j, 2 loads of V[j][c..c+15], 6
- *                    broadcasts of P[i][j], 12 FMAs; O is read, rescaled and
- *                    written once per tile (O = alpha*O + acc).
+ *                    broadcasts of P[i][j], 12 FMAs; O is read and written
+ *                    once per key chunk (O = alpha*O + acc on the first,
+ *                    O + acc after). Loop order: column panel (16) > key
+ *                    chunk (bc split evenly, <= PV_KC = 256) > row block, as
+ *                    avx512.c, so the V sub-panel (<= [256][16], 16 KiB)
+ *                    stays in a 32 KiB L1 (Zen 3).
  *   softmax          rows in groups of 8: maxima first, alpha for the group
  *                    in one vector exp, then each row's exp pass.
  *
@@ -48,6 +52,7 @@
 
 #define MR 6
 #define NV 2
+#define PV_KC 256 /* most keys per pv chunk: V sub-panel [256][16] = 16 KiB, half a 32 KiB L1 */
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -378,7 +383,7 @@ static void softmax_avx2(int br, int bc, float *s, size_t lds, float *m, float *
  */
 INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last, int bc,
                      const float *p, size_t ldp, const float *v, size_t ldv, const float *alpha,
-                     float *o, size_t ldo)
+                     float *o, size_t ldo) /* alpha NULL: O = O + acc */
 {
     __m256 acc[MR][NV];
 #pragma GCC unroll 6
@@ -403,7 +408,7 @@ INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last,
 
 #pragma GCC unroll 6
     for (int r = 0; r < mr; r++) {
-        const __m256 a = _mm256_broadcast_ss(alpha + r);
+        const __m256 a = alpha ? _mm256_broadcast_ss(alpha + r) : _mm256_set1_ps(1.0f);
 #pragma GCC unroll 2
         for (int u = 0; u < nv; u++) {
             float *dst = o + (size_t)r * ldo + 8 * u;
@@ -415,37 +420,57 @@ INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last,
     }
 }
 
-INLINE void pv_rows(const int mr, int bc, int dv, const float *p, size_t ldp, const float *v,
-                    size_t ldv, const float *alpha, float *o, size_t ldo)
-{
-    const __m256i all = _mm256_set1_epi32(-1);
-    int c = 0;
-    for (; c + 8 * NV <= dv; c += 8 * NV) pv_block(mr, NV, 0, all, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
-    const int left = dv - c;
-    if (left == 8)
-        pv_block(mr, 1, 0, all, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
-    else if (left > 8)
-        pv_block(mr, 2, 1, lanes_below(left - 8), bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
-    else if (left > 0)
-        pv_block(mr, 1, 1, lanes_below(left), bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
-}
-
-static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
-                    const float *alpha, float *o, size_t ldo)
+/* All row blocks of one (column panel, key chunk): nv vectors, the last masked when `masked`. */
+INLINE void pv_panel(const int nv, const int masked, __m256i last, int br, int kc, const float *p, size_t ldp,
+                     const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
 {
     int i = 0;
     for (; i + MR <= br; i += MR)
-        pv_rows(MR, bc, dv, p + (size_t)i * ldp, ldp, v, ldv, alpha + i, o + (size_t)i * ldo, ldo);
-    const float *pi = p + (size_t)i * ldp;
+        pv_block(MR, nv, masked, last, kc, p + (size_t)i * ldp, ldp, v, ldv, alpha ? alpha + i : NULL,
+                 o + (size_t)i * ldo, ldo);
+    const float *pi = p + (size_t)i * ldp, *ai = alpha ? alpha + i : NULL;
     float *oi = o + (size_t)i * ldo;
     switch (br - i) {
-    case 5: pv_rows(5, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 4: pv_rows(4, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 3: pv_rows(3, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 2: pv_rows(2, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 1: pv_rows(1, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 5: pv_block(5, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 4: pv_block(4, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 3: pv_block(3, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 2: pv_block(2, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 1: pv_block(1, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
     default: break;
     }
+}
+
+/*
+ * Loop order, as avx512.c: column panel (16 of dv) > key chunk (at most
+ * PV_KC keys) > row block. The V sub-panel [chunk][16] (<= 16 KiB) stays in
+ * L1 while every row block streams past it; with row blocks outermost (the previous order)
+ * each 6-row block re-streamed all of V_j ([Bc][dv], 64-128 KiB) from L2.
+ * O is rescaled by alpha on the first chunk and accumulated after.
+ */
+static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
+                    const float *alpha, float *o, size_t ldo)
+{
+    const __m256i all = _mm256_set1_epi32(-1);
+    /* equal chunks of at most PV_KC keys (Bc = 320 runs two of 160, not 256 + 64) */
+    const int nchunk = (bc + PV_KC - 1) / PV_KC, chunk = nchunk ? (bc + nchunk - 1) / nchunk : 0;
+    for (int c = 0; c < dv; c += 8 * NV) {
+        const int left = dv - c < 8 * NV ? dv - c : 8 * NV;
+        for (int j0 = 0; j0 < bc; j0 += chunk) {
+            const int kc = bc - j0 < chunk ? bc - j0 : chunk;
+            const float *pj = p + j0, *vj = v + (size_t)j0 * ldv + c, *aj = j0 == 0 ? alpha : NULL;
+            if (left == 16)
+                pv_panel(2, 0, all, br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+            else if (left == 8)
+                pv_panel(1, 0, all, br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+            else if (left > 8)
+                pv_panel(2, 1, lanes_below(left - 8), br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+            else
+                pv_panel(1, 1, lanes_below(left), br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+        }
+    }
+    if (bc == 0) /* no key: O = alpha O still */
+        for (int i = 0; i < br; i++)
+            for (int c = 0; c < dv; c++) o[(size_t)i * ldo + c] *= alpha[i];
 }
 
 /* ------------------------------------------------------------------------ */
