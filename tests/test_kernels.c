@@ -111,6 +111,14 @@ static void test_transform_matches_scalar(void **state)
     report(kc_check_transform(k, &fa_kernels_scalar, tu_seed() ^ 5, msg, sizeof msg));
 }
 
+/* Ensure the backward's line (P = exp(s - LSE), dS, softcap derivative) matches the scalar spec. */
+static void test_bwd_line_matches_scalar(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_bwd_line(k, &fa_kernels_scalar, tu_seed() ^ 6, msg, sizeof msg));
+}
+
 /* Ensure float16 and bfloat16 widen to the scalar spec's float32 bits for every pattern and length. */
 static void test_widen_matches_scalar_on_every_pattern(void **state)
 {
@@ -166,6 +174,7 @@ static void test_by_name_knows_scalar_and_rejects_unknown(void **state)
     cmocka_unit_test_prestate(test_tanh_within_stated_ulp_bound, (void *)isa),                  \
     cmocka_unit_test_prestate(test_transform_matches_scalar, (void *)isa),                      \
     cmocka_unit_test_prestate(test_widen_matches_scalar_on_every_pattern, (void *)isa),         \
+    cmocka_unit_test_prestate(test_bwd_line_matches_scalar, (void *)isa),                       \
     cmocka_unit_test_prestate(test_transpose_packs_kt_exactly, (void *)isa),                    \
     cmocka_unit_test_prestate(test_tile_chain_matches_scalar, (void *)isa)
 

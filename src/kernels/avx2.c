@@ -517,6 +517,33 @@ static void transpose_avx2(int bc, int d, const float *k, size_t ldk, float *kt,
 }
 
 /* ------------------------------------------------------------------------ */
+/* bwd_line: P = exp(s - L), dS = P (dP - D) [* g] on one backward line      */
+/* ------------------------------------------------------------------------ */
+
+static void bwd_line_avx2(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                          int per_elem, const float *g)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lo = _mm256_set1_epi32(va - 1), hi = _mm256_set1_epi32(vb);
+    for (int x = 0; x < n; x += 8) {
+        const int left = n - x;
+        const __m256i k = left >= 8 ? _mm256_set1_epi32(-1) : lanes_below(left);
+        const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(x), lane);
+        const __m256 in = _mm256_castsi256_ps(
+            _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(idx, lo), _mm256_cmpgt_epi32(hi, idx)), k));
+        const __m256 L = per_elem ? _mm256_maskload_ps(lse + x, k) : _mm256_set1_ps(lse[0]);
+        const __m256 D = per_elem ? _mm256_maskload_ps(dd + x, k) : _mm256_set1_ps(dd[0]);
+        /* masked lanes: exp of 0 - 0, then zeroed (never exp(-inf - -inf) = NaN) */
+        const __m256 sx = _mm256_and_ps(_mm256_maskload_ps(s + x, k), in);
+        const __m256 p = _mm256_and_ps(exp_any(_mm256_sub_ps(sx, _mm256_and_ps(L, in))), in);
+        __m256 ds = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dp + x, k), D));
+        if (g) ds = _mm256_blendv_ps(ds, _mm256_mul_ps(ds, _mm256_maskload_ps(g + x, _mm256_castps_si256(in))), in);
+        _mm256_maskstore_ps(s + x, k, p);
+        _mm256_maskstore_ps(dp + x, k, ds);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* widen: float16 (F16C vcvtph2ps) and bfloat16 (a 16-bit shift) to float32  */
 /* ------------------------------------------------------------------------ */
 
@@ -572,4 +599,5 @@ const fa_kernels fa_kernels_avx2 = {
     .transpose = transpose_avx2,
     .transform = transform_avx2,
     .widen = widen_avx2,
+    .bwd_line = bwd_line_avx2,
 };

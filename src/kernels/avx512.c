@@ -451,6 +451,29 @@ double fa_fma_loop_avx512(long iters, float *sink)
 }
 
 /* ------------------------------------------------------------------------ */
+/* bwd_line: P = exp(s - L), dS = P (dP - D) [* g] on one backward line      */
+/* ------------------------------------------------------------------------ */
+
+static void bwd_line_avx512(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                            int per_elem, const float *g)
+{
+    for (int x = 0; x < n; x += 16) {
+        const int left = n - x;
+        const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        /* lanes x + t with va <= x + t < vb */
+        const int a = va - x > 0 ? (va - x < 16 ? va - x : 16) : 0, b = vb - x > 0 ? (vb - x < 16 ? vb - x : 16) : 0;
+        const __mmask16 in = (__mmask16)(k & (b > a ? (((1u << b) - 1u) & ~((1u << a) - 1u)) : 0u));
+        const __m512 L = per_elem ? _mm512_maskz_loadu_ps(in, lse + x) : _mm512_set1_ps(lse[0]);
+        const __m512 D = per_elem ? _mm512_maskz_loadu_ps(k, dd + x) : _mm512_set1_ps(dd[0]);
+        const __m512 p = _mm512_maskz_mov_ps(in, exp_any(_mm512_maskz_sub_ps(in, _mm512_maskz_loadu_ps(in, s + x), L)));
+        __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + x), D));
+        if (g) ds = _mm512_mask_mul_ps(ds, in, ds, _mm512_maskz_loadu_ps(in, g + x));
+        _mm512_mask_storeu_ps(s + x, k, p);
+        _mm512_mask_storeu_ps(dp + x, k, ds);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* widen: float16 (vcvtph2ps) and bfloat16 (a 16-bit shift) to float32       */
 /* ------------------------------------------------------------------------ */
 
@@ -484,4 +507,5 @@ const fa_kernels fa_kernels_avx512 = {
     .transpose = fa_transpose_avx512, /* avx512_transpose.c */
     .transform = transform_avx512,
     .widen = widen_avx512,
+    .bwd_line = bwd_line_avx512,
 };

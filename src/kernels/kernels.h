@@ -91,10 +91,26 @@ typedef struct fa_kernels {
      * back quieted). The packers' conversion of half-precision Q, K, V, dO.
      */
     void (*widen)(int n, const uint16_t *src, int bf16, float *dst);
+
+    /*
+     * The backward pass's elementwise middle of one line (after `transform`
+     * finished the scores s): for x < n, with L, D = lse[x], dd[x] when
+     * per_elem, else lse[0], dd[0]:
+     *   s[x]  = x in [va, vb) ? exp(s[x] - L) : 0           (P; masked: exactly 0)
+     *   dp[x] = s[x] * (dp[x] - D)                           (dS)
+     *   dp[x] *= g[x] for x in [va, vb) when g != NULL       (softcap derivative)
+     * g is read only inside [va, vb). The exp is the table's vexp.
+     */
+    void (*bwd_line)(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                     int per_elem, const float *g);
 } fa_kernels;
 
 /* The spec of fa_kernels::widen (tensor.h's conversions), shared by tables without their own. */
 void fa_widen_scalar(int n, const uint16_t *src, int bf16, float *dst);
+
+/* The spec of fa_kernels::bwd_line (libm's expf). */
+void fa_bwd_line_scalar(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                        int per_elem, const float *g);
 
 /* The spec of fa_kernels::transform (libm's tanhf), shared by tables without their own. */
 void fa_transform_line_scalar(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,

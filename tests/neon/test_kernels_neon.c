@@ -76,6 +76,8 @@ int main(void)
     result("transform matches scalar", kc_check_transform(k, ref, seed ^ 5, msg, sizeof msg), msg);
     msg[0] = 0;
     result("widen matches scalar on every pattern", kc_check_widen(k, ref, msg, sizeof msg), msg);
+    msg[0] = 0;
+    result("bwd_line matches scalar", kc_check_bwd_line(k, ref, seed ^ 6, msg, sizeof msg), msg);
 
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
