@@ -77,14 +77,6 @@
 /* ceil(n / b) for n >= 0, b >= 1, without overflowing n + b - 1 */
 static int64_t nblocks(int64_t n, int64_t b) { return n > 0 ? (n - 1) / b + 1 : 0; }
 
-/* Elementwise loops over a tile line: the build's -O2 vectorizes only loops
- * whose trip count it knows, so ask for it (plain SIMD, no ISA named here). */
-#ifdef _OPENMP
-#define FA_SIMD _Pragma("omp simd")
-#else
-#define FA_SIMD
-#endif
-
 static double load_lse(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 {
     return fa_load_f64(&p->lse, fa_lse_off(p, b, h, i));
@@ -433,32 +425,27 @@ static void tile_line(const fa_problem *p, const fa_kernels *kern, float *restri
 {
     const float cap = (float)p->softcap, inv_cap = p->softcap > 0.0 ? (float)(1.0 / p->softcap) : 0.0f;
     kern->transform(n, va, vb, s, cap, inv_cap, slope, rel0, rel_step, cap > 0.0f ? g : NULL);
+    if (!keep) {
+        /* P = exp(s - LSE) (0 where masked), dS = P o (dP - D) o g: at the ISA's width */
+        kern->bwd_line(n, va, vb, s, dp, lse, dd, per_elem, cap > 0.0f ? g : NULL);
+        return;
+    }
+    /* dropout (validation runs): the portable lines */
     if (per_elem) {
-        FA_SIMD
         for (int x = va; x < vb; x++) s[x] -= lse[x];
     } else {
         const float L = lse[0];
-        FA_SIMD
         for (int x = va; x < vb; x++) s[x] -= L;
     }
     kern->vexp(n, s, s); /* exp(-inf) = 0 exactly: masked P = 0 */
-    if (keep) { /* dropout: dS = P o (Z/(1-p) o dP - D), and s becomes P o Z/(1-p) for dV */
-        const float zs = (float)p->keep_scale;
-        for (int x = 0; x < n; x++) {
-            const float z = keep[x * kstep] ? zs : 0.0f;
-            dp[x] = s[x] * (z * dp[x] - (per_elem ? dd[x] : dd[0]));
-            s[x] *= z;
-        }
-    } else if (per_elem) {
-        FA_SIMD
-        for (int x = 0; x < n; x++) dp[x] = s[x] * (dp[x] - dd[x]);
-    } else {
-        const float D = dd[0];
-        FA_SIMD
-        for (int x = 0; x < n; x++) dp[x] = s[x] * (dp[x] - D);
+    /* dS = P o (Z/(1-p) o dP - D), and s becomes P o Z/(1-p) for dV */
+    const float zs = (float)p->keep_scale;
+    for (int x = 0; x < n; x++) {
+        const float z = keep[x * kstep] ? zs : 0.0f;
+        dp[x] = s[x] * (z * dp[x] - (per_elem ? dd[x] : dd[0]));
+        s[x] *= z;
     }
     if (cap > 0.0f) {
-        FA_SIMD
         for (int x = va; x < vb; x++) dp[x] *= g[x];
     }
 }

@@ -237,7 +237,7 @@ static void gather_row(const fa_kernels *kern, const fa_rows *s, int64_t j, floa
     int64_t off;
     const fa_tensor *t = fa_rows_src(s, j, &off);
     if (kern->widen && t->stride[3] == 1 && (t->dtype == FA_F16 || t->dtype == FA_BF16)) {
-        kern->widen((int)s->width, (const uint16_t *)t->data + off, dst, t->dtype == FA_BF16);
+        kern->widen((int)s->width, (const uint16_t *)t->data + off, t->dtype == FA_BF16, dst);
         return;
     }
     fa_gather_f32(t, off, t->stride[3], s->width, dst);

@@ -42,12 +42,34 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
                 for (int jj = 0; jj < nj; jj++) d[jj] = row[jj][c];
             }
         }
-    } else {
-        for (int r = 0; r < n; r++) {
-            int64_t off;
-            const fa_tensor *t = fa_rows_src(s, row0 + r, &off);
-            for (int64_t c = 0; c < width; c++)
-                dst[(size_t)c * ld + (size_t)r] = fa_load_f32(t, off + c * t->stride[3]);
+    } else if (n > 0) {
+        /*
+         * Any other source (float16/bfloat16, strided, paged, new keys): 16
+         * rows x 64 columns at a time are gathered into a float32 block (the
+         * kernel table's SIMD widen for contiguous halves, fa_gather_f32),
+         * then transposed like a float32 tile, so dst is still written in
+         * whole lines and the dtype is decided once per row, not per element.
+         */
+        enum { JB = 16, CB = 64 };
+        float blk[JB * CB] __attribute__((aligned(64)));
+        for (int jb = 0; jb < n; jb += JB) {
+            const int nj = n - jb < JB ? n - jb : JB;
+            const fa_tensor *t[JB];
+            int64_t off[JB];
+            for (int jj = 0; jj < nj; jj++) t[jj] = fa_rows_src(s, row0 + jb + jj, &off[jj]);
+            for (int64_t c0 = 0; c0 < width; c0 += CB) {
+                const int nc = width - c0 < CB ? (int)(width - c0) : CB;
+                for (int jj = 0; jj < nj; jj++)
+                    fa_gather_f32(t[jj], off[jj] + c0 * t[jj]->stride[3], t[jj]->stride[3], nc, blk + jj * CB);
+                float *d = dst + (size_t)c0 * ld + (size_t)jb;
+                if (kern && kern->transpose) {
+                    /* may write zeros into columns nj..round16(nj)-1: dst's padding */
+                    kern->transpose(nj, nc, blk, CB, d, ld);
+                } else {
+                    for (int c = 0; c < nc; c++)
+                        for (int jj = 0; jj < nj; jj++) d[(size_t)c * ld + (size_t)jj] = blk[jj * CB + c];
+                }
+            }
         }
     }
     const int pad = (int)round16((size_t)n);

@@ -3,6 +3,9 @@
  */
 #include "tensor.h"
 
+#include <limits.h>
+
+#include "kernels/kernels.h"
 #include "status.h"
 
 size_t fa_dtype_size(fa_dtype dtype)
@@ -95,6 +98,17 @@ void fa_gather_f32(const fa_tensor *t, int64_t off, int64_t inc, int64_t n, floa
     if (t->dtype == FA_F32 && inc == 1) {
         memcpy(dst, (const float *)t->data + off, (size_t)n * sizeof(float));
         return;
+    }
+    if ((t->dtype == FA_F16 || t->dtype == FA_BF16) && inc == 1 && n <= INT_MAX) {
+        /* contiguous halves: the kernel table's SIMD widen (F16C, shifts). The
+         * conversion is exact, so any table gives the same floats; this is the
+         * one the process uses (FA_ISA included), chosen once and cached. */
+        fa_status st;
+        const fa_kernels *k = fa_kernels_get(&st);
+        if (k && k->widen) {
+            k->widen((int)n, (const uint16_t *)t->data + off, t->dtype == FA_BF16, dst);
+            return;
+        }
     }
     for (int64_t i = 0; i < n; i++) dst[i] = fa_load_f32(t, off + i * inc);
 }

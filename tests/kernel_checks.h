@@ -631,6 +631,115 @@ static int kc_check_transform(const fa_kernels *k, const fa_kernels *ref, uint64
     return nf;
 }
 
+/* ---- bwd_line: the backward's P and dS of one line ------------------------- */
+
+/*
+ * Against the scalar spec on random lines of every tail length, visible
+ * intervals empty, whole and partial, per-element and per-line LSE and D
+ * (with LSE = -inf on elements outside the interval, as empty query rows have
+ * in pass a), with and without the softcap derivative g (NaN sentinels in g
+ * outside [va, vb): it must not be read there):
+ *   outside [va, vb): P exactly +0 and dS = 0 * (dP - D), bit for bit;
+ *   inside: P within the exp bound of the spec's expf, (FA_EXP_MAX_ULP + 1)
+ *     ulp; dS = P (dP - D) g adds no rounding the spec does not also do, so
+ *     |d dS| <= (FA_EXP_MAX_ULP + 1) 2^-23 |dS| (+ FLT_MIN for flushed P).
+ */
+static int kc_check_bwd_line(const fa_kernels *k, const fa_kernels *ref, uint64_t seed, char *msg, size_t cap)
+{
+    int nf = 0;
+    uint64_t rng = seed;
+    const double tol = (FA_EXP_MAX_ULP + 1.0) * 0x1.0p-23;
+    for (int a = 0; a < KC_NSIZES && !nf; a++) {
+        const int n = kc_sizes[a];
+        const int iv[][2] = {{0, n}, {0, 0}, {n / 3, n - n / 4}, {1 < n ? 1 : n, n}, {0, n - 1}};
+        for (int w = 0; w < 5 && !nf; w++)
+            for (int mode = 0; mode < 4 && !nf; mode++) {
+                const int va = iv[w][0], vb = iv[w][1] > va ? iv[w][1] : va;
+                const int per_elem = mode & 1, with_g = mode >> 1;
+                kc_buf s0 = kc_alloc((size_t)n), s1 = kc_alloc((size_t)n), d0 = kc_alloc((size_t)n),
+                       d1 = kc_alloc((size_t)n), lse = kc_alloc((size_t)n), dd = kc_alloc((size_t)n),
+                       g = kc_alloc((size_t)n);
+                for (int x = 0; x < n; x++) {
+                    const int in = x >= va && x < vb;
+                    s0.p[x] = s1.p[x] = in ? kc_uniform(&rng, -20.0f, 5.0f) : -INFINITY;
+                    d0.p[x] = d1.p[x] = kc_uniform(&rng, -3.0f, 3.0f);
+                    lse.p[x] = (per_elem && !in) ? -INFINITY : kc_uniform(&rng, -2.0f, 6.0f);
+                    dd.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
+                    g.p[x] = in ? kc_uniform(&rng, 0.0f, 1.0f) : kc_sentinel();
+                }
+                if (!per_elem) lse.p[0] = kc_uniform(&rng, -2.0f, 6.0f);
+                k->bwd_line(n, va, vb, s0.p, d0.p, lse.p, dd.p, per_elem, with_g ? g.p : NULL);
+                ref->bwd_line(n, va, vb, s1.p, d1.p, lse.p, dd.p, per_elem, with_g ? g.p : NULL);
+                for (int x = 0; x < n && !nf; x++) {
+                    const int in = x >= va && x < vb;
+                    int ok;
+                    if (!in)
+                        ok = memcmp(&s0.p[x], &s1.p[x], 4) == 0 && s0.p[x] == 0.0f && !signbit(s0.p[x]) &&
+                             memcmp(&d0.p[x], &d1.p[x], 4) == 0;
+                    else
+                        ok = fabs((double)s0.p[x] - s1.p[x]) <= tol * fabs((double)s1.p[x]) + FLT_MIN &&
+                             fabs((double)d0.p[x] - d1.p[x]) <= tol * fabs((double)d1.p[x]) + 8.0 * FLT_MIN;
+                    if (!ok)
+                        kc_fail(msg, cap, &nf,
+                                "%s bwd_line n=%d [%d,%d) per_elem=%d g=%d: x=%d P %.9g dS %.9g, scalar P %.9g dS %.9g",
+                                k->name, n, va, vb, per_elem, with_g, x, s0.p[x], d0.p[x], s1.p[x], d1.p[x]);
+                }
+                kc_free(&s0); kc_free(&s1); kc_free(&d0); kc_free(&d1); kc_free(&lse); kc_free(&dd); kc_free(&g);
+            }
+    }
+    return nf;
+}
+
+/* ---- widen: float16 / bfloat16 -> float32 --------------------------------- */
+
+/*
+ * Every one of the 65536 bit patterns of both formats, in one call, against
+ * the scalar spec: the same float32 bits (conversions are exact), NaN for NaN
+ * (the payload may come back quieted); then every length 1..40 with the source
+ * and the destination ending at a guard page and a sentinel after the last
+ * element (nothing read or written beyond n).
+ */
+static int kc_check_widen(const fa_kernels *k, const fa_kernels *ref, char *msg, size_t cap)
+{
+    int nf = 0;
+    enum { ALL = 65536 };
+    for (int bf = 0; bf < 2 && !nf; bf++) {
+        uint16_t *src = malloc(ALL * sizeof(uint16_t));
+        float *got = malloc(ALL * sizeof(float)), *want = malloc(ALL * sizeof(float));
+        if (!src || !got || !want) abort();
+        for (int i = 0; i < ALL; i++) src[i] = (uint16_t)(i * 40503u); /* a permutation: every pattern once */
+        k->widen(ALL, src, bf, got);
+        ref->widen(ALL, src, bf, want);
+        for (int i = 0; i < ALL; i++) {
+            const int ok = isnan(want[i]) ? isnan(got[i]) : memcmp(&got[i], &want[i], 4) == 0;
+            if (!ok) {
+                kc_fail(msg, cap, &nf, "%s widen %s 0x%04x = %.9g, scalar %.9g", k->name, bf ? "bf16" : "f16",
+                        src[i], got[i], want[i]);
+                break;
+            }
+        }
+        for (int len = 1; len <= 40 && !nf; len++) {
+            kc_buf sb = kc_alloc((size_t)(len + 1) / 2), db = kc_alloc((size_t)len + 1);
+            uint16_t *s16 = (uint16_t *)(sb.p + (len + 1) / 2) - len; /* ends at the guard page */
+            for (int i = 0; i < len; i++) s16[i] = src[(i * 977 + len) % ALL];
+            db.p[len] = kc_sentinel();
+            k->widen(len, s16, bf, db.p);
+            for (int i = 0; i < len && !nf; i++) {
+                float w;
+                ref->widen(1, &s16[i], bf, &w);
+                if (!(isnan(w) ? isnan(db.p[i]) : memcmp(&db.p[i], &w, 4) == 0))
+                    kc_fail(msg, cap, &nf, "%s widen %s n=%d: element %d = %.9g, scalar %.9g", k->name,
+                            bf ? "bf16" : "f16", len, i, db.p[i], w);
+            }
+            if (!nf && !kc_is_sentinel(db.p[len]))
+                kc_fail(msg, cap, &nf, "%s widen n=%d wrote past the end", k->name, len);
+            kc_free(&sb); kc_free(&db);
+        }
+        free(src); free(got); free(want);
+    }
+    return nf;
+}
+
 /* ---- transpose (optional in the table) ------------------------------------ */
 
 /*

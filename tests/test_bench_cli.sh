@@ -65,7 +65,7 @@ import csv, sys
 rows = list(csv.DictReader(open("b.csv")))
 head = open("b.csv").readline().strip().split(",")
 want = ("impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,"
-        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right,kv_dtype,num_splits,page_size").split(",")
+        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right,kv_dtype,num_splits,page_size,dtype").split(",")
 errs = []
 if head != want: errs.append(f"columns {head}")
 if sorted((r["pass"], r["seqlen_q"]) for r in rows) != [("bwd", "32"), ("bwd", "48"), ("fwd", "32"), ("fwd", "48")]:
@@ -142,6 +142,17 @@ for r in rows:
     if not float(r["bw_fraction"]) > 0: errs.append(f"bw_fraction {r['bw_fraction']}")
 if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
+
+# ---- --dtype: half-precision Q, K, V (and dO), checked against the reference ----------------
+expect_fail "--dtype f64" "--dtype" $TINY --dtype f64
+expect_fail "--dtype f8" "--dtype" $TINY --dtype f8
+for dt in f16 bf16; do
+    if timeout 120 "$fa" bench --impl flash,standard --pass fwd,bwd --n 40 --d 24 --heads 2 --threads 1 --repeats 1 \
+            --warmup 0 --causal --dtype $dt --csv h.csv >out.txt 2>err.txt; then ok
+    else bad "bench --dtype $dt: exit $? $(cat err.txt)"; fi
+    grep -q "^$([ $dt = f16 ] && echo float16 || echo bfloat16) inputs" out.txt || bad "--dtype $dt: header: $(sed -n 3p out.txt)"
+    [ "$(grep -c ",$dt\$" h.csv)" = 3 ] || bad "--dtype $dt: want 3 rows (flash fwd/bwd, standard fwd) with dtype $dt: $(cat h.csv)"
+done
 
 # ---- SIGINT / SIGTERM keep the previous CSV -----------------------------------------------
 printf 'previous,csv\n' >keep.csv

@@ -115,6 +115,22 @@ static void test_transform_matches_scalar(void **state)
     report(kc_check_transform(k, &fa_kernels_scalar, tu_seed() ^ 5, msg, sizeof msg));
 }
 
+/* Ensure the backward's line (P = exp(s - LSE), dS, softcap derivative) matches the scalar spec. */
+static void test_bwd_line_matches_scalar(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_bwd_line(k, &fa_kernels_scalar, tu_seed() ^ 6, msg, sizeof msg));
+}
+
+/* Ensure float16 and bfloat16 widen to the scalar spec's float32 bits for every pattern and length. */
+static void test_widen_matches_scalar_on_every_pattern(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_widen(k, &fa_kernels_scalar, msg, sizeof msg));
+}
+
 /* Ensure the table's K transpose (when it has one) packs Kt exactly and stays in bounds. */
 static void test_transpose_packs_kt_exactly(void **state)
 {
@@ -144,7 +160,7 @@ static void test_widen_is_exact(void **state)
         for (uint32_t at = 0, len = 1; at < 65536; at += len, len = len % 40 + 1) {
             const int n = (int)(at + len <= 65536 ? len : 65536 - at);
             dst[at + (uint32_t)n] = 12345.0f; /* sentinel just past the run */
-            k->widen(n, src + at, dst + at, bf);
+            k->widen(n, src + at, bf, dst + at);
             if (dst[at + (uint32_t)n] != 12345.0f) fail_msg("%s widen(n = %d) wrote past n", k->name, n);
         }
         for (uint32_t x = 0; x < 65536; x++) {
@@ -190,6 +206,8 @@ static void test_by_name_knows_scalar_and_rejects_unknown(void **state)
     cmocka_unit_test_prestate(test_vexp_within_stated_ulp_bound, (void *)isa),                  \
     cmocka_unit_test_prestate(test_tanh_within_stated_ulp_bound, (void *)isa),                  \
     cmocka_unit_test_prestate(test_transform_matches_scalar, (void *)isa),                      \
+    cmocka_unit_test_prestate(test_widen_matches_scalar_on_every_pattern, (void *)isa),         \
+    cmocka_unit_test_prestate(test_bwd_line_matches_scalar, (void *)isa),                       \
     cmocka_unit_test_prestate(test_transpose_packs_kt_exactly, (void *)isa),                    \
     cmocka_unit_test_prestate(test_widen_is_exact, (void *)isa),                                \
     cmocka_unit_test_prestate(test_tile_chain_matches_scalar, (void *)isa)

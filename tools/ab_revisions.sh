@@ -10,7 +10,8 @@
 #   example (softcap before/after, 1 thread):
 #     sh tools/ab_revisions.sh 7618db0 -- 2048 64 8 1 3 --softcap 30
 #   ab_time ARGS: N D H THREADS REPS [--pass fwd|bwd] [--dtype f32|f16|bf16]
-#                 [--causal] [--window L,R] [--softcap C]
+#                 [--causal] [--window L,R] [--softcap C] [--hash]
+#   With --hash it also says whether both revisions' outputs are the same bits.
 set -eu
 base=$1; shift
 new=""
@@ -37,10 +38,14 @@ for side in base new; do
 done
 r=0
 while [ "$r" -lt "$rounds" ]; do
-    "$tmp/ab_base" "$@" | awk '{print $2}' >>"$tmp/base.txt"
-    "$tmp/ab_new" "$@" | awk '{print $2}' >>"$tmp/new.txt"
+    "$tmp/ab_base" "$@" >"$tmp/line"; awk '{print $2}' "$tmp/line" >>"$tmp/base.txt"; hb=$(awk '{print $6}' "$tmp/line")
+    "$tmp/ab_new" "$@" >"$tmp/line"; awk '{print $2}' "$tmp/line" >>"$tmp/new.txt"; hn=$(awk '{print $6}' "$tmp/line")
     r=$((r + 1))
 done
+# with --hash among the arguments: do both revisions compute the same bits?
+case " $* " in *" --hash "*)
+    if [ "$hb" = "$hn" ]; then echo "outputs: identical bits (hash $hb)"; else echo "outputs: DIFFER (base $hb, new $hn)"; fi ;;
+esac
 med() { sort -g "$1" | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 b=$(med "$tmp/base.txt"); n=$(med "$tmp/new.txt")
 echo "ab_time $*: base ($base) $b GFLOP/s, new (${new:-working tree}) $n GFLOP/s, new / base $(awk -v a="$n" -v b="$b" 'BEGIN {printf "%.2f", a / b}') (median of $rounds alternating rounds)"

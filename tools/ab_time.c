@@ -4,9 +4,11 @@
  * half of tools/ab_revisions.sh (before/after comparisons of one change).
  *
  *   usage: ab_time N D H THREADS REPS [--pass fwd|bwd] [--dtype f32|f16|bf16]
- *                  [--causal] [--window L,R] [--softcap C]
+ *                  [--causal] [--window L,R] [--softcap C] [--hash]
  *   prints one line: "gflops G median_ms M" (FLOPs 4*N^2*d*H, half when causal,
- *   x2.5 for bwd; windows are counted as N^2, so compare like with like).
+ *   x2.5 for bwd; windows are counted as N^2, so compare like with like);
+ *   with --hash also "hash H": an FNV-1a hash of the output bits (O, or dQ, dK,
+ *   dV for bwd), to check that two revisions compute the same bits.
  * Inputs are uniform in [-1, 1) (never zeros), converted to the dtype asked
  * for; O and the gradients are float32. B = 1, BSHD, heads_k = H.
  */
@@ -74,12 +76,13 @@ int main(int argc, char **argv)
     }
     const int64_t n = atoll(argv[1]), d = atoll(argv[2]), h = atoll(argv[3]);
     const int threads = atoi(argv[4]), reps = atoi(argv[5]);
-    int bwd = 0;
+    int bwd = 0, hash = 0;
     fa_dtype dt = FA_F32;
     fa_options opt = fa_options_default();
     opt.num_threads = threads;
     for (int i = 6; i < argc; i++) {
         if (!strcmp(argv[i], "--causal")) opt.causal = 1;
+        else if (!strcmp(argv[i], "--hash")) hash = 1;
         else if (!strcmp(argv[i], "--pass") && i + 1 < argc) bwd = !strcmp(argv[++i], "bwd");
         else if (!strcmp(argv[i], "--softcap") && i + 1 < argc) opt.softcap = atof(argv[++i]);
         else if (!strcmp(argv[i], "--window") && i + 1 < argc) {
@@ -129,7 +132,17 @@ int main(int argc, char **argv)
     qsort(t + 1, (size_t)reps, sizeof(double), cmp);
     const double med = reps % 2 ? t[1 + reps / 2] : 0.5 * (t[reps / 2] + t[reps / 2 + 1]);
     const double flops = 4.0 * (double)n * (double)n * (double)d * (double)h * (bwd ? 2.5 : 1.0) * (opt.causal ? 0.5 : 1.0);
-    printf("gflops %.2f median_ms %.3f\n", flops / med / 1e9, med * 1e3);
+    printf("gflops %.2f median_ms %.3f", flops / med / 1e9, med * 1e3);
+    if (hash) {
+        uint64_t hv = 1469598103934665603ull;
+        const fa_tensor *grads[3] = {&dq, &dk, &dv};
+        for (int t = 0; t < (bwd ? 3 : 1); t++) {
+            const unsigned char *bytes = (bwd ? grads[t] : &o)->data;
+            for (size_t i = 0; i < (size_t)(n * h * d) * sizeof(float); i++) hv = (hv ^ bytes[i]) * 1099511628211ull;
+        }
+        printf(" hash %016llx", (unsigned long long)hv);
+    }
+    printf("\n");
     for (int i = 0; i < 9; i++) free(bufs[i]);
     free(t);
     return 0;

@@ -1,5 +1,5 @@
 #!/bin/sh
-# tools/mask_cost.sh [BUILD] — what each mask option costs the flash forward
+# tools/mask_cost.sh [BUILD] — what each mask option (or input dtype) costs the flash forward
 # (and backward), measured side by side: the variants below run one after the
 # other, ROUNDS times in alternation (so a neighbour's load hits them all
 # alike), and the median GFLOP/s of each is printed with its ratio to the
@@ -9,6 +9,11 @@
 #
 #   env: N (2048) D (64) H (8) THREADS (2) ROUNDS (5) PASS (fwd; fwd,bwd for both)
 #        FA_ISA (the ISA to force; default: the best this CPU has)
+#        VARIANTS: lines "name|bench options"; the first is the base of the ratios.
+#        Half-precision inputs against float32, for example:
+#          VARIANTS="f32|
+#          bf16|--dtype bf16
+#          f16|--dtype f16" sh tools/mask_cost.sh build
 set -eu
 build=${1:-build}
 fa=$build/flashattn
@@ -16,11 +21,13 @@ n=${N:-2048}; d=${D:-64}; h=${H:-8}; threads=${THREADS:-2}; rounds=${ROUNDS:-5};
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-variants="plain|
+variants=${VARIANTS:-"plain|
 softcap 30|--softcap 30
 causal|--causal
 window 256,0|--window 256,0
-causal+softcap 30|--causal --softcap 30"
+causal+softcap 30|--causal --softcap 30"}
+variants=$(echo "$variants" | sed 's/^ *//')
+first=$(echo "$variants" | head -1 | cut -d'|' -f1)
 
 echo "# mask cost: N=$n d=$d H=$h threads=$threads pass=$pass rounds=$rounds isa=${FA_ISA:-auto}"
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -47,7 +54,7 @@ echo "$variants" | while IFS='|' read -r name args; do
     i=$((i + 1))
 done >"$tmp/summary"
 
-printf '\n| pass | variant | GFLOP/s (median of %s rounds) | / plain |\n|---|---|---|---|\n' "$rounds"
-awk -F'|' '$2 == "plain" {base[$1] = $3} {row[NR] = $0} END {
+printf '\n| pass | variant | GFLOP/s (median of %s rounds) | / %s |\n|---|---|---|---|\n' "$rounds" "$first"
+awk -F'|' -v first="$first" '$2 == first {base[$1] = $3} {row[NR] = $0} END {
     for (k = 1; k <= NR; k++) { split(row[k], f, "|"); printf "| %s | %s | %.1f | %.2f |\n", f[1], f[2], f[3], f[3] / base[f[1]] } }' \
     "$tmp/summary"

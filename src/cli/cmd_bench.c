@@ -70,12 +70,13 @@
  * kv_dtype, num_splits and page_size likewise. */
 static const char csv_header[] =
     "impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,gflops,"
-    "peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right,kv_dtype,num_splits,page_size\n";
+    "peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right,kv_dtype,num_splits,page_size,"
+    "dtype\n";
 
 static const char *bench_usage =
     "usage: flashattn bench [--impl flash,standard,blas] [--pass fwd,bwd] [--n 1024,2048,4096,8192]\n"
     "                       [--d 64,128] [--batch B] [--heads H] [--heads-k HK] [--causal]\n"
-    "                       [--window L,R] [--softcap C]\n"
+    "                       [--window L,R] [--softcap C] [--dtype f32|f16|bf16]\n"
     "                       [--threads T] [--repeats R] [--warmup W] [--csv FILE] [--no-check]\n"
     "                       [--max-seconds S]\n"
     "       flashattn bench --seqlen-q S [--kv-dtype f32,f16,bf16] [--num-splits N,...] [--page-size P,...]\n"
@@ -88,6 +89,7 @@ static const char *bench_usage =
     "  --impl LIST     flash, standard, reference, blas (if built); bwd: flash, reference\n"
     "  --pass LIST     fwd (default) and/or bwd (fa_backward given O and LSE)\n"
     "  --causal, --window L,R, --softcap C   the mask options of run (each one's cost is measured)\n"
+    "  --dtype T       dtype of Q, K, V (and dO): f32 (default), f16 or bf16; O and gradients f32\n"
     "  --n, --d LIST   up to 16 comma-separated values each\n"
     "  --batch B, --heads H, --heads-k HK   1..1000000 (HK divides H; default HK = H)\n"
     "  --threads T     1..4096 (default: OMP_NUM_THREADS or all cores)\n"
@@ -261,6 +263,7 @@ typedef struct bench_cfg {
     int causal, threads, repeats, warmup, check;
     int64_t window_left, window_right; /* --window; -1 = unbounded */
     double softcap;                    /* --softcap; 0 = off */
+    fa_dtype dtype;                    /* --dtype of Q, K, V, dO */
     const char *isa;
     double peak;
     fa_outfile *csv;
@@ -387,7 +390,7 @@ static double check_rows(const fa_tensor *q, const fa_tensor *k, const fa_tensor
     const int64_t r = Sq < CHECK_ROWS ? Sq : CHECK_ROWS;
     fa_tensor qs = *q;
     qs.shape[1] = r;
-    qs.data = (float *)q->data + (Sq - r) * q->stride[1];
+    qs.data = (char *)q->data + (Sq - r) * q->stride[1] * (int64_t)fa_dtype_size(q->dtype);
     double *ref = malloc((size_t)(B * r * H * dv) * sizeof(double)); /* [B][r][H][dv] */
     if (!ref) return INFINITY;
     int64_t shape[4] = {B, r, H, dv};
@@ -428,9 +431,9 @@ static double check_bwd_rows(const fa_tensor *q, const fa_tensor *k, const fa_te
     const int64_t r = Sq < CHECK_ROWS ? Sq : CHECK_ROWS;
     fa_tensor qs = *q, dos = io->dout;
     qs.shape[1] = r;
-    qs.data = (float *)q->data + (Sq - r) * q->stride[1];
+    qs.data = (char *)q->data + (Sq - r) * q->stride[1] * (int64_t)fa_dtype_size(q->dtype);
     dos.shape[1] = r;
-    dos.data = (float *)io->dout.data + (Sq - r) * io->dout.stride[1];
+    dos.data = (char *)io->dout.data + (Sq - r) * io->dout.stride[1] * (int64_t)fa_dtype_size(io->dout.dtype);
     int64_t sq[4] = {B, r, H, d}, sk[4] = {B, Sk, Hk, d}, sv[4] = {B, Sk, Hk, dv};
     double *dq = malloc((size_t)(B * r * H * d) * sizeof(double));
     double *dk = malloc((size_t)(B * Sk * Hk * d) * sizeof(double));
@@ -475,6 +478,36 @@ static void fill_random(float *x, size_t n, uint64_t *rng)
     }
 }
 
+/* x (finite, |x| < 65504) as IEEE binary16 bits, rounded to nearest even. */
+static uint16_t round_f16(float x)
+{
+    const uint16_t sign = signbit(x) ? 0x8000u : 0u;
+    const double a = fabs((double)x);
+    if (a < 0x1p-14) return (uint16_t)(sign | (uint16_t)nearbyint(a * 0x1p24)); /* subnormal (or the
+                                                                                  * smallest normal) */
+    int e;
+    double mant = nearbyint(frexp(a, &e) * 2048.0); /* a = mant * 2^(e - 11), mant in [1024, 2048] */
+    if (mant == 2048.0) mant = 1024.0, e++;
+    return (uint16_t)(sign | (uint16_t)((e + 14) << 10) | (uint16_t)((int)mant - 1024));
+}
+
+/* x (finite) as bfloat16 bits, rounded to nearest even. */
+static uint16_t round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Convert n floats in place into n elements of dtype (f32: nothing to do);
+ * element i is written at or below where float i was read. */
+static void to_dtype(float *x, size_t n, fa_dtype dt)
+{
+    if (dt == FA_F32) return;
+    uint16_t *h = (uint16_t *)(void *)x;
+    for (size_t i = 0; i < n; i++) h[i] = dt == FA_BF16 ? round_bf16(x[i]) : round_f16(x[i]);
+}
+
 static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const bench_cfg *cfg, uint64_t *rng)
 {
     const int64_t B = cfg->batch, H = cfg->heads, Hk = cfg->heads_k;
@@ -495,17 +528,21 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
     fill_random(buf[0], nq, rng);
     fill_random(buf[1], nk, rng);
     fill_random(buf[2], nk, rng);
+    to_dtype(buf[0], nq, cfg->dtype);
+    to_dtype(buf[1], nk, cfg->dtype);
+    to_dtype(buf[2], nk, cfg->dtype);
     fa_tensor q, k, v, o;
     bwd_io io;
-    fa_tensor_make(&q, buf[0], FA_F32, 4, qs, NULL);
-    fa_tensor_make(&k, buf[1], FA_F32, 4, ks, NULL);
-    fa_tensor_make(&v, buf[2], FA_F32, 4, ks, NULL);
+    fa_tensor_make(&q, buf[0], cfg->dtype, 4, qs, NULL);
+    fa_tensor_make(&k, buf[1], cfg->dtype, 4, ks, NULL);
+    fa_tensor_make(&v, buf[2], cfg->dtype, 4, ks, NULL);
     fa_tensor_make(&o, buf[3], FA_F32, 4, qs, NULL);
     if (bwd) {
         fill_random(buf[5], nq, rng);
+        to_dtype(buf[5], nq, cfg->dtype);
         io.o = o;
         fa_tensor_make(&io.lse, buf[4], FA_F32, 3, ls, NULL);
-        fa_tensor_make(&io.dout, buf[5], FA_F32, 4, qs, NULL);
+        fa_tensor_make(&io.dout, buf[5], cfg->dtype, 4, qs, NULL);
         fa_tensor_make(&io.dq, buf[6], FA_F32, 4, qs, NULL);
         fa_tensor_make(&io.dk, buf[7], FA_F32, 4, ks, NULL);
         fa_tensor_make(&io.dv, buf[8], FA_F32, 4, ks, NULL);
@@ -572,11 +609,12 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
     if (cfg->csv) {
         char row[512];
         int len = snprintf(row, sizeof row,
-                           "%s,%s,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,,,%.2f,%g,%lld,%lld,,,\n", impl,
+                           "%s,%s,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,,,%.2f,%g,%lld,%lld,,,,%s\n", impl,
                            bwd ? "bwd" : "fwd", isa, cfg->threads, (long long)B, (long long)H, (long long)Hk,
                            (long long)n, (long long)n, (long long)d, cfg->causal, med * 1e3, times[0] * 1e3,
                            times[reps - 1] * 1e3, gflops, frac, rss, lib_mib, cfg->softcap,
-                           (long long)cfg->window_left, (long long)(cfg->causal ? 0 : cfg->window_right));
+                           (long long)cfg->window_left, (long long)(cfg->causal ? 0 : cfg->window_right),
+                           fa_dtype_name(cfg->dtype));
         if (fa_outfile_write(cfg->csv, row, (size_t)len) != FA_OK) {
             cli_die_npy(FA_ERR_IO);
             rc = 2;
@@ -829,7 +867,7 @@ static int decode_bench_one(const char *impl, int64_t n, int64_t d, fa_dtype kvd
         char row[640];
         const int len = snprintf(row, sizeof row,
                                  "%s,fwd,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,%.3f,%.4f,%.2f,"
-                                 "%g,%lld,%lld,%s,%d,%lld\n",
+                                 "%g,%lld,%lld,%s,%d,%lld,f32\n",
                                  impl, cfg->isa, cfg->threads, (long long)B, (long long)H, (long long)Hk, (long long)Sq,
                                  (long long)n, (long long)d, cfg->causal, med * 1e3, times[0] * 1e3,
                                  times[reps - 1] * 1e3, gflops, frac, rss, gbps, bwf, lib_mib, cfg->softcap,
@@ -1086,6 +1124,9 @@ static int bench_main(int argc, char **argv)
             cfg.window_left = mask.opt.window_left;
             cfg.window_right = mask.opt.window_right;
             cfg.softcap = mask.opt.softcap;
+        } else if ((r = cli_opt_value(argc, argv, &i, "--dtype", &val)) != 0) {
+            if (r < 0 || cli_parse_dtype("--dtype", val, &cfg.dtype)) return 2;
+            if (cfg.dtype == FA_F64) return cli_die("bench: --dtype: expected f32, f16 or bf16, got 'f64'");
         } else if ((r = cli_opt_value(argc, argv, &i, "--impl", &val)) != 0) {
             if (r < 0) return 2;
             impls = val;
@@ -1262,8 +1303,8 @@ static int bench_main(int argc, char **argv)
                        (long long)cfg.window_left, (long long)(cfg.causal ? 0 : cfg.window_right));
     if (cfg.softcap > 0) snprintf(maskdesc + ml, sizeof maskdesc - (size_t)ml, ", softcap %g", cfg.softcap);
     const int windowed = cfg.window_left >= 0 || (!cfg.causal && cfg.window_right >= 0);
-    printf("float32, batch %lld, heads %lld (kv heads %lld), %s; FLOPs = %s per head%s\n",
-           (long long)cfg.batch, (long long)cfg.heads, (long long)cfg.heads_k, maskdesc,
+    printf("%s inputs, batch %lld, heads %lld (kv heads %lld), %s; FLOPs = %s per head%s\n",
+           cfg.dtype == FA_F32 ? "float32" : cfg.dtype == FA_F16 ? "float16" : "bfloat16", (long long)cfg.batch, (long long)cfg.heads, (long long)cfg.heads_k, maskdesc,
            windowed ? "4*d per visible (query, key) pair" : cfg.causal ? "4*N^2*d / 2" : "4*N^2*d",
            do_pass[1] ? ", x2.5 for bwd" : "");
     printf("times are median (min, max) of >= %d runs after %d warm-up; check = max |err| of the last %d rows vs float64%s\n",
@@ -1272,6 +1313,9 @@ static int bench_main(int argc, char **argv)
     if (do_pass[1])
         for (int c = 0; c < nimpl; c++)
             if (!has_backward(names[c])) printf("(%s has no backward pass: no bwd rows for it)\n", names[c]);
+    for (int c = 0; c < nimpl; c++)
+        if (cfg.dtype != FA_F32 && strcmp(names[c], "blas") == 0)
+            printf("(blas is sgemm on float32 inputs: no rows for it with --dtype %s)\n", fa_dtype_name(cfg.dtype));
     printf("\n%-9s %-4s %-8s %6s %4s %9s %9s %9s %8s %7s %9s %9s %9s\n", "impl", "pass", "isa", "N", "d", "med_ms",
            "min_ms", "max_ms", "GFLOP/s", "peak", "rss_MiB", "lib_MiB", "check");
     fflush(stdout);
@@ -1283,6 +1327,7 @@ static int bench_main(int argc, char **argv)
             for (int p = 0; p < 2; p++)
                 for (int c = 0; c < nimpl; c++) {
                     if (!do_pass[p] || (p == 1 && !has_backward(names[c]))) continue;
+                    if (cfg.dtype != FA_F32 && strcmp(names[c], "blas") == 0) continue; /* float32 only */
                     int r = bench_one(names[c], p, ns[b], ds[a], &cfg, &rng);
                     if (r > rc) rc = r;
                 }

@@ -15,8 +15,12 @@
  *                    [d][16], 8 KiB at d = 128, stays in L1).
  *   pv  O = aO + PV: MR = 6 rows x NV = 2 vectors (16 columns of dv), the
  *                    same shape: per key j, 2 loads of V[j][c..c+15], 6
- *                    broadcasts of P[i][j], 12 FMAs; O is read, rescaled and
- *                    written once per tile (O = alpha*O + acc).
+ *                    broadcasts of P[i][j], 12 FMAs; O is read and written
+ *                    once per key chunk (O = alpha*O + acc on the first,
+ *                    O + acc after). Loop order: column panel (16) > key
+ *                    chunk (bc split evenly, <= PV_KC = 256) > row block, as
+ *                    avx512.c, so the V sub-panel (<= [256][16], 16 KiB)
+ *                    stays in a 32 KiB L1 (Zen 3).
  *   softmax          rows in groups of 8: maxima first, alpha for the group
  *                    in one vector exp, then each row's exp pass.
  *
@@ -45,9 +49,11 @@
 
 #include "fma_peak.h"
 #include "simd_exp.h"
+#include "tensor.h"
 
 #define MR 6
 #define NV 2
+#define PV_KC 256 /* most keys per pv chunk: V sub-panel [256][16] = 16 KiB, half a 32 KiB L1 */
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -378,7 +384,7 @@ static void softmax_avx2(int br, int bc, float *s, size_t lds, float *m, float *
  */
 INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last, int bc,
                      const float *p, size_t ldp, const float *v, size_t ldv, const float *alpha,
-                     float *o, size_t ldo)
+                     float *o, size_t ldo) /* alpha NULL: O = O + acc */
 {
     __m256 acc[MR][NV];
 #pragma GCC unroll 6
@@ -403,7 +409,7 @@ INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last,
 
 #pragma GCC unroll 6
     for (int r = 0; r < mr; r++) {
-        const __m256 a = _mm256_broadcast_ss(alpha + r);
+        const __m256 a = alpha ? _mm256_broadcast_ss(alpha + r) : _mm256_set1_ps(1.0f);
 #pragma GCC unroll 2
         for (int u = 0; u < nv; u++) {
             float *dst = o + (size_t)r * ldo + 8 * u;
@@ -415,37 +421,57 @@ INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last,
     }
 }
 
-INLINE void pv_rows(const int mr, int bc, int dv, const float *p, size_t ldp, const float *v,
-                    size_t ldv, const float *alpha, float *o, size_t ldo)
-{
-    const __m256i all = _mm256_set1_epi32(-1);
-    int c = 0;
-    for (; c + 8 * NV <= dv; c += 8 * NV) pv_block(mr, NV, 0, all, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
-    const int left = dv - c;
-    if (left == 8)
-        pv_block(mr, 1, 0, all, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
-    else if (left > 8)
-        pv_block(mr, 2, 1, lanes_below(left - 8), bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
-    else if (left > 0)
-        pv_block(mr, 1, 1, lanes_below(left), bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
-}
-
-static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
-                    const float *alpha, float *o, size_t ldo)
+/* All row blocks of one (column panel, key chunk): nv vectors, the last masked when `masked`. */
+INLINE void pv_panel(const int nv, const int masked, __m256i last, int br, int kc, const float *p, size_t ldp,
+                     const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
 {
     int i = 0;
     for (; i + MR <= br; i += MR)
-        pv_rows(MR, bc, dv, p + (size_t)i * ldp, ldp, v, ldv, alpha + i, o + (size_t)i * ldo, ldo);
-    const float *pi = p + (size_t)i * ldp;
+        pv_block(MR, nv, masked, last, kc, p + (size_t)i * ldp, ldp, v, ldv, alpha ? alpha + i : NULL,
+                 o + (size_t)i * ldo, ldo);
+    const float *pi = p + (size_t)i * ldp, *ai = alpha ? alpha + i : NULL;
     float *oi = o + (size_t)i * ldo;
     switch (br - i) {
-    case 5: pv_rows(5, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 4: pv_rows(4, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 3: pv_rows(3, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 2: pv_rows(2, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 1: pv_rows(1, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 5: pv_block(5, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 4: pv_block(4, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 3: pv_block(3, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 2: pv_block(2, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 1: pv_block(1, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
     default: break;
     }
+}
+
+/*
+ * Loop order, as avx512.c: column panel (16 of dv) > key chunk (at most
+ * PV_KC keys) > row block. The V sub-panel [chunk][16] (<= 16 KiB) stays in
+ * L1 while every row block streams past it; with row blocks outermost (the previous order)
+ * each 6-row block re-streamed all of V_j ([Bc][dv], 64-128 KiB) from L2.
+ * O is rescaled by alpha on the first chunk and accumulated after.
+ */
+static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
+                    const float *alpha, float *o, size_t ldo)
+{
+    const __m256i all = _mm256_set1_epi32(-1);
+    /* equal chunks of at most PV_KC keys (Bc = 320 runs two of 160, not 256 + 64) */
+    const int nchunk = (bc + PV_KC - 1) / PV_KC, chunk = nchunk ? (bc + nchunk - 1) / nchunk : 0;
+    for (int c = 0; c < dv; c += 8 * NV) {
+        const int left = dv - c < 8 * NV ? dv - c : 8 * NV;
+        for (int j0 = 0; j0 < bc; j0 += chunk) {
+            const int kc = bc - j0 < chunk ? bc - j0 : chunk;
+            const float *pj = p + j0, *vj = v + (size_t)j0 * ldv + c, *aj = j0 == 0 ? alpha : NULL;
+            if (left == 16)
+                pv_panel(2, 0, all, br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+            else if (left == 8)
+                pv_panel(1, 0, all, br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+            else if (left > 8)
+                pv_panel(2, 1, lanes_below(left - 8), br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+            else
+                pv_panel(1, 1, lanes_below(left), br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+        }
+    }
+    if (bc == 0) /* no key: O = alpha O still */
+        for (int i = 0; i < br; i++)
+            for (int c = 0; c < dv; c++) o[(size_t)i * ldo + c] *= alpha[i];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -492,6 +518,58 @@ static void transpose_avx2(int bc, int d, const float *k, size_t ldk, float *kt,
 }
 
 /* ------------------------------------------------------------------------ */
+/* bwd_line: P = exp(s - L), dS = P (dP - D) [* g] on one backward line      */
+/* ------------------------------------------------------------------------ */
+
+static void bwd_line_avx2(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                          int per_elem, const float *g)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lo = _mm256_set1_epi32(va - 1), hi = _mm256_set1_epi32(vb);
+    for (int x = 0; x < n; x += 8) {
+        const int left = n - x;
+        const __m256i k = left >= 8 ? _mm256_set1_epi32(-1) : lanes_below(left);
+        const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(x), lane);
+        const __m256 in = _mm256_castsi256_ps(
+            _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(idx, lo), _mm256_cmpgt_epi32(hi, idx)), k));
+        const __m256 L = per_elem ? _mm256_maskload_ps(lse + x, k) : _mm256_set1_ps(lse[0]);
+        const __m256 D = per_elem ? _mm256_maskload_ps(dd + x, k) : _mm256_set1_ps(dd[0]);
+        /* masked lanes: exp of 0 - 0, then zeroed (never exp(-inf - -inf) = NaN) */
+        const __m256 sx = _mm256_and_ps(_mm256_maskload_ps(s + x, k), in);
+        const __m256 p = _mm256_and_ps(exp_any(_mm256_sub_ps(sx, _mm256_and_ps(L, in))), in);
+        __m256 ds = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dp + x, k), D));
+        if (g) ds = _mm256_blendv_ps(ds, _mm256_mul_ps(ds, _mm256_maskload_ps(g + x, _mm256_castps_si256(in))), in);
+        _mm256_maskstore_ps(s + x, k, p);
+        _mm256_maskstore_ps(dp + x, k, ds);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* widen: float16 (F16C vcvtph2ps) and bfloat16 (a 16-bit shift) to float32  */
+/* ------------------------------------------------------------------------ */
+
+static void widen_avx2(int n, const uint16_t *src, int bf16, float *dst)
+{
+    int i = 0;
+    if (bf16) {
+        for (; i + 16 <= n; i += 16) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
+            const __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+            const __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
+            _mm256_storeu_ps(dst + i + 8, _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
+        }
+        for (; i < n; i++) dst[i] = fa_bf16_to_f32(src[i]);
+    } else {
+        for (; i + 16 <= n; i += 16) {
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+            _mm256_storeu_ps(dst + i + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i + 8))));
+        }
+        for (; i < n; i++) dst[i] = fa_f16_to_f32(src[i]);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* FMA peak loop                                                             */
 /* ------------------------------------------------------------------------ */
 
@@ -511,34 +589,6 @@ double fa_fma_loop_avx2(long iters, float *sink)
     return (double)iters * 12 * 8 * 2;
 }
 
-/* ------------------------------------------------------------------------ */
-/* widen: f16/bf16 -> float32 (the decode path's KV-cache packing)           */
-/* ------------------------------------------------------------------------ */
-
-/* 8 values per step: bf16 is the high half of a float32 (zero-extend and
- * shift), f16 goes through F16C's vcvtph2ps; both exact. The tail goes
- * through a small buffer, so nothing past n is read or written. */
-static void widen_avx2(int n, const uint16_t *src, float *dst, int bf16)
-{
-    int c = 0;
-    for (; c + 8 <= n; c += 8) {
-        const __m128i h = _mm_loadu_si128((const __m128i *)(src + c));
-        const __m256 f = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                              : _mm256_cvtph_ps(h);
-        _mm256_storeu_ps(dst + c, f);
-    }
-    if (c < n) {
-        uint16_t in[8] = {0};
-        float out[8];
-        memcpy(in, src + c, (size_t)(n - c) * sizeof(uint16_t));
-        const __m128i h = _mm_loadu_si128((const __m128i *)in);
-        const __m256 f = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                              : _mm256_cvtph_ps(h);
-        _mm256_storeu_ps(out, f);
-        memcpy(dst + c, out, (size_t)(n - c) * sizeof(float));
-    }
-}
-
 const fa_kernels fa_kernels_avx2 = {
     .name = "avx2",
     .simd_width = 8,
@@ -548,6 +598,7 @@ const fa_kernels fa_kernels_avx2 = {
     .pv = pv_avx2,
     .vexp = vexp_avx2,
     .transpose = transpose_avx2,
-    .widen = widen_avx2,
     .transform = transform_avx2,
+    .widen = widen_avx2,
+    .bwd_line = bwd_line_avx2,
 };

@@ -451,20 +451,48 @@ double fa_fma_loop_avx512(long iters, float *sink)
 }
 
 /* ------------------------------------------------------------------------ */
-/* widen: f16/bf16 -> float32 (the decode path's KV-cache packing)           */
+/* bwd_line: P = exp(s - L), dS = P (dP - D) [* g] on one backward line      */
 /* ------------------------------------------------------------------------ */
 
-/* 16 values per step: bf16 is the high half of a float32 (zero-extend and
- * shift), f16 goes through F16C's vcvtph2ps; both exact. The tail reads and
- * writes only n elements (masked). */
-static void widen_avx512(int n, const uint16_t *src, float *dst, int bf16)
+static void bwd_line_avx512(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                            int per_elem, const float *g)
 {
-    for (int c = 0; c < n; c += 16) {
-        const __mmask16 k = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1u);
-        const __m256i h = _mm256_maskz_loadu_epi16(k, src + c);
-        const __m512 f = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-                              : _mm512_cvtph_ps(h);
-        _mm512_mask_storeu_ps(dst + c, k, f);
+    for (int x = 0; x < n; x += 16) {
+        const int left = n - x;
+        const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        /* lanes x + t with va <= x + t < vb */
+        const int a = va - x > 0 ? (va - x < 16 ? va - x : 16) : 0, b = vb - x > 0 ? (vb - x < 16 ? vb - x : 16) : 0;
+        const __mmask16 in = (__mmask16)(k & (b > a ? (((1u << b) - 1u) & ~((1u << a) - 1u)) : 0u));
+        const __m512 L = per_elem ? _mm512_maskz_loadu_ps(in, lse + x) : _mm512_set1_ps(lse[0]);
+        const __m512 D = per_elem ? _mm512_maskz_loadu_ps(k, dd + x) : _mm512_set1_ps(dd[0]);
+        const __m512 p = _mm512_maskz_mov_ps(in, exp_any(_mm512_maskz_sub_ps(in, _mm512_maskz_loadu_ps(in, s + x), L)));
+        __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + x), D));
+        if (g) ds = _mm512_mask_mul_ps(ds, in, ds, _mm512_maskz_loadu_ps(in, g + x));
+        _mm512_mask_storeu_ps(s + x, k, p);
+        _mm512_mask_storeu_ps(dp + x, k, ds);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* widen: float16 (vcvtph2ps) and bfloat16 (a 16-bit shift) to float32       */
+/* ------------------------------------------------------------------------ */
+
+INLINE __m512 widen16(__m256i h, int bf16)
+{
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+static void widen_avx512(int n, const uint16_t *src, int bf16, float *dst)
+{
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        _mm512_storeu_ps(dst + i, widen16(_mm256_loadu_si256((const __m256i *)(src + i)), bf16));
+        _mm512_storeu_ps(dst + i + 16, widen16(_mm256_loadu_si256((const __m256i *)(src + i + 16)), bf16));
+    }
+    for (; i < n; i += 16) {
+        const int left = n - i;
+        const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        _mm512_mask_storeu_ps(dst + i, k, widen16(_mm256_maskz_loadu_epi16(k, src + i), bf16));
     }
 }
 
@@ -477,6 +505,7 @@ const fa_kernels fa_kernels_avx512 = {
     .pv = pv_avx512,
     .vexp = vexp_avx512,
     .transpose = fa_transpose_avx512, /* avx512_transpose.c */
-    .widen = widen_avx512,
     .transform = transform_avx512,
+    .widen = widen_avx512,
+    .bwd_line = bwd_line_avx512,
 };

@@ -67,14 +67,6 @@ typedef struct fa_kernels {
     void (*transpose)(int bc, int d, const float *k, size_t ldk_src, float *kt, size_t ldkt);
 
     /*
-     * Optional (NULL: the portable conversion of tensor.h). Widen n 16-bit
-     * floats to float32: dst[i] = src[i] as bf16 (bf16 != 0) or IEEE half.
-     * Exact (every f16 and bf16 value is a float32); the decode path packs
-     * f16/bf16 KV caches through it.
-     */
-    void (*widen)(int n, const uint16_t *src, float *dst, int bf16);
-
-    /*
      * Finish one line of n scores in place (a row of S, or of S^T in the
      * backward pass) after qk has scaled them, in docs/semantics.md's order:
      *   x outside [va, vb):  s[x] = -inf (masked; g untouched)
@@ -91,7 +83,34 @@ typedef struct fa_kernels {
      */
     void (*transform)(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
                       int64_t rel0, int rel_step, float *g);
+
+    /*
+     * dst[i] = src[i] widened to float32 for i < n: IEEE binary16 bit
+     * patterns (bf16 = 0) or bfloat16 (bf16 = 1). Exact (every half value is
+     * a float32, subnormals included); a NaN stays a NaN (its payload may come
+     * back quieted). The packers' conversion of half-precision Q, K, V, dO.
+     */
+    void (*widen)(int n, const uint16_t *src, int bf16, float *dst);
+
+    /*
+     * The backward pass's elementwise middle of one line (after `transform`
+     * finished the scores s): for x < n, with L, D = lse[x], dd[x] when
+     * per_elem, else lse[0], dd[0]:
+     *   s[x]  = x in [va, vb) ? exp(s[x] - L) : 0           (P; masked: exactly 0)
+     *   dp[x] = s[x] * (dp[x] - D)                           (dS)
+     *   dp[x] *= g[x] for x in [va, vb) when g != NULL       (softcap derivative)
+     * g is read only inside [va, vb). The exp is the table's vexp.
+     */
+    void (*bwd_line)(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                     int per_elem, const float *g);
 } fa_kernels;
+
+/* The spec of fa_kernels::widen (tensor.h's conversions), shared by tables without their own. */
+void fa_widen_scalar(int n, const uint16_t *src, int bf16, float *dst);
+
+/* The spec of fa_kernels::bwd_line (libm's expf). */
+void fa_bwd_line_scalar(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                        int per_elem, const float *g);
 
 /* The spec of fa_kernels::transform (libm's tanhf), shared by tables without their own. */
 void fa_transform_line_scalar(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,

@@ -368,4 +368,6 @@ const fa_kernels fa_kernels_neon = {
     .vexp = vexp_neon,
     .transpose = transpose_neon,
     .transform = fa_transform_line_scalar, /* no NEON tanh yet: the spec's loop */
+    .widen = fa_widen_scalar,
+    .bwd_line = fa_bwd_line_scalar,
 };

@@ -10,6 +10,8 @@
 
 #include <math.h>
 
+#include "tensor.h"
+
 static void qk_scalar(int br, int bc, int d, const float *q, size_t ldq,
                       const float *kt, size_t ldk, float scale, float *s, size_t lds)
 {
@@ -90,6 +92,27 @@ void fa_transform_line_scalar(int n, int va, int vb, float *s, float cap, float 
     }
 }
 
+void fa_widen_scalar(int n, const uint16_t *src, int bf16, float *dst)
+{
+    if (bf16)
+        for (int i = 0; i < n; i++) dst[i] = fa_bf16_to_f32(src[i]);
+    else
+        for (int i = 0; i < n; i++) dst[i] = fa_f16_to_f32(src[i]);
+}
+
+void fa_bwd_line_scalar(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                        int per_elem, const float *g)
+{
+    for (int x = 0; x < n; x++) {
+        const float L = per_elem ? lse[x] : lse[0], D = per_elem ? dd[x] : dd[0];
+        const int in = x >= va && x < vb;
+        const float p = in ? expf(s[x] - L) : 0.0f;
+        s[x] = p;
+        dp[x] = p * (dp[x] - D);
+        if (g && in) dp[x] *= g[x];
+    }
+}
+
 const fa_kernels fa_kernels_scalar = {
     .name = "scalar",
     .simd_width = 1,
@@ -99,4 +122,6 @@ const fa_kernels fa_kernels_scalar = {
     .pv = pv_scalar,
     .vexp = vexp_scalar,
     .transform = fa_transform_line_scalar,
+    .widen = fa_widen_scalar,
+    .bwd_line = fa_bwd_line_scalar,
 };
