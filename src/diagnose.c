@@ -246,8 +246,8 @@ static int64_t keys_max(const fa_problem *p)
  * predict()'s). dots: the cached q.k_j of this row for its own kv head, or NULL.
  * *lse_any = 1 when the variant does not determine the LSE (a finite sentinel).
  */
-static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int64_t h, const dg_variant *v,
-                      const double *dots, int no_alibi, double *o, double *lse, int *lse_any)
+static void eval_core_nosink(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int64_t h, const dg_variant *v,
+                             const double *dots, int no_alibi, double *o, double *lse, int *lse_any)
 {
     const fa_problem *p = cx->p;
     const int64_t d = p->d, dv = p->dv;
@@ -451,6 +451,30 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
     }
     for (int64_t c = 0; c < dv; c++) o[c] = s->acc[c] / l;
     *lse = m + log(l);
+}
+
+/* eval_core_nosink's row with the problem's attention sink of head h folded in
+ * (mask.h's fa_sink_finish on the finished row: LSE' = ln(e^LSE + e^sink),
+ * O' = O e^(LSE - LSE'); an empty row gets O = 0, LSE = sink), except where
+ * the variant leaves it out (v->sink). */
+static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int64_t h, const dg_variant *v,
+                      const double *dots, int no_alibi, double *o, double *lse, int *lse_any)
+{
+    eval_core_nosink(cx, s, b, i, h, v, dots, no_alibi, o, lse, lse_any);
+    const double sink = fa_sink(cx->p, h), l0 = *lse;
+    if (sink == -INFINITY || v->sink == DG_SINK_OUT || isnan(l0) || *lse_any) return;
+    double l2, f;
+    if (l0 == -INFINITY) {
+        l2 = sink;
+        f = 0.0;
+    } else {
+        const double m2 = l0 > sink ? l0 : sink;
+        l2 = m2 + log(exp(l0 - m2) + exp(sink - m2));
+        f = exp(l0 - l2);
+    }
+    if (v->sink != DG_SINK_OUT_O)
+        for (int64_t c = 0; c < cx->p->dv; c++) o[c] = f == 0.0 ? 0.0 : o[c] * f;
+    if (v->sink != DG_SINK_OUT_LSE) *lse = l2;
 }
 
 /* The O row and LSE the variant predicts at sampled row w. */
@@ -1386,6 +1410,34 @@ static void cand_split(const dg_ctx *cx, dg_list *L)
         modes[mi[best]].what);
 }
 
+/* sink-missing: a kernel with attention sinks left the sink out of O's denominator, of the
+ * LSE, or of both (which of the three is fitted; the LSE-only ones need the tested LSE). */
+static void cand_sink(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!p->sinks.data) return;
+    consider(L, "sink-missing");
+    static const struct {
+        dg_sink_mode m;
+        const char *what;
+    } modes[] = {
+        {DG_SINK_OUT, "the sink left out of the softmax denominator and of the LSE"},
+        {DG_SINK_OUT_O, "the sink left out of O's denominator (the LSE has it)"},
+        {DG_SINK_OUT_LSE, "the sink left out of the LSE (O has it)"},
+    };
+    dg_variant vs[3];
+    int mi[3], nv = 0;
+    for (int x = 0; x < 3; x++) {
+        if (modes[x].m != DG_SINK_OUT && !cx->lt) continue;
+        vs[nv] = dg_variant_reference(p);
+        vs[nv].sink = modes[x].m;
+        mi[nv++] = x;
+    }
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "sink-missing", e, (double)vs[best].sink, "%s", modes[mi[best]].what);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Entry point                                                               */
 /* ------------------------------------------------------------------------ */
@@ -1670,6 +1722,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         cand_descale(&cx, &L);
         cand_psat(&cx, &L);
         cand_split(&cx, &L);
+        cand_sink(&cx, &L);
     }
     /* best first; a tie goes to the candidate considered first (a more specific class) */
     qsort(L.all, (size_t)L.n, sizeof L.all[0], cmp_diag);
@@ -1729,9 +1782,8 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     if (!out) return fa_fail(FA_ERR_NULL_ARG, "out: tensor is NULL");
     fa_problem p;
     if ((st = fa_resolve(FA_PURPOSE_CHECK, q, k, v, out, lse, attn, NULL, &p)) != FA_OK) return st;
-    if (p.sinks.data || p.keep || p.rot_dim) /* the candidate models have no sink, dropout or rotary term */
-        return fa_fail(FA_ERR_OPTION, "fa_diagnose: not available with %s",
-                       p.sinks.data ? "attention sinks" : p.keep ? "dropout" : "rotary");
+    if (p.keep || p.rot_dim) /* the candidate models have no dropout or rotary term */
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: not available with %s", p.keep ? "dropout" : "rotary");
     if (p.batch == 0 || p.seqlen_q == 0 || p.seqlen_k == 0) {
         snprintf(report->considered, sizeof report->considered, "%s", "");
         return FA_OK; /* nothing to diagnose */

@@ -66,6 +66,14 @@ typedef enum dg_split_mode {
     DG_SPLIT_LSE_MAX     /* O right, LSE = max over the splits' LSEs */
 } dg_split_mode;
 
+/* Where a kernel with attention sinks left the sink out (the sink joins the denominator only). */
+typedef enum dg_sink_mode {
+    DG_SINK_RIGHT = 0,
+    DG_SINK_OUT,         /* left out of O's denominator and of the LSE */
+    DG_SINK_OUT_O,       /* left out of O's denominator, the LSE right */
+    DG_SINK_OUT_LSE      /* O right, the LSE without the sink */
+} dg_sink_mode;
+
 typedef struct dg_variant {
     double scale;        /* applied to q.k */
     double softcap;      /* 0: off */
@@ -94,6 +102,7 @@ typedef struct dg_variant {
     /* split-KV: keys in split_n chunks of ceil(len / split_n), combined the split_mode way */
     dg_split_mode split_mode;
     int split_n;
+    dg_sink_mode sink;   /* attention sinks: where the sink is left out */
 } dg_variant;
 
 /* The variant that is the reference for problem p. */
