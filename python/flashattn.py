@@ -1167,11 +1167,14 @@ def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, 
              alibi_slopes=None, dtype=None, sample_rows=32, seed=0, min_explained=0.8,
              num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
              seqused_k=None, cache_seqlens=None, k_new=None, v_new=None, cache_batch_idx=None,
-             cache_leftpad=None, block_table=None, qkv_format=None):
+             cache_leftpad=None, block_table=None, qkv_format=None, sinks=None, dropout_p=0.0,
+             dropout_mask=None):
     """Name the known mistake behind a wrong output (fa_diagnose; `check --diagnose`).
 
     Arguments as for check() (varlen batches and KV caches, paged or not,
     included); sample_rows rows per (sequence, head) are evaluated (0: all).
+    sinks: [heads] attention sinks of the tested kernel (`sink-missing` is then
+    a candidate); dropout_p, dropout_mask: its dropout (`dropout-mask`).
     qkv_format ("e4m3", "e5m2", "e2m1", "int8"; q, k, v passed dequantized):
     the rounding floor follows P's format, and `descale` and `p-saturation`
     are candidates.
@@ -1186,7 +1189,8 @@ def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, 
         lse_a = _as_array(lse, "lse")
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
-    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align,
+                   sinks=sinks, dropout_p=dropout_p, dropout_mask=dropout_mask)
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)

@@ -27,6 +27,11 @@
  * P's format, and `descale` (one (batch, kv head)'s Q/K or V descale off by a
  * fitted factor) and `p-saturation` (P~ clamped at the format's max in P.V,
  * row sums unclamped, online over key blocks) are candidates.
+ * Attention sinks and dropout: every variant folds the sink into its finished
+ * row (eval_core) and puts the keep-mask on P before P.V (keep_factor), and
+ * `sink-missing` and `dropout-mask` are the variants that do it wrongly.
+ * Rotary is refused (FA_ERR_OPTION): rotary-pairing and rotary-offset are not
+ * implemented yet.
  *
  * Everything is float64 and follows mask.h's semantics for the reference.
  */
@@ -240,14 +245,34 @@ static int64_t keys_max(const fa_problem *p)
     return n + 4;
 }
 
+/* The factor the variant puts on P_ij of row i (sequence b, head h) before P.V:
+ * the dropout keep-mask Z_ij / (1 - p) read the variant's way; 1 without dropout. */
+static double keep_factor(const fa_problem *p, const dg_variant *v, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    if (!p->keep || v->drop == DG_DROP_NONE) return 1.0;
+    int64_t r = i, c = j;
+    if (v->drop == DG_DROP_TRANSPOSED) {
+        const int64_t f = j * p->seqlen_q + i;
+        r = f / p->seqlen_k;
+        c = f % p->seqlen_k;
+    } else if (v->drop == DG_DROP_KEY_SHIFT) {
+        c = j + v->drop_shift;
+    } else if (v->drop == DG_DROP_ROW_SHIFT) {
+        r = i + v->drop_shift;
+    }
+    if (r < 0 || r >= p->seqlen_q || c < 0 || c >= p->seqlen_k) return 0.0;
+    if (!fa_keep_row(p, b, h, r)[c * p->keep_stride[3]]) return 0.0;
+    return v->drop == DG_DROP_NO_SCALE ? 1.0 : p->keep_scale;
+}
+
 /*
  * O row (b, i, h) and its LSE as a kernel with variant v computes them
  * (layout: only the input reading of DG_LAYOUT_ALL_BHSD; the output mapping is
  * predict()'s). dots: the cached q.k_j of this row for its own kv head, or NULL.
  * *lse_any = 1 when the variant does not determine the LSE (a finite sentinel).
  */
-static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int64_t h, const dg_variant *v,
-                      const double *dots, int no_alibi, double *o, double *lse, int *lse_any)
+static void eval_core_nosink(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int64_t h, const dg_variant *v,
+                             const double *dots, int no_alibi, double *o, double *lse, int *lse_any)
 {
     const fa_problem *p = cx->p;
     const int64_t d = p->d, dv = p->dv;
@@ -355,7 +380,8 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
                 const fa_tensor *t;
                 if (j >= Sk || w == 0.0 || !(t = key_src(p, v, &g, j, 1, kh, &off))) continue;
                 fa_gather_f64(t, off, t->stride[3], dv, s->x);
-                for (int64_t c = 0; c < dv; c++) o[c] += w * s->x[c];
+                const double wk = w * keep_factor(p, v, b, h, i, j);
+                for (int64_t c = 0; c < dv; c++) o[c] += wk * s->x[c];
             }
             const double lse_c = mc + log(lc);
             used++;
@@ -408,7 +434,7 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
                 int64_t off;
                 const fa_tensor *t;
                 if (j >= Sk || w == 0.0 || !(t = key_src(p, v, &g, j, 1, kh, &off))) continue;
-                const double pw = w < v->psat_max ? w : v->psat_max;
+                const double pw = (w < v->psat_max ? w : v->psat_max) * keep_factor(p, v, b, h, i, j);
                 fa_gather_f64(t, off, t->stride[3], dv, s->x);
                 for (int64_t c = 0; c < dv; c++) s->acc[c] += pw * s->x[c];
             }
@@ -425,7 +451,8 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
             const fa_tensor *t;
             if (j >= Sk || w == 0.0 || !(t = key_src(p, v, &g, j, 1, kh, &off))) continue;
             fa_gather_f64(t, off, t->stride[3], dv, s->x);
-            for (int64_t c = 0; c < dv; c++) s->acc[c] += w * s->x[c];
+            const double wk = w * keep_factor(p, v, b, h, i, j);
+            for (int64_t c = 0; c < dv; c++) s->acc[c] += wk * s->x[c];
         }
     } else {
         /* online softmax over key tiles aligned at 0, the running max updated but
@@ -444,13 +471,38 @@ static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int
                 const fa_tensor *t;
                 if (j >= Sk || w == 0.0 || !(t = key_src(p, v, &g, j, 1, kh, &off))) continue;
                 fa_gather_f64(t, off, t->stride[3], dv, s->x);
-                for (int64_t c = 0; c < dv; c++) s->acc[c] += w * s->x[c];
+                const double wk = w * keep_factor(p, v, b, h, i, j);
+                for (int64_t c = 0; c < dv; c++) s->acc[c] += wk * s->x[c];
             }
         }
         m = mr;
     }
     for (int64_t c = 0; c < dv; c++) o[c] = s->acc[c] / l;
     *lse = m + log(l);
+}
+
+/* eval_core_nosink's row with the problem's attention sink of head h folded in
+ * (mask.h's fa_sink_finish on the finished row: LSE' = ln(e^LSE + e^sink),
+ * O' = O e^(LSE - LSE'); an empty row gets O = 0, LSE = sink), except where
+ * the variant leaves it out (v->sink). */
+static void eval_core(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t i, int64_t h, const dg_variant *v,
+                      const double *dots, int no_alibi, double *o, double *lse, int *lse_any)
+{
+    eval_core_nosink(cx, s, b, i, h, v, dots, no_alibi, o, lse, lse_any);
+    const double sink = fa_sink(cx->p, h), l0 = *lse;
+    if (sink == -INFINITY || v->sink == DG_SINK_OUT || isnan(l0) || *lse_any) return;
+    double l2, f;
+    if (l0 == -INFINITY) {
+        l2 = sink;
+        f = 0.0;
+    } else {
+        const double m2 = l0 > sink ? l0 : sink;
+        l2 = m2 + log(exp(l0 - m2) + exp(sink - m2));
+        f = exp(l0 - l2);
+    }
+    if (v->sink != DG_SINK_OUT_O)
+        for (int64_t c = 0; c < cx->p->dv; c++) o[c] = f == 0.0 ? 0.0 : o[c] * f;
+    if (v->sink != DG_SINK_OUT_LSE) *lse = l2;
 }
 
 /* The O row and LSE the variant predicts at sampled row w. */
@@ -1386,6 +1438,77 @@ static void cand_split(const dg_ctx *cx, dg_list *L)
         modes[mi[best]].what);
 }
 
+/* sink-missing: a kernel with attention sinks left the sink out of O's denominator, of the
+ * LSE, or of both (which of the three is fitted; the LSE-only ones need the tested LSE). */
+static void cand_sink(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!p->sinks.data) return;
+    consider(L, "sink-missing");
+    static const struct {
+        dg_sink_mode m;
+        const char *what;
+    } modes[] = {
+        {DG_SINK_OUT, "the sink left out of the softmax denominator and of the LSE"},
+        {DG_SINK_OUT_O, "the sink left out of O's denominator (the LSE has it)"},
+        {DG_SINK_OUT_LSE, "the sink left out of the LSE (O has it)"},
+    };
+    dg_variant vs[3];
+    int mi[3], nv = 0;
+    for (int x = 0; x < 3; x++) {
+        if (modes[x].m != DG_SINK_OUT && !cx->lt) continue;
+        vs[nv] = dg_variant_reference(p);
+        vs[nv].sink = modes[x].m;
+        mi[nv++] = x;
+    }
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    add(L, "sink-missing", e, (double)vs[best].sink, "%s", modes[mi[best]].what);
+}
+
+/* dropout-mask: a kernel with dropout applied the keep-mask Z wrongly: not at all, without the
+ * 1 / (1 - p) scale, transposed, or shifted by -2 .. +2 keys or rows (which one is fitted). The
+ * LSE keeps the undropped scores in every way, so only O tells them apart. */
+static void cand_dropout(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!p->keep || !cx->sig_o) return;
+    consider(L, "dropout-mask");
+    dg_variant vs[12];
+    int nv = 0;
+    const dg_drop_mode plain[3] = {DG_DROP_NONE, DG_DROP_NO_SCALE, DG_DROP_TRANSPOSED};
+    for (int x = 0; x < 3; x++) {
+        if (plain[x] == DG_DROP_TRANSPOSED && p->seqlen_q < 2) continue;
+        vs[nv] = dg_variant_reference(p);
+        vs[nv++].drop = plain[x];
+    }
+    for (int dir = 0; dir < 2; dir++)
+        for (int64_t sh = -2; sh <= 2; sh++) {
+            if (!sh || (dir == 1 && p->seqlen_q < 2)) continue;
+            vs[nv] = dg_variant_reference(p);
+            vs[nv].drop = dir ? DG_DROP_ROW_SHIFT : DG_DROP_KEY_SHIFT;
+            vs[nv++].drop_shift = sh;
+        }
+    int best;
+    const double e = best_of(cx, vs, nv, &best);
+    const dg_variant *v = &vs[best];
+    switch (v->drop) {
+    case DG_DROP_NONE:
+        add(L, "dropout-mask", e, 0.0, "the keep-mask not applied");
+        break;
+    case DG_DROP_NO_SCALE:
+        add(L, "dropout-mask", e, 1.0, "the keep-mask applied without the 1/(1-p) scale");
+        break;
+    case DG_DROP_TRANSPOSED:
+        add(L, "dropout-mask", e, 0.0, "the keep-mask read transposed ([seqlen_k][seqlen_q])");
+        break;
+    default:
+        add(L, "dropout-mask", e, (double)v->drop_shift, "the keep-mask read %+lld %s off", (long long)v->drop_shift,
+            v->drop == DG_DROP_KEY_SHIFT ? "keys" : "rows");
+        break;
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Entry point                                                               */
 /* ------------------------------------------------------------------------ */
@@ -1670,6 +1793,8 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         cand_descale(&cx, &L);
         cand_psat(&cx, &L);
         cand_split(&cx, &L);
+        cand_sink(&cx, &L);
+        cand_dropout(&cx, &L);
     }
     /* best first; a tie goes to the candidate considered first (a more specific class) */
     qsort(L.all, (size_t)L.n, sizeof L.all[0], cmp_diag);
@@ -1729,9 +1854,8 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     if (!out) return fa_fail(FA_ERR_NULL_ARG, "out: tensor is NULL");
     fa_problem p;
     if ((st = fa_resolve(FA_PURPOSE_CHECK, q, k, v, out, lse, attn, NULL, &p)) != FA_OK) return st;
-    if (p.sinks.data || p.keep || p.rot_dim) /* the candidate models have no sink, dropout or rotary term */
-        return fa_fail(FA_ERR_OPTION, "fa_diagnose: not available with %s",
-                       p.sinks.data ? "attention sinks" : p.keep ? "dropout" : "rotary");
+    if (p.rot_dim) /* the candidate models have no rotary term */
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: not available with rotary");
     if (p.batch == 0 || p.seqlen_q == 0 || p.seqlen_k == 0) {
         snprintf(report->considered, sizeof report->considered, "%s", "");
         return FA_OK; /* nothing to diagnose */

@@ -66,6 +66,24 @@ typedef enum dg_split_mode {
     DG_SPLIT_LSE_MAX     /* O right, LSE = max over the splits' LSEs */
 } dg_split_mode;
 
+/* Where a kernel with attention sinks left the sink out (the sink joins the denominator only). */
+typedef enum dg_sink_mode {
+    DG_SINK_RIGHT = 0,
+    DG_SINK_OUT,         /* left out of O's denominator and of the LSE */
+    DG_SINK_OUT_O,       /* left out of O's denominator, the LSE right */
+    DG_SINK_OUT_LSE      /* O right, the LSE without the sink */
+} dg_sink_mode;
+
+/* How a kernel with dropout applied the keep-mask Z to P before P.V. */
+typedef enum dg_drop_mode {
+    DG_DROP_RIGHT = 0,   /* P_ij Z_ij / (1 - p) */
+    DG_DROP_NONE,        /* the mask not applied */
+    DG_DROP_NO_SCALE,    /* P_ij Z_ij: the 1 / (1 - p) left out */
+    DG_DROP_TRANSPOSED,  /* Z read as [seqlen_k][seqlen_q]: element (i, j) at flat j * seqlen_q + i */
+    DG_DROP_KEY_SHIFT,   /* Z_i,j+drop_shift (outside the mask: dropped) */
+    DG_DROP_ROW_SHIFT    /* Z_i+drop_shift,j (outside the mask: dropped) */
+} dg_drop_mode;
+
 typedef struct dg_variant {
     double scale;        /* applied to q.k */
     double softcap;      /* 0: off */
@@ -94,6 +112,9 @@ typedef struct dg_variant {
     /* split-KV: keys in split_n chunks of ceil(len / split_n), combined the split_mode way */
     dg_split_mode split_mode;
     int split_n;
+    dg_sink_mode sink;   /* attention sinks: where the sink is left out */
+    dg_drop_mode drop;   /* dropout: how the keep-mask is applied */
+    int64_t drop_shift;
 } dg_variant;
 
 /* The variant that is the reference for problem p. */

@@ -120,8 +120,9 @@ static int check_emulation_range(const fa_check_options *co, const cli_qkv *in, 
 }
 
 /* `--diagnose`: fa_diagnose on the same rows budget (per head of each sequence),
- * printed after the check report. Sinks and dropout get one line, `diagnosis: not
- * available ...`, and the verdict's exit status. Returns 0, or prints one line and returns 2. */
+ * printed after the check report (attention sinks and dropout included: sink-missing,
+ * dropout-mask). Rotary gets one line, `diagnosis: not available ...`, and the verdict's exit
+ * status. Returns 0, or prints one line and returns 2. */
 static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_tensor *lse_t, const cli_attn *attn,
                            const fa_check_options *co)
 {
@@ -132,8 +133,8 @@ static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_ten
     dopt.seed = co->seed;
     dopt.num_threads = co->num_threads;
     dopt.qkv_format = co->qkv_format; /* low precision: P's rounding floor, descale and p-saturation */
-    if (attn->opt.sinks || attn->opt.dropout) { /* the candidate models have no sink term, no dropout */
-        printf("diagnosis: not available with %s\n", attn->opt.sinks ? "attention sinks" : "dropout");
+    if (attn->opt.rotary) { /* the candidate models have no rotary term */
+        printf("diagnosis: not available with rotary\n");
         return 0;
     }
     fa_diagnose_report rep = fa_diagnose_report_init();
