@@ -1066,12 +1066,14 @@ typedef enum fa_kernel_model {
  * level of the kernel's precision (relative RMS below 2^-6 bf16, 2^-9 f16,
  * 2^-16 f32; LSE RMS below 5e-4 max(1, RMS LSE)) nothing is listed.
  *
- * Ids available now: causal-top-left, scale, softcap-missing, softcap-order,
- * lse-log2, lse-unscaled, gqa-head-map, window-shift, empty-row,
- * missing-rescale, tail-tile, layout-transposed, output-unwritten. Reserved for features the
- * library does not have yet: varlen-leak, varlen-offset, paged-index,
- * kv-append-offset, rotary-pairing, rotary-offset, split-combine, sink-missing,
- * dropout-mask, p-saturation, descale.
+ * Ids: causal-top-left, scale, softcap-missing, softcap-order, lse-log2,
+ * lse-unscaled, gqa-head-map, window-shift, empty-row, missing-rescale,
+ * tail-tile, layout-transposed, output-unwritten; varlen-leak, varlen-offset,
+ * paged-index, kv-append-offset (variable-length batches and KV caches, per
+ * sequence); split-combine; sink-missing and dropout-mask (with sinks or
+ * dropout); p-saturation and descale (low-precision inputs, qkv_format).
+ * Not yet: rotary-pairing, rotary-offset — a problem with rotary is refused
+ * (FA_ERR_OPTION).
  * @{
  */
 
