@@ -437,8 +437,8 @@ typedef struct fa_options {
                                    count). Used by FA_IMPL_FLASH when seqlen_q <= 16 (its decode path,
                                    which also packs a GQA group's query heads into one tile); clamped
                                    to the key blocks and to 128. The heuristic splits only when batch x
-                                   heads_k tasks leave threads idle, so its bits follow the thread
-                                   count. */
+                                   heads_k (x row chunks) is below 16 tasks, into enough splits to make
+                                   16; it does not look at the thread count, so its bits do not either. */
 } fa_options;
 
 /**

@@ -135,12 +135,14 @@ int fa_decode_splits(const fa_problem *p)
         n = p->num_splits;
     } else {
         /* heuristic: split only when batch x heads_k x row chunks (the unsplit
-         * tasks with one kv head each) leave threads idle, and then into enough
-         * splits that every thread gets one. (It counts kv heads, not the task
-         * groups below, so that the split count -- and with it the bits -- of a
-         * sequence does not change with the grouping.) */
+         * tasks with one kv head each) number fewer than FA_DECODE_SPLIT_TASKS,
+         * and then into enough splits to make that many tasks. It looks at the
+         * problem alone, never at the thread count, so the default's bits are
+         * the same on any number of threads (flashattn.h's promise). (It counts
+         * kv heads, not the task groups below, so that the split count -- and
+         * with it the bits -- of a sequence does not change with the grouping.) */
         const int64_t tasks = p->batch * p->heads_k * g.cph;
-        n = tasks >= p->num_threads || tasks < 1 ? 1 : (p->num_threads + tasks - 1) / tasks;
+        n = tasks >= FA_DECODE_SPLIT_TASKS || tasks < 1 ? 1 : (FA_DECODE_SPLIT_TASKS + tasks - 1) / tasks;
     }
     return (int)(n < cap ? n : cap);
 }

@@ -192,7 +192,7 @@ static void test_splits_match_reference(void **state)
     tu_free(&slopes);
 }
 
-/* Ensure a fixed split count gives the same bits for 1, 2 and 3 threads (and the heuristic for a fixed thread count). */
+/* Ensure a fixed split count, and the heuristic (0), give the same bits for 1, 2 and 3 threads. */
 static void test_split_bits_do_not_depend_on_threads(void **state)
 {
     (void)state;
@@ -210,17 +210,15 @@ static void test_split_bits_do_not_depend_on_threads(void **state)
             opt.causal = causal;
             opt.block_k = 32;
             opt.num_splits = splits[si];
-            /* the heuristic (0) picks the split count by thread count: it is compared with itself */
-            const int fixed = splits[si] > 0;
-            opt.num_threads = fixed ? 1 : 2;
+            opt.num_threads = 1;
             run_out first = run_flash(&q.t, &k.t, &v.t, D, opt, "first");
             static const int threads[] = {2, 3, 1, 3};
             for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
-                opt.num_threads = fixed ? threads[t] : 2;
+                opt.num_threads = threads[t];
                 run_out r = run_flash(&q.t, &k.t, &v.t, D, opt, "threads");
                 char what[96];
                 snprintf(what, sizeof what, "splits %d, causal %d, %d threads vs %d", splits[si], causal,
-                         opt.num_threads, fixed ? 1 : 2);
+                         opt.num_threads, 1);
                 same_bits(&r, &first, what);
                 free_out(&r);
             }
@@ -567,25 +565,25 @@ static fa_problem resolve(int64_t B, int64_t sq, int64_t sk, int64_t H, int64_t 
     return p;
 }
 
-/* Ensure num_splits 0 splits only when batch x heads_k x row chunks leave threads idle, and counts are
- * clamped to the key blocks. */
+/* Ensure num_splits 0 splits only when batch x heads_k x row chunks are fewer than FA_DECODE_SPLIT_TASKS
+ * tasks, whatever the thread count, and counts are clamped to the key blocks. */
 static void test_split_heuristic_and_clamp(void **state)
 {
     (void)state;
-    fa_problem p = resolve(1, 1, 4096, 8, 1, 4, 0, 64); /* MQA, one task: a split per thread */
-    assert_true(fa_decode_applies(&p));
-    assert_int_equal(fa_decode_splits(&p), 4);
-    p = resolve(1, 1, 4096, 32, 8, 2, 0, 64); /* 8 kv heads >= 2 threads: no split */
-    assert_int_equal(fa_decode_splits(&p), 1);
-    p = resolve(4, 1, 4096, 32, 8, 2, 0, 64);
-    assert_int_equal(fa_decode_splits(&p), 1);
-    p = resolve(1, 16, 4096, 64, 8, 2, 0, 64); /* 8 x 16 = 128 rows per kv head: 2 chunks each, 16 tasks */
-    assert_int_equal(fa_decode_splits(&p), 1);
-    p = resolve(1, 1, 4096, 8, 1, 3, 0, 64); /* 1 task, 3 threads */
-    assert_int_equal(fa_decode_splits(&p), 3);
-    p = resolve(2, 1, 4096, 8, 1, 7, 0, 64); /* 2 tasks, 7 threads: 4 splits each */
-    assert_int_equal(fa_decode_splits(&p), 4);
-    p = resolve(1, 1, 100, 8, 1, 1, 7, 64); /* 2 key blocks: at most 2 splits */
+    for (int threads = 1; threads <= 64; threads *= 4) {
+        fa_problem p = resolve(1, 1, 4096, 8, 1, threads, 0, 64); /* MQA, one task: 16 splits */
+        assert_true(fa_decode_applies(&p));
+        assert_int_equal(fa_decode_splits(&p), FA_DECODE_SPLIT_TASKS);
+        p = resolve(1, 1, 4096, 32, 8, threads, 0, 64); /* 8 kv heads: 2 splits each */
+        assert_int_equal(fa_decode_splits(&p), 2);
+        p = resolve(4, 1, 4096, 32, 8, threads, 0, 64); /* 32 tasks: no split */
+        assert_int_equal(fa_decode_splits(&p), 1);
+        p = resolve(1, 16, 4096, 64, 8, threads, 0, 64); /* 8 x 16 = 128 rows per kv head: 2 chunks each, 16 tasks */
+        assert_int_equal(fa_decode_splits(&p), 1);
+        p = resolve(3, 1, 4096, 8, 1, threads, 0, 64); /* 3 tasks: ceil(16 / 3) = 6 splits each */
+        assert_int_equal(fa_decode_splits(&p), 6);
+    }
+    fa_problem p = resolve(1, 1, 100, 8, 1, 1, 7, 64); /* 2 key blocks: at most 2 splits */
     assert_int_equal(fa_decode_splits(&p), 2);
     p = resolve(1, 1, 1 << 20, 8, 1, 1, 1000000, 64);
     assert_int_equal(fa_decode_splits(&p), FA_DECODE_MAX_SPLITS);
