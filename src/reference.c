@@ -79,10 +79,9 @@ static void reference_row(const fa_problem *p, int64_t b, int64_t i, int64_t h, 
         for (int64_t j = lo; j < hi; j++) {
             double e = exp(s[j] - m);
             l += e;
-            if (keep) {
-                if (!keep[j * p->keep_stride[3]]) continue; /* dropped: contributes to l only */
-                e *= p->keep_scale;
-            }
+            /* dropped: l only; its 0 still multiplies V, as (P o Z) V does on the GPU and in
+             * flash/standard (an Inf in a dropped key's V row gives NaN, not a skip) */
+            if (keep) e *= keep[j * p->keep_stride[3]] ? p->keep_scale : 0.0;
             fa_rows_gather_f64(&vs, j, xd);
             for (int64_t c = 0; c < p->dv; c++) acc[c] += e * xd[c];
         }

@@ -458,6 +458,41 @@ static void expect_refused(const data *g, const fa_options *opt, fa_status want,
     tu_free(&o);
 }
 
+/* Ensure an Inf in a dropped key's V row is treated alike by every implementation: the dropped P
+ * (0) still multiplies V, as (P o Z) V does on the GPU, so the column is NaN in the rows that see
+ * the key, in reference, standard and flash; the other columns stay finite and agree. */
+static void test_inf_in_dropped_v_is_the_same_everywhere(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xd70b1fu;
+    data g;
+    make_data(&g, &rng, FA_F32);
+    const int64_t key = 2, col = 3;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < SQ; i++) g.keep[((b * H + h) * SQ + i) * SK + key] = 0; /* dropped everywhere */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t hk = 0; hk < HK; hk++) ((float *)g.v.mem)[((b * SK + key) * HK + hk) * DV + col] = INFINITY;
+    static const fa_impl impls[] = {FA_IMPL_REFERENCE, FA_IMPL_STANDARD, FA_IMPL_FLASH};
+    tu_tensor o[3], lse[3];
+    for (int x = 0; x < 3; x++) {
+        fa_options opt = make_opt(&OPTS[0], &g, impls[x]);
+        forward(&g, &opt, &o[x], &lse[x], FA_F32);
+    }
+    for (int64_t e = 0; e < B * SQ * H * DV; e++) {
+        const int nan0 = isnan(((float *)o[0].mem)[e]);
+        if (e % DV == col && !nan0) fail_msg("reference: element %lld should be NaN (0 x Inf)", (long long)e);
+        for (int x = 1; x < 3; x++) {
+            const float a = ((float *)o[0].mem)[e], c = ((float *)o[x].mem)[e];
+            if (isnan(c) != nan0)
+                fail_msg("%s: element %lld is %g, reference %g", fa_impl_name(impls[x]), (long long)e, c, a);
+            if (!nan0 && fabs(c - a) > 1e-5) fail_msg("%s: element %lld %g vs %g", fa_impl_name(impls[x]), (long long)e, c, a);
+        }
+    }
+    for (int x = 0; x < 3; x++) { tu_free(&o[x]); tu_free(&lse[x]); }
+    free_data(&g);
+}
+
 /* Ensure a bad p, a mask byte other than 0/1, a wrong mask shape and dropout with a KV cache are refused. */
 static void test_bad_dropout_is_refused(void **state)
 {
@@ -504,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_flash_backward_matches_reference_with_dropout),
         cmocka_unit_test(test_dropout_with_varlen),
         cmocka_unit_test(test_check_judges_dropout),
+        cmocka_unit_test(test_inf_in_dropped_v_is_the_same_everywhere),
         cmocka_unit_test(test_bad_dropout_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
