@@ -27,6 +27,9 @@
 #endif
 #include <time.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMD
@@ -39,9 +42,14 @@ static int cpu_has(const char *isa)
     if (strcmp(isa, "scalar") == 0) return 1;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (strcmp(isa, "avx2") == 0)
-        /* F16C comes with every AVX2+FMA CPU shipped; clang 14 cannot query it here */
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (strcmp(isa, "avx2") == 0) {
+        /* the avx2 table's widen uses F16C: every AVX2+FMA CPU shipped has it, but a
+         * virtual machine may hide it (CPUID leaf 1, ECX bit 29; clang 14's
+         * __builtin_cpu_supports does not know "f16c") */
+        unsigned a, b, c, d;
+        const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+        return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
     if (strcmp(isa, "avx512") == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
