@@ -39,8 +39,10 @@ part causal_t2 40 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --
 part softcap_t2 40 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --threads 2 --softcap 30 --repeats 5 \
     --csv "$out/softcap_t2.csv"
 if "$fa" bench --help 2>&1 | grep -q -- '--dtype'; then
-    part bf16_t2 40 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --threads 2 --dtype f32,bf16 \
-        --repeats 5 --csv "$out/dtype_t2.csv"
+    for dt in f32 bf16 f16; do # --dtype takes one value: one bench each, back to back
+        part "dtype_${dt}_t2" 30 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --threads 2 --dtype $dt \
+            --repeats 5 --csv "$out/dtype_${dt}_t2.csv"
+    done
 fi
 part many_threads 40 "$fa" bench --impl flash --pass fwd,bwd --n 4096,8192 --d 128 --heads 16 --threads 16 \
     --repeats 5 --csv "$out/t16.csv"
