@@ -90,6 +90,12 @@ refuse 3 "50 rows over 3 ranks, zigzag (6 chunks)" run -q q50.npy -k q50.npy -v 
 refuse 2 "missing file" run -q nothere.npy -k k.npy -v v.npy -o out.npy
 refuse 3 "unknown option" run -q q.npy -k k.npy -v v.npy -o out.npy --bogus
 refuse 2 "ALiBi" run -q q.npy -k k.npy -v v.npy -o out.npy --alibi q.npy
+# parsed by the shared option parser: refused over the ring, never silently dropped (hostile test)
+python3 -c "import numpy as np; np.save('sinks.npy', np.ones(4, np.float32)); np.save('cos.npy', np.ones((64, 4), np.float32))"
+refuse 2 "attention sinks" run -q q.npy -k k.npy -v v.npy -o out.npy --sinks sinks.npy
+refuse 2 "attention sinks" check -q q.npy -k k.npy -v v.npy -o q.npy --sinks sinks.npy
+refuse 2 "dropout" grad -q q.npy -k k.npy -v v.npy --dout q.npy --dq dq.npy --dk dk.npy --dv dv.npy --dropout-p 0.3 --dropout-mask sinks.npy
+refuse 2 "rotary" run -q q.npy -k k.npy -v v.npy -o out.npy --rotary-cos cos.npy --rotary-sin cos.npy
 refuse 2 "dtype-out bf16" run -q q.npy -k k.npy -v v.npy -o out.npy --dtype-out bf16
 refuse 3 "dO of the wrong shape" grad -q q.npy -k k.npy -v v.npy --dout q.npy --dq out.npy --dk dk.npy --dv dv.npy
 refuse 2 "bad layout" run -q q.npy -k k.npy -v v.npy -o out.npy --layout spiral

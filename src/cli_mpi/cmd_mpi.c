@@ -66,8 +66,17 @@ static int load_and_scatter(job *j, const char *q_path, const char *k_path, cons
     int rc = 0;
     j->layout = mpi_size == 1 ? FA_RING_CONTIGUOUS : fa_ring_resolve_layout(j->ring.layout, &j->attn.opt);
     if (mpi_rank == 0) {
-        if (j->attn.alibi_path) {
-            rc = cli_die("--alibi: ALiBi is not supported over the ring (use flashattn)");
+        const cli_attn *a = &j->attn;
+        const char *unsupported = a->alibi_path ? "--alibi: ALiBi"
+                                  : a->sinks_path ? "--sinks: attention sinks"
+                                  : a->dropout_p_text || a->dropout_mask_path ? "--dropout-p/--dropout-mask: dropout"
+                                  : a->rotary_cos_path || a->rotary_sin_path ? "--rotary-cos/--rotary-sin: rotary"
+                                  : a->cu_q_path || a->cu_k_path || a->seqused_path ? "varlen (--cu-seqlens-q/-k)"
+                                  : a->cache_seqlens_path || a->k_new_path || a->block_table_path ? "a KV cache"
+                                  : NULL;
+        if (unsupported) {
+            /* parsed by the shared option parser, so refused here, never silently dropped */
+            rc = cli_die("%s is not supported over the ring (use flashattn)", unsupported);
         } else if ((rc = cli_load_qkv(&j->in, q_path, k_path, v_path)) == 0) {
             j->in_loaded = 1;
             const cli_qkv *in = &j->in;

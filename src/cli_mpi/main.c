@@ -185,7 +185,7 @@ const char mpi_ring_help[] =
     "                     rank r holds chunks r and 2P-1-r: balances causal work) or auto\n"
     "                     (default: zigzag when --causal or --window is given, else contiguous)\n"
     "  --stats            print each rank's bytes sent, blocks computed and seconds\n"
-    "Not over the ring: --alibi, varlen and KV-cache options, --dtype-out f16/bf16.\n";
+    "Not over the ring: --alibi, --sinks, dropout, rotary, varlen and KV-cache options, --dtype-out f16/bf16.\n";
 
 /* Dims of the loaded problem, rank 0 -> every rank. */
 void mpi_share_dims(mpi_dims *d)
