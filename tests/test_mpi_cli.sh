@@ -96,6 +96,16 @@ refuse 2 "attention sinks" run -q q.npy -k k.npy -v v.npy -o out.npy --sinks sin
 refuse 2 "attention sinks" check -q q.npy -k k.npy -v v.npy -o q.npy --sinks sinks.npy
 refuse 2 "dropout" grad -q q.npy -k k.npy -v v.npy --dout q.npy --dq dq.npy --dk dk.npy --dv dv.npy --dropout-p 0.3 --dropout-mask sinks.npy
 refuse 2 "rotary" run -q q.npy -k k.npy -v v.npy -o out.npy --rotary-cos cos.npy --rotary-sin cos.npy
+# an MPMD launch where one rank's arguments are bad stops every rank (it hung: hostile test)
+for bad in 1 0; do
+    rm -f out.npy
+    if [ $bad = 1 ]; then a0=""; a1="--bogus"; else a0="--bogus"; a1=""; fi
+    timeout 60 mpirun --oversubscribe --allow-run-as-root --bind-to none -np 1 "$fm" run -q q.npy -k k.npy -v v.npy \
+        -o out.npy $a0 : -np 1 "$fm" run -q q.npy -k k.npy -v v.npy -o out.npy $a1 >out.txt 2>err.txt
+    rc=$?
+    if [ $rc != 0 ] && [ $rc != 124 ] && [ ! -e out.npy ] && [ "$(grep -c '^flashattn' err.txt)" = 1 ]; then ok
+    else bad "MPMD, bad option on rank $bad: exit $rc (124 = hung), $(grep -c '^flashattn' err.txt) message lines"; fi
+done
 refuse 2 "dtype-out bf16" run -q q.npy -k k.npy -v v.npy -o out.npy --dtype-out bf16
 refuse 3 "dO of the wrong shape" grad -q q.npy -k k.npy -v v.npy --dout q.npy --dq out.npy --dk dk.npy --dv dv.npy
 refuse 2 "bad layout" run -q q.npy -k k.npy -v v.npy -o out.npy --layout spiral

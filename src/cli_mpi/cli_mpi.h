@@ -16,6 +16,11 @@ void mpi_quiet_end(void);
 
 /* rank 0's exit status, on every rank. */
 int mpi_share_rc(int rc);
+/* After parsing: the largest status (or help flag) of every rank, so that a rank
+ * given other arguments (an MPMD launch) stops every rank instead of leaving them
+ * waiting. mpi_agree_rc prints one line on rank 0 when only another rank failed. */
+int mpi_agree_rc(int rc);
+int mpi_any(int flag);
 
 /* Rank 0 prints the ring's message (the same on every rank); returns 2. */
 int mpi_die_ring(fa_status st);

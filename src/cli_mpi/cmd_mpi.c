@@ -200,6 +200,8 @@ int mpi_cmd_run(int argc, char **argv)
     fa_dtype out_dt = FA_F32;
     if (!rc && !help) rc = parse_out_dtype(dt_text, &out_dt);
     mpi_quiet_end();
+    rc = mpi_agree_rc(rc);
+    help = rc ? 0 : mpi_any(help);
     if (help || rc) {
         job_free(&j);
         return rc;
@@ -316,6 +318,8 @@ int mpi_cmd_grad(int argc, char **argv)
     fa_dtype out_dt = FA_F32;
     if (!rc && !help) rc = parse_out_dtype(dt_text, &out_dt);
     mpi_quiet_end();
+    rc = mpi_agree_rc(rc);
+    help = rc ? 0 : mpi_any(help);
     if (help || rc) {
         job_free(&j);
         return rc;
@@ -430,6 +434,8 @@ int mpi_check_main(int argc, char **argv, const char *usage)
         else if (dt == FA_F64) rc = cli_die("--dtype: expected f32, f16 or bf16 (the tested kernel's precision)");
     }
     mpi_quiet_end();
+    rc = mpi_agree_rc(rc);
+    help = rc ? 0 : mpi_any(help);
     if (help || rc) {
         job_free(&j);
         return rc;

@@ -101,6 +101,8 @@ int mpi_cmd_bench(int argc, char **argv)
     const fa_ring_layout L = mpi_size == 1 ? FA_RING_CONTIGUOUS : fa_ring_resolve_layout(ro.layout, &attn.opt);
     if (!rc && !help && fa_ring_check_split(N, mpi_size, L) != FA_OK) rc = cli_die("bench: %s", fa_ring_last_error());
     mpi_quiet_end();
+    rc = mpi_agree_rc(rc);
+    help = rc ? 0 : mpi_any(help);
     if (help || rc) return rc;
 
     const int64_t c = N / mpi_size;

@@ -65,6 +65,21 @@ int mpi_share_rc(int rc)
     return rc;
 }
 
+int mpi_any(int flag)
+{
+    int all = flag;
+    MPI_Allreduce(&flag, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return all;
+}
+
+int mpi_agree_rc(int rc)
+{
+    const int all = mpi_any(rc);
+    if (all && !rc && mpi_rank == 0)
+        cli_die("another rank refused its arguments (every rank must be given the same options)");
+    return all;
+}
+
 int mpi_die_ring(fa_status st)
 {
     if (mpi_rank == 0) {
