@@ -130,21 +130,18 @@ int fa_decode_splits(const fa_problem *p)
     const int64_t nkb = (p->seqlen_k + g.bc - 1) / g.bc; /* key blocks of the longest sequence */
     int64_t cap = nkb < FA_DECODE_MAX_SPLITS ? nkb : FA_DECODE_MAX_SPLITS;
     if (cap < 1) cap = 1;
-    int64_t n;
-    if (p->num_splits > 0) {
-        n = p->num_splits;
-    } else {
-        /* heuristic: split only when batch x heads_k x row chunks (the unsplit
-         * tasks with one kv head each) number fewer than FA_DECODE_SPLIT_TASKS,
-         * and then into enough splits to make that many tasks. It looks at the
-         * problem alone, never at the thread count, so the default's bits are
-         * the same on any number of threads (flashattn.h's promise). (It counts
-         * kv heads, not the task groups below, so that the split count -- and
-         * with it the bits -- of a sequence does not change with the grouping.) */
-        const int64_t tasks = p->batch * p->heads_k * g.cph;
-        n = tasks >= FA_DECODE_SPLIT_TASKS || tasks < 1 ? 1 : (FA_DECODE_SPLIT_TASKS + tasks - 1) / tasks;
-    }
-    return (int)(n < cap ? n : cap);
+    if (p->num_splits > 0) return (int)(p->num_splits < cap ? p->num_splits : cap);
+    /* heuristic: split only when heads_k x row chunks (the unsplit tasks of one
+     * sequence, one kv head each) number fewer than FA_DECODE_SPLIT_TASKS, and
+     * then into enough splits to make that many. It looks at neither the thread
+     * count nor the batch nor the key lengths (no clamp to the key blocks: a
+     * split past a sequence's keys is empty and merges as nothing), so the
+     * default gives the same bits on any number of threads (flashattn.h's
+     * promise) and a sequence gets the same bits alone or in a batch (the
+     * varlen/cache geometry tests). */
+    const int64_t tasks = p->heads_k * g.cph;
+    const int64_t n = tasks >= FA_DECODE_SPLIT_TASKS || tasks < 1 ? 1 : (FA_DECODE_SPLIT_TASKS + tasks - 1) / tasks;
+    return (int)(n < FA_DECODE_MAX_SPLITS ? n : FA_DECODE_MAX_SPLITS);
 }
 
 static dec_dims dec_layout(const fa_problem *p)

@@ -565,8 +565,8 @@ static fa_problem resolve(int64_t B, int64_t sq, int64_t sk, int64_t H, int64_t 
     return p;
 }
 
-/* Ensure num_splits 0 splits only when batch x heads_k x row chunks are fewer than FA_DECODE_SPLIT_TASKS
- * tasks, whatever the thread count, and counts are clamped to the key blocks. */
+/* Ensure num_splits 0 splits only when heads_k x row chunks are fewer than FA_DECODE_SPLIT_TASKS
+ * tasks, whatever the thread count, batch or key length, and explicit counts are clamped to the key blocks. */
 static void test_split_heuristic_and_clamp(void **state)
 {
     (void)state;
@@ -576,12 +576,14 @@ static void test_split_heuristic_and_clamp(void **state)
         assert_int_equal(fa_decode_splits(&p), FA_DECODE_SPLIT_TASKS);
         p = resolve(1, 1, 4096, 32, 8, threads, 0, 64); /* 8 kv heads: 2 splits each */
         assert_int_equal(fa_decode_splits(&p), 2);
-        p = resolve(4, 1, 4096, 32, 8, threads, 0, 64); /* 32 tasks: no split */
-        assert_int_equal(fa_decode_splits(&p), 1);
+        p = resolve(4, 1, 4096, 32, 8, threads, 0, 64); /* the batch does not count */
+        assert_int_equal(fa_decode_splits(&p), 2);
         p = resolve(1, 16, 4096, 64, 8, threads, 0, 64); /* 8 x 16 = 128 rows per kv head: 2 chunks each, 16 tasks */
         assert_int_equal(fa_decode_splits(&p), 1);
-        p = resolve(3, 1, 4096, 8, 1, threads, 0, 64); /* 3 tasks: ceil(16 / 3) = 6 splits each */
+        p = resolve(3, 1, 4096, 12, 3, threads, 0, 64); /* 3 kv heads: ceil(16 / 3) = 6 splits */
         assert_int_equal(fa_decode_splits(&p), 6);
+        p = resolve(1, 1, 100, 8, 1, threads, 0, 64); /* 2 key blocks: the heuristic is not clamped */
+        assert_int_equal(fa_decode_splits(&p), FA_DECODE_SPLIT_TASKS);
     }
     fa_problem p = resolve(1, 1, 100, 8, 1, 1, 7, 64); /* 2 key blocks: at most 2 splits */
     assert_int_equal(fa_decode_splits(&p), 2);
