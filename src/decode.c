@@ -134,14 +134,15 @@ int fa_decode_splits(const fa_problem *p)
     /* heuristic: split only when heads_k x row chunks (the unsplit tasks of one
      * sequence, one kv head each) number fewer than FA_DECODE_SPLIT_TASKS, and
      * then into enough splits to make that many. It looks at neither the thread
-     * count nor the batch nor the key lengths (no clamp to the key blocks: a
-     * split past a sequence's keys is empty and merges as nothing), so the
-     * default gives the same bits on any number of threads (flashattn.h's
-     * promise) and a sequence gets the same bits alone or in a batch (the
-     * varlen/cache geometry tests). */
+     * count nor the batch, so the default gives the same bits on any number of
+     * threads (flashattn.h's promise) and a sequence the same bits alone or in
+     * a batch. (The clamp to the longest sequence's key blocks does not break
+     * the latter: a task cuts its own nkb visible blocks into splits, and once
+     * splits >= nkb every split holds one block or none, in key order, so its
+     * bits depend on min(splits, nkb) only, the same either way.) */
     const int64_t tasks = p->heads_k * g.cph;
     const int64_t n = tasks >= FA_DECODE_SPLIT_TASKS || tasks < 1 ? 1 : (FA_DECODE_SPLIT_TASKS + tasks - 1) / tasks;
-    return (int)(n < FA_DECODE_MAX_SPLITS ? n : FA_DECODE_MAX_SPLITS);
+    return (int)(n < cap ? n : cap);
 }
 
 static dec_dims dec_layout(const fa_problem *p)

@@ -28,8 +28,8 @@ int fa_decode_applies(const fa_problem *p);
 /* The key splits the decode path uses for p: num_splits (clamped to the key
  * blocks of the longest sequence and FA_DECODE_MAX_SPLITS), or for 0 the
  * heuristic: 1 when heads_k x row chunks reach FA_DECODE_SPLIT_TASKS, else
- * enough splits to make that many tasks per sequence (never the thread count,
- * the batch or the key lengths, so the bits are the same for any of them). */
+ * enough splits to make that many tasks per sequence (never the thread count
+ * or the batch, so the bits are the same for any of them). */
 int fa_decode_splits(const fa_problem *p);
 
 /* The decode forward pass (O, and LSE when requested) and its scratch bytes. */
