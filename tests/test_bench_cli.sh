@@ -119,8 +119,18 @@ expect_fail "--num-splits 129" "--num-splits" --seqlen-q 1 $TINY --num-splits 12
 expect_fail "--page-size -1" "--page-size" --seqlen-q 1 $TINY --page-size -1
 expect_fail "--seqlen-q 0" "--seqlen-q" --seqlen-q 0 $TINY
 expect_fail "decode --pass bwd" "forward only" --seqlen-q 1 $TINY --pass bwd
-if timeout 300 "$fa" bench --seqlen-q 2 --n 200 --d 16 --heads 4 --heads-k 2 --threads 2 --repeats 1 --warmup 0 \
-        --kv-dtype f32,bf16 --page-size 0,3 --num-splits 1,3 --causal --csv dec.csv >out.txt 2>err.txt; then ok
+# Under the sanitizers, LeakSanitizer's own tracer crashes at exit on this run ("Tracer caught signal
+# 11", a bogus DTLS range in its log; clang 14): the --csv run goes without leak detection there (ASan
+# and UBSan still check it) and the same rows without --csv keep it.
+dec_env=""
+if [ -n "${FA_SANITIZED:-}" ]; then
+    dec_env="ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0"
+    if timeout 300 "$fa" bench --seqlen-q 2 --n 200 --d 16 --heads 4 --heads-k 2 --threads 2 --repeats 1 --warmup 0 \
+            --kv-dtype f32,bf16 --page-size 0,3 --num-splits 1,3 --causal >out.txt 2>err.txt; then ok
+    else bad "bench decode rows (no csv, leak check): exit $? $(cat err.txt)"; fi
+fi
+if env $dec_env timeout 300 "$fa" bench --seqlen-q 2 --n 200 --d 16 --heads 4 --heads-k 2 --threads 2 --repeats 1 \
+        --warmup 0 --kv-dtype f32,bf16 --page-size 0,3 --num-splits 1,3 --causal --csv dec.csv >out.txt 2>err.txt; then ok
 else bad "bench decode rows: exit $? $(cat err.txt)"; fi
 grep -q "measured read bandwidth [0-9.]* GB/s" out.txt && ok || bad "no measured read bandwidth in the header: $(head -5 out.txt)"
 if python3 - <<'EOF'; then ok; else bad "the decode CSV is wrong"; fi
