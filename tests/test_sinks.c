@@ -185,8 +185,9 @@ static void test_forward_matches_dense_model_with_sinks(void **state)
 }
 
 /* loss = sum O * dO of the float64 reference forward */
-static double loss(const data *g, const fa_options *opt)
+static double loss(const void *ctx, const fa_options *opt)
 {
+    const data *g = ctx;
     tu_tensor o, lse;
     forward(g, opt, &o, &lse, FA_F64);
     double acc = 0.0;
@@ -196,46 +197,9 @@ static double loss(const data *g, const fa_options *opt)
     return acc;
 }
 
-typedef struct grads {
-    tu_tensor dq, dk, dv, dsinks;
-} grads;
-
-static void backward(const data *g, const fa_options *opt, grads *gr)
+static void backward(const data *g, const fa_options *opt, tu_grads *gr)
 {
-    gr->dq = tu_alloc4(FA_F64, B, SQ, H, D, 0);
-    gr->dk = tu_alloc4(FA_F64, B, SK, HK, D, 0);
-    gr->dv = tu_alloc4(FA_F64, B, SK, HK, DV, 0);
-    const int64_t s1[1] = {H};
-    gr->dsinks = tu_alloc(FA_F64, 1, s1);
-    tu_poison(&gr->dq); tu_poison(&gr->dk); tu_poison(&gr->dv); tu_poison(&gr->dsinks);
-    fa_backward_extra ex;
-    fa_backward_extra_init(&ex, sizeof ex);
-    ex.dsinks = &gr->dsinks.t;
-    if (fa_backward_ex(&g->q.t, &g->k.t, &g->v.t, NULL, NULL, &g->dout.t, &gr->dq.t, &gr->dk.t, &gr->dv.t, opt, &ex) != FA_OK)
-        fail_msg("backward (%s): %s", fa_impl_name(opt->impl), fa_last_error());
-}
-
-static void free_grads(grads *gr)
-{
-    tu_free(&gr->dq); tu_free(&gr->dk); tu_free(&gr->dv); tu_free(&gr->dsinks);
-}
-
-/* Central differences of the loss in every element of `x` against `grad`. */
-static void expect_fd(data *g, const fa_options *opt, tu_tensor *x, const tu_tensor *grad, const char *what)
-{
-    const int64_t n = fa_tensor_numel(&x->t);
-    double *p = (double *)x->mem;
-    for (int64_t e = 0; e < n; e++) {
-        const double keep = p[e], hstep = 1e-5;
-        p[e] = keep + hstep;
-        const double lp = loss(g, opt);
-        p[e] = keep - hstep;
-        const double lm = loss(g, opt);
-        p[e] = keep;
-        const double fd = (lp - lm) / (2 * hstep), got = ((const double *)grad->mem)[e];
-        if (!(fabs(fd - got) <= 1e-7 + 1e-6 * fabs(fd)))
-            fail_msg("%s[%lld]: backward %.12g, finite difference %.12g", what, (long long)e, got, fd);
-    }
+    tu_backward(&g->q, &g->k, &g->v, &g->dout, opt, gr);
 }
 
 /* Ensure the reference backward's dq, dk, dv and dsinks are the derivatives of its forward. */
@@ -247,30 +211,19 @@ static void test_reference_backward_matches_finite_differences(void **state)
     make_data(&g, &rng, FA_F64);
     for (size_t oi = 0; oi < sizeof OPTS / sizeof OPTS[0]; oi++) {
         fa_options opt = make_opt(&OPTS[oi], &g, FA_IMPL_REFERENCE);
-        grads gr;
+        tu_grads gr;
         backward(&g, &opt, &gr);
-        expect_fd(&g, &opt, &g.sinks, &gr.dsinks, "dsinks");
-        expect_fd(&g, &opt, &g.q, &gr.dq, "dq");
-        expect_fd(&g, &opt, &g.k, &gr.dk, "dk");
-        expect_fd(&g, &opt, &g.v, &gr.dv, "dv");
+        tu_expect_fd(loss, &g, &opt, &g.sinks, &gr.dsinks, "dsinks");
+        tu_expect_fd(loss, &g, &opt, &g.q, &gr.dq, "dq");
+        tu_expect_fd(loss, &g, &opt, &g.k, &gr.dk, "dk");
+        tu_expect_fd(loss, &g, &opt, &g.v, &gr.dv, "dv");
         /* the sinks' gradient is not trivially 0 */
         double mx = 0.0;
         for (int64_t h = 0; h < H; h++) mx = fmax(mx, fabs(((double *)gr.dsinks.mem)[h]));
         assert_true(mx > 1e-3);
-        free_grads(&gr);
+        tu_free_grads(&gr);
     }
     free_data(&g);
-}
-
-static void expect_close(const tu_tensor *a, const tu_tensor *ref, double rtol, const char *what)
-{
-    int64_t where;
-    double mx = 0.0;
-    const int64_t n = fa_tensor_numel(&ref->t);
-    for (int64_t e = 0; e < n; e++) mx = fmax(mx, fabs(((const double *)ref->mem)[e]));
-    const double err = tu_max_abs_diff(a, ref, &where);
-    if (!(err <= rtol * (mx > 1.0 ? mx : 1.0)))
-        fail_msg("%s: max error %g at %lld (max|ref| %g)", what, err, (long long)where, mx);
 }
 
 /* Ensure flash's backward (with dsinks) matches the reference backward. */
@@ -282,13 +235,13 @@ static void test_flash_backward_matches_reference_with_sinks(void **state)
     make_data(&g, &rng, FA_F64);
     for (size_t oi = 0; oi < sizeof OPTS / sizeof OPTS[0]; oi++) {
         fa_options ro = make_opt(&OPTS[oi], &g, FA_IMPL_REFERENCE), fo = make_opt(&OPTS[oi], &g, FA_IMPL_FLASH);
-        grads r, f;
+        tu_grads r, f;
         backward(&g, &ro, &r);
         backward(&g, &fo, &f);
-        expect_close(&f.dq, &r.dq, 1e-5, "flash dq");
-        expect_close(&f.dk, &r.dk, 1e-5, "flash dk");
-        expect_close(&f.dv, &r.dv, 1e-5, "flash dv");
-        expect_close(&f.dsinks, &r.dsinks, 1e-5, "flash dsinks");
+        tu_expect_close(&f.dq, &r.dq, 1e-5, "flash dq");
+        tu_expect_close(&f.dk, &r.dk, 1e-5, "flash dk");
+        tu_expect_close(&f.dv, &r.dv, 1e-5, "flash dv");
+        tu_expect_close(&f.dsinks, &r.dsinks, 1e-5, "flash dsinks");
         /* without sinks the gradients differ: the sink is really in the backward */
         fa_options nosink = fo;
         nosink.sinks = NULL;
@@ -298,8 +251,8 @@ static void test_flash_backward_matches_reference_with_sinks(void **state)
         int64_t where;
         assert_true(tu_max_abs_diff(&dv, &r.dv, &where) > 1e-3);
         tu_free(&dq); tu_free(&dk); tu_free(&dv);
-        free_grads(&r);
-        free_grads(&f);
+        tu_free_grads(&r);
+        tu_free_grads(&f);
     }
     free_data(&g);
 }
@@ -333,8 +286,8 @@ static void test_sinks_combine_with_varlen_and_kvcache(void **state)
         opt.block_q = opt.block_k = 4;
         if (fa_forward(&q.t, &k.t, &v.t, &o[x].t, &l[x].t, &opt) != FA_OK) fail_msg("varlen: %s", fa_last_error());
     }
-    expect_close(&o[1], &o[0], 2e-6, "varlen flash O");
-    expect_close(&l[1], &l[0], 2e-6, "varlen flash LSE");
+    tu_expect_close(&o[1], &o[0], 2e-6, "varlen flash O");
+    tu_expect_close(&l[1], &l[0], 2e-6, "varlen flash LSE");
     /* sequence 1 has no keys: its rows are O = 0, LSE = sink */
     for (int64_t h = 0; h < H; h++) {
         const int64_t ix[1] = {h};
@@ -369,8 +322,8 @@ static void test_sinks_combine_with_varlen_and_kvcache(void **state)
         if (fa_forward(&qc.t, &kc.t, &vc.t, &o[x].t, &l[x].t, &opt) != FA_OK) fail_msg("kvcache: %s", fa_last_error());
         tu_free(&kc); tu_free(&vc);
     }
-    expect_close(&o[1], &o[0], 2e-6, "kvcache flash O");
-    expect_close(&l[1], &l[0], 2e-6, "kvcache flash LSE");
+    tu_expect_close(&o[1], &o[0], 2e-6, "kvcache flash O");
+    tu_expect_close(&l[1], &l[0], 2e-6, "kvcache flash LSE");
     for (int x = 0; x < 2; x++) { tu_free(&o[x]); tu_free(&l[x]); }
     tu_free(&qc); tu_free(&kn); tu_free(&vn); tu_free(&kc0); tu_free(&vc0); tu_free(&sinks);
 }

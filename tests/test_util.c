@@ -172,3 +172,59 @@ double tu_max_abs_diff(const tu_tensor *a, const tu_tensor *b, int64_t *where)
     if (where) *where = c.where;
     return c.worst;
 }
+
+void tu_backward(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, const tu_tensor *dout,
+                 const fa_options *opt, tu_grads *gr)
+{
+    gr->dq = tu_alloc(FA_F64, q->t.rank, q->t.shape);
+    gr->dk = tu_alloc(FA_F64, k->t.rank, k->t.shape);
+    gr->dv = tu_alloc(FA_F64, v->t.rank, v->t.shape);
+    const int64_t heads[1] = {q->t.shape[2]};
+    gr->dsinks = tu_alloc(FA_F64, 1, heads);
+    tu_poison(&gr->dq);
+    tu_poison(&gr->dk);
+    tu_poison(&gr->dv);
+    tu_poison(&gr->dsinks);
+    fa_backward_extra ex;
+    fa_backward_extra_init(&ex, sizeof ex);
+    ex.dsinks = opt->sinks ? &gr->dsinks.t : NULL;
+    if (fa_backward_ex(&q->t, &k->t, &v->t, NULL, NULL, &dout->t, &gr->dq.t, &gr->dk.t, &gr->dv.t, opt, &ex) != FA_OK)
+        fail_msg("backward (%s): %s", fa_impl_name(opt->impl), fa_last_error());
+}
+
+void tu_free_grads(tu_grads *gr)
+{
+    tu_free(&gr->dq);
+    tu_free(&gr->dk);
+    tu_free(&gr->dv);
+    tu_free(&gr->dsinks);
+}
+
+void tu_expect_fd(tu_loss_fn loss, const void *ctx, const fa_options *opt, tu_tensor *x,
+                  const tu_tensor *grad, const char *what)
+{
+    const int64_t n = fa_tensor_numel(&x->t);
+    double *p = (double *)x->mem;
+    for (int64_t e = 0; e < n; e++) {
+        const double keep = p[e], hstep = 1e-5;
+        p[e] = keep + hstep;
+        const double lp = loss(ctx, opt);
+        p[e] = keep - hstep;
+        const double lm = loss(ctx, opt);
+        p[e] = keep;
+        const double fd = (lp - lm) / (2 * hstep), got = ((const double *)grad->mem)[e];
+        if (!(fabs(fd - got) <= 1e-7 + 1e-6 * fabs(fd)))
+            fail_msg("%s[%lld]: backward %.12g, finite difference %.12g", what, (long long)e, got, fd);
+    }
+}
+
+void tu_expect_close(const tu_tensor *a, const tu_tensor *ref, double rtol, const char *what)
+{
+    int64_t where;
+    double mx = 0.0;
+    const int64_t n = fa_tensor_numel(&ref->t);
+    for (int64_t e = 0; e < n; e++) mx = fmax(mx, fabs(((const double *)ref->mem)[e]));
+    const double err = tu_max_abs_diff(a, ref, &where);
+    if (!(err <= rtol * (mx > 1.0 ? mx : 1.0)))
+        fail_msg("%s: max error %g at %lld (max|ref| %g)", what, err, (long long)where, mx);
+}

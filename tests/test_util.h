@@ -57,4 +57,32 @@ int64_t tu_count_nan(const tu_tensor *t);
  */
 double tu_max_abs_diff(const tu_tensor *a, const tu_tensor *b, int64_t *where);
 
+/*
+ * Gradient checks shared by the serving-feature tests (sinks, dropout).
+ * tu_grads holds float64 dq, dk, dv shaped like q, k, v, and dsinks [heads]
+ * when the options carry sinks.
+ */
+typedef struct tu_grads {
+    tu_tensor dq, dk, dv, dsinks;
+} tu_grads;
+
+/* fa_backward_ex into freshly allocated, poisoned float64 gradients; fails the test on an error. */
+void tu_backward(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, const tu_tensor *dout,
+                 const fa_options *opt, tu_grads *gr);
+void tu_free_grads(tu_grads *gr);
+
+/* A scalar loss of the problem `ctx` under `opt` (e.g. sum O * dO of the float64 reference). */
+typedef double (*tu_loss_fn)(const void *ctx, const fa_options *opt);
+
+/*
+ * Central differences of `loss` in every element of the float64 tensor `x`
+ * (one of the problem's inputs, perturbed in place and restored) against
+ * `grad`: |fd - grad| <= 1e-7 + 1e-6 |fd|.
+ */
+void tu_expect_fd(tu_loss_fn loss, const void *ctx, const fa_options *opt, tu_tensor *x,
+                  const tu_tensor *grad, const char *what);
+
+/* max |a - ref| <= rtol * max(1, max|ref|) for float64 `ref`; fails naming `what` and the element. */
+void tu_expect_close(const tu_tensor *a, const tu_tensor *ref, double rtol, const char *what);
+
 #endif /* FA_TEST_UTIL_H */
