@@ -21,70 +21,13 @@
 set -u
 OUTDIR=${1:?usage: sh cuda/run_tc2.sh OUTDIR [BUDGET_SECONDS]}
 BUDGET=${2:-540}
-START=$(date +%s)
-mkdir -p "$OUTDIR"
 CSV=$OUTDIR/h200_tc2.csv
-LOG=$OUTDIR/run.log
-BIN=build/cuda/flashattn-cuda
-: > "$LOG"
-fails=0
-
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-say() { echo "$*" | tee -a "$LOG"; }
-
-{
-    date -u '+date: %Y-%m-%d %H:%M:%S UTC'
-    git log -1 --format='commit: %h %s' 2>/dev/null
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
-    nproc | sed 's/^/cpu cores: /'
-} > "$OUTDIR/device.txt" 2>&1
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 500 \
-    > "$OUTDIR/clocks.csv" 2>&1 &
-SMI_PID=$!
-trap 'kill $SMI_PID 2>/dev/null' EXIT
-
-# one harness run: label, need (seconds it must have left; also its time limit), harness arguments
-h() {
-    label=$1
-    need=$2
-    shift 2
-    if [ "$(left)" -lt "$need" ]; then say "skipped (budget): $label"; return; fi
-    echo "-- $label: $*" >> "$LOG"
-    timeout "$need" "$BIN" "$@" < /dev/null >> "$LOG" 2>&1
-    rc=$?
-    if [ $rc -eq 0 ]; then say "ok    $label"
-    else say "FAIL  $label (exit $rc)"; fails=$((fails + 1)); fi
-}
-# one sanitizer run: label, tool, harness arguments
-san() {
-    label=$1
-    tool=$2
-    shift 2
-    if [ "$(left)" -lt 45 ]; then say "skipped (budget): $label"; return; fi
-    echo "-- $label" >> "$LOG"
-    timeout 45 compute-sanitizer --error-exitcode 9 --tool "$tool" "$BIN" "$@" --no-time < /dev/null >> "$LOG" 2>&1
-    rc=$?
-    if [ $rc -eq 0 ]; then say "ok    $label"; else say "FAIL  $label (exit $rc)"; fails=$((fails + 1)); fi
-}
-
+. cuda/run_lib.sh
 "$BIN" --self-test >> "$LOG" 2>&1 && say "self-test: PASS" || { say "self-test FAILED"; fails=$((fails + 1)); }
 
 say "== 2. edge shapes, all rows, vs the float64 backward ($(left) s left)"
-EDGES="--batch=2 --heads=4 --seqlen=256 --d=64
---heads=4 --heads-k=2 --seqlen-q=200 --seqlen-k=333 --d=128 --causal
---heads=2 --seqlen-q=300 --seqlen-k=100 --d=64 --causal
---heads=2 --seqlen=300 --d=128 --window=40,7 --softcap=20
---heads=8 --heads-k=1 --seqlen-q=128 --seqlen-k=190 --d=128
---batch=3 --heads=2 --seqlen-q=65 --seqlen-k=1 --d=64"
 for dt in bf16 fp16; do
-    for k in 04b 04bd; do
-        while read -r line; do
-            h "validate $k $dt $line" 20 --kernel $k --dtype $dt $(echo "$line" | sed 's/=/ /g') --no-time --seed 7
-        done <<EOF
-$EDGES
-EOF
-    done
+    for k in 04b 04bd; do edges h $k $dt; done
 done
 
 say "== 3. SDPA ($(left) s left)"

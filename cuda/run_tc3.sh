@@ -19,53 +19,8 @@
 set -u
 OUTDIR=${1:?usage: sh cuda/run_tc3.sh OUTDIR [BUDGET_SECONDS]}
 BUDGET=${2:-540}
-START=$(date +%s)
-mkdir -p "$OUTDIR"
 CSV=$OUTDIR/h200_tc3.csv
-LOG=$OUTDIR/run.log
-BIN=build/cuda/flashattn-cuda
-: > "$LOG"
-fails=0
-
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-say() { echo "$*" | tee -a "$LOG"; }
-
-{
-    date -u '+date: %Y-%m-%d %H:%M:%S UTC'
-    if [ -f VERSION ]; then cat VERSION; else git log -1 --format='commit: %h %s' 2>/dev/null; fi
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
-    nproc | sed 's/^/cpu cores: /'
-} > "$OUTDIR/device.txt" 2>&1
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 500 \
-    > "$OUTDIR/clocks.csv" 2>&1 &
-SMI_PID=$!
-trap 'kill $SMI_PID 2>/dev/null' EXIT
-
-# one harness run: label, need (seconds it must have left; also its time limit), harness arguments
-h() {
-    label=$1
-    need=$2
-    shift 2
-    if [ "$(left)" -lt "$need" ]; then say "skipped (budget): $label"; return; fi
-    echo "-- $label: $*" >> "$LOG"
-    timeout "$need" "$BIN" "$@" < /dev/null >> "$LOG" 2>&1
-    rc=$?
-    if [ $rc -eq 0 ]; then say "ok    $label"
-    else say "FAIL  $label (exit $rc)"; fails=$((fails + 1)); fi
-}
-# one sanitizer run: label, tool, harness arguments
-san() {
-    label=$1
-    tool=$2
-    shift 2
-    if [ "$(left)" -lt 45 ]; then say "skipped (budget): $label"; return; fi
-    echo "-- $label" >> "$LOG"
-    timeout 45 compute-sanitizer --error-exitcode 9 --tool "$tool" "$BIN" "$@" --no-time < /dev/null >> "$LOG" 2>&1
-    rc=$?
-    if [ $rc -eq 0 ]; then say "ok    $label"; else say "FAIL  $label (exit $rc)"; fails=$((fails + 1)); fi
-}
-
+. cuda/run_lib.sh
 "$BIN" --self-test >> "$LOG" 2>&1 && say "self-test: PASS" || { say "self-test FAILED"; fails=$((fails + 1)); }
 
 say "== 2. rung 05, all rows ($(left) s left)"
@@ -73,19 +28,8 @@ h "validate 05 bf16 one tile d=64" 20 --kernel 05 --heads 1 --seqlen 128 --d 64 
 h "validate 05 bf16 one tile d=128" 20 --kernel 05 --heads 1 --seqlen 128 --d 128 --no-time --seed 7
 h "validate 05 bf16 8x8 tiles d=128 H=2" 20 --kernel 05 --heads 2 --seqlen 1024 --d 128 --no-time --seed 7
 h "validate 05 bf16 8x8 tiles d=64 causal" 20 --kernel 05 --heads 2 --seqlen 1024 --d 64 --causal --no-time --seed 7
-EDGES="--batch=2 --heads=4 --seqlen=256 --d=64
---heads=4 --heads-k=2 --seqlen-q=200 --seqlen-k=333 --d=128 --causal
---heads=2 --seqlen-q=300 --seqlen-k=100 --d=64 --causal
---heads=2 --seqlen=300 --d=128 --window=40,7 --softcap=20
---heads=8 --heads-k=1 --seqlen-q=128 --seqlen-k=190 --d=128
---batch=3 --heads=2 --seqlen-q=65 --seqlen-k=1 --d=64"
-for dt in bf16 fp16; do
-    while read -r line; do
-        h "validate 05 $dt $line" 20 --kernel 05 --dtype $dt $(echo "$line" | sed 's/=/ /g') --no-time --seed 7
-    done <<EOF
-$EDGES
-EOF
-done
+edges h 05 bf16
+edges h 05 fp16
 ws=1
 hw() { # as h, for rung 05ws: nothing once it has failed
     if [ $ws = 0 ]; then say "skipped (05ws failed before): $1"; return; fi
@@ -101,13 +45,8 @@ hw "validate 05ws bf16 one tile d=128" 15 --kernel 05ws --heads 1 --seqlen 128 -
 [ $ws1 = 0 ] && ws=0
 hw "validate 05ws bf16 8x8 tiles d=128 H=2" 20 --kernel 05ws --heads 2 --seqlen 1024 --d 128 --no-time --seed 7
 hw "validate 05ws bf16 8x8 tiles d=64 causal" 20 --kernel 05ws --heads 2 --seqlen 1024 --d 64 --causal --no-time --seed 7
-for dt in bf16 fp16; do
-    while read -r line; do
-        hw "validate 05ws $dt $line" 20 --kernel 05ws --dtype $dt $(echo "$line" | sed 's/=/ /g') --no-time --seed 7
-    done <<EOF
-$EDGES
-EOF
-done
+edges hw 05ws bf16
+edges hw 05ws fp16
 
 say "== 3. SDPA ($(left) s left)"
 SHAPES="128:16384:0:16:16:1,128:16384:1:16:16:1,64:16384:0:16:16:1,64:16384:1:16:16:1,128:4096:0:32:8:2,128:4096:1:32:8:2"

@@ -19,61 +19,17 @@
 set -u
 OUTDIR=${1:?usage: sh cuda/run_tc4.sh OUTDIR [BUDGET_SECONDS]}
 BUDGET=${2:-200}
-START=$(date +%s)
-mkdir -p "$OUTDIR"
 CSV=$OUTDIR/h200_tc4.csv
-LOG=$OUTDIR/run.log
-BIN=build/cuda/flashattn-cuda
-: > "$LOG"
-fails=0
-
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-say() { echo "$*" | tee -a "$LOG"; }
-
-{
-    date -u '+date: %Y-%m-%d %H:%M:%S UTC'
-    if [ -f VERSION ]; then cat VERSION; else git log -1 --format='commit: %h %s' 2>/dev/null; fi
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu --format=csv
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
-} > "$OUTDIR/device.txt" 2>&1
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 500 \
-    > "$OUTDIR/clocks.csv" 2>&1 &
-SMI_PID=$!
-trap 'kill $SMI_PID 2>/dev/null' EXIT
-
-# one harness run: label, need (seconds it must have left; also its time limit), harness arguments
-h() {
-    label=$1
-    need=$2
-    shift 2
-    if [ "$(left)" -lt "$need" ]; then say "skipped (budget): $label"; return; fi
-    echo "-- $label: $*" >> "$LOG"
-    timeout "$need" "$BIN" "$@" < /dev/null >> "$LOG" 2>&1
-    rc=$?
-    if [ $rc -eq 0 ]; then say "ok    $label"
-    else say "FAIL  $label (exit $rc)"; fails=$((fails + 1)); fi
-}
+. cuda/run_lib.sh
+SAN_SECONDS=40
 pp=1
-hp() { # as h, for rung 05pp: nothing once it has failed
+hp() { # as h, for rung 05pp: nothing once it has failed (nor its sanitizer runs)
     if [ $pp = 0 ]; then say "skipped (05pp failed before): $1"; return; fi
     f0=$fails
     h "$@"
-    [ $fails -gt "$f0" ] && pp=0
+    [ $fails -gt "$f0" ] && { pp=0; GATE="05pp failed before"; }
     return 0
 }
-# one sanitizer run: label, tool, harness arguments
-san() {
-    label=$1
-    tool=$2
-    shift 2
-    if [ $pp = 0 ]; then say "skipped (05pp failed before): $label"; return; fi
-    if [ "$(left)" -lt 40 ]; then say "skipped (budget): $label"; return; fi
-    echo "-- $label" >> "$LOG"
-    timeout 40 compute-sanitizer --error-exitcode 9 --tool "$tool" "$BIN" "$@" --no-time < /dev/null >> "$LOG" 2>&1
-    rc=$?
-    if [ $rc -eq 0 ]; then say "ok    $label"; else say "FAIL  $label (exit $rc)"; fails=$((fails + 1)); fi
-}
-
 "$BIN" --self-test >> "$LOG" 2>&1 && say "self-test: PASS" || { say "self-test FAILED"; fails=$((fails + 1)); }
 
 say "== 2. rung 05pp, all rows ($(left) s left)"
@@ -81,19 +37,8 @@ hp "validate 05pp bf16 one tile d=64" 15 --kernel 05pp --heads 1 --seqlen 128 --
 hp "validate 05pp bf16 one tile d=128" 15 --kernel 05pp --heads 1 --seqlen 128 --d 128 --no-time --seed 7
 hp "validate 05pp bf16 8x8 tiles d=128 H=2" 20 --kernel 05pp --heads 2 --seqlen 1024 --d 128 --no-time --seed 7
 hp "validate 05pp bf16 8x8 tiles d=64 causal" 20 --kernel 05pp --heads 2 --seqlen 1024 --d 64 --causal --no-time --seed 7
-EDGES="--batch=2 --heads=4 --seqlen=256 --d=64
---heads=4 --heads-k=2 --seqlen-q=200 --seqlen-k=333 --d=128 --causal
---heads=2 --seqlen-q=300 --seqlen-k=100 --d=64 --causal
---heads=2 --seqlen=300 --d=128 --window=40,7 --softcap=20
---heads=8 --heads-k=1 --seqlen-q=128 --seqlen-k=190 --d=128
---batch=3 --heads=2 --seqlen-q=65 --seqlen-k=1 --d=64"
-for dt in bf16 fp16; do
-    while read -r line; do
-        hp "validate 05pp $dt $line" 20 --kernel 05pp --dtype $dt $(echo "$line" | sed 's/=/ /g') --no-time --seed 7
-    done <<EOT
-$EDGES
-EOT
-done
+edges hp 05pp bf16
+edges hp 05pp fp16
 
 say "== 3. SDPA forward ($(left) s left)"
 SHAPES="128:16384:0:16:16:1,128:16384:1:16:16:1,64:16384:0:16:16:1,64:16384:1:16:16:1,128:4096:0:32:8:2,128:4096:1:32:8:2"
