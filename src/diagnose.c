@@ -1677,7 +1677,7 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
             if (x != 1) rs[x].inter_k = !inter;
         }
         const double e = rot_best(cx, rs, 3, &rq, &rk, &best);
-        if (best >= 0)
+        if (best >= 0 && !isnan(e))
             add(L, "rotary-pairing", e, (double)!inter, "pairs %s used where %s was expected, on %s",
                 pairing_name(!inter), pairing_name(inter), side[best]);
     }
@@ -1731,7 +1731,7 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
             snprintf(what[nv++], sizeof what[0], "%s", none[x]);
         }
         const double e = rot_best(cx, rs, nv, &rq, &rk, &best);
-        if (best >= 0) add(L, "rotary-offset", e, par[best], "%s", what[best]);
+        if (best >= 0 && !isnan(e)) add(L, "rotary-offset", e, par[best], "%s", what[best]);
     }
     free(buf);
 }
