@@ -10,7 +10,8 @@ FIRST with the fitted parameter. Both pairings, causal (query i at cache_seqlens
 not (every query at cache_seqlens[b]), a batch of 3 with different cache_seqlens, rotary_dim
 below and equal to d. Correct outputs (the float64 model rounded to f32, and the library's
 own output) get `diagnosis: none`; the other ids still work on rotary problems (scale,
-kv-append-offset). Fresh random inputs (FA_TEST_SEED replays a run).
+kv-append-offset); bf16 inputs under a window, and a paged cache. Fresh random inputs
+(FA_TEST_SEED replays a run).
 """
 
 import os
@@ -58,7 +59,7 @@ def inputs(sq=SQ, sn=SN):
 
 
 def model(q, kc, vc, kn, vn, cos, sin, causal, inter_q, inter_k, qpos=None, kpos=None, scale=None,
-          drop_new=False):
+          drop_new=False, rnd=None, **extra):
     """(O, LSE) of a kernel that rotates q (query i of sequence b at qpos(b, i); None: not
     rotated) and k_new (new key t at kpos(b, t); None: not rotated) with the given pairings,
     then attends to the cache and the rotated new keys (ref_numpy.kvcache_forward)."""
@@ -69,7 +70,9 @@ def model(q, kc, vc, kn, vn, cos, sin, causal, inter_q, inter_k, qpos=None, kpos
             qr[b] = R.apply_rotary(q[b], cos, sin, np.array([qpos(b, i) for i in range(q.shape[1])]), inter_q)
         if kpos is not None:
             kr[b] = R.apply_rotary(kn[b], cos, sin, np.array([kpos(b, t) for t in range(kn.shape[1])]), inter_k)
-    opts = dict(causal=causal)
+    if rnd is not None:  # the rotated rows rounded to the input dtype, as FlashAttention does
+        qr, kr = rnd(qr), rnd(kr)
+    opts = dict(causal=causal, **extra)
     if scale is not None:
         opts["scale"] = scale
     if drop_new:
@@ -281,3 +284,53 @@ def test_other_ids_with_rotary(tmp_path):
     rc, lines, out = check(tmp_path, arrays(q, kc, vc, kn, vn, cos, sin, o), True, False)
     assert rc == 1 and first_id(lines) == "kv-append-offset" and "new keys left out" in lines[0], \
         f"seed {SEED}: {out}"
+
+
+def test_bf16_window(tmp_path):
+    """bf16 inputs and output, a local window (queries at their own positions, as causal): the
+    right output (the numpy model on the bf16 values, rounded to bf16) gets none; every query
+    rotated at cache_seqlens[b] (the non-causal rule) is rotary-offset."""
+    bf = lambda x: R.bf16_bits_to_float64(R.float_to_bf16_bits(x))  # noqa: E731
+    q, kc, vc, kn, vn = (bf(x) for x in inputs())
+    cos, sin = tables(D)
+    win = dict(window=(6, 0))
+    flags = ["--window", "6,0"]
+    bits = lambda x: R.float_to_bf16_bits(np.asarray(x, np.float32))  # noqa: E731
+    for qpos, want in ((right_qpos(True), "diagnosis: none"),
+                       (right_qpos(False), "diagnosis: rotary-offset (explains")):
+        o, lse = model(q, kc, vc, kn, vn, cos, sin, False, True, True, qpos, right_kpos, rnd=bf, **win)
+        a = arrays(*(bits(x) for x in (q, kc, vc, kn, vn)), cos, sin, bits(o), lse)
+        a["o"] = bits(o)
+        rc, lines, out = check(tmp_path, a, False, True, flags)
+        assert lines[0].startswith(want), f"seed {SEED}: {out}"
+        if want.startswith("diagnosis: rotary"):
+            assert rc == 1 and "every query at cache_seqlens[b] (the non-causal rule)" in lines[0], out
+        else:
+            assert rc == 0, out
+
+
+def test_paged_pairing_python():
+    """Paged KV (the cache in permuted pages of 8 rows): the right output gets none, the other
+    pairing is rotary-pairing (python's diagnose())."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+    import flashattn as fa
+    try:
+        fa.library()
+    except OSError as e:
+        pytest.skip(f"libflashattn.so not available: {e}")
+    q, kc, vc, kn, vn = inputs()
+    cos, sin = tables(D)
+    ps, maxp = 8, SC // 8
+    npages = B * maxp + 2
+    table = np.random.default_rng([SEED, 36]).permutation(npages)[:B * maxp].reshape(B, maxp).astype(np.int32)
+    kp, vp = rand((npages, ps, HK, D), 37), rand((npages, ps, HK, D), 38)
+    for b in range(B):
+        for e in range(maxp):
+            kp[table[b, e]], vp[table[b, e]] = kc[b, e * ps:(e + 1) * ps], vc[b, e * ps:(e + 1) * ps]
+    for inter, want in ((False, None), (True, "rotary-pairing")):
+        o, lse = model(q, kc, vc, kn, vn, cos, sin, True, inter, inter, right_qpos(True), right_kpos)
+        rep = fa.diagnose(q, kp, vp, f32(o), f32(lse), causal=True, cache_seqlens=CS, k_new=kn, v_new=vn,
+                          block_table=table, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=False)
+        assert rep.first == want, rep.text
+        if want:
+            assert rep.diagnoses[0]["param"] == 1 and "on q and k_new" in rep.diagnoses[0]["detail"], rep.text
