@@ -1055,8 +1055,8 @@ typedef enum fa_kernel_model {
  * candidate mistake of the vocabulary (docs/validation.md, "Why did my kernel
  * fail") that the problem's shape makes possible, fits the mistake's parameter
  * where it has one (a scale factor, a window shift, a head map, a log base, a
- * tile size), and ranks the candidates by the fraction of the error each
- * explains:
+ * tile size, a rotary position offset), and ranks the candidates by the
+ * fraction of the error each explains:
  *
  *     explained = 1 - ||T - C||^2 / ||T - R||^2      (T tested, C candidate, R reference)
  *
@@ -1071,9 +1071,12 @@ typedef enum fa_kernel_model {
  * tail-tile, layout-transposed, output-unwritten; varlen-leak, varlen-offset,
  * paged-index, kv-append-offset (variable-length batches and KV caches, per
  * sequence); split-combine; sink-missing and dropout-mask (with sinks or
- * dropout); p-saturation and descale (low-precision inputs, qkv_format).
- * Not yet: rotary-pairing, rotary-offset — a problem with rotary is refused
- * (FA_ERR_OPTION).
+ * dropout); p-saturation and descale (low-precision inputs, qkv_format);
+ * rotary-pairing and rotary-offset (with fa_options::rotary: the reference and
+ * every other candidate read q and k_new rotated the problem's way, these two
+ * re-rotate them under a mistaken rule; rotary-offset's param is the fitted
+ * position offset, NaN for its named variants: the query rule of the other
+ * mask kind, new keys from position 0, rotary not applied to q or k_new).
  * @{
  */
 

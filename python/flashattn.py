@@ -1168,13 +1168,16 @@ def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, 
              num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None, cu_seqlens_k=None,
              seqused_k=None, cache_seqlens=None, k_new=None, v_new=None, cache_batch_idx=None,
              cache_leftpad=None, block_table=None, qkv_format=None, sinks=None, dropout_p=0.0,
-             dropout_mask=None):
+             dropout_mask=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True):
     """Name the known mistake behind a wrong output (fa_diagnose; `check --diagnose`).
 
     Arguments as for check() (varlen batches and KV caches, paged or not,
     included); sample_rows rows per (sequence, head) are evaluated (0: all).
     sinks: [heads] attention sinks of the tested kernel (`sink-missing` is then
     a candidate); dropout_p, dropout_mask: its dropout (`dropout-mask`).
+    rotary_cos, rotary_sin, rotary_interleaved: with a KV cache, the rotary
+    embedding the kernel was to apply, as in check() (q and k_new passed
+    unrotated; `rotary-pairing` and `rotary-offset` are then candidates).
     qkv_format ("e4m3", "e5m2", "e2m1", "int8"; q, k, v passed dequantized):
     the rounding floor follows P's format, and `descale` and `p-saturation`
     are candidates.
@@ -1198,6 +1201,9 @@ def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, 
         kv = _kvcache(arrs[0], arrs[1], k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad,
                       block_table, bf16_bits, keep)
         opt.kvcache = ctypes.addressof(kv)
+    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep)
+    if rot is not None:
+        opt.rotary = ctypes.addressof(rot)
     do = _DiagnoseOptions()
     lib.fa_diagnose_options_init(ctypes.byref(do), ctypes.sizeof(_DiagnoseOptions))
     if dtype is not None:

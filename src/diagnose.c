@@ -30,8 +30,12 @@
  * Attention sinks and dropout: every variant folds the sink into its finished
  * row (eval_core) and puts the keep-mask on P before P.V (keep_factor), and
  * `sink-missing` and `dropout-mask` are the variants that do it wrongly.
- * Rotary is refused (FA_ERR_OPTION): rotary-pairing and rotary-offset are not
- * implemented yet.
+ * Rotary (KV cache with k_new): the reference and every variant above read q
+ * and k_new rotated the problem's way (serve.c's fa_rotary_apply, as fa_check
+ * does); `rotary-pairing` and `rotary-offset` re-rotate the raw q and k_new
+ * under a mistaken rule (the other pairing; positions off by a fitted offset,
+ * the query rule of the other mask kind, new keys from position 0, rotary not
+ * applied to q or k_new) and score the reference on those (cand_rotary).
  *
  * Everything is float64 and follows mask.h's semantics for the reference.
  */
@@ -51,6 +55,7 @@
 
 #include "internal.h"
 #include "lowprec.h"
+#include "serve.h"
 
 #define DG_DOTS_MAX_BYTES ((size_t)256 << 20)
 #define DG_FIT_ROWS 8
@@ -80,6 +85,8 @@ typedef struct dg_ctx {
     int64_t nfit;
     double fit_o, fit_l;      /* reference residuals on them */
     int qfmt;                 /* fa_qformat of Q, K, V (low precision), or FA_QF_NONE */
+    const fa_tensor *raw_q;   /* rotary: q and k_new as given (p->q, p->k_new are rotated); else NULL */
+    const fa_tensor *raw_kn;
 } dg_ctx;
 
 typedef struct dg_scratch {
@@ -1510,6 +1517,226 @@ static void cand_dropout(const dg_ctx *cx, dg_list *L)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Rotary: rotary-pairing, rotary-offset                                     */
+/* ------------------------------------------------------------------------ */
+
+/* How a kernel rotated q and k_new: each side's pairing, whether it rotated at all, and the
+ * positions: query row i at (q_base ? cache_seqlens[b] : 0) + (q_per_row ? i : 0) + q_off,
+ * new key t at (k_base ? cache_seqlens[b] : 0) + t + k_off. */
+typedef struct dg_rot_rule {
+    int inter_q, inter_k;
+    int q_none, k_none;
+    int q_base, k_base;
+    int q_per_row;
+    int64_t q_off, k_off;
+} dg_rot_rule;
+
+static dg_rot_rule rot_rule_reference(const fa_problem *p)
+{
+    dg_rot_rule r;
+    memset(&r, 0, sizeof r);
+    r.inter_q = r.inter_k = p->rot_interleaved;
+    r.q_base = r.k_base = 1;
+    r.q_per_row = p->rot_q_per_row;
+    return r;
+}
+
+/* Does every position the rule reads lie in the tables [0, seqlen_ro)? (A kernel reading
+ * past them reads memory we do not have: such a rule is not evaluated.) */
+static int rot_valid(const fa_problem *p, const dg_rot_rule *r)
+{
+    const int64_t ro = p->rot_cos.shape[0];
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t cs = p->cache_seqlens[b];
+        if (!r->q_none && p->seqlen_q > 0) {
+            const int64_t lo = (r->q_base ? cs : 0) + r->q_off, hi = lo + (r->q_per_row ? p->seqlen_q - 1 : 0);
+            if (lo < 0 || hi >= ro) return 0;
+        }
+        if (!r->k_none && p->seqlen_new > 0) {
+            const int64_t lo = (r->k_base ? cs : 0) + r->k_off, hi = lo + p->seqlen_new - 1;
+            if (lo < 0 || hi >= ro) return 0;
+        }
+    }
+    return 1;
+}
+
+/* Row (b, i, h) of src (dims past rotary_dim copied) into the same row of dst, rotated at
+ * position pos with the given pairing, or copied when `none`; rounded to dst's dtype as
+ * fa_rotary_apply rounds to the input's. */
+static void rot_row(const fa_problem *p, const fa_tensor *src, const fa_tensor *dst, int64_t b, int64_t i, int64_t h,
+                    int64_t pos, int inter, int none)
+{
+    const int64_t d = src->shape[3], half = p->rot_dim / 2;
+    for (int64_t c = none ? 0 : p->rot_dim; c < d; c++)
+        fa_store_f64(dst, fa_off4(dst, b, i, h, c), fa_load_f64(src, fa_off4(src, b, i, h, c)));
+    if (none) return;
+    for (int64_t x = 0; x < half; x++) {
+        const int64_t c1 = inter ? 2 * x : x, c2 = inter ? 2 * x + 1 : x + half;
+        const double cs = fa_load_f64(&p->rot_cos, pos * p->rot_cos.stride[0] + x * p->rot_cos.stride[1]);
+        const double sn = fa_load_f64(&p->rot_sin, pos * p->rot_sin.stride[0] + x * p->rot_sin.stride[1]);
+        const double x1 = fa_load_f64(src, fa_off4(src, b, i, h, c1));
+        const double x2 = fa_load_f64(src, fa_off4(src, b, i, h, c2));
+        fa_store_f64(dst, fa_off4(dst, b, i, h, c1), x1 * cs - x2 * sn);
+        fa_store_f64(dst, fa_off4(dst, b, i, h, c2), x1 * sn + x2 * cs);
+    }
+}
+
+/* The problem with q and k_new rotated by rule r (into rq, rk): the q rows of the sampled
+ * rows listed (NULL: all n), every k_new row. */
+static void rot_apply(const dg_ctx *cx, const dg_rot_rule *r, const int64_t *rows, int64_t nrows, fa_problem *p2,
+                      const fa_tensor *rq, const fa_tensor *rk)
+{
+    const fa_problem *p = cx->p;
+    for (int64_t x = 0; x < nrows; x++) {
+        const dg_item *it = &cx->it[rows ? rows[x] : x];
+        const fa_seq s = fa_problem_seq(p, it->b);
+        const int64_t pos = (r->q_base ? p->cache_seqlens[it->b] : 0) + (r->q_per_row ? it->i : 0) + r->q_off;
+        rot_row(p, cx->raw_q, rq, s.q_batch, s.q_start + it->i, it->h, pos, r->inter_q, r->q_none);
+    }
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t t = 0; t < p->seqlen_new; t++) {
+            const int64_t pos = (r->k_base ? p->cache_seqlens[b] : 0) + t + r->k_off;
+            for (int64_t kh = 0; kh < p->heads_k; kh++)
+                rot_row(p, cx->raw_kn, rk, b, t, kh, pos, r->inter_k, r->k_none);
+        }
+    *p2 = *p;
+    p2->q = *rq;
+    p2->k_new = *rk;
+}
+
+/* Explained fraction of rule r on the rows listed (NULL: all), against the reference's
+ * residuals bo, bl on them; NaN on allocation failure. */
+static double rot_score(const dg_ctx *cx, const dg_rot_rule *r, const int64_t *rows, int64_t nrows, double bo,
+                        double bl, const fa_tensor *rq, const fa_tensor *rk)
+{
+    fa_problem p2;
+    rot_apply(cx, r, rows, nrows, &p2, rq, rk);
+    dg_ctx c2 = *cx;
+    c2.p = &p2;
+    c2.dots = NULL;
+    const dg_variant v = dg_variant_reference(&p2);
+    double ro, rl;
+    if (residuals(&c2, &v, rows, nrows, NULL, NULL, &ro, &rl) != 0) return NAN;
+    return explained(cx, ro, rl, bo, bl);
+}
+
+/* The best of nv rules (best_of's way: compared on the fit rows when there are many rows,
+ * the winner scored on all); *best = -1 when no rule is valid. */
+static double rot_best(const dg_ctx *cx, const dg_rot_rule *rs, int nv, const fa_tensor *rq, const fa_tensor *rk,
+                       int *best)
+{
+    const int sub = nv > 1 && cx->n > 2 * cx->nfit;
+    double top = -INFINITY;
+    *best = -1;
+    for (int x = 0; x < nv; x++) {
+        if (!rot_valid(cx->p, &rs[x])) continue;
+        const double e = sub ? rot_score(cx, &rs[x], cx->fit, cx->nfit, cx->fit_o, cx->fit_l, rq, rk)
+                             : rot_score(cx, &rs[x], NULL, cx->n, cx->r0o, cx->r0l, rq, rk);
+        if (isnan(e)) return NAN;
+        if (e > top) {
+            top = e;
+            *best = x;
+        }
+    }
+    if (*best >= 0 && sub) top = rot_score(cx, &rs[*best], NULL, cx->n, cx->r0o, cx->r0l, rq, rk);
+    return top;
+}
+
+static const char *pairing_name(int inter) { return inter ? "(2i, 2i+1) (GPT-J, interleaved)" : "(i, i + rotary_dim/2) (GPT-NeoX)"; }
+
+/* rotary-pairing: q and k_new (or one of them) rotated with the other pairing.
+ * rotary-offset: the positions wrong: q and k_new, q or k_new off by a fitted offset in
+ * -4 .. +4; the query rule of the other mask kind (every query at cache_seqlens[b] vs query i
+ * at cache_seqlens[b] + i); new keys at t, or q and k_new from position 0 (cos/sin not sliced
+ * at cache_seqlens); rotary not applied to q, to k_new, or to either. */
+static void cand_rotary(const dg_ctx *cx, dg_list *L)
+{
+    const fa_problem *p = cx->p;
+    if (!cx->raw_q || !p->rot_dim) return;
+    const fa_tensor *q = &p->q, *kn = &p->k_new;
+    const size_t nq = (size_t)(q->shape[0] * q->shape[1] * q->shape[2] * q->shape[3]);
+    const size_t nk = (size_t)(kn->shape[0] * kn->shape[1] * kn->shape[2] * kn->shape[3]);
+    const size_t bq = fa_mul_sat(nq, fa_dtype_size(q->dtype)), bk = fa_mul_sat(nk, fa_dtype_size(kn->dtype));
+    const size_t off = (bq + 63) & ~(size_t)63;
+    char *buf = calloc(fa_add_sat(off, bk) ? fa_add_sat(off, bk) : 1, 1);
+    if (!buf) return;
+    fa_tensor rq, rk;
+    fa_tensor_make(&rq, buf, q->dtype, 4, q->shape, NULL);
+    fa_tensor_make(&rk, buf + off, kn->dtype, 4, kn->shape, NULL);
+    const dg_rot_rule ref = rot_rule_reference(p);
+    const int inter = p->rot_interleaved;
+    int best;
+
+    consider(L, "rotary-pairing");
+    {
+        static const char *const side[3] = {"q and k_new", "q only (k_new right)", "k_new only (q right)"};
+        dg_rot_rule rs[3];
+        for (int x = 0; x < 3; x++) {
+            rs[x] = ref;
+            if (x != 2) rs[x].inter_q = !inter;
+            if (x != 1) rs[x].inter_k = !inter;
+        }
+        const double e = rot_best(cx, rs, 3, &rq, &rk, &best);
+        if (best >= 0 && !isnan(e))
+            add(L, "rotary-pairing", e, (double)!inter, "pairs %s used where %s was expected, on %s",
+                pairing_name(!inter), pairing_name(inter), side[best]);
+    }
+
+    consider(L, "rotary-offset");
+    {
+        dg_rot_rule rs[40];
+        char what[40][120];
+        double par[40];
+        int nv = 0;
+        static const char *const side[3] = {"q and k_new", "q (k_new right)", "k_new (q right)"};
+        for (int sd = 0; sd < 3; sd++)
+            for (int dl = -4; dl <= 4; dl++) {
+                if (!dl) continue;
+                rs[nv] = ref;
+                if (sd != 2) rs[nv].q_off = dl;
+                if (sd != 1) rs[nv].k_off = dl;
+                par[nv] = dl;
+                snprintf(what[nv++], sizeof what[0], "%s rotated at positions %+d off (cos/sin sliced at "
+                         "cache_seqlens %+d)", side[sd], dl, dl);
+            }
+        int any_cached = 0;
+        for (int64_t b = 0; b < p->batch; b++) any_cached |= p->cache_seqlens[b] > 0;
+        if (p->seqlen_q > 1) {
+            rs[nv] = ref;
+            rs[nv].q_per_row = !ref.q_per_row;
+            par[nv] = NAN;
+            snprintf(what[nv++], sizeof what[0], "%s", ref.q_per_row
+                         ? "every query at cache_seqlens[b] (the non-causal rule) where query i is at cache_seqlens[b] + i"
+                         : "query i at cache_seqlens[b] + i (the causal rule) where every query is at cache_seqlens[b]");
+        }
+        if (any_cached) {
+            rs[nv] = ref;
+            rs[nv].k_base = 0;
+            par[nv] = NAN;
+            snprintf(what[nv++], sizeof what[0], "new key t rotated at position t instead of cache_seqlens[b] + t");
+            rs[nv] = ref;
+            rs[nv].k_base = rs[nv].q_base = 0;
+            par[nv] = NAN;
+            snprintf(what[nv++], sizeof what[0], "q and k_new rotated from position 0: cos/sin not sliced at "
+                     "cache_seqlens[b]");
+        }
+        static const char *const none[3] = {"rotary not applied to q (q used unrotated)",
+                                            "rotary not applied to k_new (k_new used unrotated)",
+                                            "rotary not applied to q nor k_new"};
+        for (int x = 0; x < 3; x++) {
+            rs[nv] = ref;
+            rs[nv].q_none = x != 1;
+            rs[nv].k_none = x != 0;
+            par[nv] = NAN;
+            snprintf(what[nv++], sizeof what[0], "%s", none[x]);
+        }
+        const double e = rot_best(cx, rs, nv, &rq, &rk, &best);
+        if (best >= 0 && !isnan(e)) add(L, "rotary-offset", e, par[best], "%s", what[best]);
+    }
+    free(buf);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Entry point                                                               */
 /* ------------------------------------------------------------------------ */
 
@@ -1556,7 +1783,7 @@ static int cmp_diag(const void *a, const void *b)
 }
 
 static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnose_options *o,
-                     fa_diagnose_report *rep)
+                     const fa_tensor *raw_q, const fa_tensor *raw_kn, fa_diagnose_report *rep)
 {
     const int64_t B = p->batch, H = p->heads, dv = p->dv, Sk = p->seqlen_k;
     /* K(b): rows sampled per head of sequence b (its own q_len) */
@@ -1564,6 +1791,8 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
     dg_ctx cx;
     memset(&cx, 0, sizeof cx);
     cx.p = p;
+    cx.raw_q = raw_q;
+    cx.raw_kn = raw_kn;
     for (int64_t b = 0; b < B; b++) cx.n += H * DG_ROWS_OF(fa_problem_seq(p, b).q_len);
     cx.nt = o->num_threads > 0 ? o->num_threads : p->num_threads;
     fa_status st = FA_ERR_NOMEM;
@@ -1790,6 +2019,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         cand_varlen_offset(&cx, &L);
         cand_paged(&cx, &L);
         cand_append(&cx, &L);
+        cand_rotary(&cx, &L);
         cand_descale(&cx, &L);
         cand_psat(&cx, &L);
         cand_split(&cx, &L);
@@ -1854,13 +2084,17 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     if (!out) return fa_fail(FA_ERR_NULL_ARG, "out: tensor is NULL");
     fa_problem p;
     if ((st = fa_resolve(FA_PURPOSE_CHECK, q, k, v, out, lse, attn, NULL, &p)) != FA_OK) return st;
-    if (p.rot_dim) /* the candidate models have no rotary term */
-        return fa_fail(FA_ERR_OPTION, "fa_diagnose: not available with rotary");
     if (p.batch == 0 || p.seqlen_q == 0 || p.seqlen_k == 0) {
         snprintf(report->considered, sizeof report->considered, "%s", "");
         return FA_OK; /* nothing to diagnose */
     }
-    st = run(&p, lse, &o, report);
+    /* rotary: the reference (and every other candidate) reads q and k_new rotated the
+     * problem's way, as fa_check does; cand_rotary re-rotates the raw ones */
+    const fa_tensor raw_q = p.q, raw_kn = p.k_new;
+    void *rot_mem = NULL;
+    if ((st = fa_rotary_apply(&p, &rot_mem)) != FA_OK) return st;
+    st = run(&p, lse, &o, p.rot_dim ? &raw_q : NULL, p.rot_dim ? &raw_kn : NULL, report);
+    fa_free(rot_mem);
     if (st != FA_OK) fa_diagnose_report_free(report);
     return st;
 }

@@ -2,7 +2,8 @@
 
 The probe sets must have the properties their README lines promise
 (seqlen_q != seqlen_k both ways, V = 1, q = 0, uneven GQA, seqlen_k not a
-multiple of 64, BHSD copies of the strided probe, scores rising with the key),
+multiple of 64, BHSD copies of the strided probe, scores rising with the key, a KV cache
+with new keys and RoPE tables with room for offsets),
 one README line per probe, and a mistake injected into an output computed on
 a probe (by tests/ref_numpy.py, the independent float64 model) must be named
 by `check --diagnose`. Bad usage: one line, exit 2, no README.
@@ -24,7 +25,7 @@ BUILD = os.environ.get("FA_BUILD", "build")
 CLI = os.path.join(BUILD, "flashattn")
 pytestmark = pytest.mark.skipif(not os.access(CLI, os.X_OK), reason=f"{CLI} not built")
 PROBES = ["q-shorter", "q-longer", "v-ones", "q-zero", "gqa-uneven", "tail-keys", "rising-scores",
-          "strided", "large-logits"]
+          "strided", "large-logits", "rotary-kvcache"]
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,26 @@ def test_probes_separate_classes(probe_dir, tmp_path):
     o, _ = R.attention_forward(q, np.concatenate([k, z], 1), np.concatenate([v, z], 1))
     lines, out = diagnose(tmp_path, q, k, v, o.astype(np.float32), [])
     assert lines[0].startswith("diagnosis: tail-tile"), out
+
+
+def test_rotary_probe(probe_dir, tmp_path):
+    """rotary-kvcache: a KV cache with new keys, cache_seqlens >= 4, RoPE tables 8 rows past the
+    largest position; a kernel with the other pairing on it is named rotary-pairing, the right
+    output gets none (both by tests/ref_numpy.py)."""
+    d = probe_dir / "rotary-kvcache"
+    q, kc, vc, kn, vn = (np.load(d / f"{x}.npy") for x in ("q", "k", "v", "k_new", "v_new"))
+    cs, cos, sin = np.load(d / "cache_seqlens.npy"), np.load(d / "rotary_cos.npy"), np.load(d / "rotary_sin.npy")
+    assert cs.dtype == np.int32 and np.all(cs >= 4) and np.all(cs + kn.shape[1] <= kc.shape[1])
+    assert cos.shape == sin.shape == (int(cs.max()) + max(q.shape[1], kn.shape[1]) + 8, q.shape[3] // 2)
+    assert np.allclose(cos ** 2 + sin ** 2, 1, atol=1e-6) and np.all(cos[0] == 1)
+    flags = ["--cache-seqlens", str(d / "cache_seqlens.npy"), "--k-new", str(d / "k_new.npy"), "--v-new",
+             str(d / "v_new.npy"), "--rotary-cos", str(d / "rotary_cos.npy"), "--rotary-sin",
+             str(d / "rotary_sin.npy"), "--causal"]
+    for inter, want in ((False, "diagnosis: none"), (True, "diagnosis: rotary-pairing")):
+        o, _ = R.kvcache_forward(q, kc, vc, cs, kn, vn, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=inter,
+                                 causal=True)
+        lines, out = diagnose(tmp_path, q, kc, vc, o.astype(np.float32), flags)
+        assert lines[0].startswith(want), out
 
 
 def test_bad_usage(tmp_path):

@@ -235,6 +235,20 @@ static void test_check_judges_rotary(void **state)
         if (variant == 0 && !rep.pass) fail_msg("flash with rotary fails check (max err %g, bound %g)", rep.max_abs_err, rep.bound);
         if (variant != 0 && rep.out_pass) fail_msg("check passes an output %s", variant == 1 ? "without rotary" : "with the wrong pairing");
         fa_check_report_free(&rep);
+        /* fa_diagnose with rotary (the API; the independent injections are tests/test_diagnose_rotary.py):
+         * none for flash's output, rotary-offset (not applied) and rotary-pairing for the others */
+        fa_diagnose_report dr = fa_diagnose_report_init();
+        if (fa_diagnose(&g.q.t, &g.kc.t, &g.vc.t, &r.o.t, &r.lse.t, &opt, NULL, &dr) != FA_OK)
+            fail_msg("fa_diagnose with rotary: %s", fa_last_error());
+        static const char *const want_id[3] = {NULL, "rotary-offset", "rotary-pairing"};
+        static const char *const want_detail[3] = {NULL, "rotary not applied to q nor k_new", "on q and k_new"};
+        if (variant == 0 && dr.n != 0) fail_msg("flash with rotary diagnosed as %s (%s)", dr.items[0].id, dr.items[0].detail);
+        if (variant != 0 && (dr.n < 1 || strcmp(dr.items[0].id, want_id[variant]) != 0 ||
+                             !strstr(dr.items[0].detail, want_detail[variant]) || !(dr.items[0].explained > 0.99)))
+            fail_msg("variant %d: want %s (%s) first, got %s (%s, %.3f)", variant, want_id[variant], want_detail[variant],
+                     dr.n ? dr.items[0].id : "none", dr.n ? dr.items[0].detail : "", dr.n ? dr.items[0].explained : 0.0);
+        if (variant == 2 && dr.items[0].param != 1.0) fail_msg("rotary-pairing param %g, want 1 (interleaved used)", dr.items[0].param);
+        fa_diagnose_report_free(&dr);
         free_run(&r);
     }
     free_data(&g);

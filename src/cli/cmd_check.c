@@ -121,8 +121,8 @@ static int check_emulation_range(const fa_check_options *co, const cli_qkv *in, 
 
 /* `--diagnose`: fa_diagnose on the same rows budget (per head of each sequence),
  * printed after the check report (attention sinks and dropout included: sink-missing,
- * dropout-mask). Rotary gets one line, `diagnosis: not available ...`, and the verdict's exit
- * status. Returns 0, or prints one line and returns 2. */
+ * dropout-mask; rotary: rotary-pairing, rotary-offset). Returns 0, or prints one line and
+ * returns 2. */
 static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_tensor *lse_t, const cli_attn *attn,
                            const fa_check_options *co)
 {
@@ -133,10 +133,6 @@ static int print_diagnosis(const cli_qkv *in, const fa_tensor *o_t, const fa_ten
     dopt.seed = co->seed;
     dopt.num_threads = co->num_threads;
     dopt.qkv_format = co->qkv_format; /* low precision: P's rounding floor, descale and p-saturation */
-    if (attn->opt.rotary) { /* the candidate models have no rotary term */
-        printf("diagnosis: not available with rotary\n");
-        return 0;
-    }
     fa_diagnose_report rep = fa_diagnose_report_init();
     const double t0 = cli_now();
     fa_status st = fa_diagnose(&in->q_t, &in->k_t, &in->v_t, o_t, lse_t, &attn->opt, &dopt, &rep);

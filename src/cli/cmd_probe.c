@@ -7,7 +7,9 @@
  * and what a failure on it reveals. The engineer runs the kernel on each
  * probe with the mask flags of the contract being tested, then
  * `flashattn check ... --diagnose`. Inputs are seeded random numbers except
- * where the probe fixes them (V = 1, q = 0, rising scores).
+ * where the probe fixes them (V = 1, q = 0, rising scores). The rotary probe is a
+ * KV-cache call: k.npy and v.npy are the caches, with k_new.npy, v_new.npy,
+ * cache_seqlens.npy (int32) and rotary_cos.npy / rotary_sin.npy (float32 RoPE tables).
  */
 #include "cli.h"
 
@@ -27,7 +29,9 @@ static const char probe_usage[] =
     "Writes input sets that separate the mistakes `flashattn check --diagnose` names\n"
     "(docs/validation.md, \"Why did my kernel fail\"): DIR/<probe>/{q,k,v}.npy and\n"
     "DIR/README, one line per probe saying what it reveals. Run the kernel on each\n"
-    "probe with your mask flags, then check its output with --diagnose.\n"
+    "probe with your mask flags, then check its output with --diagnose. The rotary probe\n"
+    "(rotary-kvcache, a KV-cache call) also writes k_new, v_new, cache_seqlens and\n"
+    "rotary_cos/rotary_sin .npy files (left out when --d is 1).\n"
     "\n"
     "  --out DIR       directory to create or fill (its probe files are replaced)\n"
     "  --batch B       batch (default 2)\n"
@@ -72,6 +76,7 @@ typedef struct probe_spec {
     double amp;       /* amplitude of q and k */
     int bhsd_copy;    /* also write {q,k,v}_bhsd.npy: the same data in BHSD order */
     const char *what; /* the README line */
+    int rotary;       /* a KV cache (k, v of sk rows) with ROT_NEW new keys and RoPE tables */
 } probe_spec;
 
 /* Fill a [B][S][H][D] float32 array. */
@@ -84,7 +89,7 @@ static void fill(float *x, int64_t n, fill_kind kind, double amp, probe_rng *r)
 /* Round to the dtype and save into dir/file; bf16 is converted. `label` names the file's
  * final place in messages. Returns 0 or prints and returns 2. */
 static int save(const char *dir, const char *label, const char *file, const float *x, int64_t n, fa_dtype dt,
-                const int64_t *shape)
+                int rank, const int64_t *shape)
 {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path)
@@ -103,7 +108,7 @@ static int save(const char *dir, const char *label, const char *file, const floa
         }
         buf = h;
     }
-    fa_status st = fa_npy_save(path, buf, dt, 4, shape);
+    fa_status st = fa_npy_save(path, buf, dt, rank, shape);
     free(h);
     if (st != FA_OK) {
         const char *msg = fa_npy_last_error();
@@ -143,8 +148,74 @@ static void append(text_buf *t, const char *fmt, ...)
 }
 
 static const char *const probe_files[6] = {"q.npy", "k.npy", "v.npy", "q_bhsd.npy", "k_bhsd.npy", "v_bhsd.npy"};
+static const char *const rotary_files[8] = {"q.npy",     "k.npy",     "v.npy",          "k_new.npy",
+                                            "v_new.npy", "cache_seqlens.npy", "rotary_cos.npy", "rotary_sin.npy"};
 
-static int n_files(const probe_spec *p) { return p->bhsd_copy ? 6 : 3; }
+static int n_files(const probe_spec *p) { return p->rotary ? 8 : p->bhsd_copy ? 6 : 3; }
+
+static const char *file_name(const probe_spec *p, int f) { return p->rotary ? rotary_files[f] : probe_files[f]; }
+
+#define ROT_NEW 3 /* new keys per sequence of the rotary probe */
+#define ROT_SPARE 8 /* table rows past the largest position: offsets up to +4 can be fitted */
+
+/* Cached keys of sequence b in the rotary probe (sk = base + 5 + ROT_NEW rows of cache):
+ * at least 4 (offsets down to -4 can be fitted), different between neighbours. */
+static int32_t rot_cached(int64_t b, int64_t base) { return (int32_t)(4 + (base / 2 + 5 * b) % (base + 1)); }
+
+/* The rotary probe's extra files: k_new, v_new, cache_seqlens, the RoPE tables of
+ * rotary_dim = d rounded down to even (base 10000), ROT_SPARE rows past the largest position. */
+static int write_rotary(const char *dir, const char *label, const probe_spec *p, fa_dtype dt, probe_rng *r)
+{
+    const int64_t base = p->sk - 5 - ROT_NEW, rd = p->d & ~(int64_t)1, half = rd / 2;
+    const int64_t ns[4] = {p->b, ROT_NEW, p->hk, p->d}, nn = p->b * ROT_NEW * p->hk * p->d;
+    int32_t *cs = malloc((size_t)p->b * sizeof *cs);
+    float *kn = malloc((size_t)nn * sizeof *kn), *vn = malloc((size_t)nn * sizeof *vn);
+    int64_t ro = 0;
+    for (int64_t b = 0; b < p->b && cs; b++) {
+        cs[b] = rot_cached(b, base);
+        const int64_t last = cs[b] + (p->sq > ROT_NEW ? p->sq : ROT_NEW) + ROT_SPARE;
+        if (last > ro) ro = last;
+    }
+    const int64_t ts[2] = {ro, half};
+    float *tc = malloc((size_t)(ro * half) * sizeof *tc), *tsn = malloc((size_t)(ro * half) * sizeof *tsn);
+    int rc = CLI_EXIT_USAGE;
+    if (!cs || !kn || !vn || !tc || !tsn) {
+        rc = cli_die("probe: out of memory for %s", p->name);
+        goto done;
+    }
+    fill(kn, nn, FILL_RANDOM, p->amp, r);
+    fill(vn, nn, FILL_RANDOM, 1.0, r);
+    for (int64_t pos = 0; pos < ro; pos++)
+        for (int64_t x = 0; x < half; x++) {
+            const double a = (double)pos * pow(10000.0, -2.0 * (double)x / (double)rd);
+            tc[pos * half + x] = (float)cos(a);
+            tsn[pos * half + x] = (float)sin(a);
+        }
+    if ((rc = save(dir, label, "k_new.npy", kn, nn, dt, 4, ns)) ||
+        (rc = save(dir, label, "v_new.npy", vn, nn, dt, 4, ns)) ||
+        (rc = save(dir, label, "rotary_cos.npy", tc, ro * half, FA_F32, 2, ts)) ||
+        (rc = save(dir, label, "rotary_sin.npy", tsn, ro * half, FA_F32, 2, ts)))
+        goto done;
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/cache_seqlens.npy", dir) >= sizeof path) {
+        rc = cli_die("probe: path too long: %s/cache_seqlens.npy", dir);
+        goto done;
+    }
+    const int64_t bs[1] = {p->b};
+    if (fa_npy_save_type(path, cs, FA_NPY_I32, 1, bs) != FA_OK) {
+        const char *msg = fa_npy_last_error();
+        rc = cli_die("probe: cannot write %s/cache_seqlens.npy: %s", label, msg && *msg ? msg : "I/O error");
+        goto done;
+    }
+    rc = 0;
+done:
+    free(cs);
+    free(kn);
+    free(vn);
+    free(tc);
+    free(tsn);
+    return rc;
+}
 
 /* Write probe p into tmp/<name>/; `out` names its final place in messages. */
 static int write_probe(const char *tmp, const char *out, const probe_spec *p, fa_dtype dt, uint64_t seed,
@@ -181,22 +252,23 @@ static int write_probe(const char *tmp, const char *out, const probe_spec *p, fa
                         k[((b * p->sk + j) * p->hk + h) * p->d + c] =
                             (float)(4.0 * u * (double)j / (double)p->sk + 0.1 * gauss(&r));
     }
-    if ((rc = save(dir, label, "q.npy", q, nq, dt, qs)) || (rc = save(dir, label, "k.npy", k, nk, dt, ks)) ||
-        (rc = save(dir, label, "v.npy", v, nk, dt, ks)))
+    if ((rc = save(dir, label, "q.npy", q, nq, dt, 4, qs)) || (rc = save(dir, label, "k.npy", k, nk, dt, 4, ks)) ||
+        (rc = save(dir, label, "v.npy", v, nk, dt, 4, ks)))
         goto done;
+    if (p->rotary && (rc = write_rotary(dir, label, p, dt, &r)) != 0) goto done;
     if (p->bhsd_copy) {
         const int64_t qb[4] = {p->b, p->h, p->sq, p->d}, kb[4] = {p->b, p->hk, p->sk, p->d};
         float *x;
         if (!(x = to_bhsd(q, qs))) { rc = cli_die("probe: out of memory"); goto done; }
-        rc = save(dir, label, "q_bhsd.npy", x, nq, dt, qb);
+        rc = save(dir, label, "q_bhsd.npy", x, nq, dt, 4, qb);
         free(x);
         if (rc) goto done;
         if (!(x = to_bhsd(k, ks))) { rc = cli_die("probe: out of memory"); goto done; }
-        rc = save(dir, label, "k_bhsd.npy", x, nk, dt, kb);
+        rc = save(dir, label, "k_bhsd.npy", x, nk, dt, 4, kb);
         free(x);
         if (rc) goto done;
         if (!(x = to_bhsd(v, ks))) { rc = cli_die("probe: out of memory"); goto done; }
-        rc = save(dir, label, "v_bhsd.npy", x, nk, dt, kb);
+        rc = save(dir, label, "v_bhsd.npy", x, nk, dt, 4, kb);
         free(x);
         if (rc) goto done;
     }
@@ -260,34 +332,42 @@ static int probe_main(int argc, char **argv)
     const probe_spec probes[] = {
         {"q-shorter", B, S / 2 + 1, S + 37, H, HK, D, FILL_RANDOM, FILL_RANDOM, 0, 1.0, 0,
          "seqlen_q < seqlen_k: with --causal or --window, a top-left aligned mask fails every row "
-         "(causal-top-left); a window one key off fails rows past the window (window-shift)"},
+         "(causal-top-left); a window one key off fails rows past the window (window-shift)", 0},
         {"q-longer", B, S + 37, S / 2 + 1, H, HK, D, FILL_RANDOM, FILL_RANDOM, 0, 1.0, 0,
          "seqlen_q > seqlen_k: with --causal the first seqlen_q - seqlen_k rows have no visible key "
-         "(O = 0, LSE = -inf): NaN or mean(V) there is empty-row, content there is causal-top-left"},
+         "(O = 0, LSE = -inf): NaN or mean(V) there is empty-row, content there is causal-top-left", 0},
         {"v-ones", B, S, S, H, HK, D, FILL_RANDOM, FILL_ONES, 0, 2.0, 0,
          "V = 1: every correct row is exactly 1 (rows with no visible key 0); anything else means "
-         "weights that do not sum to 1 (a rescale missing from l or O, tail keys, P/row-sum mismatch)"},
+         "weights that do not sum to 1 (a rescale missing from l or O, tail keys, P/row-sum mismatch)", 0},
         {"q-zero", B, S, S, H, HK, D, FILL_ZERO, FILL_RANDOM, 0, 1.0, 0,
          "q = 0: all scores equal, O = mean of the visible V; scale and softcap cannot matter: "
-         "a failure here is masking or indexing, a pass here with failures elsewhere points at scale/softcap"},
+         "a failure here is masking or indexing, a pass here with failures elsewhere points at scale/softcap", 0},
         {"gqa-uneven", B, S, S, gh, ghk, D, FILL_RANDOM, FILL_RANDOM, 0, 1.0, 0,
          "heads 6, heads_k 3 (group 2, heads_k not 1, the group or heads): h % heads_k and h / group "
-         "differ on heads 1..4 (gqa-head-map; the map is fitted per head)"},
+         "differ on heads 1..4 (gqa-head-map; the map is fitted per head)", 0},
         {"tail-keys", B, S / 2, tail, H, HK, D, FILL_RANDOM, FILL_RANDOM, 0, 1.0, 0,
          "seqlen_k not a multiple of 16, 32, 64 or 128: keys past seqlen_k read as zero K and V get "
-         "weight exp(0 - max) and dilute every row (tail-tile); run without --causal so the tail is visible"},
+         "weight exp(0 - max) and dilute every row (tail-tile); run without --causal so the tail is visible", 0},
         {"rising-scores", B, S / 4, 4 * S + 5, H, HK, D, FILL_RANDOM, FILL_RANDOM, 1, 1.0, 0,
          "scores rise with the key index, so the row max rises in every key tile: an online softmax "
-         "that skips the rescale fails every row (missing-rescale)"},
+         "that skips the rescale fails every row (missing-rescale)", 0},
         {"strided", B, S / 2 + 5, S / 2 + 11, 3, 3, D / 2 + 4, FILL_RANDOM, FILL_RANDOM, 0, 1.0, 1,
          "distinct batch, seqlen, heads and d, plus {q,k,v}_bhsd.npy (the same data as [B, H, S, d]): "
          "pass q_bhsd.transpose(1, 2) etc. as non-contiguous views; a kernel ignoring strides or "
-         "mixing up BSHD and BHSD fails (layout-transposed)"},
+         "mixing up BSHD and BHSD fails (layout-transposed)", 0},
         {"large-logits", B, S, S, H, HK, D, FILL_RANDOM, FILL_RANDOM, 0, 3.0, 0,
          "|q.k| large: run with your --softcap; a cap skipped or applied in the wrong place "
-         "(softcap-missing, softcap-order) or a wrong scale (scale) changes every row a lot"},
+         "(softcap-missing, softcap-order) or a wrong scale (scale) changes every row a lot", 0},
+        {"rotary-kvcache", B, 4, S + 5 + ROT_NEW, H, HK, D, FILL_RANDOM, FILL_RANDOM, 0, 1.0, 0,
+         "a KV cache (k, v) with 3 new keys (k_new, v_new), cache_seqlens >= 4 differing by sequence, "
+         "RoPE tables rotary_cos/sin (rotary_dim = d rounded down to even, 8 rows past the largest "
+         "position): run with --cache-seqlens, --k-new/--v-new, --rotary-cos/-sin [--rotary-interleaved], "
+         "with and without --causal; the other pairing is rotary-pairing, positions off by -4..+4, the "
+         "causal/non-causal query rule swapped, new keys rotated from 0 or rotary skipped are rotary-offset",
+         1},
     };
-    const size_t np = sizeof probes / sizeof probes[0];
+    /* the rotary probe (last) needs rotary_dim >= 2 */
+    const size_t np = sizeof probes / sizeof probes[0] - (D < 2 ? 1 : 0);
     /* Before any work: every place a file goes must be free or hold a regular file,
      * every probe directory free or a directory. */
     struct stat sb;
@@ -304,8 +384,8 @@ static int probe_main(int argc, char **argv)
         if (stat(path, &sb) != 0) continue;
         if (!S_ISDIR(sb.st_mode)) return cli_die("probe: %s exists and is not a directory", path);
         for (int f = 0; f < n_files(&probes[x]); f++) {
-            if ((size_t)snprintf(dst, sizeof dst, "%s/%s", path, probe_files[f]) >= sizeof dst)
-                return cli_die("probe: path too long: %s/%s", path, probe_files[f]);
+            if ((size_t)snprintf(dst, sizeof dst, "%s/%s", path, file_name(&probes[x], f)) >= sizeof dst)
+                return cli_die("probe: path too long: %s/%s", path, file_name(&probes[x], f));
             if (stat(dst, &sb) == 0 && !S_ISREG(sb.st_mode))
                 return cli_die("probe: %s exists and is not a regular file", dst);
         }
@@ -351,8 +431,8 @@ static int probe_main(int argc, char **argv)
             break;
         }
         for (int f = 0; f < n_files(&probes[x]) && !rc; f++) {
-            snprintf(path, sizeof path, "%s/%s/%s", tmp, probes[x].name, probe_files[f]);
-            snprintf(dst, sizeof dst, "%s/%s/%s", out, probes[x].name, probe_files[f]);
+            snprintf(path, sizeof path, "%s/%s/%s", tmp, probes[x].name, file_name(&probes[x], f));
+            snprintf(dst, sizeof dst, "%s/%s/%s", out, probes[x].name, file_name(&probes[x], f));
             if (rename(path, dst) != 0) rc = cli_die("probe: cannot write %s: %s", dst, strerror(errno));
         }
     }
@@ -364,7 +444,7 @@ static int probe_main(int argc, char **argv)
     /* Remove the temporary tree (whatever is left of it). */
     for (size_t x = 0; x < np; x++) {
         for (int f = 0; f < n_files(&probes[x]); f++) {
-            snprintf(path, sizeof path, "%s/%s/%s", tmp, probes[x].name, probe_files[f]);
+            snprintf(path, sizeof path, "%s/%s/%s", tmp, probes[x].name, file_name(&probes[x], f));
             unlink(path);
         }
         snprintf(path, sizeof path, "%s/%s", tmp, probes[x].name);
