@@ -370,4 +370,6 @@ const fa_kernels fa_kernels_neon = {
     .transform = fa_transform_line_scalar, /* no NEON tanh yet: the spec's loop */
     .widen = fa_widen_scalar,
     .bwd_line = fa_bwd_line_scalar,
+    .dec_qk = fa_dec_qk_scalar, /* no NEON decode kernels yet: the portable spec */
+    .dec_pv = fa_dec_pv_scalar,
 };
