@@ -45,9 +45,25 @@
  * splits x d_v) floats; nothing is proportional to seqlen_q x seqlen_k.
  * (With one split a task normalizes and writes its rows itself.)
  *
- * Low-precision caches. K and V rows in f16/bf16 are widened to float32 as
- * they are packed (the kernel table's `widen`, SIMD, when it has one), so a
- * bf16 cache moves half the bytes of a float32 one.
+ * Direct kernels. With 2 FLOPs per K/V element per row, packing costs more
+ * than the arithmetic: a K tile transposed into a panel, a V tile copied, a
+ * bf16 cache widened into a float32 buffer took ~3/4 of the time (measured:
+ * docs/performance.md). So nothing is packed here. For each key block
+ * (DEC_BLOCK_K keys, or the caller's block_k) and kv head, the task builds the
+ * row pointers of the block (dense: a stride; paged: walking the block table,
+ * page by page; new keys: pack.h's accessor) and the kernel table's dec_qk
+ * dots each K row, read in place, with the tile's rows in registers (f16/bf16
+ * widened in registers), the transform and the online softmax run on the
+ * small scores tile, and dec_pv adds P V reading each V row in place. A
+ * source the kernels cannot read in place (a strided last dimension, float64)
+ * is gathered to float32 rows first — the same values, so the same bits.
+ * The next block's rows of the head are prefetched while this one is computed
+ * (hardware prefetchers stop at 4 KiB pages; a paged cache's next page is
+ * wherever the block table says).
+ *
+ * Low-precision caches. A bf16 cache moves half the bytes of a float32 one and
+ * gives its bits: the widening is exact, and the kernels' arithmetic does not
+ * depend on the format.
  *
  * Every KV source — dense, paged, a cache with new keys not yet appended —
  * reaches this file through pack.h's one row accessor, so a paged cache gives
@@ -69,6 +85,14 @@
 
 /* Rows of one tile at most (query heads of a group x query rows). */
 #define DEC_MAX_ROWS 64
+
+/* Keys per block unless the caller pins block_k (FA_BLOCK_K, fa_options): the
+ * kernels read K/V in place, so the block only sets the scores tile (rows x
+ * 128 floats), the per-block overhead and how far ahead the prefetch asks. */
+#define DEC_BLOCK_K 128
+
+/* Keys per dec_qk call, each preceded by the prefetch of the same keys of the next block. */
+#define DEC_PF_KEYS 16
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
@@ -115,7 +139,7 @@ static dec_dims dec_layout_rows(const fa_problem *p)
         g.chunk_rows = (g.rows + g.cph - 1) / g.cph;
     }
     g.chunks = g.cph * ((p->heads_k + g.hpt - 1) / g.hpt);
-    g.bc = p->block_k;
+    g.bc = p->blocks_pinned_k ? p->block_k : DEC_BLOCK_K;
     g.ldq = round16((size_t)p->d);
     g.ldk = round16((size_t)g.bc);
     g.ldv = round16((size_t)p->dv);
@@ -155,22 +179,23 @@ static dec_dims dec_layout(const fa_problem *p)
 /* Per-thread scratch. */
 typedef struct dec_scratch {
     float *qi;    /* [cr][ldq]  the chunk's query rows */
-    float *kt;    /* [d][ldk]   K tile transposed */
-    float *kr;    /* [bc][ldq]  K rows widened to float32 (before the transpose) */
-    float *vj;    /* [bc][ldv]  V tile */
+    float *kr;    /* [bc][ldq]  K rows gathered to float32 (only sources the kernels cannot read in place) */
+    float *vj;    /* [bc][ldv]  V rows likewise */
     float *s;     /* [cr][lds]  scores, then P */
     float *oa;    /* [cr][ldo]  Õ */
     float *keep;  /* [cr][ldo]  Õ before a P V (restored when V held Inf/NaN) */
     float *m, *l, *alpha; /* [cr] */
     int64_t *lo, *hi;     /* [cr] visible keys of each row */
+    const void **kp, **vp, **np; /* [bc] row pointers: K, V, the next block's (prefetch) */
     void *base;
 } dec_scratch;
 
 static size_t scratch_floats(const fa_problem *p, const dec_dims *g)
 {
-    const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr);
-    return cr * g->ldq + (size_t)p->d * g->ldk + (size_t)g->bc * g->ldq + (size_t)g->bc * g->ldv +
-           cr * g->lds + 2 * cr * g->ldo + 3 * r16 + 4 * r16 /* lo, hi: int64 */ + 16 * 10;
+    const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr), b16 = round16((size_t)g->bc);
+    return cr * g->ldq + (size_t)g->bc * g->ldq + (size_t)g->bc * g->ldv + cr * g->lds + 2 * cr * g->ldo +
+           3 * r16 + 4 * r16 /* lo, hi: int64 */ + 3 * 2 * b16 /* kp, vp, np */ + 16 * 10;
+    (void)p;
 }
 
 static int scratch_alloc(const fa_problem *p, const dec_dims *g, dec_scratch *sc)
@@ -178,12 +203,11 @@ static int scratch_alloc(const fa_problem *p, const dec_dims *g, dec_scratch *sc
     float *base = fa_scratch_alloc(p, scratch_floats(p, g) * sizeof(float));
     sc->base = base;
     if (!base) return 0;
-    const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr);
+    const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr), b16 = round16((size_t)g->bc);
     float *cur = base;
     /* each piece starts 64-byte aligned (the allocation is) */
 #define TAKE(ptr, n) do { ptr = cur; cur += round16(n); } while (0)
     TAKE(sc->qi, cr * g->ldq);
-    TAKE(sc->kt, (size_t)p->d * g->ldk);
     TAKE(sc->kr, (size_t)g->bc * g->ldq);
     TAKE(sc->vj, (size_t)g->bc * g->ldv);
     TAKE(sc->s, cr * g->lds);
@@ -196,7 +220,12 @@ static int scratch_alloc(const fa_problem *p, const dec_dims *g, dec_scratch *sc
     sc->lo = (int64_t *)cur;
     cur += 2 * r16;
     sc->hi = (int64_t *)cur;
-    memset(sc->kt, 0, (size_t)p->d * g->ldk * sizeof(float));
+    cur += 2 * r16;
+    sc->kp = (const void **)cur;
+    cur += 2 * b16;
+    sc->vp = (const void **)cur;
+    cur += 2 * b16;
+    sc->np = (const void **)cur;
     return 1;
 }
 
@@ -243,30 +272,75 @@ static void gather_row(const fa_kernels *kern, const fa_rows *s, int64_t j, floa
     fa_gather_f32(t, off, t->stride[3], s->width, dst);
 }
 
-/* K rows j0 .. j0 + n - 1 transposed into kt [d][ldk] (columns n..round16(n)-1
- * zeroed). A dense float32 source is transposed in place by the packer; any
- * other (paged, f16/bf16, new keys) is gathered into float32 rows first. */
-static void pack_k(const fa_kernels *kern, const fa_rows *ks, int64_t j0, int n, float *kr, size_t ldr,
-                   float *kt, size_t ldk)
+/* The dec_qk/dec_pv format of a tensor's rows, or -1 when the kernels cannot read them in place. */
+static int row_fmt(const fa_tensor *t)
 {
-    if (fa_rows_ld(ks) >= 0 && fa_rows_f32(ks, j0)) {
-        fa_pack_transposed(kern, ks, j0, n, kt, ldk);
-        return;
-    }
-    const int64_t d = ks->width;
-    for (int r = 0; r < n; r++) gather_row(kern, ks, j0 + r, kr + (size_t)r * ldr);
-    if (kern->transpose) {
-        kern->transpose(n, (int)d, kr, ldr, kt, ldk);
-    } else {
-        for (int jb = 0; jb < n; jb += 16) { /* 16 rows at a time: whole lines of kt */
-            const int nj = n - jb < 16 ? n - jb : 16;
-            for (int64_t c = 0; c < d; c++)
-                for (int jj = 0; jj < nj; jj++) kt[(size_t)c * ldk + (size_t)(jb + jj)] = kr[(size_t)(jb + jj) * ldr + (size_t)c];
+    if (t->stride[3] != 1) return -1;
+    return t->dtype == FA_F32 ? FA_ROW_F32 : t->dtype == FA_F16 ? FA_ROW_F16 : t->dtype == FA_BF16 ? FA_ROW_BF16 : -1;
+}
+
+/*
+ * Pointers to rows j0 .. j0 + n - 1 of a KV source (ptr[x] -> row j0 + x), as
+ * pack.h's accessor places them (dense, paged, new keys), and their format:
+ * 1 when every row is stored contiguously in one format the kernels read,
+ * else 0. A paged source is walked page by page (one division per call, not
+ * per row).
+ */
+static int row_ptrs(const fa_rows *s, int64_t j0, int n, const void **ptr, int *fmt)
+{
+    int f = -1, x = 0;
+    const int64_t end = s->tail && s->tail_from < j0 + n ? s->tail_from : j0 + n;
+    if (j0 < end) {
+        const fa_tensor *t = s->t;
+        if ((f = row_fmt(t)) < 0) return 0;
+        const int64_t esz = (int64_t)fa_dtype_size(t->dtype), nm = end - j0, r0 = s->row0 + j0;
+        const char *base = (const char *)t->data;
+        if (s->pages) {
+            int64_t pg = r0 / s->page_size, w = r0 % s->page_size;
+            while (x < nm) {
+                const char *pb = base + esz * fa_off4(t, s->pages[pg], 0, s->head, 0);
+                for (; w < s->page_size && x < nm; w++, x++) ptr[x] = pb + esz * (w * t->stride[1]);
+                w = 0;
+                pg++;
+            }
+        } else {
+            const char *rb = base + esz * fa_off4(t, s->batch, r0, s->head, 0);
+            for (; x < nm; x++) ptr[x] = rb + esz * ((int64_t)x * t->stride[1]);
         }
     }
-    const int pad = (int)round16((size_t)n);
-    for (int64_t c = 0; c < d; c++)
-        for (int r = n; r < pad; r++) kt[(size_t)c * ldk + (size_t)r] = 0.0f;
+    for (; x < n; x++) { /* new keys, not yet appended */
+        int64_t off;
+        const fa_tensor *t = fa_rows_src(s, j0 + x, &off);
+        const int g = row_fmt(t);
+        if (g < 0 || (f >= 0 && g != f)) return 0;
+        f = g;
+        ptr[x] = (const char *)t->data + (int64_t)fa_dtype_size(t->dtype) * off;
+    }
+    *fmt = f < 0 ? FA_ROW_F32 : f;
+    return 1;
+}
+
+/* Row pointers for rows j0 .. j0 + n - 1 that the kernels can read: in place
+ * when row_ptrs can, else gathered to float32 rows of buf [n][ld]. */
+static int kv_rows(const fa_kernels *kern, const fa_rows *s, int64_t j0, int n, const void **ptr, float *buf, size_t ld)
+{
+    int fmt;
+    if (row_ptrs(s, j0, n, ptr, &fmt)) return fmt;
+    for (int x = 0; x < n; x++) {
+        gather_row(kern, s, j0 + x, buf + (size_t)x * ld);
+        ptr[x] = buf + (size_t)x * ld;
+    }
+    return FA_ROW_F32;
+}
+
+/* Ask the cache for rows j0 .. j0 + n - 1 of s (a hint; sources read in place only). */
+static void prefetch_rows(const fa_rows *s, int64_t j0, int n, const void **ptr)
+{
+    int fmt;
+    if (n <= 0 || !row_ptrs(s, j0, n, ptr, &fmt)) return;
+    const size_t bytes = (size_t)s->width * (fmt == FA_ROW_F32 ? 4 : 2);
+    for (int x = 0; x < n; x++)
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)ptr[x] + b, 0, 2);
 }
 
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
@@ -291,7 +365,7 @@ static int rows_finite(const float *o, int nr, int64_t dv, size_t ldo)
  * multiplies only its visible keys.
  */
 static void pv_masked_rows(const fa_kernels *kern, int r0, int nr, int64_t j0, int bc, int64_t dv,
-                           const dec_scratch *sc, size_t lds, const float *vj, size_t ldv, size_t ldo)
+                           const dec_scratch *sc, size_t lds, const void *const *vp, int vfmt, size_t ldo)
 {
     for (int r = r0; r < r0 + nr; r++) {
         int64_t a = sc->lo[r] - j0, e = sc->hi[r] - j0;
@@ -302,8 +376,8 @@ static void pv_masked_rows(const fa_kernels *kern, int r0, int nr, int64_t j0, i
             for (int64_t c = 0; c < dv; c++) orow[c] *= sc->alpha[r];
             continue;
         }
-        kern->pv(1, (int)(e - a), (int)dv, sc->s + (size_t)r * lds + a, lds, vj + (size_t)a * ldv, ldv,
-                 &sc->alpha[r], orow, ldo);
+        kern->dec_pv(1, (int)(e - a), (int)dv, sc->s + (size_t)r * lds + a, lds, vp + a, vfmt, &sc->alpha[r], orow,
+                     ldo);
     }
 }
 
@@ -400,28 +474,31 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
         for (int64_t kb = kbs; kb < kbe; kb++) {
             const int64_t j0 = kb * g->bc;
             const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
-            /* ask for the next tile of every head while this one is packed and
-             * computed: hardware prefetchers do not cross pages, and one kv head's
-             * rows are heads_k*d elements apart (flash.c's prefetch_tile) */
-            if (kb + 1 < kbe) {
-                const int64_t j1 = j0 + g->bc, n1 = seq.k_len - j1 < g->bc ? seq.k_len - j1 : g->bc;
-                for (int t = 0; t < nh; t++) {
-                    const fa_rows ks = fa_rows_kv(p, &seq, hks[t], 0), vs = fa_rows_kv(p, &seq, hks[t], 1);
-                    fa_rows_prefetch(&ks, j1, n1);
-                    fa_rows_prefetch(&vs, j1, n1);
-                }
-            }
+            const int64_t j1 = j0 + g->bc;
+            const int n1 = kb + 1 < kbe ? (int)(seq.k_len - j1 < g->bc ? seq.k_len - j1 : g->bc) : 0;
             for (int t = 0; t < nh; t++) {
                 const int64_t hk = hks[t];
                 const int rt = off[t], nt = off[t + 1] - off[t];
                 const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
-                pack_k(kern, &ks, j0, bc, sc->kr, g->ldq, sc->kt, g->ldk);
-                for (int j = 0; j < bc; j++) gather_row(kern, &vs, j0 + j, sc->vj + (size_t)j * g->ldv);
-
                 float *st = sc->s + (size_t)rt * g->lds, *ot = sc->oa + (size_t)rt * g->ldo;
-                kern->qk(nt, bc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, sc->kt, g->ldk, (float)p->scale, st,
-                         g->lds);
+                const int kfmt = kv_rows(kern, &ks, j0, bc, sc->kp, sc->kr, g->ldq);
+                /* the scores DEC_PF_KEYS keys at a time, asking for the same keys of this
+                 * head's next block (K and V rows) before each: hardware prefetchers stop
+                 * at 4 KiB pages, one kv head's rows are heads_k*d elements apart, and a
+                 * paged cache's next page is wherever the block table says. Spread out,
+                 * not one burst per block (measured: a burst stalled on full fill buffers,
+                 * bf16 5.1-5.6 GB/s on one core vs 7.0 spread; f32 6.6 vs 7.1). A score
+                 * does not depend on the other keys of the call, so the bits are the same. */
+                for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
+                    const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;
+                    const int np = n1 - c0 < nc ? n1 - c0 : nc;
+                    prefetch_rows(&ks, j1 + c0, np, sc->np);
+                    prefetch_rows(&vs, j1 + c0, np, sc->np);
+                    kern->dec_qk(nt, nc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, sc->kp + c0, kfmt,
+                                 (float)p->scale, st + c0, g->lds);
+                }
                 /* softcap, ALiBi and the mask per query-head segment (its own rows i and slope) */
+                int full = 1; /* every row of the tile sees every key of the block */
                 for (int r = rt; r < rt + nt;) {
                     const int64_t q = ra[t] + (r - rt), gi = q / q_len, i = q % q_len;
                     int n = (int)(q_len - i);
@@ -430,16 +507,23 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                                       sc->hi + r, sc->s + (size_t)r * g->lds, g->lds);
                     r += n;
                 }
+                for (int r = rt; r < rt + nt; r++) full &= sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc;
                 kern->softmax(nt, bc, st, g->lds, sc->m + rt, sc->l + rt, sc->alpha + rt);
+                const int vfmt = kv_rows(kern, &vs, j0, bc, sc->vp, sc->vj, g->ldv);
+                if (full) { /* no P = 0 from the mask: any Inf/NaN of V reaches only rows that see it */
+                    kern->dec_pv(nt, bc, (int)dv, st, g->lds, sc->vp, vfmt, sc->alpha + rt, ot, g->ldo);
+                    continue;
+                }
                 for (int r = rt; r < rt + nt; r++)
                     memcpy(sc->keep + (size_t)r * g->ldo, sc->oa + (size_t)r * g->ldo, (size_t)dv * sizeof(float));
-                kern->pv(nt, bc, (int)dv, st, g->lds, sc->vj, g->ldv, sc->alpha + rt, ot, g->ldo);
+                kern->dec_pv(nt, bc, (int)dv, st, g->lds, sc->vp, vfmt, sc->alpha + rt, ot, g->ldo);
                 /* V with Inf/NaN (or rows already non-finite): redo the P V per row over
-                 * its visible keys only, from Õ as it was */
+                 * its visible keys only, from Õ as it was (0 * Inf of a masked key
+                 * would leak NaN into a row that cannot see it) */
                 if (!rows_finite(ot, nt, dv, g->ldo)) {
                     for (int r = rt; r < rt + nt; r++)
                         memcpy(sc->oa + (size_t)r * g->ldo, sc->keep + (size_t)r * g->ldo, (size_t)dv * sizeof(float));
-                    pv_masked_rows(kern, rt, nt, j0, bc, dv, sc, g->lds, sc->vj, g->ldv, g->ldo);
+                    pv_masked_rows(kern, rt, nt, j0, bc, dv, sc, g->lds, sc->vp, vfmt, g->ldo);
                 }
             }
         }

@@ -840,4 +840,202 @@ static int kc_check_chain(const fa_kernels *k, const fa_kernels *ref, uint64_t s
     return nf;
 }
 
+/* ---- decode kernels: dec_qk, dec_pv on rows read in place ------------------ */
+
+/*
+ * n rows of `width` elements in format fmt (FA_ROW_*), `ld` elements apart
+ * in one buffer whose last row ends at a guard page, handed to the kernel in
+ * a shuffled order (rows[j], as the pages of a cache); wide[j] holds row j
+ * widened to float32 by the spec's widen (the values the kernel must see).
+ */
+typedef struct kc_drows {
+    kc_buf buf, wide;
+    const void **rows;
+    const float **wrows;
+} kc_drows;
+
+static uint16_t kc_half_bits(uint64_t *rng, int fmt)
+{
+    const uint64_t z = kc_next(rng);
+    const uint16_t sign = (uint16_t)((z & 1u) << 15);
+    if (fmt == FA_ROW_BF16) /* exponents 2^-6 .. 2^2, any 7 mantissa bits */
+        return (uint16_t)(sign | (uint16_t)((121u + (z >> 1) % 9u) << 7) | (uint16_t)((z >> 8) & 0x7fu));
+    /* f16: exponents 2^-6 .. 2^2 (some subnormals too), any 10 mantissa bits */
+    const unsigned e = (unsigned)((z >> 1) % 10u); /* 0: subnormal */
+    return (uint16_t)(sign | (uint16_t)((e ? e + 8u : 0u) << 10) | (uint16_t)((z >> 8) & 0x3ffu));
+}
+
+static kc_drows kc_rows_make(const fa_kernels *ref, int n, int width, int pad, int fmt, float lo, float hi, uint64_t *rng)
+{
+    kc_drows r;
+    const size_t ld = (size_t)width + (size_t)pad, total = (size_t)n * ld - (size_t)pad; /* last row unpadded */
+    const size_t esz = fmt == FA_ROW_F32 ? 4 : 2;
+    r.buf = kc_alloc((total * esz + 3) / 4);
+    char *end = (char *)(r.buf.p + (total * esz + 3) / 4);
+    char *base = end - total * esz;
+    r.wide = kc_alloc((size_t)n * (size_t)width);
+    r.rows = malloc((size_t)n * sizeof *r.rows);
+    r.wrows = malloc((size_t)n * sizeof *r.wrows);
+    int *perm = malloc((size_t)n * sizeof(int));
+    if (!r.rows || !r.wrows || !perm) abort();
+    for (int j = 0; j < n; j++) perm[j] = j;
+    for (int j = n - 1; j > 0; j--) {
+        const int x = (int)(kc_next(rng) % (uint64_t)(j + 1)), t = perm[j];
+        perm[j] = perm[x];
+        perm[x] = t;
+    }
+    for (int j = 0; j < n; j++) {
+        char *row = base + (size_t)perm[j] * ld * esz;
+        float *w = r.wide.p + (size_t)j * (size_t)width;
+        for (int c = 0; c < width; c++) {
+            if (fmt == FA_ROW_F32) {
+                ((float *)row)[c] = w[c] = kc_uniform(rng, lo, hi);
+            } else {
+                uint16_t h = kc_half_bits(rng, fmt);
+                memcpy(row + 2 * (size_t)c, &h, 2);
+                ref->widen(1, &h, fmt == FA_ROW_BF16, &w[c]);
+            }
+        }
+        r.rows[j] = row;
+        r.wrows[j] = w;
+    }
+    free(perm);
+    return r;
+}
+
+static void kc_rows_free(kc_drows *r)
+{
+    kc_free(&r->buf);
+    kc_free(&r->wide);
+    free(r->rows);
+    free((void *)r->wrows);
+}
+
+/*
+ * One (nr, n, d, fmt) case of dec_qk and dec_pv (dv = d): against the scalar
+ * spec within the qk / pv bounds above; and the table's own promises, bit for
+ * bit: a row computed alone (nr = 1) = that row in the tile; a key alone
+ * (n = 1) = its score in the tile; a half row = its float32 widening; nothing
+ * written past S's n columns or O's dv columns.
+ */
+static int kc_dec_case(const fa_kernels *k, const fa_kernels *ref, int nr, int n, int d, int fmt, uint64_t *rng,
+                       char *msg, size_t cap)
+{
+    int nf = 0;
+    const char *fn = fmt == FA_ROW_F32 ? "f32" : fmt == FA_ROW_F16 ? "f16" : "bf16";
+    const size_t ldq = (size_t)d + (size_t)(n % 3), lds = kc_round16(n) + 16, ldo = (size_t)d + (size_t)(nr % 2 ? 5 : 0);
+    kc_drows K = kc_rows_make(ref, n, d, n % 2 ? 3 : 0, fmt, -2.0f, 2.0f, rng);
+    kc_drows V = kc_rows_make(ref, n, d, n % 2 ? 0 : 7, fmt, -1.0f, 1.0f, rng);
+    kc_buf q = kc_alloc((size_t)nr * ldq), s = kc_alloc((size_t)nr * lds), sref = kc_alloc((size_t)nr * lds);
+    kc_buf s1 = kc_alloc(lds), al = kc_alloc((size_t)nr);
+    kc_buf o = kc_alloc((size_t)nr * ldo), oref = kc_alloc((size_t)nr * ldo), o0 = kc_alloc((size_t)nr * ldo);
+    kc_buf ow = kc_alloc((size_t)nr * ldo), o1 = kc_alloc(ldo);
+    for (size_t x = 0; x < (size_t)nr * ldq; x++) q.p[x] = kc_uniform(rng, -2.0f, 2.0f);
+    for (size_t x = 0; x < (size_t)nr * lds; x++) s.p[x] = sref.p[x] = kc_sentinel();
+    const float scale = 1.0f / sqrtf((float)d);
+
+    k->dec_qk(nr, n, d, q.p, ldq, K.rows, fmt, scale, s.p, lds);
+    ref->dec_qk(nr, n, d, q.p, ldq, K.rows, fmt, scale, sref.p, lds);
+    for (int i = 0; i < nr && !nf; i++)
+        for (size_t j = 0; j < lds && !nf; j++) {
+            const float a = s.p[(size_t)i * lds + j], b = sref.p[(size_t)i * lds + j];
+            if ((int)j >= n) {
+                if (!kc_is_sentinel(a))
+                    kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: wrote S[%d][%zu] beyond n", k->name, fn, nr,
+                            n, d, i, j);
+                continue;
+            }
+            double mag = 0.0;
+            for (int c = 0; c < d; c++) mag += fabs((double)q.p[(size_t)i * ldq + c] * K.wrows[j][c]);
+            const double tol = 2.0 * (d + 1) * 0x1.0p-24 * scale * mag + 1e-30;
+            if (!(fabs((double)a - b) <= tol))
+                kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: S[%d][%zu] = %.9g, scalar %.9g, tol %.3g",
+                        k->name, fn, nr, n, d, i, j, a, b, tol);
+        }
+    /* bits: each row alone; the first and last key alone; the widened rows */
+    for (int i = 0; i < nr && !nf; i++) {
+        for (size_t x = 0; x < lds; x++) s1.p[x] = kc_sentinel();
+        k->dec_qk(1, n, d, q.p + (size_t)i * ldq, ldq, K.rows, fmt, scale, s1.p, lds);
+        if (memcmp(s1.p, s.p + (size_t)i * lds, (size_t)n * sizeof(float)) != 0)
+            kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: row %d alone gives other bits", k->name, fn, nr, n, d, i);
+    }
+    for (int e = 0; e < 2 && !nf; e++) {
+        const int j = e ? n - 1 : 0;
+        k->dec_qk(nr, 1, d, q.p, ldq, K.rows + j, fmt, scale, sref.p, lds);
+        for (int i = 0; i < nr; i++)
+            if (memcmp(&sref.p[(size_t)i * lds], &s.p[(size_t)i * lds + j], 4) != 0) {
+                kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: key %d alone gives other bits", k->name, fn, nr,
+                        n, d, j);
+                break;
+            }
+    }
+    if (fmt != FA_ROW_F32 && !nf) {
+        k->dec_qk(nr, n, d, q.p, ldq, (const void *const *)K.wrows, FA_ROW_F32, scale, sref.p, lds);
+        for (int i = 0; i < nr && !nf; i++)
+            if (memcmp(&sref.p[(size_t)i * lds], &s.p[(size_t)i * lds], (size_t)n * sizeof(float)) != 0)
+                kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: row %d differs from the float32 widening", k->name,
+                        fn, nr, n, d, i);
+    }
+
+    /* P V: P in [0, 1] with zeros (masked keys), alpha 1, 0 or in (0, 1) */
+    for (int i = 0; i < nr; i++) {
+        for (int j = 0; j < n; j++)
+            s.p[(size_t)i * lds + j] = kc_next(rng) % 5 == 0 ? 0.0f : kc_uniform(rng, 0.0f, 1.0f);
+        al.p[i] = i % 4 == 0 ? 1.0f : i % 4 == 1 ? 0.0f : kc_uniform(rng, 0.0f, 1.0f);
+        for (size_t c = 0; c < ldo; c++) o0.p[(size_t)i * ldo + c] = (int)c < d ? kc_uniform(rng, -5.0f, 5.0f) : kc_sentinel();
+    }
+    memcpy(o.p, o0.p, (size_t)nr * ldo * sizeof(float));
+    memcpy(oref.p, o0.p, (size_t)nr * ldo * sizeof(float));
+    memcpy(ow.p, o0.p, (size_t)nr * ldo * sizeof(float));
+    k->dec_pv(nr, n, d, s.p, lds, V.rows, fmt, al.p, o.p, ldo);
+    ref->dec_pv(nr, n, d, s.p, lds, V.rows, fmt, al.p, oref.p, ldo);
+    for (int i = 0; i < nr && !nf; i++)
+        for (size_t c = 0; c < ldo && !nf; c++) {
+            const float a = o.p[(size_t)i * ldo + c], b = oref.p[(size_t)i * ldo + c];
+            if ((int)c >= d) {
+                if (!kc_is_sentinel(a))
+                    kc_fail(msg, cap, &nf, "%s dec_pv %s nr=%d n=%d dv=%d: wrote O[%d][%zu] beyond dv", k->name, fn, nr,
+                            n, d, i, c);
+                continue;
+            }
+            double mag = fabs((double)al.p[i] * o0.p[(size_t)i * ldo + c]);
+            for (int j = 0; j < n; j++) mag += fabs((double)s.p[(size_t)i * lds + j] * V.wrows[j][c]);
+            const double tol = 2.0 * (n + 2) * 0x1.0p-24 * mag + 1e-30;
+            if (!(fabs((double)a - b) <= tol))
+                kc_fail(msg, cap, &nf, "%s dec_pv %s nr=%d n=%d dv=%d: O[%d][%zu] = %.9g, scalar %.9g, tol %.3g",
+                        k->name, fn, nr, n, d, i, c, a, b, tol);
+        }
+    for (int i = 0; i < nr && !nf; i++) {
+        memcpy(o1.p, o0.p + (size_t)i * ldo, ldo * sizeof(float));
+        k->dec_pv(1, n, d, s.p + (size_t)i * lds, lds, V.rows, fmt, al.p + i, o1.p, ldo);
+        if (memcmp(o1.p, o.p + (size_t)i * ldo, ldo * sizeof(float)) != 0)
+            kc_fail(msg, cap, &nf, "%s dec_pv %s nr=%d n=%d dv=%d: row %d alone gives other bits", k->name, fn, nr, n,
+                    d, i);
+    }
+    if (fmt != FA_ROW_F32 && !nf) {
+        k->dec_pv(nr, n, d, s.p, lds, (const void *const *)V.wrows, FA_ROW_F32, al.p, ow.p, ldo);
+        if (memcmp(ow.p, o.p, (size_t)nr * ldo * sizeof(float)) != 0)
+            kc_fail(msg, cap, &nf, "%s dec_pv %s nr=%d n=%d dv=%d: differs from the float32 widening", k->name, fn, nr,
+                    n, d);
+    }
+    kc_rows_free(&K); kc_rows_free(&V);
+    kc_free(&q); kc_free(&s); kc_free(&sref); kc_free(&s1); kc_free(&al);
+    kc_free(&o); kc_free(&oref); kc_free(&o0); kc_free(&ow); kc_free(&o1);
+    return nf;
+}
+
+/* dec_qk / dec_pv on every format, row count (1..64: the driver's tile bound), key count and depth tail. */
+static int kc_check_dec(const fa_kernels *k, const fa_kernels *ref, uint64_t seed, char *msg, size_t cap)
+{
+    static const int nrs[] = {1, 2, 3, 4, 5, 8, 9, 17, 64}, ns[] = {1, 5, 16, 17, 33, 100};
+    int nf = 0;
+    uint64_t rng = seed;
+    for (int fmt = FA_ROW_F32; fmt <= FA_ROW_BF16; fmt++)
+        for (size_t a = 0; a < sizeof nrs / sizeof nrs[0]; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
+                for (int c = 0; c < KC_NSIZES; c++)
+                    nf += kc_dec_case(k, ref, nrs[a], ns[b], kc_sizes[c], fmt, &rng, nf ? NULL : msg, cap) != 0;
+    return nf;
+}
+
 #endif /* FA_KERNEL_CHECKS_H */

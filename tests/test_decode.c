@@ -19,6 +19,9 @@
  *   - task shapes (a kv head of more than 64 rows cut into chunks; groups of kv heads
  *     that do not divide heads_k) match the reference;
  *   - Inf in V at a key a row cannot see does not reach that row, with splits;
+ *   - the direct kernels' edges: 64 and 65 rows per kv head, d not a multiple of
+ *     16, d = 256, d_v != d, seqlen_q up to 16, f16/bf16 and pages of 1 and 3
+ *     rows, each bit-identical to the contiguous float32 cache;
  *   - the num_splits heuristic and clamp; the workspace holds no Sq x Sk term.
  */
 #include "test_util.h"
@@ -506,6 +509,111 @@ static void test_cache_append_with_splits(void **state)
     }
 }
 
+/* Copy a [B][S][HK][w] cache into pages of ps rows in the shuffled order perm; table [B][maxp]. */
+static tu_tensor to_pages(const tu_tensor *c, int64_t ps, const int32_t *perm, int64_t maxp, int64_t npages, int32_t *table)
+{
+    const int64_t B = c->t.shape[0], S = c->t.shape[1], HK = c->t.shape[2], W = c->t.shape[3];
+    tu_tensor pg = tu_alloc4(c->t.dtype, npages, ps, HK, W, 0);
+    uint64_t junk = 0x5eed;
+    tu_fill(&pg, &junk, -9, 9); /* rows no sequence owns hold other values */
+    const size_t row = (size_t)(HK * W) * fa_dtype_size(c->t.dtype);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t x = 0; x < maxp; x++) {
+            const int32_t page = perm[b * maxp + x];
+            table[b * maxp + x] = page;
+            for (int64_t r = 0; r < ps && x * ps + r < S; r++)
+                memcpy((char *)pg.mem + (size_t)(page * ps + r) * row, (char *)c->mem + (size_t)(b * S + x * ps + r) * row,
+                       row);
+        }
+    return pg;
+}
+
+/* Ensure the direct decode kernels' edges: tiles at and past the 64-row bound (GQA x seqlen_q up to 16), d not a
+ * multiple of 16, d = 256, d_v != d, f16/bf16 caches (= their float32 widening, bit for bit) and pages of 1 and 3
+ * rows (= contiguous, bit for bit), causal or not, 1 or 3 splits, all against the float64 reference. */
+static void test_direct_kernel_edges(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de0au;
+    static const int64_t shapes[][5] = {/* H, HK, SQ, D, DV */
+                                        {8, 2, 16, 100, 100}, /* 4 x 16 = 64 rows: the bound */
+                                        {10, 2, 13, 17, 17},  /* 5 x 13 = 65 rows: two chunks */
+                                        {4, 1, 5, 256, 256},
+                                        {6, 3, 2, 72, 40},
+                                        {3, 3, 7, 33, 48}};
+    static const fa_dtype dts[] = {FA_F32, FA_BF16, FA_F16};
+    static const int64_t page_sizes[] = {0, 1, 3};
+    enum { B = 2, SC = 140 };
+    const int32_t seqlens[B] = {140, 61};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t H = shapes[si][0], HK = shapes[si][1], SQ = shapes[si][2], D = shapes[si][3], DV = shapes[si][4];
+        tu_tensor q = tu_alloc4(FA_F32, B, SQ, H, D, 0);
+        tu_fill(&q, &rng, -2, 2);
+        for (size_t di = 0; di < 3; di++) {
+            tu_tensor k = tu_alloc4(FA_F32, B, SC, HK, D, 0), v = tu_alloc4(FA_F32, B, SC, HK, DV, 0);
+            tu_tensor kl = tu_alloc4(dts[di], B, SC, HK, D, 0), vl = tu_alloc4(dts[di], B, SC, HK, DV, 0);
+            tu_fill(&k, &rng, -2, 2);
+            tu_fill(&v, &rng, -1, 1);
+            round_to(&k, &kl); /* k, v: the float32 values the dt cache holds */
+            round_to(&v, &vl);
+            for (size_t pi = 0; pi < 3; pi++) {
+                const int64_t ps = page_sizes[pi];
+                const int64_t maxp = ps ? (SC + ps - 1) / ps : 0, npages = B * maxp + 2;
+                int32_t *perm = NULL, *table = NULL;
+                tu_tensor kp = {0}, vp = {0};
+                fa_kvcache kv = fa_kvcache_default();
+                kv.cache_seqlens = seqlens;
+                if (ps) {
+                    perm = malloc((size_t)npages * sizeof(int32_t));
+                    table = malloc((size_t)(B * maxp) * sizeof(int32_t));
+                    assert_non_null(perm);
+                    assert_non_null(table);
+                    for (int64_t x = 0; x < npages; x++) perm[x] = (int32_t)x;
+                    for (int64_t x = npages - 1; x > 0; x--) {
+                        const int64_t y = (int64_t)(tu_next(&rng) % (uint64_t)(x + 1));
+                        const int32_t t = perm[x];
+                        perm[x] = perm[y];
+                        perm[y] = t;
+                    }
+                    kp = to_pages(&kl, ps, perm, maxp, npages, table);
+                    vp = to_pages(&vl, ps, perm, maxp, npages, table);
+                    kv.block_table = table;
+                    kv.max_pages = maxp;
+                }
+                fa_kvcache flat = fa_kvcache_default();
+                flat.cache_seqlens = seqlens;
+                for (int ns = 1; ns <= 3; ns += 2) {
+                    fa_options opt = fa_options_default();
+                    opt.causal = (int)((si + pi + (size_t)ns) % 2);
+                    opt.block_k = 16;
+                    opt.num_splits = ns;
+                    opt.num_threads = 2;
+                    char what[160];
+                    snprintf(what, sizeof what, "H %lld HK %lld sq %lld d %lld dv %lld, %s, page %lld, causal %d, splits %d",
+                             (long long)H, (long long)HK, (long long)SQ, (long long)D, (long long)DV,
+                             fa_dtype_name(dts[di]), (long long)ps, opt.causal, ns);
+                    opt.kvcache = &kv;
+                    run_out got = ps ? run_flash(&q.t, &kp.t, &vp.t, DV, opt, what) : run_flash(&q.t, &kl.t, &vl.t, DV, opt, what);
+                    expect_reference(&q.t, ps ? &kp.t : &kl.t, ps ? &vp.t : &vl.t, DV, opt, &got, what);
+                    opt.kvcache = &flat;
+                    run_out f32 = run_flash(&q.t, &k.t, &v.t, DV, opt, what); /* contiguous float32 */
+                    same_bits(&got, &f32, what);
+                    free_out(&got);
+                    free_out(&f32);
+                }
+                if (ps) {
+                    tu_free(&kp);
+                    tu_free(&vp);
+                }
+                free(perm);
+                free(table);
+            }
+            tu_free(&k); tu_free(&v); tu_free(&kl); tu_free(&vl);
+        }
+        tu_free(&q);
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Varlen                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -616,6 +724,7 @@ int main(void)
         cmocka_unit_test(test_low_precision_cache),
         cmocka_unit_test(test_paged_cache_with_splits),
         cmocka_unit_test(test_cache_append_with_splits),
+        cmocka_unit_test(test_direct_kernel_edges),
         cmocka_unit_test(test_varlen_decode_with_splits),
         cmocka_unit_test(test_split_heuristic_and_clamp),
         cmocka_unit_test(test_workspace_has_no_sq_sk_term),

@@ -16,6 +16,13 @@
  *     cutting the keys into S ranges gives H_k x S tasks, each leaving a partial
  *     (m, l, O~) that merge exactly by step 01's rule
  *     m = max(m1, m2), l = l1 e^(m1-m) + l2 e^(m2-m), O~ = O~1 e^(m1-m) + O~2 e^(m2-m).
+ *   A third thing matters once the bytes are right: the work per byte. With 2
+ *   FLOPs per element there is no room to copy K into a transposed panel or V
+ *   (or a bf16 cache widened to float32) into a buffer first — that costs more
+ *   instructions than the arithmetic. decode_rows below reads each K and V row
+ *   where it lies; so do the library's kernels (the kernel table's dec_qk and
+ *   dec_pv: a block of K rows dotted with the group's rows in registers,
+ *   f16/bf16 widened in registers, V rows read in place).
  * What to look for:
  *   - the count: bytes vs FLOPs of decode against the machine's own balance
  *     (its FMA peak over its read bandwidth, both measured here);

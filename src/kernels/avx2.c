@@ -589,6 +589,208 @@ double fa_fma_loop_avx2(long iters, float *sink)
     return (double)iters * 12 * 8 * 2;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Decoding: scores and P V straight from the cache rows                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * 8 elements of a decode row from element c, widened to float32 in registers
+ * (bf16: a 16-bit shift; f16: vcvtph2ps). k < 8: only lanes < k are read
+ * (the others are 0): vmaskmovps for float32; half rows have no 16-bit masked
+ * load in AVX2, so the k elements go through a zeroed 16-byte buffer.
+ */
+INLINE __m256 dec_load(const void *row, int c, int k, const int fmt)
+{
+    if (fmt == FA_ROW_F32) {
+        if (k >= 8) return _mm256_loadu_ps((const float *)row + c);
+        return _mm256_maskload_ps((const float *)row + c, lanes_below(k));
+    }
+    const uint16_t *h = (const uint16_t *)row + c;
+    __m128i x;
+    if (k >= 8) {
+        x = _mm_loadu_si128((const __m128i *)h);
+    } else {
+        uint16_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        memcpy(t, h, (size_t)k * sizeof(uint16_t));
+        x = _mm_loadu_si128((const __m128i *)t);
+    }
+    if (fmt == FA_ROW_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+    return _mm256_cvtph_ps(x);
+}
+
+/*
+ * Lane t of the result = the sum of the 8 lanes of a[t], one fixed tree for
+ * every t: (x0 + x2) + (x1 + x3) in each 128-bit half, then low + high half
+ * (every level combines its inputs alike: the bits do not depend on t).
+ */
+INLINE __m256 reduce8(const __m256 *a)
+{
+    __m256 b[4], c[2];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++)
+        b[t] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * t], a[2 * t + 1]), _mm256_unpackhi_ps(a[2 * t], a[2 * t + 1]));
+#pragma GCC unroll 2
+    for (int t = 0; t < 2; t++) {
+        const __m256d x = _mm256_castps_pd(b[2 * t]), y = _mm256_castps_pd(b[2 * t + 1]);
+        c[t] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20), _mm256_permute2f128_ps(c[0], c[1], 0x31));
+}
+
+/*
+ * Scores of ROWS rows x KEYS keys (ROWS * KEYS <= 8 accumulators of 8-lane partial
+ * dot products), reduced together: lane r * KEYS + jj is S[r][jj]. Keys
+ * jj >= nj repeat the last row (read, never stored).
+ */
+INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, const float *q, size_t ldq,
+                      const void *const *rows, int nj, float scale, float *s, size_t lds)
+{
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+    const void *kr[8];
+#pragma GCC unroll 8
+    for (int jj = 0; jj < KEYS; jj++) kr[jj] = rows[jj < nj ? jj : nj - 1];
+    for (int c = 0; c < d; c += 8) {
+        const int k = d - c;
+        __m256 qv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++)
+            qv[r] = k >= 8 ? _mm256_loadu_ps(q + (size_t)r * ldq + c) : _mm256_maskload_ps(q + (size_t)r * ldq + c, lanes_below(k));
+#pragma GCC unroll 8
+        for (int jj = 0; jj < KEYS; jj++) {
+            const __m256 kv = dec_load(kr[jj], c, k, fmt);
+#pragma GCC unroll 4
+            for (int r = 0; r < ROWS; r++) acc[r * KEYS + jj] = _mm256_fmadd_ps(qv[r], kv, acc[r * KEYS + jj]);
+        }
+    }
+    float out[8];
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), reduce8(acc)));
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+        for (int jj = 0; jj < nj; jj++) s[(size_t)r * lds + jj] = out[r * KEYS + jj];
+}
+
+INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size_t ldq, const void *const *rows,
+                       float scale, float *s, size_t lds)
+{
+    if (nr == 1) {
+        for (int j = 0; j < n; j += 8)
+            dqk_block(1, 8, fmt, d, q, ldq, rows + j, n - j < 8 ? n - j : 8, scale, s + j, lds);
+        return;
+    }
+    if (nr == 2) {
+        for (int j = 0; j < n; j += 4)
+            dqk_block(2, 4, fmt, d, q, ldq, rows + j, n - j < 4 ? n - j : 4, scale, s + j, lds);
+        return;
+    }
+    for (int j = 0; j < n; j += 2) { /* 2 keys (in L1) against every row block of 4 */
+        const int nj = n - j < 2 ? n - j : 2;
+        int i = 0;
+        for (; i + 4 <= nr; i += 4)
+            dqk_block(4, 2, fmt, d, q + (size_t)i * ldq, ldq, rows + j, nj, scale, s + (size_t)i * lds + j, lds);
+        const float *qi = q + (size_t)i * ldq;
+        float *si = s + (size_t)i * lds + j;
+        switch (nr - i) {
+        case 3: dqk_block(3, 2, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        case 2: dqk_block(2, 2, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        case 1: dqk_block(1, 2, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        default: break;
+        }
+    }
+}
+
+static void dec_qk_avx2(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
+                        float scale, float *s, size_t lds)
+{
+    if (nr <= 0 || n <= 0) return;
+    if (fmt == FA_ROW_BF16) dec_qk_fmt(FA_ROW_BF16, nr, n, d, q, ldq, rows, scale, s, lds);
+    else if (fmt == FA_ROW_F16) dec_qk_fmt(FA_ROW_F16, nr, n, d, q, ldq, rows, scale, s, lds);
+    else dec_qk_fmt(FA_ROW_F32, nr, n, d, q, ldq, rows, scale, s, lds);
+}
+
+/*
+ * O rows [0, ROWS) x columns [c0, c0 + 8*VECS) (vector u holds kl[u] lanes, 0 past
+ * dv): acc = sum_j P[r][j] V_j in key order from 0, then O = alpha*O + acc.
+ */
+INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int c0, const int *kl, const float *p,
+                      size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
+{
+    __m256 acc[4][8];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 8
+        for (int u = 0; u < VECS; u++) acc[r][u] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const void *row = rows[j];
+        __m256 pb[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) pb[r] = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+#pragma GCC unroll 8
+        for (int u = 0; u < VECS; u++) {
+            if (kl[u] <= 0) continue;
+            const __m256 vv = dec_load(row, c0 + 8 * u, kl[u], fmt);
+#pragma GCC unroll 4
+            for (int r = 0; r < ROWS; r++) acc[r][u] = _mm256_fmadd_ps(pb[r], vv, acc[r][u]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++) {
+        const __m256 a = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 8
+        for (int u = 0; u < VECS; u++) {
+            float *dst = o + (size_t)r * ldo + c0 + 8 * u;
+            if (kl[u] >= 8) {
+                _mm256_storeu_ps(dst, _mm256_fmadd_ps(a, _mm256_loadu_ps(dst), acc[r][u]));
+            } else if (kl[u] > 0) {
+                const __m256i m = lanes_below(kl[u]);
+                _mm256_maskstore_ps(dst, m, _mm256_fmadd_ps(a, _mm256_maskload_ps(dst, m), acc[r][u]));
+            }
+        }
+    }
+}
+
+/* Lanes of each of the VECS vectors of the column panel at c0 (<= 0: past dv). */
+INLINE void panel_lanes(const int VECS, int dv, int c0, int *kl)
+{
+#pragma GCC unroll 8
+    for (int u = 0; u < VECS; u++) kl[u] = dv - c0 - 8 * u;
+}
+
+INLINE void dec_pv_fmt(const int fmt, int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows,
+                       const float *alpha, float *o, size_t ldo)
+{
+    int kl[8];
+    if (nr == 1) { /* 1 row x 8 vectors (64 columns): 8 chains */
+        for (int c0 = 0; c0 < dv; c0 += 64) {
+            panel_lanes(8, dv, c0, kl);
+            dpv_block(1, 8, fmt, n, c0, kl, p, ldp, rows, alpha, o, ldo);
+        }
+        return;
+    }
+    for (int i = 0; i < nr; i += 4) /* row blocks of up to 4 x 2 vectors (16 columns) */
+        for (int c0 = 0; c0 < dv; c0 += 16) {
+            panel_lanes(2, dv, c0, kl);
+            const float *pi = p + (size_t)i * ldp;
+            float *oi = o + (size_t)i * ldo;
+            switch (nr - i < 4 ? nr - i : 4) {
+            case 4: dpv_block(4, 2, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 3: dpv_block(3, 2, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 2: dpv_block(2, 2, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            default: dpv_block(1, 2, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            }
+        }
+}
+
+static void dec_pv_avx2(int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows, int fmt,
+                        const float *alpha, float *o, size_t ldo)
+{
+    if (nr <= 0) return;
+    if (fmt == FA_ROW_BF16) dec_pv_fmt(FA_ROW_BF16, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+    else if (fmt == FA_ROW_F16) dec_pv_fmt(FA_ROW_F16, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+    else dec_pv_fmt(FA_ROW_F32, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+}
+
 const fa_kernels fa_kernels_avx2 = {
     .name = "avx2",
     .simd_width = 8,
@@ -601,4 +803,6 @@ const fa_kernels fa_kernels_avx2 = {
     .transform = transform_avx2,
     .widen = widen_avx2,
     .bwd_line = bwd_line_avx2,
+    .dec_qk = dec_qk_avx2,
+    .dec_pv = dec_pv_avx2,
 };

@@ -496,6 +496,211 @@ static void widen_avx512(int n, const uint16_t *src, int bf16, float *dst)
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* Decoding: scores and P V straight from the cache rows                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * 16 elements of a decode row from element c (lanes outside mask k read as 0
+ * and not touched in memory), widened to float32 in registers: bf16 is a
+ * 16-bit shift, f16 vcvtph2ps.
+ */
+INLINE __m512 dec_load(const void *row, int c, __mmask16 k, const int fmt)
+{
+    if (fmt == FA_ROW_F32) {
+        if (k == (__mmask16)0xffff) return _mm512_loadu_ps((const float *)row + c);
+        return _mm512_maskz_loadu_ps(k, (const float *)row + c);
+    }
+    const uint16_t *h = (const uint16_t *)row + c;
+    const __m256i x = k == (__mmask16)0xffff ? _mm256_loadu_si256((const __m256i *)h) : _mm256_maskz_loadu_epi16(k, h);
+    if (fmt == FA_ROW_BF16) {
+        /* one vpermw (1 uop since Ice Lake) instead of vpmovzxwd + vpslld: word 2i+1
+         * of the result is x[i], word 2i is zeroed by the mask — x[i] << 16 */
+        const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0,
+                                             4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+        return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16((__mmask32)0xaaaaaaaau, idx, _mm512_castsi256_si512(x)));
+    }
+    return _mm512_cvtph_ps(x);
+}
+
+/*
+ * Lane t of the result = the sum of the 16 lanes of a[t], by one fixed tree
+ * for every t: within each 128-bit lane (x0 + x2) + (x1 + x3), then the four
+ * 128-bit partials (L0 + L1) + (L2 + L3). Every level combines its two inputs
+ * alike, so a dot product's bits do not depend on which slot t it sits in.
+ */
+INLINE __m512 reduce16(const __m512 *a)
+{
+    __m512 b[8], c[4], e[2];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++)
+        b[t] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * t], a[2 * t + 1]), _mm512_unpackhi_ps(a[2 * t], a[2 * t + 1]));
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+        const __m512d x = _mm512_castps_pd(b[2 * t]), y = _mm512_castps_pd(b[2 * t + 1]);
+        c[t] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < 2; t++) /* 128-bit lanes: [X.L0, X.L2, Y.L0, Y.L2] + [X.L1, X.L3, Y.L1, Y.L3] */
+        e[t] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * t], c[2 * t + 1], 0x88),
+                             _mm512_shuffle_f32x4(c[2 * t], c[2 * t + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xdd));
+}
+
+/*
+ * Scores of ROWS rows x KEYS keys (ROWS * KEYS <= 16 accumulators, each a 16-lane
+ * partial dot product over d), reduced together by reduce16 into one vector
+ * whose lane r * KEYS + jj is S[r][jj]. Keys jj >= nj repeat the last row (read,
+ * never stored).
+ */
+INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, const float *q, size_t ldq,
+                      const void *const *rows, int nj, float scale, float *s, size_t lds)
+{
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
+    const void *kr[16];
+#pragma GCC unroll 16
+    for (int jj = 0; jj < KEYS; jj++) kr[jj] = rows[jj < nj ? jj : nj - 1];
+    for (int c = 0; c < d; c += 16) {
+        const __mmask16 k = d - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - c)) - 1u);
+        __m512 qv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) qv[r] = _mm512_maskz_loadu_ps(k, q + (size_t)r * ldq + c);
+#pragma GCC unroll 16
+        for (int jj = 0; jj < KEYS; jj++) {
+            const __m512 kv = dec_load(kr[jj], c, k, fmt);
+#pragma GCC unroll 4
+            for (int r = 0; r < ROWS; r++) acc[r * KEYS + jj] = _mm512_fmadd_ps(qv[r], kv, acc[r * KEYS + jj]);
+        }
+    }
+    const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(scale), reduce16(acc));
+    const unsigned keep = (1u << nj) - 1u;
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++) /* lanes r*KEYS .. r*KEYS+nj-1 to S[r][0 .. nj-1] (lds >= 16 >= r*KEYS/r) */
+        _mm512_mask_storeu_ps(s + (size_t)r * lds - r * KEYS, (__mmask16)(keep << (r * KEYS)), sc);
+}
+
+INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size_t ldq, const void *const *rows,
+                       float scale, float *s, size_t lds)
+{
+    if (nr == 1) {
+        for (int j = 0; j < n; j += 16)
+            dqk_block(1, 16, fmt, d, q, ldq, rows + j, n - j < 16 ? n - j : 16, scale, s + j, lds);
+        return;
+    }
+    if (nr == 2) {
+        for (int j = 0; j < n; j += 8)
+            dqk_block(2, 8, fmt, d, q, ldq, rows + j, n - j < 8 ? n - j : 8, scale, s + j, lds);
+        return;
+    }
+    for (int j = 0; j < n; j += 4) { /* 4 keys (in L1) against every row block */
+        const int nj = n - j < 4 ? n - j : 4;
+        int i = 0;
+        for (; i + 4 <= nr; i += 4)
+            dqk_block(4, 4, fmt, d, q + (size_t)i * ldq, ldq, rows + j, nj, scale, s + (size_t)i * lds + j, lds);
+        const float *qi = q + (size_t)i * ldq;
+        float *si = s + (size_t)i * lds + j;
+        switch (nr - i) {
+        case 3: dqk_block(3, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        case 2: dqk_block(2, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        case 1: dqk_block(1, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        default: break;
+        }
+    }
+}
+
+static void dec_qk_avx512(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
+                          float scale, float *s, size_t lds)
+{
+    if (nr <= 0 || n <= 0) return;
+    if (fmt == FA_ROW_BF16) dec_qk_fmt(FA_ROW_BF16, nr, n, d, q, ldq, rows, scale, s, lds);
+    else if (fmt == FA_ROW_F16) dec_qk_fmt(FA_ROW_F16, nr, n, d, q, ldq, rows, scale, s, lds);
+    else dec_qk_fmt(FA_ROW_F32, nr, n, d, q, ldq, rows, scale, s, lds);
+}
+
+/*
+ * O rows [0, ROWS) x columns [c0, c0 + 16*VECS) (vector u restricted to mask
+ * mk[u], 0 past dv): acc = sum_j P[r][j] V_j in key order from 0, then
+ * O = alpha*O + acc — per element the same steps whatever the blocking.
+ */
+INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int c0, const __mmask16 *mk,
+                      const float *p, size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
+{
+    __m512 acc[4][8];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 8
+        for (int u = 0; u < VECS; u++) acc[r][u] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const void *row = rows[j];
+        __m512 pb[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) pb[r] = _mm512_set1_ps(p[(size_t)r * ldp + j]);
+#pragma GCC unroll 8
+        for (int u = 0; u < VECS; u++) {
+            const __m512 vv = dec_load(row, c0 + 16 * u, mk[u], fmt);
+#pragma GCC unroll 4
+            for (int r = 0; r < ROWS; r++) acc[r][u] = _mm512_fmadd_ps(pb[r], vv, acc[r][u]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 8
+        for (int u = 0; u < VECS; u++) {
+            float *dst = o + (size_t)r * ldo + c0 + 16 * u;
+            if (!mk[u]) continue;
+            _mm512_mask_storeu_ps(dst, mk[u], _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mk[u], dst), acc[r][u]));
+        }
+    }
+}
+
+/* Masks of the VECS vectors of the column panel at c0. */
+INLINE void panel_masks(const int VECS, int dv, int c0, __mmask16 *mk)
+{
+#pragma GCC unroll 8
+    for (int u = 0; u < VECS; u++) {
+        const int left = dv - c0 - 16 * u;
+        mk[u] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
+    }
+}
+
+INLINE void dec_pv_fmt(const int fmt, int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows,
+                       const float *alpha, float *o, size_t ldo)
+{
+    __mmask16 mk[8];
+    if (nr <= 2) { /* 1-2 rows x 8 vectors (128 columns) */
+        for (int c0 = 0; c0 < dv; c0 += 128) {
+            panel_masks(8, dv, c0, mk);
+            if (nr == 1) dpv_block(1, 8, fmt, n, c0, mk, p, ldp, rows, alpha, o, ldo);
+            else dpv_block(2, 8, fmt, n, c0, mk, p, ldp, rows, alpha, o, ldo);
+        }
+        return;
+    }
+    for (int i = 0; i < nr; i += 4) /* row blocks of 4 x 4 vectors (64 columns) */
+        for (int c0 = 0; c0 < dv; c0 += 64) {
+            panel_masks(4, dv, c0, mk);
+            const float *pi = p + (size_t)i * ldp;
+            float *oi = o + (size_t)i * ldo;
+            switch (nr - i < 4 ? nr - i : 4) {
+            case 4: dpv_block(4, 4, fmt, n, c0, mk, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 3: dpv_block(3, 4, fmt, n, c0, mk, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 2: dpv_block(2, 4, fmt, n, c0, mk, pi, ldp, rows, alpha + i, oi, ldo); break;
+            default: dpv_block(1, 4, fmt, n, c0, mk, pi, ldp, rows, alpha + i, oi, ldo); break;
+            }
+        }
+}
+
+static void dec_pv_avx512(int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows, int fmt,
+                          const float *alpha, float *o, size_t ldo)
+{
+    if (nr <= 0) return;
+    if (fmt == FA_ROW_BF16) dec_pv_fmt(FA_ROW_BF16, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+    else if (fmt == FA_ROW_F16) dec_pv_fmt(FA_ROW_F16, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+    else dec_pv_fmt(FA_ROW_F32, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+}
+
 const fa_kernels fa_kernels_avx512 = {
     .name = "avx512",
     .simd_width = 16,
@@ -508,4 +713,6 @@ const fa_kernels fa_kernels_avx512 = {
     .transform = transform_avx512,
     .widen = widen_avx512,
     .bwd_line = bwd_line_avx512,
+    .dec_qk = dec_qk_avx512,
+    .dec_pv = dec_pv_avx512,
 };

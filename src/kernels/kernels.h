@@ -103,7 +103,37 @@ typedef struct fa_kernels {
      */
     void (*bwd_line)(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
                      int per_elem, const float *g);
+
+    /*
+     * Decoding (src/decode.c): few query rows against K/V rows read where the
+     * cache keeps them — no transposed panel, no copy. rows[j] points at the
+     * contiguous elements of key j (d of them for K, dv for V) in format fmt
+     * (FA_ROW_F32, FA_ROW_F16, FA_ROW_BF16; half rows are widened in
+     * registers, exactly). Neither reads an element outside a row.
+     *   dec_qk: S[i][j] = scale * (Q[i] . K_j)            for i < nr, j < n
+     *   dec_pv: O[i][c] = alpha[i] * O[i][c] + sum_j P[i][j] V_j[c]
+     *                                                       for i < nr, c < dv
+     * The arithmetic of one output element does not depend on nr, on its row
+     * index or on the other rows in the call (the driver's GQA-packed tile
+     * gives the bits of the unpacked one), nor on fmt beyond the widening (a
+     * half cache gives the bits of a float32 cache of the same values); dec_qk's
+     * S[i][j] does not depend on n or j either (rows of a block may come from
+     * any page). Q rows are read for c < d only, S written for j < n only.
+     */
+    void (*dec_qk)(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
+                   float scale, float *s, size_t lds);
+    void (*dec_pv)(int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows, int fmt,
+                   const float *alpha, float *o, size_t ldo);
 } fa_kernels;
+
+/* Formats of the rows dec_qk / dec_pv read (fa_kernels::dec_qk). */
+enum { FA_ROW_F32 = 0, FA_ROW_F16 = 1, FA_ROW_BF16 = 2 };
+
+/* The spec of dec_qk / dec_pv (portable C; the tables without their own use them). */
+void fa_dec_qk_scalar(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
+                      float scale, float *s, size_t lds);
+void fa_dec_pv_scalar(int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows, int fmt,
+                      const float *alpha, float *o, size_t ldo);
 
 /* The spec of fa_kernels::widen (tensor.h's conversions), shared by tables without their own. */
 void fa_widen_scalar(int n, const uint16_t *src, int bf16, float *dst);

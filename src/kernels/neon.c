@@ -358,6 +358,156 @@ double fa_fma_loop_neon(long iters, float *sink)
     return (double)iters * 16 * 4 * 2;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Decoding: scores and P V straight from the cache rows                     */
+/* ------------------------------------------------------------------------ */
+
+/* 4 elements of a decode row from element c, widened in registers (bf16: SHLL
+ * by 16; f16: FCVTL); k < 4: only lanes < k are read (the others are 0). */
+INLINE float32x4_t dec_load(const void *row, int c, int k, const int fmt)
+{
+    if (fmt == FA_ROW_F32) return k >= 4 ? vld1q_f32((const float *)row + c) : load_partial((const float *)row + c, k, 0.0f);
+    const uint16_t *h = (const uint16_t *)row + c;
+    uint16x4_t x;
+    if (k >= 4) {
+        x = vld1_u16(h);
+    } else {
+        uint16_t t[4] = {0, 0, 0, 0};
+        for (int i = 0; i < k; i++) t[i] = h[i];
+        x = vld1_u16(t);
+    }
+    if (fmt == FA_ROW_BF16) return vreinterpretq_f32_u32(vshll_n_u16(x, 16));
+    return vcvt_f32_f16(vreinterpret_f16_u16(x));
+}
+
+/*
+ * Scores of ROWS x KEYS (<= 16 accumulators, each a 4-lane partial dot
+ * product over d); each accumulator is summed by one tree, (x0 + x1) +
+ * (x2 + x3) (FADDP twice, alike for every input), and S[r][jj] stored for
+ * jj < nj. Keys jj >= nj repeat the last row (read, never stored).
+ */
+INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, const float *q, size_t ldq,
+                      const void *const *rows, int nj, float scale, float *s, size_t lds)
+{
+    float32x4_t acc[16];
+    for (int t = 0; t < 16; t++) acc[t] = vdupq_n_f32(0.0f);
+    const void *kr[16];
+    for (int jj = 0; jj < KEYS; jj++) kr[jj] = rows[jj < nj ? jj : nj - 1];
+    for (int c = 0; c < d; c += 4) {
+        const int k = d - c;
+        float32x4_t qv[4];
+        for (int r = 0; r < ROWS; r++)
+            qv[r] = k >= 4 ? vld1q_f32(q + (size_t)r * ldq + c) : load_partial(q + (size_t)r * ldq + c, k, 0.0f);
+        for (int jj = 0; jj < KEYS; jj++) {
+            const float32x4_t kv = dec_load(kr[jj], c, k, fmt);
+            for (int r = 0; r < ROWS; r++) acc[r * KEYS + jj] = vfmaq_f32(acc[r * KEYS + jj], qv[r], kv);
+        }
+    }
+    const float32x4_t vs = vdupq_n_f32(scale);
+    for (int t = 0; t < ROWS * KEYS; t += 4) { /* 4 accumulators -> one vector of their 4 sums */
+        const float32x4_t ab = vpaddq_f32(acc[t], acc[t + 1]), cd = vpaddq_f32(acc[t + 2], acc[t + 3]);
+        float out[4];
+        vst1q_f32(out, vmulq_f32(vs, vpaddq_f32(ab, cd)));
+        for (int x = 0; x < 4; x++) {
+            const int r = (t + x) / KEYS, jj = (t + x) % KEYS;
+            if (jj < nj) s[(size_t)r * lds + jj] = out[x];
+        }
+    }
+}
+
+INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size_t ldq, const void *const *rows,
+                       float scale, float *s, size_t lds)
+{
+    if (nr == 1) {
+        for (int j = 0; j < n; j += 8)
+            dqk_block(1, 8, fmt, d, q, ldq, rows + j, n - j < 8 ? n - j : 8, scale, s + j, lds);
+        return;
+    }
+    for (int j = 0; j < n; j += 4) {
+        const int nj = n - j < 4 ? n - j : 4;
+        int i = 0;
+        for (; i + 4 <= nr; i += 4)
+            dqk_block(4, 4, fmt, d, q + (size_t)i * ldq, ldq, rows + j, nj, scale, s + (size_t)i * lds + j, lds);
+        const float *qi = q + (size_t)i * ldq;
+        float *si = s + (size_t)i * lds + j;
+        switch (nr - i) {
+        case 3: dqk_block(3, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        case 2: dqk_block(2, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        case 1: dqk_block(1, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
+        default: break;
+        }
+    }
+}
+
+static void dec_qk_neon(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
+                        float scale, float *s, size_t lds)
+{
+    if (nr <= 0 || n <= 0) return;
+    if (fmt == FA_ROW_BF16) dec_qk_fmt(FA_ROW_BF16, nr, n, d, q, ldq, rows, scale, s, lds);
+    else if (fmt == FA_ROW_F16) dec_qk_fmt(FA_ROW_F16, nr, n, d, q, ldq, rows, scale, s, lds);
+    else dec_qk_fmt(FA_ROW_F32, nr, n, d, q, ldq, rows, scale, s, lds);
+}
+
+/* O rows [0, ROWS) x columns [c0, c0 + 4*VECS) (vector u holds kl[u] lanes, none past dv):
+ * acc = sum_j P[r][j] V_j in key order from 0, then O = alpha*O + acc. */
+INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int c0, const int *kl, const float *p,
+                      size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
+{
+    float32x4_t acc[4][8];
+    for (int r = 0; r < ROWS; r++)
+        for (int u = 0; u < VECS; u++) acc[r][u] = vdupq_n_f32(0.0f);
+    for (int j = 0; j < n; j++) {
+        const void *row = rows[j];
+        for (int u = 0; u < VECS; u++) {
+            if (kl[u] <= 0) continue;
+            const float32x4_t vv = dec_load(row, c0 + 4 * u, kl[u], fmt);
+            for (int r = 0; r < ROWS; r++) acc[r][u] = vfmaq_n_f32(acc[r][u], vv, p[(size_t)r * ldp + j]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        const float32x4_t a = vdupq_n_f32(alpha[r]);
+        for (int u = 0; u < VECS; u++) {
+            float *dst = o + (size_t)r * ldo + c0 + 4 * u;
+            if (kl[u] >= 4) vst1q_f32(dst, vfmaq_f32(acc[r][u], a, vld1q_f32(dst)));
+            else if (kl[u] > 0) store_partial(dst, kl[u], vfmaq_f32(acc[r][u], a, load_partial(dst, kl[u], 0.0f)));
+        }
+    }
+}
+
+INLINE void dec_pv_fmt(const int fmt, int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows,
+                       const float *alpha, float *o, size_t ldo)
+{
+    int kl[8];
+    if (nr == 1) { /* 1 row x 8 vectors (32 columns) */
+        for (int c0 = 0; c0 < dv; c0 += 32) {
+            for (int u = 0; u < 8; u++) kl[u] = dv - c0 - 4 * u;
+            dpv_block(1, 8, fmt, n, c0, kl, p, ldp, rows, alpha, o, ldo);
+        }
+        return;
+    }
+    for (int i = 0; i < nr; i += 4) /* row blocks of up to 4 x 4 vectors (16 columns) */
+        for (int c0 = 0; c0 < dv; c0 += 16) {
+            for (int u = 0; u < 4; u++) kl[u] = dv - c0 - 4 * u;
+            const float *pi = p + (size_t)i * ldp;
+            float *oi = o + (size_t)i * ldo;
+            switch (nr - i < 4 ? nr - i : 4) {
+            case 4: dpv_block(4, 4, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 3: dpv_block(3, 4, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 2: dpv_block(2, 4, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            default: dpv_block(1, 4, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            }
+        }
+}
+
+static void dec_pv_neon(int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows, int fmt,
+                        const float *alpha, float *o, size_t ldo)
+{
+    if (nr <= 0) return;
+    if (fmt == FA_ROW_BF16) dec_pv_fmt(FA_ROW_BF16, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+    else if (fmt == FA_ROW_F16) dec_pv_fmt(FA_ROW_F16, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+    else dec_pv_fmt(FA_ROW_F32, nr, n, dv, p, ldp, rows, alpha, o, ldo);
+}
+
 const fa_kernels fa_kernels_neon = {
     .name = "neon",
     .simd_width = 4,
@@ -370,4 +520,6 @@ const fa_kernels fa_kernels_neon = {
     .transform = fa_transform_line_scalar, /* no NEON tanh yet: the spec's loop */
     .widen = fa_widen_scalar,
     .bwd_line = fa_bwd_line_scalar,
+    .dec_qk = dec_qk_neon,
+    .dec_pv = dec_pv_neon,
 };

@@ -113,6 +113,51 @@ void fa_bwd_line_scalar(int n, int va, int vb, float *s, float *dp, const float 
     }
 }
 
+/* Element c of a decode row in format fmt, as float32 (exact). */
+static inline float row_elem(const void *row, int fmt, int c)
+{
+    if (fmt == FA_ROW_F32) return ((const float *)row)[c];
+    const uint16_t h = ((const uint16_t *)row)[c];
+    return fmt == FA_ROW_BF16 ? fa_bf16_to_f32(h) : fa_f16_to_f32(h);
+}
+
+/* Each score: its own dot product over c in order, then times the scale. */
+void fa_dec_qk_scalar(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
+                      float scale, float *s, size_t lds)
+{
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < nr; i++) {
+            const float *qi = q + (size_t)i * ldq;
+            float acc = 0.0f;
+            if (fmt == FA_ROW_F32) {
+                const float *k = rows[j];
+                for (int c = 0; c < d; c++) acc += qi[c] * k[c];
+            } else {
+                for (int c = 0; c < d; c++) acc += qi[c] * row_elem(rows[j], fmt, c);
+            }
+            s[(size_t)i * lds + j] = scale * acc;
+        }
+}
+
+/* pv_scalar's order: O *= alpha, then O += P[i][j] V_j for j = 0, 1, ... */
+void fa_dec_pv_scalar(int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows, int fmt,
+                      const float *alpha, float *o, size_t ldo)
+{
+    for (int i = 0; i < nr; i++)
+        for (int c = 0; c < dv; c++) o[(size_t)i * ldo + c] *= alpha[i];
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < nr; i++) {
+            const float pij = p[(size_t)i * ldp + j];
+            float *orow = o + (size_t)i * ldo;
+            if (fmt == FA_ROW_F32) {
+                const float *v = rows[j];
+                for (int c = 0; c < dv; c++) orow[c] += pij * v[c];
+            } else {
+                for (int c = 0; c < dv; c++) orow[c] += pij * row_elem(rows[j], fmt, c);
+            }
+        }
+}
+
 const fa_kernels fa_kernels_scalar = {
     .name = "scalar",
     .simd_width = 1,
@@ -124,4 +169,6 @@ const fa_kernels fa_kernels_scalar = {
     .transform = fa_transform_line_scalar,
     .widen = fa_widen_scalar,
     .bwd_line = fa_bwd_line_scalar,
+    .dec_qk = fa_dec_qk_scalar,
+    .dec_pv = fa_dec_pv_scalar,
 };

@@ -78,6 +78,8 @@ int main(void)
     result("widen matches scalar on every pattern", kc_check_widen(k, ref, msg, sizeof msg), msg);
     msg[0] = 0;
     result("bwd_line matches scalar", kc_check_bwd_line(k, ref, seed ^ 6, msg, sizeof msg), msg);
+    msg[0] = 0;
+    result("decode kernels match scalar", kc_check_dec(k, ref, seed ^ 7, msg, sizeof msg), msg);
 
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -1,0 +1,32 @@
+#!/bin/sh
+# Decode before/after on one quiet host, side by side (issue 12 targets): the
+# decode and decode_mqa benches of tools/device_cpu.sh, alternating two builds.
+# Layout: a directory holding this script, old/ and new/ (each `git archive REV`
+# unpacked, with a file REV naming the revision); run there:
+#   sh device_decode_ab.sh OUTDIR
+# (docs/examples/device_decode_ab.log: old = 17ecdac, K transpose + V copy +
+# widen into panels; new = the direct dec_qk/dec_pv kernels.) Stops at ~215 s.
+set -u
+out=${1:?}
+start=$(date +%s)
+left() { echo $((215 - ($(date +%s) - start))); }
+echo "== old: $(cat old/REV); new: $(cat new/REV)"; echo "== host"; lscpu | sed -n '1,20p'; nproc
+echo "== build old and new (make -j8 each, in parallel)"
+(cd old && make -j8 build/flashattn >"$out/build_old.log" 2>&1; echo "old build rc $?") &
+(cd new && make -j8 build/flashattn >"$out/build_new.log" 2>&1; echo "new build rc $?") &
+wait
+echo "== built at $(( $(date +%s) - start )) s"
+dec() { # dec SIDE TAG
+    [ "$(left)" -lt 25 ] && { echo "== $1 $2: skipped ($(left) s left)"; return; }
+    echo "== $1 $2 ($(left) s left)"
+    timeout "$(left)" "$1/build/flashattn" bench --seqlen-q 1 --n 32768 --d 128 --heads 32 --heads-k 8 --threads 2 \
+        --kv-dtype f32,bf16 --num-splits 1,0 --page-size 0,16 --repeats 20 --csv "$out/decode_$1_$2.csv" 2>&1
+}
+mqa() {
+    [ "$(left)" -lt 20 ] && { echo "== $1 mqa: skipped ($(left) s left)"; return; }
+    echo "== $1 decode_mqa ($(left) s left)"
+    timeout "$(left)" "$1/build/flashattn" bench --seqlen-q 1 --n 32768 --d 128 --heads 8 --heads-k 1 --threads 2 \
+        --kv-dtype f32,bf16 --num-splits 1,0 --repeats 20 --csv "$out/decode_mqa_$1.csv" 2>&1
+}
+dec new 1; dec old 1; mqa new; mqa old; dec new 2; dec old 2
+echo "== done in $(( $(date +%s) - start )) s"
