@@ -556,6 +556,21 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
     store_rows(&dqs, i0, br, sc->dqa, g->ldd, (float)p->scale);
 }
 
+/*
+ * Piece `pc` of a sequence of `len` rows (or keys): block pc / npc, its piece
+ * pc % npc of `piece` (fa_piece_rows; npc = 1, piece = blk: whole blocks).
+ * Sets the first row and the count; 0 when the piece is past the end.
+ */
+static int piece_of(int64_t len, int64_t pc, int64_t npc, int blk, int piece, int64_t *first, int64_t *count)
+{
+    const int64_t start = (pc / npc) * blk + (pc % npc) * piece;
+    const int64_t block_end = (pc / npc) * blk + blk < len ? (pc / npc) * blk + blk : len;
+    if (start >= block_end) return 0;
+    *first = start;
+    *count = block_end - start < piece ? block_end - start : piece;
+    return 1;
+}
+
 fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
                             const fa_tensor *dk, const fa_tensor *dv)
 {
@@ -584,6 +599,19 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #pragma omp parallel num_threads(fa_threads_for(p, rows > p->batch * p->heads_k * nkb ? rows : p->batch * p->heads_k * nkb))
 #endif
     {
+#ifdef _OPENMP
+        const int nthreads = omp_get_num_threads();
+#else
+        const int nthreads = 1;
+#endif
+        /* blocks cut into pieces when a loop has too few for the threads (fa_piece_rows):
+         * shared passes run one (batch, kv head) at a time, per-tile ones all at once */
+        const int kpiece = fa_piece_rows(nkb, nthreads, g.bc, kern->row_block);
+        const int qpiece = fa_piece_rows(group * nqb, nthreads, g.br, kern->row_block);
+        const int kpiece_all = fa_piece_rows(p->batch * p->heads_k * nkb, nthreads, g.bc, kern->row_block);
+        const int qpiece_all = fa_piece_rows(p->batch * p->heads * nqb, nthreads, g.br, kern->row_block);
+        const int64_t kpc = (g.bc + kpiece - 1) / kpiece, qpc = (g.br + qpiece - 1) / qpiece;
+        const int64_t kpc_all = (g.bc + kpiece_all - 1) / kpiece_all, qpc_all = (g.br + qpiece_all - 1) / qpiece_all;
         bwd_scratch sc;
         memset(&sc, 0, sizeof sc);
         if (!bwd_scratch_alloc(p, &g, &sc)) {
@@ -629,11 +657,10 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-                for (int64_t kb = 0; kb < nkb; kb++) {
-                    const int64_t j0 = kb * g.bc, k_len = fa_problem_seq(p, b).k_len;
-                    if (j0 >= k_len) continue;
-                    const int bc = (int)(k_len - j0 < g.bc ? k_len - j0 : g.bc);
-                    bwd_task_dkdv(p, kern, &g, &sc, &qpack, dvec, dout, dk, dv, b, hk, j0, bc);
+                for (int64_t t = 0; t < nkb * kpc; t++) {
+                    int64_t j0, bc;
+                    if (!piece_of(fa_problem_seq(p, b).k_len, t, kpc, g.bc, kpiece, &j0, &bc)) continue;
+                    bwd_task_dkdv(p, kern, &g, &sc, &qpack, dvec, dout, dk, dv, b, hk, j0, (int)bc);
                 }
             }
         } else if (!failed) {
@@ -641,12 +668,12 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (int64_t t = 0; t < p->batch * p->heads_k * nkb; t++) {
-                const int64_t kb = t % nkb, hk = (t / nkb) % p->heads_k, b = t / (nkb * p->heads_k);
-                const int64_t j0 = kb * g.bc, k_len = fa_problem_seq(p, b).k_len;
-                if (j0 >= k_len) continue;
-                const int bc = (int)(k_len - j0 < g.bc ? k_len - j0 : g.bc);
-                bwd_task_dkdv(p, kern, &g, &sc, NULL, dvec, dout, dk, dv, b, hk, j0, bc);
+            for (int64_t t = 0; t < p->batch * p->heads_k * nkb * kpc_all; t++) {
+                const int64_t kp = t % (nkb * kpc_all), bhk = t / (nkb * kpc_all);
+                const int64_t hk = bhk % p->heads_k, b = bhk / p->heads_k;
+                int64_t j0, bc;
+                if (!piece_of(fa_problem_seq(p, b).k_len, kp, kpc_all, g.bc, kpiece_all, &j0, &bc)) continue;
+                bwd_task_dkdv(p, kern, &g, &sc, NULL, dvec, dout, dk, dv, b, hk, j0, (int)bc);
             }
         }
         if (!failed && kpack.a) {
@@ -669,13 +696,12 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-                for (int64_t t = 0; t < group * nqb; t++) {
-                    /* last Q blocks first: under a causal mask they see the most keys */
-                    const int64_t h = hk * group + t / nqb, i0 = (nqb - 1 - t % nqb) * g.br;
-                    const int64_t q_len = fa_problem_seq(p, b).q_len;
-                    if (i0 >= q_len) continue;
-                    const int br = (int)(q_len - i0 < g.br ? q_len - i0 : g.br);
-                    bwd_task_dq(p, kern, &g, &sc, &kpack, dvec, dout, dq, b, h, i0, br);
+                for (int64_t t = 0; t < group * nqb * qpc; t++) {
+                    /* last Q rows first: under a causal mask they see the most keys */
+                    const int64_t h = hk * group + t / (nqb * qpc), qp = nqb * qpc - 1 - t % (nqb * qpc);
+                    int64_t i0, br;
+                    if (!piece_of(fa_problem_seq(p, b).q_len, qp, qpc, g.br, qpiece, &i0, &br)) continue;
+                    bwd_task_dq(p, kern, &g, &sc, &kpack, dvec, dout, dq, b, h, i0, (int)br);
                 }
             }
         } else if (!failed) {
@@ -683,12 +709,12 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (int64_t t = 0; t < p->batch * p->heads * nqb; t++) {
-                const int64_t qb = nqb - 1 - t % nqb, h = (t / nqb) % p->heads, b = t / (nqb * p->heads);
-                const int64_t i0 = qb * g.br, q_len = fa_problem_seq(p, b).q_len;
-                if (i0 >= q_len) continue;
-                const int br = (int)(q_len - i0 < g.br ? q_len - i0 : g.br);
-                bwd_task_dq(p, kern, &g, &sc, NULL, dvec, dout, dq, b, h, i0, br);
+            for (int64_t t = 0; t < p->batch * p->heads * nqb * qpc_all; t++) {
+                const int64_t nqp = nqb * qpc_all, qp = nqp - 1 - t % nqp;
+                const int64_t h = (t / nqp) % p->heads, b = t / (nqp * p->heads);
+                int64_t i0, br;
+                if (!piece_of(fa_problem_seq(p, b).q_len, qp, qpc_all, g.br, qpiece_all, &i0, &br)) continue;
+                bwd_task_dq(p, kern, &g, &sc, NULL, dvec, dout, dq, b, h, i0, (int)br);
             }
         }
         fa_scratch_free(p, sc.base);

@@ -49,7 +49,11 @@
  *   m, l, alpha [Br]
  *
  * Determinism: a task is computed by one thread in a fixed order, so the
- * result is bit-for-bit identical for any thread count and schedule.
+ * result is bit-for-bit identical for any thread count and schedule. With
+ * fewer than 8 Q blocks per thread in a pass, a task is a piece of a Q block
+ * (fa_piece_rows, a multiple of the kernel's row block): still the same bits,
+ * since every kernel computes each row on its own and the key blocks (Bc),
+ * which fix each row's order of operations, do not change.
  */
 #include "internal.h"
 
@@ -316,6 +320,16 @@ static flash_packed packed_slot(char *base, size_t slot_bytes, int64_t s, const 
     return kv;
 }
 
+/* Threads of the forward's parallel region: no more than its pieces can
+ * use (Q blocks cut into pieces of at least 4 row blocks, fa_piece_rows). */
+static int region_threads(const fa_problem *p, const flash_dims *g)
+{
+    const int64_t nqb = (p->seqlen_q + g->br - 1) / g->br;
+    const int64_t min_piece = 4 * (int64_t)(p->kern && p->kern->row_block > 0 ? p->kern->row_block : 8);
+    const int64_t most_pieces = (g->br + min_piece - 1) / min_piece;
+    return fa_threads_for(p, p->batch * p->heads * nqb * most_pieces);
+}
+
 size_t fa_flash_workspace(const fa_problem *p)
 {
     if (fa_decode_applies(p)) return fa_decode_workspace(p);
@@ -323,8 +337,7 @@ size_t fa_flash_workspace(const fa_problem *p)
     int64_t per_pass;
     size_t slot = shared_plan(p, &g, &per_pass);
     /* per thread that gets a task: the parallel region's own clamp */
-    const int64_t nqb = (p->seqlen_q + g.br - 1) / g.br;
-    const size_t threads = (size_t)fa_threads_for(p, p->batch * p->heads * nqb);
+    const size_t threads = (size_t)region_threads(p, &g);
     return fa_add_sat(fa_mul_sat(threads, fa_mul_sat(scratch_floats(p, &g), sizeof(float))),
                       fa_mul_sat((size_t)per_pass, slot));
 }
@@ -335,6 +348,22 @@ static int64_t block_rows(const fa_problem *p, int64_t b, int64_t i0, int blk)
 {
     const int64_t q_len = fa_problem_seq(p, b).q_len;
     return q_len - i0 < blk ? q_len - i0 : blk;
+}
+
+/*
+ * Piece qp of a sequence's rows: Q block qp / npc, its piece qp % npc of
+ * `piece` rows (fa_piece_rows; npc = 1 and piece = blk when blocks are whole).
+ * Sets the first row and the row count; 0 when the piece is past the end.
+ */
+static int piece_of(const fa_problem *p, int64_t b, int64_t qp, int64_t npc, int blk, int piece,
+                    int64_t *i0, int64_t *rows)
+{
+    const int64_t qb = qp / npc, first = (qp % npc) * piece;
+    const int64_t br = block_rows(p, b, qb * blk, blk);
+    if (first >= br) return 0;
+    *i0 = qb * blk + first;
+    *rows = br - first < piece ? br - first : piece;
+    return 1;
 }
 
 fa_status fa_flash_forward(const fa_problem *p)
@@ -371,9 +400,14 @@ fa_status fa_flash_forward(const fa_problem *p)
     }
 
 #ifdef _OPENMP
-#pragma omp parallel num_threads(fa_threads_for(p, p->batch * p->heads * nqb))
+#pragma omp parallel num_threads(region_threads(p, &g))
 #endif
     {
+#ifdef _OPENMP
+        const int nthreads = omp_get_num_threads();
+#else
+        const int nthreads = 1;
+#endif
         flash_scratch sc;
         memset(&sc, 0, sizeof sc);
         if (!scratch_alloc(p, &g, &sc)) {
@@ -406,40 +440,42 @@ fa_status fa_flash_forward(const fa_problem *p)
                     fa_pack_transposed(kern, &ks, j0, bc, kv.kt + (size_t)kb * (size_t)p->d * g.ldk, g.ldk);
                     kv.v_bad[kb] = (unsigned char)fa_pack_rows(&vs, j0, bc, kv.v + (size_t)j0 * g.ldv, g.ldv, 1);
                 }
-                /* then every Q block of every query head that reads them */
+                /* then every Q block (or piece of one) of every query head that reads them */
+                const int64_t heads_in_pass = npass * group;
+                const int piece = fa_piece_rows(heads_in_pass * nqb, nthreads, g.br, kern->row_block);
+                const int64_t npc = (g.br + piece - 1) / piece; /* pieces per Q block */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-                for (int64_t t = 0; t < npass * group * nqb; t++) {
-                    /* Q-block-major order: the last (biggest causal) Q block of every
-                     * head of the pass is handed out first, so no thread is left with
-                     * one big block while the others wait at the next barrier */
-                    const int64_t heads_in_pass = npass * group;
-                    const int64_t qb = nqb - 1 - t / heads_in_pass;
+                for (int64_t t = 0; t < heads_in_pass * nqb * npc; t++) {
+                    /* row-major order, last rows first: the last (biggest causal) piece of
+                     * every head of the pass is handed out first, so no thread is left
+                     * with one big piece while the others wait at the next barrier */
+                    const int64_t qp = nqb * npc - 1 - t / heads_in_pass;
                     const int64_t hp = t % heads_in_pass, sidx = hp / group, bhk = first + sidx;
                     const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
                     const int64_t h = hk * group + hp % group;
-                    const int64_t i0 = qb * g.br;
-                    const int64_t br = block_rows(p, b, i0, g.br);
-                    if (br <= 0) continue;
+                    int64_t i0, rows;
+                    if (!piece_of(p, b, qp, npc, g.br, piece, &i0, &rows)) continue;
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
-                    flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)br);
+                    flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
                 }
             }
         } else if (!failed) {
+            const int piece = fa_piece_rows(p->batch * p->heads * nqb, nthreads, g.br, kern->row_block);
+            const int64_t npc = (g.br + piece - 1) / piece, nqp = nqb * npc; /* pieces per head */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (int64_t t = 0; t < p->batch * p->heads * nqb; t++) {
-                const int64_t bhk = t / (group * nqb);
+            for (int64_t t = 0; t < p->batch * p->heads * nqp; t++) {
+                const int64_t bhk = t / (group * nqp);
                 const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
-                const int64_t tt = t % (group * nqb);
-                const int64_t qb = nqb - 1 - tt % nqb; /* biggest causal blocks first */
-                const int64_t h = hk * group + tt / nqb;
-                const int64_t i0 = qb * g.br;
-                const int64_t br = block_rows(p, b, i0, g.br);
-                if (br <= 0) continue;
-                flash_task(p, kern, &g, &sc, NULL, b, h, i0, (int)br);
+                const int64_t tt = t % (group * nqp);
+                const int64_t qp = nqp - 1 - tt % nqp; /* biggest causal pieces first */
+                const int64_t h = hk * group + tt / nqp;
+                int64_t i0, rows;
+                if (!piece_of(p, b, qp, npc, g.br, piece, &i0, &rows)) continue;
+                flash_task(p, kern, &g, &sc, NULL, b, h, i0, (int)rows);
             }
         }
         fa_scratch_free(p, sc.base);

@@ -42,6 +42,31 @@ static inline int fa_threads_for(const fa_problem *p, int64_t tasks)
     return tasks < p->num_threads ? (int)tasks : p->num_threads;
 }
 
+/*
+ * Rows (or keys) per task when `tasks` blocks of `blk` rows are all a parallel
+ * loop has for `threads` threads (row_block: the kernel table's): `blk` itself when there are at least
+ * FA_TASKS_PER_THREAD per thread; else each block is cut into pieces of a
+ * multiple of the kernel's row block (at least 4 row blocks) so that about that
+ * many exist. With 20-30 blocks per packing pass and 16 threads, whole blocks
+ * leave a second round in which most threads wait at the pass's barrier.
+ * The bits cannot change: every kernel computes each row (each key line in
+ * the backward pass) on its own, in an order that depends on the key blocks
+ * only, and a piece that skips a key block its rows cannot see skips exact
+ * no-ops (alpha = 1, P = 0). tests/test_determinism.c checks it on every ISA.
+ */
+#define FA_TASKS_PER_THREAD 8
+static inline int fa_piece_rows(int64_t tasks, int threads, int blk, int row_block)
+{
+    const int64_t want = (int64_t)FA_TASKS_PER_THREAD * threads;
+    if (threads <= 1 || tasks < 1 || tasks >= want) return blk;
+    const int rb = row_block > 0 ? row_block : 8;
+    const int64_t k = (want + tasks - 1) / tasks;
+    int64_t piece = (blk + k - 1) / k;
+    piece = (piece + rb - 1) / rb * rb;
+    if (piece < 4 * rb) piece = 4 * rb;
+    return piece < blk ? (int)piece : blk;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Implementations                                                           */
 /* ------------------------------------------------------------------------ */

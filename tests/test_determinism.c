@@ -5,6 +5,10 @@
  * Why it holds (src/flash.c): each (batch, head, query block) task is
  * computed start to finish by one thread in a fixed key order, and nothing
  * is reduced across threads, so the schedule cannot change a single rounding.
+ * With more threads than blocks, blocks are cut into pieces of rows (keys in
+ * the backward's dK/dV pass; internal.h's fa_piece_rows): the same bits,
+ * because every kernel computes each row on its own. 7 and 16 threads cut
+ * these problems' blocks into several pieces each.
  * The problems below have more tasks than threads, GQA groups, uneven tails,
  * causal and windowed masks, and both the shared-packing and per-tile paths.
  * The backward pass makes the same promise (no atomics; each gradient element
@@ -46,7 +50,7 @@ static void run_flash(const dcase *c, const tu_tensor *q, const tu_tensor *k, co
     if (st != FA_OK) fail_msg("flash with %d threads: %s", threads, fa_last_error());
 }
 
-/* Ensure flash's O and LSE are bit-identical for 1, 2, 3 threads and across runs. */
+/* Ensure flash's O and LSE are bit-identical for 1, 2, 3, 7, 16 threads and across runs. */
 static void test_flash_is_bitwise_deterministic_across_thread_counts(void **state)
 {
     (void)state;
@@ -68,7 +72,7 @@ static void test_flash_is_bitwise_deterministic_across_thread_counts(void **stat
         tu_tensor o1, l1;
         run_flash(c, &q, &k, &v, 1, &o1, &l1);
         assert_int_equal(tu_count_nan(&o1), 0);
-        static const int threads[] = {2, 3, 1, 2};
+        static const int threads[] = {2, 3, 7, 16, 1, 2}; /* 7, 16: Q blocks cut into pieces */
         for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
             tu_tensor o, l;
             run_flash(c, &q, &k, &v, threads[t], &o, &l);
@@ -103,7 +107,7 @@ static void run_flash_backward(const dcase *c, const tu_tensor *q, const tu_tens
     if (st != FA_OK) fail_msg("flash backward with %d threads: %s", threads, fa_last_error());
 }
 
-/* Ensure the flash backward pass's dQ, dK, dV are bit-identical for 1, 2, 3 threads and across runs. */
+/* Ensure the flash backward pass's dQ, dK, dV are bit-identical for 1, 2, 3, 7, 16 threads and across runs. */
 static void test_flash_backward_is_bitwise_deterministic_across_thread_counts(void **state)
 {
     (void)state;
@@ -126,7 +130,7 @@ static void test_flash_backward_is_bitwise_deterministic_across_thread_counts(vo
         tu_tensor ref[3];
         run_flash_backward(c, &q, &k, &v, &dout, 1, ref);
         for (int g = 0; g < 3; g++) assert_int_equal(tu_count_nan(&ref[g]), 0);
-        static const int threads[] = {2, 3, 1};
+        static const int threads[] = {2, 3, 7, 16, 1};
         for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
             tu_tensor got[3];
             run_flash_backward(c, &q, &k, &v, &dout, threads[t], got);
