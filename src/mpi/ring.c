@@ -515,27 +515,43 @@ static void stats_begin(fa_ring_stats *s, const ring *R)
 }
 
 /*
- * While a transfer is in flight the Q run of a block is cut into pieces, one
- * library call each, with a burst of MPI_Test between them: MPI progresses a
- * large message only inside MPI calls, so one call per block would leave the
- * transfer to the final MPI_Waitall, and a rank that finishes early would wait
- * for its neighbour to finish too. A piece is a whole number of the flash
- * path's row blocks Br (a partial block would run at a fraction of the speed)
- * and gives each thread at least two (batch, head, row block) tasks; at most
- * MAX_PIECE_CALLS pieces. With nothing in flight (the last step, one rank) the
- * block is one call. The pieces depend on Br and the thread count, so the bits
- * do too (the same for the same ranks, threads and blocks).
+ * While a transfer is in flight a block is cut into pieces, one library call
+ * each, with a burst of MPI_Test between them: MPI progresses a large message
+ * only inside MPI calls, so one call per block would leave the transfer to the
+ * final MPI_Waitall, and a rank that finishes early would wait for its
+ * neighbour to finish too. Pieces go first by kv heads (each call packs only
+ * its own heads' K and V, so the K/V shard is packed once per step however it
+ * is cut), then by Q rows in whole flash row blocks Br (a partial block runs at
+ * a fraction of the speed; a row piece packs its heads' K/V again); every
+ * piece keeps at least two (batch, head, row block) tasks per thread; at most
+ * MAX_PIECE_CALLS pieces, and rows are cut only to reach ROW_TARGET pieces.
+ * With nothing in flight (the last step, one rank) the block is one call. The
+ * pieces depend on Br and the thread count, so the bits do too (the same for
+ * the same ranks, threads and blocks).
  */
-enum { MAX_PIECE_CALLS = 16 };
+enum { MAX_PIECE_CALLS = 16, ROW_TARGET = 8 };
 
-static int pieces_of(const ring *R, int64_t len, int in_flight)
+typedef struct cut {
+    int nh, nr; /* kv-head pieces, row pieces */
+} cut;
+
+static cut cut_of(const ring *R, int64_t len, int in_flight)
 {
-    if (!in_flight || len <= 0) return 1;
-    const int64_t nb = (len + R->br - 1) / R->br;                  /* row blocks in the run */
-    const int64_t bh = R->batch * R->heads > 0 ? R->batch * R->heads : 1;
-    const int64_t per = (2 * (int64_t)R->threads + bh - 1) / bh;   /* blocks per piece for 2 tasks per thread */
-    const int64_t np = nb / (per > 0 ? per : 1);
-    return np < 1 ? 1 : np > MAX_PIECE_CALLS ? MAX_PIECE_CALLS : (int)np;
+    cut c = {1, 1};
+    if (!in_flight || len <= 0) return c;
+    const int64_t nb = (len + R->br - 1) / R->br, g = R->heads / (R->heads_k > 0 ? R->heads_k : 1);
+    const int64_t need = 2 * (int64_t)R->threads; /* tasks per call */
+    int64_t nh = R->heads_k < MAX_PIECE_CALLS ? R->heads_k : MAX_PIECE_CALLS;
+    while (nh > 1 && R->batch * (R->heads_k / nh) * g * nb < need) nh--;
+    c.nh = nh < 1 ? 1 : (int)nh;
+    if (c.nh >= ROW_TARGET) return c;
+    const int64_t tasks_row_block = R->batch * (R->heads_k / c.nh) * g; /* per row block of a head piece */
+    const int64_t per = (need + tasks_row_block - 1) / (tasks_row_block > 0 ? tasks_row_block : 1);
+    int64_t nr = nb / (per > 0 ? per : 1);
+    const int64_t cap = ROW_TARGET / c.nh;
+    if (nr > cap) nr = cap;
+    c.nr = nr < 1 ? 1 : (int)nr;
+    return c;
 }
 
 /* Piece k of n of a run: row blocks [nb k / n, nb (k+1) / n), the last to the run's end. */
@@ -569,23 +585,23 @@ static inline double at(const void *p, int f64, int64_t x)
  * would round it), float32 for flash (what it computes in: the same bits). */
 static fa_dtype partial_dtype(const fa_options *o) { return o->impl == FA_IMPL_REFERENCE ? FA_F64 : FA_F32; }
 
-/* Merge a block's partial (po [B][n][H][dv], float32 or float64; plse [B][H][n] float64)
- * into the accumulator rows r0 .. r0+n (acc_o [B][cq][H][dv], acc_lse [B][H][cq]). */
+/* Merge a block's partial (po [B][n][hn][dv], float32 or float64; plse [B][hn][n] float64)
+ * into the accumulator rows r0 .. r0+n, heads h0 .. h0+hn (acc_o [B][cq][H][dv], acc_lse [B][H][cq]). */
 static void merge(const ring *R, double *acc_o, double *acc_lse, const void *po, int f64, const double *plse,
-                  int64_t r0, int64_t n)
+                  int64_t r0, int64_t n, int64_t h0, int64_t hn)
 {
     const int64_t B = R->batch, H = R->heads, dv = R->dv, cq = R->cq;
     /* each (row, head) on its own: threads change no bit */
 #ifdef _OPENMP
-#pragma omp parallel for collapse(2) schedule(static) num_threads(R->threads) if (B * n * H * dv >= (1 << 16))
+#pragma omp parallel for collapse(2) schedule(static) num_threads(R->threads) if (B * n * hn * dv >= (1 << 16))
 #endif
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < n; i++)
-            for (int64_t h = 0; h < H; h++) {
-                const double lb = plse[(b * H + h) * n + i];
-                double *la = &acc_lse[(b * H + h) * cq + r0 + i];
-                double *oa = acc_o + ((b * cq + r0 + i) * H + h) * dv;
-                const int64_t ob = ((b * n + i) * H + h) * dv;
+            for (int64_t h = 0; h < hn; h++) {
+                const double lb = plse[(b * hn + h) * n + i];
+                double *la = &acc_lse[(b * H + h0 + h) * cq + r0 + i];
+                double *oa = acc_o + ((b * cq + r0 + i) * H + h0 + h) * dv;
+                const int64_t ob = ((b * n + i) * hn + h) * dv;
                 if (lb == -INFINITY) continue; /* the row sees no key of this block */
                 if (*la == -INFINITY) {        /* first block the row sees: the partial itself */
                     for (int64_t x = 0; x < dv; x++) oa[x] = at(po, f64, ob + x);
@@ -658,9 +674,13 @@ fa_status fa_ring_forward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor 
         const fa_tensor kt = dense(kv[cur], k->dtype, 4, B, ck, Hk, d);
         const fa_tensor vt = dense(kv[cur] + kbytes, v->dtype, 4, B, ck, Hk, dv);
         const shard ksh = make_shard(ck, R.size, src, R.layout);
-        for (int a = 0; a < R.qsh.n; a++)
-            for (int b = 0, np = pieces_of(&R, R.qsh.s[a].len, x.n > 0); b < ksh.n * np; b++) {
-                const seg qpc = piece(&R, &R.qsh.s[a], b % np, np), *qs = &qpc, *ks = &ksh.s[b / np];
+        for (int a = 0; a < R.qsh.n; a++) {
+            const cut c = cut_of(&R, R.qsh.s[a].len, x.n > 0);
+            const int np = c.nh * c.nr;
+            for (int b = 0; b < ksh.n * np; b++) {
+                const int hi = (b % np) / c.nr;
+                const int64_t k0 = Hk * hi / c.nh, kn = Hk * (hi + 1) / c.nh - k0, g = H / Hk, h0 = k0 * g, hn = kn * g;
+                const seg qpc = piece(&R, &R.qsh.s[a], b % c.nr, c.nr), *qs = &qpc, *ks = &ksh.s[b / np];
                 plan p;
                 if (!plan_block(&R.g, &R.opt, is_whole(&R, qs, ks), qs, ks, &p)) {
                     S->blocks_skipped++;
@@ -668,21 +688,22 @@ fa_status fa_ring_forward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor 
                 }
                 if (local != FA_OK) continue; /* keep the ring going; report at the end */
                 const double t = MPI_Wtime();
-                const fa_tensor qv = view(q, 1, qs->loff + p.i0, p.n);
-                const fa_tensor kb = view(&kt, 1, ks->loff + p.j0, p.m);
-                const fa_tensor vb = view(&vt, 1, ks->loff + p.j0, p.m);
-                fa_tensor ot = dense(po, pdt, 4, B, p.n, H, dv);
-                fa_tensor lt = dense(plse, FA_F64, 3, B, H, p.n, 0);
+                const fa_tensor q1 = view(q, 1, qs->loff + p.i0, p.n), qv = view(&q1, 2, h0, hn);
+                const fa_tensor k1 = view(&kt, 1, ks->loff + p.j0, p.m), kb = view(&k1, 2, k0, kn);
+                const fa_tensor v1 = view(&vt, 1, ks->loff + p.j0, p.m), vb = view(&v1, 2, k0, kn);
+                fa_tensor ot = dense(po, pdt, 4, B, p.n, hn, dv);
+                fa_tensor lt = dense(plse, FA_F64, 3, B, hn, p.n, 0);
                 fa_status e = fa_forward(&qv, &kb, &vb, &ot, &lt, &p.o);
                 if (e != FA_OK)
                     local = fail_lib(e, "block forward");
                 else
-                    merge(&R, acc_o, acc_lse, po, pdt == FA_F64, plse, qs->loff + p.i0, p.n);
+                    merge(&R, acc_o, acc_lse, po, pdt == FA_F64, plse, qs->loff + p.i0, p.n, h0, hn);
                 S->compute_s += MPI_Wtime() - t;
                 S->blocks_computed++;
-                S->visible_pairs += p.pairs * (double)(B * H);
+                S->visible_pairs += p.pairs * (double)(B * hn);
                 xfer_test(&x); /* drive the transfer between blocks */
             }
+        }
         xfer_wait(&x, S);
         cur = 1 - cur;
     }
@@ -705,17 +726,18 @@ done:
 /* Backward                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* acc rows r0.. of a [B][rows][Hx][w] float64 buffer += a block [B][n][Hx][w] (float32 or float64). */
-static void add_rows(double *acc, int64_t rows, const void *blk, int f64, int64_t B, int64_t n, int64_t hw,
-                     int64_t r0, int threads)
+/* acc rows r0.., heads h0.. of a [B][rows][Hx][w] float64 buffer += a block [B][n][hn][w] (float32 or float64). */
+static void add_rows(double *acc, int64_t rows, int64_t Hx, int64_t w, const void *blk, int f64, int64_t B, int64_t n,
+                     int64_t r0, int64_t h0, int64_t hn, int threads)
 {
+    const int64_t hw = hn * w;
     /* element by element: threads change no bit */
 #ifdef _OPENMP
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (B * n * hw >= (1 << 16))
 #endif
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < n; i++) {
-            double *a = acc + (b * rows + r0 + i) * hw;
+            double *a = acc + ((b * rows + r0 + i) * Hx + h0) * w; /* heads h0 .. h0+hn are adjacent */
             const int64_t x = (b * n + i) * hw;
             for (int64_t e = 0; e < hw; e++) a[e] += at(blk, f64, x + e);
         }
@@ -817,9 +839,13 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
          * steps into dstep, added to the accumulator that arrives from rank-1 */
         double *target = s == 0 ? dacc[dc] : dstep;
         fill(target, ndkv, -0.0);
-        for (int a = 0; a < R.qsh.n; a++)
-            for (int b = 0, np = pieces_of(&R, R.qsh.s[a].len, x.n > 0 || dx.n > 0); b < ksh.n * np; b++) {
-                const seg qpc = piece(&R, &R.qsh.s[a], b % np, np), *qs = &qpc, *ks = &ksh.s[b / np];
+        for (int a = 0; a < R.qsh.n; a++) {
+            const cut c = cut_of(&R, R.qsh.s[a].len, x.n > 0 || dx.n > 0);
+            const int np = c.nh * c.nr;
+            for (int b = 0; b < ksh.n * np; b++) {
+                const int hi = (b % np) / c.nr;
+                const int64_t k0 = Hk * hi / c.nh, kn = Hk * (hi + 1) / c.nh - k0, g = H / Hk, h0 = k0 * g, hn = kn * g;
+                const seg qpc = piece(&R, &R.qsh.s[a], b % c.nr, c.nr), *qs = &qpc, *ks = &ksh.s[b / np];
                 plan p;
                 if (!plan_block(&R.g, &R.opt, is_whole(&R, qs, ks), qs, ks, &p)) {
                     S->blocks_skipped++;
@@ -828,26 +854,31 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
                 if (local != FA_OK) continue;
                 const double t = MPI_Wtime();
                 const int64_t r0 = qs->loff + p.i0, j0 = ks->loff + p.j0;
-                const fa_tensor qb = view(q, 1, r0, p.n), ob = view(o, 1, r0, p.n), lb = view(lse, 2, r0, p.n);
-                const fa_tensor gb = view(dout, 1, r0, p.n);
-                const fa_tensor kb = view(&kt, 1, j0, p.m), vb = view(&vt, 1, j0, p.m);
-                fa_tensor dqb = dense(dq_blk, pdt, 4, B, p.n, H, d);
-                fa_tensor dkb = dense(dk_blk, pdt, 4, B, p.m, Hk, d);
-                fa_tensor dvb = dense(dv_blk, pdt, 4, B, p.m, Hk, dvv);
+                const fa_tensor q1 = view(q, 1, r0, p.n), o1 = view(o, 1, r0, p.n), l1 = view(lse, 2, r0, p.n);
+                const fa_tensor g1 = view(dout, 1, r0, p.n);
+                const fa_tensor qb = view(&q1, 2, h0, hn), ob = view(&o1, 2, h0, hn), lb = view(&l1, 1, h0, hn);
+                const fa_tensor gb = view(&g1, 2, h0, hn);
+                const fa_tensor k1 = view(&kt, 1, j0, p.m), v1 = view(&vt, 1, j0, p.m);
+                const fa_tensor kb = view(&k1, 2, k0, kn), vb = view(&v1, 2, k0, kn);
+                fa_tensor dqb = dense(dq_blk, pdt, 4, B, p.n, hn, d);
+                fa_tensor dkb = dense(dk_blk, pdt, 4, B, p.m, kn, d);
+                fa_tensor dvb = dense(dv_blk, pdt, 4, B, p.m, kn, dvv);
                 fa_status e = fa_backward(&qb, &kb, &vb, &ob, &lb, &gb, &dqb, &dkb, &dvb, &p.o);
                 if (e != FA_OK) {
                     local = fail_lib(e, "block backward");
                 } else {
-                    add_rows(dq_acc, cq, dq_blk, pdt == FA_F64, B, p.n, H * d, r0, R.threads);
-                    add_rows(target, ck, dk_blk, pdt == FA_F64, B, p.m, Hk * d, j0, R.threads);
-                    add_rows(target + nk, ck, dv_blk, pdt == FA_F64, B, p.m, Hk * dvv, j0, R.threads);
+                    const int f64 = pdt == FA_F64;
+                    add_rows(dq_acc, cq, H, d, dq_blk, f64, B, p.n, r0, h0, hn, R.threads);
+                    add_rows(target, ck, Hk, d, dk_blk, f64, B, p.m, j0, k0, kn, R.threads);
+                    add_rows(target + nk, ck, Hk, dvv, dv_blk, f64, B, p.m, j0, k0, kn, R.threads);
                 }
                 S->compute_s += MPI_Wtime() - t;
                 S->blocks_computed++;
-                S->visible_pairs += p.pairs * (double)(B * H);
+                S->visible_pairs += p.pairs * (double)(B * hn);
                 xfer_test(&x);
                 xfer_test(&dx);
             }
+        }
         if (s > 0) { /* the accumulator of block src, from rank-1, plus this step's share */
             xfer_wait(&dx, S);
             const double t = MPI_Wtime();
