@@ -26,5 +26,18 @@ echo "-- mpirun -np 2 mpi_ring_check (2 OpenMP threads per rank, MPI_THREAD_FUNN
 OMP_NUM_THREADS=2 timeout 300 $MPIRUN -np 2 "$build/tests/mpi_ring_check"
 rc=$?
 [ $rc = 0 ] || { echo "FAIL: mpi_ring_check with 2 ranks x 2 threads (exit $rc; 124 = timed out)"; fail=1; }
+# many messages per transfer (FA_RING_CHUNK bytes each, not the 1 MiB of large shards): the
+# path that large shards take, on small shapes (mpi_ring_check's 16-row blocks already cut
+# each block into several library calls while a transfer is in flight)
+echo "-- mpirun -np 3 mpi_ring_check (FA_RING_CHUNK=512: a transfer in many messages)"
+FA_RING_CHUNK=512 OMP_NUM_THREADS=1 timeout 300 $MPIRUN -np 3 "$build/tests/mpi_ring_check"
+rc=$?
+[ $rc = 0 ] || { echo "FAIL: mpi_ring_check with 3 ranks and 512-byte messages (exit $rc; 124 = timed out)"; fail=1; }
+echo "-- a bad FA_RING_CHUNK is refused on every rank"
+msg=$(FA_RING_CHUNK=12x OMP_NUM_THREADS=1 timeout 60 $MPIRUN -np 2 "$build/flashattn-mpi" bench --n 64 --d 16 --reps 1 2>&1)
+rc=$?
+if [ $rc = 2 ] && [ "$(printf '%s\n' "$msg" | grep -c 'FA_RING_CHUNK must be')" = 1 ]; then :; else
+    echo "FAIL: FA_RING_CHUNK=12x: exit $rc, output: $msg"; fail=1
+fi
 [ $fail = 0 ] && echo "test_mpi.sh: ok"
 exit $fail

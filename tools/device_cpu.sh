@@ -58,8 +58,12 @@ if [ -x build/flashattn-mpi ] && [ -d build/ompi-debs ]; then
         export LD_LIBRARY_PATH="/tmp/ompi/usr/lib/x86_64-linux-gnu:/tmp/ompi/usr/lib/x86_64-linux-gnu/openmpi/lib:${LD_LIBRARY_PATH:-}"
     fi
     part ompi 20 sh -c 'mpirun --version | head -1; ldd build/flashattn-mpi | grep "not found"; true'
-    part ring 60 sh tools/ring_bench.sh --ranks "1 2 4 8" --threads 2 --tokens-per-rank 4096 --n 16384 --d 128 \
-        --heads 4 --reps 3 --out "$out/ring_bench"
+    part ring 60 sh tools/ring_bench.sh --ranks "1 2 4 8" --threads 2 --bind core --tokens-per-rank 4096 --n 16384 \
+        --d 128 --heads 4 --reps 3 --out "$out/ring_bench"
+    part ring_t1 40 sh tools/ring_bench.sh --ranks "1 2 4 8" --threads 1 --bind core --tokens-per-rank 4096 --d 128 \
+        --heads 4 --reps 3 --sweeps weak --tag t1 --out "$out/ring_bench"
+    part ring_bwd 60 sh tools/ring_bench.sh --ranks "1 2 4 8" --threads 2 --bind core --tokens-per-rank 4096 --d 128 \
+        --heads 4 --reps 1 --pass bwd --sweeps weak --tag bwd --out "$out/ring_bench"
 else
     echo "== ring: skipped (build/flashattn-mpi or build/ompi-debs not carried)"
 fi

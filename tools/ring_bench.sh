@@ -2,22 +2,34 @@
 # tools/ring_bench.sh — scaling of ring attention over Open MPI (build/flashattn-mpi bench).
 #
 #   sh tools/ring_bench.sh [--ranks "1 2 4 8"] [--tokens-per-rank C] [--n N] [--d D] [--heads H]
-#                          [--threads T] [--reps R] [--pass fwd|bwd|both] [--out DIR] [--build DIR]
+#                          [--threads T] [--bind none|core] [--reps R] [--pass fwd|bwd|both]
+#                          [--sweeps "weak strong causal"] [--tag NAME] [--out DIR] [--build DIR]
 #
-# Three sweeps, each a CSV in DIR (default build/ring_bench) and a table on stdout:
-#   weak.csv    fixed tokens per rank C (N = P C), full mask. Attention work per rank grows
-#               as P (P steps of C^2), so the efficiency is the per-rank throughput against
-#               one rank: E_weak(P) = (GFLOP/s at P / P) / (GFLOP/s at 1).
-#   strong.csv  fixed N, full mask: E_strong(P) = T(1) / (P T(P)).
-#   causal.csv  fixed N, causal, contiguous and zigzag at each P: speedup = T_contig / T_zigzag,
-#               and each layout's strong efficiency.
-# Every row carries the peak resident set per rank (largest and smallest over the ranks,
-# MiB): memory per rank should fall as 1/P at fixed N and stay flat at fixed C.
-# Each rank runs T OpenMP threads (default 1); P x T should not exceed the cores: on a
-# 2-core machine only P <= 2 is meaningful, and timings on a shared machine are noise
-# (the script says so when it oversubscribes).
+# Up to three sweeps, each a CSV in DIR (default build/ring_bench; NAME-weak.csv etc. with --tag)
+# and a table on stdout. T(P) is the median over R repeats of the slowest rank's time.
+#   weak    fixed tokens per rank C, N = P C, full mask. The attention work grows as N^2, so a
+#           rank's work grows as P (P ring steps of C x C each): the ideal is T(P) = P T(1), and
+#               E_weak(P) = P T(1) / T(P) = (GFLOP/s at P / P) / (GFLOP/s at 1),
+#           GFLOP/s counting 4 B H N^2 d (x2.5 backward) — the per-rank FLOP rate against one
+#           rank's. (T(P) / T(1) alone is not the weak efficiency here: the work per rank is not
+#           fixed.)
+#   strong  fixed N, full mask: E_strong(P) = T(1) / (P T(P)).
+#   causal  fixed N, causal, contiguous and zigzag at each P: speedup = T_contiguous / T_zigzag,
+#           and each layout's strong efficiency against the one-rank time.
+# Beside E every table splits the time: E_compute = the slowest rank's compute rate (its own
+# visible pairs x 4 d over its seconds inside the library calls; rank_gflops) against one
+# rank's, i.e. how much the cores themselves slowed down as ranks were added; wait = the
+# largest (and the mean) time a rank sat in MPI_Waitall for its neighbour's data; other = the
+# largest time outside both (setup, packing, the MPI_Test bursts). Every row carries the peak
+# resident set per rank (largest and smallest over the ranks, MiB): memory per rank should
+# fall as 1/P at fixed N and stay flat at fixed C.
+# Each rank runs T OpenMP threads (default 1). --bind core gives each rank T cores of its own
+# (mpirun --map-by slot:PE=T --bind-to core); --bind none (default) lets the OS place them.
+# P x T should not exceed the cores: on a 2-core machine only P <= 2 is meaningful, and timings
+# on a shared machine are noise (the script says so when it oversubscribes).
 set -eu
-ranks="1 2 4 8"; cpr=4096; n=16384; d=64; heads=4; threads=1; reps=3; pass=fwd
+ranks="1 2 4 8"; cpr=4096; n=16384; d=64; heads=4; threads=1; reps=3; pass=fwd; bind=none
+sweeps="weak strong causal"; tag=""
 build=build; out=""
 while [ $# -gt 0 ]; do
     case $1 in
@@ -27,13 +39,20 @@ while [ $# -gt 0 ]; do
         --d) d=$2; shift 2 ;;
         --heads) heads=$2; shift 2 ;;
         --threads) threads=$2; shift 2 ;;
+        --bind) bind=$2; shift 2 ;;
         --reps) reps=$2; shift 2 ;;
         --pass) pass=$2; shift 2 ;;
+        --sweeps) sweeps=$2; shift 2 ;;
+        --tag) tag=$2-; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --build) build=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "ring_bench.sh: unknown option '$1'" >&2; exit 2 ;;
     esac
+done
+case $bind in none|core) ;; *) echo "ring_bench.sh: --bind must be none or core (got '$bind')" >&2; exit 2 ;; esac
+for s in $sweeps; do
+    case $s in weak|strong|causal) ;; *) echo "ring_bench.sh: unknown sweep '$s' (weak, strong, causal)" >&2; exit 2 ;; esac
 done
 out=${out:-$build/ring_bench}
 fm=$build/flashattn-mpi
@@ -44,42 +63,59 @@ cores=$(nproc 2>/dev/null || echo 1)
 root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 export OMP_NUM_THREADS=$threads
-echo "ring_bench: ranks {$ranks} x $threads threads on $cores cores; d=$d heads=$heads; pass $pass; median of $reps"
+echo "ring_bench: ranks {$ranks} x $threads threads on $cores cores, bind $bind; d=$d heads=$heads; pass $pass;" \
+    "median of $reps; btl_vader_single_copy_mechanism=$OMPI_MCA_btl_vader_single_copy_mechanism"
 run() { # run P ARGS... -> one CSV row per pass on stdout
     p=$1; shift
-    over=""; [ $((p * threads)) -gt "$cores" ] && over="--oversubscribe"
-    timeout 3600 mpirun $root $over --bind-to none -np "$p" "$fm" bench --d "$d" --heads "$heads" --threads "$threads" \
+    place="--bind-to none"
+    if [ $((p * threads)) -gt "$cores" ]; then place="--oversubscribe --bind-to none"
+    elif [ "$bind" = core ]; then place="--map-by slot:PE=$threads --bind-to core"; fi
+    timeout 3600 mpirun $root $place -np "$p" "$fm" bench --d "$d" --heads "$heads" --threads "$threads" \
         --reps "$reps" --pass "$pass" --no-header "$@"
 }
-header="ranks,threads,batch,n,heads,heads_k,d,causal,layout,pass,seconds,gflops,compute_s,wait_s,bytes_per_step,rss_max_mib,rss_min_mib"
+header="ranks,threads,batch,n,heads,heads_k,d,causal,layout,pass,seconds,gflops,compute_s,wait_s,bytes_per_step,rss_max_mib,rss_min_mib,rank_gflops,wait_mean_s,other_s"
 for p in $ranks; do
-    [ $((p * threads)) -gt "$cores" ] && echo "  note: $p ranks x $threads threads > $cores cores: oversubscribed, times not meaningful"
+    [ $((p * threads)) -gt "$cores" ] && echo "  note: $p ranks x $threads threads > $cores cores: oversubscribed, unbound, times not meaningful"
 done
-
-echo "$header" >"$out/weak.csv"
-for p in $ranks; do run "$p" --tokens-per-rank "$cpr" --layout contiguous >>"$out/weak.csv"; done
-echo; echo "weak scaling: $cpr tokens per rank, full mask (E = per-rank GFLOP/s against 1 rank)"
-awk -F, 'NR == 1 { next } { key = $10; if (!(key in g1) && $1 == 1) g1[key] = $12
-    printf "  P=%-3s %-4s N=%-8s %9.4f s %8.2f GFLOP/s  E=%5.1f%%  wait %7.4f s  rss/rank %6.1f..%6.1f MiB\n",
-        $1, $10, $4, $11, $12, (key in g1) ? 100 * $12 / $1 / g1[key] : 0, $14, $17, $16 }' "$out/weak.csv"
-
-echo "$header" >"$out/strong.csv"
-for p in $ranks; do run "$p" --n "$n" --layout contiguous >>"$out/strong.csv"; done
-echo; echo "strong scaling: N = $n, full mask (E = T1 / (P TP))"
-awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) t1[key] = $11
-    printf "  P=%-3s %-4s %9.4f s %8.2f GFLOP/s  E=%5.1f%%  wait %7.4f s  rss/rank %6.1f..%6.1f MiB\n",
-        $1, $10, $11, $12, (key in t1) ? 100 * t1[key] / ($1 * $11) : 0, $14, $17, $16 }' "$out/strong.csv"
-
-echo "$header" >"$out/causal.csv"
-for p in $ranks; do
-    for layout in contiguous zigzag; do run "$p" --n "$n" --causal --layout "$layout" >>"$out/causal.csv"; done
+# columns: 1 ranks 4 n 9 layout 10 pass 11 seconds 12 gflops 14 wait_s 16 rss_max 17 rss_min
+#          18 rank_gflops 19 wait_mean_s 20 other_s
+for s in $sweeps; do
+    f=$out/$tag$s.csv
+    echo "$header" >"$f"
+    case $s in
+        weak)
+            for p in $ranks; do run "$p" --tokens-per-rank "$cpr" --layout contiguous >>"$f"; done
+            echo; echo "weak scaling: $cpr tokens per rank, full mask, $threads threads per rank, bind $bind" \
+                "(E = P T1 / TP; E_comp = slowest rank's compute GFLOP/s against 1 rank's)"
+            awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) { t1[key] = $11; r1[key] = $18 }
+                ec = 0; if ((key in r1) && r1[key] > 0) ec = 100 * $18 / r1[key]
+                printf "  P=%-3s %-4s N=%-7s %8.4f s %7.1f GFLOP/s  E=%5.1f%%  E_comp=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
+                    $1, $10, $4, $11, $12, (key in t1) ? 100 * $1 * t1[key] / $11 : 0,
+                    ec, $14, $19, $20, $17, $16 }' "$f" ;;
+        strong)
+            for p in $ranks; do run "$p" --n "$n" --layout contiguous >>"$f"; done
+            echo; echo "strong scaling: N = $n, full mask, $threads threads per rank, bind $bind (E = T1 / (P TP))"
+            awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) { t1[key] = $11; r1[key] = $18 }
+                ec = 0; if ((key in r1) && r1[key] > 0) ec = 100 * $18 / r1[key]
+                printf "  P=%-3s %-4s %8.4f s %7.1f GFLOP/s  E=%5.1f%%  E_comp=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
+                    $1, $10, $11, $12, (key in t1) ? 100 * t1[key] / ($1 * $11) : 0,
+                    ec, $14, $19, $20, $17, $16 }' "$f" ;;
+        causal)
+            for p in $ranks; do
+                for layout in contiguous zigzag; do
+                    [ "$p" = 1 ] && [ $layout = zigzag ] && continue # one rank: one layout
+                    run "$p" --n "$n" --causal --layout "$layout" >>"$f"
+                done
+            done
+            echo; echo "causal, N = $n, $threads threads per rank, bind $bind: contiguous against zigzag" \
+                "(speedup = T_contiguous / T_zigzag; E = T1 / (P TP), T1 one rank)"
+            awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) t1[key] = $11
+                t[$1 "," $10 "," $9] = $11
+                printf "  P=%-3s %-4s %-10s %8.4f s  E=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
+                    $1, $10, $9, $11, (key in t1) ? 100 * t1[key] / ($1 * $11) : 0, $14, $19, $20, $17, $16
+                if ($9 == "zigzag" && (($1 "," $10 ",contiguous") in t))
+                    printf "  P=%-3s %-4s zigzag speedup over contiguous: %.2fx\n", $1, $10, t[$1 "," $10 ",contiguous"] / $11 }' \
+                "$f" ;;
+    esac
+    echo "wrote $f"
 done
-echo; echo "causal, N = $n: contiguous against zigzag (speedup = T_contiguous / T_zigzag)"
-awk -F, 'NR == 1 { next } { key = $9 "," $10; if (!(key in t1) && $1 == 1) t1[key] = $11
-    t[$1 "," $10 "," $9] = $11
-    printf "  P=%-3s %-4s %-10s %9.4f s  E=%5.1f%%  wait %7.4f s  rss/rank %6.1f..%6.1f MiB\n",
-        $1, $10, $9, $11, (key in t1) ? 100 * t1[key] / ($1 * $11) : 0, $14, $17, $16
-    if ($9 == "zigzag" && (($1 "," $10 ",contiguous") in t))
-        printf "  P=%-3s %-4s zigzag speedup over contiguous: %.2fx\n", $1, $10, t[$1 "," $10 ",contiguous"] / $11 }' \
-    "$out/causal.csv"
-echo; echo "wrote $out/weak.csv $out/strong.csv $out/causal.csv"

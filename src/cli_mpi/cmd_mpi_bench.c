@@ -5,11 +5,17 @@
  * their global index, so every P and layout sees the same problem), so every
  * rank, rank 0 included, holds O(N/P). One CSV line per pass:
  *   ranks,threads,batch,n,heads,heads_k,d,causal,layout,pass,seconds,gflops,
- *   compute_s,wait_s,bytes_per_step,rss_max_mib,rss_min_mib
+ *   compute_s,wait_s,bytes_per_step,rss_max_mib,rss_min_mib,rank_gflops,wait_mean_s,other_s
  * seconds: the median over --reps of the slowest rank's time; gflops by
  * FlashAttention's formula 4 B H N^2 d (/2 causal; backward x2.5);
- * compute_s/wait_s: the slowest rank's; rss: peak resident set per rank
- * (getrusage), the largest and smallest over the ranks.
+ * compute_s/wait_s: the largest over the ranks (of the last repeat); rss:
+ * peak resident set per rank (getrusage), the largest and smallest over the
+ * ranks; rank_gflops: the slowest rank's compute rate, its own visible
+ * (query, key) pairs x 4 d (x2.5 backward) over its compute seconds — the
+ * rate of the library calls alone, without the waits; wait_mean_s: the
+ * ranks' mean wait; other_s: the largest over the ranks of the call's time
+ * outside compute and wait (setup, packing, stores, the tests that drive
+ * the transfers).
  */
 #include "cli_mpi.h"
 
@@ -25,8 +31,12 @@ static const char bench_usage[] =
     "\n"
     "Times the ring on inputs each rank generates in place (O(N/P) memory on every rank) and\n"
     "prints CSV: ranks,threads,batch,n,heads,heads_k,d,causal,layout,pass,seconds,gflops,\n"
-    "compute_s,wait_s,bytes_per_step,rss_max_mib,rss_min_mib (seconds: median over the\n"
-    "repeats of the slowest rank; gflops: 4 B H N^2 d, /2 causal, x2.5 backward).\n";
+    "compute_s,wait_s,bytes_per_step,rss_max_mib,rss_min_mib,rank_gflops,wait_mean_s,other_s\n"
+    "(seconds: "
+    "median over the repeats of the slowest rank; gflops: 4 B H N^2 d, /2 causal, x2.5\n"
+    "backward; compute_s, wait_s: the largest over the ranks; rank_gflops: the slowest rank's\n"
+    "compute rate, its visible pairs x 4 d over its compute seconds; wait_mean_s: mean wait;\n"
+    "other_s: the largest time outside compute and wait).\n";
 
 /* Value of global element x (splitmix64 -> [-1, 1)). */
 static float gen(uint64_t x, uint64_t salt)
@@ -127,7 +137,7 @@ int mpi_cmd_bench(int argc, char **argv)
     fa_tensor_make(&tdv, dv, FA_F32, 4, sk, NULL);
     if (header && mpi_rank == 0)
         printf("ranks,threads,batch,n,heads,heads_k,d,causal,layout,pass,seconds,gflops,compute_s,wait_s,"
-               "bytes_per_step,rss_max_mib,rss_min_mib\n");
+               "bytes_per_step,rss_max_mib,rss_min_mib,rank_gflops,wait_mean_s,other_s\n");
     const int do_fwd = strcmp(pass, "bwd") != 0, do_bwd = strcmp(pass, "fwd") != 0;
     if (!do_fwd) { /* the backward needs O and LSE: one untimed forward */
         fa_status st = fa_ring_forward(MPI_COMM_WORLD, L, &tq, &tk, &tv, &to, &tl, &attn.opt, NULL);
@@ -152,6 +162,12 @@ int mpi_cmd_bench(int argc, char **argv)
         }
         MPI_Allreduce(&s.compute_s, &worst.compute_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         MPI_Allreduce(&s.wait_s, &worst.wait_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        double wait_sum = 0, rate = s.compute_s > 0 ? 4.0 * s.visible_pairs * (double)d * (bwd ? 2.5 : 1.0) /
+                                                          s.compute_s / 1e9 : 0.0, rate_min = 0;
+        MPI_Allreduce(&s.wait_s, &wait_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(&rate, &rate_min, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+        double other = s.total_s - s.compute_s - s.wait_s, other_max = 0;
+        MPI_Allreduce(&other, &other_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         double rss = (double)ru.ru_maxrss / 1024.0, rmax, rmin;
@@ -165,10 +181,12 @@ int mpi_cmd_bench(int argc, char **argv)
         fa_cpu_info info;
         fa_get_cpu_info(&info);
         if (mpi_rank == 0)
-            printf("%d,%d,%lld,%lld,%lld,%lld,%lld,%d,%s,%s,%.6f,%.3f,%.6f,%.6f,%llu,%.1f,%.1f\n", mpi_size,
+            printf("%d,%d,%lld,%lld,%lld,%lld,%lld,%d,%s,%s,%.6f,%.3f,%.6f,%.6f,%llu,%.1f,%.1f,%.3f,%.6f,%.6f\n",
+                   mpi_size,
                    attn.opt.num_threads > 0 ? attn.opt.num_threads : info.max_threads, batch, (long long)N, heads,
                    heads_k, d, attn.opt.causal, fa_ring_layout_name(L), bwd ? "bwd" : "fwd", med, flops / med / 1e9,
-                   worst.compute_s, worst.wait_s, (unsigned long long)s.step_bytes, rmax, rmin);
+                   worst.compute_s, worst.wait_s, (unsigned long long)s.step_bytes, rmax, rmin, rate_min,
+                   wait_sum / mpi_size, other_max);
         free(times);
     }
 done:

@@ -20,9 +20,11 @@
  * fa_ring_global_row() maps a local row to its global position.
  *
  * The ring: K/V shards travel rank r -> r+1 (MPI_Isend/MPI_Irecv into a second
- * buffer) while the rank computes on the one it holds, calling MPI_Test between
- * blocks (a Q chunk is cut into up to 8 pieces while a transfer is in flight, so
- * that MPI progresses it); each (Q piece, K chunk) block is one fa_forward call with the band
+ * buffer, as 1 MiB messages; FA_RING_CHUNK=bytes overrides) while the rank
+ * computes on the one it holds, with bursts of MPI_Testall between library calls
+ * (while a transfer is in flight a Q chunk is cut into pieces of whole flash row
+ * blocks, at most 16, so that MPI progresses it); each (Q piece, K chunk) block
+ * is one fa_forward call with the band
  * shifted to the chunks' global offsets (top-left alignment, rows or keys that
  * see nothing sliced off), and the partial (O, LSE) merge in float64:
  *   LSE = max + log1p(exp(min - max)),  O = exp(LSE_a - LSE) O_a + exp(LSE_b - LSE) O_b.

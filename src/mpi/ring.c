@@ -303,19 +303,36 @@ static void fill(double *x, size_t n, double value)
 /* Transfers: a buffer to rank+1 while another arrives from rank-1            */
 /* ------------------------------------------------------------------------ */
 
-enum { PIECE = 1 << 30, MAX_PIECES = 256 };
+/*
+ * A transfer is sent as up to MAX_CHUNKS messages of at least CHUNK bytes.
+ * Open MPI's shared-memory transport without a single-copy mechanism (as in
+ * containers: btl_vader_single_copy_mechanism=none) moves a large message as
+ * a pipeline of small fragments, a few per progress call: a 16 MiB message
+ * needs ~170 calls of MPI_Test, one 1 MiB message only a few, and several
+ * messages in flight advance together. So a shard goes as 1 MiB messages (one
+ * Irecv/Isend pair each; MPI's non-overtaking order matches them), and each
+ * test between blocks is a burst of up to TEST_BURST calls that stops when
+ * all is done. With cross-memory attach the receiver copies a whole message in
+ * one call and the chunks cost nothing.
+ */
+enum { CHUNK = 1 << 20, MAX_CHUNK = 1 << 30, MAX_CHUNKS = 1024, TEST_BURST = 16 };
+#define MAX_XFER ((size_t)MAX_CHUNKS * (size_t)MAX_CHUNK) /* 1 TiB */
 
 typedef struct xfer {
-    MPI_Request req[2 * MAX_PIECES];
-    int n;
+    MPI_Request req[2 * MAX_CHUNKS];
+    int n, done;
 } xfer;
 
-static void xfer_post(xfer *x, const void *send, void *recv, size_t bytes, int to, int from, int tag, MPI_Comm comm,
-                      fa_ring_stats *s)
+static void xfer_post(xfer *x, const void *send, void *recv, size_t bytes, size_t min_chunk, int to, int from,
+                      int tag, MPI_Comm comm, fa_ring_stats *s)
 {
+    size_t chunk = (bytes + MAX_CHUNKS - 1) / MAX_CHUNKS;
+    if (chunk < min_chunk) chunk = min_chunk;
+    if (chunk > MAX_CHUNK) chunk = MAX_CHUNK; /* bytes <= MAX_XFER: checked before */
     x->n = 0;
-    for (size_t off = 0; off < bytes || (off == 0 && bytes == 0); off += PIECE) {
-        const int len = (int)(bytes - off < PIECE ? bytes - off : PIECE);
+    x->done = 0;
+    for (size_t off = 0; (off < bytes || off == 0) && x->n < 2 * MAX_CHUNKS; off += chunk) {
+        const int len = (int)(bytes - off < chunk ? bytes - off : chunk);
         MPI_Irecv((char *)recv + off, len, MPI_BYTE, from, tag, comm, &x->req[x->n++]);
         MPI_Isend((const char *)send + off, len, MPI_BYTE, to, tag, comm, &x->req[x->n++]);
         if (bytes == 0) break;
@@ -324,10 +341,10 @@ static void xfer_post(xfer *x, const void *send, void *recv, size_t bytes, int t
     s->bytes_recv += bytes;
 }
 
+/* Drive the transfer: a burst of tests (each one progress call), until done. */
 static void xfer_test(xfer *x)
 {
-    int done;
-    if (x->n) MPI_Testall(x->n, x->req, &done, MPI_STATUSES_IGNORE);
+    for (int i = 0; i < TEST_BURST && x->n && !x->done; i++) MPI_Testall(x->n, x->req, &x->done, MPI_STATUSES_IGNORE);
 }
 
 static void xfer_wait(xfer *x, fa_ring_stats *s)
@@ -350,7 +367,10 @@ typedef struct ring {
     fa_options opt;
     int64_t batch, cq, ck, heads, heads_k, d, dv;
     band g;
-    shard qsh; /* this rank's Q rows */
+    shard qsh;   /* this rank's Q rows */
+    int64_t br;  /* the flash path's row block (pieces are multiples of it) */
+    int threads; /* OpenMP threads of a library call (and of the merge) */
+    size_t chunk; /* smallest message of a transfer (CHUNK; FA_RING_CHUNK overrides) */
 } ring;
 
 static fa_status check_out(const fa_tensor *t, const char *name, int rank, const int64_t *shape, int allow_null)
@@ -378,6 +398,17 @@ static fa_status check_local(ring *R, const fa_tensor *q, const fa_tensor *k, co
                                    "use MPI_Init_thread(..., MPI_THREAD_FUNNELED, ...)");
     if (!is_main && level < MPI_THREAD_MULTIPLE)
         return fail(FA_ERR_OPTION, "fa_ring_* must be called from the thread that initialized MPI");
+    /* FA_RING_CHUNK=bytes: smaller messages (the tests use it to send many chunks on small shapes) */
+    const char *env = getenv("FA_RING_CHUNK");
+    R->chunk = CHUNK;
+    if (env) {
+        char *end = NULL;
+        const long long ch = strtoll(env, &end, 10);
+        if (end == env || *end != '\0' || ch < 1 || ch > MAX_CHUNK)
+            return fail(FA_ERR_OPTION, "FA_RING_CHUNK must be a number of bytes from 1 to %d (got '%s')", MAX_CHUNK,
+                        env);
+        R->chunk = (size_t)ch;
+    }
     const fa_options *o = &R->opt;
     if (o->alibi_slopes) return fail(FA_ERR_OPTION, "the ring does not support ALiBi slopes");
     if (o->varlen) return fail(FA_ERR_OPTION, "the ring does not support variable-length batches (varlen)");
@@ -462,6 +493,11 @@ static fa_status ring_open(ring *R, MPI_Comm comm, fa_ring_layout layout, const 
     if ((st = agree(R->comm, check_same(R, q, k, v))) != FA_OK) return st;
     R->g = global_band(&R->opt, R->cq * R->size, R->ck * R->size);
     R->qsh = make_shard(R->cq, R->size, R->rank, R->layout);
+    int bq = 0, bk = 0;
+    R->br = fa_block_sizes(R->d, R->dv, &R->opt, &bq, &bk) == FA_OK && bq > 0 ? bq : 64;
+    fa_cpu_info info;
+    R->threads = R->opt.num_threads > 0 ? R->opt.num_threads
+                 : fa_get_cpu_info(&info) == FA_OK && info.max_threads > 0 ? info.max_threads : 1;
     return FA_OK;
 }
 
@@ -479,22 +515,53 @@ static void stats_begin(fa_ring_stats *s, const ring *R)
 }
 
 /*
- * While a transfer is in flight the Q run of a block is cut into pieces (at
- * most 8, of at least 64 rows), one library call each, with MPI_Test between
- * them: MPI progresses a large (rendezvous) message only inside MPI calls, so
- * one call per block would leave the transfer to the final MPI_Waitall. With
- * nothing in flight (the last step, one rank) the block is one call.
+ * While a transfer is in flight a block is cut into pieces, one library call
+ * each, with a burst of MPI_Test between them: MPI progresses a large message
+ * only inside MPI calls, so one call per block would leave the transfer to the
+ * final MPI_Waitall, and a rank that finishes early would wait for its
+ * neighbour to finish too. Pieces go first by kv heads (each call packs only
+ * its own heads' K and V, so the K/V shard is packed once per step however it
+ * is cut), then by Q rows in whole flash row blocks Br (a partial block runs at
+ * a fraction of the speed; a row piece packs its heads' K/V again); every
+ * piece keeps at least two (batch, head, row block) tasks per thread; at most
+ * MAX_PIECE_CALLS pieces, and rows are cut only to reach ROW_TARGET pieces.
+ * With nothing in flight (the last step, one rank) the block is one call. The
+ * pieces depend on Br and the thread count, so the bits do too (the same for
+ * the same ranks, threads and blocks).
  */
-static int pieces_of(int64_t len, int in_flight)
+enum { MAX_PIECE_CALLS = 16, ROW_TARGET = 8 };
+
+typedef struct cut {
+    int nh, nr; /* kv-head pieces, row pieces */
+} cut;
+
+static cut cut_of(const ring *R, int64_t len, int in_flight)
 {
-    if (!in_flight) return 1;
-    const int64_t p = len / 64;
-    return p < 1 ? 1 : p > 8 ? 8 : (int)p;
+    cut c = {1, 1};
+    if (!in_flight || len <= 0) return c;
+    const int64_t nb = (len + R->br - 1) / R->br, g = R->heads / (R->heads_k > 0 ? R->heads_k : 1);
+    const int64_t need = 2 * (int64_t)R->threads; /* tasks per call */
+    int64_t nh = R->heads_k < MAX_PIECE_CALLS ? R->heads_k : MAX_PIECE_CALLS;
+    while (nh > 1 && R->batch * (R->heads_k / nh) * g * nb < need) nh--;
+    c.nh = nh < 1 ? 1 : (int)nh;
+    if (c.nh >= ROW_TARGET) return c;
+    const int64_t tasks_row_block = R->batch * (R->heads_k / c.nh) * g; /* per row block of a head piece */
+    const int64_t per = (need + tasks_row_block - 1) / (tasks_row_block > 0 ? tasks_row_block : 1);
+    int64_t nr = nb / (per > 0 ? per : 1);
+    const int64_t cap = ROW_TARGET / c.nh;
+    if (nr > cap) nr = cap;
+    c.nr = nr < 1 ? 1 : (int)nr;
+    return c;
 }
 
-static seg piece(const seg *s, int k, int n)
+/* Piece k of n of a run: row blocks [nb k / n, nb (k+1) / n), the last to the run's end. */
+static seg piece(const ring *R, const seg *s, int k, int n)
 {
-    const int64_t a = s->len * k / n, b = s->len * (k + 1) / n;
+    if (n <= 1) return *s;
+    const int64_t nb = (s->len + R->br - 1) / R->br;
+    int64_t a = R->br * (nb * k / n), b = k + 1 == n ? s->len : R->br * (nb * (k + 1) / n);
+    if (a > s->len) a = s->len;
+    if (b > s->len) b = s->len;
     return (seg){s->gstart + a, b - a, s->loff + a};
 }
 
@@ -518,19 +585,23 @@ static inline double at(const void *p, int f64, int64_t x)
  * would round it), float32 for flash (what it computes in: the same bits). */
 static fa_dtype partial_dtype(const fa_options *o) { return o->impl == FA_IMPL_REFERENCE ? FA_F64 : FA_F32; }
 
-/* Merge a block's partial (po [B][n][H][dv], float32 or float64; plse [B][H][n] float64)
- * into the accumulator rows r0 .. r0+n (acc_o [B][cq][H][dv], acc_lse [B][H][cq]). */
+/* Merge a block's partial (po [B][n][hn][dv], float32 or float64; plse [B][hn][n] float64)
+ * into the accumulator rows r0 .. r0+n, heads h0 .. h0+hn (acc_o [B][cq][H][dv], acc_lse [B][H][cq]). */
 static void merge(const ring *R, double *acc_o, double *acc_lse, const void *po, int f64, const double *plse,
-                  int64_t r0, int64_t n)
+                  int64_t r0, int64_t n, int64_t h0, int64_t hn)
 {
     const int64_t B = R->batch, H = R->heads, dv = R->dv, cq = R->cq;
+    /* each (row, head) on its own: threads change no bit */
+#ifdef _OPENMP
+#pragma omp parallel for collapse(2) schedule(static) num_threads(R->threads) if (B * n * hn * dv >= (1 << 16))
+#endif
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < n; i++)
-            for (int64_t h = 0; h < H; h++) {
-                const double lb = plse[(b * H + h) * n + i];
-                double *la = &acc_lse[(b * H + h) * cq + r0 + i];
-                double *oa = acc_o + ((b * cq + r0 + i) * H + h) * dv;
-                const int64_t ob = ((b * n + i) * H + h) * dv;
+            for (int64_t h = 0; h < hn; h++) {
+                const double lb = plse[(b * hn + h) * n + i];
+                double *la = &acc_lse[(b * H + h0 + h) * cq + r0 + i];
+                double *oa = acc_o + ((b * cq + r0 + i) * H + h0 + h) * dv;
+                const int64_t ob = ((b * n + i) * hn + h) * dv;
                 if (lb == -INFINITY) continue; /* the row sees no key of this block */
                 if (*la == -INFINITY) {        /* first block the row sees: the partial itself */
                     for (int64_t x = 0; x < dv; x++) oa[x] = at(po, f64, ob + x);
@@ -572,6 +643,9 @@ fa_status fa_ring_forward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor 
     double *acc_o = NULL, *acc_lse = NULL, *plse = NULL;
     void *po = NULL;
     const fa_dtype pdt = partial_dtype(&R.opt);
+    if (st == FA_OK && kvbytes > MAX_XFER)
+        st = fail(FA_ERR_SHAPE, "a K/V shard of %zu bytes is more than one ring transfer carries (%zu)", kvbytes,
+                  (size_t)MAX_XFER);
     if (st == FA_OK) {
         kv[0] = malloc(kvbytes ? kvbytes : 1);
         kv[1] = malloc(kvbytes ? kvbytes : 1);
@@ -596,13 +670,17 @@ fa_status fa_ring_forward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor 
     for (int s = 0; s < R.size; s++) {
         const int src = (R.rank - s + R.size) % R.size; /* owner of the K/V block held now */
         xfer x = {.n = 0};
-        if (s < R.size - 1) xfer_post(&x, kv[cur], kv[1 - cur], kvbytes, next, prev, 16, R.comm, S);
+        if (s < R.size - 1) xfer_post(&x, kv[cur], kv[1 - cur], kvbytes, R.chunk, next, prev, 16, R.comm, S);
         const fa_tensor kt = dense(kv[cur], k->dtype, 4, B, ck, Hk, d);
         const fa_tensor vt = dense(kv[cur] + kbytes, v->dtype, 4, B, ck, Hk, dv);
         const shard ksh = make_shard(ck, R.size, src, R.layout);
-        for (int a = 0; a < R.qsh.n; a++)
-            for (int b = 0, np = pieces_of(R.qsh.s[a].len, x.n > 0); b < ksh.n * np; b++) {
-                const seg qpc = piece(&R.qsh.s[a], b % np, np), *qs = &qpc, *ks = &ksh.s[b / np];
+        for (int a = 0; a < R.qsh.n; a++) {
+            const cut c = cut_of(&R, R.qsh.s[a].len, x.n > 0);
+            const int np = c.nh * c.nr;
+            for (int b = 0; b < ksh.n * np; b++) {
+                const int hi = (b % np) / c.nr;
+                const int64_t k0 = Hk * hi / c.nh, kn = Hk * (hi + 1) / c.nh - k0, g = H / Hk, h0 = k0 * g, hn = kn * g;
+                const seg qpc = piece(&R, &R.qsh.s[a], b % c.nr, c.nr), *qs = &qpc, *ks = &ksh.s[b / np];
                 plan p;
                 if (!plan_block(&R.g, &R.opt, is_whole(&R, qs, ks), qs, ks, &p)) {
                     S->blocks_skipped++;
@@ -610,21 +688,22 @@ fa_status fa_ring_forward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor 
                 }
                 if (local != FA_OK) continue; /* keep the ring going; report at the end */
                 const double t = MPI_Wtime();
-                const fa_tensor qv = view(q, 1, qs->loff + p.i0, p.n);
-                const fa_tensor kb = view(&kt, 1, ks->loff + p.j0, p.m);
-                const fa_tensor vb = view(&vt, 1, ks->loff + p.j0, p.m);
-                fa_tensor ot = dense(po, pdt, 4, B, p.n, H, dv);
-                fa_tensor lt = dense(plse, FA_F64, 3, B, H, p.n, 0);
+                const fa_tensor q1 = view(q, 1, qs->loff + p.i0, p.n), qv = view(&q1, 2, h0, hn);
+                const fa_tensor k1 = view(&kt, 1, ks->loff + p.j0, p.m), kb = view(&k1, 2, k0, kn);
+                const fa_tensor v1 = view(&vt, 1, ks->loff + p.j0, p.m), vb = view(&v1, 2, k0, kn);
+                fa_tensor ot = dense(po, pdt, 4, B, p.n, hn, dv);
+                fa_tensor lt = dense(plse, FA_F64, 3, B, hn, p.n, 0);
                 fa_status e = fa_forward(&qv, &kb, &vb, &ot, &lt, &p.o);
                 if (e != FA_OK)
                     local = fail_lib(e, "block forward");
                 else
-                    merge(&R, acc_o, acc_lse, po, pdt == FA_F64, plse, qs->loff + p.i0, p.n);
+                    merge(&R, acc_o, acc_lse, po, pdt == FA_F64, plse, qs->loff + p.i0, p.n, h0, hn);
                 S->compute_s += MPI_Wtime() - t;
                 S->blocks_computed++;
-                S->visible_pairs += p.pairs * (double)(B * H);
+                S->visible_pairs += p.pairs * (double)(B * hn);
                 xfer_test(&x); /* drive the transfer between blocks */
             }
+        }
         xfer_wait(&x, S);
         cur = 1 - cur;
     }
@@ -647,13 +726,18 @@ done:
 /* Backward                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* acc rows r0.. of a [B][rows][Hx][w] float64 buffer += a block [B][n][Hx][w] (float32 or float64). */
-static void add_rows(double *acc, int64_t rows, const void *blk, int f64, int64_t B, int64_t n, int64_t hw,
-                     int64_t r0)
+/* acc rows r0.., heads h0.. of a [B][rows][Hx][w] float64 buffer += a block [B][n][hn][w] (float32 or float64). */
+static void add_rows(double *acc, int64_t rows, int64_t Hx, int64_t w, const void *blk, int f64, int64_t B, int64_t n,
+                     int64_t r0, int64_t h0, int64_t hn, int threads)
 {
+    const int64_t hw = hn * w;
+    /* element by element: threads change no bit */
+#ifdef _OPENMP
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (B * n * hw >= (1 << 16))
+#endif
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < n; i++) {
-            double *a = acc + (b * rows + r0 + i) * hw;
+            double *a = acc + ((b * rows + r0 + i) * Hx + h0) * w; /* heads h0 .. h0+hn are adjacent */
             const int64_t x = (b * n + i) * hw;
             for (int64_t e = 0; e < hw; e++) a[e] += at(blk, f64, x + e);
         }
@@ -702,6 +786,9 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
     void *dq_blk = NULL, *dk_blk = NULL, *dv_blk = NULL, *o_own = NULL, *l_own = NULL;
     const fa_dtype pdt = partial_dtype(&R.opt);
     const size_t pes = fa_dtype_size(pdt);
+    if (st == FA_OK && (kvbytes > MAX_XFER || ndkv * sizeof(double) > MAX_XFER))
+        st = fail(FA_ERR_SHAPE, "a K/V shard of %zu bytes is more than one ring transfer carries (%zu)", kvbytes,
+                  (size_t)MAX_XFER);
     if (st == FA_OK) {
         kv[0] = malloc(kvbytes ? kvbytes : 1);
         kv[1] = malloc(kvbytes ? kvbytes : 1);
@@ -744,7 +831,7 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
     for (int s = 0; s < R.size; s++) {
         const int src = (R.rank - s + R.size) % R.size;
         xfer x = {.n = 0};
-        if (s < R.size - 1) xfer_post(&x, kv[cur], kv[1 - cur], kvbytes, next, prev, 16, R.comm, S);
+        if (s < R.size - 1) xfer_post(&x, kv[cur], kv[1 - cur], kvbytes, R.chunk, next, prev, 16, R.comm, S);
         const fa_tensor kt = dense(kv[cur], k->dtype, 4, B, ck, Hk, d);
         const fa_tensor vt = dense(kv[cur] + kbytes, v->dtype, 4, B, ck, Hk, dvv);
         const shard ksh = make_shard(ck, R.size, src, R.layout);
@@ -752,9 +839,13 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
          * steps into dstep, added to the accumulator that arrives from rank-1 */
         double *target = s == 0 ? dacc[dc] : dstep;
         fill(target, ndkv, -0.0);
-        for (int a = 0; a < R.qsh.n; a++)
-            for (int b = 0, np = pieces_of(R.qsh.s[a].len, x.n > 0 || dx.n > 0); b < ksh.n * np; b++) {
-                const seg qpc = piece(&R.qsh.s[a], b % np, np), *qs = &qpc, *ks = &ksh.s[b / np];
+        for (int a = 0; a < R.qsh.n; a++) {
+            const cut c = cut_of(&R, R.qsh.s[a].len, x.n > 0 || dx.n > 0);
+            const int np = c.nh * c.nr;
+            for (int b = 0; b < ksh.n * np; b++) {
+                const int hi = (b % np) / c.nr;
+                const int64_t k0 = Hk * hi / c.nh, kn = Hk * (hi + 1) / c.nh - k0, g = H / Hk, h0 = k0 * g, hn = kn * g;
+                const seg qpc = piece(&R, &R.qsh.s[a], b % c.nr, c.nr), *qs = &qpc, *ks = &ksh.s[b / np];
                 plan p;
                 if (!plan_block(&R.g, &R.opt, is_whole(&R, qs, ks), qs, ks, &p)) {
                     S->blocks_skipped++;
@@ -763,35 +854,43 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
                 if (local != FA_OK) continue;
                 const double t = MPI_Wtime();
                 const int64_t r0 = qs->loff + p.i0, j0 = ks->loff + p.j0;
-                const fa_tensor qb = view(q, 1, r0, p.n), ob = view(o, 1, r0, p.n), lb = view(lse, 2, r0, p.n);
-                const fa_tensor gb = view(dout, 1, r0, p.n);
-                const fa_tensor kb = view(&kt, 1, j0, p.m), vb = view(&vt, 1, j0, p.m);
-                fa_tensor dqb = dense(dq_blk, pdt, 4, B, p.n, H, d);
-                fa_tensor dkb = dense(dk_blk, pdt, 4, B, p.m, Hk, d);
-                fa_tensor dvb = dense(dv_blk, pdt, 4, B, p.m, Hk, dvv);
+                const fa_tensor q1 = view(q, 1, r0, p.n), o1 = view(o, 1, r0, p.n), l1 = view(lse, 2, r0, p.n);
+                const fa_tensor g1 = view(dout, 1, r0, p.n);
+                const fa_tensor qb = view(&q1, 2, h0, hn), ob = view(&o1, 2, h0, hn), lb = view(&l1, 1, h0, hn);
+                const fa_tensor gb = view(&g1, 2, h0, hn);
+                const fa_tensor k1 = view(&kt, 1, j0, p.m), v1 = view(&vt, 1, j0, p.m);
+                const fa_tensor kb = view(&k1, 2, k0, kn), vb = view(&v1, 2, k0, kn);
+                fa_tensor dqb = dense(dq_blk, pdt, 4, B, p.n, hn, d);
+                fa_tensor dkb = dense(dk_blk, pdt, 4, B, p.m, kn, d);
+                fa_tensor dvb = dense(dv_blk, pdt, 4, B, p.m, kn, dvv);
                 fa_status e = fa_backward(&qb, &kb, &vb, &ob, &lb, &gb, &dqb, &dkb, &dvb, &p.o);
                 if (e != FA_OK) {
                     local = fail_lib(e, "block backward");
                 } else {
-                    add_rows(dq_acc, cq, dq_blk, pdt == FA_F64, B, p.n, H * d, r0);
-                    add_rows(target, ck, dk_blk, pdt == FA_F64, B, p.m, Hk * d, j0);
-                    add_rows(target + nk, ck, dv_blk, pdt == FA_F64, B, p.m, Hk * dvv, j0);
+                    const int f64 = pdt == FA_F64;
+                    add_rows(dq_acc, cq, H, d, dq_blk, f64, B, p.n, r0, h0, hn, R.threads);
+                    add_rows(target, ck, Hk, d, dk_blk, f64, B, p.m, j0, k0, kn, R.threads);
+                    add_rows(target + nk, ck, Hk, dvv, dv_blk, f64, B, p.m, j0, k0, kn, R.threads);
                 }
                 S->compute_s += MPI_Wtime() - t;
                 S->blocks_computed++;
-                S->visible_pairs += p.pairs * (double)(B * H);
+                S->visible_pairs += p.pairs * (double)(B * hn);
                 xfer_test(&x);
                 xfer_test(&dx);
             }
+        }
         if (s > 0) { /* the accumulator of block src, from rank-1, plus this step's share */
             xfer_wait(&dx, S);
             const double t = MPI_Wtime();
             double *acc = dacc[dc];
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(R.threads) if (ndkv >= (1 << 16))
+#endif
             for (size_t e = 0; e < ndkv; e++) acc[e] += dstep[e];
             S->compute_s += MPI_Wtime() - t;
         }
         if (R.size > 1) { /* on to rank+1; after the last step this is the hop home */
-            xfer_post(&dx, dacc[dc], dacc[1 - dc], ndkv * sizeof(double), next, prev, 17, R.comm, S);
+            xfer_post(&dx, dacc[dc], dacc[1 - dc], ndkv * sizeof(double), R.chunk, next, prev, 17, R.comm, S);
             dc = 1 - dc;
         }
         xfer_wait(&x, S);
