@@ -1646,7 +1646,7 @@ static const char *pairing_name(int inter) { return inter ? "(2i, 2i+1) (GPT-J, 
 
 /* rotary-pairing: q and k_new (or one of them) rotated with the other pairing.
  * rotary-offset: the positions wrong: q and k_new, q or k_new off by a fitted offset in
- * -4 .. +4; the query rule of the other mask kind (every query at cache_seqlens[b] vs query i
+ * -16 .. +16 (a fit on the edge of the offsets tried reported as a bound, not as the offset); the query rule of the other mask kind (every query at cache_seqlens[b] vs query i
  * at cache_seqlens[b] + i); new keys at t, or q and k_new from position 0 (cos/sin not sliced
  * at cache_seqlens); rotary not applied to q, to k_new, or to either. */
 static void cand_rotary(const dg_ctx *cx, dg_list *L)
@@ -1684,21 +1684,25 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
 
     consider(L, "rotary-offset");
     {
-        dg_rot_rule rs[40];
-        char what[40][120];
-        double par[40];
+        enum { ROT_RANGE = 16, ROT_MAX = 3 * 2 * ROT_RANGE + 8 };
+        dg_rot_rule rs[ROT_MAX];
+        char what[ROT_MAX][160];
+        double par[ROT_MAX];
+        int side_of[ROT_MAX];
         int nv = 0;
         static const char *const side[3] = {"q and k_new", "q (k_new right)", "k_new (q right)"};
         for (int sd = 0; sd < 3; sd++)
-            for (int dl = -4; dl <= 4; dl++) {
+            for (int dl = -ROT_RANGE; dl <= ROT_RANGE; dl++) {
                 if (!dl) continue;
                 rs[nv] = ref;
                 if (sd != 2) rs[nv].q_off = dl;
                 if (sd != 1) rs[nv].k_off = dl;
                 par[nv] = dl;
+                side_of[nv] = sd;
                 snprintf(what[nv++], sizeof what[0], "%s rotated at positions %+d off (cos/sin sliced at "
                          "cache_seqlens %+d)", side[sd], dl, dl);
             }
+        const int n_off = nv;
         int any_cached = 0;
         for (int64_t b = 0; b < p->batch; b++) any_cached |= p->cache_seqlens[b] > 0;
         if (p->seqlen_q > 1) {
@@ -1731,6 +1735,21 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
             snprintf(what[nv++], sizeof what[0], "%s", none[x]);
         }
         const double e = rot_best(cx, rs, nv, &rq, &rk, &best);
+        if (best >= 0 && best < n_off && !isnan(e)) {
+            /* A fit on the edge of what was tried (the end of the range, or the last offset
+             * the cos/sin tables can serve) only bounds the offset: the true one may lie past it. */
+            const int dl = (int)par[best];
+            dg_rot_rule nx = rs[best];
+            if (side_of[best] != 2) nx.q_off += dl > 0 ? 1 : -1;
+            if (side_of[best] != 1) nx.k_off += dl > 0 ? 1 : -1;
+            if (abs(dl) >= ROT_RANGE || !rot_valid(p, &nx)) {
+                snprintf(what[best], sizeof what[0], "%s rotated at positions %s%d off (the edge of the offsets "
+                         "fitted, %s: the true offset may lie past it)", side[side_of[best]],
+                         dl > 0 ? ">= +" : "<= ", dl,
+                         abs(dl) >= ROT_RANGE ? "-16 .. +16" : "cos/sin too short for more");
+                par[best] = NAN;
+            }
+        }
         if (best >= 0 && !isnan(e)) add(L, "rotary-offset", e, par[best], "%s", what[best]);
     }
     free(buf);
