@@ -1699,7 +1699,6 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
                 pairing_name(!inter), pairing_name(inter), side[best]);
     }
 
-    consider(L, "rotary-offset");
     {
         enum { ROT_RANGE = 16, ROT_MAX = 3 * 2 * ROT_RANGE + 12 };
         dg_rot_rule rs[ROT_MAX];
@@ -1791,6 +1790,18 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
             par[nv] = NAN;
             snprintf(what[nv++], sizeof what[0], "%s", none[x]);
         }
+        /* +delta rules the cos/sin tables are too short for are not evaluated: say so in the
+         * considered list (a `none` would otherwise hide that they were not tried) */
+        int skip_from = 0;
+        for (int x = off0; x < n_off; x++)
+            if (par[x] > 0 && !rot_valid(p, &rs[x]) && (!skip_from || par[x] < skip_from)) skip_from = (int)par[x];
+        if (skip_from) {
+            char note[128];
+            snprintf(note, sizeof note, "rotary-offset (+delta rules from %+d skipped: cos/sin has %lld rows; pass "
+                     "longer tables)", skip_from, (long long)p->rot_cos.shape[0]);
+            consider(L, note);
+        } else
+            consider(L, "rotary-offset");
         const double e = rot_best(cx, rs, nv, &rq, &rk, &best);
         if (best >= off0 && best < n_off && !isnan(e)) {
             /* A fit on the edge of what was tried (the end of the range, or the last offset
