@@ -1520,16 +1520,33 @@ static void cand_dropout(const dg_ctx *cx, dg_list *L)
 /* Rotary: rotary-pairing, rotary-offset                                     */
 /* ------------------------------------------------------------------------ */
 
+/* Where a kernel took sequence b's base position from (the reference: cache_seqlens[b]). */
+enum { ROT_BASE_CS, ROT_BASE_AFTER_APPEND, ROT_BASE_LEFTPAD, ROT_BASE_CBI };
+
 /* How a kernel rotated q and k_new: each side's pairing, whether it rotated at all, and the
- * positions: query row i at (q_base ? cache_seqlens[b] : 0) + (q_per_row ? i : 0) + q_off,
- * new key t at (k_base ? cache_seqlens[b] : 0) + t + k_off. */
+ * positions: query row i at (q_base ? base(b) : 0) + (q_per_row ? i : 0) + q_off,
+ * new key t at (k_base ? base(b) : 0) + t + k_off, base(b) per base_kind (rot_base). */
 typedef struct dg_rot_rule {
     int inter_q, inter_k;
     int q_none, k_none;
     int q_base, k_base;
     int q_per_row;
+    int base_kind;
     int64_t q_off, k_off;
 } dg_rot_rule;
+
+/* Sequence b's base position under rule r: cache_seqlens[b] (the reference), taken after the
+ * append (+ seqlen_new), counted from the left padding (- cache_leftpad[b]), or read through
+ * cache_batch_idx (cache_seqlens[cache_batch_idx[b]]; only offered when that index is < batch). */
+static int64_t rot_base(const fa_problem *p, const dg_rot_rule *r, int64_t b)
+{
+    switch (r->base_kind) {
+    case ROT_BASE_AFTER_APPEND: return (int64_t)p->cache_seqlens[b] + p->seqlen_new;
+    case ROT_BASE_LEFTPAD: return (int64_t)p->cache_seqlens[b] - p->cache_leftpad[b];
+    case ROT_BASE_CBI: return p->cache_seqlens[p->cache_batch_idx[b]];
+    default: return p->cache_seqlens[b];
+    }
+}
 
 static dg_rot_rule rot_rule_reference(const fa_problem *p)
 {
@@ -1547,7 +1564,7 @@ static int rot_valid(const fa_problem *p, const dg_rot_rule *r)
 {
     const int64_t ro = p->rot_cos.shape[0];
     for (int64_t b = 0; b < p->batch; b++) {
-        const int64_t cs = p->cache_seqlens[b];
+        const int64_t cs = rot_base(p, r, b);
         if (!r->q_none && p->seqlen_q > 0) {
             const int64_t lo = (r->q_base ? cs : 0) + r->q_off, hi = lo + (r->q_per_row ? p->seqlen_q - 1 : 0);
             if (lo < 0 || hi >= ro) return 0;
@@ -1590,12 +1607,12 @@ static void rot_apply(const dg_ctx *cx, const dg_rot_rule *r, const int64_t *row
     for (int64_t x = 0; x < nrows; x++) {
         const dg_item *it = &cx->it[rows ? rows[x] : x];
         const fa_seq s = fa_problem_seq(p, it->b);
-        const int64_t pos = (r->q_base ? p->cache_seqlens[it->b] : 0) + (r->q_per_row ? it->i : 0) + r->q_off;
+        const int64_t pos = (r->q_base ? rot_base(p, r, it->b) : 0) + (r->q_per_row ? it->i : 0) + r->q_off;
         rot_row(p, cx->raw_q, rq, s.q_batch, s.q_start + it->i, it->h, pos, r->inter_q, r->q_none);
     }
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t t = 0; t < p->seqlen_new; t++) {
-            const int64_t pos = (r->k_base ? p->cache_seqlens[b] : 0) + t + r->k_off;
+            const int64_t pos = (r->k_base ? rot_base(p, r, b) : 0) + t + r->k_off;
             for (int64_t kh = 0; kh < p->heads_k; kh++)
                 rot_row(p, cx->raw_kn, rk, b, t, kh, pos, r->inter_k, r->k_none);
         }
@@ -1646,7 +1663,7 @@ static const char *pairing_name(int inter) { return inter ? "(2i, 2i+1) (GPT-J, 
 
 /* rotary-pairing: q and k_new (or one of them) rotated with the other pairing.
  * rotary-offset: the positions wrong: q and k_new, q or k_new off by a fitted offset in
- * -4 .. +4; the query rule of the other mask kind (every query at cache_seqlens[b] vs query i
+ * -16 .. +16 (a fit on the edge of the offsets tried reported as a bound, not as the offset); the query rule of the other mask kind (every query at cache_seqlens[b] vs query i
  * at cache_seqlens[b] + i); new keys at t, or q and k_new from position 0 (cos/sin not sliced
  * at cache_seqlens); rotary not applied to q, to k_new, or to either. */
 static void cand_rotary(const dg_ctx *cx, dg_list *L)
@@ -1682,28 +1699,68 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
                 pairing_name(!inter), pairing_name(inter), side[best]);
     }
 
-    consider(L, "rotary-offset");
     {
-        dg_rot_rule rs[40];
-        char what[40][120];
-        double par[40];
+        enum { ROT_RANGE = 16, ROT_MAX = 3 * 2 * ROT_RANGE + 12 };
+        dg_rot_rule rs[ROT_MAX];
+        char what[ROT_MAX][160];
+        double par[ROT_MAX];
+        int side_of[ROT_MAX];
         int nv = 0;
+        /* the named per-sequence rules first: on a tie (after-append with seqlen_new in range
+         * equals the offset +seqlen_new) the named one wins */
+        if (p->seqlen_new > 0) {
+            rs[nv] = ref;
+            rs[nv].base_kind = ROT_BASE_AFTER_APPEND;
+            par[nv] = (double)p->seqlen_new;
+            side_of[nv] = -1;
+            snprintf(what[nv++], sizeof what[0], "q and k_new rotated at positions %+lld off (= seqlen_new: positions "
+                     "from cache_seqlens taken after the append)", (long long)p->seqlen_new);
+        }
+        int any_pad = 0, cbi_ok = p->cache_batch_idx != NULL, cbi_diff = 0;
+        for (int64_t b = 0; b < p->batch; b++) {
+            any_pad |= p->cache_leftpad && p->cache_leftpad[b] != 0;
+            if (p->cache_batch_idx) {
+                const int64_t c = p->cache_batch_idx[b];
+                if (c < 0 || c >= p->batch) cbi_ok = 0;
+                else cbi_diff |= p->cache_seqlens[c] != p->cache_seqlens[b];
+            }
+        }
+        if (any_pad) {
+            rs[nv] = ref;
+            rs[nv].base_kind = ROT_BASE_LEFTPAD;
+            par[nv] = NAN;
+            side_of[nv] = -1;
+            snprintf(what[nv++], sizeof what[0], "positions counted from the left padding: cache_seqlens[b] - "
+                     "cache_leftpad[b] (the cache indices are absolute: leftpad does not shift them)");
+        }
+        if (cbi_ok && cbi_diff) {
+            rs[nv] = ref;
+            rs[nv].base_kind = ROT_BASE_CBI;
+            par[nv] = NAN;
+            side_of[nv] = -1;
+            snprintf(what[nv++], sizeof what[0], "positions read from cache_seqlens[cache_batch_idx[b]] instead of "
+                     "cache_seqlens[b]");
+        }
+        const int off0 = nv;
         static const char *const side[3] = {"q and k_new", "q (k_new right)", "k_new (q right)"};
         for (int sd = 0; sd < 3; sd++)
-            for (int dl = -4; dl <= 4; dl++) {
+            for (int dl = -ROT_RANGE; dl <= ROT_RANGE; dl++) {
                 if (!dl) continue;
                 rs[nv] = ref;
                 if (sd != 2) rs[nv].q_off = dl;
                 if (sd != 1) rs[nv].k_off = dl;
                 par[nv] = dl;
+                side_of[nv] = sd;
                 snprintf(what[nv++], sizeof what[0], "%s rotated at positions %+d off (cos/sin sliced at "
                          "cache_seqlens %+d)", side[sd], dl, dl);
             }
+        const int n_off = nv;
         int any_cached = 0;
         for (int64_t b = 0; b < p->batch; b++) any_cached |= p->cache_seqlens[b] > 0;
         if (p->seqlen_q > 1) {
             rs[nv] = ref;
             rs[nv].q_per_row = !ref.q_per_row;
+            side_of[nv] = -1;
             par[nv] = NAN;
             snprintf(what[nv++], sizeof what[0], "%s", ref.q_per_row
                          ? "every query at cache_seqlens[b] (the non-causal rule) where query i is at cache_seqlens[b] + i"
@@ -1712,10 +1769,12 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
         if (any_cached) {
             rs[nv] = ref;
             rs[nv].k_base = 0;
+            side_of[nv] = -1;
             par[nv] = NAN;
             snprintf(what[nv++], sizeof what[0], "new key t rotated at position t instead of cache_seqlens[b] + t");
             rs[nv] = ref;
             rs[nv].k_base = rs[nv].q_base = 0;
+            side_of[nv] = -1;
             par[nv] = NAN;
             snprintf(what[nv++], sizeof what[0], "q and k_new rotated from position 0: cos/sin not sliced at "
                      "cache_seqlens[b]");
@@ -1727,10 +1786,38 @@ static void cand_rotary(const dg_ctx *cx, dg_list *L)
             rs[nv] = ref;
             rs[nv].q_none = x != 1;
             rs[nv].k_none = x != 0;
+            side_of[nv] = -1;
             par[nv] = NAN;
             snprintf(what[nv++], sizeof what[0], "%s", none[x]);
         }
+        /* +delta rules the cos/sin tables are too short for are not evaluated: say so in the
+         * considered list (a `none` would otherwise hide that they were not tried) */
+        int skip_from = 0;
+        for (int x = off0; x < n_off; x++)
+            if (par[x] > 0 && !rot_valid(p, &rs[x]) && (!skip_from || par[x] < skip_from)) skip_from = (int)par[x];
+        if (skip_from) {
+            char note[128];
+            snprintf(note, sizeof note, "rotary-offset (+delta rules from %+d skipped: cos/sin has %lld rows; pass "
+                     "longer tables)", skip_from, (long long)p->rot_cos.shape[0]);
+            consider(L, note);
+        } else
+            consider(L, "rotary-offset");
         const double e = rot_best(cx, rs, nv, &rq, &rk, &best);
+        if (best >= off0 && best < n_off && !isnan(e)) {
+            /* A fit on the edge of what was tried (the end of the range, or the last offset
+             * the cos/sin tables can serve) only bounds the offset: the true one may lie past it. */
+            const int dl = (int)par[best];
+            dg_rot_rule nx = rs[best];
+            if (side_of[best] != 2) nx.q_off += dl > 0 ? 1 : -1;
+            if (side_of[best] != 1) nx.k_off += dl > 0 ? 1 : -1;
+            if (abs(dl) >= ROT_RANGE || !rot_valid(p, &nx)) {
+                snprintf(what[best], sizeof what[0], "%s rotated at positions %s%d off (the edge of the offsets "
+                         "fitted, %s: the true offset may lie past it)", side[side_of[best]],
+                         dl > 0 ? ">= +" : "<= ", dl,
+                         abs(dl) >= ROT_RANGE ? "-16 .. +16" : "cos/sin too short for more");
+                par[best] = NAN;
+            }
+        }
         if (best >= 0 && !isnan(e)) add(L, "rotary-offset", e, par[best], "%s", what[best]);
     }
     free(buf);

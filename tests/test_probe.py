@@ -106,14 +106,14 @@ def test_probes_separate_classes(probe_dir, tmp_path):
 
 
 def test_rotary_probe(probe_dir, tmp_path):
-    """rotary-kvcache: a KV cache with new keys, cache_seqlens >= 4, RoPE tables 8 rows past the
+    """rotary-kvcache: a KV cache with new keys, cache_seqlens >= 4, RoPE tables 16 rows past the
     largest position; a kernel with the other pairing on it is named rotary-pairing, the right
     output gets none (both by tests/ref_numpy.py)."""
     d = probe_dir / "rotary-kvcache"
     q, kc, vc, kn, vn = (np.load(d / f"{x}.npy") for x in ("q", "k", "v", "k_new", "v_new"))
     cs, cos, sin = np.load(d / "cache_seqlens.npy"), np.load(d / "rotary_cos.npy"), np.load(d / "rotary_sin.npy")
     assert cs.dtype == np.int32 and np.all(cs >= 4) and np.all(cs + kn.shape[1] <= kc.shape[1])
-    assert cos.shape == sin.shape == (int(cs.max()) + max(q.shape[1], kn.shape[1]) + 8, q.shape[3] // 2)
+    assert cos.shape == sin.shape == (int(cs.max()) + max(q.shape[1], kn.shape[1]) + 16, q.shape[3] // 2)
     assert np.allclose(cos ** 2 + sin ** 2, 1, atol=1e-6) and np.all(cos[0] == 1)
     flags = ["--cache-seqlens", str(d / "cache_seqlens.npy"), "--k-new", str(d / "k_new.npy"), "--v-new",
              str(d / "v_new.npy"), "--rotary-cos", str(d / "rotary_cos.npy"), "--rotary-sin",

@@ -156,7 +156,7 @@ static int n_files(const probe_spec *p) { return p->rotary ? 8 : p->bhsd_copy ? 
 static const char *file_name(const probe_spec *p, int f) { return p->rotary ? rotary_files[f] : probe_files[f]; }
 
 #define ROT_NEW 3 /* new keys per sequence of the rotary probe */
-#define ROT_SPARE 8 /* table rows past the largest position: offsets up to +4 can be fitted */
+#define ROT_SPARE 16 /* table rows past the largest position: offsets up to +16 can be fitted */
 
 /* Cached keys of sequence b in the rotary probe (sk = base + 5 + ROT_NEW rows of cache):
  * at least 4 (offsets down to -4 can be fitted), different between neighbours. */
@@ -360,9 +360,9 @@ static int probe_main(int argc, char **argv)
          "(softcap-missing, softcap-order) or a wrong scale (scale) changes every row a lot", 0},
         {"rotary-kvcache", B, 4, S + 5 + ROT_NEW, H, HK, D, FILL_RANDOM, FILL_RANDOM, 0, 1.0, 0,
          "a KV cache (k, v) with 3 new keys (k_new, v_new), cache_seqlens >= 4 differing by sequence, "
-         "RoPE tables rotary_cos/sin (rotary_dim = d rounded down to even, 8 rows past the largest "
+         "RoPE tables rotary_cos/sin (rotary_dim = d rounded down to even, 16 rows past the largest "
          "position): run with --cache-seqlens, --k-new/--v-new, --rotary-cos/-sin [--rotary-interleaved], "
-         "with and without --causal; the other pairing is rotary-pairing, positions off by -4..+4, the "
+         "with and without --causal; the other pairing is rotary-pairing, positions off by -16..+16, the "
          "causal/non-causal query rule swapped, new keys rotated from 0 or rotary skipped are rotary-offset",
          1},
     };
