@@ -188,18 +188,11 @@ def test_positions_through_cache_batch_idx(tmp_path):
     assert rc == 1 and first == "rotary-offset" and "cache_batch_idx[b]]" in line, f"seed {SEED}: {out}"
 
 
-@pytest.mark.xfail(strict=True, reason="kv-append-offset's one-slot-off variants keep the rotary positions right and "
-                   "rotary-offset keeps the append right: a cache length off by one everywhere (append slot, mask and "
-                   "cos/sin slice move together, as in a kernel that reads one wrong cache_seqlens) gets none")
-@pytest.mark.parametrize("d", [1, -1])
-@pytest.mark.parametrize("causal", [True, False])
-def test_cache_length_off_by_one_everywhere(tmp_path, d, causal):
-    def m(c):
-        cs2 = c["cs"] + d
-        qp = (lambda b, i: int(cs2[b]) + i) if causal else (lambda b, i: int(cs2[b]))
-        return dict(cs_seen=cs2, qpos=qp, kpos=lambda b, t: int(cs2[b]) + t)
-    rc, first, line, out = scenario(tmp_path, causal=causal, mistake=m)
-    assert rc == 1 and first in ("rotary-offset", "kv-append-offset"), f"seed {SEED}: {out}"
+# Not tested: a cache length off by one everywhere (append slot, mask and cos/sin slice moving
+# together, as in a kernel that reads one wrong cache_seqlens). kv-append-offset's variants keep the
+# rotary positions right and rotary-offset keeps the append right, so on most inputs neither explains
+# it and the answer is `none`; on some random inputs one of them does. A strict xfail here flipped with
+# the seed, so the limitation is documented in docs/validation.md instead of asserted either way.
 
 
 def test_exact_tables_positive_offset(tmp_path):
