@@ -15,8 +15,6 @@ kv-append-offset); bf16 inputs under a window, and a paged cache. Fresh random i
 """
 
 import os
-import re
-import subprocess
 import sys
 import time
 
@@ -26,6 +24,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import ref_numpy as R  # noqa: E402
+from diag_cli import check_diagnose, first_id, seq_table  # noqa: E402
 
 BUILD = os.environ.get("FA_BUILD", "build")
 CLI = os.path.join(BUILD, "flashattn")
@@ -97,19 +96,7 @@ def check(tmp, arrays, causal, inter, extra=()):
     if "lse" in arrays:
         flags += ["--lse", str(tmp / "lse.npy")]
     flags += (["--causal"] if causal else []) + (["--rotary-interleaved"] if inter else []) + list(extra)
-    r = subprocess.run([CLI, "check", "--diagnose", *flags], capture_output=True, text=True)
-    assert r.returncode in (0, 1), r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("diagnosis: ")]
-    return r.returncode, lines, r.stdout
-
-
-def first_id(lines):
-    return re.match(r"diagnosis: (\S+)", lines[0]).group(1)
-
-
-def seq_table(out):
-    line = next(ln for ln in out.splitlines() if ln.startswith("error by sequence"))
-    return [float(x.split(":")[1]) for x in line.split(":", 1)[1].split()]
+    return check_diagnose(flags)
 
 
 def arrays(q, kc, vc, kn, vn, cos, sin, o, lse=None):

@@ -12,7 +12,6 @@ and the per-sequence table has one entry per sequence. Fresh random inputs
 
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -22,6 +21,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import ref_numpy as R  # noqa: E402
+from diag_cli import check_diagnose, first_id, seq_table  # noqa: E402
 
 BUILD = os.environ.get("FA_BUILD", "build")
 CLI = os.path.join(BUILD, "flashattn")
@@ -45,19 +45,7 @@ def check(tmp, arrays, flags):
     for name, x in arrays.items():
         np.save(tmp / f"{name}.npy", x)
     args = [a.format(**{n: str(tmp / f"{n}.npy") for n in arrays}) for a in flags]
-    r = subprocess.run([CLI, "check", "--diagnose", *args], capture_output=True, text=True)
-    assert r.returncode in (0, 1), r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("diagnosis: ")]
-    return r.returncode, lines, r.stdout
-
-
-def first_id(lines):
-    return re.match(r"diagnosis: (\S+)", lines[0]).group(1)
-
-
-def seq_table(out):
-    line = next(ln for ln in out.splitlines() if ln.startswith("error by sequence"))
-    return [float(x.split(":")[1]) for x in line.split(":", 1)[1].split()]
+    return check_diagnose(args)
 
 
 # ---- varlen ------------------------------------------------------------------------

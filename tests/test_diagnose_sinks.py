@@ -11,7 +11,6 @@ diagnose() gives the same answer. Fresh random inputs (FA_TEST_SEED replays a ru
 
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -21,6 +20,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import ref_numpy as R  # noqa: E402
+from diag_cli import check_diagnose, first_id  # noqa: E402
 
 BUILD = os.environ.get("FA_BUILD", "build")
 CLI = os.path.join(BUILD, "flashattn")
@@ -70,14 +70,7 @@ def check(tmp, arrays, extra=()):
     if "lse" in arrays:
         flags += ["--lse", "lse"]
     flags = [str(tmp / f"{a}.npy") if a in arrays else a for a in flags]
-    r = subprocess.run([CLI, "check", "--diagnose", *flags, *extra], capture_output=True, text=True)
-    assert r.returncode in (0, 1), r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("diagnosis: ")]
-    return r.returncode, lines, r.stdout
-
-
-def first_id(lines):
-    return re.match(r"diagnosis: (\S+)", lines[0]).group(1)
+    return check_diagnose([*flags, *extra])
 
 
 def f32(x):
