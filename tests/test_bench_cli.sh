@@ -65,7 +65,7 @@ import csv, sys
 rows = list(csv.DictReader(open("b.csv")))
 head = open("b.csv").readline().strip().split(",")
 want = ("impl,pass,isa,threads,batch,heads,heads_k,seqlen_q,seqlen_k,d,causal,median_ms,min_ms,max_ms,"
-        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right,kv_dtype,num_splits,page_size,dtype").split(",")
+        "gflops,peak_fraction,peak_rss_mib,gbps,bw_fraction,lib_peak_mib,softcap,window_left,window_right,kv_dtype,num_splits,page_size,dtype,kv_cache").split(",")
 errs = []
 if head != want: errs.append(f"columns {head}")
 if sorted((r["pass"], r["seqlen_q"]) for r in rows) != [("bwd", "32"), ("bwd", "48"), ("fwd", "32"), ("fwd", "48")]:
@@ -76,7 +76,8 @@ for r in rows:
     if abs(float(r["gflops"]) - flops / (ms * 1e-3) / 1e9) > 0.011 + 0.01 * float(r["gflops"]):
         errs.append(f"{r['pass']} N={n}: gflops {r['gflops']} but FLOPs/time = {flops / (ms * 1e-3) / 1e9:.3f}")
     if r["gbps"] != "" or r["bw_fraction"] != "": errs.append("gbps/bw_fraction should be empty")
-    if r["kv_dtype"] != "" or r["num_splits"] != "" or r["page_size"] != "": errs.append("decode columns should be empty")
+    if r["kv_dtype"] != "" or r["num_splits"] != "" or r["page_size"] != "" or r["kv_cache"] != "":
+        errs.append("decode columns should be empty")
     if not float(r["lib_peak_mib"]) > 0: errs.append(f"lib_peak_mib {r['lib_peak_mib']} (flash allocates scratch)")
 if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
@@ -150,8 +151,16 @@ for r in rows:
     if abs(float(r["gflops"]) - flops / (ms * 1e-3) / 1e9) > 0.011 + 0.01 * float(r["gflops"]):
         errs.append(f"gflops {r['gflops']}")
     if not float(r["bw_fraction"]) > 0: errs.append(f"bw_fraction {r['bw_fraction']}")
+    if r["kv_cache"] != "cold": errs.append(f"kv_cache {r['kv_cache']} (cold is the default)")
 if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
+grep -q "cold cache: before every run" out.txt && ok || bad "the header does not say the cache is evicted: $(head -6 out.txt)"
+# --warm-cache: the previous behaviour, said in the header and the CSV; refused without --seqlen-q
+expect_fail "--warm-cache without --seqlen-q" "--seqlen-q" $TINY --warm-cache
+if timeout 120 "$fa" bench --seqlen-q 1 --n 100 --d 16 --heads 2 --threads 1 --repeats 1 --warmup 0 --warm-cache \
+        --csv warm.csv >out.txt 2>err.txt && grep -q "warm cache (--warm-cache)" out.txt &&
+        python3 -c "import csv,sys; r=list(csv.DictReader(open('warm.csv'))); sys.exit(not (len(r)==1 and r[0]['kv_cache']=='warm'))"
+then ok; else bad "bench --warm-cache: exit $? $(cat err.txt) $(head -6 out.txt)"; fi
 
 # ---- --dtype: half-precision Q, K, V (and dO), checked against the reference ----------------
 expect_fail "--dtype f64" "--dtype" $TINY --dtype f64
@@ -161,7 +170,7 @@ for dt in f16 bf16; do
             --warmup 0 --causal --dtype $dt --csv h.csv >out.txt 2>err.txt; then ok
     else bad "bench --dtype $dt: exit $? $(cat err.txt)"; fi
     grep -q "^$([ $dt = f16 ] && echo float16 || echo bfloat16) inputs" out.txt || bad "--dtype $dt: header: $(sed -n 3p out.txt)"
-    [ "$(grep -c ",$dt\$" h.csv)" = 3 ] || bad "--dtype $dt: want 3 rows (flash fwd/bwd, standard fwd) with dtype $dt: $(cat h.csv)"
+    [ "$(grep -c ",$dt,\$" h.csv)" = 3 ] || bad "--dtype $dt: want 3 rows (flash fwd/bwd, standard fwd) with dtype $dt: $(cat h.csv)"
 done
 
 # ---- SIGINT / SIGTERM keep the previous CSV -----------------------------------------------
