@@ -3,10 +3,16 @@
 #
 #   sh tools/ring_bench.sh [--ranks "1 2 4 8"] [--tokens-per-rank C] [--n N] [--d D] [--heads H]
 #                          [--threads T] [--bind none|core] [--reps R] [--pass fwd|bwd|both]
-#                          [--sweeps "weak strong causal"] [--tag NAME] [--out DIR] [--build DIR]
+#                          [--sweeps "weak strong causal"] [--rounds K] [--tag NAME] [--out DIR]
+#                          [--build DIR]
 #
 # Up to three sweeps, each a CSV in DIR (default build/ring_bench; NAME-weak.csv etc. with --tag)
 # and a table on stdout. T(P) is the median over R repeats of the slowest rank's time.
+# --rounds K (default 1) runs each sweep's rank counts K times over, interleaved (P = 1, 2, 4, 8,
+# 1, 2, 4, 8, ...), so a slow spell of a shared host falls on every P alike, and the tables use the
+# median over rounds of each P's time and compute rate (the CSV keeps every round's row). On the
+# 16-core device host the one-rank time moved 1.6x between calls: a single P = 1 row taken minutes
+# before the P = 8 row made the weak efficiency anything from 47% to 95%.
 #   weak    fixed tokens per rank C, N = P C, full mask. The attention work grows as N^2, so a
 #           rank's work grows as P (P ring steps of C x C each): the ideal is T(P) = P T(1), and
 #               E_weak(P) = P T(1) / T(P) = (GFLOP/s at P / P) / (GFLOP/s at 1),
@@ -28,7 +34,7 @@
 # P x T should not exceed the cores: on a 2-core machine only P <= 2 is meaningful, and timings
 # on a shared machine are noise (the script says so when it oversubscribes).
 set -eu
-ranks="1 2 4 8"; cpr=4096; n=16384; d=64; heads=4; threads=1; reps=3; pass=fwd; bind=none
+ranks="1 2 4 8"; cpr=4096; n=16384; d=64; heads=4; threads=1; reps=3; pass=fwd; bind=none; rounds=1
 sweeps="weak strong causal"; tag=""
 build=build; out=""
 while [ $# -gt 0 ]; do
@@ -41,12 +47,13 @@ while [ $# -gt 0 ]; do
         --threads) threads=$2; shift 2 ;;
         --bind) bind=$2; shift 2 ;;
         --reps) reps=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
         --pass) pass=$2; shift 2 ;;
         --sweeps) sweeps=$2; shift 2 ;;
         --tag) tag=$2-; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --build) build=$2; shift 2 ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
         *) echo "ring_bench.sh: unknown option '$1'" >&2; exit 2 ;;
     esac
 done
@@ -63,8 +70,23 @@ cores=$(nproc 2>/dev/null || echo 1)
 root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 export OMP_NUM_THREADS=$threads
+case $rounds in ''|*[!0-9]*|0) echo "ring_bench.sh: --rounds must be a positive integer (got '$rounds')" >&2; exit 2 ;; esac
 echo "ring_bench: ranks {$ranks} x $threads threads on $cores cores, bind $bind; d=$d heads=$heads; pass $pass;" \
-    "median of $reps; btl_vader_single_copy_mechanism=$OMPI_MCA_btl_vader_single_copy_mechanism"
+    "median of $reps; $rounds round(s), interleaved; btl_vader_single_copy_mechanism=$OMPI_MCA_btl_vader_single_copy_mechanism"
+seq_rounds=$(i=1; while [ $i -le "$rounds" ]; do printf '%s ' $i; i=$((i + 1)); done)
+# med.awk: the rows of a sweep's CSV reduced to one per (ranks, layout, pass) in first-seen order:
+# the median over rounds of seconds ($11), gflops ($12), wait ($14), rank_gflops ($18),
+# wait_mean ($19), other ($20); the other columns from the first round. Then the sweep's own awk.
+med_awk='function med(k, c,   n, i, j, a, t) { n = cnt[k]; for (i = 1; i <= n; i++) a[i] = v[k, i, c] + 0
+        for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+    NR == 1 { print; next }
+    { k = $1 "," $9 "," $10; if (!(k in cnt)) { order[++nk] = k; first[k] = $0 }
+      cnt[k]++; for (c = 1; c <= NF; c++) v[k, cnt[k], c] = $c }
+    END { for (x = 1; x <= nk; x++) { k = order[x]; nf = split(first[k], f, ",")
+          f[11] = med(k, 11); f[12] = med(k, 12); f[14] = med(k, 14)
+          if (nf >= 20) { f[18] = med(k, 18); f[19] = med(k, 19); f[20] = med(k, 20) }
+          line = f[1]; for (c = 2; c <= nf; c++) line = line "," f[c]; print line } }'
 run() { # run P ARGS... -> one CSV row per pass on stdout
     p=$1; shift
     place="--bind-to none"
@@ -84,38 +106,45 @@ for s in $sweeps; do
     echo "$header" >"$f"
     case $s in
         weak)
-            for p in $ranks; do run "$p" --tokens-per-rank "$cpr" --layout contiguous >>"$f"; done
+            for r in $seq_rounds; do
+                for p in $ranks; do run "$p" --tokens-per-rank "$cpr" --layout contiguous >>"$f"; done
+            done
             echo; echo "weak scaling: $cpr tokens per rank, full mask, $threads threads per rank, bind $bind" \
-                "(E = P T1 / TP; E_comp = slowest rank's compute GFLOP/s against 1 rank's)"
-            awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) { t1[key] = $11; r1[key] = $18 }
+                "(E = P T1 / TP; E_comp = slowest rank's compute GFLOP/s against 1 rank's; medians of $rounds round(s))"
+            awk -F, "$med_awk" "$f" | awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) { t1[key] = $11; r1[key] = $18 }
                 ec = 0; if ((key in r1) && r1[key] > 0) ec = 100 * $18 / r1[key]
                 printf "  P=%-3s %-4s N=%-7s %8.4f s %7.1f GFLOP/s  E=%5.1f%%  E_comp=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
                     $1, $10, $4, $11, $12, (key in t1) ? 100 * $1 * t1[key] / $11 : 0,
-                    ec, $14, $19, $20, $17, $16 }' "$f" ;;
+                    ec, $14, $19, $20, $17, $16 }' ;;
         strong)
-            for p in $ranks; do run "$p" --n "$n" --layout contiguous >>"$f"; done
-            echo; echo "strong scaling: N = $n, full mask, $threads threads per rank, bind $bind (E = T1 / (P TP))"
-            awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) { t1[key] = $11; r1[key] = $18 }
+            for r in $seq_rounds; do
+                for p in $ranks; do run "$p" --n "$n" --layout contiguous >>"$f"; done
+            done
+            echo; echo "strong scaling: N = $n, full mask, $threads threads per rank, bind $bind (E = T1 / (P TP);" \
+                "medians of $rounds round(s))"
+            awk -F, "$med_awk" "$f" | awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) { t1[key] = $11; r1[key] = $18 }
                 ec = 0; if ((key in r1) && r1[key] > 0) ec = 100 * $18 / r1[key]
                 printf "  P=%-3s %-4s %8.4f s %7.1f GFLOP/s  E=%5.1f%%  E_comp=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
                     $1, $10, $11, $12, (key in t1) ? 100 * t1[key] / ($1 * $11) : 0,
-                    ec, $14, $19, $20, $17, $16 }' "$f" ;;
+                    ec, $14, $19, $20, $17, $16 }' ;;
         causal)
-            for p in $ranks; do
-                for layout in contiguous zigzag; do
-                    [ "$p" = 1 ] && [ $layout = zigzag ] && continue # one rank: one layout
-                    run "$p" --n "$n" --causal --layout "$layout" >>"$f"
+            for r in $seq_rounds; do
+                for p in $ranks; do
+                    for layout in contiguous zigzag; do
+                        [ "$p" = 1 ] && [ $layout = zigzag ] && continue # one rank: one layout
+                        run "$p" --n "$n" --causal --layout "$layout" >>"$f"
+                    done
                 done
             done
             echo; echo "causal, N = $n, $threads threads per rank, bind $bind: contiguous against zigzag" \
-                "(speedup = T_contiguous / T_zigzag; E = T1 / (P TP), T1 one rank)"
-            awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) t1[key] = $11
+                "(speedup = T_contiguous / T_zigzag; E = T1 / (P TP), T1 one rank; medians of $rounds round(s))"
+            awk -F, "$med_awk" "$f" | awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) t1[key] = $11
                 t[$1 "," $10 "," $9] = $11
                 printf "  P=%-3s %-4s %-10s %8.4f s  E=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
                     $1, $10, $9, $11, (key in t1) ? 100 * t1[key] / ($1 * $11) : 0, $14, $19, $20, $17, $16
                 if ($9 == "zigzag" && (($1 "," $10 ",contiguous") in t))
                     printf "  P=%-3s %-4s zigzag speedup over contiguous: %.2fx\n", $1, $10, t[$1 "," $10 ",contiguous"] / $11 }' \
-                "$f" ;;
+                ;;
     esac
     echo "wrote $f"
 done
