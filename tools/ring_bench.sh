@@ -1,7 +1,7 @@
 #!/bin/sh
 # tools/ring_bench.sh — scaling of ring attention over Open MPI (build/flashattn-mpi bench).
 #
-#   sh tools/ring_bench.sh [--ranks "1 2 4 8"] [--tokens-per-rank C] [--n N] [--d D] [--heads H]
+#   sh tools/ring_bench.sh [--ranks "1 2 4 8" or 1,2,4,8] [--tokens-per-rank C] [--n N] [--d D] [--heads H]
 #                          [--threads T] [--bind none|core] [--reps R] [--pass fwd|bwd|both]
 #                          [--sweeps "weak strong causal"] [--rounds K] [--tag NAME] [--out DIR]
 #                          [--build DIR]
@@ -39,7 +39,7 @@ sweeps="weak strong causal"; tag=""
 build=build; out=""
 while [ $# -gt 0 ]; do
     case $1 in
-        --ranks) ranks=$2; shift 2 ;;
+        --ranks) ranks=$(echo "$2" | tr , " "); shift 2 ;;
         --tokens-per-rank) cpr=$2; shift 2 ;;
         --n) n=$2; shift 2 ;;
         --d) d=$2; shift 2 ;;
