@@ -13,7 +13,8 @@
  * What must hold (the x86 suites' rules, not looser ones):
  *   - dispatch chose the NEON table (fa_get_cpu_info, fa_version);
  *   - forward flash, causal and not, GQA and MQA, d = 64 and an odd d with
- *     d_v != d, query rows with no visible key: O within the project's one
+ *     d_v != d, query rows with no visible key, a sliding window with softcap
+ *     and ALiBi (also in the backward and decode cases): O within the project's one
  *     tolerance model (tests/test_forward.c: 8x fa_check's float32 emulation
  *     max error, 4x its mean error) and LSE within 4x the emulation's LSE
  *     error, against FA_IMPL_REFERENCE (float64 loops, no kernel table);
@@ -282,13 +283,32 @@ static void expect_reference(const fa_tensor *q, const fa_tensor *k, const fa_te
 typedef struct shape {
     int64_t B, Sq, Sk, H, Hk, d, dv;
     int causal;
+    int extra; /* 1: also a window, softcap and ALiBi (apply_extra) */
 } shape;
+
+/* The other score options, in one set: a sliding window (17 keys left; 5 right unless causal),
+ * softcap 15 (the transform kernel's tanh) and ALiBi slopes `slopes` ([heads], random). */
+static void apply_extra(fa_options *o, const buf *slopes)
+{
+    o->window_left = 17;
+    o->window_right = o->causal ? 0 : 5;
+    o->softcap = 15.0;
+    o->alibi_slopes = &slopes->t;
+}
+
+static buf make_slopes(int64_t h, uint64_t *rng)
+{
+    const int64_t hs[1] = {h};
+    buf b = alloc_t(FA_F32, 1, hs);
+    fill(&b, rng, 0.02, 0.3);
+    return b;
+}
 
 static void describe(const shape *s, char *out, size_t n)
 {
-    snprintf(out, n, "B %lld Sq %lld Sk %lld H %lld Hk %lld d %lld dv %lld%s", (long long)s->B, (long long)s->Sq,
+    snprintf(out, n, "B %lld Sq %lld Sk %lld H %lld Hk %lld d %lld dv %lld%s%s", (long long)s->B, (long long)s->Sq,
              (long long)s->Sk, (long long)s->H, (long long)s->Hk, (long long)s->d, (long long)s->dv,
-             s->causal ? " causal" : "");
+             s->causal ? " causal" : "", s->extra ? " window softcap ALiBi" : "");
 }
 
 static void forward_case(const shape *s, uint64_t *rng)
@@ -298,10 +318,12 @@ static void forward_case(const shape *s, uint64_t *rng)
     fill(&q, rng, -2, 2);
     fill(&k, rng, -2, 2);
     fill(&v, rng, -1, 1);
+    buf slopes = make_slopes(s->H, rng);
     static const int blocks[][2] = {{16, 16}, {0, 0}}; /* many tiles with tails; the derived blocks */
     for (int bi = 0; bi < 2; bi++) {
         fa_options opt = fa_options_default();
         opt.causal = s->causal;
+        if (s->extra) apply_extra(&opt, &slopes);
         opt.num_threads = 2;
         opt.block_q = blocks[bi][0];
         opt.block_k = blocks[bi][1];
@@ -312,7 +334,7 @@ static void forward_case(const shape *s, uint64_t *rng)
         if (run_flash(&q.t, &k.t, &v.t, s->dv, opt, &r, what)) expect_reference(&q.t, &k.t, &v.t, s->dv, opt, &r, what);
         free_out(&r);
     }
-    free_t(&q); free_t(&k); free_t(&v);
+    free_t(&q); free_t(&k); free_t(&v); free_t(&slopes);
 }
 
 static void backward_case(const shape *s, uint64_t *rng, int pass_o_lse)
@@ -323,8 +345,10 @@ static void backward_case(const shape *s, uint64_t *rng, int pass_o_lse)
     fill(&k, rng, -2, 2);
     fill(&v, rng, -1, 1);
     fill(&dout, rng, -1, 1);
+    buf slopes = make_slopes(s->H, rng);
     fa_options opt = fa_options_default();
     opt.causal = s->causal;
+    if (s->extra) apply_extra(&opt, &slopes);
     opt.num_threads = 2;
     opt.block_q = 16;
     opt.block_k = 16;
@@ -377,7 +401,7 @@ static void backward_case(const shape *s, uint64_t *rng, int pass_o_lse)
         free_t(&got[x]);
     }
     if (pass_o_lse) free_out(&fo);
-    free_t(&q); free_t(&k); free_t(&v); free_t(&dout);
+    free_t(&q); free_t(&k); free_t(&v); free_t(&dout); free_t(&slopes);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -390,11 +414,13 @@ typedef struct dcase {
     int64_t sq, sn, h, hk, d;
     fa_dtype dt;
     int causal, splits;
+    int extra; /* 1: also a window, softcap and ALiBi (apply_extra) */
 } dcase;
 
 typedef struct dprob {
     dcase c;
     buf q, kc0, vc0, kn, vn; /* kc0/vc0: the caches before any append */
+    buf slopes;
     int32_t seqlens[DB];
 } dprob;
 
@@ -412,13 +438,14 @@ static void make_dprob(dprob *p, const dcase *c, uint64_t *rng)
     fill(&p->vc0, rng, -1, 1);
     fill(&p->kn, rng, -2, 2);
     fill(&p->vn, rng, -1, 1);
+    p->slopes = make_slopes(c->h, rng);
     for (int b = 0; b < DB; b++) /* 20 .. SC - sn rows already cached: several key blocks of 16 */
         p->seqlens[b] = (int32_t)(20 + (int64_t)(next(rng) % (uint64_t)(SC - c->sn - 20 + 1)));
 }
 
 static void free_dprob(dprob *p)
 {
-    free_t(&p->q); free_t(&p->kc0); free_t(&p->vc0); free_t(&p->kn); free_t(&p->vn);
+    free_t(&p->q); free_t(&p->kc0); free_t(&p->vc0); free_t(&p->kn); free_t(&p->vn); free_t(&p->slopes);
 }
 
 static void describe_d(const dcase *c, char *out, size_t n)
@@ -426,6 +453,7 @@ static void describe_d(const dcase *c, char *out, size_t n)
     snprintf(out, n, "%s cache, seqlen_q %lld, %lld new keys, heads %lld / heads_k %lld, d %lld%s, num_splits %d",
              fa_dtype_name(c->dt), (long long)c->sq, (long long)c->sn, (long long)c->h, (long long)c->hk, (long long)c->d,
              c->causal ? ", causal" : "", c->splits);
+    if (c->extra) snprintf(out + strlen(out), n - strlen(out), ", window softcap ALiBi");
 }
 
 static fa_tensor rows_of(const buf *b, int64_t n) /* the first n rows of a [DB][>= 1][hk][d] buffer */
@@ -435,10 +463,12 @@ static fa_tensor rows_of(const buf *b, int64_t n) /* the first n rows of a [DB][
     return t;
 }
 
-static fa_options dopt(const dcase *c, const fa_kvcache *kv, int threads)
+static fa_options dopt(const dprob *p, const fa_kvcache *kv, int threads)
 {
+    const dcase *c = &p->c;
     fa_options o = fa_options_default();
     o.causal = c->causal;
+    if (c->extra) apply_extra(&o, &p->slopes);
     o.num_splits = c->splits;
     o.num_threads = threads;
     o.block_k = 16; /* several key blocks, so that the splits split */
@@ -494,7 +524,7 @@ static void paged_case(const dprob *p, const fa_kvcache *kv, int64_t ps, const f
     fa_kvcache pkv = *kv;
     pkv.block_table = table;
     pkv.max_pages = maxp;
-    fa_options popt = dopt(c, &pkv, 2);
+    fa_options popt = dopt(p, &pkv, 2);
     char pw[320];
     snprintf(pw, sizeof pw, "pages of %lld: %s", (long long)ps, what);
     fwd_out rp;
@@ -541,7 +571,7 @@ static void decode_case(const dcase *c, uint64_t *rng, dtallies *t)
     const size_t rb = (size_t)(c->hk * c->d) * fa_dtype_size(c->dt);
     fwd_out r0;
     cur = &t->ref;
-    if (run_flash(&p.q.t, &kc.t, &vc.t, c->d, dopt(c, &kv, 2), &r0, what)) {
+    if (run_flash(&p.q.t, &kc.t, &vc.t, c->d, dopt(&p, &kv, 2), &r0, what)) {
         for (int64_t b = 0; b < DB; b++)
             for (int64_t r = 0; r < SC; r++)
                 if (!cache_row_ok(&p, &p.kc0, &p.kn, b, r, (const char *)kc.mem + (size_t)(b * SC + r) * rb) ||
@@ -552,7 +582,7 @@ static void decode_case(const dcase *c, uint64_t *rng, dtallies *t)
                     break;
                 }
         /* the reference reads the first cache_seqlens rows, then k_new (it appends the same rows again) */
-        expect_reference(&p.q.t, &kc.t, &vc.t, c->d, dopt(c, &kv, 2), &r0, what);
+        expect_reference(&p.q.t, &kc.t, &vc.t, c->d, dopt(&p, &kv, 2), &r0, what);
 
         cur = &t->paged;
         static const int64_t pages[] = {1, 3, 16};
@@ -565,7 +595,7 @@ static void decode_case(const dcase *c, uint64_t *rng, dtallies *t)
             char tw[320];
             snprintf(tw, sizeof tw, "1 thread vs 2: %s", what);
             fwd_out r1;
-            if (run_flash(&p.q.t, &kc.t, &vc.t, c->d, dopt(c, &kv, 1), &r1, tw) && !same_out(&r1, &r0))
+            if (run_flash(&p.q.t, &kc.t, &vc.t, c->d, dopt(&p, &kv, 1), &r1, tw) && !same_out(&r1, &r0))
                 bad("O or LSE bits differ (%s)", tw);
             free_out(&r1);
         }
@@ -593,10 +623,11 @@ int main(void)
     result("dispatch chose the neon table", &main_tally);
 
     static const shape fwd[] = {
-        {2, 45, 70, 6, 2, 64, 64, 0}, {2, 45, 70, 6, 2, 64, 64, 1},  /* GQA, d 64 */
-        {2, 45, 70, 6, 2, 37, 23, 0}, {2, 45, 70, 6, 2, 37, 23, 1},  /* GQA, odd d, d_v != d */
-        {1, 50, 30, 4, 1, 64, 64, 1},                                /* MQA, causal, Sq > Sk: empty rows */
-        {1, 33, 33, 4, 4, 37, 37, 1},                                /* MHA, odd d, square */
+        {2, 45, 70, 6, 2, 64, 64, 0, 0}, {2, 45, 70, 6, 2, 64, 64, 1, 0}, /* GQA, d 64 */
+        {2, 45, 70, 6, 2, 37, 23, 0, 0}, {2, 45, 70, 6, 2, 37, 23, 1, 0}, /* GQA, odd d, d_v != d */
+        {1, 50, 30, 4, 1, 64, 64, 1, 0},                                  /* MQA, causal, Sq > Sk: empty rows */
+        {1, 33, 33, 4, 4, 37, 37, 1, 0},                                  /* MHA, odd d, square */
+        {2, 45, 70, 6, 2, 64, 64, 0, 1}, {2, 45, 70, 6, 2, 37, 23, 1, 1}, /* window, softcap, ALiBi */
     };
     for (size_t i = 0; i < sizeof fwd / sizeof fwd[0]; i++) {
         char name[256] = "forward flash vs reference: ";
@@ -606,9 +637,10 @@ int main(void)
     }
 
     static const shape bwd[] = {
-        {2, 29, 41, 4, 2, 64, 64, 0}, {2, 29, 41, 4, 2, 64, 64, 1},
-        {2, 29, 41, 4, 2, 37, 23, 0}, {2, 29, 41, 4, 2, 37, 23, 1},
-        {1, 40, 24, 4, 1, 37, 37, 1},
+        {2, 29, 41, 4, 2, 64, 64, 0, 0}, {2, 29, 41, 4, 2, 64, 64, 1, 0},
+        {2, 29, 41, 4, 2, 37, 23, 0, 0}, {2, 29, 41, 4, 2, 37, 23, 1, 0},
+        {1, 40, 24, 4, 1, 37, 37, 1, 0},
+        {2, 29, 41, 4, 2, 64, 64, 0, 1}, {2, 29, 41, 4, 2, 37, 23, 1, 1}, /* window, softcap, ALiBi */
     };
     for (size_t i = 0; i < sizeof bwd / sizeof bwd[0]; i++) {
         char name[256] = "backward flash vs reference: ";
@@ -639,11 +671,18 @@ int main(void)
                     c.dt = dts[di];
                     c.causal = (int)((sq + (int64_t)si + (int64_t)di) & 1);
                     c.splits = splits[si];
+                    c.extra = 0;
                     decode_case(&c, &rng, &t);
                 }
+        for (int64_t sq = 1; sq <= 4; sq++) /* the other score options: GQA, then MQA */
+            for (size_t si = 0; si < 2; si++) {
+                const dcase c = {sq, sq, sq <= 2 ? 6 : 5, sq <= 2 ? 2 : 1, (sq & 1) ? 37 : 64, dts[di],
+                                 (int)(si & 1), splits[si], 1};
+                decode_case(&c, &rng, &t);
+            }
         const char *dn = fa_dtype_name(dts[di]);
         char name[200];
-        snprintf(name, sizeof name, "decode, %s cache: seqlen_q 1..4, GQA, MQA, MHA, splits 1, 3, 0, appends vs reference", dn);
+        snprintf(name, sizeof name, "decode, %s cache: seqlen_q 1..4, GQA, MQA, MHA, splits 1, 3, 0, appends, window/softcap/ALiBi vs reference", dn);
         result(name, &t.ref);
         snprintf(name, sizeof name, "decode, %s cache: paged (pages of 1, 3, 16) bit-identical to contiguous", dn);
         result(name, &t.paged);
