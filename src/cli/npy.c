@@ -1239,7 +1239,7 @@ fa_status fa_npy_write_type(fa_outfile *f, const void *data, fa_npy_type type, i
 
 fa_status fa_npy_write(fa_outfile *f, const void *data, fa_dtype dtype, int rank, const int64_t *shape)
 {
-    fa_npy_type type;
+    fa_npy_type type = FA_NPY_F32; /* (type_of_dtype sets it on success; aarch64 gcc warns without) */
     fa_status st = type_of_dtype(f->name, dtype, &type);
     return st != FA_OK ? st : fa_npy_write_type(f, data, type, rank, shape);
 }
@@ -1266,7 +1266,7 @@ fa_status fa_npy_save(const char *path, const void *data, fa_dtype dtype,
                       int rank, const int64_t *shape)
 {
     if (!path) return npy_fail(FA_ERR_NULL_ARG, "fa_npy_save: path is NULL");
-    fa_npy_type type;
+    fa_npy_type type = FA_NPY_F32; /* (type_of_dtype sets it on success; aarch64 gcc warns without) */
     fa_status st = type_of_dtype(*path ? path : "fa_npy_save", dtype, &type);
     return st != FA_OK ? st : fa_npy_save_type(path, data, type, rank, shape);
 }
