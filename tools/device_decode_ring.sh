@@ -3,11 +3,12 @@
 # on the 16-core device host, in ONE job, each measurement repeated in interleaved rounds so a slow
 # spell of the shared host falls on every row alike:
 #   decode  bench --seqlen-q 1, H=32 Hk=8 d=128, 32768 keys, 2 threads, f32/bf16 x splits 1/auto x
-#           page 0/16/256, cold cache (the default), 3 rounds; MQA (H=8 Hk=1) likewise; then one warm
-#           round (--warm-cache) to show what an L3-resident cache reads at;
-#   ring    tools/ring_bench.sh weak scaling P = 1,2,4,8 with 1 and 2 threads per rank, --rounds 3,
-#           and the causal contiguous/zigzag sweep, --rounds 2 (needs build/flashattn-mpi and
-#           build/ompi-debs carried: tools/ompi_debs.sh).
+#           pages $PAGES (default 0,16), cold cache (the default), 3 rounds; MQA (H=8 Hk=1) likewise;
+#           WARM=1 adds one warm round (--warm-cache): what an L3-resident cache reads at;
+#   ring    tools/ring_bench.sh weak scaling P = 1,2,4,8 with 1 thread per rank (RING_ROUNDS, default
+#           5, interleaved) and 2 threads (3 rounds), the machine's ceiling (the alone sweep: P
+#           independent one-rank runs at once, 2 rounds each), and the causal contiguous/zigzag sweep
+#           (2 rounds) (needs build/flashattn-mpi and build/ompi-debs carried: tools/ompi_debs.sh).
 # Each part is skipped, with a line saying so, once BUDGET_S (default 420) is spent.
 set -u
 out=${1:?usage: device_decode_ring.sh OUTDIR [BUDGET_S]}
@@ -27,12 +28,13 @@ fa=build/flashattn
 part build 30 make -j16 build/flashattn
 [ -x "$fa" ] || { echo "no $fa"; exit 1; }
 part info 5 "$fa" info
+pages=${PAGES:-0,16}
 dec="--seqlen-q 1 --n 32768 --d 128 --threads 2 --kv-dtype f32,bf16 --num-splits 1,0 --repeats 15"
 for r in 1 2 3; do
-    part "decode_r$r" 40 "$fa" bench $dec --heads 32 --heads-k 8 --page-size 0,16,256 --csv "$out/decode_r$r.csv"
+    part "decode_r$r" 40 "$fa" bench $dec --heads 32 --heads-k 8 --page-size "$pages" --csv "$out/decode_r$r.csv"
     part "decode_mqa_r$r" 25 "$fa" bench $dec --heads 8 --heads-k 1 --csv "$out/decode_mqa_r$r.csv"
 done
-part decode_warm 30 "$fa" bench $dec --heads 32 --heads-k 8 --page-size 0,16 --warm-cache --csv "$out/decode_warm.csv"
+[ "${WARM:-0}" = 1 ] && part decode_warm 30 "$fa" bench $dec --heads 32 --heads-k 8 --page-size 0,16 --warm-cache --csv "$out/decode_warm.csv"
 if [ -x build/flashattn-mpi ] && [ -d build/ompi-debs ]; then
     if ! command -v mpirun >/dev/null; then
         # unpacked under /tmp, not installed into / (the image is not ours to change)
@@ -42,8 +44,10 @@ if [ -x build/flashattn-mpi ] && [ -d build/ompi-debs ]; then
     fi
     part ompi 20 sh -c 'mpirun --version | head -1; ldd build/flashattn-mpi | grep "not found"; true'
     rb="--ranks 1,2,4,8 --bind core --tokens-per-rank 4096 --d 128 --heads 4 --reps 1 --out $out/ring_bench"
-    part ring_weak_t1 70 sh tools/ring_bench.sh $rb --threads 1 --rounds 3 --sweeps weak --tag t1
+    part ring_weak_t1 90 sh tools/ring_bench.sh $rb --threads 1 --rounds "${RING_ROUNDS:-5}" --sweeps weak --tag t1
+    part ring_alone_t1 30 sh tools/ring_bench.sh $rb --threads 1 --rounds 2 --sweeps alone --tag t1
     part ring_weak_t2 50 sh tools/ring_bench.sh $rb --threads 2 --rounds 3 --sweeps weak --tag t2
+    part ring_alone_t2 25 sh tools/ring_bench.sh $rb --threads 2 --rounds 2 --sweeps alone --tag t2
     part ring_causal_t2 40 sh tools/ring_bench.sh $rb --threads 2 --n 16384 --rounds 2 --sweeps causal --tag t2
 else
     echo "== ring: skipped (build/flashattn-mpi or build/ompi-debs not carried)"

@@ -22,6 +22,11 @@
 #   strong  fixed N, full mask: E_strong(P) = T(1) / (P T(P)).
 #   causal  fixed N, causal, contiguous and zigzag at each P: speedup = T_contiguous / T_zigzag,
 #           and each layout's strong efficiency against the one-rank time.
+#   alone   the machine's own ceiling for weak scaling: P independent one-rank runs at once (no
+#           ring, no messages; C tokens each, 2P repeats so they overlap), each on its own T cores
+#           (taskset) — E_alone = the slowest one's compute GFLOP/s against one run alone. When
+#           the cores slow down as they fill (shared caches, memory, turbo, a hypervisor's
+#           neighbours), no ring can beat E_alone; E_weak / E_alone is what the ring itself costs.
 # Beside E every table splits the time: E_compute = the slowest rank's compute rate (its own
 # visible pairs x 4 d over its seconds inside the library calls; rank_gflops) against one
 # rank's, i.e. how much the cores themselves slowed down as ranks were added; wait = the
@@ -53,13 +58,13 @@ while [ $# -gt 0 ]; do
         --tag) tag=$2-; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --build) build=$2; shift 2 ;;
-        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
         *) echo "ring_bench.sh: unknown option '$1'" >&2; exit 2 ;;
     esac
 done
 case $bind in none|core) ;; *) echo "ring_bench.sh: --bind must be none or core (got '$bind')" >&2; exit 2 ;; esac
 for s in $sweeps; do
-    case $s in weak|strong|causal) ;; *) echo "ring_bench.sh: unknown sweep '$s' (weak, strong, causal)" >&2; exit 2 ;; esac
+    case $s in weak|strong|causal|alone) ;; *) echo "ring_bench.sh: unknown sweep '$s' (weak, strong, causal, alone)" >&2; exit 2 ;; esac
 done
 out=${out:-$build/ring_bench}
 fm=$build/flashattn-mpi
@@ -127,6 +132,32 @@ for s in $sweeps; do
                 printf "  P=%-3s %-4s %8.4f s %7.1f GFLOP/s  E=%5.1f%%  E_comp=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
                     $1, $10, $11, $12, (key in t1) ? 100 * t1[key] / ($1 * $11) : 0,
                     ec, $14, $19, $20, $17, $16 }' ;;
+        alone)
+            command -v taskset >/dev/null || { echo "ring_bench.sh: the alone sweep needs taskset (util-linux)" >&2; exit 2; }
+            for r in $seq_rounds; do
+                for p in $ranks; do
+                    [ $((p * threads)) -gt "$cores" ] && { echo "  alone: P=$p x $threads threads > $cores cores: skipped"; continue; }
+                    i=0; pids=""
+                    while [ $i -lt "$p" ]; do
+                        lo=$((i * threads)); hi=$((lo + threads - 1))
+                        taskset -c "$lo-$hi" timeout 3600 mpirun $root --bind-to none -np 1 "$fm" bench --d "$d" \
+                            --heads "$heads" --threads "$threads" --reps $((2 * p)) --pass "$pass" --no-header \
+                            --tokens-per-rank "$cpr" --layout contiguous | sed "s/^1,/$p,/" >"$f.$i" &
+                        pids="$pids $!"; i=$((i + 1))
+                    done
+                    wait $pids
+                    i=0; while [ $i -lt "$p" ]; do cat "$f.$i" >>"$f.all"; rm -f "$f.$i"; i=$((i + 1)); done
+                done
+            done
+            # one row per (P, round): the slowest of the P processes (rank_gflops, column 18)
+            awk -F, '{ k = $1; n[k]++; if (!(k in lo) || $18 < lo[k]) { lo[k] = $18; row[k] = $0 }
+                      if (n[k] == $1 + 0) { print row[k]; delete lo[k]; n[k] = 0 } }' "$f.all" >>"$f"
+            rm -f "$f.all"
+            echo; echo "alone: P independent one-rank runs at once, $cpr tokens each, $threads threads each on its own" \
+                "cores (E_alone = the slowest one's compute GFLOP/s against P=1; medians of $rounds round(s))"
+            awk -F, "$med_awk" "$f" | awk -F, 'NR == 1 { next } { key = $10; if (!(key in r1) && $1 == 1) r1[key] = $18
+                e = 0; if ((key in r1) && r1[key] > 0) e = 100 * $18 / r1[key]
+                printf "  P=%-3s %-4s slowest of P: %7.1f GFLOP/s  E_alone=%5.1f%%\n", $1, $10, $18, e }' ;;
         causal)
             for r in $seq_rounds; do
                 for p in $ranks; do
