@@ -14,11 +14,15 @@
 # 16-core device host the one-rank time moved 1.6x between calls: a single P = 1 row taken minutes
 # before the P = 8 row made the weak efficiency anything from 47% to 95%.
 #   weak    fixed tokens per rank C, N = P C, full mask. The attention work grows as N^2, so a
-#           rank's work grows as P (P ring steps of C x C each): the ideal is T(P) = P T(1), and
-#               E_weak(P) = P T(1) / T(P) = (GFLOP/s at P / P) / (GFLOP/s at 1),
-#           GFLOP/s counting 4 B H N^2 d (x2.5 backward) — the per-rank FLOP rate against one
-#           rank's. (T(P) / T(1) alone is not the weak efficiency here: the work per rank is not
-#           fixed.)
+#           rank's work grows as P (P ring steps of C x C each), while its setup (buffers, the
+#           fill, packing Q, storing O: other_s at P = 1, o1) is paid once whatever P is. The
+#           ideal is T(P) = o1 + P (T(1) - o1), and
+#               E_weak(P) = (o1 + P (T(1) - o1)) / T(P)
+#           (P T(1) / T(P), the per-rank FLOP rate against one rank's, would count the setup P
+#           times and flatter the ring by o1 / T(1): 6-12% on the 16-core host). Beside the
+#           efficiency of the medians, "rounds" gives the min..max of each round's own pair
+#           (its P = 1 row against its P row). (T(P) / T(1) alone is not the weak efficiency
+#           here: the work per rank is not fixed.)
 #   strong  fixed N, full mask: E_strong(P) = T(1) / (P T(P)).
 #   causal  fixed N, causal, contiguous and zigzag at each P: speedup = T_contiguous / T_zigzag,
 #           and each layout's strong efficiency against the one-rank time.
@@ -115,12 +119,23 @@ for s in $sweeps; do
                 for p in $ranks; do run "$p" --tokens-per-rank "$cpr" --layout contiguous >>"$f"; done
             done
             echo; echo "weak scaling: $cpr tokens per rank, full mask, $threads threads per rank, bind $bind" \
-                "(E = P T1 / TP; E_comp = slowest rank's compute GFLOP/s against 1 rank's; medians of $rounds round(s))"
-            awk -F, "$med_awk" "$f" | awk -F, 'NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) { t1[key] = $11; r1[key] = $18 }
+                "(E = (o1 + P (T1 - o1)) / TP, setup o1 once; E_comp = slowest rank's compute GFLOP/s against 1" \
+                "rank's; medians of $rounds round(s); rounds = min..max of each round's own E)"
+            # each round's own pair: its P = 1 row (T1, o1) against its later rows
+            rng=$(awk -F, 'NR == 1 { next } { key = $10
+                if ($1 == 1) { t1[key] = $11; o1[key] = $20; next }
+                if (!(key in t1)) next
+                e = 100 * (o1[key] + $1 * (t1[key] - o1[key])) / $11; k = $1 "," key
+                if (!(k in lo) || e < lo[k]) lo[k] = e; if (!(k in hi) || e > hi[k]) hi[k] = e }
+                END { for (k in lo) printf "%s,%.1f,%.1f;", k, lo[k], hi[k] }' "$f")
+            awk -F, "$med_awk" "$f" | awk -F, -v rng="$rng" 'BEGIN { n = split(rng, a, ";")
+                    for (i = 1; i <= n; i++) if (split(a[i], b, ",") == 4) r[b[1] "," b[2]] = b[3] ".." b[4] "%" }
+                NR == 1 { next } { key = $10; if (!(key in t1) && $1 == 1) { t1[key] = $11; o1[key] = $20; r1[key] = $18 }
                 ec = 0; if ((key in r1) && r1[key] > 0) ec = 100 * $18 / r1[key]
-                printf "  P=%-3s %-4s N=%-7s %8.4f s %7.1f GFLOP/s  E=%5.1f%%  E_comp=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
-                    $1, $10, $4, $11, $12, (key in t1) ? 100 * $1 * t1[key] / $11 : 0,
-                    ec, $14, $19, $20, $17, $16 }' ;;
+                e = 0; if (key in t1) e = 100 * (o1[key] + $1 * (t1[key] - o1[key])) / $11
+                k = $1 "," key; rr = (k in r) ? r[k] : "-"
+                printf "  P=%-3s %-4s N=%-7s %8.4f s %7.1f GFLOP/s  E=%5.1f%% (rounds %s)  E_comp=%5.1f%%  wait %.4f (mean %.4f) s  other %.4f s  rss/rank %6.1f..%6.1f MiB\n",
+                    $1, $10, $4, $11, $12, e, rr, ec, $14, $19, $20, $17, $16 }' ;;
         strong)
             for r in $seq_rounds; do
                 for p in $ranks; do run "$p" --n "$n" --layout contiguous >>"$f"; done

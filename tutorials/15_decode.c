@@ -290,7 +290,8 @@ int main(int argc, char **argv)
            "   Read the table: unpacked asks for g x the bytes; packing reads them once. With H_k = 1 (MQA)\n"
            "   packing leaves one task, so one core pulls; split-KV gives every core a key range and the\n"
            "   partials merge exactly. bf16 halves the bytes and so the time, once memory-bound.\n"
-           "   `flashattn bench --seqlen-q 1` measures the library's decode rows the same way.\n",
+           "   `flashattn bench --seqlen-q 1` times the library's decode rows with a cold cache (evicted\n"
+           "   before every run, as a decoder meets it; --warm-cache times it as here).\n",
            tut_bytes(2.0 * n * 2 * d * 4), ci.l3_bytes ? tut_bytes((double)ci.l3_bytes) : "unknown");
     return 0;
 }

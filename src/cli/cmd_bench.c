@@ -945,9 +945,18 @@ static void decode_print_header(const bench_cfg *cfg, const decode_cfg *dc)
     printf("; GB/s = K/V bytes (2*batch*N*heads_k*d*size, once) / median time\n");
     if (dc->warm)
         printf("warm cache (--warm-cache): each run reads K/V left in L2/L3 by the previous one\n");
-    else
+    else {
+        fa_cpu_info ci;
+        const size_t llc = fa_get_cpu_info(&ci) == FA_OK ? ci.l3_bytes : 0;
+        const size_t eb = dc->evict_words * sizeof(uint64_t);
         printf("cold cache: before every run (not timed) a %zu MiB read evicts K/V from L2/L3, as a decoder "
-               "meets it\n", (dc->evict_words * sizeof(uint64_t)) >> 20);
+               "meets it\n", eb >> 20);
+        if (!llc)
+            printf("  (the last-level cache size is unknown here: %zu MiB may not evict all of it)\n", eb >> 20);
+        else if (eb < 2 * llc)
+            printf("  (less than twice the %zu MiB last-level cache, for lack of memory: K/V may stay partly cached)\n",
+                   llc >> 20);
+    }
     printf("times are median (min, max) of >= %d runs after %d warm-up; check = max |err| of every row vs float64\n",
            cfg->repeats, cfg->warmup);
     printf("\n%-9s %-4s %5s %6s %7s %4s %9s %9s %9s %8s %7s %8s %9s %9s\n", "impl", "kv", "page", "splits", "N", "d",
