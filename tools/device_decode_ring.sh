@@ -6,9 +6,10 @@
 #           pages $PAGES (default 0,16), cold cache (the default), 3 rounds; MQA (H=8 Hk=1) likewise;
 #           WARM=1 adds one warm round (--warm-cache): what an L3-resident cache reads at;
 #   ring    tools/ring_bench.sh weak scaling P = 1,2,4,8 with 1 thread per rank (RING_ROUNDS, default
-#           5, interleaved) and 2 threads (3 rounds), the machine's ceiling (the alone sweep: P
-#           independent one-rank runs at once, 2 rounds each), and the causal contiguous/zigzag sweep
-#           (2 rounds) (needs build/flashattn-mpi and build/ompi-debs carried: tools/ompi_debs.sh).
+#           5, interleaved, 3 repeats each) and 2 threads (3 rounds), the full host's ceiling (the
+#           alone sweep: P independent one-rank runs at once), strong scaling at N = 16384 and the
+#           causal contiguous/zigzag sweep (3 rounds) (needs build/flashattn-mpi and build/ompi-debs
+#           carried: tools/ompi_debs.sh).
 # Each part is skipped, with a line saying so, once BUDGET_S (default 420) is spent.
 set -u
 out=${1:?usage: device_decode_ring.sh OUTDIR [BUDGET_S]}
@@ -30,9 +31,14 @@ part build 30 make -j16 build/flashattn
 part info 5 "$fa" info
 pages=${PAGES:-0,16}
 dec="--seqlen-q 1 --n 32768 --d 128 --threads 2 --kv-dtype f32,bf16 --num-splits 1,0 --repeats 15"
+# BK_AB=N: each round also runs the same rows with FA_BLOCK_K=N (the decode block pinned), side by side
 for r in 1 2 3; do
     part "decode_r$r" 40 "$fa" bench $dec --heads 32 --heads-k 8 --page-size "$pages" --csv "$out/decode_r$r.csv"
+    [ -n "${BK_AB:-}" ] && part "decode_bk${BK_AB}_r$r" 40 env FA_BLOCK_K="$BK_AB" "$fa" bench $dec --heads 32 \
+        --heads-k 8 --page-size "$pages" --csv "$out/decode_bk${BK_AB}_r$r.csv"
     part "decode_mqa_r$r" 25 "$fa" bench $dec --heads 8 --heads-k 1 --csv "$out/decode_mqa_r$r.csv"
+    [ -n "${BK_AB:-}" ] && part "decode_mqa_bk${BK_AB}_r$r" 25 env FA_BLOCK_K="$BK_AB" "$fa" bench $dec --heads 8 \
+        --heads-k 1 --csv "$out/decode_mqa_bk${BK_AB}_r$r.csv"
 done
 [ "${WARM:-0}" = 1 ] && part decode_warm 30 "$fa" bench $dec --heads 32 --heads-k 8 --page-size 0,16 --warm-cache --csv "$out/decode_warm.csv"
 if [ -x build/flashattn-mpi ] && [ -d build/ompi-debs ]; then
@@ -43,12 +49,12 @@ if [ -x build/flashattn-mpi ] && [ -d build/ompi-debs ]; then
         export LD_LIBRARY_PATH="/tmp/ompi/usr/lib/x86_64-linux-gnu:/tmp/ompi/usr/lib/x86_64-linux-gnu/openmpi/lib:${LD_LIBRARY_PATH:-}"
     fi
     part ompi 20 sh -c 'mpirun --version | head -1; ldd build/flashattn-mpi | grep "not found"; true'
-    rb="--ranks 1,2,4,8 --bind core --tokens-per-rank 4096 --d 128 --heads 4 --reps 1 --out $out/ring_bench"
-    part ring_weak_t1 90 sh tools/ring_bench.sh $rb --threads 1 --rounds "${RING_ROUNDS:-5}" --sweeps weak --tag t1
-    part ring_alone_t1 30 sh tools/ring_bench.sh $rb --threads 1 --rounds 2 --sweeps alone --tag t1
-    part ring_weak_t2 50 sh tools/ring_bench.sh $rb --threads 2 --rounds 3 --sweeps weak --tag t2
-    part ring_alone_t2 25 sh tools/ring_bench.sh $rb --threads 2 --rounds 2 --sweeps alone --tag t2
-    part ring_causal_t2 40 sh tools/ring_bench.sh $rb --threads 2 --n 16384 --rounds 2 --sweeps causal --tag t2
+    rb="--ranks 1,2,4,8 --bind core --tokens-per-rank 4096 --d 128 --heads 4 --out $out/ring_bench"
+    part ring_weak_t1 90 sh tools/ring_bench.sh $rb --reps 3 --threads 1 --rounds "${RING_ROUNDS:-5}" --sweeps weak --tag t1
+    part ring_weak_t2 40 sh tools/ring_bench.sh $rb --reps 2 --threads 2 --rounds 3 --sweeps weak --tag t2
+    part ring_alone_t2 20 sh tools/ring_bench.sh $rb --reps 1 --threads 2 --rounds 2 --sweeps alone --tag t2
+    part ring_strong_t2 20 sh tools/ring_bench.sh $rb --reps 3 --threads 2 --n 16384 --sweeps strong --tag t2
+    part ring_causal_t2 40 sh tools/ring_bench.sh $rb --reps 1 --threads 2 --n 16384 --rounds 3 --sweeps causal --tag t2
 else
     echo "== ring: skipped (build/flashattn-mpi or build/ompi-debs not carried)"
 fi
