@@ -49,7 +49,7 @@
  * than the arithmetic: a K tile transposed into a panel, a V tile copied, a
  * bf16 cache widened into a float32 buffer took ~3/4 of the time (measured:
  * docs/performance.md). So nothing is packed here. For each key block
- * (DEC_BLOCK_K keys, or the caller's block_k) and kv head, the task builds the
+ * (DEC_BLOCK_K_GQA or _MQA keys, or the caller's block_k) and kv head, the task builds the
  * row pointers of the block (dense: a stride; paged: walking the block table,
  * page by page; new keys: pack.h's accessor) and the kernel table's dec_qk
  * dots each K row, read in place, with the tile's rows in registers (f16/bf16
@@ -88,13 +88,20 @@
 
 /* Keys per block unless the caller pins block_k (FA_BLOCK_K, fa_options): the
  * kernels read K/V in place, so the block only sets the scores tile (rows x
- * 32 floats), the per-block overhead and how far ahead the prefetch asks.
- * Measured with a cold cache (bench's default; 1 thread, H = 32, H_k = 8,
- * d = 128, 32768 keys, this Xeon, two rounds side by side): 32 keys read a
- * bf16 cache 1.2x faster than 64 or 128 (16.8-17.1 ms against 20.1-21.1),
- * float32 the same (34.4-35.4 ms for all three). One block for every format,
- * so a bf16 cache keeps the bits of the same values widened to float32. */
-#define DEC_BLOCK_K 32
+ * bc floats), the per-block overhead, how far ahead the prefetch asks and —
+ * with several kv heads per task — how close in time the heads' stretches of
+ * the same cache rows are read. Measured on the 16-core device host, cold cache,
+ * 2 threads, 3 rounds side by side (docs/examples/device_decode_ring_run2.log):
+ * H = 32, H_k = 8 (4 kv heads per task): 32 keys read a bf16 cache in 12.6 /
+ * 16.0 / 14.4 ms against 19.4 / 16.0 / 16.5 with 128, float32 the same (24.0 /
+ * 24.5 / 25.4 against 24.9 / 25.4 / 23.7); MQA (H_k = 1, one head per task):
+ * 32 keys ~10% slower than 128 (bf16 4.0-4.5 ms against 3.5-4.0 unsplit). So
+ * DEC_BLOCK_K_GQA when there are several kv heads, DEC_BLOCK_K_MQA for one: a
+ * property of the problem, never of the thread count (the bits must not
+ * depend on it), and one block for every format, so a bf16 cache keeps the
+ * bits of the same values widened to float32. */
+#define DEC_BLOCK_K_GQA 32
+#define DEC_BLOCK_K_MQA 128
 
 /* Keys per dec_qk call, each preceded by the prefetch of the same keys of the next block. */
 #define DEC_PF_KEYS 16
@@ -144,7 +151,7 @@ static dec_dims dec_layout_rows(const fa_problem *p)
         g.chunk_rows = (g.rows + g.cph - 1) / g.cph;
     }
     g.chunks = g.cph * ((p->heads_k + g.hpt - 1) / g.hpt);
-    g.bc = p->blocks_pinned_k ? p->block_k : DEC_BLOCK_K;
+    g.bc = p->blocks_pinned_k ? p->block_k : p->heads_k > 1 ? DEC_BLOCK_K_GQA : DEC_BLOCK_K_MQA;
     g.ldq = round16((size_t)p->d);
     g.ldk = round16((size_t)g.bc);
     g.ldv = round16((size_t)p->dv);
