@@ -56,6 +56,19 @@ typedef struct fa_kernels {
                const float *alpha,
                float *o, size_t ldo);
 
+    /*
+     * Optional (NULL: tiles are never cut). Where a causal or windowed tile
+     * may be cut (src/flash.c): the fewest leading columns n, with
+     * need <= n <= bc, such that qk, softmax and pv over the first n columns
+     * of a tile of bc columns give every row the bits they give over all bc
+     * columns when every score in columns need..bc-1 is masked (-inf). Each
+     * visible column must keep its lane, its partial-sum accumulator and its
+     * pv key chunk; the dropped columns would only have added exact zeros
+     * (exp(-inf) = +0 to l, 0 * v to O) and -inf to the max. Each ISA file
+     * states the loop facts its answer rests on.
+     */
+    int (*cut_cols)(int bc, int need);
+
     /* y[i] = exp(x[i]) for n elements; exp(-inf) = 0 exactly. */
     void (*vexp)(int n, const float *x, float *y);
 
