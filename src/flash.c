@@ -115,10 +115,25 @@ typedef struct flash_dims {
     size_t ldq, ldk, ldv, lds, ldo;
 } flash_dims;
 
+/*
+ * Br as the driver uses it: p->block_q, except that a derived (not pinned)
+ * block is lowered to spread seqlen_q evenly over the same number of blocks,
+ * a multiple of the kernels' row block (fa_even_block). At N = 1024 and
+ * Br = 204 (AVX2, row block 6) that is six blocks of 174, the last 154,
+ * instead of five of 204 and a 4-row block that still streams every key tile
+ * under a causal mask. The bits do not move: rows are computed on their own,
+ * in an order fixed by the key blocks (Bc).
+ */
+static int even_block_rows(const fa_problem *p)
+{
+    if (p->blocks_pinned_q) return p->block_q;
+    return fa_even_block(p->seqlen_q, p->block_q, p->kern && p->kern->row_block > 0 ? p->kern->row_block : 1);
+}
+
 static flash_dims flash_layout(const fa_problem *p)
 {
     flash_dims g;
-    g.br = p->block_q;
+    g.br = even_block_rows(p);
     g.bc = p->block_k;
     g.ldq = round16((size_t)p->d);
     g.ldk = round16((size_t)g.bc);
