@@ -848,7 +848,9 @@ static int kc_check_chain(const fa_kernels *k, const fa_kernels *ref, uint64_t s
  * and O are not trivial. l and O are compared bit for bit, m by value (a
  * max of zeros may pick either sign; it changes no output). bc runs past
  * 256, where avx2's pv cuts its key chunks by bc; hi_r is random per row
- * (0 included: a row that sees nothing of the tile). Inline: the NEON runner
+ * (0 included: a row that sees nothing of the tile). Then cut_lead: pv with
+ * alpha = 1 over keys [cut_lead(bc, lead), n) against [0, n) when P is 0
+ * before each row's first visible key (>= lead). Inline: the NEON runner
  * (tests/neon/) does not call it yet.
  */
 static inline int kc_check_cut(const fa_kernels *k, uint64_t seed, char *msg, size_t cap)
@@ -916,6 +918,31 @@ static inline int kc_check_cut(const fa_kernels *k, uint64_t seed, char *msg, si
                             break;
                         }
                 }
+            }
+            /* cut_lead: pv with alpha = 1 over keys [a', n) against [0, n) when P = 0 below each row's
+             * first visible key (>= lead), on top of a non-zero O (the backward's dK, dV accumulators) */
+            for (int trial = 0; trial < 6 && !nf && k->cut_lead; trial++) {
+                const int lead = (int)(kc_next(&rng) % (uint64_t)bc), need = lead + 1 + (int)(kc_next(&rng) % (uint64_t)(bc - lead));
+                const int n = k->cut_cols(bc, need), a = k->cut_lead(bc, lead);
+                if (a > lead || a < 0 || a % 16) {
+                    kc_fail(msg, cap, &nf, "%s cut_lead(%d, %d) = %d: not a multiple of 16 in [0, a]", k->name, bc, lead, a);
+                    break;
+                }
+                for (int i = 0; i < br; i++) {
+                    al.p[i] = 1.0f;
+                    const int first = lead + (int)(kc_next(&rng) % (uint64_t)(need - lead));
+                    for (int j = 0; j < bc; j++) s.p[(size_t)i * ldk + j] = j >= first && j < need ? kc_uniform(&rng, 0.0f, 1.0f) : 0.0f;
+                    for (int c = 0; c < dv; c++) o[0].p[(size_t)i * dv + c] = o[1].p[(size_t)i * dv + c] = kc_uniform(&rng, -1.0f, 1.0f);
+                }
+                for (size_t x = 0; x < (size_t)bc * dv; x++) v.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
+                k->pv(br, bc, dv, s.p, ldk, v.p, (size_t)dv, al.p, o[0].p, (size_t)dv);
+                k->pv(br, n - a, dv, s.p + a, ldk, v.p + (size_t)a * dv, (size_t)dv, al.p, o[1].p, (size_t)dv);
+                for (size_t x = 0; x < (size_t)br * dv; x++)
+                    if (kc_bits(o[0].p[x]) != kc_bits(o[1].p[x])) {
+                        kc_fail(msg, cap, &nf, "%s cut_lead bc=%d br=%d lead=%d need=%d: [%d, %d): O[%zu] %a vs %a",
+                                k->name, bc, br, lead, need, a, n, x, (double)o[1].p[x], (double)o[0].p[x]);
+                        break;
+                    }
             }
             kc_free(&q); kc_free(&kt); kc_free(&v); kc_free(&s); kc_free(&hi); kc_free(&al);
             for (int w = 0; w < 2; w++) {

@@ -501,6 +501,14 @@ static int cut_cols_avx2(int bc, int need)
     return n < bc ? n : bc;
 }
 
+/* cut_lead (alpha = 1): with bc <= PV_KC both calls are one chunk and the
+ * skipped keys only added +-0 to acc = +0; above it the chunk length depends
+ * on the call's width, so no leading cut. */
+static int cut_lead_avx2(int bc, int a)
+{
+    return bc <= PV_KC ? a & ~15 : 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* transpose: the driver's K tile -> packed Kt                               */
 /* ------------------------------------------------------------------------ */
@@ -826,6 +834,7 @@ const fa_kernels fa_kernels_avx2 = {
     .softmax = softmax_avx2,
     .pv = pv_avx2,
     .cut_cols = cut_cols_avx2,
+    .cut_lead = cut_lead_avx2,
     .vexp = vexp_avx2,
     .transpose = transpose_avx2,
     .transform = transform_avx2,

@@ -453,6 +453,14 @@ static int cut_cols_avx512(int bc, int need)
     return n < bc ? n : bc;
 }
 
+/* cut_lead (alpha = 1): within one key chunk (bc <= PV_KC) skipping leading
+ * keys only skipped acc += +-0 from acc = +0; past it, a' must be a chunk
+ * boundary, where O + acc (of zeros) was O + 0 and 1 * O + acc is O + acc. */
+static int cut_lead_avx512(int bc, int a)
+{
+    return bc <= PV_KC ? a & ~15 : a - a % PV_KC;
+}
+
 /* ------------------------------------------------------------------------ */
 /* FMA peak loop (for benchmarks: the ceiling the kernels are measured on)   */
 /* ------------------------------------------------------------------------ */
@@ -731,6 +739,7 @@ const fa_kernels fa_kernels_avx512 = {
     .softmax = softmax_avx512,
     .pv = pv_avx512,
     .cut_cols = cut_cols_avx512,
+    .cut_lead = cut_lead_avx512,
     .vexp = vexp_avx512,
     .transpose = fa_transpose_avx512, /* avx512_transpose.c */
     .transform = transform_avx512,

@@ -69,6 +69,16 @@ typedef struct fa_kernels {
      */
     int (*cut_cols)(int bc, int need);
 
+    /*
+     * Optional (NULL: no leading cut). The backward pass's other side of a
+     * cut (src/backward.c): for pv with alpha = 1 over a tile of bc keys, the
+     * largest a' <= a, a multiple of 16, such that pv over keys [a', n) gives
+     * the bits of pv over keys [0, n) when P is zero for every key < a
+     * (n <= bc, from cut_cols). The skipped keys must only have added
+     * P * V = +-0 to accumulators that start at +0, in the same key chunk.
+     */
+    int (*cut_lead)(int bc, int a);
+
     /* y[i] = exp(x[i]) for n elements; exp(-inf) = 0 exactly. */
     void (*vexp)(int n, const float *x, float *y);
 

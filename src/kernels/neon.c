@@ -323,6 +323,9 @@ static int cut_cols_neon(int bc, int need)
     return n < bc ? n : bc;
 }
 
+/* cut_lead (alpha = 1): one chunk; the skipped keys only added +-0 to acc = +0. */
+static int cut_lead_neon(int bc, int a) { return a & ~15; }
+
 /* ------------------------------------------------------------------------ */
 /* transpose: the driver's K tile -> packed Kt                               */
 /* ------------------------------------------------------------------------ */
@@ -531,6 +534,7 @@ const fa_kernels fa_kernels_neon = {
     .softmax = softmax_neon,
     .pv = pv_neon,
     .cut_cols = cut_cols_neon,
+    .cut_lead = cut_lead_neon,
     .vexp = vexp_neon,
     .transpose = transpose_neon,
     .transform = fa_transform_line_scalar, /* no NEON tanh yet: the spec's loop */
