@@ -450,6 +450,27 @@ static void tile_line(const fa_problem *p, const fa_kernels *kern, float *restri
     }
 }
 
+/*
+ * Cut tiles (as the forward's, src/flash.c): under a causal or windowed mask a
+ * tile that some line sees only part of is computed per group of about 16
+ * lines (rows of S in pass (b), keys of S^T in pass (a)), each over only the
+ * columns its lines can see: pass (b) drops the masked columns at the end
+ * (kern->cut_cols), pass (a) those at the start too (kern->cut_lead: its
+ * lines are keys, and a key's masked queries come first under a causal
+ * mask). A group that sees nothing of the tile is skipped. The dropped
+ * columns only added P = 0 and dS = 0 * (dP - D) = +-0 terms, so the bits are
+ * the whole tile's for finite dP (kernels.h); a dP of +-inf or NaN at a
+ * masked position (V holding Inf or NaN, or dO . V overflowing) made the
+ * whole tile's dS there NaN, which the cut drops where it drops the column.
+ */
+#define FA_CUT_GROUP_MAX 64
+static int cut_group(const fa_kernels *kern)
+{
+    const int rb = kern->row_block > 0 ? kern->row_block : 1;
+    const int n = rb * ((16 + rb - 1) / rb);
+    return n < FA_CUT_GROUP_MAX ? n : FA_CUT_GROUP_MAX - FA_CUT_GROUP_MAX % rb;
+}
+
 /* Pass (a): dK, dV of keys j0..j0+bc of kv head hk in batch b. */
 static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
                           const bwd_packed *qp, const float *dvec, const fa_tensor *dout, const fa_tensor *dk,
@@ -484,21 +505,75 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
                 fa_pack_rows(&dos, i0, br, sc->dor, g->lddv, 0);
             }
 
-            kern->qk(bc, br, (int)d, sc->kr, g->ldd, qt, g->ldr, (float)p->scale, sc->st, g->ldr);
-            kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, dot, g->ldr, 1.0f, sc->dpt, g->ldr);
+            /* a tile some key line of which is partly masked: cut it per key group */
+            int cut = 0;
+            if (p->tile_cut && kern->cut_cols && kern->cut_lead)
+                for (int r = 0; r < br && !cut; r++)
+                    cut = !(sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc);
+            if (!cut) {
+                kern->qk(bc, br, (int)d, sc->kr, g->ldd, qt, g->ldr, (float)p->scale, sc->st, g->ldr);
+                kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, dot, g->ldr, 1.0f, sc->dpt, g->ldr);
+            }
             /* queries visible to key j0 + j: [r1, r2), both growing with j */
             int r1 = 0, r2 = 0;
-            for (int j = 0; j < bc; j++) {
-                const int64_t key = j0 + j;
-                while (r1 < br && sc->hi[r1] <= key) r1++;
-                while (r2 < br && sc->lo[r2] <= key) r2++;
-                tile_line(p, kern, sc->g, br, r1, r2 > r1 ? r2 : r1, sc->st + (size_t)j * g->ldr,
-                          sc->dpt + (size_t)j * g->ldr, sc->lse, sc->dd, 1, slope,
-                          i0 + fa_diag_offset(p, b) - key, 1,
-                          p->keep ? fa_keep_row(p, b, h, i0) + key * p->keep_stride[3] : NULL, p->keep_stride[2]);
+            const int keys = cut ? cut_group(kern) : bc;
+            for (int k0 = 0; k0 < bc; k0 += keys) {
+                const int nk = bc - k0 < keys ? bc - k0 : keys;
+                int v1[FA_CUT_GROUP_MAX], v2[FA_CUT_GROUP_MAX]; /* each key's [r1, r2) when cut */
+                int a = 0, n = br;
+                if (cut) {
+                    int lo = br, hi = 0;
+                    for (int j = k0; j < k0 + nk; j++) {
+                        const int64_t key = j0 + j;
+                        while (r1 < br && sc->hi[r1] <= key) r1++;
+                        while (r2 < br && sc->lo[r2] <= key) r2++;
+                        v1[j - k0] = r1;
+                        v2[j - k0] = r2 > r1 ? r2 : r1;
+                        if (r2 > r1) {
+                            if (r1 < lo) lo = r1;
+                            if (r2 > hi) hi = r2;
+                        }
+                    }
+                    if (hi == 0) continue; /* no key of the group is seen: P = dS = 0 */
+                    n = kern->cut_cols(br, hi);
+                    a = kern->cut_lead(br, lo);
+                    float *st = sc->st + (size_t)k0 * g->ldr + a, *dpt = sc->dpt + (size_t)k0 * g->ldr + a;
+                    kern->qk(nk, n - a, (int)d, sc->kr + (size_t)k0 * g->ldd, g->ldd, qt + a, g->ldr, (float)p->scale,
+                             st, g->ldr);
+                    kern->qk(nk, n - a, (int)dvd, sc->vr + (size_t)k0 * g->lddv, g->lddv, dot + a, g->ldr, 1.0f, dpt,
+                             g->ldr);
+                }
+                for (int j = k0; j < k0 + nk; j++) {
+                    const int64_t key = j0 + j;
+                    int va, vb;
+                    if (cut) {
+                        va = (v1[j - k0] < n ? v1[j - k0] : n) - a;
+                        vb = (v2[j - k0] < n ? v2[j - k0] : n) - a;
+                        if (va < 0) va = 0; /* a key that sees nothing, before the lead */
+                        if (vb < va) vb = va;
+                    } else {
+                        while (r1 < br && sc->hi[r1] <= key) r1++;
+                        while (r2 < br && sc->lo[r2] <= key) r2++;
+                        va = r1;
+                        vb = r2 > r1 ? r2 : r1;
+                    }
+                    tile_line(p, kern, sc->g, n - a, va, vb, sc->st + (size_t)j * g->ldr + a,
+                              sc->dpt + (size_t)j * g->ldr + a, sc->lse + a, sc->dd + a, 1, slope,
+                              i0 + a + fa_diag_offset(p, b) - key, 1,
+                              p->keep ? fa_keep_row(p, b, h, i0 + a) + key * p->keep_stride[3] : NULL,
+                              p->keep_stride[2]);
+                }
+                if (cut) {
+                    kern->pv(nk, n - a, (int)dvd, sc->st + (size_t)k0 * g->ldr + a, g->ldr, dor + (size_t)a * g->lddv,
+                             g->lddv, sc->ones, sc->dva + (size_t)k0 * g->lddv, g->lddv);
+                    kern->pv(nk, n - a, (int)d, sc->dpt + (size_t)k0 * g->ldr + a, g->ldr, qr + (size_t)a * g->ldd,
+                             g->ldd, sc->ones, sc->dka + (size_t)k0 * g->ldd, g->ldd);
+                }
             }
-            kern->pv(bc, br, (int)dvd, sc->st, g->ldr, dor, g->lddv, sc->ones, sc->dva, g->lddv);
-            kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
+            if (!cut) {
+                kern->pv(bc, br, (int)dvd, sc->st, g->ldr, dor, g->lddv, sc->ones, sc->dva, g->lddv);
+                kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
+            }
         }
     }
     const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
@@ -524,6 +599,11 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
                 if (sc->lo[r] < jmin) jmin = sc->lo[r];
                 if (sc->hi[r] > jmax) jmax = sc->hi[r];
             }
+        /* the smallest end of a non-empty row's keys: tiles past it are cut */
+        const int cut_any = p->tile_cut && kern->cut_cols;
+        int64_t jmin_hi = seq.k_len;
+        for (int r = 0; r < br; r++)
+            if (sc->lo[r] < sc->hi[r] && sc->hi[r] < jmin_hi) jmin_hi = sc->hi[r];
         fa_pack_rows(&qs, i0, br, sc->qr, g->ldd, 0);
         fa_pack_rows(&dos, i0, br, sc->dor, g->lddv, 0);
         for (int64_t j0 = jmin - jmin % g->bc; j0 < jmax; j0 += g->bc) {
@@ -540,17 +620,37 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
                 fa_pack_rows(&ks, j0, bc, sc->kr, g->ldd, 0);
             }
 
-            kern->qk(br, bc, (int)d, sc->qr, g->ldd, kt, g->ldc, (float)p->scale, sc->s, g->ldc);
-            kern->qk(br, bc, (int)dvd, sc->dor, g->lddv, vt, g->ldc, 1.0f, sc->dp, g->ldc);
-            for (int r = 0; r < br; r++) {
-                const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
-                const int va = lo > 0 ? (lo < bc ? (int)lo : bc) : 0;
-                const int vb = hi < bc ? (hi > va ? (int)hi : va) : bc;
-                tile_line(p, kern, sc->g, bc, va, vb, sc->s + (size_t)r * g->ldc, sc->dp + (size_t)r * g->ldc,
-                          sc->lse + r, sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1,
-                          p->keep ? fa_keep_row(p, b, h, i0 + r) + j0 * p->keep_stride[3] : NULL, p->keep_stride[3]);
+            /* rows whose keys end inside this tile: cut it per row group (as flash.c's
+             * flash_tile_cut: same bits); else the whole tile */
+            const int cut = cut_any && jmin_hi < j0 + bc;
+            const int rows = cut ? cut_group(kern) : br;
+            for (int r0 = 0; r0 < br; r0 += rows) {
+                const int nr = br - r0 < rows ? br - r0 : rows;
+                int n = bc;
+                if (cut) {
+                    int64_t need = 0;
+                    for (int r = r0; r < r0 + nr; r++)
+                        if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
+                            const int64_t e = (sc->hi[r] < j0 + bc ? sc->hi[r] : j0 + bc) - j0;
+                            if (e > need) need = e;
+                        }
+                    if (need == 0) continue; /* no row of the group sees the tile: dS = 0 */
+                    n = kern->cut_cols(bc, (int)need);
+                }
+                float *s = sc->s + (size_t)r0 * g->ldc, *dp = sc->dp + (size_t)r0 * g->ldc;
+                kern->qk(nr, n, (int)d, sc->qr + (size_t)r0 * g->ldd, g->ldd, kt, g->ldc, (float)p->scale, s, g->ldc);
+                kern->qk(nr, n, (int)dvd, sc->dor + (size_t)r0 * g->lddv, g->lddv, vt, g->ldc, 1.0f, dp, g->ldc);
+                for (int r = r0; r < r0 + nr; r++) {
+                    const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
+                    const int va = lo > 0 ? (lo < n ? (int)lo : n) : 0;
+                    const int vb = hi < n ? (hi > va ? (int)hi : va) : n;
+                    tile_line(p, kern, sc->g, n, va, vb, sc->s + (size_t)r * g->ldc, sc->dp + (size_t)r * g->ldc,
+                              sc->lse + r, sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1,
+                              p->keep ? fa_keep_row(p, b, h, i0 + r) + j0 * p->keep_stride[3] : NULL,
+                              p->keep_stride[3]);
+                }
+                kern->pv(nr, n, (int)d, dp, g->ldc, kr, g->ldd, sc->ones, sc->dqa + (size_t)r0 * g->ldd, g->ldd);
             }
-            kern->pv(br, bc, (int)d, sc->dp, g->ldc, kr, g->ldd, sc->ones, sc->dqa, g->ldd);
         }
     }
     store_rows(&dqs, i0, br, sc->dqa, g->ldd, (float)p->scale);

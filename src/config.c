@@ -76,9 +76,23 @@ static int env_size(const char *name, size_t *out, int *set)
     return 0;
 }
 
+/* A switch: unset -> -1, "0" or "1", anything else is an error. */
+static int env_switch(const char *name, int *out)
+{
+    const char *s = getenv(name);
+    *out = -1;
+    if (!s || !*s) return 0;
+    if ((s[0] == '0' || s[0] == '1') && s[1] == '\0') {
+        *out = s[0] - '0';
+        return 0;
+    }
+    snprintf(env_message, sizeof env_message, "%s=%s: must be 0 or 1", name, s);
+    return -1;
+}
+
 static void env_read(void)
 {
-    if (env_block("FA_BLOCK_Q", &env.block_q) || env_block("FA_BLOCK_K", &env.block_k) ||
+    if (env_switch("FA_TILE_CUT", &env.tile_cut) || env_block("FA_BLOCK_Q", &env.block_q) || env_block("FA_BLOCK_K", &env.block_k) ||
         env_size("FA_FLASH_SHARED_MAX", &env.pack_max, &env.has_pack_max) ||
         env_size("FA_L1D_BYTES", &env.l1d, NULL) || env_size("FA_L2_BYTES", &env.l2, NULL))
         env_status = FA_ERR_OPTION;

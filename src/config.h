@@ -39,6 +39,7 @@ typedef struct fa_env {
     int has_pack_max;      /* FA_FLASH_SHARED_MAX was set */
     size_t pack_max;
     size_t l1d, l2;        /* 0: not set */
+    int tile_cut;          /* FA_TILE_CUT: -1 not set (cut), 0 whole tiles, 1 cut (src/flash.c) */
 } fa_env;
 
 /* The environment, parsed once (thread-safe). NULL when a variable is

@@ -115,10 +115,25 @@ typedef struct flash_dims {
     size_t ldq, ldk, ldv, lds, ldo;
 } flash_dims;
 
+/*
+ * Br as the driver uses it: p->block_q, except that a derived (not pinned)
+ * block is lowered to spread seqlen_q evenly over the same number of blocks,
+ * a multiple of the kernels' row block (fa_even_block). At N = 1024 and
+ * Br = 204 (AVX2, row block 6) that is six blocks of 174, the last 154,
+ * instead of five of 204 and a 4-row block that still streams every key tile
+ * under a causal mask. The bits do not move: rows are computed on their own,
+ * in an order fixed by the key blocks (Bc).
+ */
+static int even_block_rows(const fa_problem *p)
+{
+    if (p->blocks_pinned_q) return p->block_q;
+    return fa_even_block(p->seqlen_q, p->block_q, p->kern && p->kern->row_block > 0 ? p->kern->row_block : 1);
+}
+
 static flash_dims flash_layout(const fa_problem *p)
 {
     flash_dims g;
-    g.br = p->block_q;
+    g.br = even_block_rows(p);
     g.bc = p->block_k;
     g.ldq = round16((size_t)p->d);
     g.ldk = round16((size_t)g.bc);
@@ -162,11 +177,11 @@ static int scratch_alloc(const fa_problem *p, const flash_dims *g, flash_scratch
  * NaN, which would leak into rows that cannot see the bad key. Here each row
  * multiplies only its visible keys.
  */
-static void pv_masked_rows(const fa_kernels *kern, int br, int64_t j0, int bc, int64_t dv,
+static void pv_masked_rows(const fa_kernels *kern, int r0, int br, int64_t j0, int bc, int64_t dv,
                            const flash_scratch *sc, size_t lds, const float *vj, size_t ldv,
                            size_t ldo)
 {
-    for (int r = 0; r < br; r++) {
+    for (int r = r0; r < r0 + br; r++) {
         int64_t a = sc->lo[r] - j0, e = sc->hi[r] - j0;
         if (a < 0) a = 0;
         if (e > bc) e = bc;
@@ -192,6 +207,58 @@ static void prefetch_tile(const fa_rows *ks, const fa_rows *vs, int64_t k_len, i
     const int64_t n = (j0 + bc < k_len ? j0 + bc : k_len) - j0;
     fa_rows_prefetch(ks, j0, n);
     fa_rows_prefetch(vs, j0, n);
+}
+
+/*
+ * Rows per group of a cut tile (see flash_task): a multiple of the kernels'
+ * register block, about 16 rows, so qk and pv still run whole register
+ * blocks and each group re-reads the K/V tile a few times at most.
+ */
+static int cut_rows(const fa_kernels *kern)
+{
+    const int rb = kern->row_block > 0 ? kern->row_block : 1;
+    return rb * ((16 + rb - 1) / rb);
+}
+
+/*
+ * One masked tile (rows whose visible keys end inside it), cut: each group of
+ * cut_rows rows runs qk, the transforms, softmax and pv over only the first
+ * kern->cut_cols(bc, need) columns, need = the last column any row of the
+ * group can see (+1), and a group that sees none of the tile is skipped.
+ * Identical bits to the whole tile (kernels.h, cut_cols: every visible
+ * column keeps its lane, accumulator and key chunk, and a dropped column
+ * only added exact zeros; a skipped group had alpha = exp(m - m) = 1 and
+ * P = 0). The one exception is the sign of an O element that is exactly
+ * zero: an accumulator at -0 (only after products that underflow) plus a
+ * dropped +0 would have become +0.
+ */
+static void flash_tile_cut(const fa_problem *p, const fa_kernels *kern, const flash_dims *g,
+                           flash_scratch *sc, int64_t b, int64_t h, int64_t i0, int br, int64_t j0, int bc,
+                           double slope, const float *kt, const float *vj, int v_bad)
+{
+    const int rows = cut_rows(kern);
+    const int64_t jend = j0 + bc;
+    for (int r0 = 0; r0 < br; r0 += rows) {
+        const int nr = br - r0 < rows ? br - r0 : rows;
+        int64_t need = 0;
+        for (int r = r0; r < r0 + nr; r++)
+            if (sc->lo[r] < jend && sc->hi[r] > j0 && sc->lo[r] < sc->hi[r]) {
+                const int64_t e = (sc->hi[r] < jend ? sc->hi[r] : jend) - j0;
+                if (e > need) need = e;
+            }
+        if (need == 0) continue; /* no row of the group sees this tile: exact no-ops */
+        const int n = kern->cut_cols(bc, (int)need);
+        float *s = sc->s + (size_t)r0 * g->lds;
+        kern->qk(nr, n, (int)p->d, sc->qi + (size_t)r0 * g->ldq, g->ldq, kt, g->ldk, (float)p->scale, s, g->lds);
+        fa_transform_tile(p, b, i0 + r0, nr, j0, n, slope, sc->lo + r0, sc->hi + r0, s, g->lds);
+        kern->softmax(nr, n, s, g->lds, sc->m + r0, sc->l + r0, sc->alpha + r0);
+        if (p->keep) fa_dropout_tile(p, b, h, i0 + r0, nr, j0, n, s, g->lds);
+        if (v_bad)
+            pv_masked_rows(kern, r0, nr, j0, n, p->dv, sc, g->lds, vj, g->ldv, g->ldo);
+        else
+            kern->pv(nr, n, (int)p->dv, s, g->lds, vj, g->ldv, sc->alpha + r0, sc->oa + (size_t)r0 * g->ldo,
+                     g->ldo);
+    }
 }
 
 /* One task: (batch b, head h, Q block starting at row i0 with br rows). */
@@ -221,6 +288,12 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         memset(sc->oa + (size_t)r * g->ldo, 0, (size_t)dv * sizeof(float));
     }
 
+    /* the smallest end of a non-empty row's keys: tiles past it are cut */
+    const int cut_any = p->tile_cut && kern->cut_cols;
+    int64_t jmin_hi = seq.k_len;
+    for (int r = 0; r < br; r++)
+        if (sc->lo[r] < sc->hi[r] && sc->hi[r] < jmin_hi) jmin_hi = sc->hi[r];
+
     /* stream the K/V tiles that some row can see; the rest are skipped */
     if (jmin < jmax) {
         const int64_t kb0 = jmin / g->bc, kb1 = (jmax + g->bc - 1) / g->bc;
@@ -243,12 +316,17 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
             }
             const size_t ldv = g->ldv;
 
+            /* a tile that some row's visible keys end inside: cut it (flash_tile_cut) */
+            if (cut_any && jmin_hi < j0 + bc) {
+                flash_tile_cut(p, kern, g, sc, b, h, i0, br, j0, bc, slope, kt, vj, v_bad);
+                continue;
+            }
             kern->qk(br, bc, (int)d, sc->qi, g->ldq, kt, g->ldk, (float)p->scale, sc->s, g->lds);
             fa_transform_tile(p, b, i0, br, j0, bc, slope, sc->lo, sc->hi, sc->s, g->lds);
             kern->softmax(br, bc, sc->s, g->lds, sc->m, sc->l, sc->alpha);
             if (p->keep) fa_dropout_tile(p, b, h, i0, br, j0, bc, sc->s, g->lds); /* P o Z / (1-p); l undropped */
             if (v_bad)
-                pv_masked_rows(kern, br, j0, bc, dv, sc, g->lds, vj, ldv, g->ldo);
+                pv_masked_rows(kern, 0, br, j0, bc, dv, sc, g->lds, vj, ldv, g->ldo);
             else
                 kern->pv(br, bc, (int)dv, sc->s, g->lds, vj, ldv, sc->alpha, sc->oa, g->ldo);
         }

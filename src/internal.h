@@ -54,6 +54,23 @@ static inline int fa_threads_for(const fa_problem *p, int64_t tasks)
  * only, and a piece that skips a key block its rows cannot see skips exact
  * no-ops (alpha = 1, P = 0). tests/test_determinism.c checks it on every ISA.
  */
+/*
+ * Rows per block when n rows go in blocks of at most `blk` rows, spread
+ * evenly: the same number of blocks, ceil(n / blk), each a multiple of
+ * `row_block` rows (the kernels' register block), none larger than blk, so the
+ * last one is not a sliver (n = 1024, blk = 204, row_block 6: 174, the last
+ * block 154 rows, not 4). blk itself when n <= blk or nothing smaller fits.
+ */
+static inline int fa_even_block(int64_t n, int blk, int row_block)
+{
+    if (blk < 1 || n <= blk) return blk;
+    const int rb = row_block > 0 ? row_block : 1;
+    const int64_t nb = (n - 1) / blk + 1;
+    int64_t even = (n - 1) / nb + 1;
+    even = (even + rb - 1) / rb * rb;
+    return even < blk ? (int)even : blk;
+}
+
 #define FA_TASKS_PER_THREAD 8
 static inline int fa_piece_rows(int64_t tasks, int threads, int blk, int row_block)
 {

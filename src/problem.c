@@ -277,6 +277,8 @@ fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const 
     return FA_OK;
 }
 
+int fa_tile_cut_test = -1;
+
 static const char *nm(const char *name, const char *fallback) { return name && *name ? name : fallback; }
 
 /* ------------------------------------------------------------------------ */
@@ -1013,6 +1015,7 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
         if (!p->blocks_pinned_q && p->block_q > FA_BWD_BLOCK_MAX) p->block_q = FA_BWD_BLOCK_MAX;
         if (!p->blocks_pinned_k && p->block_k > FA_BWD_BLOCK_MAX) p->block_k = FA_BWD_BLOCK_MAX;
     }
+    p->tile_cut = fa_tile_cut_test >= 0 ? fa_tile_cut_test : env->tile_cut != 0;
     if (opt.pack_max_bytes >= 0) p->pack_max_bytes = (size_t)opt.pack_max_bytes;
     else p->pack_max_bytes = env->has_pack_max ? env->pack_max : FA_PACK_DEFAULT_MAX_BYTES;
     return FA_OK;

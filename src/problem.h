@@ -90,12 +90,21 @@ typedef struct fa_problem {
     int block_q, block_k;        /* flash blocks (forward blocks; backward.c caps its own) */
     int blocks_pinned_q, blocks_pinned_k; /* 1: the caller or FA_BLOCK_Q/K chose them */
     size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
+    int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
     size_t standard_max_bytes;   /* resolved cap */
     int num_splits;              /* split-KV of the decode path (decode.c): 0 heuristic, 1 none, n splits */
     const struct fa_kernels *kern; /* the kernel table (the context's, or the dispatched one) */
     const fa_context *context;   /* the caller's context, or NULL */
     struct fa_arena *arena;      /* the context's scratch arena during a call, or NULL */
 } fa_problem;
+
+/*
+ * Tests only: >= 0 overrides FA_TILE_CUT for the problems resolved after it
+ * is set (1 cut masked tiles, 0 the whole-tile path; src/flash.c), so one
+ * test process can compare both paths bit for bit. -1 (default): the
+ * environment decides. Not part of the API; not thread-safe.
+ */
+extern int fa_tile_cut_test;
 
 /* Geometry of sequence b. */
 static inline fa_seq fa_problem_seq(const fa_problem *p, int64_t b)

@@ -840,6 +840,118 @@ static int kc_check_chain(const fa_kernels *k, const fa_kernels *ref, uint64_t s
     return nf;
 }
 
+/*
+ * Cut tiles (kernels.h, cut_cols): a tile whose rows see only keys
+ * [0, hi_r), with need = max hi_r, computed over the first
+ * n = cut_cols(bc, need) columns must give the bits of the whole tile:
+ * qk, the mask, softmax and pv, after a first whole tile so that alpha, l
+ * and O are not trivial. l and O are compared bit for bit, m by value (a
+ * max of zeros may pick either sign; it changes no output). bc runs past
+ * 256, where avx2's pv cuts its key chunks by bc; hi_r is random per row
+ * (0 included: a row that sees nothing of the tile). Then cut_lead: pv with
+ * alpha = 1 over keys [cut_lead(bc, lead), n) against [0, n) when P is 0
+ * before each row's first visible key (>= lead). Inline: the NEON runner
+ * (tests/neon/) does not call it yet.
+ */
+static inline int kc_check_cut(const fa_kernels *k, uint64_t seed, char *msg, size_t cap)
+{
+    static const int bcs[] = {1, 7, 16, 17, 32, 33, 64, 100, 128, 200, 256, 300, 320, 512, 600};
+    static const int brs[] = {1, 5, 8, 17};
+    int nf = 0;
+    if (!k->cut_cols) return 0; /* never cut: nothing to keep */
+    uint64_t rng = seed;
+    const int d = 24, dv = 20;
+    for (size_t bi = 0; bi < sizeof bcs / sizeof bcs[0] && !nf; bi++)
+        for (size_t ri = 0; ri < sizeof brs / sizeof brs[0] && !nf; ri++) {
+            const int bc = bcs[bi], br = brs[ri];
+            const size_t ldk = kc_round16(bc);
+            kc_buf q = kc_alloc((size_t)br * d), kt = kc_alloc((size_t)d * ldk), v = kc_alloc((size_t)bc * dv);
+            kc_buf s = kc_alloc((size_t)br * ldk), hi = kc_alloc((size_t)br);
+            kc_buf o[2] = {kc_alloc((size_t)br * dv), kc_alloc((size_t)br * dv)};
+            kc_buf m[2] = {kc_alloc((size_t)br), kc_alloc((size_t)br)}, l[2] = {kc_alloc((size_t)br), kc_alloc((size_t)br)};
+            kc_buf al = kc_alloc((size_t)br);
+            for (size_t x = 0; x < (size_t)br * d; x++) q.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
+            for (int trial = 0; trial < 6 && !nf; trial++) {
+                /* the visible ends: one row at `need`, the others anywhere in [0, need] */
+                const int need = 1 + (int)(kc_next(&rng) % (uint64_t)bc);
+                for (int i = 0; i < br; i++) hi.p[i] = (float)(kc_next(&rng) % (uint64_t)(need + 1));
+                hi.p[kc_next(&rng) % (uint64_t)br] = (float)need;
+                const int n = k->cut_cols(bc, need);
+                if (n < need || n > bc) {
+                    kc_fail(msg, cap, &nf, "%s cut_cols(%d, %d) = %d: outside [need, bc]", k->name, bc, need, n);
+                    break;
+                }
+                for (int tile = 0; tile < 2; tile++) {
+                    for (int c = 0; c < d; c++)
+                        for (size_t j = 0; j < ldk; j++)
+                            kt.p[(size_t)c * ldk + j] = (int)j < bc ? kc_uniform(&rng, -2.0f, 2.0f) : 0.0f;
+                    for (size_t x = 0; x < (size_t)bc * dv; x++) v.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
+                    for (int w = 0; w < 2; w++) {
+                        if (tile == 0) { /* a first whole tile, the same for both */
+                            for (int i = 0; i < br; i++) {
+                                m[w].p[i] = -INFINITY;
+                                l[w].p[i] = 0.0f;
+                                for (int c = 0; c < dv; c++) o[w].p[(size_t)i * dv + c] = 0.0f;
+                            }
+                        }
+                        const int cols = tile == 1 && w == 1 ? n : bc;
+                        k->qk(br, cols, d, q.p, (size_t)d, kt.p, ldk, 0.7f, s.p, ldk);
+                        if (tile == 1)
+                            for (int i = 0; i < br; i++)
+                                for (int j = (int)hi.p[i]; j < cols; j++) s.p[(size_t)i * ldk + j] = -INFINITY;
+                        k->softmax(br, cols, s.p, ldk, m[w].p, l[w].p, al.p);
+                        k->pv(br, cols, dv, s.p, ldk, v.p, (size_t)dv, al.p, o[w].p, (size_t)dv);
+                    }
+                }
+                for (int i = 0; i < br && !nf; i++) {
+                    if (kc_bits(l[0].p[i]) != kc_bits(l[1].p[i]) || !(m[0].p[i] == m[1].p[i])) {
+                        kc_fail(msg, cap, &nf, "%s cut bc=%d br=%d need=%d n=%d: row %d l %a vs %a, m %a vs %a",
+                                k->name, bc, br, need, n, i, (double)l[0].p[i], (double)l[1].p[i],
+                                (double)m[0].p[i], (double)m[1].p[i]);
+                        break;
+                    }
+                    for (int c = 0; c < dv; c++)
+                        if (kc_bits(o[0].p[(size_t)i * dv + c]) != kc_bits(o[1].p[(size_t)i * dv + c])) {
+                            kc_fail(msg, cap, &nf, "%s cut bc=%d br=%d need=%d n=%d: O[%d][%d] %a vs %a",
+                                    k->name, bc, br, need, n, i, c, (double)o[0].p[(size_t)i * dv + c],
+                                    (double)o[1].p[(size_t)i * dv + c]);
+                            break;
+                        }
+                }
+            }
+            /* cut_lead: pv with alpha = 1 over keys [a', n) against [0, n) when P = 0 below each row's
+             * first visible key (>= lead), on top of a non-zero O (the backward's dK, dV accumulators) */
+            for (int trial = 0; trial < 6 && !nf && k->cut_lead; trial++) {
+                const int lead = (int)(kc_next(&rng) % (uint64_t)bc), need = lead + 1 + (int)(kc_next(&rng) % (uint64_t)(bc - lead));
+                const int n = k->cut_cols(bc, need), a = k->cut_lead(bc, lead);
+                if (a > lead || a < 0 || a % 16) {
+                    kc_fail(msg, cap, &nf, "%s cut_lead(%d, %d) = %d: not a multiple of 16 in [0, a]", k->name, bc, lead, a);
+                    break;
+                }
+                for (int i = 0; i < br; i++) {
+                    al.p[i] = 1.0f;
+                    const int first = lead + (int)(kc_next(&rng) % (uint64_t)(need - lead));
+                    for (int j = 0; j < bc; j++) s.p[(size_t)i * ldk + j] = j >= first && j < need ? kc_uniform(&rng, 0.0f, 1.0f) : 0.0f;
+                    for (int c = 0; c < dv; c++) o[0].p[(size_t)i * dv + c] = o[1].p[(size_t)i * dv + c] = kc_uniform(&rng, -1.0f, 1.0f);
+                }
+                for (size_t x = 0; x < (size_t)bc * dv; x++) v.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
+                k->pv(br, bc, dv, s.p, ldk, v.p, (size_t)dv, al.p, o[0].p, (size_t)dv);
+                k->pv(br, n - a, dv, s.p + a, ldk, v.p + (size_t)a * dv, (size_t)dv, al.p, o[1].p, (size_t)dv);
+                for (size_t x = 0; x < (size_t)br * dv; x++)
+                    if (kc_bits(o[0].p[x]) != kc_bits(o[1].p[x])) {
+                        kc_fail(msg, cap, &nf, "%s cut_lead bc=%d br=%d lead=%d need=%d: [%d, %d): O[%zu] %a vs %a",
+                                k->name, bc, br, lead, need, a, n, x, (double)o[1].p[x], (double)o[0].p[x]);
+                        break;
+                    }
+            }
+            kc_free(&q); kc_free(&kt); kc_free(&v); kc_free(&s); kc_free(&hi); kc_free(&al);
+            for (int w = 0; w < 2; w++) {
+                kc_free(&o[w]); kc_free(&m[w]); kc_free(&l[w]);
+            }
+        }
+    return nf;
+}
+
 /* ---- decode kernels: dec_qk, dec_pv on rows read in place ------------------ */
 
 /*

@@ -42,6 +42,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
+#include "kernels/kernels.h"
+
 #define FLASH_REL_TOL 2e-5
 #define FD_TOL 1e-6
 #define FD_STEP 1e-4
@@ -664,6 +667,166 @@ static void test_flash_backward_memory_is_linear(void **state)
     free_inputs(&in);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Cut tiles (src/backward.c, cut_group): the bits of the whole-tile path     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct cutcase {
+    const char *name;
+    int64_t Sq, Sk, H, Hk, d, dv;
+    int causal;
+    int64_t wl, wr;
+    double softcap;
+    int alibi, sinks, dropout, varlen, per_tile;
+    int bq, bk; /* 0: derived */
+} cutcase;
+
+/* dQ, dK, dV of one flash backward (O and LSE recomputed) with cutting on or off, on `isa`. */
+static void run_bwd_cut(const cutcase *c, const char *isa, int cut, int threads, tu_tensor *in, const tu_tensor *slopes,
+                        const tu_tensor *sinks, const fa_dropout *dr, const fa_varlen *vl, tu_tensor *gr)
+{
+    fa_context *ctx = NULL;
+    if (fa_context_create(&ctx, isa, threads) != FA_OK) fail_msg("context %s: %s", isa, fa_last_error());
+    fa_options opt = fa_options_default();
+    opt.context = ctx;
+    opt.causal = c->causal;
+    opt.window_left = c->wl;
+    opt.window_right = c->wr;
+    opt.softcap = c->softcap;
+    opt.block_q = c->bq;
+    opt.block_k = c->bk;
+    opt.pack_max_bytes = c->per_tile ? 0 : -1;
+    if (c->alibi) opt.alibi_slopes = &slopes->t;
+    if (c->sinks) opt.sinks = &sinks->t;
+    if (c->dropout) opt.dropout = dr;
+    if (c->varlen) opt.varlen = vl;
+    for (int x = 0; x < 3; x++) tu_poison(&gr[x]);
+    fa_tile_cut_test = cut;
+    const fa_status st = fa_backward(&in[0].t, &in[1].t, &in[2].t, NULL, NULL, &in[3].t, &gr[0].t, &gr[1].t,
+                                     &gr[2].t, &opt);
+    fa_tile_cut_test = -1;
+    fa_context_destroy(ctx);
+    if (st != FA_OK) fail_msg("%s (%s, cut %d): %s", c->name, isa, cut, fa_last_error());
+}
+
+/* A rank-4 [1][S][H][w] tensor viewed as rank 3 [S][H][w] (varlen). */
+static void drop_batch_dim(fa_tensor *t)
+{
+    t->rank = 3;
+    for (int a = 0; a < 3; a++) {
+        t->shape[a] = t->shape[a + 1];
+        t->stride[a] = t->stride[a + 1];
+    }
+}
+
+static void run_bwd_cut_case(const cutcase *c, uint64_t *rng)
+{
+    const int64_t H = c->H, Hk = c->Hk;
+    int32_t cuq[4], cuk[4];
+    fa_varlen vl = fa_varlen_default();
+    int64_t B = 2, tq = c->Sq, tk = c->Sk;
+    if (c->varlen) { /* 3 sequences: (Sq, Sk), (Sq/3, Sk), (Sq, Sk/2) */
+        const int64_t lq[3] = {c->Sq, c->Sq / 3, c->Sq}, lk[3] = {c->Sk, c->Sk, c->Sk / 2};
+        cuq[0] = cuk[0] = 0;
+        for (int i = 0; i < 3; i++) {
+            cuq[i + 1] = cuq[i] + (int32_t)lq[i];
+            cuk[i + 1] = cuk[i] + (int32_t)lk[i];
+        }
+        vl.batch = 3;
+        vl.cu_seqlens_q = cuq;
+        vl.cu_seqlens_k = cuk;
+        B = 1;
+        tq = cuq[3];
+        tk = cuk[3];
+    }
+    tu_tensor in[4] = {tu_alloc4(FA_F32, B, tq, H, c->d, 0), tu_alloc4(FA_F32, B, tk, Hk, c->d, 0),
+                       tu_alloc4(FA_F32, B, tk, Hk, c->dv, 0), tu_alloc4(FA_F32, B, tq, H, c->dv, 0)};
+    tu_tensor gr[2][3];
+    for (int w = 0; w < 2; w++) {
+        gr[w][0] = tu_alloc4(FA_F32, B, tq, H, c->d, 0);
+        gr[w][1] = tu_alloc4(FA_F32, B, tk, Hk, c->d, 0);
+        gr[w][2] = tu_alloc4(FA_F32, B, tk, Hk, c->dv, 0);
+    }
+    if (c->varlen) {
+        for (int x = 0; x < 4; x++) drop_batch_dim(&in[x].t);
+        for (int w = 0; w < 2; w++)
+            for (int x = 0; x < 3; x++) drop_batch_dim(&gr[w][x].t);
+    }
+    tu_fill(&in[0], rng, -1.5, 1.5);
+    tu_fill(&in[1], rng, -1.5, 1.5);
+    tu_fill(&in[2], rng, -1.0, 1.0);
+    tu_fill(&in[3], rng, -1.0, 1.0);
+    const int64_t hs[1] = {H}, bh[2] = {B, H};
+    tu_tensor slopes = tu_alloc(FA_F32, 2, bh), sinks = tu_alloc(FA_F32, 1, hs);
+    tu_fill(&slopes, rng, 0.0, 0.5);
+    tu_fill(&sinks, rng, -1.0, 2.0);
+    const size_t nkeep = (size_t)(c->varlen ? 3 : B) * (size_t)H * (size_t)c->Sq * (size_t)c->Sk;
+    uint8_t *keep = malloc(nkeep);
+    assert_non_null(keep);
+    for (size_t x = 0; x < nkeep; x++) keep[x] = tu_uniform(rng, 0.0, 1.0) >= 0.2;
+    fa_dropout dr = fa_dropout_default();
+    dr.p = 0.2;
+    dr.keep_mask = keep;
+    dr.keep_shape[0] = c->varlen ? 3 : B;
+    dr.keep_shape[1] = H;
+    dr.keep_shape[2] = c->Sq;
+    dr.keep_shape[3] = c->Sk;
+    static const char *const isas[] = {"scalar", "avx2", "avx512", "neon"};
+    static const char *const names[3] = {"dQ", "dK", "dV"};
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        if (!fa_kernels_by_name(isas[ii])) continue; /* not in this build or CPU */
+        const int threads = ii % 2 ? 1 : 3;
+        run_bwd_cut(c, isas[ii], 0, threads, in, &slopes, &sinks, &dr, &vl, gr[0]);
+        run_bwd_cut(c, isas[ii], 1, 4 - threads, in, &slopes, &sinks, &dr, &vl, gr[1]);
+        for (int x = 0; x < 3; x++) {
+            if (tu_count_nan(&gr[1][x]) != 0) fail_msg("%s on %s: NaN in %s", c->name, isas[ii], names[x]);
+            if (memcmp(gr[0][x].mem, gr[1][x].mem, gr[0][x].bytes) != 0) {
+                int64_t where;
+                const double e = tu_max_abs_diff(&gr[1][x], &gr[0][x], &where);
+                fail_msg("%s on %s: %s differs from the whole-tile path (max %.3g at %lld)", c->name, isas[ii],
+                         names[x], e, (long long)where);
+            }
+        }
+    }
+    free(keep);
+    for (int x = 0; x < 4; x++) tu_free(&in[x]);
+    for (int w = 0; w < 2; w++)
+        for (int x = 0; x < 3; x++) tu_free(&gr[w][x]);
+    tu_free(&slopes);
+    tu_free(&sinks);
+}
+
+/*
+ * Ensure the backward pass's cut tiles (causal or windowed tiles computed per
+ * line group over only the visible columns: pass (b) cuts the end of each
+ * query row, pass (a) both ends of each key line) give the whole tile's dQ, dK,
+ * dV bit for bit (FA_TILE_CUT=0 is the whole-tile path), on every ISA here:
+ * odd lengths, blocks that do not divide them, windows that start and end inside
+ * a group, seqlen_q above and below seqlen_k, GQA, softcap, ALiBi, sinks,
+ * dropout, varlen, per-tile packing, and pinned blocks above the kernels' pv
+ * key chunks (128 keys on AVX-512, 256 on AVX2). Fresh random inputs.
+ */
+static void test_flash_backward_cut_tiles_give_the_whole_tile_bits(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xbc07;
+    /* name, Sq, Sk, H, Hk, d, dv, causal, wl, wr, softcap, alibi, sinks, dropout, varlen, per_tile, bq, bk */
+    const cutcase cases[] = {
+        {"causal odd N, derived blocks", 203, 203, 2, 2, 24, 24, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"causal Br < Bc", 150, 150, 2, 1, 16, 20, 1, -1, -1, 0, 0, 0, 0, 0, 0, 40, 64},
+        {"causal Br > Bc, odd Bc", 157, 157, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 72, 37},
+        {"causal Sq < Sk", 97, 150, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 24, 48},
+        {"causal Sq > Sk", 150, 97, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 36, 40},
+        {"window left and right mid group", 200, 200, 2, 2, 16, 24, 0, 37, 5, 0, 0, 0, 0, 0, 0, 30, 32},
+        {"GQA softcap ALiBi", 130, 130, 4, 2, 16, 16, 1, -1, -1, 30.0, 1, 0, 0, 0, 0, 0, 70},
+        {"sinks and dropout", 100, 100, 2, 1, 16, 16, 1, -1, -1, 0, 0, 1, 1, 0, 0, 32, 32},
+        {"varlen", 60, 80, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 1, 0, 24, 32},
+        {"per-tile packing", 130, 130, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 1, 48, 64},
+        {"blocks above the pv chunks", 620, 620, 1, 1, 16, 16, 1, 300, -1, 0, 0, 0, 0, 0, 0, 300, 320},
+    };
+    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) run_bwd_cut_case(&cases[x], &rng);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -681,6 +844,7 @@ int main(void)
         cmocka_unit_test(test_backward_gives_zero_dq_for_rows_with_no_visible_key),
         cmocka_unit_test(test_backward_handles_empty_sequences),
         cmocka_unit_test(test_backward_is_deterministic_across_thread_counts),
+        cmocka_unit_test(test_flash_backward_cut_tiles_give_the_whole_tile_bits),
         cmocka_unit_test(test_backward_rejects_bad_arguments),
         cmocka_unit_test(test_flash_backward_memory_is_linear),
         cmocka_unit_test(test_reference_backward_refuses_huge_strided_views),

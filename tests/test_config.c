@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "internal.h"
 
 /* Ensure byte counts parse strictly, with binary units. */
 static void test_byte_counts_parse_strictly(void **state)
@@ -38,6 +39,28 @@ static void test_byte_counts_parse_strictly(void **state)
                          "18446744073709551616", "17179869184G"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (fa_parse_bytes(bad[i], &b) == 0) fail_msg("'%s' parsed as %zu bytes", bad[i], b);
+}
+
+/* Ensure fa_even_block keeps the block count, a multiple of the row block, and no sliver. */
+static void test_even_blocks_leave_no_sliver(void **state)
+{
+    (void)state;
+    assert_int_equal(fa_even_block(1024, 204, 6), 174); /* 5 x 174 + 154, not 5 x 204 + 4 */
+    assert_int_equal(fa_even_block(1024, 256, 8), 256); /* divides: unchanged */
+    assert_int_equal(fa_even_block(100, 256, 8), 256);  /* one block: unchanged */
+    for (int64_t n = 1; n <= 3000; n += 7)
+        for (int blk = 1; blk <= 512; blk += 13)
+            for (int rb = 1; rb <= 16; rb *= 2) {
+                const int e = fa_even_block(n, blk, rb);
+                const int64_t nb = (n + blk - 1) / blk, ne = (n + e - 1) / e;
+                if (e > blk || e < 1 || ne != nb || (e != blk && e % rb != 0))
+                    fail_msg("n=%lld blk=%d rb=%d: %d rows, %lld blocks (was %lld)", (long long)n, blk, rb, e,
+                             (long long)ne, (long long)nb);
+                /* the last block: no smaller than the others by more than they are apart */
+                const int64_t last = n - (ne - 1) * e;
+                if (e != blk && last < e - (int64_t)rb * ne)
+                    fail_msg("n=%lld blk=%d rb=%d: last block %lld of %d", (long long)n, blk, rb, (long long)last, e);
+            }
 }
 
 /* Ensure a malformed FA_FLASH_SHARED_MAX is refused by name, and stays refused (read once). */
@@ -64,6 +87,7 @@ int main(void)
     setenv("FA_FLASH_SHARED_MAX", "16MB", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_byte_counts_parse_strictly),
+        cmocka_unit_test(test_even_blocks_leave_no_sliver),
         cmocka_unit_test(test_malformed_environment_is_refused_once_and_for_all),
     };
     tu_seed();

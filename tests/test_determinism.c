@@ -146,11 +146,45 @@ static void test_flash_backward_is_bitwise_deterministic_across_thread_counts(vo
     }
 }
 
+/*
+ * Ensure evening out the Q blocks (a derived Br lowered by fa_even_block so the
+ * last block is not a sliver) keeps the bits: Sq = 2 Br + 5 with the derived
+ * blocks (evened) against the same Br and Bc pinned (not evened), causal,
+ * with 1 and 3 threads.
+ */
+static void test_flash_even_blocks_keep_the_bits(void **state)
+{
+    (void)state;
+    int br, bc;
+    assert_int_equal(fa_block_sizes(32, 32, NULL, &br, &bc), FA_OK);
+    const dcase derived = {1, 2 * (int64_t)br + 5, 2 * (int64_t)br + 5, 2, 1, 32, 32, 1, -1, 0.0, 0, 0, NULL};
+    dcase pinned = derived;
+    pinned.bq = br;
+    pinned.bk = bc;
+    uint64_t rng = tu_seed() ^ 0xeb;
+    tu_tensor q = tu_alloc4(FA_F32, 1, derived.Sq, 2, 32, 0), k = tu_alloc4(FA_F32, 1, derived.Sk, 1, 32, 0);
+    tu_tensor v = tu_alloc4(FA_F32, 1, derived.Sk, 1, 32, 0);
+    tu_fill(&q, &rng, -2, 2);
+    tu_fill(&k, &rng, -2, 2);
+    tu_fill(&v, &rng, -1, 1);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        tu_tensor o[2], lse[2];
+        run_flash(&derived, &q, &k, &v, threads, &o[0], &lse[0]);
+        run_flash(&pinned, &q, &k, &v, threads, &o[1], &lse[1]);
+        if (memcmp(o[0].mem, o[1].mem, o[0].bytes) != 0 || memcmp(lse[0].mem, lse[1].mem, lse[0].bytes) != 0)
+            fail_msg("Sq=%lld, Br=%d Bc=%d: evened blocks changed the bits (%d threads)", (long long)derived.Sq, br,
+                     bc, threads);
+        for (int x = 0; x < 2; x++) { tu_free(&o[x]); tu_free(&lse[x]); }
+    }
+    tu_free(&q); tu_free(&k); tu_free(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flash_is_bitwise_deterministic_across_thread_counts),
         cmocka_unit_test(test_flash_backward_is_bitwise_deterministic_across_thread_counts),
+        cmocka_unit_test(test_flash_even_blocks_keep_the_bits),
     };
     tu_seed();
     return cmocka_run_group_tests_name("determinism", tests, NULL, NULL);

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "kernels/kernels.h"
 
 typedef struct tcase {
     int64_t B, Sq, Sk, H, Hk, d, dv;
@@ -484,6 +485,189 @@ static void test_flash_matches_reference_with_batches(void **state)
     run_both(&c);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Cut tiles (src/flash.c, flash_tile_cut): the bits of the whole-tile path   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct cutcase {
+    const char *name;
+    int64_t Sq, Sk, H, Hk, d, dv;
+    int causal;
+    int64_t wl, wr;
+    double softcap;
+    int alibi, sinks, dropout, varlen, v_inf, per_tile;
+    int bq, bk; /* 0: derived */
+} cutcase;
+
+/* O and LSE (float32) of one flash run with tile cutting on or off, on ISA `isa`. */
+static void run_cut(const cutcase *c, const char *isa, int cut, int threads, const tu_tensor *q, const tu_tensor *k,
+                    const tu_tensor *v, const tu_tensor *slopes, const tu_tensor *sinks, const fa_dropout *dr,
+                    const fa_varlen *vl, tu_tensor *o, tu_tensor *lse)
+{
+    fa_context *ctx = NULL;
+    if (fa_context_create(&ctx, isa, threads) != FA_OK) fail_msg("context %s: %s", isa, fa_last_error());
+    fa_options opt = fa_options_default();
+    opt.context = ctx;
+    opt.causal = c->causal;
+    opt.window_left = c->wl;
+    opt.window_right = c->wr;
+    opt.softcap = c->softcap;
+    opt.block_q = c->bq;
+    opt.block_k = c->bk;
+    opt.pack_max_bytes = c->per_tile ? 0 : -1;
+    if (c->alibi) opt.alibi_slopes = &slopes->t;
+    if (c->sinks) opt.sinks = &sinks->t;
+    if (c->dropout) opt.dropout = dr;
+    if (c->varlen) opt.varlen = vl;
+    tu_poison(o);
+    tu_poison(lse);
+    fa_tile_cut_test = cut;
+    const fa_status st = fa_forward(&q->t, &k->t, &v->t, &o->t, &lse->t, &opt);
+    fa_tile_cut_test = -1;
+    fa_context_destroy(ctx);
+    if (st != FA_OK) fail_msg("%s (%s, cut %d): %s", c->name, isa, cut, fa_last_error());
+}
+
+/* Bits equal, or both NaN (a NaN's payload is not promised). */
+static int same_f32(float a, float b)
+{
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y || (isnan(a) && isnan(b));
+}
+
+static void check_same(const cutcase *c, const char *isa, const char *what, const tu_tensor *a, const tu_tensor *b)
+{
+    const size_t n = a->bytes / sizeof(float);
+    for (size_t x = 0; x < n; x++) {
+        const float u = ((const float *)a->mem)[x], w = ((const float *)b->mem)[x];
+        if (!same_f32(u, w))
+            fail_msg("%s on %s: %s element %zu is %a cut, %a whole", c->name, isa, what, x, (double)u, (double)w);
+    }
+}
+
+static void run_cut_case(const cutcase *c, uint64_t *rng)
+{
+    const int64_t H = c->H, Hk = c->Hk;
+    /* varlen: 3 sequences (q, k) = (Sq, Sk), (Sq/3, Sk), (Sq, Sk/2): longer and shorter key sets */
+    int32_t cuq[4], cuk[4];
+    fa_varlen vl = fa_varlen_default();
+    int64_t B = 2, tq = c->Sq, tk = c->Sk;
+    if (c->varlen) {
+        const int64_t lq[3] = {c->Sq, c->Sq / 3, c->Sq}, lk[3] = {c->Sk, c->Sk, c->Sk / 2};
+        cuq[0] = cuk[0] = 0;
+        for (int i = 0; i < 3; i++) {
+            cuq[i + 1] = cuq[i] + (int32_t)lq[i];
+            cuk[i + 1] = cuk[i] + (int32_t)lk[i];
+        }
+        vl.batch = 3;
+        vl.cu_seqlens_q = cuq;
+        vl.cu_seqlens_k = cuk;
+        B = 1;
+        tq = cuq[3];
+        tk = cuk[3];
+    }
+    tu_tensor q = tu_alloc4(FA_F32, B, tq, H, c->d, 0), k = tu_alloc4(FA_F32, B, tk, Hk, c->d, 0);
+    tu_tensor v = tu_alloc4(FA_F32, B, tk, Hk, c->dv, 0);
+    tu_tensor o[2], lse[2];
+    for (int x = 0; x < 2; x++) {
+        o[x] = tu_alloc4(FA_F32, B, tq, H, c->dv, 0);
+        const int64_t ls[3] = {B, H, tq};
+        lse[x] = tu_alloc(FA_F32, 3, ls);
+    }
+    if (c->varlen) { /* varlen takes rank-3 tensors and LSE [H][total_q] */
+        tu_tensor *all[] = {&q, &k, &v, &o[0], &o[1]};
+        for (size_t x = 0; x < sizeof all / sizeof all[0]; x++) {
+            fa_tensor *t = &all[x]->t;
+            t->rank = 3;
+            for (int a = 0; a < 3; a++) {
+                t->shape[a] = t->shape[a + 1];
+                t->stride[a] = t->stride[a + 1];
+            }
+        }
+        for (int x = 0; x < 2; x++) {
+            fa_tensor *t = &lse[x].t;
+            t->rank = 2;
+            t->shape[0] = t->shape[1];
+            t->shape[1] = t->shape[2];
+            t->stride[0] = t->stride[1];
+            t->stride[1] = t->stride[2];
+        }
+    }
+    tu_fill(&q, rng, -1.5, 1.5);
+    tu_fill(&k, rng, -1.5, 1.5);
+    tu_fill(&v, rng, -1.0, 1.0);
+    if (c->v_inf) { /* an Inf in V at a key the first rows cannot see: its tile takes the masked pv */
+        ((float *)v.mem)[(size_t)(c->Sk * 2 / 3) * (size_t)(Hk * c->dv)] = INFINITY;
+    }
+    const int64_t hs[1] = {H}, bh[2] = {B, H};
+    tu_tensor slopes = tu_alloc(FA_F32, 2, bh), sinks = tu_alloc(FA_F32, 1, hs);
+    tu_fill(&slopes, rng, 0.0, 0.5);
+    tu_fill(&sinks, rng, -1.0, 2.0);
+    const size_t nkeep = (size_t)(c->varlen ? 3 : B) * (size_t)H * (size_t)c->Sq * (size_t)c->Sk;
+    uint8_t *keep = malloc(nkeep);
+    assert_non_null(keep);
+    for (size_t x = 0; x < nkeep; x++) keep[x] = tu_uniform(rng, 0.0, 1.0) >= 0.2;
+    fa_dropout dr = fa_dropout_default();
+    dr.p = 0.2;
+    dr.keep_mask = keep;
+    dr.keep_shape[0] = c->varlen ? 3 : B;
+    dr.keep_shape[1] = H;
+    dr.keep_shape[2] = c->Sq;
+    dr.keep_shape[3] = c->Sk;
+
+    const char *isas[] = {"scalar", "avx2", "avx512", "neon"};
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        if (!fa_kernels_by_name(isas[ii])) continue; /* not in this build or CPU */
+        const int threads = ii % 2 ? 1 : 3;
+        run_cut(c, isas[ii], 0, threads, &q, &k, &v, &slopes, &sinks, &dr, &vl, &o[0], &lse[0]);
+        run_cut(c, isas[ii], 1, 4 - threads, &q, &k, &v, &slopes, &sinks, &dr, &vl, &o[1], &lse[1]);
+        if (tu_count_nan(&o[1]) == (int64_t)(o[1].bytes / sizeof(float)))
+            fail_msg("%s on %s: every output is NaN", c->name, isas[ii]);
+        check_same(c, isas[ii], "O", &o[1], &o[0]);
+        check_same(c, isas[ii], "LSE", &lse[1], &lse[0]);
+    }
+    free(keep);
+    tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&slopes); tu_free(&sinks);
+    for (int x = 0; x < 2; x++) { tu_free(&o[x]); tu_free(&lse[x]); }
+}
+
+/*
+ * Ensure a masked tile cut to the columns each row group sees (flash_tile_cut)
+ * gives the bits of the whole tile, masked (FA_TILE_CUT=0), on every ISA here:
+ * O and LSE compared bit for bit on fresh random inputs, over odd lengths,
+ * blocks that do not divide them, Br above and below Bc, windows that start
+ * and end inside a row group, seqlen_q above seqlen_k (rows that see nothing),
+ * below it (bottom-right alignment), GQA, softcap, ALiBi, sinks, dropout,
+ * varlen, per-tile packing, a Bc above avx2's pv key chunk, and an Inf in V.
+ * (Against the float64 reference, the cut path is what every other test here
+ * runs: it is the default.)
+ */
+static void test_cut_tiles_give_the_whole_tile_bits(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xc07;
+    /* name, Sq, Sk, H, Hk, d, dv, causal, wl, wr, softcap, alibi, sinks, dropout, varlen, v_inf, per_tile, bq, bk */
+    const cutcase cases[] = {
+        {"causal odd N, derived blocks", 203, 203, 2, 2, 40, 40, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"causal Br < Bc, N not a multiple", 300, 300, 2, 1, 24, 20, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 50, 64},
+        {"causal Br > Bc, odd Bc", 257, 257, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 72, 37},
+        {"causal Sq < Sk", 97, 150, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 24, 48},
+        {"causal Sq > Sk: rows that see nothing", 150, 97, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 36, 40},
+        {"window left and right mid group", 260, 260, 2, 2, 16, 24, 0, 37, 5, 0, 0, 0, 0, 0, 0, 0, 30, 32},
+        {"window right only, Sq > Sk", 131, 90, 1, 1, 16, 16, 0, -1, 9, 0, 0, 0, 0, 0, 0, 0, 18, 16},
+        {"causal + window left", 190, 190, 1, 1, 16, 16, 1, 50, -1, 0, 0, 0, 0, 0, 0, 0, 40, 48},
+        {"GQA softcap ALiBi", 190, 190, 4, 2, 24, 24, 1, -1, -1, 30.0, 1, 0, 0, 0, 0, 0, 0, 70},
+        {"sinks and dropout", 129, 129, 2, 1, 16, 16, 1, -1, -1, 0, 0, 1, 1, 0, 0, 0, 32, 32},
+        {"varlen", 70, 90, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 1, 0, 0, 24, 32},
+        {"Bc above avx2's pv chunk", 700, 700, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 96, 320},
+        {"per-tile packing", 230, 230, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 1, 48, 64},
+        {"Inf in V", 200, 200, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 32, 64},
+    };
+    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) run_cut_case(&cases[x], &rng);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -501,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_flash_matches_reference_with_large_logits),
         cmocka_unit_test(test_flash_matches_reference_with_batches),
         cmocka_unit_test(test_flash_matches_reference_at_the_shared_packing_cap),
+        cmocka_unit_test(test_cut_tiles_give_the_whole_tile_bits),
     };
     return cmocka_run_group_tests_name("forward", tests, NULL, NULL);
 }

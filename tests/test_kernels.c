@@ -180,6 +180,14 @@ static void test_tile_chain_matches_scalar(void **state)
     report(kc_check_chain(k, &fa_kernels_scalar, tu_seed() ^ 3, msg, sizeof msg));
 }
 
+/* Ensure a masked tile cut to cut_cols columns gives the whole tile's bits (l, O; m by value). */
+static void test_cut_tile_keeps_bits(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    msg[0] = 0;
+    report(kc_check_cut(k, tu_seed() ^ 5, msg, sizeof msg));
+}
+
 /* Ensure the decode kernels (K/V rows read in place, f32/f16/bf16) match the scalar spec and keep their bit promises. */
 static void test_decode_kernels_match_scalar(void **state)
 {
@@ -219,13 +227,15 @@ static void test_by_name_knows_scalar_and_rejects_unknown(void **state)
     cmocka_unit_test_prestate(test_transpose_packs_kt_exactly, (void *)isa),                    \
     cmocka_unit_test_prestate(test_widen_is_exact, (void *)isa),                                \
     cmocka_unit_test_prestate(test_tile_chain_matches_scalar, (void *)isa),                     \
-    cmocka_unit_test_prestate(test_decode_kernels_match_scalar, (void *)isa)
+    cmocka_unit_test_prestate(test_decode_kernels_match_scalar, (void *)isa),                  \
+    cmocka_unit_test_prestate(test_cut_tile_keeps_bits, (void *)isa)
 
 int main(void)
 {
     const struct CMUnitTest common[] = {
         cmocka_unit_test(test_by_name_knows_scalar_and_rejects_unknown),
         cmocka_unit_test_prestate(test_decode_kernels_match_scalar, (void *)"scalar"), /* the spec's own promises */
+        cmocka_unit_test_prestate(test_cut_tile_keeps_bits, (void *)"scalar"),
     };
     const struct CMUnitTest avx2[] = {ISA_TESTS("avx2")};
     const struct CMUnitTest avx512[] = {ISA_TESTS("avx512")};

@@ -474,6 +474,41 @@ static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const fl
             for (int c = 0; c < dv; c++) o[(size_t)i * ldo + c] *= alpha[i];
 }
 
+/*
+ * Cut tiles (kernels.h, cut_cols). What each loop does with a column j:
+ *   qk       S[i][j] is its own FMA chain over c in any panel: any n.
+ *   softmax  the max is exact in any grouping. The sum of P puts 8-column
+ *            group g into sum0 or sum1 by g's parity, except a partial last
+ *            group (bc % 8), always into sum1: n a multiple of 8 (or bc).
+ *   pv       keys go in equal chunks of at most PV_KC, and the chunk length
+ *            depends on bc: with bc <= PV_KC one chunk (any n keeps it);
+ *            above, nchunk = ceil(bc / PV_KC) chunks of `chunk` keys, and a
+ *            cut n = k * chunk (k < nchunk) gives ceil(n / PV_KC) = k chunks
+ *            of exactly `chunk` keys again (chunk > PV_KC (nchunk-1)/nchunk),
+ *            the same boundaries. Within a chunk, dropped trailing keys only
+ *            dropped acc += 0 * v; a dropped chunk, O + 0.
+ * So n = need rounded up to 8 (the SIMD width), and above PV_KC to a
+ * multiple of the chunk that is also a multiple of 8; at most bc.
+ */
+static int cut_cols_avx2(int bc, int need)
+{
+    int n = (need + 7) & ~7;
+    if (bc > PV_KC) {
+        const int nchunk = (bc + PV_KC - 1) / PV_KC, chunk = (bc + nchunk - 1) / nchunk;
+        n = (need + chunk - 1) / chunk * chunk;
+        while (n < bc && n % 8) n += chunk;
+    }
+    return n < bc ? n : bc;
+}
+
+/* cut_lead (alpha = 1): with bc <= PV_KC both calls are one chunk and the
+ * skipped keys only added +-0 to acc = +0; above it the chunk length depends
+ * on the call's width, so no leading cut. */
+static int cut_lead_avx2(int bc, int a)
+{
+    return bc <= PV_KC ? a & ~15 : 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* transpose: the driver's K tile -> packed Kt                               */
 /* ------------------------------------------------------------------------ */
@@ -798,6 +833,8 @@ const fa_kernels fa_kernels_avx2 = {
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
+    .cut_cols = cut_cols_avx2,
+    .cut_lead = cut_lead_avx2,
     .vexp = vexp_avx2,
     .transpose = transpose_avx2,
     .transform = transform_avx2,

@@ -431,6 +431,36 @@ static void pv_avx512(int br, int bc, int dv, const float *p, size_t ldp, const 
     }
 }
 
+/*
+ * Cut tiles (kernels.h, cut_cols). What each loop does with a column j:
+ *   qk       S[i][j] is its own FMA chain over c whatever the panel (32 or
+ *            16 wide) it falls in: any n.
+ *   softmax  the max is exact in any grouping (a masked -inf never wins). The
+ *            sum of P puts 16-column group g into sum0 or sum1 by g's parity,
+ *            except a partial last group (bc % 16), which always goes to
+ *            sum1: n must not turn a full group into that tail. A multiple
+ *            of 16 (or bc itself) does not, and keeps every group's parity.
+ *   pv       each O element is acc = sum over the keys of a PV_KC chunk in
+ *            key order, chunks starting at multiples of PV_KC from 0 (any n
+ *            keeps them), then O = alpha O + acc (first chunk) or O + acc.
+ *            Dropping trailing keys drops acc += 0 * v; dropping a whole
+ *            chunk drops O + 0.
+ * So n = need rounded up to 16 (the SIMD width), at most bc.
+ */
+static int cut_cols_avx512(int bc, int need)
+{
+    const int n = (need + 15) & ~15;
+    return n < bc ? n : bc;
+}
+
+/* cut_lead (alpha = 1): within one key chunk (bc <= PV_KC) skipping leading
+ * keys only skipped acc += +-0 from acc = +0; past it, a' must be a chunk
+ * boundary, where O + acc (of zeros) was O + 0 and 1 * O + acc is O + acc. */
+static int cut_lead_avx512(int bc, int a)
+{
+    return bc <= PV_KC ? a & ~15 : a - a % PV_KC;
+}
+
 /* ------------------------------------------------------------------------ */
 /* FMA peak loop (for benchmarks: the ceiling the kernels are measured on)   */
 /* ------------------------------------------------------------------------ */
@@ -708,6 +738,8 @@ const fa_kernels fa_kernels_avx512 = {
     .qk = qk_avx512,
     .softmax = softmax_avx512,
     .pv = pv_avx512,
+    .cut_cols = cut_cols_avx512,
+    .cut_lead = cut_lead_avx512,
     .vexp = vexp_avx512,
     .transpose = fa_transpose_avx512, /* avx512_transpose.c */
     .transform = transform_avx512,

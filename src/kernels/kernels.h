@@ -56,6 +56,29 @@ typedef struct fa_kernels {
                const float *alpha,
                float *o, size_t ldo);
 
+    /*
+     * Optional (NULL: tiles are never cut). Where a causal or windowed tile
+     * may be cut (src/flash.c): the fewest leading columns n, with
+     * need <= n <= bc, such that qk, softmax and pv over the first n columns
+     * of a tile of bc columns give every row the bits they give over all bc
+     * columns when every score in columns need..bc-1 is masked (-inf). Each
+     * visible column must keep its lane, its partial-sum accumulator and its
+     * pv key chunk; the dropped columns would only have added exact zeros
+     * (exp(-inf) = +0 to l, 0 * v to O) and -inf to the max. Each ISA file
+     * states the loop facts its answer rests on.
+     */
+    int (*cut_cols)(int bc, int need);
+
+    /*
+     * Optional (NULL: no leading cut). The backward pass's other side of a
+     * cut (src/backward.c): for pv with alpha = 1 over a tile of bc keys, the
+     * largest a' <= a, a multiple of 16, such that pv over keys [a', n) gives
+     * the bits of pv over keys [0, n) when P is zero for every key < a
+     * (n <= bc, from cut_cols). The skipped keys must only have added
+     * P * V = +-0 to accumulators that start at +0, in the same key chunk.
+     */
+    int (*cut_lead)(int bc, int a);
+
     /* y[i] = exp(x[i]) for n elements; exp(-inf) = 0 exactly. */
     void (*vexp)(int n, const float *x, float *y);
 

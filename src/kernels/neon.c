@@ -308,6 +308,24 @@ static void pv_neon(int br, int bc, int dv, const float *p, size_t ldp, const fl
     }
 }
 
+/*
+ * Cut tiles (kernels.h, cut_cols). qk: each S[i][j] is its own FMA chain,
+ * any n. softmax: the max is exact in any grouping; the sum of P puts
+ * 4-column group g into sum0 or sum1 by g's parity, except a partial last
+ * group (bc % 4), always into sum1: n a multiple of 4 (or bc). pv: one
+ * chunk, keys in order into acc, then O = alpha O + acc: dropped trailing
+ * keys only dropped acc += 0 * v. So n = need rounded up to 4 (the SIMD
+ * width), at most bc.
+ */
+static int cut_cols_neon(int bc, int need)
+{
+    const int n = (need + 3) & ~3;
+    return n < bc ? n : bc;
+}
+
+/* cut_lead (alpha = 1): one chunk; the skipped keys only added +-0 to acc = +0. */
+static int cut_lead_neon(int bc, int a) { return a & ~15; }
+
 /* ------------------------------------------------------------------------ */
 /* transpose: the driver's K tile -> packed Kt                               */
 /* ------------------------------------------------------------------------ */
@@ -515,6 +533,8 @@ const fa_kernels fa_kernels_neon = {
     .qk = qk_neon,
     .softmax = softmax_neon,
     .pv = pv_neon,
+    .cut_cols = cut_cols_neon,
+    .cut_lead = cut_lead_neon,
     .vexp = vexp_neon,
     .transpose = transpose_neon,
     .transform = fa_transform_line_scalar, /* no NEON tanh yet: the spec's loop */

@@ -158,6 +158,12 @@ void fa_dec_pv_scalar(int nr, int n, int dv, const float *p, size_t ldp, const v
         }
 }
 
+/* Cut tiles (kernels.h, cut_cols): every loop above walks the columns of a
+ * row in order into one accumulator (the max, the sum of P, each O element),
+ * so any n >= need keeps the bits: the dropped columns are the last ones. */
+static int cut_cols_scalar(int bc, int need) { return need < bc ? need : bc; }
+static int cut_lead_scalar(int bc, int a) { return a & ~15; }
+
 const fa_kernels fa_kernels_scalar = {
     .name = "scalar",
     .simd_width = 1,
@@ -165,6 +171,8 @@ const fa_kernels fa_kernels_scalar = {
     .qk = qk_scalar,
     .softmax = softmax_scalar,
     .pv = pv_scalar,
+    .cut_cols = cut_cols_scalar,
+    .cut_lead = cut_lead_scalar,
     .vexp = vexp_scalar,
     .transform = fa_transform_line_scalar,
     .widen = fa_widen_scalar,
