@@ -73,6 +73,12 @@ expect 0 "run: decode over a KV cache (3 new keys appended, 3 splits), 2 threads
 expect 0 "check: the decode output against the float64 reference" fa check -q "$f/q.npy" -k "$f/k.npy" \
     -v "$f/v.npy" --out "$t/od2.npy" --lse "$t/ld2.npy" $kv
 # shellcheck disable=SC2086
+expect 0 "run: the decode with decode.c's own key block (no --block-k) and split heuristic" fa run -q "$f/q.npy" \
+    -k "$f/k.npy" -v "$f/v.npy" -o "$t/odb.npy" --lse "$t/ldb.npy" --threads 2 $kv
+# shellcheck disable=SC2086
+expect 0 "check: that output against the float64 reference" fa check -q "$f/q.npy" -k "$f/k.npy" \
+    -v "$f/v.npy" --out "$t/odb.npy" --lse "$t/ldb.npy" $kv
+# shellcheck disable=SC2086
 expect 0 "run: the same decode on 1 thread" fa run -q "$f/q.npy" -k "$f/k.npy" -v "$f/v.npy" -o "$t/od1.npy" \
     --lse "$t/ld1.npy" --threads 1 $kvrun
 if [ "${FA_NEON_OMP:-1}" = 0 ]; then

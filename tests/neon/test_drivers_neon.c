@@ -471,7 +471,10 @@ static fa_options dopt(const dprob *p, const fa_kvcache *kv, int threads)
     if (c->extra) apply_extra(&o, &p->slopes);
     o.num_splits = c->splits;
     o.num_threads = threads;
-    o.block_k = 16; /* several key blocks, so that the splits split */
+    /* several key blocks of 16, so that explicit splits split; the heuristic's cases
+     * (num_splits 0) keep decode.c's own block (32 keys with several kv heads, 128 with
+     * one), so the default block runs on Arm too */
+    o.block_k = c->splits ? 16 : 0;
     o.kvcache = kv;
     return o;
 }

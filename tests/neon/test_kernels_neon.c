@@ -80,6 +80,9 @@ int main(void)
     result("bwd_line matches scalar", kc_check_bwd_line(k, ref, seed ^ 6, msg, sizeof msg), msg);
     msg[0] = 0;
     result("decode kernels match scalar", kc_check_dec(k, ref, seed ^ 7, msg, sizeof msg), msg);
+    msg[0] = 0;
+    result("a tile cut at cut_cols / cut_lead gives the whole tile's bits", kc_check_cut(k, seed ^ 8, msg, sizeof msg),
+           msg);
 
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
