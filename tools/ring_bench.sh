@@ -74,12 +74,20 @@ out=${out:-$build/ring_bench}
 fm=$build/flashattn-mpi
 [ -x "$fm" ] || { echo "ring_bench.sh: $fm not built (make mpi; needs Open MPI)" >&2; exit 2; }
 command -v mpirun >/dev/null || { echo "ring_bench.sh: mpirun not found (apt-get install openmpi-bin)" >&2; exit 2; }
-mkdir -p "$out"
 cores=$(nproc 2>/dev/null || echo 1)
 root=""; [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 export OMP_NUM_THREADS=$threads
-case $rounds in ''|*[!0-9]*|0) echo "ring_bench.sh: --rounds must be a positive integer (got '$rounds')" >&2; exit 2 ;; esac
+posint() { # posint NAME VALUE MAX: a positive integer no larger than MAX, or exit 2
+    case $2 in ''|*[!0-9]*|0*) echo "ring_bench.sh: $1 must be a positive integer (got '$2')" >&2; exit 2 ;; esac
+    [ ${#2} -le 6 ] && [ "$2" -le "$3" ] || { echo "ring_bench.sh: $1 must be at most $3 (got '$2')" >&2; exit 2; }
+}
+posint --rounds "$rounds" 1000
+posint --threads "$threads" 4096
+posint --reps "$reps" 1000
+[ -n "$(echo $ranks)" ] || { echo "ring_bench.sh: --ranks is empty" >&2; exit 2; }
+for p in $ranks; do posint "--ranks (each)" "$p" 4096; done
+mkdir -p "$out"
 echo "ring_bench: ranks {$ranks} x $threads threads on $cores cores, bind $bind; d=$d heads=$heads; pass $pass;" \
     "median of $reps; $rounds round(s), interleaved; btl_vader_single_copy_mechanism=$OMPI_MCA_btl_vader_single_copy_mechanism"
 seq_rounds=$(i=1; while [ $i -le "$rounds" ]; do printf '%s ' $i; i=$((i + 1)); done)

@@ -1076,11 +1076,13 @@ static int decode_main(const char *const *names, int nimpl, const int *do_pass, 
         for (int b = 0; b < nn; b++)
             for (int t = 0; t < dc->nkv; t++)
                 for (int pg = 0; pg < dc->npage; pg++) {
+                    /* + the eviction buffer, allocated for the whole run before any row */
                     const double need = decode_estimate_bytes((double)ns[b], (double)ds[a],
                                                               (double)fa_dtype_size(dc->kv[t]), (double)dc->pages[pg],
-                                                              cfg, dc);
+                                                              cfg, dc) +
+                                        (dc->warm ? 0.0 : (double)evict_buffer_bytes(avail));
                     if (avail > 0 && need > avail)
-                        return cli_die("bench: decode N=%lld d=%lld kv %s needs about %s (the KV cache, Q, O), more "
+                        return cli_die("bench: decode N=%lld d=%lld kv %s needs about %s (the KV cache, Q, O, the cache-eviction buffer), more "
                                        "than the %s available (MemAvailable); use smaller --n, --d, --batch or --heads-k",
                                        ns[b], ds[a], fa_dtype_name(dc->kv[t]),
                                        cli_bytes(need >= 1.8e19 ? SIZE_MAX : (size_t)need, b1, sizeof b1),
