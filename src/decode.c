@@ -185,6 +185,29 @@ static dec_dims dec_layout(const fa_problem *p)
 {
     dec_dims g = dec_layout_rows(p);
     g.splits = fa_decode_splits(p);
+    if (g.cph == 1 && g.splits > 1) {
+        /* Split-KV already gives every sequence `splits` tasks per head group: group
+         * the kv heads so that batch x groups x splits just covers the threads, and
+         * no finer. Each task then streams whole cache rows (all its sequence's kv
+         * heads of keys j0..j0+bc: one contiguous stretch of [.., seqlen, heads_k, d])
+         * instead of two threads reading the two halves of the same rows at once —
+         * shorter, interleaved streams that the hardware prefetchers follow worse.
+         * (The grouping never changes a bit: a head's tiles are computed alike in any
+         * group, and the split boundaries depend on the split count only.) Measured
+         * on the device host, H = 32, H_k = 8, 2 threads, cold, 3 rounds side by side
+         * (docs/examples/device_decode_group_ab.log; a noisy call): the heuristic's rows
+         * new/old 1.13 / 1.03 / 1.07 (f32), 0.92 / 0.97 / 1.22 (bf16), paged 16
+         * 1.13 / 1.02 / 1.05 and 1.18 / 1.03 / 1.29 — not worse, gains within the noise. */
+        const int64_t per = p->batch * g.splits;
+        int64_t want = (p->num_threads + per - 1) / per;
+        if (want > p->heads_k) want = p->heads_k;
+        if (want < 1) want = 1;
+        const int64_t fit = DEC_MAX_ROWS / g.rows < p->heads_k ? DEC_MAX_ROWS / g.rows : p->heads_k;
+        const int64_t hpt = (p->heads_k + want - 1) / want;
+        g.hpt = hpt < fit ? hpt : fit;
+        g.chunk_rows = g.hpt * g.rows;
+        g.chunks = (p->heads_k + g.hpt - 1) / g.hpt;
+    }
     return g;
 }
 
