@@ -157,7 +157,7 @@ EOF
 grep -q "cold cache: before every run" out.txt && ok || bad "the header does not say the cache is evicted: $(head -6 out.txt)"
 # --warm-cache: the previous behaviour, said in the header and the CSV; refused without --seqlen-q
 expect_fail "--warm-cache without --seqlen-q" "--seqlen-q" $TINY --warm-cache
-if timeout 120 "$fa" bench --seqlen-q 1 --n 100 --d 16 --heads 2 --threads 1 --repeats 1 --warmup 0 --warm-cache \
+if env $dec_env timeout 120 "$fa" bench --seqlen-q 1 --n 100 --d 16 --heads 2 --threads 1 --repeats 1 --warmup 0 --warm-cache \
         --csv warm.csv >out.txt 2>err.txt && grep -q "warm cache (--warm-cache)" out.txt &&
         python3 -c "import csv,sys; r=list(csv.DictReader(open('warm.csv'))); sys.exit(not (len(r)==1 and r[0]['kv_cache']=='warm'))"
 then ok; else bad "bench --warm-cache: exit $? $(cat err.txt) $(head -6 out.txt)"; fi
