@@ -59,7 +59,12 @@ done
 # ---- 2, 3. misses grow as N^2 ---------------------------------------------------
 # column 8 of the NN.dat files is l1_miss_sim; rows are N = 256 then 512.
 growth() {   # step -> misses(512) / misses(256)
-    "$bin"/$1_[a-z]*[a-z0-9] --n 256,512 --reps 1 $G --out "$out" >/dev/null 2>&1 || { echo 0; return; }
+    # the step's program: the executable without a dot (`make tutorials` leaves NN_l2.dat and
+    # such beside it in the same directory, which a pattern alone would also match)
+    exe=""
+    for f in "$bin"/$1_*; do case $f in *.*) ;; *) [ -x "$f" ] && exe=$f ;; esac; done
+    [ -n "$exe" ] || { echo 0; return; }
+    "$exe" --n 256,512 --reps 1 $G --out "$out" >/dev/null 2>&1 || { echo 0; return; }
     awk '!/^#/ { m[NR] = $8 } END { printf "%.3f", m[3] / m[2] }' "$out/$1.dat"
 }
 for s in 02 06 07; do
