@@ -4,7 +4,7 @@
  * half of tools/ab_revisions.sh (before/after comparisons of one change).
  *
  *   usage: ab_time N D H THREADS REPS [--pass fwd|bwd] [--dtype f32|f16|bf16]
- *                  [--causal] [--window L,R] [--softcap C] [--hash]
+ *                  [--causal] [--window L,R] [--softcap C] [--hash] [--context]
  *   prints one line: "gflops G median_ms M" (FLOPs 4*N^2*d*H, half when causal,
  *   x2.5 for bwd; windows are counted as N^2, so compare like with like);
  *   with --hash also "hash H": an FNV-1a hash of the output bits (O, or dQ, dK,
@@ -83,6 +83,9 @@ int main(int argc, char **argv)
     for (int i = 6; i < argc; i++) {
         if (!strcmp(argv[i], "--causal")) opt.causal = 1;
         else if (!strcmp(argv[i], "--hash")) hash = 1;
+        else if (!strcmp(argv[i], "--context")) { /* keep scratch across calls (fa_context's arena) */
+            if (fa_context_create(&opt.context, NULL, threads) != FA_OK) return 2;
+        }
         else if (!strcmp(argv[i], "--pass") && i + 1 < argc) bwd = !strcmp(argv[++i], "bwd");
         else if (!strcmp(argv[i], "--softcap") && i + 1 < argc) opt.softcap = atof(argv[++i]);
         else if (!strcmp(argv[i], "--window") && i + 1 < argc) {
