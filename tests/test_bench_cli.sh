@@ -15,6 +15,9 @@
 #   - decode rows (--seqlen-q, --kv-dtype, --num-splits, --page-size): one row per
 #     combination, gbps = K/V bytes (once) / median time, bw_fraction > 0 against the
 #     bandwidth the header reports; their options refused without --seqlen-q or out of range;
+#   - --threads 1,2: each row at both counts back to back (CSV threads column), a
+#     peak per count in the header, scaling lines that match the rows; one value
+#     keeps the old table; a list is refused for decode rows;
 #   - an interrupted bench (SIGINT, SIGTERM) keeps the previous CSV and leaves
 #     no temporary.
 # Tiny sizes only: a few seconds (timings on a shared machine mean nothing here).
@@ -81,6 +84,39 @@ for r in rows:
     if not float(r["lib_peak_mib"]) > 0: errs.append(f"lib_peak_mib {r['lib_peak_mib']} (flash allocates scratch)")
 if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
+
+# ---- a thread list: every row at each count back to back, a peak each, the scaling lines ----
+expect_fail "--threads 1,0" "--threads" $TINY --threads 1,0
+expect_fail "--threads 1, (empty entry)" "--threads" $TINY --threads 1,
+expect_fail "--threads list with decode rows" "one --threads" --seqlen-q 1 --n 64 --d 16 --heads 2 --threads 1,2
+if timeout 120 "$fa" bench --impl flash --pass fwd,bwd --n 32 --d 16 --heads 2 --threads 1,2 --repeats 1 \
+        --warmup 0 --csv t.csv >out.txt 2>err.txt; then ok
+else bad "bench --threads 1,2: exit $? $(cat err.txt)"; fi
+if python3 - <<'EOF'; then ok; else bad "the thread-list output is wrong: $(cat out.txt)"; fi
+import csv, re, sys
+rows = list(csv.DictReader(open("t.csv")))
+out = open("out.txt").read()
+errs = []
+got = [(r["pass"], r["threads"]) for r in rows]
+if got != [("fwd", "1"), ("fwd", "2"), ("bwd", "1"), ("bwd", "2")]: errs.append(f"CSV rows {got}")
+if not re.search(r"measured FMA peak [0-9.]+ GFLOP/s on 1 thread, [0-9.]+ GFLOP/s on 2 threads", out):
+    errs.append("no per-thread-count peaks in the header")
+table = [l.split() for l in out.splitlines() if re.match(r"^ +[12] flash ", l)]
+if [(t[0], t[2]) for t in table] != [("1", "fwd"), ("2", "fwd"), ("1", "bwd"), ("2", "bwd")]:
+    errs.append(f"table rows {table}")
+for pss in ("fwd", "bwd"):
+    m = re.search(r"^flash +%s +N=32 +d=16 +2 thr ([0-9.]+)x +of peak: ([0-9.]+)%% ([0-9.]+)%%$" % pss, out, re.M)
+    if not m: errs.append(f"no {pss} scaling line"); continue
+    g = {r["threads"]: float(r["gflops"]) for r in rows if r["pass"] == pss}
+    if abs(float(m.group(1)) - g["2"] / g["1"]) > 0.006 + 0.01 * g["2"] / g["1"]:
+        errs.append(f"{pss} scaling {m.group(1)} but the CSV says {g['2'] / g['1']:.3f}")
+    f = {r["threads"]: float(r["peak_fraction"]) for r in rows if r["pass"] == pss}
+    if abs(float(m.group(2)) - 100 * f["1"]) > 0.06 or abs(float(m.group(3)) - 100 * f["2"]) > 0.06:
+        errs.append(f"{pss} fractions {m.group(2)} {m.group(3)} but the CSV says {f}")
+if errs: sys.exit(print("; ".join(errs)) or 1)
+EOF
+if timeout 60 "$fa" bench $TINY >out.txt 2>&1 && ! grep -q "thr impl" out.txt && ! grep -q "^scaling" out.txt; then ok
+else bad "one --threads value: the table changed: $(cat out.txt)"; fi
 
 # ---- the mask options: checked against the reference, FLOPs of the visible pairs ----------
 expect_fail "--softcap -1" "--softcap" $TINY --softcap -1

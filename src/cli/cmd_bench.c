@@ -80,7 +80,7 @@ static const char *bench_usage =
     "usage: flashattn bench [--impl flash,standard,blas] [--pass fwd,bwd] [--n 1024,2048,4096,8192]\n"
     "                       [--d 64,128] [--batch B] [--heads H] [--heads-k HK] [--causal]\n"
     "                       [--window L,R] [--softcap C] [--dtype f32|f16|bf16]\n"
-    "                       [--threads T] [--repeats R] [--warmup W] [--csv FILE] [--no-check]\n"
+    "                       [--threads T,...] [--repeats R] [--warmup W] [--csv FILE] [--no-check]\n"
     "                       [--max-seconds S]\n"
     "       flashattn bench --seqlen-q S [--kv-dtype f32,f16,bf16] [--num-splits N,...] [--page-size P,...]\n"
     "                       [--n KEYS,...] [--d ...] [--batch B] [--heads H] [--heads-k HK] ...  (decode rows)\n"
@@ -95,7 +95,9 @@ static const char *bench_usage =
     "  --dtype T       dtype of Q, K, V (and dO): f32 (default), f16 or bf16; O and gradients f32\n"
     "  --n, --d LIST   up to 16 comma-separated values each\n"
     "  --batch B, --heads H, --heads-k HK   1..1000000 (HK divides H; default HK = H)\n"
-    "  --threads T     1..4096 (default: OMP_NUM_THREADS or all cores)\n"
+    "  --threads LIST  1..4096 each (default: OMP_NUM_THREADS or all cores); with several, every\n"
+    "                  row runs at each count back to back, a peak is measured per count, and\n"
+    "                  scaling lines follow the table (decode rows take one value)\n"
     "  --repeats R     1..200 timed runs (more, up to 3R, while under 1 s in all)\n"
     "  --warmup W      0..100 warm-up runs (the checked run counts as the first)\n"
     "  --max-seconds S refuse a bench whose time at the measured FMA peak exceeds S (default 3600)\n"
@@ -272,6 +274,7 @@ typedef struct bench_cfg {
     const char *isa;
     double peak;
     fa_outfile *csv;
+    int show_threads; /* a thread list was given: rows print their thread count */
     fa_context *ctx; /* flash rows: one context per row (bench_one, decode_one), as a caller's loop keeps one */
 } bench_cfg;
 
@@ -528,8 +531,10 @@ static fa_context *row_context(const char *impl, int threads)
     return ctx;
 }
 
-static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const bench_cfg *cfg_in, uint64_t *rng)
+static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const bench_cfg *cfg_in, uint64_t *rng,
+                     double *gflops_out)
 {
+    *gflops_out = NAN;
     bench_cfg row_cfg = *cfg_in;
     row_cfg.ctx = row_context(impl, cfg_in->threads);
     const bench_cfg *cfg = &row_cfg;
@@ -625,6 +630,8 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
     double lib_mib = (double)as.peak_bytes / 1048576.0;
     double rss = peak_rss_mib();
     const char *isa = strcmp(impl, "blas") == 0 ? "openblas" : cfg->isa;
+    *gflops_out = gflops;
+    if (cfg->show_threads) printf("%4d ", cfg->threads);
     printf("%-9s %-4s %-8s %6lld %4lld %9.2f %9.2f %9.2f %8.1f %6.1f%% %9.1f %9.1f %9.1e\n", impl,
            bwd ? "bwd" : "fwd", isa, (long long)n, (long long)d, med * 1e3, times[0] * 1e3, times[reps - 1] * 1e3,
            gflops, 100.0 * frac, rss, lib_mib, err);
@@ -1190,7 +1197,8 @@ static int decode_main(const char *const *names, int nimpl, const int *do_pass, 
 static int bench_main(int argc, char **argv)
 {
     const char *impls = NULL, *passes = "fwd", *csv_path = NULL;
-    long long ns[MAX_LIST] = {1024, 2048, 4096, 8192}, ds[MAX_LIST] = {64, 128};
+    long long ns[MAX_LIST] = {1024, 2048, 4096, 8192}, ds[MAX_LIST] = {64, 128}, ts[MAX_LIST];
+    int nt = 1;
     int nn = 4, nd = 2;
     double max_seconds = 3600.0;
     double reference_flops = 0;   /* the reference's share, timed at its own measured rate */
@@ -1213,6 +1221,7 @@ static int bench_main(int argc, char **argv)
     {
         fa_cpu_info ci;
         cfg.threads = fa_get_cpu_info(&ci) == FA_OK ? ci.max_threads : 1;
+        ts[0] = cfg.threads;
     }
 
     for (int i = 1; i < argc; i++) {
@@ -1274,8 +1283,8 @@ static int bench_main(int argc, char **argv)
             if (r < 0 || cli_parse_int("--heads-k", val, 1, 1000000, &x)) return 2;
             cfg.heads_k = x;
         } else if ((r = cli_opt_value(argc, argv, &i, "--threads", &val)) != 0) {
-            if (r < 0 || cli_parse_int("--threads", val, 1, 4096, &x)) return 2;
-            cfg.threads = (int)x;
+            if (r < 0 || (nt = parse_list("--threads", val, 1, 4096, ts)) < 0) return 2;
+            cfg.threads = (int)ts[0];
         } else if ((r = cli_opt_value(argc, argv, &i, "--repeats", &val)) != 0) {
             if (r < 0 || cli_parse_int("--repeats", val, 1, 200, &x)) return 2;
             cfg.repeats = (int)x;
@@ -1334,6 +1343,7 @@ static int bench_main(int argc, char **argv)
 
     if (decode_opts && !dc.on)
         return cli_die("bench: --kv-dtype, --num-splits, --page-size and --warm-cache apply to decode rows: give --seqlen-q");
+    if (dc.on && nt > 1) return cli_die("bench: decode rows (--seqlen-q) take one --threads value, got %d", nt);
     if (dc.on)
         return decode_main(names, nimpl, do_pass, n_given ? ns : NULL, nn, ds, nd, &cfg, &dc, csv_path, max_seconds);
     if (csv_path && cli_check_output("--csv", csv_path)) return 2;
@@ -1366,30 +1376,41 @@ static int bench_main(int argc, char **argv)
     fa_cpu_info info;
     if (fa_get_cpu_info(&info) != FA_OK) return cli_die("bench: %s", fa_last_error());
     cfg.isa = info.isa;
-#ifdef FA_HAVE_BLAS
-    openblas_set_num_threads(cfg.threads);
-#endif
-    /* the FMA peak: more threads than CPUs add no FMA throughput, only time */
+    /* the FMA peak of each thread count: more threads than CPUs add no FMA
+     * throughput, only time */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int probe_threads = cpus > 0 && cfg.threads > cpus ? (int)cpus : cfg.threads;
-    cfg.peak = measure_peak(info.isa, probe_threads);
-    /* time: bounded below by the FLOPs at the measured peak */
+    double peaks[MAX_LIST];
+    int probed_fewer = 0, max_threads = 0;
+    for (int t = 0; t < nt; t++) {
+        const int probe_threads = cpus > 0 && ts[t] > cpus ? (int)cpus : (int)ts[t];
+        probed_fewer |= probe_threads < ts[t];
+        peaks[t] = measure_peak(info.isa, probe_threads);
+        if (ts[t] > max_threads) max_threads = (int)ts[t];
+    }
+    cfg.peak = peaks[0];
+    /* time: bounded below by the FLOPs at the measured peak of each thread count */
+    double peak_seconds_per_flop = 0.0; /* sum over the thread counts of 1 / peak */
+    for (int t = 0; t < nt; t++) peak_seconds_per_flop += peaks[t] > 0 ? 1.0 / (peaks[t] * 1e9) : 0.0;
     if (reference_flops > 0) {
-        double ref_rate = measure_reference_gflops(cfg.threads);
+        /* at the most threads: the fastest the reference runs, so still a lower bound */
+        double ref_rate = measure_reference_gflops(max_threads);
         if (ref_rate > 0 && reference_flops / (ref_rate * 1e9) > max_seconds)
             return cli_die("bench: the reference runs asked for need about %.3g s (%.3g FLOP at the "
                            "reference's measured %.2f GFLOP/s), more than --max-seconds %.3g; use smaller "
                            "sizes or raise --max-seconds",
                            reference_flops / (ref_rate * 1e9), reference_flops, ref_rate, max_seconds);
         /* in the FLOPs at the peak that take the same time; unmeasured: at the peak (a lower bound) */
-        seconds_at_peak_flops += ref_rate > 0 && cfg.peak > 0 ? reference_flops / ref_rate * cfg.peak : reference_flops;
+        const double ref_secs = ref_rate > 0 ? reference_flops / (ref_rate * 1e9) : 0.0;
+        seconds_at_peak_flops += peak_seconds_per_flop > 0 && ref_secs > 0 ? ref_secs * nt / peak_seconds_per_flop
+                                                                           : reference_flops;
     }
-    if (cfg.peak > 0) {
-        double secs = seconds_at_peak_flops / (cfg.peak * 1e9);
+    if (peak_seconds_per_flop > 0) {
+        double secs = seconds_at_peak_flops * peak_seconds_per_flop;
         if (secs > max_seconds)
             return cli_die("bench: the runs asked for need at least %.3g s (%.3g FLOP at the measured FMA peak of "
-                           "%.1f GFLOP/s), more than --max-seconds %.3g; use smaller sizes or raise --max-seconds",
-                           secs, seconds_at_peak_flops, cfg.peak, max_seconds);
+                           "%.1f GFLOP/s%s), more than --max-seconds %.3g; use smaller sizes or raise --max-seconds",
+                           secs, seconds_at_peak_flops, cfg.peak, nt > 1 ? " and the other thread counts'" : "",
+                           max_seconds);
     }
 
     fa_outfile csv;
@@ -1406,9 +1427,17 @@ static int bench_main(int argc, char **argv)
     char model[256];
     cpu_model(model, sizeof model);
     printf("flashattn bench — %s, %ld logical CPUs\n", model, cpus);
-    printf("ISA %s (%d float32 lanes), %d thread%s, measured FMA peak %.1f GFLOP/s%s\n", info.isa,
-           info.simd_width, cfg.threads, cfg.threads == 1 ? "" : "s", cfg.peak,
-           probe_threads < cfg.threads ? " (probed on as many threads as CPUs)" : "");
+    if (nt == 1) {
+        printf("ISA %s (%d float32 lanes), %d thread%s, measured FMA peak %.1f GFLOP/s%s\n", info.isa,
+               info.simd_width, cfg.threads, cfg.threads == 1 ? "" : "s", cfg.peak,
+               probed_fewer ? " (probed on as many threads as CPUs)" : "");
+    } else {
+        printf("ISA %s (%d float32 lanes), measured FMA peak", info.isa, info.simd_width);
+        for (int t = 0; t < nt; t++)
+            printf("%s %.1f GFLOP/s on %lld thread%s", t ? "," : "", peaks[t], ts[t], ts[t] == 1 ? "" : "s");
+        printf("%s; each row runs the thread counts back to back\n",
+               probed_fewer ? " (probed on at most as many threads as CPUs)" : "");
+    }
     char maskdesc[160];
     int ml = snprintf(maskdesc, sizeof maskdesc, "%s", cfg.causal ? "causal" : "non-causal");
     if (cfg.window_left >= 0 || (!cfg.causal && cfg.window_right >= 0))
@@ -1429,9 +1458,12 @@ static int bench_main(int argc, char **argv)
     for (int c = 0; c < nimpl; c++)
         if (cfg.dtype != FA_F32 && strcmp(names[c], "blas") == 0)
             printf("(blas is sgemm on float32 inputs: no rows for it with --dtype %s)\n", fa_dtype_name(cfg.dtype));
-    printf("\n%-9s %-4s %-8s %6s %4s %9s %9s %9s %8s %7s %9s %9s %9s\n", "impl", "pass", "isa", "N", "d", "med_ms",
+    cfg.show_threads = nt > 1;
+    printf("\n%s%-9s %-4s %-8s %6s %4s %9s %9s %9s %8s %7s %9s %9s %9s\n", cfg.show_threads ? " thr " : "", "impl", "pass", "isa", "N", "d", "med_ms",
            "min_ms", "max_ms", "GFLOP/s", "peak", "rss_MiB", "lib_MiB", "check");
     fflush(stdout);
+    /* GFLOP/s of every row and thread count, for the scaling lines */
+    static double rate[MAX_LIST][MAX_LIST][2][8][MAX_LIST];
 
     uint64_t rng = 0x5eed1234abcdull;
     int rc = 0;
@@ -1441,9 +1473,33 @@ static int bench_main(int argc, char **argv)
                 for (int c = 0; c < nimpl; c++) {
                     if (!do_pass[p] || (p == 1 && !has_backward(names[c]))) continue;
                     if (cfg.dtype != FA_F32 && strcmp(names[c], "blas") == 0) continue; /* float32 only */
-                    int r = bench_one(names[c], p, ns[b], ds[a], &cfg, &rng);
-                    if (r > rc) rc = r;
+                    for (int t = 0; t < nt; t++) {
+                        cfg.threads = (int)ts[t];
+                        cfg.peak = peaks[t];
+#ifdef FA_HAVE_BLAS
+                        openblas_set_num_threads(cfg.threads);
+#endif
+                        int r = bench_one(names[c], p, ns[b], ds[a], &cfg, &rng, &rate[a][b][p][c][t]);
+                        if (r > rc) rc = r;
+                    }
                 }
+    if (nt > 1) { /* scaling, from the rows above (same run, thread counts back to back) */
+        printf("\nscaling: GFLOP/s over the %lld-thread row's, and fraction of each thread count's peak\n", ts[0]);
+        for (int a = 0; a < nd; a++)
+            for (int b = 0; b < nn; b++)
+                for (int p = 0; p < 2; p++)
+                    for (int c = 0; c < nimpl; c++) {
+                        const double *g = rate[a][b][p][c];
+                        if (!do_pass[p] || !(g[0] > 0)) continue;
+                        printf("%-9s %-4s N=%-6lld d=%-4lld", names[c], p ? "bwd" : "fwd", ns[b], ds[a]);
+                        for (int t = 1; t < nt; t++)
+                            if (g[t] > 0) printf("  %lld thr %.2fx", ts[t], g[t] / g[0]);
+                        printf("   of peak:");
+                        for (int t = 0; t < nt; t++)
+                            if (g[t] > 0 && peaks[t] > 0) printf(" %.1f%%", 100.0 * g[t] / peaks[t]);
+                        printf("\n");
+                    }
+    }
     /* the rows measured are facts even if another configuration failed: keep them */
     if (cfg.csv) {
         if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_npy(FA_ERR_IO);
