@@ -683,6 +683,7 @@ typedef struct decode_cfg {
     long long pages[MAX_LIST];     /* --page-size list (0: contiguous) */
     double bw_gbps;                /* measured read bandwidth */
     double bw1_gbps;               /* the same on one thread (the ceiling of a one-task decode) */
+    int bw_threads;                /* threads it was measured on (at most the CPUs) */
     size_t bw_bytes;               /* its buffer */
     int warm;                      /* --warm-cache: no eviction between runs */
     uint64_t *evict;               /* [evict_words]: read before every timed run (cold) */
@@ -972,9 +973,10 @@ static void decode_print_header(const bench_cfg *cfg, const decode_cfg *dc)
            "(kv heads %lld), %s\n",
            (long long)dc->seqlen_q, dc->seqlen_q == 1 ? "" : "s", (long long)cfg->batch, (long long)cfg->heads,
            (long long)cfg->heads_k, cfg->causal ? "causal" : "non-causal");
-    printf("measured read bandwidth %.1f GB/s (%d thread%s, XOR over a %zu MiB buffer)", dc->bw_gbps, cfg->threads,
-           cfg->threads == 1 ? "" : "s", dc->bw_bytes >> 20);
-    if (cfg->threads > 1) printf(", %.1f GB/s on 1 thread", dc->bw1_gbps);
+    printf("measured read bandwidth %.1f GB/s (%d thread%s%s, XOR over a %zu MiB buffer)", dc->bw_gbps,
+           dc->bw_threads, dc->bw_threads == 1 ? "" : "s", dc->bw_threads < cfg->threads ? ": as many as CPUs" : "",
+           dc->bw_bytes >> 20);
+    if (dc->bw_threads > 1) printf(", %.1f GB/s on 1 thread", dc->bw1_gbps);
     printf("; GB/s = K/V bytes (2*batch*N*heads_k*d*size, once) / median time\n");
     if (dc->warm)
         printf("warm cache (--warm-cache): each run reads K/V left in L2/L3 by the previous one\n");
@@ -1136,8 +1138,12 @@ static int decode_main(const char *const *names, int nimpl, const int *do_pass, 
                        "%.1f GFLOP/s), more than --max-seconds %.3g; use smaller sizes or raise --max-seconds",
                        flops_total / (cfg->peak * 1e9), flops_total, cfg->peak, max_seconds);
     dc->bw_bytes = bw_buffer_bytes(avail);
+    dc->bw_threads = probe_threads;
     dc->bw_gbps = measure_read_gbps(probe_threads, dc->bw_bytes);
     dc->bw1_gbps = probe_threads > 1 ? measure_read_gbps(1, dc->bw_bytes) : dc->bw_gbps;
+    if (!(dc->bw_gbps > 0) || !(dc->bw1_gbps > 0)) /* its buffer could not be allocated */
+        return cli_die("bench: out of memory for the %zu MiB read-bandwidth buffer that decode rows are "
+                       "measured against", dc->bw_bytes >> 20);
     if (!dc->warm) {
         const size_t eb = evict_buffer_bytes(avail);
         dc->evict_words = eb / sizeof(uint64_t);
