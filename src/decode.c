@@ -221,7 +221,8 @@ typedef struct dec_scratch {
     float *keep;  /* [cr][ldo]  Õ before a P V (restored when V held Inf/NaN) */
     float *m, *l, *alpha; /* [cr] */
     int64_t *lo, *hi;     /* [cr] visible keys of each row */
-    const void **kp, **vp, **np; /* [bc] row pointers: K, V, the next block's (prefetch) */
+    const void **rp; /* [hpt][2][2][bc] row pointers of each head of the task: this block's and the
+                      * next one's (double-buffered), K then V */
     void *base;
 } dec_scratch;
 
@@ -229,7 +230,7 @@ static size_t scratch_floats(const fa_problem *p, const dec_dims *g)
 {
     const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr), b16 = round16((size_t)g->bc);
     return cr * g->ldq + (size_t)g->bc * g->ldq + (size_t)g->bc * g->ldv + cr * g->lds + 2 * cr * g->ldo +
-           3 * r16 + 4 * r16 /* lo, hi: int64 */ + 3 * 2 * b16 /* kp, vp, np */ + 16 * 10;
+           3 * r16 + 4 * r16 /* lo, hi: int64 */ + 2 * 4 * (size_t)g->hpt * b16 /* rp */ + 16 * 10;
     (void)p;
 }
 
@@ -238,7 +239,7 @@ static int scratch_alloc(const fa_problem *p, const dec_dims *g, dec_scratch *sc
     float *base = fa_scratch_alloc(p, scratch_floats(p, g) * sizeof(float));
     sc->base = base;
     if (!base) return 0;
-    const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr), b16 = round16((size_t)g->bc);
+    const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr);
     float *cur = base;
     /* each piece starts 64-byte aligned (the allocation is) */
 #define TAKE(ptr, n) do { ptr = cur; cur += round16(n); } while (0)
@@ -256,11 +257,7 @@ static int scratch_alloc(const fa_problem *p, const dec_dims *g, dec_scratch *sc
     cur += 2 * r16;
     sc->hi = (int64_t *)cur;
     cur += 2 * r16;
-    sc->kp = (const void **)cur;
-    cur += 2 * b16;
-    sc->vp = (const void **)cur;
-    cur += 2 * b16;
-    sc->np = (const void **)cur;
+    sc->rp = (const void **)cur;
     return 1;
 }
 
@@ -368,12 +365,9 @@ static int kv_rows(const fa_kernels *kern, const fa_rows *s, int64_t j0, int n, 
     return FA_ROW_F32;
 }
 
-/* Ask the cache for rows j0 .. j0 + n - 1 of s (a hint; sources read in place only). */
-static void prefetch_rows(const fa_rows *s, int64_t j0, int n, const void **ptr)
+/* Ask the cache for the n rows at ptr (a hint), each `bytes` long: one prefetch per 64-byte line. */
+static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
 {
-    int fmt;
-    if (n <= 0 || !row_ptrs(s, j0, n, ptr, &fmt)) return;
-    const size_t bytes = (size_t)s->width * (fmt == FA_ROW_F32 ? 4 : 2);
     for (int x = 0; x < n; x++)
         for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)ptr[x] + b, 0, 2);
 }
@@ -506,17 +500,37 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
     if (jmin < jmax) {
         const int64_t kb0 = jmin / g->bc, kb1 = (jmax + g->bc - 1) / g->bc, nkb = kb1 - kb0;
         const int64_t kbs = kb0 + nkb * sp / g->splits, kbe = kb0 + nkb * (sp + 1) / g->splits;
+        /* per head t: rp[t][buf][0 = K, 1 = V][bc]; buffer (kb - kbs) & 1 holds this block's
+         * pointers, the other the next block's, which row_ptrs fills (when the rows can be
+         * read in place: kfmt/vfmt[t] >= 0) while this block is computed */
+        int nkf[DEC_MAX_ROWS], nvf[DEC_MAX_ROWS];
+        const size_t b16 = round16((size_t)g->bc);
         for (int64_t kb = kbs; kb < kbe; kb++) {
             const int64_t j0 = kb * g->bc;
             const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
             const int64_t j1 = j0 + g->bc;
             const int n1 = kb + 1 < kbe ? (int)(seq.k_len - j1 < g->bc ? seq.k_len - j1 : g->bc) : 0;
+            const int cur = (int)((kb - kbs) & 1);
             for (int t = 0; t < nh; t++) {
                 const int64_t hk = hks[t];
                 const int rt = off[t], nt = off[t + 1] - off[t];
                 const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
                 float *st = sc->s + (size_t)rt * g->lds, *ot = sc->oa + (size_t)rt * g->ldo;
-                const int kfmt = kv_rows(kern, &ks, j0, bc, sc->kp, sc->kr, g->ldq);
+                const void **kp = sc->rp + ((size_t)t * 4 + (size_t)cur * 2) * b16, **vp = kp + b16;
+                const void **kn = sc->rp + ((size_t)t * 4 + (size_t)(cur ^ 1) * 2) * b16, **vn = kn + b16;
+                /* this block's pointers: made while the previous block ran, else now (a gather
+                 * to float32 rows when the source cannot be read in place) */
+                const int kfmt = kb > kbs && nkf[t] >= 0 ? nkf[t] : kv_rows(kern, &ks, j0, bc, kp, sc->kr, g->ldq);
+                const int vfmt0 = kb > kbs && nvf[t] >= 0 ? nvf[t] : -1;
+                /* the next block's, once */
+                nkf[t] = nvf[t] = -1;
+                if (n1 > 0) {
+                    int f;
+                    if (row_ptrs(&ks, j1, n1, kn, &f)) nkf[t] = f;
+                    if (row_ptrs(&vs, j1, n1, vn, &f)) nvf[t] = f;
+                }
+                const size_t kbytes = (size_t)ks.width * (nkf[t] == FA_ROW_F32 ? 4 : 2);
+                const size_t vbytes = (size_t)vs.width * (nvf[t] == FA_ROW_F32 ? 4 : 2);
                 /* the scores DEC_PF_KEYS keys at a time, asking for the same keys of this
                  * head's next block (K and V rows) before each: hardware prefetchers stop
                  * at 4 KiB pages, one kv head's rows are heads_k*d elements apart, and a
@@ -527,9 +541,9 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
                     const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;
                     const int np = n1 - c0 < nc ? n1 - c0 : nc;
-                    prefetch_rows(&ks, j1 + c0, np, sc->np);
-                    prefetch_rows(&vs, j1 + c0, np, sc->np);
-                    kern->dec_qk(nt, nc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, sc->kp + c0, kfmt,
+                    if (np > 0 && nkf[t] >= 0) prefetch_ptrs(kn + c0, np, kbytes);
+                    if (np > 0 && nvf[t] >= 0) prefetch_ptrs(vn + c0, np, vbytes);
+                    kern->dec_qk(nt, nc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, kp + c0, kfmt,
                                  (float)p->scale, st + c0, g->lds);
                 }
                 /* softcap, ALiBi and the mask per query-head segment (its own rows i and slope) */
@@ -544,21 +558,21 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 }
                 for (int r = rt; r < rt + nt; r++) full &= sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc;
                 kern->softmax(nt, bc, st, g->lds, sc->m + rt, sc->l + rt, sc->alpha + rt);
-                const int vfmt = kv_rows(kern, &vs, j0, bc, sc->vp, sc->vj, g->ldv);
+                const int vfmt = vfmt0 >= 0 ? vfmt0 : kv_rows(kern, &vs, j0, bc, vp, sc->vj, g->ldv);
                 if (full) { /* no P = 0 from the mask: any Inf/NaN of V reaches only rows that see it */
-                    kern->dec_pv(nt, bc, (int)dv, st, g->lds, sc->vp, vfmt, sc->alpha + rt, ot, g->ldo);
+                    kern->dec_pv(nt, bc, (int)dv, st, g->lds, vp, vfmt, sc->alpha + rt, ot, g->ldo);
                     continue;
                 }
                 for (int r = rt; r < rt + nt; r++)
                     memcpy(sc->keep + (size_t)r * g->ldo, sc->oa + (size_t)r * g->ldo, (size_t)dv * sizeof(float));
-                kern->dec_pv(nt, bc, (int)dv, st, g->lds, sc->vp, vfmt, sc->alpha + rt, ot, g->ldo);
+                kern->dec_pv(nt, bc, (int)dv, st, g->lds, vp, vfmt, sc->alpha + rt, ot, g->ldo);
                 /* V with Inf/NaN (or rows already non-finite): redo the P V per row over
                  * its visible keys only, from Õ as it was (0 * Inf of a masked key
                  * would leak NaN into a row that cannot see it) */
                 if (!rows_finite(ot, nt, dv, g->ldo)) {
                     for (int r = rt; r < rt + nt; r++)
                         memcpy(sc->oa + (size_t)r * g->ldo, sc->keep + (size_t)r * g->ldo, (size_t)dv * sizeof(float));
-                    pv_masked_rows(kern, rt, nt, j0, bc, dv, sc, g->lds, sc->vp, vfmt, g->ldo);
+                    pv_masked_rows(kern, rt, nt, j0, bc, dv, sc, g->lds, vp, vfmt, g->ldo);
                 }
             }
         }
