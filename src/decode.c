@@ -103,8 +103,9 @@
 #define DEC_BLOCK_K_GQA 32
 #define DEC_BLOCK_K_MQA 128
 
-/* Keys per dec_qk call, each preceded by the prefetch of the same keys of the next block. */
-#define DEC_PF_KEYS 16
+/* Keys per dec_qk call, each preceded by the prefetch of the same keys of the next block
+ * (K rows; the V rows one chunk behind). */
+#define DEC_PF_KEYS 32
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
@@ -431,7 +432,12 @@ static void finalize_row(const fa_problem *p, int64_t b, int64_t h, int64_t i, f
     const float inv = empty ? 0.0f : 1.0f / l;
     if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
         float *dst = (float *)p->o.data + fa_rows_off(&os, i);
-        for (int64_t c = 0; c < dv; c++) dst[c] = empty ? 0.0f : orow[c] * inv;
+        if (empty) {
+            memset(dst, 0, (size_t)dv * sizeof(float));
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < dv; c++) dst[c] = orow[c] * inv;
+        }
     } else {
         for (int64_t c = 0; c < dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
     }
@@ -531,21 +537,28 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 }
                 const size_t kbytes = (size_t)ks.width * (nkf[t] == FA_ROW_F32 ? 4 : 2);
                 const size_t vbytes = (size_t)vs.width * (nvf[t] == FA_ROW_F32 ? 4 : 2);
-                /* the scores DEC_PF_KEYS keys at a time, asking for the same keys of this
-                 * head's next block (K and V rows) before each: hardware prefetchers stop
-                 * at 4 KiB pages, one kv head's rows are heads_k*d elements apart, and a
-                 * paged cache's next page is wherever the block table says. Spread out,
-                 * not one burst per block (measured: a burst stalled on full fill buffers,
-                 * bf16 5.1-5.6 GB/s on one core vs 7.0 spread; f32 6.6 vs 7.1). A score
-                 * does not depend on the other keys of the call, so the bits are the same. */
+                /* the scores DEC_PF_KEYS keys at a time, asking before each call for the
+                 * same keys of this head's next block (K rows; V rows a chunk behind, the
+                 * last V chunk before dec_pv): hardware prefetchers stop at 4 KiB pages, one
+                 * kv head's rows are heads_k*d elements apart, and a paged cache's next page
+                 * is wherever the block table says. Spread out, not one burst per block
+                 * (measured: a burst stalled on full fill buffers, bf16 5.1-5.6 GB/s on one
+                 * core vs 7.0 spread; f32 6.6 vs 7.1). A score does not depend on the other
+                 * keys of the call, so the bits are the same. */
+                int vdone = 0; /* next-block V rows asked for */
                 for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
                     const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;
                     const int np = n1 - c0 < nc ? n1 - c0 : nc;
                     if (np > 0 && nkf[t] >= 0) prefetch_ptrs(kn + c0, np, kbytes);
-                    if (np > 0 && nvf[t] >= 0) prefetch_ptrs(vn + c0, np, vbytes);
+                    if (c0 > 0 && nvf[t] >= 0) {
+                        const int nv = (n1 < c0 ? n1 : c0) - vdone;
+                        if (nv > 0) prefetch_ptrs(vn + vdone, nv, vbytes);
+                        vdone += nv > 0 ? nv : 0;
+                    }
                     kern->dec_qk(nt, nc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, kp + c0, kfmt,
                                  (float)p->scale, st + c0, g->lds);
                 }
+                if (nvf[t] >= 0 && n1 > vdone) prefetch_ptrs(vn + vdone, n1 - vdone, vbytes);
                 /* softcap, ALiBi and the mask per query-head segment (its own rows i and slope) */
                 int full = 1; /* every row of the tile sees every key of the block */
                 for (int r = rt; r < rt + nt;) {
