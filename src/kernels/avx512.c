@@ -618,13 +618,21 @@ INLINE __m512 reduce16(const __m512 *a)
 
 /* Query rows in the dot product's order: qx[r][c + t] = q[r][c + 2t], qx[r][c + 16 + t] =
  * q[r][c + 2t + 1] for each chunk c, zeros past d (rows of dp = d rounded up to 32). */
-static void eo_q(int rows, int d, const float *q, size_t ldq, float *qx, int dp)
+INLINE void eo_q(const int ROWS, int d, const float *q, size_t ldq, float *qx, int dp)
 {
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < d; c += 32) {
+    int c = 0;
+    for (; c + 32 <= d; c += 32)
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
             __m512 e, o;
-            if (c + 32 <= d) eo_load(q + (size_t)r * ldq, c, 32, 1, FA_ROW_F32, &e, &o);
-            else eo_load(q + (size_t)r * ldq, c, d - c, 0, FA_ROW_F32, &e, &o);
+            eo_load(q + (size_t)r * ldq, c, 32, 1, FA_ROW_F32, &e, &o);
+            _mm512_storeu_ps(qx + (size_t)r * dp + c, e);
+            _mm512_storeu_ps(qx + (size_t)r * dp + c + 16, o);
+        }
+    if (c < d)
+        for (int r = 0; r < ROWS; r++) {
+            __m512 e, o;
+            eo_load(q + (size_t)r * ldq, c, d - c, 0, FA_ROW_F32, &e, &o);
             _mm512_storeu_ps(qx + (size_t)r * dp + c, e);
             _mm512_storeu_ps(qx + (size_t)r * dp + c + 16, o);
         }
@@ -712,12 +720,11 @@ INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size
             }
             continue;
         }
-        eo_q(m, d, qi, ldq, qx, dp);
         switch (m) {
-        case 4: dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
-        case 3: dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
-        case 2: dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
-        default: dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
+        case 4: eo_q(4, d, qi, ldq, qx, dp); dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
+        case 3: eo_q(3, d, qi, ldq, qx, dp); dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
+        case 2: eo_q(2, d, qi, ldq, qx, dp); dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
+        default: eo_q(1, d, qi, ldq, qx, dp); dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
         }
     }
 }
