@@ -368,25 +368,17 @@ static int kv_rows(const fa_kernels *kern, const fa_rows *s, int64_t j0, int n, 
     return FA_ROW_F32;
 }
 
-/* Ask the cache for the n rows at ptr (a hint), each `bytes` long: one prefetch per 64-byte line. */
+/*
+ * Ask the cache for the n rows at ptr (a hint), each `bytes` long: one prefetch per 64-byte
+ * line. (Keep the address as ptr[x] + b: GCC 12 drops every prefetch of this function when
+ * ptr[x] is first held in a local variable — f6649b4 shipped that, and its warm-cache gain
+ * was the prefetches gone.)
+ */
 static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
 {
-    const size_t lines = (bytes + 63) / 64;
-    if (lines == 4) { /* d = 128 bf16/f16, 64 float32: unrolled (the loop's own uops cost as much as the prefetches) */
-        for (int x = 0; x < n; x++) {
-            const char *r = ptr[x];
-            __builtin_prefetch(r, 0, 2);
-            __builtin_prefetch(r + 64, 0, 2);
-            __builtin_prefetch(r + 128, 0, 2);
-            __builtin_prefetch(r + 192, 0, 2);
-        }
-        return;
-    }
-    for (int x = 0; x < n; x++) {
-        const char *r = ptr[x];
+    for (int x = 0; x < n; x++)
 #pragma GCC unroll 8
-        for (size_t l = 0; l < lines; l++) __builtin_prefetch(r + 64 * l, 0, 2);
-    }
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)ptr[x] + b, 0, 2);
 }
 
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
@@ -553,6 +545,14 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 }
                 const size_t kbytes = (size_t)ks.width * (nkf[t] == FA_ROW_F32 ? 4 : 2);
                 const size_t vbytes = (size_t)vs.width * (nvf[t] == FA_ROW_F32 ? 4 : 2);
+                /* which next-block rows to ask for: half rows always; float32 rows only from a
+                 * paged cache or with new keys. A dense float32 cache streams at least as fast
+                 * on the hardware prefetchers alone (one core of the project Xeon, cold 32768
+                 * keys, H = 32, H_k = 8, d = 128: 27 ms without against 34 ms with, quiet; 29-31
+                 * against 35-37 ms, noisy), while a bf16 one needs them (17 against 20 ms) —
+                 * its compute per byte is twice float32's */
+                const int pfk = nkf[t] >= 0 && (nkf[t] != FA_ROW_F32 || ks.pages || ks.tail);
+                const int pfv = nvf[t] >= 0 && (nvf[t] != FA_ROW_F32 || vs.pages || vs.tail);
                 /* the scores DEC_PF_KEYS keys at a time, asking before each call for the
                  * same keys of this head's next block (K rows; V rows a chunk behind, the
                  * last V chunk before dec_pv): hardware prefetchers stop at 4 KiB pages, one
@@ -565,8 +565,8 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
                     const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;
                     const int np = n1 - c0 < nc ? n1 - c0 : nc;
-                    if (np > 0 && nkf[t] >= 0) prefetch_ptrs(kn + c0, np, kbytes);
-                    if (c0 > 0 && nvf[t] >= 0) {
+                    if (np > 0 && pfk) prefetch_ptrs(kn + c0, np, kbytes);
+                    if (c0 > 0 && pfv) {
                         const int nv = (n1 < c0 ? n1 : c0) - vdone;
                         if (nv > 0) prefetch_ptrs(vn + vdone, nv, vbytes);
                         vdone += nv > 0 ? nv : 0;
@@ -574,7 +574,7 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                     kern->dec_qk(nt, nc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, kp + c0, kfmt,
                                  (float)p->scale, st + c0, g->lds);
                 }
-                if (nvf[t] >= 0 && n1 > vdone) prefetch_ptrs(vn + vdone, n1 - vdone, vbytes);
+                if (pfv && n1 > vdone) prefetch_ptrs(vn + vdone, n1 - vdone, vbytes);
                 /* softcap, ALiBi and the mask per query-head segment (its own rows i and slope) */
                 int full = 1; /* every row of the tile sees every key of the block */
                 for (int r = rt; r < rt + nt;) {

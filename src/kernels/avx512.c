@@ -573,7 +573,8 @@ INLINE void eo_load(const void *row, int c, int left, const int FULL, const int 
 {
     if (fmt == FA_ROW_BF16) {
         const uint16_t *h = (const uint16_t *)row + c;
-        const __m512i x = FULL ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16(mask32(left), h);
+        __m512i x = FULL ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16(mask32(left), h);
+        __asm__("" : "+v"(x)); /* one load in a register (GCC would fold one into each of the two ops) */
         *e = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
         *o = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
         return;
