@@ -370,15 +370,20 @@ static int kv_rows(const fa_kernels *kern, const fa_rows *s, int64_t j0, int n, 
 
 /*
  * Ask the cache for the n rows at ptr (a hint), each `bytes` long: one prefetch per 64-byte
- * line. (Keep the address as ptr[x] + b: GCC 12 drops every prefetch of this function when
- * ptr[x] is first held in a local variable — f6649b4 shipped that, and its warm-cache gain
- * was the prefetches gone.)
+ * line, into L1 (prefetcht0). Measured on one core of the project Xeon, cold 32768-key cache,
+ * H = 32, H_k = 8, d = 128, 3 interleaved rounds (shared machine, indicative): prefetcht0
+ * against prefetcht1 (into L2), bf16 14.8-14.9 against 16.2-16.4 ms, paged (16) float32
+ * 28.2-28.6 against 37.6-38.7, paged bf16 16.0 against 18.6-19.6; a dense float32 cache
+ * 23.3-24.5 ms with them against 25.9-26.8 without (in L2 they cost float32 ~20%, bf16 ~3%);
+ * prefetchnta 40 ms. (Keep the address as ptr[x] + b: GCC 12 drops every prefetch of this
+ * function when ptr[x] is first held in a local variable — f6649b4 shipped that, and its
+ * warm-cache gain was the prefetches gone.)
  */
 static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
 {
     for (int x = 0; x < n; x++)
 #pragma GCC unroll 8
-        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)ptr[x] + b, 0, 2);
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)ptr[x] + b, 0, 3);
 }
 
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
@@ -545,14 +550,7 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 }
                 const size_t kbytes = (size_t)ks.width * (nkf[t] == FA_ROW_F32 ? 4 : 2);
                 const size_t vbytes = (size_t)vs.width * (nvf[t] == FA_ROW_F32 ? 4 : 2);
-                /* which next-block rows to ask for: half rows always; float32 rows only from a
-                 * paged cache or with new keys. A dense float32 cache streams at least as fast
-                 * on the hardware prefetchers alone (one core of the project Xeon, cold 32768
-                 * keys, H = 32, H_k = 8, d = 128: 27 ms without against 34 ms with, quiet; 29-31
-                 * against 35-37 ms, noisy), while a bf16 one needs them (17 against 20 ms) —
-                 * its compute per byte is twice float32's */
-                const int pfk = nkf[t] >= 0 && (nkf[t] != FA_ROW_F32 || ks.pages || ks.tail);
-                const int pfv = nvf[t] >= 0 && (nvf[t] != FA_ROW_F32 || vs.pages || vs.tail);
+                const int pfk = nkf[t] >= 0, pfv = nvf[t] >= 0; /* rows read in place */
                 /* the scores DEC_PF_KEYS keys at a time, asking before each call for the
                  * same keys of this head's next block (K rows; V rows a chunk behind, the
                  * last V chunk before dec_pv): hardware prefetchers stop at 4 KiB pages, one
