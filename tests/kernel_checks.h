@@ -1147,6 +1147,14 @@ static int kc_check_dec(const fa_kernels *k, const fa_kernels *ref, uint64_t see
             for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
                 for (int c = 0; c < KC_NSIZES; c++)
                     nf += kc_dec_case(k, ref, nrs[a], ns[b], kc_sizes[c], fmt, &rng, nf ? NULL : msg, cap) != 0;
+    /* depths past a kernel's staging of the query rows (AVX-512 permutes rows of d <= 512 once
+     * per call, longer ones per key block): the same promises */
+    static const int big_nrs[] = {1, 2, 4, 5}, big_ns[] = {3, 17}, big_ds[] = {544, 600};
+    for (int fmt = FA_ROW_F32; fmt <= FA_ROW_BF16; fmt++)
+        for (size_t a = 0; a < sizeof big_nrs / sizeof big_nrs[0]; a++)
+            for (size_t b = 0; b < sizeof big_ns / sizeof big_ns[0]; b++)
+                for (size_t c = 0; c < sizeof big_ds / sizeof big_ds[0]; c++)
+                    nf += kc_dec_case(k, ref, big_nrs[a], big_ns[b], big_ds[c], fmt, &rng, nf ? NULL : msg, cap) != 0;
     return nf;
 }
 

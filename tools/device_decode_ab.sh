@@ -5,11 +5,16 @@
 # unpacked, with a file REV naming the revision); run there:
 #   sh device_decode_ab.sh OUTDIR
 # (docs/examples/device_decode_ab.log: old = 17ecdac, K transpose + V copy +
-# widen into panels; new = the direct dec_qk/dec_pv kernels.) Stops at ~215 s.
+# widen into panels; new = the direct dec_qk/dec_pv kernels.) Stops at ~BUDGET
+# seconds (default 215). T1=1 adds, after the default rounds, 1-thread cold rows
+# (f32/bf16, num_splits 1, new/old/new/old) and WARM=1 warm-cache compute rows
+# (--warm-cache, 256 keys, 1 thread): the compute side, without DRAM.
 set -u
 out=${1:?}
+mkdir -p "$out" && out=$(cd "$out" && pwd) # absolute: the builds run in old/ and new/
 start=$(date +%s)
-left() { echo $((215 - ($(date +%s) - start))); }
+budget=${BUDGET:-215}
+left() { echo $((budget - ($(date +%s) - start))); }
 echo "== old: $(cat old/REV); new: $(cat new/REV)"; echo "== host"; lscpu | sed -n '1,20p'; nproc
 echo "== build old and new (make -j8 each, in parallel)"
 (cd old && make -j8 build/flashattn >"$out/build_old.log" 2>&1; echo "old build rc $?") &
@@ -28,5 +33,23 @@ mqa() {
     timeout "$(left)" "$1/build/flashattn" bench --seqlen-q 1 --n 32768 --d 128 --heads 8 --heads-k 1 --threads 2 \
         --kv-dtype f32,bf16 --num-splits 1,0 --repeats 20 --csv "$out/decode_mqa_$1.csv" 2>&1
 }
+one() { # one SIDE TAG ARGS...: H=32 Hk=8 d=128, f32/bf16, num_splits 1
+    side=$1; tag=$2; shift 2
+    [ "$(left)" -lt 15 ] && { echo "== $side $tag: skipped ($(left) s left)"; return; }
+    echo "== $side $tag ($(left) s left)"
+    timeout "$(left)" "$side/build/flashattn" bench --seqlen-q 1 --d 128 --heads 32 --heads-k 8 --kv-dtype f32,bf16 \
+        --num-splits 1 "$@" --csv "$out/decode_${side}_$tag.csv" 2>&1
+}
 dec new 1; dec old 1; mqa new; mqa old; dec new 2; dec old 2
+if [ "${T1:-0}" = 1 ]; then
+    for r in 1 2; do
+        one new "t1_r$r" --n 32768 --threads 1 --repeats 9; one old "t1_r$r" --n 32768 --threads 1 --repeats 9
+    done
+fi
+if [ "${WARM:-0}" = 1 ]; then
+    for r in 1 2; do
+        one new "warm_r$r" --n 256 --threads 1 --repeats 200 --warm-cache
+        one old "warm_r$r" --n 256 --threads 1 --repeats 200 --warm-cache
+    done
+fi
 echo "== done in $(( $(date +%s) - start )) s"

@@ -745,11 +745,36 @@ static void dec_qk_avx2(int nr, int n, int d, const float *q, size_t ldq, const 
 }
 
 /*
- * O rows [0, ROWS) x columns [c0, c0 + 8*VECS) (vector u holds kl[u] lanes, 0 past
- * dv): acc = sum_j P[r][j] V_j in key order from 0, then O = alpha*O + acc.
+ * 16 bf16 elements of a V row from element c (those past `left` read as 0, not
+ * touched in memory; FULL: left >= 16) widened into even (lane t = element c+2t)
+ * and odd (c+2t+1) vectors: one 256-bit load holds the pair (2t, 2t+1) in lane t,
+ * a shift left by 16 gives the even element, AND 0xffff0000 the odd one — 2 ALU
+ * ops per 16 elements instead of vpmovzxwd + vpslld per 8.
  */
-INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int c0, const int *kl, const float *p,
-                      size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
+INLINE void eo_load_bf16(const void *row, int c, int left, const int FULL, __m256 *e, __m256 *o)
+{
+    const uint16_t *h = (const uint16_t *)row + c;
+    __m256i x;
+    if (FULL || left >= 16) {
+        x = _mm256_loadu_si256((const __m256i *)h);
+    } else {
+        uint16_t t[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        if (left > 0) memcpy(t, h, (size_t)left * sizeof(uint16_t));
+        x = _mm256_loadu_si256((const __m256i *)t);
+    }
+    *e = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    *o = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/*
+ * O rows [0, ROWS) x columns [c0, c0 + 8*VECS) (columns past dv read as 0 and not
+ * stored; FULL: none is past dv): acc = sum_j P[r][j] V_j in key order from +0,
+ * then O = alpha*O + acc — per element the same steps whatever the blocking or
+ * format. bf16 rows: vectors 2u and 2u+1 hold the even and odd columns of the 16
+ * at c0 + 16u (eo_load_bf16), interleaved back before the update.
+ */
+INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, const int FULL, int n, int c0, int dv,
+                      const float *p, size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
 {
     __m256 acc[4][8];
 #pragma GCC unroll 4
@@ -761,13 +786,39 @@ INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int 
         __m256 pb[4];
 #pragma GCC unroll 4
         for (int r = 0; r < ROWS; r++) pb[r] = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
-#pragma GCC unroll 8
-        for (int u = 0; u < VECS; u++) {
-            if (kl[u] <= 0) continue;
-            const __m256 vv = dec_load(row, c0 + 8 * u, kl[u], fmt);
+        if (fmt == FA_ROW_BF16) {
 #pragma GCC unroll 4
-            for (int r = 0; r < ROWS; r++) acc[r][u] = _mm256_fmadd_ps(pb[r], vv, acc[r][u]);
+            for (int u = 0; u < VECS; u += 2) {
+                if (!FULL && dv - c0 - 8 * u <= 0) break;
+                __m256 ve, vo;
+                eo_load_bf16(row, c0 + 8 * u, dv - c0 - 8 * u, FULL, &ve, &vo);
+#pragma GCC unroll 4
+                for (int r = 0; r < ROWS; r++) {
+                    acc[r][u] = _mm256_fmadd_ps(pb[r], ve, acc[r][u]);
+                    acc[r][u + 1] = _mm256_fmadd_ps(pb[r], vo, acc[r][u + 1]);
+                }
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int u = 0; u < VECS; u++) {
+                const int left = dv - c0 - 8 * u;
+                if (!FULL && left <= 0) break;
+                const __m256 vv = dec_load(row, c0 + 8 * u, FULL ? 8 : left, fmt);
+#pragma GCC unroll 4
+                for (int r = 0; r < ROWS; r++) acc[r][u] = _mm256_fmadd_ps(pb[r], vv, acc[r][u]);
+            }
         }
+    }
+    if (fmt == FA_ROW_BF16) {
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 4
+            for (int u = 0; u < VECS; u += 2) {
+                const __m256 lo = _mm256_unpacklo_ps(acc[r][u], acc[r][u + 1]); /* e0 o0 e1 o1 | e4 o4 e5 o5 */
+                const __m256 hi = _mm256_unpackhi_ps(acc[r][u], acc[r][u + 1]); /* e2 o2 e3 o3 | e6 o6 e7 o7 */
+                acc[r][u] = _mm256_permute2f128_ps(lo, hi, 0x20);
+                acc[r][u + 1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+            }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < ROWS; r++) {
@@ -775,44 +826,41 @@ INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int 
 #pragma GCC unroll 8
         for (int u = 0; u < VECS; u++) {
             float *dst = o + (size_t)r * ldo + c0 + 8 * u;
-            if (kl[u] >= 8) {
+            const int left = dv - c0 - 8 * u;
+            if (FULL || left >= 8) {
                 _mm256_storeu_ps(dst, _mm256_fmadd_ps(a, _mm256_loadu_ps(dst), acc[r][u]));
-            } else if (kl[u] > 0) {
-                const __m256i m = lanes_below(kl[u]);
+            } else if (left > 0) {
+                const __m256i m = lanes_below(left);
                 _mm256_maskstore_ps(dst, m, _mm256_fmadd_ps(a, _mm256_maskload_ps(dst, m), acc[r][u]));
             }
         }
     }
 }
 
-/* Lanes of each of the VECS vectors of the column panel at c0 (<= 0: past dv). */
-INLINE void panel_lanes(const int VECS, int dv, int c0, int *kl)
+/* One column panel of VECS vectors at c0 for rows [0, ROWS): no tail code when it lies inside dv. */
+INLINE void dpv_panel(const int ROWS, const int VECS, const int fmt, int n, int c0, int dv, const float *p,
+                      size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
 {
-#pragma GCC unroll 8
-    for (int u = 0; u < VECS; u++) kl[u] = dv - c0 - 8 * u;
+    if (c0 + 8 * VECS <= dv) dpv_block(ROWS, VECS, fmt, 1, n, c0, dv, p, ldp, rows, alpha, o, ldo);
+    else dpv_block(ROWS, VECS, fmt, 0, n, c0, dv, p, ldp, rows, alpha, o, ldo);
 }
 
 INLINE void dec_pv_fmt(const int fmt, int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows,
                        const float *alpha, float *o, size_t ldo)
 {
-    int kl[8];
     if (nr == 1) { /* 1 row x 8 vectors (64 columns): 8 chains */
-        for (int c0 = 0; c0 < dv; c0 += 64) {
-            panel_lanes(8, dv, c0, kl);
-            dpv_block(1, 8, fmt, n, c0, kl, p, ldp, rows, alpha, o, ldo);
-        }
+        for (int c0 = 0; c0 < dv; c0 += 64) dpv_panel(1, 8, fmt, n, c0, dv, p, ldp, rows, alpha, o, ldo);
         return;
     }
     for (int i = 0; i < nr; i += 4) /* row blocks of up to 4 x 2 vectors (16 columns) */
         for (int c0 = 0; c0 < dv; c0 += 16) {
-            panel_lanes(2, dv, c0, kl);
             const float *pi = p + (size_t)i * ldp;
             float *oi = o + (size_t)i * ldo;
             switch (nr - i < 4 ? nr - i : 4) {
-            case 4: dpv_block(4, 2, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
-            case 3: dpv_block(3, 2, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
-            case 2: dpv_block(2, 2, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
-            default: dpv_block(1, 2, fmt, n, c0, kl, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 4: dpv_panel(4, 2, fmt, n, c0, dv, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 3: dpv_panel(3, 2, fmt, n, c0, dv, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 2: dpv_panel(2, 2, fmt, n, c0, dv, pi, ldp, rows, alpha + i, oi, ldo); break;
+            default: dpv_panel(1, 2, fmt, n, c0, dv, pi, ldp, rows, alpha + i, oi, ldo); break;
             }
         }
 }

@@ -531,26 +531,66 @@ static void widen_avx512(int n, const uint16_t *src, int bf16, float *dst)
 /* ------------------------------------------------------------------------ */
 
 /*
- * 16 elements of a decode row from element c (lanes outside mask k read as 0
- * and not touched in memory), widened to float32 in registers: bf16 is a
- * 16-bit shift, f16 vcvtph2ps.
+ * The dot product's order (dec_qk). A bf16 row widens most cheaply 32 elements at
+ * a time: one 512-bit load holds the pairs (2t, 2t+1) in 32-bit lane t, and one
+ * ALU op each gives the even elements (the lane shifted left by 16) and the odd
+ * ones (its high half: AND 0xffff0000) as float32, exactly. So every format sums
+ * in that order: d in chunks of 32 elements from 0; lane t of a score's
+ * accumulator adds q[c+2t] k[c+2t], then q[c+2t+1] k[c+2t+1], chunk after chunk
+ * (FMAs from +0; elements past d are zeros and add +0, which never changes an
+ * accumulator that started at +0); then reduce16's tree over the 16 lanes, then
+ * the scale. A float32 row gets the same even/odd vectors from two loads and two
+ * vpermt2ps, an f16 row from two vcvtph2ps and the same two permutes; the query
+ * rows are permuted alike once per call (eo_q). (The natural order — lane t
+ * sums elements t, t+16, ... — cost bf16 a vpermw per 16 elements on port 5,
+ * beside reduce16's shuffles: measured on one core, 4 rows x 4 keys, d = 128,
+ * keys in L1, bf16 12.1 -> 10.4 ns per key, float32 9.0 -> 11.0 ns; float32 is
+ * memory-bound when it matters, bf16 the one that must be faster than memory.)
+ *
+ * dec_pv's elements are independent (each O element's FMAs run over the keys in
+ * order), so it widens bf16 V rows the same way into even/odd accumulators and
+ * interleaves them back (vpermt2ps) once per call, before O = alpha*O + acc.
  */
-INLINE __m512 dec_load(const void *row, int c, __mmask16 k, const int fmt)
+
+INLINE __mmask16 mask16(int left) { return left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : 0; }
+INLINE __mmask32 mask32(int left) { return left >= 32 ? (__mmask32)0xffffffffu : left > 0 ? (__mmask32)((1u << left) - 1u) : 0; }
+
+/* even and odd elements of the 32 floats a (0..15), b (16..31) */
+INLINE void eo_split(__m512 a, __m512 b, __m512 *e, __m512 *o)
 {
-    if (fmt == FA_ROW_F32) {
-        if (k == (__mmask16)0xffff) return _mm512_loadu_ps((const float *)row + c);
-        return _mm512_maskz_loadu_ps(k, (const float *)row + c);
-    }
-    const uint16_t *h = (const uint16_t *)row + c;
-    const __m256i x = k == (__mmask16)0xffff ? _mm256_loadu_si256((const __m256i *)h) : _mm256_maskz_loadu_epi16(k, h);
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    *e = _mm512_permutex2var_ps(a, ie, b);
+    *o = _mm512_permutex2var_ps(a, io, b);
+}
+
+/*
+ * Elements c .. c+31 of a decode row (those past `left` = row length - c read as 0,
+ * not touched in memory; FULL: left >= 32) widened to float32, even elements to *e
+ * (lane t = element c+2t), odd ones to *o.
+ */
+INLINE void eo_load(const void *row, int c, int left, const int FULL, const int fmt, __m512 *e, __m512 *o)
+{
     if (fmt == FA_ROW_BF16) {
-        /* one vpermw (1 uop since Ice Lake) instead of vpmovzxwd + vpslld: word 2i+1
-         * of the result is x[i], word 2i is zeroed by the mask — x[i] << 16 */
-        const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0,
-                                             4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
-        return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16((__mmask32)0xaaaaaaaau, idx, _mm512_castsi256_si512(x)));
+        const uint16_t *h = (const uint16_t *)row + c;
+        __m512i x = FULL ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16(mask32(left), h);
+        __asm__("" : "+v"(x)); /* one load in a register (GCC would fold one into each of the two ops) */
+        *e = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        *o = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+        return;
     }
-    return _mm512_cvtph_ps(x);
+    __m512 a, b;
+    if (fmt == FA_ROW_F32) {
+        const float *f = (const float *)row + c;
+        a = FULL ? _mm512_loadu_ps(f) : _mm512_maskz_loadu_ps(mask16(left), f);
+        b = FULL ? _mm512_loadu_ps(f + 16) : _mm512_maskz_loadu_ps(mask16(left - 16), f + 16);
+    } else {
+        const uint16_t *h = (const uint16_t *)row + c;
+        a = _mm512_cvtph_ps(FULL ? _mm256_loadu_si256((const __m256i *)h) : _mm256_maskz_loadu_epi16(mask16(left), h));
+        b = _mm512_cvtph_ps(FULL ? _mm256_loadu_si256((const __m256i *)(h + 16))
+                                 : _mm256_maskz_loadu_epi16(mask16(left - 16), h + 16));
+    }
+    eo_split(a, b, e, o);
 }
 
 /*
@@ -577,13 +617,61 @@ INLINE __m512 reduce16(const __m512 *a)
     return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xdd));
 }
 
+/* Query rows in the dot product's order: qx[r][c + t] = q[r][c + 2t], qx[r][c + 16 + t] =
+ * q[r][c + 2t + 1] for each chunk c, zeros past d (rows of dp = d rounded up to 32). */
+INLINE void eo_q(const int ROWS, int d, const float *q, size_t ldq, float *qx, int dp)
+{
+    int c = 0;
+    for (; c + 32 <= d; c += 32)
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            __m512 e, o;
+            eo_load(q + (size_t)r * ldq, c, 32, 1, FA_ROW_F32, &e, &o);
+            _mm512_storeu_ps(qx + (size_t)r * dp + c, e);
+            _mm512_storeu_ps(qx + (size_t)r * dp + c + 16, o);
+        }
+    if (c < d)
+        for (int r = 0; r < ROWS; r++) {
+            __m512 e, o;
+            eo_load(q + (size_t)r * ldq, c, d - c, 0, FA_ROW_F32, &e, &o);
+            _mm512_storeu_ps(qx + (size_t)r * dp + c, e);
+            _mm512_storeu_ps(qx + (size_t)r * dp + c + 16, o);
+        }
+}
+
+/* One chunk of 32 elements at c of the dot products of dqk_block (FULL: c + 32 <= d). */
+INLINE void dqk_step(const int ROWS, const int KEYS, const int fmt, const int QX, const int FULL, int c, int d,
+                     const float *q, size_t ldq, const void *const *kr, __m512 *acc)
+{
+    __m512 qe[4], qo[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++) {
+        if (QX) {
+            qe[r] = _mm512_loadu_ps(q + (size_t)r * ldq + c);
+            qo[r] = _mm512_loadu_ps(q + (size_t)r * ldq + c + 16);
+        } else {
+            eo_load(q + (size_t)r * ldq, c, d - c, FULL, FA_ROW_F32, &qe[r], &qo[r]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int jj = 0; jj < KEYS; jj++) {
+        __m512 ke, ko;
+        eo_load(kr[jj], c, d - c, FULL, fmt, &ke, &ko);
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) acc[r * KEYS + jj] = _mm512_fmadd_ps(qe[r], ke, acc[r * KEYS + jj]);
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) acc[r * KEYS + jj] = _mm512_fmadd_ps(qo[r], ko, acc[r * KEYS + jj]);
+    }
+}
+
 /*
  * Scores of ROWS rows x KEYS keys (ROWS * KEYS <= 16 accumulators, each a 16-lane
  * partial dot product over d), reduced together by reduce16 into one vector
  * whose lane r * KEYS + jj is S[r][jj]. Keys jj >= nj repeat the last row (read,
- * never stored).
+ * never stored). The query rows come from qx in eo_q's order (row stride ldq)
+ * when QX, else straight from q, permuted here (the same values either way).
  */
-INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, const float *q, size_t ldq,
+INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, const int QX, int d, const float *q, size_t ldq,
                       const void *const *rows, int nj, float scale, float *s, size_t lds)
 {
     __m512 acc[16];
@@ -592,18 +680,9 @@ INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, cons
     const void *kr[16];
 #pragma GCC unroll 16
     for (int jj = 0; jj < KEYS; jj++) kr[jj] = rows[jj < nj ? jj : nj - 1];
-    for (int c = 0; c < d; c += 16) {
-        const __mmask16 k = d - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - c)) - 1u);
-        __m512 qv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < ROWS; r++) qv[r] = _mm512_maskz_loadu_ps(k, q + (size_t)r * ldq + c);
-#pragma GCC unroll 16
-        for (int jj = 0; jj < KEYS; jj++) {
-            const __m512 kv = dec_load(kr[jj], c, k, fmt);
-#pragma GCC unroll 4
-            for (int r = 0; r < ROWS; r++) acc[r * KEYS + jj] = _mm512_fmadd_ps(qv[r], kv, acc[r * KEYS + jj]);
-        }
-    }
+    int c = 0;
+    for (; c + 32 <= d; c += 32) dqk_step(ROWS, KEYS, fmt, QX, 1, c, d, q, ldq, kr, acc);
+    if (c < d) dqk_step(ROWS, KEYS, fmt, QX, 0, c, d, q, ldq, kr, acc); /* the last, partial chunk */
     const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(scale), reduce16(acc));
     const unsigned keep = (1u << nj) - 1u;
 #pragma GCC unroll 4
@@ -611,31 +690,42 @@ INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, cons
         _mm512_mask_storeu_ps(s + (size_t)r * lds - r * KEYS, (__mmask16)(keep << (r * KEYS)), sc);
 }
 
+/* All n keys against ROWS (<= 4) query rows: 16 keys a block for one row, 8 for two, else 4. */
+INLINE void dqk_rows(const int ROWS, const int fmt, const int QX, int n, int d, const float *q, size_t ldq,
+                     const void *const *rows, float scale, float *s, size_t lds)
+{
+    const int KEYS = ROWS == 1 ? 16 : ROWS == 2 ? 8 : 4;
+    for (int j = 0; j < n; j += KEYS)
+        dqk_block(ROWS, KEYS, fmt, QX, d, q, ldq, rows + j, n - j < KEYS ? n - j : KEYS, scale, s + j, lds);
+}
+
+/* Query rows of d <= EO_QMAX are permuted once per call into a stack buffer (4 rows); a
+ * longer d is permuted per key block instead (the same values). */
+#define EO_QMAX 512
+
 INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size_t ldq, const void *const *rows,
                        float scale, float *s, size_t lds)
 {
-    if (nr == 1) {
-        for (int j = 0; j < n; j += 16)
-            dqk_block(1, 16, fmt, d, q, ldq, rows + j, n - j < 16 ? n - j : 16, scale, s + j, lds);
-        return;
-    }
-    if (nr == 2) {
-        for (int j = 0; j < n; j += 8)
-            dqk_block(2, 8, fmt, d, q, ldq, rows + j, n - j < 8 ? n - j : 8, scale, s + j, lds);
-        return;
-    }
-    for (int j = 0; j < n; j += 4) { /* 4 keys (in L1) against every row block */
-        const int nj = n - j < 4 ? n - j : 4;
-        int i = 0;
-        for (; i + 4 <= nr; i += 4)
-            dqk_block(4, 4, fmt, d, q + (size_t)i * ldq, ldq, rows + j, nj, scale, s + (size_t)i * lds + j, lds);
+    float qx[4 * EO_QMAX] __attribute__((aligned(64)));
+    const int dp = (d + 31) & ~31;
+    for (int i = 0; i < nr; i += 4) { /* row blocks of 4 (1 and 2 rows alone: more keys a block) */
+        const int m = nr - i < 4 ? nr - i : 4;
         const float *qi = q + (size_t)i * ldq;
-        float *si = s + (size_t)i * lds + j;
-        switch (nr - i) {
-        case 3: dqk_block(3, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
-        case 2: dqk_block(2, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
-        case 1: dqk_block(1, 4, fmt, d, qi, ldq, rows + j, nj, scale, si, lds); break;
-        default: break;
+        float *si = s + (size_t)i * lds;
+        if (d > EO_QMAX) {
+            switch (m) {
+            case 4: dqk_rows(4, fmt, 0, n, d, qi, ldq, rows, scale, si, lds); break;
+            case 3: dqk_rows(3, fmt, 0, n, d, qi, ldq, rows, scale, si, lds); break;
+            case 2: dqk_rows(2, fmt, 0, n, d, qi, ldq, rows, scale, si, lds); break;
+            default: dqk_rows(1, fmt, 0, n, d, qi, ldq, rows, scale, si, lds); break;
+            }
+            continue;
+        }
+        switch (m) {
+        case 4: eo_q(4, d, qi, ldq, qx, dp); dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
+        case 3: eo_q(3, d, qi, ldq, qx, dp); dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
+        case 2: eo_q(2, d, qi, ldq, qx, dp); dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
+        default: eo_q(1, d, qi, ldq, qx, dp); dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
         }
     }
 }
@@ -650,11 +740,13 @@ static void dec_qk_avx512(int nr, int n, int d, const float *q, size_t ldq, cons
 }
 
 /*
- * O rows [0, ROWS) x columns [c0, c0 + 16*VECS) (vector u restricted to mask
- * mk[u], 0 past dv): acc = sum_j P[r][j] V_j in key order from 0, then
- * O = alpha*O + acc — per element the same steps whatever the blocking.
+ * O rows [0, ROWS) x columns [c0, c0 + 16*VECS) (columns past dv read as 0 and
+ * not stored; FULL: none is past dv): acc = sum_j P[r][j] V_j in key order from
+ * +0, then O = alpha*O + acc — per element the same steps whatever the blocking
+ * or format. bf16 rows: vectors 2u and 2u+1 hold the even and odd columns of
+ * the 32 at c0 + 32u (eo_load), interleaved back before the update.
  */
-INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int c0, const __mmask16 *mk,
+INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, const int FULL, int n, int c0, int dv,
                       const float *p, size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
 {
     __m512 acc[4][8];
@@ -667,12 +759,43 @@ INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int 
         __m512 pb[4];
 #pragma GCC unroll 4
         for (int r = 0; r < ROWS; r++) pb[r] = _mm512_set1_ps(p[(size_t)r * ldp + j]);
-#pragma GCC unroll 8
-        for (int u = 0; u < VECS; u++) {
-            const __m512 vv = dec_load(row, c0 + 16 * u, mk[u], fmt);
+        if (fmt == FA_ROW_BF16) {
 #pragma GCC unroll 4
-            for (int r = 0; r < ROWS; r++) acc[r][u] = _mm512_fmadd_ps(pb[r], vv, acc[r][u]);
+            for (int u = 0; u < VECS; u += 2) {
+                __m512 ve, vo;
+                eo_load(row, c0 + 16 * u, FULL ? 32 : dv - c0 - 16 * u, FULL, FA_ROW_BF16, &ve, &vo);
+#pragma GCC unroll 4
+                for (int r = 0; r < ROWS; r++) {
+                    acc[r][u] = _mm512_fmadd_ps(pb[r], ve, acc[r][u]);
+                    acc[r][u + 1] = _mm512_fmadd_ps(pb[r], vo, acc[r][u + 1]);
+                }
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int u = 0; u < VECS; u++) {
+                const int c = c0 + 16 * u;
+                __m512 vv;
+                if (fmt == FA_ROW_F32)
+                    vv = FULL ? _mm512_loadu_ps((const float *)row + c) : _mm512_maskz_loadu_ps(mask16(dv - c), (const float *)row + c);
+                else
+                    vv = _mm512_cvtph_ps(FULL ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c))
+                                              : _mm256_maskz_loadu_epi16(mask16(dv - c), (const uint16_t *)row + c));
+#pragma GCC unroll 4
+                for (int r = 0; r < ROWS; r++) acc[r][u] = _mm512_fmadd_ps(pb[r], vv, acc[r][u]);
+            }
         }
+    }
+    if (fmt == FA_ROW_BF16) {
+        const __m512i il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 4
+            for (int u = 0; u < VECS; u += 2) {
+                const __m512 e = acc[r][u], od = acc[r][u + 1];
+                acc[r][u] = _mm512_permutex2var_ps(e, il, od);
+                acc[r][u + 1] = _mm512_permutex2var_ps(e, ih, od);
+            }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < ROWS; r++) {
@@ -680,44 +803,43 @@ INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, int n, int 
 #pragma GCC unroll 8
         for (int u = 0; u < VECS; u++) {
             float *dst = o + (size_t)r * ldo + c0 + 16 * u;
-            if (!mk[u]) continue;
-            _mm512_mask_storeu_ps(dst, mk[u], _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mk[u], dst), acc[r][u]));
+            if (FULL) {
+                _mm512_storeu_ps(dst, _mm512_fmadd_ps(a, _mm512_loadu_ps(dst), acc[r][u]));
+                continue;
+            }
+            const __mmask16 mk = mask16(dv - c0 - 16 * u);
+            if (mk) _mm512_mask_storeu_ps(dst, mk, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mk, dst), acc[r][u]));
         }
     }
 }
 
-/* Masks of the VECS vectors of the column panel at c0. */
-INLINE void panel_masks(const int VECS, int dv, int c0, __mmask16 *mk)
+/* One column panel of VECS vectors at c0 for rows [0, ROWS): unmasked when it lies inside dv. */
+INLINE void dpv_panel(const int ROWS, const int VECS, const int fmt, int n, int c0, int dv, const float *p,
+                      size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
 {
-#pragma GCC unroll 8
-    for (int u = 0; u < VECS; u++) {
-        const int left = dv - c0 - 16 * u;
-        mk[u] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
-    }
+    if (c0 + 16 * VECS <= dv) dpv_block(ROWS, VECS, fmt, 1, n, c0, dv, p, ldp, rows, alpha, o, ldo);
+    else dpv_block(ROWS, VECS, fmt, 0, n, c0, dv, p, ldp, rows, alpha, o, ldo);
 }
 
 INLINE void dec_pv_fmt(const int fmt, int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows,
                        const float *alpha, float *o, size_t ldo)
 {
-    __mmask16 mk[8];
     if (nr <= 2) { /* 1-2 rows x 8 vectors (128 columns) */
         for (int c0 = 0; c0 < dv; c0 += 128) {
-            panel_masks(8, dv, c0, mk);
-            if (nr == 1) dpv_block(1, 8, fmt, n, c0, mk, p, ldp, rows, alpha, o, ldo);
-            else dpv_block(2, 8, fmt, n, c0, mk, p, ldp, rows, alpha, o, ldo);
+            if (nr == 1) dpv_panel(1, 8, fmt, n, c0, dv, p, ldp, rows, alpha, o, ldo);
+            else dpv_panel(2, 8, fmt, n, c0, dv, p, ldp, rows, alpha, o, ldo);
         }
         return;
     }
     for (int i = 0; i < nr; i += 4) /* row blocks of 4 x 4 vectors (64 columns) */
         for (int c0 = 0; c0 < dv; c0 += 64) {
-            panel_masks(4, dv, c0, mk);
             const float *pi = p + (size_t)i * ldp;
             float *oi = o + (size_t)i * ldo;
             switch (nr - i < 4 ? nr - i : 4) {
-            case 4: dpv_block(4, 4, fmt, n, c0, mk, pi, ldp, rows, alpha + i, oi, ldo); break;
-            case 3: dpv_block(3, 4, fmt, n, c0, mk, pi, ldp, rows, alpha + i, oi, ldo); break;
-            case 2: dpv_block(2, 4, fmt, n, c0, mk, pi, ldp, rows, alpha + i, oi, ldo); break;
-            default: dpv_block(1, 4, fmt, n, c0, mk, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 4: dpv_panel(4, 4, fmt, n, c0, dv, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 3: dpv_panel(3, 4, fmt, n, c0, dv, pi, ldp, rows, alpha + i, oi, ldo); break;
+            case 2: dpv_panel(2, 4, fmt, n, c0, dv, pi, ldp, rows, alpha + i, oi, ldo); break;
+            default: dpv_panel(1, 4, fmt, n, c0, dv, pi, ldp, rows, alpha + i, oi, ldo); break;
             }
         }
 }
