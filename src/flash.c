@@ -416,11 +416,20 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     }
 }
 
+static int region_threads(const fa_problem *p, const flash_dims *g);
+
 /*
  * The shared packing: how many (batch, kv head) pairs are packed at once
  * (*heads_per_pass, 0 when it is not used) and the bytes of one pair's slot.
  * As many pairs as fit FA_FLASH_SHARED_MAX_BYTES go together, so short
- * sequences still give every thread work between two packing passes.
+ * sequences still give every thread work between two packing passes — but
+ * no more than the L2 caches of the region's threads hold, so that a pass's
+ * packing is mostly still in L2 when its tasks read it and the next pass
+ * writes lines L2 already holds; and as many pairs in each pass (the last
+ * pass is not a lone pair whose few tasks leave threads idle). Measured
+ * (docs/performance.md, issue 14 item 4, second part; 2 MiB L2): at
+ * N = 1024, d = 64, 8 heads, 1 thread, one pass of all 8 heads (4 MiB) spent
+ * 2.6 ms of a 13 ms causal call packing, one head a pass 1.3 ms.
  */
 static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *heads_per_pass)
 {
@@ -436,6 +445,17 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     const size_t slot = nkb * per_kb * sizeof(float) + ((nkb + 63) & ~(size_t)63); /* + v_bad, to 64 B */
     int64_t n = slot <= cap ? (int64_t)(cap / slot) : 0;
     if (n > p->batch * p->heads_k) n = p->batch * p->heads_k;
+    if (n > 1) {
+        size_t l1, l2, l3, line;
+        int src;
+        fa_detect_caches(&l1, &l2, &l3, &line, &src);
+        /* K^T and V bytes of one pair (its slot less the flags) against the threads' L2 */
+        const size_t kv = nkb * per_kb * sizeof(float), warm = fa_mul_sat((size_t)region_threads(p, g), l2);
+        if ((size_t)n * kv > warm) n = warm / kv > 1 ? (int64_t)(warm / kv) : 1;
+        /* the same number of passes, spread evenly (the driver's loop): 4 + 4 pairs, not 7 + 1 */
+        const int64_t pairs = p->batch * p->heads_k, passes = (pairs + n - 1) / n;
+        n = (pairs + passes - 1) / passes;
+    }
     *heads_per_pass = n;
     return slot;
 }
@@ -553,9 +573,11 @@ fa_status fa_flash_forward(const fa_problem *p)
 #pragma omp barrier
 #endif
         if (shared) {
-            const int64_t nbhk = p->batch * p->heads_k;
-            for (int64_t first = 0; first < nbhk && !failed; first += per_pass) {
-                const int64_t npass = nbhk - first < per_pass ? nbhk - first : per_pass;
+            /* passes of at most per_pass pairs, their sizes differing by one at most
+             * (16 pairs, 3 a pass: 3 3 3 3 2 2, not 3 3 3 3 3 1) */
+            const int64_t nbhk = p->batch * p->heads_k, passes = (nbhk + per_pass - 1) / per_pass;
+            for (int64_t pass = 0; pass < passes && !failed; pass++) {
+                const int64_t first = pass * nbhk / passes, npass = (pass + 1) * nbhk / passes - first;
                 /* pack K^T and V of `npass` (batch, kv head) pairs, all threads together */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
