@@ -322,6 +322,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     int64_t jmin = seq.k_len, jmax = 0;
     for (int r = 0; r < br; r++) {
         float *qrow = sc->qi + (size_t)r * g->ldq;
+        if (r + 8 < br) fa_rows_prefetch(&qs, i0 + r + 8, 1); /* rows a page apart: no HW prefetch */
         fa_rows_gather(&qs, i0 + r, qrow);
         fa_key_range(p, b, i0 + r, &sc->lo[r], &sc->hi[r]);
         if (sc->lo[r] < sc->hi[r]) {

@@ -38,6 +38,10 @@ int fa_pack_rows(const fa_rows *s, int64_t row0, int n, float *dst, size_t ld, i
     uint32_t bad = 0;
     for (int r = 0; r < n; r++) {
         float *row = dst + (size_t)r * ld;
+        /* rows of a BSHD tensor are heads x width elements apart, often a page or
+         * more, where hardware prefetchers stop: ask for the row 8 ahead (~6% of a
+         * causal N = 1024 call, local, 1 thread) */
+        if (r + 8 < n) fa_rows_prefetch(s, row0 + r + 8, 1);
         fa_rows_gather(s, row0 + r, row);
         if (check_bad) bad |= nonfinite_bits(row, s->width);
     }
