@@ -58,6 +58,7 @@
 #include "internal.h"
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "decode.h"
@@ -210,9 +211,12 @@ static void prefetch_tile(const fa_rows *ks, const fa_rows *vs, int64_t k_len, i
 }
 
 /*
- * Rows per group of a cut tile (see flash_task): a multiple of the kernels'
- * register block, about 16 rows, so qk and pv still run whole register
- * blocks and each group re-reads the K/V tile a few times at most.
+ * Rows per group of a cut tile (see flash_tile_cut): a multiple of the
+ * kernels' register block, about 16 rows. Measured (docs/performance.md,
+ * issue 14 item 4, second part): 16-row groups are as fast per computed
+ * score as the whole tile (a group's S rows stay in L1 from qk to pv; the
+ * K/V tile's re-reads come from L2), and 32, 48, 64 or 96 rows only add
+ * masked columns to compute.
  */
 static int cut_rows(const fa_kernels *kern)
 {
@@ -220,44 +224,85 @@ static int cut_rows(const fa_kernels *kern)
     return rb * ((16 + rb - 1) / rb);
 }
 
+/* The columns [*a, n) that rows [r0, r0 + nr) of a cut tile compute: n from
+ * kern->cut_cols of the last column any of them sees (+1), *a from
+ * kern->cut_lead_fwd of the first (0 without `lead`); n = 0 when none of
+ * them sees the tile. */
+static int group_cols(const fa_kernels *kern, const flash_scratch *sc, int r0, int nr, int64_t j0, int bc,
+                      int lead, int *a)
+{
+    const int64_t jend = j0 + bc;
+    int64_t need = 0, first = bc;
+    for (int r = r0; r < r0 + nr; r++)
+        if (sc->lo[r] < jend && sc->hi[r] > j0 && sc->lo[r] < sc->hi[r]) {
+            const int64_t e = (sc->hi[r] < jend ? sc->hi[r] : jend) - j0;
+            const int64_t f = sc->lo[r] > j0 ? sc->lo[r] - j0 : 0;
+            if (e > need) need = e;
+            if (f < first) first = f;
+        }
+    *a = 0;
+    if (need == 0) return 0;
+    if (lead && first > 0) *a = kern->cut_lead_fwd(bc, (int)first);
+    return kern->cut_cols(bc, (int)need);
+}
+
 /*
- * One masked tile (rows whose visible keys end inside it), cut: each group of
- * cut_rows rows runs qk, the transforms, softmax and pv over only the first
- * kern->cut_cols(bc, need) columns, need = the last column any row of the
- * group can see (+1), and a group that sees none of the tile is skipped.
- * Identical bits to the whole tile (kernels.h, cut_cols: every visible
+ * One masked tile (rows whose visible keys end inside it, or, with `lead`,
+ * start inside it), cut: each group of cut_rows rows runs qk, the
+ * transforms, softmax and pv over only the columns [a, n) it needs
+ * (group_cols), a group that sees none of the tile is skipped, and the
+ * following groups that need the same columns join its call. Identical bits
+ * to the whole tile (kernels.h, cut_cols and cut_lead_fwd: every visible
  * column keeps its lane, accumulator and key chunk, and a dropped column
  * only added exact zeros; a skipped group had alpha = exp(m - m) = 1 and
  * P = 0). The one exception is the sign of an O element that is exactly
  * zero: an accumulator at -0 (only after products that underflow) plus a
- * dropped +0 would have become +0.
+ * dropped +0 would have become +0. A leading cut (a > 0) skips columns
+ * before every seeing row's first visible key, so for each such row this is
+ * the first tile it sees (tiles go left to right, a row's keys are one
+ * interval): its O and l are still +0, which is what cut_lead_fwd asks of
+ * them; a row of the group that sees none of the tile has alpha = 1. A V
+ * tile with Inf or NaN is never cut on the left (its per-row pv reads the
+ * tile from column 0).
  */
 static void flash_tile_cut(const fa_problem *p, const fa_kernels *kern, const flash_dims *g,
                            flash_scratch *sc, int64_t b, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                           double slope, const float *kt, const float *vj, int v_bad)
+                           double slope, const float *kt, const float *vj, int v_bad, int lead)
 {
     const int rows = cut_rows(kern);
-    const int64_t jend = j0 + bc;
-    for (int r0 = 0; r0 < br; r0 += rows) {
-        const int nr = br - r0 < rows ? br - r0 : rows;
-        int64_t need = 0;
-        for (int r = r0; r < r0 + nr; r++)
-            if (sc->lo[r] < jend && sc->hi[r] > j0 && sc->lo[r] < sc->hi[r]) {
-                const int64_t e = (sc->hi[r] < jend ? sc->hi[r] : jend) - j0;
-                if (e > need) need = e;
-            }
-        if (need == 0) continue; /* no row of the group sees this tile: exact no-ops */
-        const int n = kern->cut_cols(bc, (int)need);
-        float *s = sc->s + (size_t)r0 * g->lds;
-        kern->qk(nr, n, (int)p->d, sc->qi + (size_t)r0 * g->ldq, g->ldq, kt, g->ldk, (float)p->scale, s, g->lds);
-        fa_transform_tile(p, b, i0 + r0, nr, j0, n, slope, sc->lo + r0, sc->hi + r0, s, g->lds);
-        kern->softmax(nr, n, s, g->lds, sc->m + r0, sc->l + r0, sc->alpha + r0);
-        if (p->keep) fa_dropout_tile(p, b, h, i0 + r0, nr, j0, n, s, g->lds);
+    lead = lead && !v_bad && kern->cut_lead_fwd;
+    long leads = 0;
+    int r0 = 0;
+    while (r0 < br) {
+        int nr = br - r0 < rows ? br - r0 : rows, a;
+        const int n = group_cols(kern, sc, r0, nr, j0, bc, lead, &a);
+        if (n == 0) { /* no row of the group sees this tile: exact no-ops */
+            r0 += nr;
+            continue;
+        }
+        while (r0 + nr < br) { /* the next groups that need the same columns join this call */
+            const int nx = br - r0 - nr < rows ? br - r0 - nr : rows;
+            int ax;
+            if (group_cols(kern, sc, r0 + nr, nx, j0, bc, lead, &ax) != n || ax != a) break;
+            nr += nx;
+        }
+        const int w = n - a;
+        float *s = sc->s + (size_t)r0 * g->lds + a;
+        kern->qk(nr, w, (int)p->d, sc->qi + (size_t)r0 * g->ldq, g->ldq, kt + a, g->ldk, (float)p->scale, s, g->lds);
+        fa_transform_tile(p, b, i0 + r0, nr, j0 + a, w, slope, sc->lo + r0, sc->hi + r0, s, g->lds);
+        kern->softmax(nr, w, s, g->lds, sc->m + r0, sc->l + r0, sc->alpha + r0);
+        if (p->keep) fa_dropout_tile(p, b, h, i0 + r0, nr, j0 + a, w, s, g->lds);
         if (v_bad)
             pv_masked_rows(kern, r0, nr, j0, n, p->dv, sc, g->lds, vj, g->ldv, g->ldo);
         else
-            kern->pv(nr, n, (int)p->dv, s, g->lds, vj, g->ldv, sc->alpha + r0, sc->oa + (size_t)r0 * g->ldo,
-                     g->ldo);
+            kern->pv(nr, w, (int)p->dv, s, g->lds, vj + (size_t)a * g->ldv, g->ldv, sc->alpha + r0,
+                     sc->oa + (size_t)r0 * g->ldo, g->ldo);
+        if (a > 0) leads++;
+        r0 += nr;
+    }
+    if (fa_tile_cut_test >= 0) { /* tests only (problem.h) */
+        atomic_fetch_add_explicit(&fa_tile_cut_stats[0], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&fa_tile_cut_stats[1], leads, memory_order_relaxed);
     }
 }
 
@@ -277,6 +322,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     int64_t jmin = seq.k_len, jmax = 0;
     for (int r = 0; r < br; r++) {
         float *qrow = sc->qi + (size_t)r * g->ldq;
+        if (r + 8 < br) fa_rows_prefetch(&qs, i0 + r + 8, 1); /* rows a page apart: no HW prefetch */
         fa_rows_gather(&qs, i0 + r, qrow);
         fa_key_range(p, b, i0 + r, &sc->lo[r], &sc->hi[r]);
         if (sc->lo[r] < sc->hi[r]) {
@@ -288,11 +334,15 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         memset(sc->oa + (size_t)r * g->ldo, 0, (size_t)dv * sizeof(float));
     }
 
-    /* the smallest end of a non-empty row's keys: tiles past it are cut */
+    /* the smallest end of a non-empty row's keys: tiles past it are cut; and
+     * the largest start: tiles before it may be cut on the left (windows) */
     const int cut_any = p->tile_cut && kern->cut_cols;
-    int64_t jmin_hi = seq.k_len;
+    int64_t jmin_hi = seq.k_len, jmax_lo = 0;
     for (int r = 0; r < br; r++)
-        if (sc->lo[r] < sc->hi[r] && sc->hi[r] < jmin_hi) jmin_hi = sc->hi[r];
+        if (sc->lo[r] < sc->hi[r]) {
+            if (sc->hi[r] < jmin_hi) jmin_hi = sc->hi[r];
+            if (sc->lo[r] > jmax_lo) jmax_lo = sc->lo[r];
+        }
 
     /* stream the K/V tiles that some row can see; the rest are skipped */
     if (jmin < jmax) {
@@ -316,10 +366,15 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
             }
             const size_t ldv = g->ldv;
 
-            /* a tile that some row's visible keys end inside: cut it (flash_tile_cut) */
-            if (cut_any && jmin_hi < j0 + bc) {
-                flash_tile_cut(p, kern, g, sc, b, h, i0, br, j0, bc, slope, kt, vj, v_bad);
-                continue;
+            /* a tile that some row's visible keys end inside, or start inside past
+             * the kernels' leading cut: cut it (flash_tile_cut) */
+            if (cut_any) {
+                const int lead = kern->cut_lead_fwd && jmax_lo > j0 &&
+                                 kern->cut_lead_fwd(bc, (int)(jmax_lo - j0 < bc ? jmax_lo - j0 : bc)) > 0;
+                if (lead || jmin_hi < j0 + bc) {
+                    flash_tile_cut(p, kern, g, sc, b, h, i0, br, j0, bc, slope, kt, vj, v_bad, lead);
+                    continue;
+                }
             }
             kern->qk(br, bc, (int)d, sc->qi, g->ldq, kt, g->ldk, (float)p->scale, sc->s, g->lds);
             fa_transform_tile(p, b, i0, br, j0, bc, slope, sc->lo, sc->hi, sc->s, g->lds);
@@ -362,11 +417,20 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     }
 }
 
+static int region_threads(const fa_problem *p, const flash_dims *g);
+
 /*
  * The shared packing: how many (batch, kv head) pairs are packed at once
  * (*heads_per_pass, 0 when it is not used) and the bytes of one pair's slot.
  * As many pairs as fit FA_FLASH_SHARED_MAX_BYTES go together, so short
- * sequences still give every thread work between two packing passes.
+ * sequences still give every thread work between two packing passes — but
+ * no more than the L2 caches of the region's threads hold, so that a pass's
+ * packing is mostly still in L2 when its tasks read it and the next pass
+ * writes lines L2 already holds; and as many pairs in each pass (the last
+ * pass is not a lone pair whose few tasks leave threads idle). Measured
+ * (docs/performance.md, issue 14 item 4, second part; 2 MiB L2): at
+ * N = 1024, d = 64, 8 heads, 1 thread, one pass of all 8 heads (4 MiB) spent
+ * 2.6 ms of a 13 ms causal call packing, one head a pass 1.3 ms.
  */
 static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *heads_per_pass)
 {
@@ -382,6 +446,17 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     const size_t slot = nkb * per_kb * sizeof(float) + ((nkb + 63) & ~(size_t)63); /* + v_bad, to 64 B */
     int64_t n = slot <= cap ? (int64_t)(cap / slot) : 0;
     if (n > p->batch * p->heads_k) n = p->batch * p->heads_k;
+    if (n > 1) {
+        size_t l1, l2, l3, line;
+        int src;
+        fa_detect_caches(&l1, &l2, &l3, &line, &src);
+        /* K^T and V bytes of one pair (its slot less the flags) against the threads' L2 */
+        const size_t kv = nkb * per_kb * sizeof(float), warm = fa_mul_sat((size_t)region_threads(p, g), l2);
+        if ((size_t)n * kv > warm) n = warm / kv > 1 ? (int64_t)(warm / kv) : 1;
+        /* the same number of passes, spread evenly (the driver's loop): 4 + 4 pairs, not 7 + 1 */
+        const int64_t pairs = p->batch * p->heads_k, passes = (pairs + n - 1) / n;
+        n = (pairs + passes - 1) / passes;
+    }
     *heads_per_pass = n;
     return slot;
 }
@@ -499,9 +574,11 @@ fa_status fa_flash_forward(const fa_problem *p)
 #pragma omp barrier
 #endif
         if (shared) {
-            const int64_t nbhk = p->batch * p->heads_k;
-            for (int64_t first = 0; first < nbhk && !failed; first += per_pass) {
-                const int64_t npass = nbhk - first < per_pass ? nbhk - first : per_pass;
+            /* passes of at most per_pass pairs, their sizes differing by one at most
+             * (16 pairs, 3 a pass: 3 3 3 3 2 2, not 3 3 3 3 3 1) */
+            const int64_t nbhk = p->batch * p->heads_k, passes = (nbhk + per_pass - 1) / per_pass;
+            for (int64_t pass = 0; pass < passes && !failed; pass++) {
+                const int64_t first = pass * nbhk / passes, npass = (pass + 1) * nbhk / passes - first;
                 /* pack K^T and V of `npass` (batch, kv head) pairs, all threads together */
 #ifdef _OPENMP
 #pragma omp for schedule(static)

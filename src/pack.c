@@ -4,19 +4,48 @@
 #include "pack.h"
 
 #include <math.h>
+#include <string.h>
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
+/*
+ * Bit 31 of the result is set when one of x[0..n) is Inf or NaN: for a
+ * float's magnitude bits a, a + 2^23 carries into bit 31 exactly when
+ * a >= 0x7f800000 (every exponent bit set). Integer and/add/or only, in
+ * blocks of 16 the compiler turns into vector code at -O2; the float sum
+ * `bad += 0 * x` this replaces was one serial chain of adds (4 cycles an
+ * element), a third of the shared packing's time at d = 64.
+ */
+static uint32_t nonfinite_bits(const float *x, int64_t n)
+{
+    uint32_t acc = 0;
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) {
+        uint32_t u[16];
+        memcpy(u, x + c, sizeof u);
+        for (int k = 0; k < 16; k++) acc |= (u[k] & 0x7fffffffu) + 0x00800000u;
+    }
+    for (; c < n; c++) {
+        uint32_t u;
+        memcpy(&u, x + c, sizeof u);
+        acc |= (u & 0x7fffffffu) + 0x00800000u;
+    }
+    return acc;
+}
+
 int fa_pack_rows(const fa_rows *s, int64_t row0, int n, float *dst, size_t ld, int check_bad)
 {
-    float bad = 0.0f; /* 0 * x stays 0 for finite x; becomes NaN for Inf or NaN */
+    uint32_t bad = 0;
     for (int r = 0; r < n; r++) {
         float *row = dst + (size_t)r * ld;
+        /* rows of a BSHD tensor are heads x width elements apart, often a page or
+         * more, where hardware prefetchers stop: ask for the row 8 ahead (~6% of a
+         * causal N = 1024 call, local, 1 thread) */
+        if (r + 8 < n) fa_rows_prefetch(s, row0 + r + 8, 1);
         fa_rows_gather(s, row0 + r, row);
-        if (check_bad)
-            for (int64_t c = 0; c < s->width; c++) bad += 0.0f * row[c];
+        if (check_bad) bad |= nonfinite_bits(row, s->width);
     }
-    return check_bad && isnan(bad);
+    return check_bad && (bad & 0x80000000u) != 0;
 }
 
 void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, int n, float *dst,

@@ -278,6 +278,7 @@ fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const 
 }
 
 int fa_tile_cut_test = -1;
+_Atomic long fa_tile_cut_stats[2];
 
 static const char *nm(const char *name, const char *fallback) { return name && *name ? name : fallback; }
 

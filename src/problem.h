@@ -106,6 +106,14 @@ typedef struct fa_problem {
  */
 extern int fa_tile_cut_test;
 
+/*
+ * Tests only: while fa_tile_cut_test >= 0, the forward (src/flash.c) counts
+ * here the masked tiles it cut ([0]) and the row groups of those whose
+ * leading columns it skipped ([1], a window's left edge), so a test can
+ * assert that the cut path ran. Reset by the test; relaxed atomic adds.
+ */
+extern _Atomic long fa_tile_cut_stats[2];
+
 /* Geometry of sequence b. */
 static inline fa_seq fa_problem_seq(const fa_problem *p, int64_t b)
 {

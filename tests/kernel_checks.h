@@ -850,8 +850,10 @@ static int kc_check_chain(const fa_kernels *k, const fa_kernels *ref, uint64_t s
  * 256, where avx2's pv cuts its key chunks by bc; hi_r is random per row
  * (0 included: a row that sees nothing of the tile). Then cut_lead: pv with
  * alpha = 1 over keys [cut_lead(bc, lead), n) against [0, n) when P is 0
- * before each row's first visible key (>= lead). Inline: the NEON runner
- * (tests/neon/) does not call it yet.
+ * before each row's first visible key (>= lead), on top of a non-zero O. Then
+ * cut_lead_fwd: the forward's qk, softmax and pv over columns [a', n)
+ * against the whole tile, for rows that see [first_r, hi_r) with
+ * first_r >= lead as their first tile, and rows that see nothing of it.
  */
 static inline int kc_check_cut(const fa_kernels *k, uint64_t seed, char *msg, size_t cap)
 {
@@ -943,6 +945,49 @@ static inline int kc_check_cut(const fa_kernels *k, uint64_t seed, char *msg, si
                                 k->name, bc, br, lead, need, a, n, x, (double)o[1].p[x], (double)o[0].p[x]);
                         break;
                     }
+            }
+            /* cut_lead_fwd: qk, softmax and pv over columns [cut_lead_fwd(bc, lead), n) against [0, bc),
+             * rows seeing [first_r, hi_r) with first_r >= lead (their first tile: O = l = 0, m = -inf)
+             * or nothing of the tile (O, l, m from earlier tiles: alpha = 1) */
+            for (int trial = 0; trial < 6 && !nf && k->cut_lead_fwd; trial++) {
+                const int lead = (int)(kc_next(&rng) % (uint64_t)bc), need = lead + 1 + (int)(kc_next(&rng) % (uint64_t)(bc - lead));
+                const int n = k->cut_cols(bc, need), a = k->cut_lead_fwd(bc, lead);
+                if (a > lead || a < 0 || a % 16) {
+                    kc_fail(msg, cap, &nf, "%s cut_lead_fwd(%d, %d) = %d: not a multiple of 16 in [0, a]", k->name, bc, lead, a);
+                    break;
+                }
+                kc_buf first = kc_alloc((size_t)br);
+                for (int i = 0; i < br; i++) {
+                    const int sees = i == 0 || kc_next(&rng) % 5 != 0;
+                    first.p[i] = sees ? (float)(i == 0 ? lead : lead + (int)(kc_next(&rng) % (uint64_t)(need - lead))) : 0.0f;
+                    hi.p[i] = sees ? (float)(i == 0 ? need : (int)first.p[i] + 1 + (int)(kc_next(&rng) % (uint64_t)(need - (int)first.p[i]))) : 0.0f;
+                    for (int w = 0; w < 2; w++) {
+                        m[w].p[i] = sees ? -INFINITY : 0.5f;
+                        l[w].p[i] = sees ? 0.0f : 3.0f;
+                    }
+                    for (int c = 0; c < dv; c++)
+                        o[0].p[(size_t)i * dv + c] = o[1].p[(size_t)i * dv + c] = sees ? 0.0f : kc_uniform(&rng, -1.0f, 1.0f);
+                }
+                for (int c = 0; c < d; c++)
+                    for (size_t j = 0; j < ldk; j++) kt.p[(size_t)c * ldk + j] = (int)j < bc ? kc_uniform(&rng, -2.0f, 2.0f) : 0.0f;
+                for (size_t x = 0; x < (size_t)bc * dv; x++) v.p[x] = kc_uniform(&rng, -1.0f, 1.0f);
+                for (int w = 0; w < 2; w++) {
+                    const int c0 = w ? a : 0, cols = w ? n - a : bc;
+                    k->qk(br, cols, d, q.p, (size_t)d, kt.p + c0, ldk, 0.7f, s.p + c0, ldk);
+                    for (int i = 0; i < br; i++)
+                        for (int j = c0; j < c0 + cols; j++)
+                            if (j < (int)first.p[i] || j >= (int)hi.p[i]) s.p[(size_t)i * ldk + j] = -INFINITY;
+                    k->softmax(br, cols, s.p + c0, ldk, m[w].p, l[w].p, al.p);
+                    k->pv(br, cols, dv, s.p + c0, ldk, v.p + (size_t)c0 * dv, (size_t)dv, al.p, o[w].p, (size_t)dv);
+                }
+                for (int i = 0; i < br && !nf; i++) {
+                    int bad = kc_bits(l[0].p[i]) != kc_bits(l[1].p[i]) || !(m[0].p[i] == m[1].p[i]);
+                    for (int c = 0; c < dv; c++) bad |= kc_bits(o[0].p[(size_t)i * dv + c]) != kc_bits(o[1].p[(size_t)i * dv + c]);
+                    if (bad)
+                        kc_fail(msg, cap, &nf, "%s cut_lead_fwd bc=%d br=%d lead=%d need=%d: [%d, %d): row %d differs (l %a vs %a)",
+                                k->name, bc, br, lead, need, a, n, i, (double)l[1].p[i], (double)l[0].p[i]);
+                }
+                kc_free(&first);
             }
             kc_free(&q); kc_free(&kt); kc_free(&v); kc_free(&s); kc_free(&hi); kc_free(&al);
             for (int w = 0; w < 2; w++) {

@@ -497,6 +497,7 @@ typedef struct cutcase {
     double softcap;
     int alibi, sinks, dropout, varlen, v_inf, per_tile;
     int bq, bk; /* 0: derived */
+    int lead;   /* 1: every ISA here must skip some group's leading columns (a window's left edge) */
 } cutcase;
 
 /* O and LSE (float32) of one flash run with tile cutting on or off, on ISA `isa`. */
@@ -521,11 +522,17 @@ static void run_cut(const cutcase *c, const char *isa, int cut, int threads, con
     if (c->varlen) opt.varlen = vl;
     tu_poison(o);
     tu_poison(lse);
+    fa_tile_cut_stats[0] = fa_tile_cut_stats[1] = 0;
     fa_tile_cut_test = cut;
     const fa_status st = fa_forward(&q->t, &k->t, &v->t, &o->t, &lse->t, &opt);
     fa_tile_cut_test = -1;
     fa_context_destroy(ctx);
     if (st != FA_OK) fail_msg("%s (%s, cut %d): %s", c->name, isa, cut, fa_last_error());
+    /* the path under test really ran: tiles cut (and leading columns skipped) only when cutting */
+    const long tiles = fa_tile_cut_stats[0], leads = fa_tile_cut_stats[1];
+    if (cut ? tiles == 0 : tiles != 0 || leads != 0)
+        fail_msg("%s (%s, cut %d): %ld tiles cut, %ld leading cuts", c->name, isa, cut, tiles, leads);
+    if (cut && c->lead && leads == 0) fail_msg("%s (%s): no group skipped its leading columns", c->name, isa);
 }
 
 /* Bits equal, or both NaN (a NaN's payload is not promised). */
@@ -648,22 +655,29 @@ static void test_cut_tiles_give_the_whole_tile_bits(void **state)
 {
     (void)state;
     uint64_t rng = tu_seed() ^ 0xc07;
-    /* name, Sq, Sk, H, Hk, d, dv, causal, wl, wr, softcap, alibi, sinks, dropout, varlen, v_inf, per_tile, bq, bk */
+    /* name, Sq, Sk, H, Hk, d, dv, causal, wl, wr, softcap, alibi, sinks, dropout, varlen, v_inf, per_tile, bq, bk, lead */
     const cutcase cases[] = {
-        {"causal odd N, derived blocks", 203, 203, 2, 2, 40, 40, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-        {"causal Br < Bc, N not a multiple", 300, 300, 2, 1, 24, 20, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 50, 64},
-        {"causal Br > Bc, odd Bc", 257, 257, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 72, 37},
-        {"causal Sq < Sk", 97, 150, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 24, 48},
-        {"causal Sq > Sk: rows that see nothing", 150, 97, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 36, 40},
-        {"window left and right mid group", 260, 260, 2, 2, 16, 24, 0, 37, 5, 0, 0, 0, 0, 0, 0, 0, 30, 32},
-        {"window right only, Sq > Sk", 131, 90, 1, 1, 16, 16, 0, -1, 9, 0, 0, 0, 0, 0, 0, 0, 18, 16},
-        {"causal + window left", 190, 190, 1, 1, 16, 16, 1, 50, -1, 0, 0, 0, 0, 0, 0, 0, 40, 48},
-        {"GQA softcap ALiBi", 190, 190, 4, 2, 24, 24, 1, -1, -1, 30.0, 1, 0, 0, 0, 0, 0, 0, 70},
-        {"sinks and dropout", 129, 129, 2, 1, 16, 16, 1, -1, -1, 0, 0, 1, 1, 0, 0, 0, 32, 32},
-        {"varlen", 70, 90, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 1, 0, 0, 24, 32},
-        {"Bc above avx2's pv chunk", 700, 700, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 96, 320},
-        {"per-tile packing", 230, 230, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 1, 48, 64},
-        {"Inf in V", 200, 200, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 32, 64},
+        {"causal odd N, derived blocks", 203, 203, 2, 2, 40, 40, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+        {"causal Br < Bc, N not a multiple", 300, 300, 2, 1, 24, 20, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 50, 64, 0},
+        {"causal Br > Bc, odd Bc", 257, 257, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 72, 37, 0},
+        {"causal Sq < Sk", 97, 150, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 24, 48, 0},
+        {"causal Sq > Sk: rows that see nothing", 150, 97, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 36, 40, 0},
+        {"window left and right mid group", 260, 260, 2, 2, 16, 24, 0, 37, 5, 0, 0, 0, 0, 0, 0, 0, 30, 32, 0},
+        {"window right only, Sq > Sk", 131, 90, 1, 1, 16, 16, 0, -1, 9, 0, 0, 0, 0, 0, 0, 0, 18, 16, 0},
+        {"causal + window left", 190, 190, 1, 1, 16, 16, 1, 50, -1, 0, 0, 0, 0, 0, 0, 0, 40, 48, 0},
+        {"GQA softcap ALiBi", 190, 190, 4, 2, 24, 24, 1, -1, -1, 30.0, 1, 0, 0, 0, 0, 0, 0, 70, 0},
+        {"sinks and dropout", 129, 129, 2, 1, 16, 16, 1, -1, -1, 0, 0, 1, 1, 0, 0, 0, 32, 32, 0},
+        {"varlen", 70, 90, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 1, 0, 0, 24, 32, 0},
+        {"Bc above avx2's pv chunk", 700, 700, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 96, 320, 0},
+        {"per-tile packing", 230, 230, 2, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, 0, 0, 1, 48, 64, 0},
+        {"Inf in V", 200, 200, 1, 1, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 32, 64, 0},
+        /* a window's left edge inside tiles: leading columns skipped (cut_lead_fwd) */
+        {"window left, Bc 256 (avx512: whole pv chunks)", 640, 640, 2, 1, 32, 24, 0, 200, 30, 0, 0, 0, 0, 0, 0, 0, 48, 256, 1},
+        {"window left, Bc 96, softcap ALiBi", 300, 300, 2, 2, 16, 16, 0, 70, 10, 25.0, 1, 0, 0, 0, 0, 0, 40, 96, 1},
+        {"window left + causal, Sq < Sk, sinks dropout", 150, 400, 2, 2, 16, 16, 1, 90, -1, 0, 0, 1, 1, 0, 0, 0, 32, 160, 1},
+        {"window left, Inf in V, per-tile packing", 400, 400, 1, 1, 16, 16, 0, 100, 20, 0, 0, 0, 0, 0, 1, 1, 32, 128, 1},
+        {"window left, Bc above avx2's pv chunk", 800, 800, 1, 1, 16, 16, 0, 300, 0, 0, 0, 0, 0, 0, 0, 0, 64, 320, 0},
+        {"window left, derived blocks", 1100, 1100, 1, 1, 16, 16, 0, 400, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     };
     for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) run_cut_case(&cases[x], &rng);
 }

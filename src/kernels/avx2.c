@@ -509,6 +509,16 @@ static int cut_lead_avx2(int bc, int a)
     return bc <= PV_KC ? a & ~15 : 0;
 }
 
+/* The forward's leading cut: softmax's 8-column groups keep their parity
+ * (sum0/sum1) when a' is a multiple of 16; with bc <= PV_KC pv is one chunk
+ * in both calls, acc over the keys in order from +0 (the skipped zero-P
+ * keys left it at +0). Above PV_KC the chunk length depends on the call's
+ * width: no leading cut. */
+static int cut_lead_fwd_avx2(int bc, int a)
+{
+    return bc <= PV_KC ? a & ~15 : 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* transpose: the driver's K tile -> packed Kt                               */
 /* ------------------------------------------------------------------------ */
@@ -883,6 +893,7 @@ const fa_kernels fa_kernels_avx2 = {
     .pv = pv_avx2,
     .cut_cols = cut_cols_avx2,
     .cut_lead = cut_lead_avx2,
+    .cut_lead_fwd = cut_lead_fwd_avx2,
     .vexp = vexp_avx2,
     .transpose = transpose_avx2,
     .transform = transform_avx2,

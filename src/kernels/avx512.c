@@ -461,6 +461,20 @@ static int cut_lead_avx512(int bc, int a)
     return bc <= PV_KC ? a & ~15 : a - a % PV_KC;
 }
 
+/*
+ * The forward's leading cut. softmax: 16-column groups keep their parity
+ * (sum0/sum1) when a' is a multiple of 32. pv: with bc <= PV_KC one chunk
+ * in both calls, acc over the keys in order from +0 (the skipped zero-P
+ * keys left it at +0). Above, chunks start at multiples of PV_KC from 0, so
+ * a' must be one; the whole tile's skipped chunks did O = alpha O + 0 and
+ * O + 0, which for the rows the driver cuts (kernels.h: O = +0, or
+ * alpha = 1) is what the cut call's O = alpha O + acc does with them.
+ */
+static int cut_lead_fwd_avx512(int bc, int a)
+{
+    return bc <= PV_KC ? a & ~31 : a - a % PV_KC;
+}
+
 /* ------------------------------------------------------------------------ */
 /* FMA peak loop (for benchmarks: the ceiling the kernels are measured on)   */
 /* ------------------------------------------------------------------------ */
@@ -862,6 +876,7 @@ const fa_kernels fa_kernels_avx512 = {
     .pv = pv_avx512,
     .cut_cols = cut_cols_avx512,
     .cut_lead = cut_lead_avx512,
+    .cut_lead_fwd = cut_lead_fwd_avx512,
     .vexp = vexp_avx512,
     .transpose = fa_transpose_avx512, /* avx512_transpose.c */
     .transform = transform_avx512,

@@ -79,6 +79,22 @@ typedef struct fa_kernels {
      */
     int (*cut_lead)(int bc, int a);
 
+    /*
+     * Optional (NULL: the forward never cuts leading columns). The forward's
+     * leading cut (src/flash.c, a window's left edge inside a tile): the
+     * largest a' <= a, a multiple of 16, such that qk and softmax over
+     * columns [a', n) and pv over keys [a', n) (pointers moved by a') give
+     * every row the bits of the calls over [0, n) when every score in
+     * columns < a is masked (-inf), for rows whose O and l are still +0
+     * (the tile holds the row's first visible key) or whose alpha is 1 (it
+     * sees none of the tile's keys): the driver calls it for no other row,
+     * so where pv applies alpha does not matter, only its key chunks. And
+     * softmax's partial sums: each kept column keeps its lane and
+     * accumulator; the skipped ones only added -inf to the max and +0 to l
+     * and to pv's accumulators.
+     */
+    int (*cut_lead_fwd)(int bc, int a);
+
     /* y[i] = exp(x[i]) for n elements; exp(-inf) = 0 exactly. */
     void (*vexp)(int n, const float *x, float *y);
 

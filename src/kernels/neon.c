@@ -326,6 +326,11 @@ static int cut_cols_neon(int bc, int need)
 /* cut_lead (alpha = 1): one chunk; the skipped keys only added +-0 to acc = +0. */
 static int cut_lead_neon(int bc, int a) { return a & ~15; }
 
+/* The forward's leading cut: softmax's 4-column groups keep their parity
+ * (sum0/sum1) when a' is a multiple of 8; pv is one chunk, acc over the
+ * keys in order from +0, which the skipped zero-P keys left at +0. */
+static int cut_lead_fwd_neon(int bc, int a) { return a & ~15; }
+
 /* ------------------------------------------------------------------------ */
 /* transpose: the driver's K tile -> packed Kt                               */
 /* ------------------------------------------------------------------------ */
@@ -535,6 +540,7 @@ const fa_kernels fa_kernels_neon = {
     .pv = pv_neon,
     .cut_cols = cut_cols_neon,
     .cut_lead = cut_lead_neon,
+    .cut_lead_fwd = cut_lead_fwd_neon,
     .vexp = vexp_neon,
     .transpose = transpose_neon,
     .transform = fa_transform_line_scalar, /* no NEON tanh yet: the spec's loop */

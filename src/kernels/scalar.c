@@ -163,6 +163,10 @@ void fa_dec_pv_scalar(int nr, int n, int dv, const float *p, size_t ldp, const v
  * so any n >= need keeps the bits: the dropped columns are the last ones. */
 static int cut_cols_scalar(int bc, int need) { return need < bc ? need : bc; }
 static int cut_lead_scalar(int bc, int a) { return a & ~15; }
+/* The forward's leading cut: the same in-order loops into one accumulator
+ * each, so skipped leading columns only added -inf to the max, +0 to l and
+ * 0 * v to O: any a' (a multiple of 16 keeps S rows aligned). */
+static int cut_lead_fwd_scalar(int bc, int a) { return a & ~15; }
 
 const fa_kernels fa_kernels_scalar = {
     .name = "scalar",
@@ -173,6 +177,7 @@ const fa_kernels fa_kernels_scalar = {
     .pv = pv_scalar,
     .cut_cols = cut_cols_scalar,
     .cut_lead = cut_lead_scalar,
+    .cut_lead_fwd = cut_lead_fwd_scalar,
     .vexp = vexp_scalar,
     .transform = fa_transform_line_scalar,
     .widen = fa_widen_scalar,
