@@ -78,7 +78,7 @@
  * tile (see bwd_packed): memory beyond inputs and outputs stays
  * O(threads x block + B x H x Sq) plus that bounded panel buffer, plus in
  * the single pass threads x group x Sq x d floats of dQ accumulators when dQ
- * is not float32.
+ * is not float32 (at most 16 MiB unless FA_BWD_ONE_PASS=1 forces it).
  * When the caller passes no O or LSE, fa_backward runs the forward pass of
  * the same implementation into temporaries first (O(B x Sq x H x d_v)).
  */
@@ -881,19 +881,32 @@ static void bwd_task_onepass(const fa_problem *p, const fa_kernels *kern, const 
     }
 }
 
+/* Bytes of dQ accumulators one single-pass task keeps in scratch (0: in the output). */
+static size_t onepass_dq_bytes(const fa_problem *p, const bwd_dims *g, const fa_tensor *dq)
+{
+    if (dq_in_place(p, dq)) return 0;
+    const size_t group = (size_t)(p->heads / p->heads_k);
+    return fa_mul_sat(fa_mul_sat(group, (size_t)p->seqlen_q), fa_mul_sat(g->ldd, sizeof(float)));
+}
+
 /*
  * The single pass, or the two passes? FA_BWD_ONE_PASS (p->bwd_one_pass)
  * decides when set; else the single pass when its (batch, kv head) tasks keep
  * the threads busy: one thread, or at least as many tasks as threads with at
  * most a fifth of the thread slots of the rounds idle (B x Hk = 8 tasks on 16
  * threads, or 3 on 2, would leave half or a quarter of the machine waiting,
- * where the two passes cut their blocks into pieces for every thread). Either
- * way the bits are the same (tile_dq), so the rule may follow the thread count.
+ * where the two passes cut their blocks into pieces for every thread), and
+ * when a dQ that is not float32 needs at most FA_PACK_DEFAULT_MAX_BYTES of
+ * accumulators over all threads (beyond it the two passes keep memory
+ * O(threads x block)). Either way the bits are the same (tile_dq), so the
+ * rule may follow the thread count.
  */
-static int use_one_pass(const fa_problem *p)
+static int use_one_pass(const fa_problem *p, const bwd_dims *g, const fa_tensor *dq)
 {
     if (p->bwd_one_pass >= 0) return p->bwd_one_pass;
     const int64_t tasks = p->batch * p->heads_k, threads = p->num_threads;
+    if (fa_mul_sat(onepass_dq_bytes(p, g, dq), (size_t)fa_threads_for(p, tasks)) > FA_PACK_DEFAULT_MAX_BYTES)
+        return 0;
     if (threads <= 1) return 1;
     if (tasks < threads) return 0;
     const int64_t rounds = (tasks + threads - 1) / threads;
@@ -927,7 +940,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     float *dvec = fa_scratch_alloc(p, fa_mul_sat((size_t)(rows > 0 ? rows : 1), sizeof(float))); /* D, like Q's rows */
     if (!dvec) return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate D (%lld rows)", DIM(rows));
     int failed = 0;
-    const int one_pass = use_one_pass(p);
+    const int one_pass = use_one_pass(p, &g, dq);
     const int64_t bhk_tasks = p->batch * p->heads_k;
 
     /* two passes: shared packing, each pass on its own, when it fits under the cap */
@@ -941,9 +954,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     const int threads1 = fa_threads_for(p, bhk_tasks);
     const size_t pack1 = one_pass && fa_mul_sat(fa_mul_sat(qfl, sizeof(float)), (size_t)threads1) <= cap
                              ? qfl * sizeof(float) : 0;
-    const size_t dqs1 = one_pass && !dq_in_place(p, dq)
-                            ? fa_mul_sat(fa_mul_sat((size_t)group, (size_t)p->seqlen_q), fa_mul_sat(g.ldd, sizeof(float)))
-                            : 0;
+    const size_t dqs1 = one_pass ? onepass_dq_bytes(p, &g, dq) : 0;
     float *shared = sbytes ? fa_scratch_alloc(p, sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
     bwd_packed qpack = {NULL, NULL, NULL, NULL}, kpack = {NULL, NULL, NULL, NULL};
     if (shared && qbytes) qpack = packed_q_layout(p, &g, shared);
