@@ -540,7 +540,8 @@ static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dim
             }
             if (hi == 0) { /* no key of the group is seen: P = dS = 0 */
                 if (full_ds)
-                    for (int j = k0; j < k0 + nk; j++) memset(sc->dpt + (size_t)j * g->ldr, 0, (size_t)br * sizeof(float));
+                    for (int j = k0; j < k0 + nk; j++)
+                        memset(sc->dpt + (size_t)j * g->ldr, 0, (size_t)br * sizeof(float));
                 continue;
             }
             n = kern->cut_cols(br, hi);
