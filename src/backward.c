@@ -24,38 +24,61 @@
  *     heads. No two tasks write the same element, so there are
  *     no atomics and the bits do not depend on the thread count.
  *
- *   flash — FlashAttention-2's backward, made atomic-free for a CPU by
- *     splitting it into two passes that each recompute P tile by tile from
- *     Q, K and the LSE (Sq x Sk never exists; only Br x Bc tiles):
- *       (a) one task per (batch, kv head, K block j): dK_j, dV_j live in the
- *           task's scratch while every Q block i of every query head of the
- *           group streams past:
- *               S^T = scale K_j Q_i^T      (qk, K_j rows x Q_i^T panel)
- *               P^T = exp(S^T - LSE_i)     (transforms, mask, vexp)
- *               dP^T = V_j dO_i^T          (qk)
- *               dS^T = P^T o (dP^T - D_i)  (softcap derivative)
- *               dV_j += P^T dO_i,  dK_j += dS^T Q_i   (pv)
- *           Working on the transposed tile lets the pv micro-kernel compute
- *           P^T dO directly, with no tile transpose.
+ *   flash — FlashAttention-2's backward, atomic-free, in one of two shapes
+ *     that give the same bits. Both recompute P tile by tile from Q, K and
+ *     the LSE (Sq x Sk never exists; only Br x Bc tiles), and both work on
+ *     the transposed tile, so the pv micro-kernel computes P^T dO directly:
+ *         S^T = scale K_j Q_i^T      (qk, K_j rows x Q_i^T panel)
+ *         P^T = exp(S^T - LSE_i)     (transforms, mask, vexp)
+ *         dP^T = V_j dO_i^T          (qk)
+ *         dS^T = P^T o (dP^T - D_i)  (softcap derivative)
+ *         dV_j += P^T dO_i,  dK_j += dS^T Q_i   (pv)
+ *
+ *     The single pass (bwd_task_onepass; FlashAttention-2's 5 tile products):
+ *       one task per (batch, kv head) owns dK, dV of its keys and dQ of its
+ *       group's query rows. For each K block j (outer), dK_j, dV_j live in
+ *       the scratch; for each Q block i of every query head of the group
+ *       (inner), the steps above, then dQ_i += dS K_j (pv) with dS the tile
+ *       dS^T transposed (the kernel table's transpose). dQ accumulates in
+ *       the output itself when it is float32 rows, else in task scratch
+ *       (group x Sq x d floats, O(seqlen)) written once at the end. The task
+ *       packs its group's Q_i^T, dO_i^T, Q_i, dO_i once when all threads'
+ *       packs fit under the packing cap together, else per tile.
+ *
+ *     The two passes (7 tile products: S, P, dP and dS are computed twice):
+ *       (a) one task per (batch, kv head, K block j): dK_j, dV_j as above,
+ *           every Q block i of every query head of the group streaming past;
  *       (b) one task per (batch, query head, Q block i): dQ_i in scratch, the
  *           K blocks stream past: S = scale Q_i K_j^T, P, dP = dO_i V_j^T,
  *           dS, and dQ_i += dS K_j (pv).
- *     The price is recomputing S, P, dP and dS twice: 7 tile products instead
- *     of FlashAttention-2's 5 (which sums dQ with atomics on a GPU). The
+ *     Their tasks are many and small (blocks are cut into pieces when there
+ *     are too few for the threads), so they keep any number of threads busy.
+ *     use_one_pass picks the single pass when its B x Hk tasks do (one
+ *     thread, or at most a fifth of the thread slots idle); FA_BWD_ONE_PASS=0
+ *     or 1 forces the two passes or the single pass.
+ *
+ *     Same bits: qk computes S^T[j][i] and S[i][j] as the same FMA chain over
+ *     c, the elementwise steps are per element, dK_j and dV_j receive the Q
+ *     blocks in the same order in both shapes and dQ_i the K blocks, alpha =
+ *     1, and the elements a cut tile skips are +-0 (tile_dq). The
  *     alternatives — atomics, or a dQ buffer per thread summed at the end —
  *     give bits that depend on the schedule, or O(threads x Sq x d) memory.
  *     Every task runs on one thread in a fixed order: identical bits for any
- *     thread count. Measured on the project machine (AVX-512, B=1, N=2048,
- *     non-causal, counting 10 N^2 d per head = 2.5x the forward's 4 N^2 d):
- *     d=64, H=4: ~120 GFLOP/s on one thread, 210-245 on two (forward: ~160
- *     and ~300); d=128, H=8: 122 and 226. qk and pv take ~65% of the time,
- *     vexp and the elementwise tile work ~10%.
+ *     thread count (tests/test_determinism.c, tests/test_backward.c compare
+ *     the two shapes bit for bit). Measured (two passes) on the project
+ *     machine (AVX-512, B=1, N=2048, non-causal, counting 10 N^2 d per head =
+ *     2.5x the forward's 4 N^2 d): d=64, H=4: ~120 GFLOP/s on one thread,
+ *     210-245 on two (forward: ~160 and ~300); d=128, H=8: 122 and 226. qk
+ *     and pv take ~65% of the time, vexp and the elementwise tile work ~10%.
+ *     The single pass: docs/performance.md.
  *
  * D (one float per query row) is computed once up front: O(B x H x Sq).
  * The operands each pass streams (Q_i^T, dO_i^T, ... or K_j^T, V_j^T, K_j)
  * are packed once per (batch, kv head) when they fit in 16 MiB, else per
  * tile (see bwd_packed): memory beyond inputs and outputs stays
- * O(threads x block + B x H x Sq) plus that bounded panel buffer.
+ * O(threads x block + B x H x Sq) plus that bounded panel buffer, plus in
+ * the single pass threads x group x Sq x d floats of dQ accumulators when dQ
+ * is not float32 (at most 16 MiB unless FA_BWD_ONE_PASS=1 forces it).
  * When the caller passes no O or LSE, fa_backward runs the forward pass of
  * the same implementation into temporaries first (O(B x Sq x H x d_v)).
  */
@@ -214,7 +237,8 @@ typedef struct bwd_dims {
 /*
  * Per-thread scratch (float32, 64-byte aligned rows). Pass (a) uses
  * kr, vr, dka, dva, qt, dot, qr, dor, st, dpt; pass (b) uses qr, dor, kt, vt,
- * kr, s, dp, dqa. lse, dd, lo, hi describe the rows of the current Q block.
+ * kr, s, dp, dqa; the single pass uses pass (a)'s and s (dS, the transposed
+ * dS^T). lse, dd, lo, hi describe the rows of the current Q block.
  */
 typedef struct bwd_scratch {
     float *qr;    /* [br][ldd]   Q_i rows */
@@ -227,7 +251,7 @@ typedef struct bwd_scratch {
     float *vt;    /* [dv][ldc]   V_j^T */
     float *st;    /* [bc][ldr]   S^T -> P^T        (pass a) */
     float *dpt;   /* [bc][ldr]   dP^T -> dS^T      (pass a) */
-    float *s;     /* [br][ldc]   S -> P            (pass b) */
+    float *s;     /* [br][ldc]   S -> P (pass b); dS (single pass) */
     float *dp;    /* [br][ldc]   dP -> dS          (pass b) */
     float *dka;   /* [bc][ldd]   dK_j accumulator (unscaled) */
     float *dva;   /* [bc][lddv]  dV_j accumulator */
@@ -471,6 +495,99 @@ static int cut_group(const fa_kernels *kern)
     return n < FA_CUT_GROUP_MAX ? n : FA_CUT_GROUP_MAX - FA_CUT_GROUP_MAX % rb;
 }
 
+/*
+ * One tile of pass (a)'s shape: keys j0..j0+bc (K_j, V_j rows in sc->kr,
+ * sc->vr) against queries i0..i0+br of head h (their row info in sc, their
+ * panels qt, dot, qr, dor): S^T -> P^T in sc->st, dP^T -> dS^T in sc->dpt,
+ * then dV_j += P^T dO_i and dK_j += dS^T Q_i into sc->dva, sc->dka.
+ * With full_ds (the single pass), every element of dS^T [bc][br] is defined on
+ * return: a cut tile's elements it did not compute (masked: P = 0) are set to
+ * +0, what dS = 0 (dP - D) is for a finite dP.
+ */
+static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
+                      const float *qt, const float *dot, const float *qr, const float *dor, int64_t b, int64_t h,
+                      int64_t i0, int br, int64_t j0, int bc, double slope, int full_ds)
+{
+    const int64_t d = p->d, dvd = p->dv;
+    /* a tile some key line of which is partly masked: cut it per key group */
+    int cut = 0;
+    if (p->tile_cut && kern->cut_cols && kern->cut_lead)
+        for (int r = 0; r < br && !cut; r++)
+            cut = !(sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc);
+    if (!cut) {
+        kern->qk(bc, br, (int)d, sc->kr, g->ldd, qt, g->ldr, (float)p->scale, sc->st, g->ldr);
+        kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, dot, g->ldr, 1.0f, sc->dpt, g->ldr);
+    }
+    /* queries visible to key j0 + j: [r1, r2), both growing with j */
+    int r1 = 0, r2 = 0;
+    const int keys = cut ? cut_group(kern) : bc;
+    for (int k0 = 0; k0 < bc; k0 += keys) {
+        const int nk = bc - k0 < keys ? bc - k0 : keys;
+        int v1[FA_CUT_GROUP_MAX], v2[FA_CUT_GROUP_MAX]; /* each key's [r1, r2) when cut */
+        int a = 0, n = br;
+        if (cut) {
+            int lo = br, hi = 0;
+            for (int j = k0; j < k0 + nk; j++) {
+                const int64_t key = j0 + j;
+                while (r1 < br && sc->hi[r1] <= key) r1++;
+                while (r2 < br && sc->lo[r2] <= key) r2++;
+                v1[j - k0] = r1;
+                v2[j - k0] = r2 > r1 ? r2 : r1;
+                if (r2 > r1) {
+                    if (r1 < lo) lo = r1;
+                    if (r2 > hi) hi = r2;
+                }
+            }
+            if (hi == 0) { /* no key of the group is seen: P = dS = 0 */
+                if (full_ds)
+                    for (int j = k0; j < k0 + nk; j++)
+                        memset(sc->dpt + (size_t)j * g->ldr, 0, (size_t)br * sizeof(float));
+                continue;
+            }
+            n = kern->cut_cols(br, hi);
+            a = kern->cut_lead(br, lo);
+            float *st = sc->st + (size_t)k0 * g->ldr + a, *dpt = sc->dpt + (size_t)k0 * g->ldr + a;
+            kern->qk(nk, n - a, (int)d, sc->kr + (size_t)k0 * g->ldd, g->ldd, qt + a, g->ldr, (float)p->scale, st,
+                     g->ldr);
+            kern->qk(nk, n - a, (int)dvd, sc->vr + (size_t)k0 * g->lddv, g->lddv, dot + a, g->ldr, 1.0f, dpt, g->ldr);
+            if (full_ds)
+                for (int j = k0; j < k0 + nk; j++) {
+                    float *line = sc->dpt + (size_t)j * g->ldr;
+                    memset(line, 0, (size_t)a * sizeof(float));
+                    memset(line + n, 0, (size_t)(br - n) * sizeof(float));
+                }
+        }
+        for (int j = k0; j < k0 + nk; j++) {
+            const int64_t key = j0 + j;
+            int va, vb;
+            if (cut) {
+                va = (v1[j - k0] < n ? v1[j - k0] : n) - a;
+                vb = (v2[j - k0] < n ? v2[j - k0] : n) - a;
+                if (va < 0) va = 0; /* a key that sees nothing, before the lead */
+                if (vb < va) vb = va;
+            } else {
+                while (r1 < br && sc->hi[r1] <= key) r1++;
+                while (r2 < br && sc->lo[r2] <= key) r2++;
+                va = r1;
+                vb = r2 > r1 ? r2 : r1;
+            }
+            tile_line(p, kern, sc->g, n - a, va, vb, sc->st + (size_t)j * g->ldr + a, sc->dpt + (size_t)j * g->ldr + a,
+                      sc->lse + a, sc->dd + a, 1, slope, i0 + a + fa_diag_offset(p, b) - key, 1,
+                      p->keep ? fa_keep_row(p, b, h, i0 + a) + key * p->keep_stride[3] : NULL, p->keep_stride[2]);
+        }
+        if (cut) {
+            kern->pv(nk, n - a, (int)dvd, sc->st + (size_t)k0 * g->ldr + a, g->ldr, dor + (size_t)a * g->lddv, g->lddv,
+                     sc->ones, sc->dva + (size_t)k0 * g->lddv, g->lddv);
+            kern->pv(nk, n - a, (int)d, sc->dpt + (size_t)k0 * g->ldr + a, g->ldr, qr + (size_t)a * g->ldd, g->ldd,
+                     sc->ones, sc->dka + (size_t)k0 * g->ldd, g->ldd);
+        }
+    }
+    if (!cut) {
+        kern->pv(bc, br, (int)dvd, sc->st, g->ldr, dor, g->lddv, sc->ones, sc->dva, g->lddv);
+        kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
+    }
+}
+
 /* Pass (a): dK, dV of keys j0..j0+bc of kv head hk in batch b. */
 static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
                           const bwd_packed *qp, const float *dvec, const fa_tensor *dout, const fa_tensor *dk,
@@ -504,76 +621,7 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
                 fa_pack_rows(&qs, i0, br, sc->qr, g->ldd, 0);
                 fa_pack_rows(&dos, i0, br, sc->dor, g->lddv, 0);
             }
-
-            /* a tile some key line of which is partly masked: cut it per key group */
-            int cut = 0;
-            if (p->tile_cut && kern->cut_cols && kern->cut_lead)
-                for (int r = 0; r < br && !cut; r++)
-                    cut = !(sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc);
-            if (!cut) {
-                kern->qk(bc, br, (int)d, sc->kr, g->ldd, qt, g->ldr, (float)p->scale, sc->st, g->ldr);
-                kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, dot, g->ldr, 1.0f, sc->dpt, g->ldr);
-            }
-            /* queries visible to key j0 + j: [r1, r2), both growing with j */
-            int r1 = 0, r2 = 0;
-            const int keys = cut ? cut_group(kern) : bc;
-            for (int k0 = 0; k0 < bc; k0 += keys) {
-                const int nk = bc - k0 < keys ? bc - k0 : keys;
-                int v1[FA_CUT_GROUP_MAX], v2[FA_CUT_GROUP_MAX]; /* each key's [r1, r2) when cut */
-                int a = 0, n = br;
-                if (cut) {
-                    int lo = br, hi = 0;
-                    for (int j = k0; j < k0 + nk; j++) {
-                        const int64_t key = j0 + j;
-                        while (r1 < br && sc->hi[r1] <= key) r1++;
-                        while (r2 < br && sc->lo[r2] <= key) r2++;
-                        v1[j - k0] = r1;
-                        v2[j - k0] = r2 > r1 ? r2 : r1;
-                        if (r2 > r1) {
-                            if (r1 < lo) lo = r1;
-                            if (r2 > hi) hi = r2;
-                        }
-                    }
-                    if (hi == 0) continue; /* no key of the group is seen: P = dS = 0 */
-                    n = kern->cut_cols(br, hi);
-                    a = kern->cut_lead(br, lo);
-                    float *st = sc->st + (size_t)k0 * g->ldr + a, *dpt = sc->dpt + (size_t)k0 * g->ldr + a;
-                    kern->qk(nk, n - a, (int)d, sc->kr + (size_t)k0 * g->ldd, g->ldd, qt + a, g->ldr, (float)p->scale,
-                             st, g->ldr);
-                    kern->qk(nk, n - a, (int)dvd, sc->vr + (size_t)k0 * g->lddv, g->lddv, dot + a, g->ldr, 1.0f, dpt,
-                             g->ldr);
-                }
-                for (int j = k0; j < k0 + nk; j++) {
-                    const int64_t key = j0 + j;
-                    int va, vb;
-                    if (cut) {
-                        va = (v1[j - k0] < n ? v1[j - k0] : n) - a;
-                        vb = (v2[j - k0] < n ? v2[j - k0] : n) - a;
-                        if (va < 0) va = 0; /* a key that sees nothing, before the lead */
-                        if (vb < va) vb = va;
-                    } else {
-                        while (r1 < br && sc->hi[r1] <= key) r1++;
-                        while (r2 < br && sc->lo[r2] <= key) r2++;
-                        va = r1;
-                        vb = r2 > r1 ? r2 : r1;
-                    }
-                    tile_line(p, kern, sc->g, n - a, va, vb, sc->st + (size_t)j * g->ldr + a,
-                              sc->dpt + (size_t)j * g->ldr + a, sc->lse + a, sc->dd + a, 1, slope,
-                              i0 + a + fa_diag_offset(p, b) - key, 1,
-                              p->keep ? fa_keep_row(p, b, h, i0 + a) + key * p->keep_stride[3] : NULL,
-                              p->keep_stride[2]);
-                }
-                if (cut) {
-                    kern->pv(nk, n - a, (int)dvd, sc->st + (size_t)k0 * g->ldr + a, g->ldr, dor + (size_t)a * g->lddv,
-                             g->lddv, sc->ones, sc->dva + (size_t)k0 * g->lddv, g->lddv);
-                    kern->pv(nk, n - a, (int)d, sc->dpt + (size_t)k0 * g->ldr + a, g->ldr, qr + (size_t)a * g->ldd,
-                             g->ldd, sc->ones, sc->dka + (size_t)k0 * g->ldd, g->ldd);
-                }
-            }
-            if (!cut) {
-                kern->pv(bc, br, (int)dvd, sc->st, g->ldr, dor, g->lddv, sc->ones, sc->dva, g->lddv);
-                kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
-            }
+            tile_dkdv(p, kern, g, sc, qt, dot, qr, dor, b, h, i0, br, j0, bc, slope, 0);
         }
     }
     const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
@@ -657,6 +705,216 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
 }
 
 /*
+ * The single pass (FlashAttention-2's backward, atomic-free): one task per
+ * (batch, kv head) owns dK, dV of its keys and dQ of its group's query rows.
+ */
+
+/* dst[c][r] = src[r][c] for r < rows, c < cols (a tile transposed; the kernel
+ * table's transpose when it has one, which also zeroes columns rows..round16) */
+static void tile_transpose(const fa_kernels *kern, int rows, int cols, const float *src, size_t lds, float *dst,
+                           size_t ldd)
+{
+    if (kern->transpose) {
+        kern->transpose(rows, cols, src, lds, dst, ldd);
+        return;
+    }
+    for (int r0 = 0; r0 < rows; r0 += 16) { /* 16 rows at a time: dst written in whole lines */
+        const int nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (int c = 0; c < cols; c++) {
+            float *out = dst + (size_t)c * ldd + r0;
+            for (int r = 0; r < nr; r++) out[r] = src[(size_t)(r0 + r) * lds + c];
+        }
+    }
+}
+
+/*
+ * dQ_i += dS K_j for the tile tile_dkdv just computed with full_ds: dS^T
+ * (sc->dpt, [bc][br]) is transposed into sc->s ([br][ldc]) and pv adds dS K_j
+ * (K_j rows in sc->kr) to the accumulator rows dqa (lddq apart), cut per row
+ * group at the end of each query row as pass (b) cuts it. The bits are pass
+ * (b)'s: each element of dS is the same FMA chains and elementwise steps
+ * (qk computes S^T[j][i] and S[i][j] as one chain over c in order), the
+ * elements a cut skipped are +-0 (which add nothing to an accumulator that
+ * starts at +0), and the K blocks arrive in the same order, alpha = 1.
+ */
+static void tile_dq(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc, int br,
+                    int64_t j0, int bc, float *dqa, size_t lddq)
+{
+    int r_lo = br, r_hi = 0, cut = 0;
+    for (int r = 0; r < br; r++)
+        if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
+            if (r < r_lo) r_lo = r;
+            r_hi = r + 1;
+            if (sc->hi[r] < j0 + bc) cut = 1;
+        }
+    if (r_hi == 0) return; /* no row sees the tile: dS = 0 */
+    tile_transpose(kern, bc, br, sc->dpt, g->ldr, sc->s, g->ldc);
+    if (!(cut && p->tile_cut && kern->cut_cols)) {
+        kern->pv(r_hi - r_lo, bc, (int)p->d, sc->s + (size_t)r_lo * g->ldc, g->ldc, sc->kr, g->ldd, sc->ones,
+                 dqa + (size_t)r_lo * lddq, lddq);
+        return;
+    }
+    const int rows = cut_group(kern);
+    for (int r0 = r_lo; r0 < r_hi; r0 += rows) {
+        const int nr = r_hi - r0 < rows ? r_hi - r0 : rows;
+        int64_t need = 0;
+        for (int r = r0; r < r0 + nr; r++)
+            if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
+                const int64_t e = (sc->hi[r] < j0 + bc ? sc->hi[r] : j0 + bc) - j0;
+                if (e > need) need = e;
+            }
+        if (need == 0) continue; /* no row of the group sees the tile */
+        kern->pv(nr, kern->cut_cols(bc, (int)need), (int)p->d, sc->s + (size_t)r0 * g->ldc, g->ldc, sc->kr, g->ldd,
+                 sc->ones, dqa + (size_t)r0 * lddq, lddq);
+    }
+}
+
+/* dQ accumulates in the output itself when it holds float32 rows (that do not overlap) */
+static int dq_in_place(const fa_problem *p, const fa_tensor *dq)
+{
+    return dq->dtype == FA_F32 && dq->stride[3] == 1 && dq->stride[1] >= p->d;
+}
+
+/* Per-thread buffers of the single pass beyond bwd_scratch. */
+typedef struct bwd_onepass {
+    bwd_packed qp; /* the task's Q blocks (pass (a)'s shared layout), packed once; qp.a NULL: per tile */
+    float *dqs;    /* [group][seqlen_q][ldd] dQ accumulators, or NULL: in the output (dq_in_place) */
+} bwd_onepass;
+
+/* The dQ accumulator rows of query head h (group index hh) of sequence seq, and their distance. */
+static float *dq_acc(const fa_problem *p, const bwd_dims *g, const bwd_onepass *op, const fa_tensor *dq,
+                     const fa_seq *seq, int64_t h, int64_t hh, size_t *ld)
+{
+    if (op->dqs) {
+        *ld = g->ldd;
+        return op->dqs + (size_t)hh * (size_t)p->seqlen_q * g->ldd;
+    }
+    const fa_rows dqs = fa_rows_q(dq, seq, h);
+    *ld = (size_t)dq->stride[1];
+    return (float *)dq->data + fa_rows_off(&dqs, 0);
+}
+
+/*
+ * The single pass for kv head hk of batch b: for each K block j (outer),
+ * dK_j, dV_j in the scratch; for each Q block i of every query head of the
+ * group (inner), tile_dkdv (S^T, P^T, dP^T, dS^T; dV_j += P^T dO_i,
+ * dK_j += dS^T Q_i: pass (a)'s steps, so pass (a)'s bits) and tile_dq
+ * (dQ_i += dS K_j). 5 tile products where the two passes take 7.
+ */
+static void bwd_task_onepass(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
+                             const bwd_onepass *op, const float *dvec, const fa_tensor *dout, const fa_tensor *dq,
+                             const fa_tensor *dk, const fa_tensor *dv, int64_t b, int64_t hk)
+{
+    const int64_t d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
+    const fa_seq seq = fa_problem_seq(p, b);
+    const int64_t nqb_max = nblocks(p->seqlen_q, g->br);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
+    for (int64_t hh = 0; hh < group; hh++) { /* the accumulators start at +0 */
+        size_t ld;
+        float *acc = dq_acc(p, g, op, dq, &seq, hk * group + hh, hh, &ld);
+        for (int64_t i = 0; i < seq.q_len; i++) memset(acc + (size_t)i * ld, 0, (size_t)d * sizeof(float));
+    }
+    if (op->qp.a) /* the group's Q blocks, once for all K blocks */
+        for (int64_t t = 0; t < group * nqb_max; t++) {
+            const int64_t h = hk * group + t / nqb_max, i0 = (t % nqb_max) * g->br;
+            if (i0 >= seq.q_len) continue;
+            const int br = (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br);
+            const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h);
+            fa_pack_transposed(kern, &qs, i0, br, op->qp.a + (size_t)t * (size_t)d * g->ldr, g->ldr);
+            fa_pack_transposed(kern, &dos, i0, br, op->qp.b + (size_t)t * (size_t)dvd * g->ldr, g->ldr);
+            fa_pack_rows(&qs, i0, br, op->qp.c + (size_t)t * (size_t)g->br * g->ldd, g->ldd, 0);
+            fa_pack_rows(&dos, i0, br, op->qp.e + (size_t)t * (size_t)g->br * g->lddv, g->lddv, 0);
+        }
+    const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
+    for (int64_t j0 = 0; j0 < seq.k_len; j0 += g->bc) {
+        const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
+        fa_pack_rows(&ks, j0, bc, sc->kr, g->ldd, 0);
+        fa_pack_rows(&vs, j0, bc, sc->vr, g->lddv, 0);
+        for (int j = 0; j < bc; j++) {
+            memset(sc->dka + (size_t)j * g->ldd, 0, (size_t)d * sizeof(float));
+            memset(sc->dva + (size_t)j * g->lddv, 0, (size_t)dvd * sizeof(float));
+        }
+        for (int64_t hh = 0; hh < group; hh++) {
+            const int64_t h = hk * group + hh;
+            const double slope = fa_alibi_slope(p, b, h);
+            const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h);
+            size_t lddq;
+            float *acc = dq_acc(p, g, op, dq, &seq, h, hh, &lddq);
+            for (int64_t i0 = 0; i0 < seq.q_len; i0 += g->br) {
+                const int br = (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br);
+                if (!load_row_info(p, dvec, b, h, i0, br, j0, j0 + bc, sc)) continue; /* tile fully masked */
+                const float *qt = sc->qt, *dot = sc->dot, *qr = sc->qr, *dor = sc->dor;
+                if (op->qp.a) {
+                    const size_t blk = (size_t)(hh * nqb_max + i0 / g->br);
+                    qt = op->qp.a + blk * (size_t)d * g->ldr;
+                    dot = op->qp.b + blk * (size_t)dvd * g->ldr;
+                    qr = op->qp.c + blk * (size_t)g->br * g->ldd;
+                    dor = op->qp.e + blk * (size_t)g->br * g->lddv;
+                } else {
+                    fa_pack_transposed(kern, &qs, i0, br, sc->qt, g->ldr);
+                    fa_pack_transposed(kern, &dos, i0, br, sc->dot, g->ldr);
+                    fa_pack_rows(&qs, i0, br, sc->qr, g->ldd, 0);
+                    fa_pack_rows(&dos, i0, br, sc->dor, g->lddv, 0);
+                }
+                tile_dkdv(p, kern, g, sc, qt, dot, qr, dor, b, h, i0, br, j0, bc, slope, 1);
+                tile_dq(p, kern, g, sc, br, j0, bc, acc + (size_t)i0 * lddq, lddq);
+            }
+        }
+        store_rows(&dks, j0, bc, sc->dka, g->ldd, (float)p->scale);
+        store_rows(&dvs, j0, bc, sc->dva, g->lddv, 1.0f);
+    }
+    const float scale = (float)p->scale;
+    for (int64_t hh = 0; hh < group; hh++) { /* dQ = scale dQ, as store_rows scales pass (b)'s */
+        const int64_t h = hk * group + hh;
+        size_t ld;
+        float *acc = dq_acc(p, g, op, dq, &seq, h, hh, &ld);
+        if (op->dqs) {
+            const fa_rows dqs = fa_rows_q(dq, &seq, h);
+            for (int64_t i0 = 0; i0 < seq.q_len; i0 += g->br)
+                store_rows(&dqs, i0, (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br), acc + (size_t)i0 * ld,
+                           ld, scale);
+        } else {
+            for (int64_t i = 0; i < seq.q_len; i++) {
+                float *row = acc + (size_t)i * ld;
+                for (int64_t c = 0; c < d; c++) row[c] = scale * row[c];
+            }
+        }
+    }
+}
+
+/* Bytes of dQ accumulators one single-pass task keeps in scratch (0: in the output). */
+static size_t onepass_dq_bytes(const fa_problem *p, const bwd_dims *g, const fa_tensor *dq)
+{
+    if (dq_in_place(p, dq)) return 0;
+    const size_t group = (size_t)(p->heads / p->heads_k);
+    return fa_mul_sat(fa_mul_sat(group, (size_t)p->seqlen_q), fa_mul_sat(g->ldd, sizeof(float)));
+}
+
+/*
+ * The single pass, or the two passes? FA_BWD_ONE_PASS (p->bwd_one_pass)
+ * decides when set; else the single pass when its (batch, kv head) tasks keep
+ * the threads busy: one thread, or at least as many tasks as threads with at
+ * most a fifth of the thread slots of the rounds idle (B x Hk = 8 tasks on 16
+ * threads, or 3 on 2, would leave half or a quarter of the machine waiting,
+ * where the two passes cut their blocks into pieces for every thread), and
+ * when a dQ that is not float32 needs at most FA_PACK_DEFAULT_MAX_BYTES of
+ * accumulators over all threads (beyond it the two passes keep memory
+ * O(threads x block)). Either way the bits are the same (tile_dq), so the
+ * rule may follow the thread count.
+ */
+static int use_one_pass(const fa_problem *p, const bwd_dims *g, const fa_tensor *dq)
+{
+    if (p->bwd_one_pass >= 0) return p->bwd_one_pass;
+    const int64_t tasks = p->batch * p->heads_k, threads = p->num_threads;
+    if (fa_mul_sat(onepass_dq_bytes(p, g, dq), (size_t)fa_threads_for(p, tasks)) > FA_PACK_DEFAULT_MAX_BYTES)
+        return 0;
+    if (threads <= 1) return 1;
+    if (tasks < threads) return 0;
+    const int64_t rounds = (tasks + threads - 1) / threads;
+    return 5 * tasks >= 4 * rounds * threads;
+}
+
+/*
  * Piece `pc` of a sequence of `len` rows (or keys): block pc / npc, its piece
  * pc % npc of `piece` (fa_piece_rows; npc = 1, piece = blk: whole blocks).
  * Sets the first row and the count; 0 when the piece is past the end.
@@ -683,20 +941,28 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     float *dvec = fa_scratch_alloc(p, fa_mul_sat((size_t)(rows > 0 ? rows : 1), sizeof(float))); /* D, like Q's rows */
     if (!dvec) return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate D (%lld rows)", DIM(rows));
     int failed = 0;
+    const int one_pass = use_one_pass(p, &g, dq);
+    const int64_t bhk_tasks = p->batch * p->heads_k;
 
-    /* shared packing, each pass on its own, when it fits under the cap */
+    /* two passes: shared packing, each pass on its own, when it fits under the cap */
     const size_t cap = fa_problem_long_enough(p, g.br, g.bc) ? shared_cap(p) : 0;
     const size_t qfl = packed_q_floats(p, &g), kfl = packed_k_floats(p, &g);
-    const size_t qbytes = fa_mul_sat(qfl, sizeof(float)) <= cap ? qfl * sizeof(float) : 0;
-    const size_t kbytes = fa_mul_sat(kfl, sizeof(float)) <= cap ? kfl * sizeof(float) : 0;
+    const size_t qbytes = !one_pass && fa_mul_sat(qfl, sizeof(float)) <= cap ? qfl * sizeof(float) : 0;
+    const size_t kbytes = !one_pass && fa_mul_sat(kfl, sizeof(float)) <= cap ? kfl * sizeof(float) : 0;
     const size_t sbytes = qbytes > kbytes ? qbytes : kbytes;
+    /* one pass: each thread packs its task's Q blocks when all threads' packs fit under the
+     * cap together, and keeps dQ accumulators unless dQ accumulates in the output */
+    const int threads1 = fa_threads_for(p, bhk_tasks);
+    const size_t pack1 = one_pass && fa_mul_sat(fa_mul_sat(qfl, sizeof(float)), (size_t)threads1) <= cap
+                             ? qfl * sizeof(float) : 0;
+    const size_t dqs1 = one_pass ? onepass_dq_bytes(p, &g, dq) : 0;
     float *shared = sbytes ? fa_scratch_alloc(p, sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
     bwd_packed qpack = {NULL, NULL, NULL, NULL}, kpack = {NULL, NULL, NULL, NULL};
     if (shared && qbytes) qpack = packed_q_layout(p, &g, shared);
     if (shared && kbytes) kpack = packed_k_layout(p, &g, shared);
 
 #ifdef _OPENMP
-#pragma omp parallel num_threads(fa_threads_for(p, rows > p->batch * p->heads_k * nkb ? rows : p->batch * p->heads_k * nkb))
+#pragma omp parallel num_threads(one_pass ? threads1 : fa_threads_for(p, rows > bhk_tasks * nkb ? rows : bhk_tasks * nkb))
 #endif
     {
 #ifdef _OPENMP
@@ -720,6 +986,16 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #endif
             failed = 1;
         }
+        bwd_onepass op = {{NULL, NULL, NULL, NULL}, NULL};
+        void *pack1_mem = pack1 ? fa_scratch_alloc(p, pack1) : NULL;
+        op.dqs = dqs1 ? fa_scratch_alloc(p, dqs1) : NULL;
+        if ((pack1 && !pack1_mem) || (dqs1 && !op.dqs)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+        if (pack1_mem) op.qp = packed_q_layout(p, &g, pack1_mem);
         /* D_i = dO_i . O_i, accumulated in float64, for the rows each sequence owns */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
@@ -736,7 +1012,13 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
             }
         }
         /* (the implicit barrier of the loop above also publishes `failed`) */
-        if (!failed && qpack.a) {
+        if (!failed && one_pass) {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t t = 0; t < bhk_tasks; t++)
+                bwd_task_onepass(p, kern, &g, &sc, &op, dvec, dout, dq, dk, dv, t / p->heads_k, t % p->heads_k);
+        } else if (!failed && qpack.a) {
             /* pass (a), shared Q panels: per (batch, kv head), pack, then its K blocks */
             for (int64_t bhk = 0; bhk < p->batch * p->heads_k; bhk++) {
                 const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
@@ -776,7 +1058,9 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                 bwd_task_dkdv(p, kern, &g, &sc, NULL, dvec, dout, dk, dv, b, hk, j0, (int)bc);
             }
         }
-        if (!failed && kpack.a) {
+        if (!failed && one_pass) {
+            /* done above */
+        } else if (!failed && kpack.a) {
             /* pass (b), shared K panels: per (batch, kv head), pack, then the group's Q blocks */
             for (int64_t bhk = 0; bhk < p->batch * p->heads_k; bhk++) {
                 const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
@@ -818,11 +1102,13 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
             }
         }
         fa_scratch_free(p, sc.base);
+        fa_scratch_free(p, pack1_mem);
+        fa_scratch_free(p, op.dqs);
     }
     fa_scratch_free(p, dvec);
     fa_scratch_free(p, shared);
     if (failed)
         return fa_fail(FA_ERR_NOMEM, "flash backward: could not allocate %zu bytes of per-thread scratch",
-                       fa_mul_sat(bwd_scratch_floats(p, &g), sizeof(float)));
+                       fa_add_sat(fa_mul_sat(bwd_scratch_floats(p, &g), sizeof(float)), fa_add_sat(pack1, dqs1)));
     return FA_OK;
 }

@@ -91,6 +91,7 @@ typedef struct fa_problem {
     int blocks_pinned_q, blocks_pinned_k; /* 1: the caller or FA_BLOCK_Q/K chose them */
     size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
+    int bwd_one_pass;            /* backward.c: -1 its task rule decides, 0 two passes, 1 one pass */
     size_t standard_max_bytes;   /* resolved cap */
     int num_splits;              /* split-KV of the decode path (decode.c): 0 heuristic, 1 none, n splits */
     const struct fa_kernels *kern; /* the kernel table (the context's, or the dispatched one) */
@@ -113,6 +114,13 @@ extern int fa_tile_cut_test;
  * assert that the cut path ran. Reset by the test; relaxed atomic adds.
  */
 extern _Atomic long fa_tile_cut_stats[2];
+
+/*
+ * Tests only: >= 0 overrides FA_BWD_ONE_PASS (0 the flash backward's two
+ * passes, 1 its single pass for any task count; src/backward.c); -1: the
+ * environment, or when unset the task rule, decides. Not thread-safe.
+ */
+extern int fa_bwd_one_pass_test;
 
 /* Geometry of sequence b. */
 static inline fa_seq fa_problem_seq(const fa_problem *p, int64_t b)

@@ -31,7 +31,9 @@
  *
  *  3. Both are deterministic: 1, 2 and 3 threads give identical bits, and
  *     flash's two ways of packing operands (shared per kv head, or per tile
- *     for long sequences: FA_FLASH_SHARED_MAX=0) give identical bits.
+ *     for long sequences: FA_FLASH_SHARED_MAX=0) give identical bits, as do
+ *     its single pass and its two passes (FA_BWD_ONE_PASS=1 and 0), each
+ *     checked against the other on every case above.
  *
  * Seeds are printed by test_util (FA_TEST_SEED replays a run).
  */
@@ -185,21 +187,29 @@ static void run_case(const bcase *c)
                      c->pass_o_lse ? &lse_fl.t : NULL, &in.dout.t, &g_fl[0].t, &g_fl[1].t, &g_fl[2].t, &opt);
     if (st != FA_OK) fail_msg("flash backward failed: %s (%s)", fa_last_error(), what);
 
-    /* the per-tile packing path (long sequences) must give the same bits as the shared one */
-    tu_tensor g_pt[3];
-    for (int x = 0; x < 3; x++) {
-        g_pt[x] = tu_alloc4(c->grad_dtype, shp[x][0], shp[x][1], shp[x][2], shp[x][3], c->bhsd);
-        tu_poison(&g_pt[x]);
-    }
-    opt.pack_max_bytes = 0;
-    st = fa_backward(&in.q.t, &in.k.t, &in.v.t, c->pass_o_lse ? &o_fl.t : NULL,
-                     c->pass_o_lse ? &lse_fl.t : NULL, &in.dout.t, &g_pt[0].t, &g_pt[1].t, &g_pt[2].t, &opt);
-    opt.pack_max_bytes = -1;
-    if (st != FA_OK) fail_msg("flash backward (per-tile packing) failed: %s (%s)", fa_last_error(), what);
-    for (int x = 0; x < 3; x++) {
-        if (memcmp(g_pt[x].mem, g_fl[x].mem, g_fl[x].bytes) != 0)
-            fail_msg("flash gradient %d: per-tile and shared packing give different bits (%s)", x, what);
-        tu_free(&g_pt[x]);
+    /* the per-tile packing path (long sequences) must give the same bits as the shared one, and
+     * the single pass (FA_BWD_ONE_PASS=1) the bits of the two passes (0), either packing */
+    for (int variant = 0; variant < 4; variant++) {
+        tu_tensor g_pt[3];
+        for (int x = 0; x < 3; x++) {
+            g_pt[x] = tu_alloc4(c->grad_dtype, shp[x][0], shp[x][1], shp[x][2], shp[x][3], c->bhsd);
+            tu_poison(&g_pt[x]);
+        }
+        opt.pack_max_bytes = variant & 1 ? 0 : -1;
+        fa_bwd_one_pass_test = variant >> 1;
+        st = fa_backward(&in.q.t, &in.k.t, &in.v.t, c->pass_o_lse ? &o_fl.t : NULL,
+                         c->pass_o_lse ? &lse_fl.t : NULL, &in.dout.t, &g_pt[0].t, &g_pt[1].t, &g_pt[2].t, &opt);
+        fa_bwd_one_pass_test = -1;
+        opt.pack_max_bytes = -1;
+        if (st != FA_OK)
+            fail_msg("flash backward (%s, %s packing) failed: %s (%s)", variant >> 1 ? "one pass" : "two passes",
+                     variant & 1 ? "per-tile" : "shared", fa_last_error(), what);
+        for (int x = 0; x < 3; x++) {
+            if (memcmp(g_pt[x].mem, g_fl[x].mem, g_fl[x].bytes) != 0)
+                fail_msg("flash gradient %d: %s with %s packing differs from the default run in the bits (%s)", x,
+                         variant >> 1 ? "one pass" : "two passes", variant & 1 ? "per-tile" : "shared", what);
+            tu_free(&g_pt[x]);
+        }
     }
 
     static const char *names[3] = {"dQ", "dK", "dV"};
@@ -649,20 +659,30 @@ static void test_flash_backward_memory_is_linear(void **state)
     int64_t lshape[3] = {1, 1, 2048};
     tu_tensor lse = tu_alloc(FA_F32, 3, lshape);
     assert_int_equal(fa_forward(&in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.opt), FA_OK);
-    tu_tensor g[3] = {tu_alloc4(FA_F32, 1, 2048, 1, 16, 0), tu_alloc4(FA_F32, 1, 2048, 1, 16, 0),
-                      tu_alloc4(FA_F32, 1, 2048, 1, 16, 0)};
-    fa_alloc_stats s0, s1;
-    fa_alloc_stats_reset();
-    fa_alloc_stats_get(&s0);
-    assert_int_equal(fa_backward(&in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.dout.t, &g[0].t, &g[1].t, &g[2].t,
-                                 &in.opt), FA_OK);
-    fa_alloc_stats_get(&s1);
-    const size_t extra = s1.peak_bytes - s0.current_bytes;
-    const size_t sxs = (size_t)2048 * 2048 * sizeof(float); /* one S matrix: 16 MiB */
-    if (extra > sxs / 8) /* measured ~1.2 MiB: 2 threads x scratch + shared Q panels + D */
-        fail_msg("flash backward allocated %zu bytes at its peak (S alone would be %zu)", extra, sxs);
-    assert_int_equal(s1.current_bytes, s0.current_bytes); /* and freed it all */
-    for (int x = 0; x < 3; x++) tu_free(&g[x]);
+    /* the default path, then the single pass forced (its Q panels packed per thread; dQ in the
+     * output, or with f16 gradients in group x Sq x d floats of scratch) */
+    for (int run = 0; run < 3; run++) {
+        const fa_dtype gd = run == 2 ? FA_F16 : FA_F32;
+        tu_tensor g[3] = {tu_alloc4(gd, 1, 2048, 1, 16, 0), tu_alloc4(gd, 1, 2048, 1, 16, 0),
+                          tu_alloc4(gd, 1, 2048, 1, 16, 0)};
+        fa_alloc_stats s0, s1;
+        fa_alloc_stats_reset();
+        fa_alloc_stats_get(&s0);
+        fa_bwd_one_pass_test = run == 0 ? -1 : 1;
+        const fa_status st = fa_backward(&in.q.t, &in.k.t, &in.v.t, &o.t, &lse.t, &in.dout.t, &g[0].t, &g[1].t,
+                                         &g[2].t, &in.opt);
+        fa_bwd_one_pass_test = -1;
+        assert_int_equal(st, FA_OK);
+        fa_alloc_stats_get(&s1);
+        const size_t extra = s1.peak_bytes - s0.current_bytes;
+        const size_t sxs = (size_t)2048 * 2048 * sizeof(float); /* one S matrix: 16 MiB */
+        /* measured ~1.2 MiB: 2 threads x scratch + shared Q panels + D; the single pass 0.85 MiB
+         * (0.97 with the f16 gradients' dQ scratch) */
+        if (extra > sxs / 8)
+            fail_msg("flash backward (run %d) allocated %zu bytes at its peak (S alone would be %zu)", run, extra, sxs);
+        assert_int_equal(s1.current_bytes, s0.current_bytes); /* and freed it all */
+        for (int x = 0; x < 3; x++) tu_free(&g[x]);
+    }
     tu_free(&o); tu_free(&lse);
     free_inputs(&in);
 }
@@ -681,7 +701,8 @@ typedef struct cutcase {
     int bq, bk; /* 0: derived */
 } cutcase;
 
-/* dQ, dK, dV of one flash backward (O and LSE recomputed) with cutting on or off, on `isa`. */
+/* dQ, dK, dV of one flash backward (O and LSE recomputed) on `isa`: cut & 1 cuts tiles (else
+ * whole tiles), cut >> 1 runs the single pass (else the two passes). */
 static void run_bwd_cut(const cutcase *c, const char *isa, int cut, int threads, tu_tensor *in, const tu_tensor *slopes,
                         const tu_tensor *sinks, const fa_dropout *dr, const fa_varlen *vl, tu_tensor *gr)
 {
@@ -701,10 +722,12 @@ static void run_bwd_cut(const cutcase *c, const char *isa, int cut, int threads,
     if (c->dropout) opt.dropout = dr;
     if (c->varlen) opt.varlen = vl;
     for (int x = 0; x < 3; x++) tu_poison(&gr[x]);
-    fa_tile_cut_test = cut;
+    fa_tile_cut_test = cut & 1;
+    fa_bwd_one_pass_test = cut >> 1;
     const fa_status st = fa_backward(&in[0].t, &in[1].t, &in[2].t, NULL, NULL, &in[3].t, &gr[0].t, &gr[1].t,
                                      &gr[2].t, &opt);
     fa_tile_cut_test = -1;
+    fa_bwd_one_pass_test = -1;
     fa_context_destroy(ctx);
     if (st != FA_OK) fail_msg("%s (%s, cut %d): %s", c->name, isa, cut, fa_last_error());
 }
@@ -777,14 +800,21 @@ static void run_bwd_cut_case(const cutcase *c, uint64_t *rng)
         if (!fa_kernels_by_name(isas[ii])) continue; /* not in this build or CPU */
         const int threads = ii % 2 ? 1 : 3;
         run_bwd_cut(c, isas[ii], 0, threads, in, &slopes, &sinks, &dr, &vl, gr[0]);
-        run_bwd_cut(c, isas[ii], 1, 4 - threads, in, &slopes, &sinks, &dr, &vl, gr[1]);
-        for (int x = 0; x < 3; x++) {
-            if (tu_count_nan(&gr[1][x]) != 0) fail_msg("%s on %s: NaN in %s", c->name, isas[ii], names[x]);
-            if (memcmp(gr[0][x].mem, gr[1][x].mem, gr[0][x].bytes) != 0) {
-                int64_t where;
-                const double e = tu_max_abs_diff(&gr[1][x], &gr[0][x], &where);
-                fail_msg("%s on %s: %s differs from the whole-tile path (max %.3g at %lld)", c->name, isas[ii],
-                         names[x], e, (long long)where);
+        /* cut two passes, whole-tile one pass, cut one pass: each the bits of whole-tile two passes */
+        static const char *const ways[4] = {"", "the cut two passes", "the whole-tile single pass",
+                                            "the cut single pass"};
+        for (int way = 1; way < 4; way++) {
+            run_bwd_cut(c, isas[ii], way, way == 1 ? 4 - threads : threads + way - 1, in, &slopes, &sinks, &dr, &vl,
+                        gr[1]);
+            for (int x = 0; x < 3; x++) {
+                if (tu_count_nan(&gr[1][x]) != 0)
+                    fail_msg("%s on %s: NaN in %s (%s)", c->name, isas[ii], names[x], ways[way]);
+                if (memcmp(gr[0][x].mem, gr[1][x].mem, gr[0][x].bytes) != 0) {
+                    int64_t where;
+                    const double e = tu_max_abs_diff(&gr[1][x], &gr[0][x], &where);
+                    fail_msg("%s on %s: %s of %s differs from the whole-tile two passes (max %.3g at %lld)", c->name,
+                             isas[ii], names[x], ways[way], e, (long long)where);
+                }
             }
         }
     }
@@ -804,7 +834,8 @@ static void run_bwd_cut_case(const cutcase *c, uint64_t *rng)
  * odd lengths, blocks that do not divide them, windows that start and end inside
  * a group, seqlen_q above and below seqlen_k, GQA, softcap, ALiBi, sinks,
  * dropout, varlen, per-tile packing, and pinned blocks above the kernels' pv
- * key chunks (128 keys on AVX-512, 256 on AVX2). Fresh random inputs.
+ * key chunks (128 keys on AVX-512, 256 on AVX2). The single pass
+ * (FA_BWD_ONE_PASS=1), cut and whole, must give the same bits. Fresh random inputs.
  */
 static void test_flash_backward_cut_tiles_give_the_whole_tile_bits(void **state)
 {

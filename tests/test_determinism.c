@@ -13,12 +13,15 @@
  * causal and windowed masks, and both the shared-packing and per-tile paths.
  * The backward pass makes the same promise (no atomics; each gradient element
  * is accumulated by one thread in a fixed order), including the GQA sums of
- * dK and dV over the query heads of a group.
+ * dK and dV over the query heads of a group, and its single pass (one task
+ * per (batch, kv head), FA_BWD_ONE_PASS=1) gives the bits of its two passes.
  */
 #include "test_util.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "problem.h" /* fa_bwd_one_pass_test */
 
 typedef struct dcase {
     int64_t B, Sq, Sk, H, Hk, d, dv;
@@ -107,7 +110,8 @@ static void run_flash_backward(const dcase *c, const tu_tensor *q, const tu_tens
     if (st != FA_OK) fail_msg("flash backward with %d threads: %s", threads, fa_last_error());
 }
 
-/* Ensure the flash backward pass's dQ, dK, dV are bit-identical for 1, 2, 3, 7, 16 threads and across runs. */
+/* Ensure the flash backward pass's dQ, dK, dV are bit-identical for 1, 2, 3, 7, 16 threads and across runs,
+ * on its single pass and its two passes alike. */
 static void test_flash_backward_is_bitwise_deterministic_across_thread_counts(void **state)
 {
     (void)state;
@@ -130,17 +134,24 @@ static void test_flash_backward_is_bitwise_deterministic_across_thread_counts(vo
         tu_tensor ref[3];
         run_flash_backward(c, &q, &k, &v, &dout, 1, ref);
         for (int g = 0; g < 3; g++) assert_int_equal(tu_count_nan(&ref[g]), 0);
+        /* the default (the task rule picks one pass or two), then the two passes and the single
+         * pass forced (FA_BWD_ONE_PASS=0, 1): all against the default's 1-thread bits */
         static const int threads[] = {2, 3, 7, 16, 1};
-        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
-            tu_tensor got[3];
-            run_flash_backward(c, &q, &k, &v, &dout, threads[t], got);
-            static const char *const names[3] = {"dQ", "dK", "dV"};
-            for (int g = 0; g < 3; g++) {
-                if (memcmp(got[g].mem, ref[g].mem, ref[g].bytes) != 0)
-                    fail_msg("case %zu: %s with %d threads differs from 1 thread", ci, names[g], threads[t]);
-                tu_free(&got[g]);
+        static const char *const paths[3] = {"default", "two passes", "one pass"};
+        for (int path = 0; path < 3; path++)
+            for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+                tu_tensor got[3];
+                fa_bwd_one_pass_test = path - 1;
+                run_flash_backward(c, &q, &k, &v, &dout, threads[t], got);
+                fa_bwd_one_pass_test = -1;
+                static const char *const names[3] = {"dQ", "dK", "dV"};
+                for (int g = 0; g < 3; g++) {
+                    if (memcmp(got[g].mem, ref[g].mem, ref[g].bytes) != 0)
+                        fail_msg("case %zu: %s with %d threads (%s) differs from 1 thread", ci, names[g], threads[t],
+                                 paths[path]);
+                    tu_free(&got[g]);
+                }
             }
-        }
         for (int g = 0; g < 3; g++) tu_free(&ref[g]);
         tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&dout);
     }
