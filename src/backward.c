@@ -355,6 +355,27 @@ typedef struct bwd_packed {
     float *a, *b, *c, *e;
 } bwd_packed;
 
+/* Q block t of pass (a)'s packed layout (a: Q^T, b: dO^T, c: Q, e: dO). */
+static bwd_packed packed_q_block(const bwd_packed *qp, const bwd_dims *g, int64_t d, int64_t dvd, size_t t)
+{
+    bwd_packed q;
+    q.a = qp->a + t * (size_t)d * g->ldr;
+    q.b = qp->b + t * (size_t)dvd * g->ldr;
+    q.c = qp->c + t * (size_t)g->br * g->ldd;
+    q.e = qp->e + t * (size_t)g->br * g->lddv;
+    return q;
+}
+
+/* Rows i0..i0+br of Q and dO into pass (a)'s four operands (Q^T, dO^T, Q, dO). */
+static void pack_q_block(const fa_kernels *kern, const bwd_dims *g, const fa_rows *qs, const fa_rows *dos,
+                         int64_t i0, int br, const bwd_packed *to)
+{
+    fa_pack_transposed(kern, qs, i0, br, to->a, g->ldr);
+    fa_pack_transposed(kern, dos, i0, br, to->b, g->ldr);
+    fa_pack_rows(qs, i0, br, to->c, g->ldd, 0);
+    fa_pack_rows(dos, i0, br, to->e, g->lddv, 0);
+}
+
 static size_t shared_cap(const fa_problem *p)
 {
     const size_t cap = p->pack_max_bytes; /* 0 forces per-tile packing */
@@ -588,6 +609,18 @@ static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dim
     }
 }
 
+/* Keys j0..j0+bc of a kv head as rows (K, V) and their dK, dV accumulators at +0. */
+static void start_key_block(const fa_problem *p, const bwd_dims *g, bwd_scratch *sc, const fa_rows *ks,
+                            const fa_rows *vs, int64_t j0, int bc)
+{
+    fa_pack_rows(ks, j0, bc, sc->kr, g->ldd, 0);
+    fa_pack_rows(vs, j0, bc, sc->vr, g->lddv, 0);
+    for (int j = 0; j < bc; j++) {
+        memset(sc->dka + (size_t)j * g->ldd, 0, (size_t)p->d * sizeof(float));
+        memset(sc->dva + (size_t)j * g->lddv, 0, (size_t)p->dv * sizeof(float));
+    }
+}
+
 /* Pass (a): dK, dV of keys j0..j0+bc of kv head hk in batch b. */
 static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
                           const bwd_packed *qp, const float *dvec, const fa_tensor *dout, const fa_tensor *dk,
@@ -596,32 +629,19 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
     const int64_t d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
     const fa_seq seq = fa_problem_seq(p, b);
     const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
-    fa_pack_rows(&ks, j0, bc, sc->kr, g->ldd, 0);
-    fa_pack_rows(&vs, j0, bc, sc->vr, g->lddv, 0);
-    for (int j = 0; j < bc; j++) {
-        memset(sc->dka + (size_t)j * g->ldd, 0, (size_t)d * sizeof(float));
-        memset(sc->dva + (size_t)j * g->lddv, 0, (size_t)dvd * sizeof(float));
-    }
+    start_key_block(p, g, sc, &ks, &vs, j0, bc);
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
         const double slope = fa_alibi_slope(p, b, h);
         const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h);
         for (int64_t i0 = 0; i0 < seq.q_len; i0 += g->br) {
             const int br = (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br);
             if (!load_row_info(p, dvec, b, h, i0, br, j0, j0 + bc, sc)) continue; /* tile fully masked */
-            const float *qt = sc->qt, *dot = sc->dot, *qr = sc->qr, *dor = sc->dor;
-            if (qp) { /* Q block (h, i0) packed once for all K blocks */
-                const size_t blk = (size_t)((h - hk * group) * nblocks(p->seqlen_q, g->br) + i0 / g->br);
-                qt = qp->a + blk * (size_t)d * g->ldr;
-                dot = qp->b + blk * (size_t)dvd * g->ldr;
-                qr = qp->c + blk * (size_t)g->br * g->ldd;
-                dor = qp->e + blk * (size_t)g->br * g->lddv;
-            } else {
-                fa_pack_transposed(kern, &qs, i0, br, sc->qt, g->ldr);
-                fa_pack_transposed(kern, &dos, i0, br, sc->dot, g->ldr);
-                fa_pack_rows(&qs, i0, br, sc->qr, g->ldd, 0);
-                fa_pack_rows(&dos, i0, br, sc->dor, g->lddv, 0);
-            }
-            tile_dkdv(p, kern, g, sc, qt, dot, qr, dor, b, h, i0, br, j0, bc, slope, 0);
+            bwd_packed q = {sc->qt, sc->dot, sc->qr, sc->dor};
+            if (qp) /* Q block (h, i0) packed once for all K blocks */
+                q = packed_q_block(qp, g, d, dvd, (size_t)((h - hk * group) * nblocks(p->seqlen_q, g->br) + i0 / g->br));
+            else
+                pack_q_block(kern, g, &qs, &dos, i0, br, &q);
+            tile_dkdv(p, kern, g, sc, q.a, q.b, q.c, q.e, b, h, i0, br, j0, bc, slope, 0);
         }
     }
     const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
@@ -820,20 +840,13 @@ static void bwd_task_onepass(const fa_problem *p, const fa_kernels *kern, const 
             if (i0 >= seq.q_len) continue;
             const int br = (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br);
             const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h);
-            fa_pack_transposed(kern, &qs, i0, br, op->qp.a + (size_t)t * (size_t)d * g->ldr, g->ldr);
-            fa_pack_transposed(kern, &dos, i0, br, op->qp.b + (size_t)t * (size_t)dvd * g->ldr, g->ldr);
-            fa_pack_rows(&qs, i0, br, op->qp.c + (size_t)t * (size_t)g->br * g->ldd, g->ldd, 0);
-            fa_pack_rows(&dos, i0, br, op->qp.e + (size_t)t * (size_t)g->br * g->lddv, g->lddv, 0);
+            const bwd_packed to = packed_q_block(&op->qp, g, d, dvd, (size_t)t);
+            pack_q_block(kern, g, &qs, &dos, i0, br, &to);
         }
     const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
     for (int64_t j0 = 0; j0 < seq.k_len; j0 += g->bc) {
         const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
-        fa_pack_rows(&ks, j0, bc, sc->kr, g->ldd, 0);
-        fa_pack_rows(&vs, j0, bc, sc->vr, g->lddv, 0);
-        for (int j = 0; j < bc; j++) {
-            memset(sc->dka + (size_t)j * g->ldd, 0, (size_t)d * sizeof(float));
-            memset(sc->dva + (size_t)j * g->lddv, 0, (size_t)dvd * sizeof(float));
-        }
+        start_key_block(p, g, sc, &ks, &vs, j0, bc);
         for (int64_t hh = 0; hh < group; hh++) {
             const int64_t h = hk * group + hh;
             const double slope = fa_alibi_slope(p, b, h);
@@ -843,20 +856,12 @@ static void bwd_task_onepass(const fa_problem *p, const fa_kernels *kern, const 
             for (int64_t i0 = 0; i0 < seq.q_len; i0 += g->br) {
                 const int br = (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br);
                 if (!load_row_info(p, dvec, b, h, i0, br, j0, j0 + bc, sc)) continue; /* tile fully masked */
-                const float *qt = sc->qt, *dot = sc->dot, *qr = sc->qr, *dor = sc->dor;
-                if (op->qp.a) {
-                    const size_t blk = (size_t)(hh * nqb_max + i0 / g->br);
-                    qt = op->qp.a + blk * (size_t)d * g->ldr;
-                    dot = op->qp.b + blk * (size_t)dvd * g->ldr;
-                    qr = op->qp.c + blk * (size_t)g->br * g->ldd;
-                    dor = op->qp.e + blk * (size_t)g->br * g->lddv;
-                } else {
-                    fa_pack_transposed(kern, &qs, i0, br, sc->qt, g->ldr);
-                    fa_pack_transposed(kern, &dos, i0, br, sc->dot, g->ldr);
-                    fa_pack_rows(&qs, i0, br, sc->qr, g->ldd, 0);
-                    fa_pack_rows(&dos, i0, br, sc->dor, g->lddv, 0);
-                }
-                tile_dkdv(p, kern, g, sc, qt, dot, qr, dor, b, h, i0, br, j0, bc, slope, 1);
+                bwd_packed q = {sc->qt, sc->dot, sc->qr, sc->dor};
+                if (op->qp.a)
+                    q = packed_q_block(&op->qp, g, d, dvd, (size_t)(hh * nqb_max + i0 / g->br));
+                else
+                    pack_q_block(kern, g, &qs, &dos, i0, br, &q);
+                tile_dkdv(p, kern, g, sc, q.a, q.b, q.c, q.e, b, h, i0, br, j0, bc, slope, 1);
                 tile_dq(p, kern, g, sc, br, j0, bc, acc + (size_t)i0 * lddq, lddq);
             }
         }
@@ -1031,10 +1036,8 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                     if (i0 >= seq.q_len) continue; /* a sequence shorter than the longest */
                     const int br = (int)(seq.q_len - i0 < g.br ? seq.q_len - i0 : g.br);
                     const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h);
-                    fa_pack_transposed(kern, &qs, i0, br, qpack.a + (size_t)t * (size_t)p->d * g.ldr, g.ldr);
-                    fa_pack_transposed(kern, &dos, i0, br, qpack.b + (size_t)t * (size_t)p->dv * g.ldr, g.ldr);
-                    fa_pack_rows(&qs, i0, br, qpack.c + (size_t)t * (size_t)g.br * g.ldd, g.ldd, 0);
-                    fa_pack_rows(&dos, i0, br, qpack.e + (size_t)t * (size_t)g.br * g.lddv, g.lddv, 0);
+                    const bwd_packed to = packed_q_block(&qpack, &g, p->d, p->dv, (size_t)t);
+                    pack_q_block(kern, &g, &qs, &dos, i0, br, &to);
                 }
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)

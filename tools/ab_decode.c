@@ -18,34 +18,7 @@
 #include <time.h>
 
 #include "flashattn.h"
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float bf16_value(uint16_t h)
-{
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+#include "ab_common.h"
 
 /* A [1][n][h][d] tensor of the dtype holding bf16 values in [-1, 1). */
 static void *make(fa_tensor *t, fa_dtype dt, int64_t n, int64_t h, int64_t d, uint64_t *rng)
@@ -54,12 +27,11 @@ static void *make(fa_tensor *t, fa_dtype dt, int64_t n, int64_t h, int64_t d, ui
     void *p = aligned_alloc(64, (count * es + 63) / 64 * 64);
     if (!p) exit(2);
     for (size_t i = 0; i < count; i++) {
-        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
-        const float v = bf16_value(to_bf16((float)((double)(*rng >> 40) * 0x1.0p-24 * 2.0 - 1.0)));
+        const float v = ab_bf16_value(ab_to_bf16(ab_uniform(rng)));
         if (dt == FA_F32) {
             ((float *)p)[i] = v;
         } else if (dt == FA_BF16) {
-            ((uint16_t *)p)[i] = to_bf16(v);
+            ((uint16_t *)p)[i] = ab_to_bf16(v);
         } else {
             const _Float16 x = (_Float16)v;
             memcpy((uint16_t *)p + i, &x, 2);
@@ -102,14 +74,14 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < evict; i += 64) s += ev[i];
             sink += s;
         }
-        const double t0 = now_s();
+        const double t0 = ab_now_s();
         if (fa_forward(&q, &k, &v, &o, NULL, &opt) != FA_OK) {
             fprintf(stderr, "ab_decode: %s\n", fa_last_error());
             return 1;
         }
-        t[r] = now_s() - t0;
+        t[r] = ab_now_s() - t0;
     }
-    qsort(t + 1, (size_t)reps, sizeof(double), cmp);
+    qsort(t + 1, (size_t)reps, sizeof(double), ab_cmp_double);
     const double med = t[1 + reps / 2], mn = t[1], bytes = 2.0 * (double)(n * hk * d) * (dt == FA_F32 ? 4 : 2);
     uint64_t hv = 1469598103934665603ull;
     const unsigned char *ob = bufs[3];

@@ -20,35 +20,7 @@
 #include <time.h>
 
 #include "flashattn.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* float -> bfloat16 / binary16 bits, round to nearest even (finite inputs in [-1, 1)) */
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static uint16_t to_f16(float f)
-{
-    _Float16 h = (_Float16)f;
-    uint16_t u;
-    memcpy(&u, &h, 2);
-    return u;
-}
+#include "ab_common.h"
 
 /* A [1][n][h][d] tensor of the dtype, random values. */
 static void *make(fa_tensor *t, fa_dtype dt, int64_t n, int64_t h, int64_t d, uint64_t *rng)
@@ -57,10 +29,9 @@ static void *make(fa_tensor *t, fa_dtype dt, int64_t n, int64_t h, int64_t d, ui
     void *p = malloc(count * es);
     if (!p) exit(2);
     for (size_t i = 0; i < count; i++) {
-        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
-        const float x = (float)((double)(*rng >> 40) * 0x1.0p-24 * 2.0 - 1.0);
+        const float x = ab_uniform(rng);
         if (dt == FA_F32) ((float *)p)[i] = x;
-        else ((uint16_t *)p)[i] = dt == FA_BF16 ? to_bf16(x) : to_f16(x);
+        else ((uint16_t *)p)[i] = dt == FA_BF16 ? ab_to_bf16(x) : ab_to_f16(x);
     }
     const int64_t shape[4] = {1, n, h, d};
     if (fa_tensor_make(t, p, dt, 4, shape, NULL) != FA_OK) exit(2);
@@ -123,16 +94,16 @@ int main(int argc, char **argv)
     }
     double *t = malloc(sizeof(double) * (size_t)(reps + 1));
     for (int r = 0; r <= reps; r++) { /* run 0 warms up */
-        const double t0 = now_s();
+        const double t0 = ab_now_s();
         const fa_status st = bwd ? fa_backward(&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, &opt)
                                  : fa_forward(&q, &k, &v, &o, NULL, &opt);
-        t[r] = now_s() - t0;
+        t[r] = ab_now_s() - t0;
         if (st != FA_OK) {
             fprintf(stderr, "ab_time: %s\n", fa_last_error());
             return 1;
         }
     }
-    qsort(t + 1, (size_t)reps, sizeof(double), cmp);
+    qsort(t + 1, (size_t)reps, sizeof(double), ab_cmp_double);
     const double med = reps % 2 ? t[1 + reps / 2] : 0.5 * (t[reps / 2] + t[reps / 2 + 1]);
     const double flops = 4.0 * (double)n * (double)n * (double)d * (double)h * (bwd ? 2.5 : 1.0) * (opt.causal ? 0.5 : 1.0);
     printf("gflops %.2f median_ms %.3f", flops / med / 1e9, med * 1e3);
