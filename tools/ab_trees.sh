@@ -8,8 +8,9 @@
 #   reports), then for ROUNDS rounds runs every grid line on every side it
 #   names, the sides alternating inside each line, so a slow spell of the
 #   machine falls on all sides alike. Prints per line each side's GFLOP/s per
-#   round, the median, its fraction of that thread count's peak, and the
-#   median's ratio to the first side's.
+#   round, the median, its fraction of that thread count's peak, the
+#   median's ratio to the first side's, and the paired ratio: the median (and
+#   range) over rounds of each round's ratio to the first side's in that round.
 #
 #   Environment: ROUNDS (default 3), REPS (timed runs per ab_time call after
 #   its warm-up, default 2; the call reports their median), JOBS (default 8),
@@ -109,17 +110,27 @@ done
 
 med() { sort -g "$1" | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 echo
-printf '%-22s %3s %-6s %-26s %9s %7s %8s\n' "row" "thr" "side" "GFLOP/s per round" "median" "peak" "/first"
+# paired: each round's GFLOP/s over the first side's in the same round (the sides of one
+# round ran back to back, so a slow spell of the host falls on both): median (min..max)
+paired() {
+    paste "$1" "$2" | awk '$1 + 0 > 0 && $2 + 0 > 0 {print $2 / $1}' | sort -g |
+        awk '{a[NR] = $1} END {if (!NR) {print "-"; exit}
+             m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+             printf "%.3f (%.2f..%.2f)", m, a[1], a[NR]}'
+}
+printf '%-22s %3s %-6s %-26s %9s %7s %8s  %s\n' "row" "thr" "side" "GFLOP/s per round" "median" "peak" "/first" "paired /first"
 echo "$grid" | while IFS='|' read -r label sides threads args; do
     key=$(echo "$label" | tr ' ' '_')
     pk=$(awk '{print $2}' "$tmp/peak_$threads")
     base=""
+    basef=""
     for name in $names; do
         f="$tmp/res_${key}_t${threads}_$name"
         [ -f "$f" ] || continue
         m=$(med "$f")
-        [ -n "$base" ] || base=$m
-        printf '%-22s %3s %-6s %-26s %9.1f %6.1f%% %8.3f\n' "$label" "$threads" "$name" "$(tr '\n' ' ' <"$f")" "$m" \
-            "$(awk -v a="$m" -v p="$pk" 'BEGIN {print 100 * a / p}')" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')"
+        [ -n "$base" ] || { base=$m; basef=$f; }
+        printf '%-22s %3s %-6s %-26s %9.1f %6.1f%% %8.3f  %s\n' "$label" "$threads" "$name" "$(tr '\n' ' ' <"$f")" "$m" \
+            "$(awk -v a="$m" -v p="$pk" 'BEGIN {print 100 * a / p}')" "$(awk -v a="$m" -v b="$base" 'BEGIN {print a / b}')" \
+            "$(paired "$basef" "$f")"
     done
 done
