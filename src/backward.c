@@ -901,22 +901,38 @@ static size_t onepass_dq_bytes(const fa_problem *p, const bwd_dims *g, const fa_
  * the threads busy: one thread, or at least as many tasks as threads with at
  * most a fifth of the thread slots of the rounds idle (B x Hk = 8 tasks on 16
  * threads, or 3 on 2, would leave half or a quarter of the machine waiting,
- * where the two passes cut their blocks into pieces for every thread), and
- * when a dQ that is not float32 needs at most FA_PACK_DEFAULT_MAX_BYTES of
- * accumulators over all threads (beyond it the two passes keep memory
- * O(threads x block)). Either way the bits are the same (tile_dq), so the
- * rule may follow the thread count.
+ * where the two passes cut their blocks into pieces for every thread) and no
+ * task (q_len x k_len of its sequence) above 5/4 of the threads' fair share, and
+ * when a dQ that is not float32 needs less than half of FA_PACK_DEFAULT_MAX_BYTES
+ * of accumulators over all threads (beyond it the two passes keep memory
+ * O(threads x block); the other half is left for the Q packs, which the
+ * single pass takes only when packs and accumulators fit under the cap
+ * together, so the pass's own buffers stay under the 16 MiB that
+ * docs/robustness.md promises at N = 65536). Either way the bits are the
+ * same (tile_dq), so the rule may follow the thread count.
  */
 static int use_one_pass(const fa_problem *p, const bwd_dims *g, const fa_tensor *dq)
 {
     if (p->bwd_one_pass >= 0) return p->bwd_one_pass;
     const int64_t tasks = p->batch * p->heads_k, threads = p->num_threads;
-    if (fa_mul_sat(onepass_dq_bytes(p, g, dq), (size_t)fa_threads_for(p, tasks)) > FA_PACK_DEFAULT_MAX_BYTES)
+    if (fa_mul_sat(onepass_dq_bytes(p, g, dq), (size_t)fa_threads_for(p, tasks)) >= FA_PACK_DEFAULT_MAX_BYTES / 2)
         return 0;
     if (threads <= 1) return 1;
     if (tasks < threads) return 0;
     const int64_t rounds = (tasks + threads - 1) / threads;
-    return 5 * tasks >= 4 * rounds * threads;
+    if (5 * tasks < 4 * rounds * threads) return 0;
+    /* sequences of different lengths (varlen, seqused_k): a task's work is about
+     * q_len x k_len, and the longest task must not outweigh the threads' fair share
+     * by more than a quarter (16 threads, 8 kv heads, lengths 4096 and 64: 16 tasks,
+     * half of them nearly empty — the two passes cut every sequence into pieces) */
+    double total = 0.0, most = 0.0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq sq = fa_problem_seq(p, b);
+        const double w = (double)sq.q_len * (double)sq.k_len;
+        total += w * (double)p->heads_k;
+        if (w > most) most = w;
+    }
+    return 4.0 * most * (double)threads <= 5.0 * total;
 }
 
 /*
@@ -955,12 +971,15 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
     const size_t qbytes = !one_pass && fa_mul_sat(qfl, sizeof(float)) <= cap ? qfl * sizeof(float) : 0;
     const size_t kbytes = !one_pass && fa_mul_sat(kfl, sizeof(float)) <= cap ? kfl * sizeof(float) : 0;
     const size_t sbytes = qbytes > kbytes ? qbytes : kbytes;
-    /* one pass: each thread packs its task's Q blocks when all threads' packs fit under the
-     * cap together, and keeps dQ accumulators unless dQ accumulates in the output */
+    /* one pass: each thread keeps dQ accumulators unless dQ accumulates in the output, and
+     * packs its task's Q blocks when all threads' packs and accumulators fit under the cap
+     * together */
     const int threads1 = fa_threads_for(p, bhk_tasks);
-    const size_t pack1 = one_pass && fa_mul_sat(fa_mul_sat(qfl, sizeof(float)), (size_t)threads1) <= cap
-                             ? qfl * sizeof(float) : 0;
     const size_t dqs1 = one_pass ? onepass_dq_bytes(p, &g, dq) : 0;
+    const size_t pack1 =
+        one_pass && fa_mul_sat(fa_add_sat(fa_mul_sat(qfl, sizeof(float)), dqs1), (size_t)threads1) <= cap
+            ? qfl * sizeof(float)
+            : 0;
     float *shared = sbytes ? fa_scratch_alloc(p, sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
     bwd_packed qpack = {NULL, NULL, NULL, NULL}, kpack = {NULL, NULL, NULL, NULL};
     if (shared && qbytes) qpack = packed_q_layout(p, &g, shared);

@@ -381,9 +381,15 @@ static int kv_rows(const fa_kernels *kern, const fa_rows *s, int64_t j0, int n, 
  */
 static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
 {
-    for (int x = 0; x < n; x++)
+    for (int x = 0; x < n; x++) {
+        /* to the line of the row's last byte, wherever in its line the row starts */
+        const size_t span = bytes + ((uintptr_t)ptr[x] & 63);
 #pragma GCC unroll 8
-        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)ptr[x] + b, 0, 3);
+        for (size_t b = 0; b < span; b += 64) __builtin_prefetch((const char *)ptr[x] + b, 0, 3);
+        /* a compiler barrier: without it GCC 12 drops every prefetch of this loop once the
+         * span is computed from ptr[x] (checked by tests/test_prefetch_kept.sh) */
+        __asm__ volatile("" ::: "memory");
+    }
 }
 
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
@@ -555,10 +561,13 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                  * same keys of this head's next block (K rows; V rows a chunk behind, the
                  * last V chunk before dec_pv): hardware prefetchers stop at 4 KiB pages, one
                  * kv head's rows are heads_k*d elements apart, and a paged cache's next page
-                 * is wherever the block table says. Spread out, not one burst per block
-                 * (measured: a burst stalled on full fill buffers, bf16 5.1-5.6 GB/s on one
-                 * core vs 7.0 spread; f32 6.6 vs 7.1). A score does not depend on the other
-                 * keys of the call, so the bits are the same. */
+                 * is wherever the block table says. With MQA's 128-key blocks the asks are
+                 * spread over four calls (measured with 128-key blocks, earlier: one
+                 * burst per block stalled on full fill buffers, bf16 5.1-5.6
+                 * GB/s on one core vs 7.0 spread; f32 6.6 vs 7.1); with the 32-key blocks
+                 * of grouped heads there is one call per block, so one K and one V burst
+                 * per head and block, the next head's work between them. A score does not
+                 * depend on the other keys of the call, so the bits are the same. */
                 int vdone = 0; /* next-block V rows asked for */
                 for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
                     const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;

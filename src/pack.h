@@ -156,7 +156,9 @@ static inline void fa_rows_prefetch(const fa_rows *s, int64_t j0, int64_t n)
         if (t->stride[3] != 1) return;
         const size_t esz = fa_dtype_size(t->dtype), bytes = (size_t)s->width * esz;
         const char *row = (const char *)t->data + off * (int64_t)esz;
-        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
+        /* to the line of the row's last byte, wherever in its line the row starts */
+        const size_t span = bytes + ((uintptr_t)row & 63);
+        for (size_t b = 0; b < span; b += 64) __builtin_prefetch(row + b, 0, 2);
     }
 }
 

@@ -116,21 +116,22 @@ static void test_flash_scratch_stays_below_16_mib_at_n_65536(void **state)
  * is O(threads x block) plus D [B][H][Sq] (256 KiB here) and a capped packing
  * of K/V. A causal sliding window of 256 keys keeps the run short (the full
  * causal backward is ~2.5x the forward's 2^37 multiply-adds); the buffers the
- * pass allocates are sized by the shapes and blocks, not by the mask.
+ * pass allocates are sized by the shapes and blocks, not by the mask. Run on
+ * one thread (one (batch, kv head) task: the single pass) and on two (the two
+ * passes), with float32 gradients (dQ accumulates in the output) and float16
+ * ones (the single pass would keep N x d float accumulators: 16 MiB here, so
+ * the rule must fall back to the two passes).
  */
-static void test_flash_backward_scratch_stays_below_16_mib_at_n_65536(void **state)
+static void backward_peak_below_ceiling(big *b, fa_dtype gdt, int threads)
 {
-    big *b = *state;
-    tu_tensor dout = tu_alloc4(FA_F32, 1, N, 1, D, 0), dq = tu_alloc4(FA_F32, 1, N, 1, D, 0);
-    tu_tensor dk = tu_alloc4(FA_F32, 1, N, 1, D, 0), dv = tu_alloc4(FA_F32, 1, N, 1, D, 0);
+    tu_tensor dout = tu_alloc4(FA_F32, 1, N, 1, D, 0), dq = tu_alloc4(gdt, 1, N, 1, D, 0);
+    tu_tensor dk = tu_alloc4(gdt, 1, N, 1, D, 0), dv = tu_alloc4(gdt, 1, N, 1, D, 0);
     uint64_t rng = tu_seed() ^ 0xd0;
     tu_fill(&dout, &rng, -1, 1);
-    fa_cpu_info info;
-    assert_int_equal(fa_get_cpu_info(&info), FA_OK);
     fa_options opt = fa_options_default();
     opt.causal = 1;
     opt.window_left = 256;
-    opt.num_threads = info.max_threads < 2 ? info.max_threads : 2;
+    opt.num_threads = threads;
     assert_int_equal(fa_forward(&b->q.t, &b->k.t, &b->v.t, &b->o.t, &b->lse.t, &opt), FA_OK);
     tu_poison(&dq); tu_poison(&dk); tu_poison(&dv);
     fa_alloc_stats before, after;
@@ -141,12 +142,26 @@ static void test_flash_backward_scratch_stays_below_16_mib_at_n_65536(void **sta
     fa_alloc_stats_get(&after);
     if (st != FA_OK) fail_msg("flash backward: %s", fa_last_error());
     const size_t peak = after.peak_bytes - before.current_bytes;
-    print_message("[ memory   ] flash backward N=%d d=%d causal window 256, %d thread(s): peak scratch %.2f MiB\n",
-                  N, D, opt.num_threads, peak / 1048576.0);
-    if (peak >= CEILING) fail_msg("flash backward allocated %zu bytes at N=%d (ceiling %zu)", peak, N, CEILING);
+    print_message("[ memory   ] flash backward N=%d d=%d causal window 256, %s gradients, %d thread(s): peak scratch "
+                  "%.2f MiB\n", N, D, gdt == FA_F32 ? "f32" : "f16", opt.num_threads, peak / 1048576.0);
+    if (peak >= CEILING)
+        fail_msg("flash backward (%s gradients, %d threads) allocated %zu bytes at N=%d (ceiling %zu)",
+                 gdt == FA_F32 ? "f32" : "f16", threads, peak, N, CEILING);
     assert_int_equal(after.current_bytes, before.current_bytes);
     assert_int_equal(tu_count_nan(&dq) + tu_count_nan(&dk) + tu_count_nan(&dv), 0);
     tu_free(&dout); tu_free(&dq); tu_free(&dk); tu_free(&dv);
+}
+
+static void test_flash_backward_scratch_stays_below_16_mib_at_n_65536(void **state)
+{
+    fa_cpu_info info;
+    assert_int_equal(fa_get_cpu_info(&info), FA_OK);
+    backward_peak_below_ceiling(*state, FA_F32, 1);
+    backward_peak_below_ceiling(*state, FA_F16, 1);
+    if (info.max_threads >= 2) {
+        backward_peak_below_ceiling(*state, FA_F32, 2);
+        backward_peak_below_ceiling(*state, FA_F16, 2);
+    }
 }
 
 /* Ensure standard refuses N = 65536 with FA_ERR_TOO_LARGE instead of allocating 16 GiB. */

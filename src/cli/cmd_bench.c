@@ -1479,12 +1479,14 @@ static int bench_main(int argc, char **argv)
                 for (int c = 0; c < nimpl; c++) {
                     if (!do_pass[p] || (p == 1 && !has_backward(names[c]))) continue;
                     if (cfg.dtype != FA_F32 && strcmp(names[c], "blas") == 0) continue; /* float32 only */
+                    const uint64_t row_rng = rng; /* every thread count gets the same inputs */
                     for (int t = 0; t < nt; t++) {
                         cfg.threads = (int)ts[t];
                         cfg.peak = peaks[t];
 #ifdef FA_HAVE_BLAS
                         openblas_set_num_threads(cfg.threads);
 #endif
+                        rng = row_rng;
                         int r = bench_one(names[c], p, ns[b], ds[a], &cfg, &rng, &rate[a][b][p][c][t]);
                         if (r > rc) rc = r;
                     }

@@ -838,10 +838,17 @@ INLINE void dpv_panel(const int ROWS, const int VECS, const int fmt, int n, int 
 INLINE void dec_pv_fmt(const int fmt, int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows,
                        const float *alpha, float *o, size_t ldo)
 {
-    if (nr <= 2) { /* 1-2 rows x 8 vectors (128 columns) */
-        for (int c0 = 0; c0 < dv; c0 += 128) {
+    if (nr <= 2) { /* 1-2 rows x 8 vectors (128 columns); the last 64 or fewer columns in 4 */
+        for (int c0 = 0; c0 < dv;) {
+            if (dv - c0 <= 64) { /* dv = 64: no masked FMAs on 4 vectors past the end */
+                if (nr == 1) dpv_panel(1, 4, fmt, n, c0, dv, p, ldp, rows, alpha, o, ldo);
+                else dpv_panel(2, 4, fmt, n, c0, dv, p, ldp, rows, alpha, o, ldo);
+                c0 += 64;
+                continue;
+            }
             if (nr == 1) dpv_panel(1, 8, fmt, n, c0, dv, p, ldp, rows, alpha, o, ldo);
             else dpv_panel(2, 8, fmt, n, c0, dv, p, ldp, rows, alpha, o, ldo);
+            c0 += 128;
         }
         return;
     }
