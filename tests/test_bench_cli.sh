@@ -89,6 +89,7 @@ EOF
 expect_fail "--threads 1,0" "--threads" $TINY --threads 1,0
 expect_fail "--threads 1, (empty entry)" "--threads" $TINY --threads 1,
 expect_fail "--threads list with decode rows" "one --threads" --seqlen-q 1 --n 64 --d 16 --heads 2 --threads 1,2
+expect_fail "--threads 2,1,2 (a count twice)" "listed twice" $TINY --threads 2,1,2
 if timeout 120 "$fa" bench --impl flash --pass fwd,bwd --n 32 --d 16 --heads 2 --threads 1,2 --repeats 1 \
         --warmup 0 --csv t.csv >out.txt 2>err.txt; then ok
 else bad "bench --threads 1,2: exit $? $(cat err.txt)"; fi

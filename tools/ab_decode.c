@@ -52,8 +52,15 @@ int main(int argc, char **argv)
     const int reps = atoi(argv[3]), cold = argc > 4 ? atoi(argv[4]) : 0;
     const int splits = argc > 5 ? atoi(argv[5]) : 1, threads = argc > 6 ? atoi(argv[6]) : 1;
     const int64_t h = argc > 7 ? atoll(argv[7]) : 32, hk = argc > 8 ? atoll(argv[8]) : 8;
+    if (strcmp(argv[2], "f32") && strcmp(argv[2], "f16") && strcmp(argv[2], "bf16")) {
+        fprintf(stderr, "ab_decode: dtype '%s' is not f32, f16 or bf16\n", argv[2]);
+        return 2;
+    }
     const fa_dtype dt = !strcmp(argv[2], "bf16") ? FA_BF16 : !strcmp(argv[2], "f16") ? FA_F16 : FA_F32;
-    if (n < 1 || reps < 1 || reps > 100000 || h < 1 || hk < 1 || h % hk) return 2;
+    if (n < 1 || reps < 1 || reps > 100000 || h < 1 || hk < 1 || h % hk) {
+        fprintf(stderr, "ab_decode: N, REPS (1..100000), H and HK must be positive, H a multiple of HK\n");
+        return 2;
+    }
     fa_options opt = fa_options_default();
     opt.num_threads = threads;
     opt.num_splits = splits;

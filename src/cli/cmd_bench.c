@@ -1290,6 +1290,13 @@ static int bench_main(int argc, char **argv)
             cfg.heads_k = x;
         } else if ((r = cli_opt_value(argc, argv, &i, "--threads", &val)) != 0) {
             if (r < 0 || (nt = parse_list("--threads", val, 1, 4096, ts)) < 0) return 2;
+            for (int a = 0; a < nt; a++)
+                for (int b2 = a + 1; b2 < nt; b2++)
+                    if (ts[a] == ts[b2]) {
+                        cli_die("bench: --threads: %lld is listed twice in '%s' (each count runs once; the scaling "
+                                "lines compare the counts)", ts[a], val);
+                        return 2;
+                    }
             cfg.threads = (int)ts[0];
         } else if ((r = cli_opt_value(argc, argv, &i, "--repeats", &val)) != 0) {
             if (r < 0 || cli_parse_int("--repeats", val, 1, 200, &x)) return 2;

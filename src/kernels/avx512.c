@@ -61,6 +61,26 @@
 #define PV_KC 128 /* keys per chunk: V sub-panel [128][32] = 16 KiB */
 
 #define INLINE static inline __attribute__((always_inline))
+/*
+ * The decode kernels' blocks (dqk_block, dpv_block) are specialized per row count,
+ * key count, format and tail by forced inlining. Under AddressSanitizer (CI's sanitize
+ * and fuzz builds) each instrumented copy is large, and clang 14 took over ten minutes
+ * and 5 GB to compile this file; there they are ordinary functions instead: the same
+ * operations in the same order (the same bits), one copy with its counts at run time.
+ */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FA_ASAN_BUILD 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define FA_ASAN_BUILD 1
+#endif
+#ifdef FA_ASAN_BUILD
+#define DEC_BLOCK static __attribute__((noinline))
+#else
+#define DEC_BLOCK INLINE
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* exp                                                                       */
@@ -685,7 +705,7 @@ INLINE void dqk_step(const int ROWS, const int KEYS, const int fmt, const int QX
  * never stored). The query rows come from qx in eo_q's order (row stride ldq)
  * when QX, else straight from q, permuted here (the same values either way).
  */
-INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, const int QX, int d, const float *q, size_t ldq,
+DEC_BLOCK void dqk_block(const int ROWS, const int KEYS, const int fmt, const int QX, int d, const float *q, size_t ldq,
                       const void *const *rows, int nj, float scale, float *s, size_t lds)
 {
     __m512 acc[16];
@@ -760,7 +780,7 @@ static void dec_qk_avx512(int nr, int n, int d, const float *q, size_t ldq, cons
  * or format. bf16 rows: vectors 2u and 2u+1 hold the even and odd columns of
  * the 32 at c0 + 32u (eo_load), interleaved back before the update.
  */
-INLINE void dpv_block(const int ROWS, const int VECS, const int fmt, const int FULL, int n, int c0, int dv,
+DEC_BLOCK void dpv_block(const int ROWS, const int VECS, const int fmt, const int FULL, int n, int c0, int dv,
                       const float *p, size_t ldp, const void *const *rows, const float *alpha, float *o, size_t ldo)
 {
     __m512 acc[4][8];
