@@ -7,7 +7,9 @@
 # the same values from both; a missing column must be an error naming it; and
 # gnuplot (when installed) must render plots/memory.gp and plots/backward.gp
 # from both files, and plots/bench_gflops.gp from docs/figures/bench.csv with
-# its columns reversed.
+# its columns reversed. plots/median_rows.awk must rebuild docs/figures/backward.csv
+# (the README's backward figure) from the three committed device runs, and keep the
+# median run of a row whose runs' columns come in different orders.
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
 pass=0; fail=0
@@ -35,6 +37,16 @@ done
 err=$(cols seqlen_k,no_such_col impl=flash "$sample" 2>&1 >/dev/null); rc=$?
 if [ "$rc" = 2 ] && printf '%s\n' "$err" | grep -q "has no column 'no_such_col'"; then ok; else
     bad "missing column: exit $rc, '$err'"; fi
+# the README's backward figure data is the median run of each row of the three committed runs
+med=$(awk -F, -f plots/median_rows.awk docs/examples/device_backward_r1.csv docs/examples/device_backward_r2.csv \
+      docs/examples/device_backward_r3.csv)
+if [ -n "$med" ] && [ "$med" = "$(cat docs/figures/backward.csv)" ]; then ok; else
+    bad "plots/median_rows.awk over docs/examples/device_backward_r*.csv is not docs/figures/backward.csv"; fi
+# the median, not the first or last run: three runs of one row at 1, 3, 2 GFLOP/s keep the 2
+printf 'impl,pass,gflops\nflash,fwd,1\n' >"$tmp/m1.csv"; printf 'impl,pass,gflops\nflash,fwd,3\n' >"$tmp/m2.csv"
+printf 'gflops,impl,pass\n2,flash,fwd\n' >"$tmp/m3.csv"
+[ "$(awk -F, -f plots/median_rows.awk "$tmp/m1.csv" "$tmp/m2.csv" "$tmp/m3.csv" | tail -1)" = "2,flash,fwd" ] &&
+    ok || bad "median_rows.awk: not the median row of 1, 3, 2"
 err=$(cols seqlen_k impl=flash,pass=fwd docs/figures/bench.csv 2>/dev/null; echo "rc=$?")
 case $err in *rc=0) ok ;; *) bad "bench.csv without lib_peak_mib still has impl/pass/seqlen_k: $err" ;; esac
 
