@@ -99,12 +99,15 @@
  * DEC_BLOCK_K_GQA when there are several kv heads, DEC_BLOCK_K_MQA for one: a
  * property of the problem, never of the thread count (the bits must not
  * depend on it), and one block for every format, so a bf16 cache keeps the
- * bits of the same values widened to float32. */
+ * bits of the same values widened to float32. With the prefetch asking for the
+ * next head's rows (decode_task), 16 keys read float32 ~8% faster than 32 on the
+ * project machine but bf16 ~8% slower (docs/performance.md, "Prefetch the next
+ * head"); a bf16 cache is what decoders serve from, so 32 stays. */
 #define DEC_BLOCK_K_GQA 32
 #define DEC_BLOCK_K_MQA 128
 
-/* Keys per dec_qk call, each preceded by the prefetch of the same keys of the next block
- * (K rows; the V rows one chunk behind). */
+/* Keys per dec_qk call, each preceded by the prefetch of the same keys of the rows
+ * decode_task asks for next (K rows; the V rows one chunk behind). */
 #define DEC_PF_KEYS 32
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
@@ -554,34 +557,56 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                     if (row_ptrs(&ks, j1, n1, kn, &f)) nkf[t] = f;
                     if (row_ptrs(&vs, j1, n1, vn, &f)) nvf[t] = f;
                 }
-                const size_t kbytes = (size_t)ks.width * (nkf[t] == FA_ROW_F32 ? 4 : 2);
-                const size_t vbytes = (size_t)vs.width * (nvf[t] == FA_ROW_F32 ? 4 : 2);
-                const int pfk = nkf[t] >= 0, pfv = nvf[t] >= 0; /* rows read in place */
+                /* What to ask the cache for while this tile is computed: the next head's rows
+                 * of this block (pointers made during the previous block; none yet in the
+                 * first), after the last head the first head's rows of the next block (made
+                 * just above, at head 0). One head's rows — 8-16 KiB of K and V at d = 128 —
+                 * are still in L1 when they are read; the same head's next block, asked for
+                 * before, was a whole block of every head away (64-256 KiB, past L1), and
+                 * read at 63-68% of bench's bandwidth (float32) where this reads at 89-101%
+                 * (measured: docs/performance.md, "Prefetch the next head"). */
+                const void **pk, **pv;
+                int pn, pkf, pvf;
+                if (t + 1 < nh) {
+                    pk = sc->rp + ((size_t)(t + 1) * 4 + (size_t)cur * 2) * b16;
+                    pn = kb > kbs ? bc : 0;
+                    pkf = pn > 0 ? nkf[t + 1] : -1;
+                    pvf = pn > 0 ? nvf[t + 1] : -1;
+                } else {
+                    pk = sc->rp + (size_t)(cur ^ 1) * 2 * b16;
+                    pn = n1;
+                    pkf = nkf[0];
+                    pvf = nvf[0];
+                }
+                pv = pk + b16;
+                const size_t kbytes = (size_t)ks.width * (pkf == FA_ROW_F32 ? 4 : 2);
+                const size_t vbytes = (size_t)vs.width * (pvf == FA_ROW_F32 ? 4 : 2);
+                const int pfk = pkf >= 0, pfv = pvf >= 0; /* rows read in place */
                 /* the scores DEC_PF_KEYS keys at a time, asking before each call for the
-                 * same keys of this head's next block (K rows; V rows a chunk behind, the
-                 * last V chunk before dec_pv): hardware prefetchers stop at 4 KiB pages, one
-                 * kv head's rows are heads_k*d elements apart, and a paged cache's next page
-                 * is wherever the block table says. With MQA's 128-key blocks the asks are
-                 * spread over four calls (measured with 128-key blocks, earlier: one
-                 * burst per block stalled on full fill buffers, bf16 5.1-5.6
-                 * GB/s on one core vs 7.0 spread; f32 6.6 vs 7.1); with the 32-key blocks
-                 * of grouped heads there is one call per block, so one K and one V burst
-                 * per head and block, the next head's work between them. A score does not
-                 * depend on the other keys of the call, so the bits are the same. */
-                int vdone = 0; /* next-block V rows asked for */
+                 * same keys of the rows above (K rows; V rows a chunk behind, the last V
+                 * chunk before dec_pv): hardware prefetchers stop at 4 KiB pages, one kv
+                 * head's rows are heads_k*d elements apart, and a paged cache's next page is
+                 * wherever the block table says. With MQA's 128-key blocks the asks are
+                 * spread over four calls (measured with 128-key blocks, earlier: one burst
+                 * per block stalled on full fill buffers, bf16 5.1-5.6 GB/s on one core vs
+                 * 7.0 spread; f32 6.6 vs 7.1); with the 32-key blocks of grouped heads there
+                 * is one call per block, so one K and one V burst per head and block. A
+                 * score does not depend on the other keys of the call, so the bits are the
+                 * same. */
+                int vdone = 0; /* V rows asked for */
                 for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
                     const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;
-                    const int np = n1 - c0 < nc ? n1 - c0 : nc;
-                    if (np > 0 && pfk) prefetch_ptrs(kn + c0, np, kbytes);
+                    const int np = pn - c0 < nc ? pn - c0 : nc;
+                    if (np > 0 && pfk) prefetch_ptrs(pk + c0, np, kbytes);
                     if (c0 > 0 && pfv) {
-                        const int nv = (n1 < c0 ? n1 : c0) - vdone;
-                        if (nv > 0) prefetch_ptrs(vn + vdone, nv, vbytes);
+                        const int nv = (pn < c0 ? pn : c0) - vdone;
+                        if (nv > 0) prefetch_ptrs(pv + vdone, nv, vbytes);
                         vdone += nv > 0 ? nv : 0;
                     }
                     kern->dec_qk(nt, nc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, kp + c0, kfmt,
                                  (float)p->scale, st + c0, g->lds);
                 }
-                if (pfv && n1 > vdone) prefetch_ptrs(vn + vdone, n1 - vdone, vbytes);
+                if (pfv && pn > vdone) prefetch_ptrs(pv + vdone, pn - vdone, vbytes);
                 /* softcap, ALiBi and the mask per query-head segment (its own rows i and slope) */
                 int full = 1; /* every row of the tile sees every key of the block */
                 for (int r = rt; r < rt + nt;) {
