@@ -368,7 +368,7 @@ static void softmax_avx512(int br, int bc, float *s, size_t lds, float *m, float
  * stores, so nothing beyond dv is read or written). O = a*O + acc with
  * a = alpha[r] on the first key chunk and 1 on later ones.
  */
-INLINE void pv_block(const int MR, const int NV, int kc, __mmask16 last, const float *p,
+INLINE void pv_block(const int MR, const int NV, const int FULL, int kc, __mmask16 last, const float *p,
                      size_t ldp, const float *v, size_t ldv, const float *alpha, float *o,
                      size_t ldo)
 {
@@ -383,8 +383,8 @@ INLINE void pv_block(const int MR, const int NV, int kc, __mmask16 last, const f
         __m512 vv[PV_NV];
 #pragma GCC unroll 2
         for (int u = 0; u < NV; u++)
-            vv[u] = u == NV - 1 ? _mm512_maskz_loadu_ps(last, vrow + 16 * u)
-                                : _mm512_loadu_ps(vrow + 16 * u);
+            vv[u] = u == NV - 1 && !FULL ? _mm512_maskz_loadu_ps(last, vrow + 16 * u)
+                                         : _mm512_loadu_ps(vrow + 16 * u);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
             const __m512 pb = _mm512_set1_ps(p[(size_t)r * ldp + j]);
@@ -399,31 +399,36 @@ INLINE void pv_block(const int MR, const int NV, int kc, __mmask16 last, const f
 #pragma GCC unroll 2
         for (int u = 0; u < NV; u++) {
             float *dst = o + (size_t)r * ldo + 16 * u;
-            const __mmask16 k = u == NV - 1 ? last : (__mmask16)0xffff;
+            if (FULL || u < NV - 1) {
+                _mm512_storeu_ps(dst, _mm512_fmadd_ps(a, _mm512_loadu_ps(dst), acc[r][u]));
+                continue;
+            }
+            const __mmask16 k = last;
             const __m512 old = _mm512_maskz_loadu_ps(k, dst);
             _mm512_mask_storeu_ps(dst, k, _mm512_fmadd_ps(a, old, acc[r][u]));
         }
     }
 }
 
-/* All row blocks of one (column panel, key chunk). */
-INLINE void pv_panel(const int NV, int br, int kc, __mmask16 last, const float *p, size_t ldp,
+/* All row blocks of one (column panel, key chunk). FULL: last is all 16 lanes (plain loads
+ * and stores: a masked load costs an ALU uop beside the load on some cores). */
+INLINE void pv_panel(const int NV, const int FULL, int br, int kc, __mmask16 last, const float *p, size_t ldp,
                      const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
 {
     int i = 0;
     for (; i + PV_MR <= br; i += PV_MR)
-        pv_block(PV_MR, NV, kc, last, p + (size_t)i * ldp, ldp, v, ldv, alpha ? alpha + i : NULL,
+        pv_block(PV_MR, NV, FULL, kc, last, p + (size_t)i * ldp, ldp, v, ldv, alpha ? alpha + i : NULL,
                  o + (size_t)i * ldo, ldo);
     const float *pi = p + (size_t)i * ldp, *ai = alpha ? alpha + i : NULL;
     float *oi = o + (size_t)i * ldo;
     switch (br - i) {
-    case 7: pv_block(7, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 6: pv_block(6, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 5: pv_block(5, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 4: pv_block(4, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 3: pv_block(3, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 2: pv_block(2, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 1: pv_block(1, NV, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 7: pv_block(7, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 6: pv_block(6, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 5: pv_block(5, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 4: pv_block(4, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 3: pv_block(3, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 2: pv_block(2, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 1: pv_block(1, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
     default: break;
     }
 }
@@ -443,10 +448,12 @@ static void pv_avx512(int br, int bc, int dv, const float *p, size_t ldp, const 
             const int kc = bc - j0 < PV_KC ? bc - j0 : PV_KC;
             const float *pj = p + j0, *vj = v + (size_t)j0 * ldv + c;
             const float *aj = j0 == 0 ? alpha : NULL;
-            if (left > 16)
-                pv_panel(2, br, kc, (__mmask16)((1u << (left - 16)) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
+            if (left == 32)
+                pv_panel(2, 1, br, kc, (__mmask16)0xffff, pj, ldp, vj, ldv, aj, o + c, ldo);
+            else if (left > 16)
+                pv_panel(2, 0, br, kc, (__mmask16)((1u << (left - 16)) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
             else
-                pv_panel(1, br, kc, (__mmask16)((1u << left) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
+                pv_panel(1, 0, br, kc, (__mmask16)((1u << left) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
         }
     }
 }
