@@ -85,12 +85,23 @@ static float *alloc_fill(size_t n, unsigned *seed, float lo, float hi)
 
 enum { QK, PV, SOFTMAX };
 
+/* Leading dimensions as src/flash.c sets them (ld_spread): x rounded up to 16 floats, plus
+ * one 64-byte line when the stride would be a multiple of 8 lines (rows of a panel would
+ * share few L1 sets). FA_BK_PLAIN=1 keeps plain round-up-to-16, the rule before. */
+static int ld_of(int x)
+{
+    const int r = (x + 15) / 16 * 16;
+    const char *plain = getenv("FA_BK_PLAIN");
+    if (plain && *plain == '1') return r;
+    return (r / 16) % 8 == 0 ? r + 16 : r;
+}
+
 /* Seconds per call: median (and min, max) over REPS runs of `inner` calls. */
 static void time_kernel(const fa_kernels *k, int which, int br, int bc, int d, float *q,
                         float *kt, float *s, float *v, float *o, float *m, float *l, float *al,
                         double *med, double *mn, double *mx)
 {
-    const int ldk = (bc + 15) / 16 * 16, lds = ldk;
+    const int ldk = ld_of(bc), lds = ldk, ldv = ld_of(d);
     double t[REPS];
     long inner = 1;
     for (int rep = -2; rep < REPS; rep++) { /* two warm-ups, which also size `inner` */
@@ -98,7 +109,7 @@ static void time_kernel(const fa_kernels *k, int which, int br, int bc, int d, f
         for (long it = 0; it < inner; it++) {
             switch (which) {
             case QK: k->qk(br, bc, d, q, (size_t)d, kt, (size_t)ldk, 0.125f, s, (size_t)lds); break;
-            case PV: k->pv(br, bc, d, s, (size_t)lds, v, (size_t)d, al, o, (size_t)d); break;
+            case PV: k->pv(br, bc, d, s, (size_t)lds, v, (size_t)ldv, al, o, (size_t)d); break;
             default:
                 for (int i = 0; i < br; i++) m[i] = 40.0f, l[i] = 1.0f;
                 k->softmax(br, bc, s, (size_t)lds, m, l, al);
@@ -128,9 +139,9 @@ static void time_kernel(const fa_kernels *k, int which, int br, int bc, int d, f
  */
 static void bench_chain(const fa_kernels *k, int br, int bc, int d, int ntiles)
 {
-    const int ldk = (bc + 15) / 16 * 16;
+    const int ldk = ld_of(bc), ldv = ld_of(d);
     unsigned seed = 777;
-    const size_t kt_n = (size_t)d * ldk, v_n = (size_t)bc * d;
+    const size_t kt_n = (size_t)d * ldk, v_n = (size_t)bc * ldv;
     float *q = alloc_fill((size_t)br * d, &seed, -0.2f, 0.2f);
     float *kt_src = alloc_fill(kt_n * ntiles, &seed, -1, 1);
     float *v_src = alloc_fill(v_n * ntiles, &seed, -1, 1);
@@ -150,7 +161,7 @@ static void bench_chain(const fa_kernels *k, int br, int bc, int d, int ntiles)
             double t1 = now();
             k->softmax(br, bc, s, (size_t)ldk, m, l, al);
             double t2 = now();
-            k->pv(br, bc, d, s, (size_t)ldk, v, (size_t)d, al, o, (size_t)d);
+            k->pv(br, bc, d, s, (size_t)ldk, v, (size_t)ldv, al, o, (size_t)d);
             double t3 = now();
             sq += t1 - t0, ss += t2 - t1, sp += t3 - t2;
         }
@@ -218,11 +229,11 @@ static void bench_isa(const char *isa)
            "worst", "best", "best/pk");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int br = shapes[si][0] - shapes[si][0] % k->row_block, bc = shapes[si][1],
-                  d = shapes[si][2], ldk = (bc + 15) / 16 * 16;
+                  d = shapes[si][2], ldk = ld_of(bc);
         float *q = alloc_fill((size_t)br * d, &seed, -1, 1);
         float *kt = alloc_fill((size_t)d * ldk, &seed, -1, 1);
         float *s = alloc_fill((size_t)br * ldk, &seed, 0, 1);
-        float *v = alloc_fill((size_t)bc * d, &seed, -1, 1);
+        float *v = alloc_fill((size_t)bc * (size_t)ld_of(d), &seed, -1, 1);
         float *o = alloc_fill((size_t)br * d, &seed, -1, 1);
         float *m = alloc_fill((size_t)br, &seed, 0, 1);
         float *l = alloc_fill((size_t)br, &seed, 0, 1);
