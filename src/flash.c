@@ -131,36 +131,14 @@ static int even_block_rows(const fa_problem *p)
     return fa_even_block(p->seqlen_q, p->block_q, p->kern && p->kern->row_block > 0 ? p->kern->row_block : 1);
 }
 
-/*
- * The leading dimension of the packed Kt [d][ldk] and V [bc][ldv] tiles: x rounded up to
- * 16 floats, plus one 64-byte line when that makes a stride of a multiple of 8 lines. qk
- * walks down a 32-column panel of Kt (d rows, one stride apart) for every row block, pv
- * down a [128][32] sub-panel of V. With a stride of 8k lines those rows fall into at most
- * 64/8 = 8 line pairs of a 64-set L1 (ldk = 512 floats: 2 KiB, a d = 64 panel's 128 lines
- * in 4 sets of 12 ways; ldv = 128: a sub-panel's 256 lines in 16 sets) and evict each
- * other, so every row block re-reads its panel from L2; one more line spreads them over
- * every set. Strides of 4k+2 or 2k+1 lines already spread (ldk = 416: 26 lines), and are
- * left alone so the shared packing's memory does not grow for nothing (dv = 64 stays 64).
- * Measured with bench_kernels (one core, AVX-512, tiles in L2): qk at ldk = 256 or 512
- * 84-87% -> 90-94% of the FMA loop, pv at dv = 128 85-86% -> 91-92%, the qk+softmax+pv
- * chain at d = 128 187-190 -> 200-207 GFLOP/s (docs/performance.md, "Leading
- * dimensions"). The padding columns are never read (qk reads Kt up to bc rounded to 16),
- * and no result depends on a leading dimension, so the bits do not move.
- */
-static size_t ld_spread(size_t x)
-{
-    const size_t r = round16(x);
-    return (r / 16) % 8 == 0 ? r + 16 : r;
-}
-
 static flash_dims flash_layout(const fa_problem *p)
 {
     flash_dims g;
     g.br = even_block_rows(p);
     g.bc = p->block_k;
     g.ldq = round16((size_t)p->d);
-    g.ldk = ld_spread((size_t)g.bc);
-    g.ldv = ld_spread((size_t)p->dv);
+    g.ldk = fa_ld_spread((size_t)g.bc);
+    g.ldv = fa_ld_spread((size_t)p->dv);
     g.lds = g.ldk;
     g.ldo = round16((size_t)p->dv);
     return g;
