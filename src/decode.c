@@ -57,9 +57,10 @@
  * small scores tile, and dec_pv adds P V reading each V row in place. A
  * source the kernels cannot read in place (a strided last dimension, float64)
  * is gathered to float32 rows first — the same values, so the same bits.
- * The next block's rows of the head are prefetched while this one is computed
- * (hardware prefetchers stop at 4 KiB pages; a paged cache's next page is
- * wherever the block table says).
+ * While a head's tile is computed, the next head's rows of the block are
+ * prefetched (after the last head, the first head's rows of the next block):
+ * hardware prefetchers stop at 4 KiB pages, and a paged cache's next page is
+ * wherever the block table says.
  *
  * Low-precision caches. A bf16 cache moves half the bytes of a float32 one and
  * gives its bits: the widening is exact, and the kernels' arithmetic does not
@@ -100,9 +101,10 @@
  * property of the problem, never of the thread count (the bits must not
  * depend on it), and one block for every format, so a bf16 cache keeps the
  * bits of the same values widened to float32. With the prefetch asking for the
- * next head's rows (decode_task), 16 keys read float32 ~8% faster than 32 on the
- * project machine but bf16 ~8% slower (docs/performance.md, "Prefetch the next
- * head"); a bf16 cache is what decoders serve from, so 32 stays. */
+ * next head's rows (decode_task), one 3-round pass on the project machine read
+ * float32 5-12% faster with 16 keys than with 32 but bf16 0-16% slower
+ * (docs/performance.md, "Prefetch the next head"); a bf16 cache is what decoders
+ * serve from, so 32 stays. */
 #define DEC_BLOCK_K_GQA 32
 #define DEC_BLOCK_K_MQA 128
 
@@ -378,7 +380,9 @@ static int kv_rows(const fa_kernels *kern, const fa_rows *s, int64_t j0, int n, 
  * against prefetcht1 (into L2), bf16 14.8-14.9 against 16.2-16.4 ms, paged (16) float32
  * 28.2-28.6 against 37.6-38.7, paged bf16 16.0 against 18.6-19.6; a dense float32 cache
  * 23.3-24.5 ms with them against 25.9-26.8 without (in L2 they cost float32 ~20%, bf16 ~3%);
- * prefetchnta 40 ms. (Keep the address as ptr[x] + b: GCC 12 drops every prefetch of this
+ * prefetchnta 40 ms — all measured when the prefetch asked for the same head's next block;
+ * with the next head's rows (decode_task) a review found prefetcht1 as fast as t0 (one core,
+ * 2 rounds: f32 22.0-22.4 against 21.4-22.6 ms, bf16 13.1-13.3 against 13.4-13.6). (Keep the address as ptr[x] + b: GCC 12 drops every prefetch of this
  * function when ptr[x] is first held in a local variable — f6649b4 shipped that, and its
  * warm-cache gain was the prefetches gone.)
  */
@@ -530,7 +534,7 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
         const int64_t kbs = kb0 + nkb * sp / g->splits, kbe = kb0 + nkb * (sp + 1) / g->splits;
         /* per head t: rp[t][buf][0 = K, 1 = V][bc]; buffer (kb - kbs) & 1 holds this block's
          * pointers, the other the next block's, which row_ptrs fills (when the rows can be
-         * read in place: kfmt/vfmt[t] >= 0) while this block is computed */
+         * read in place: nkf/nvf[t] >= 0) while this block is computed */
         int nkf[DEC_MAX_ROWS], nvf[DEC_MAX_ROWS];
         const size_t b16 = round16((size_t)g->bc);
         for (int64_t kb = kbs; kb < kbe; kb++) {
@@ -560,11 +564,14 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 /* What to ask the cache for while this tile is computed: the next head's rows
                  * of this block (pointers made during the previous block; none yet in the
                  * first), after the last head the first head's rows of the next block (made
-                 * just above, at head 0). One head's rows — 8-16 KiB of K and V at d = 128 —
-                 * are still in L1 when they are read; the same head's next block, asked for
-                 * before, was a whole block of every head away (64-256 KiB, past L1), and
-                 * read at 63-68% of bench's bandwidth (float32) where this reads at 89-101%
-                 * (measured: docs/performance.md, "Prefetch the next head"). */
+                 * during head 0 of this block). That is one head's K and V ahead (16-32 KiB
+                 * at d = 128, 32 keys) where the same head's next block, asked for before,
+                 * was a whole block of every head ahead (64-256 KiB). Measured faster (one
+                 * 3-round pass on the project machine, 2 threads, H_k = 8: float32 63-68% ->
+                 * 80-83% of bench's bandwidth, bf16 60-66% -> 66-67%; docs/performance.md,
+                 * "Prefetch the next head"); why is not established: into L2 (prefetcht1)
+                 * does as well, so it is not that the lines stay in L1. With one kv head per
+                 * task (MQA, row chunks, threads >= heads_k) this is the old target. */
                 const void **pk, **pv;
                 int pn, pkf, pvf;
                 if (t + 1 < nh) {
