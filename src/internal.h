@@ -77,7 +77,7 @@ static inline int fa_threads_for(const fa_problem *p, int64_t tasks)
  * d = 128 188-190 -> 200-204 GFLOP/s (docs/performance.md, "Leading dimensions"). Padding
  * columns are never read (qk reads Kt up to bc rounded to 16) and no result depends on a
  * leading dimension, so the bits do not move. (backward.c keeps plain round16: the same
- * rule there measured 0.95x at d = 128 on a loaded machine, not shown to help.)
+ * rule there measured 0.97-1.04x at 2 threads, no gain; docs/performance.md.)
  */
 static inline size_t fa_ld_spread(size_t x)
 {
