@@ -382,9 +382,10 @@ static int kv_rows(const fa_kernels *kern, const fa_rows *s, int64_t j0, int n, 
  * 23.3-24.5 ms with them against 25.9-26.8 without (in L2 they cost float32 ~20%, bf16 ~3%);
  * prefetchnta 40 ms — all measured when the prefetch asked for the same head's next block;
  * with the next head's rows (decode_task) a review found prefetcht1 as fast as t0 (one core,
- * 2 rounds: f32 22.0-22.4 against 21.4-22.6 ms, bf16 13.1-13.3 against 13.4-13.6). (Keep the address as ptr[x] + b: GCC 12 drops every prefetch of this
- * function when ptr[x] is first held in a local variable — f6649b4 shipped that, and its
- * warm-cache gain was the prefetches gone.)
+ * 2 rounds: f32 22.0-22.4 against 21.4-22.6 ms, bf16 13.1-13.3 against 13.4-13.6). (Keep
+ * the address as ptr[x] + b: GCC 12 drops every prefetch of this function when ptr[x] is
+ * first held in a local variable — f6649b4 shipped that, and its warm-cache gain was the
+ * prefetches gone.)
  */
 static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
 {

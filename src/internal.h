@@ -61,30 +61,6 @@ static inline int fa_threads_for(const fa_problem *p, int64_t tasks)
  * last one is not a sliver (n = 1024, blk = 204, row_block 6: 174, the last
  * block 154 rows, not 4). blk itself when n <= blk or nothing smaller fits.
  */
-/*
- * The leading dimension of a packed tile whose rows a kernel walks down (flash.c's Kt
- * [d][ldk] and V [bc][ldv]): x rounded up to 16 floats, plus
- * one 64-byte line when the stride would be a multiple of 8 lines. qk walks down a
- * 32-column panel of Kt (d rows, one stride apart) for every row block, pv down a
- * [128][32] sub-panel of V. With a stride of 8k lines those rows fall into at most 8 line
- * pairs of a 64-set L1 (ldk = 512 floats, 2 KiB: a d = 64 panel's 128 lines in 4 sets of
- * 12 ways; ldv = 128: a sub-panel's 256 lines in 16 sets) and evict each other, so every
- * row block re-reads its panel from L2; one more line spreads them over every set. Other
- * strides already spread a panel over 32 sets or more (ldk = 416: 26 lines; 320: 20) and
- * are left alone, so packed memory does not grow for nothing (dv = 64 stays 64).
- * Measured with bench_kernels (one core, AVX-512, tiles in L2): qk at ldk = 512 84-86% ->
- * 90-93% of the FMA loop, pv at dv = 128 85% -> 91-92%, the qk+softmax+pv chain at
- * d = 128 188-190 -> 200-204 GFLOP/s (docs/performance.md, "Leading dimensions"). Padding
- * columns are never read (qk reads Kt up to bc rounded to 16) and no result depends on a
- * leading dimension, so the bits do not move. (backward.c keeps plain round16: the same
- * rule there measured 0.97-1.04x at 2 threads, no gain; docs/performance.md.)
- */
-static inline size_t fa_ld_spread(size_t x)
-{
-    const size_t r = (x + 15) & ~(size_t)15;
-    return (r / 16) % 8 == 0 ? r + 16 : r;
-}
-
 static inline int fa_even_block(int64_t n, int blk, int row_block)
 {
     if (blk < 1 || n <= blk) return blk;

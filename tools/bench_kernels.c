@@ -85,15 +85,13 @@ static float *alloc_fill(size_t n, unsigned *seed, float lo, float hi)
 
 enum { QK, PV, SOFTMAX };
 
-/* Leading dimensions as src/flash.c sets them (ld_spread): x rounded up to 16 floats, plus
- * one 64-byte line when the stride would be a multiple of 8 lines (rows of a panel would
- * share few L1 sets). FA_BK_PLAIN=1 keeps plain round-up-to-16, the rule before. */
+/* Leading dimensions as src/flash.c sets them (fa_ld_spread, kernels.h); FA_BK_PLAIN=1
+ * keeps plain round-up-to-16, the rule before. */
 static int ld_of(int x)
 {
-    const int r = (x + 15) / 16 * 16;
     const char *plain = getenv("FA_BK_PLAIN");
-    if (plain && *plain == '1') return r;
-    return (r / 16) % 8 == 0 ? r + 16 : r;
+    if (plain && *plain == '1') return (x + 15) / 16 * 16;
+    return (int)fa_ld_spread((size_t)x);
 }
 
 /* Seconds per call: median (and min, max) over REPS runs of `inner` calls. */

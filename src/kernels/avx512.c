@@ -403,9 +403,7 @@ INLINE void pv_block(const int MR, const int NV, const int FULL, int kc, __mmask
                 _mm512_storeu_ps(dst, _mm512_fmadd_ps(a, _mm512_loadu_ps(dst), acc[r][u]));
                 continue;
             }
-            const __mmask16 k = last;
-            const __m512 old = _mm512_maskz_loadu_ps(k, dst);
-            _mm512_mask_storeu_ps(dst, k, _mm512_fmadd_ps(a, old, acc[r][u]));
+            _mm512_mask_storeu_ps(dst, last, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(last, dst), acc[r][u]));
         }
     }
 }

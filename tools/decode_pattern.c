@@ -1,0 +1,131 @@
+/*
+ * decode_pattern.c — the memory pattern of a decode step, without the library: how fast
+ * one thread reads a [N][H][D] K and V cache in three orders, with a fixed amount of
+ * arithmetic per 64-byte line standing in for the kernels' (docs/performance.md, "Prefetch
+ * the next head", "Why bf16 still trails").
+ *
+ *   usage: decode_pattern ELEM_BYTES ORDER [BLOCK [FMAS]]
+ *     ELEM_BYTES  4 (float32 rows) or 2 (bf16 rows); H = 8 heads, D = 128, N = 32768 keys
+ *     ORDER       0: head by head within blocks of BLOCK keys, K rows then V rows (the
+ *                    decoder's order), no software prefetch
+ *                 1: the same, asking (prefetcht0) for the next head's rows of the block
+ *                    (after the last head, the first head's rows of the next block)
+ *                 2: address order: each key's rows of every head, K then V
+ *     BLOCK       keys per block (default 32); FMAS: 16-lane FMAs per line read, in groups
+ *                 of 8 (default 0; 16 is about the bf16 kernels' arithmetic per line)
+ *   Prints GB/s (K and V bytes once over the best of 5 cold passes; a 1 GiB read before
+ *   each pass, not timed, evicts the caches).
+ *   AVX-512 only (the figures came from an AVX-512 core):
+ *   build: cc -O2 -mavx512f -mfma tools/decode_pattern.c -o decode_pattern
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <immintrin.h>
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+enum { H = 8, D = 128 };
+static const long N = 32768;
+
+static __m512i acc;
+static __m512 f[8];
+static int fmas;
+
+/* Read one row (bytes long, 64-byte aligned): XOR every line into acc, and do `fmas` FMAs
+ * per line on it into 8 independent accumulators (held in registers for the row). */
+static void use_row(const char *row, size_t bytes)
+{
+    const __m512 m = _mm512_set1_ps(0.9999f);
+    __m512i x_acc = acc;
+    __m512 f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3], f4 = f[4], f5 = f[5], f6 = f[6], f7 = f[7];
+    for (size_t b = 0; b < bytes; b += 64) {
+        const __m512i v = _mm512_load_si512((const void *)(row + b));
+        x_acc = _mm512_xor_si512(x_acc, v);
+        const __m512 w = _mm512_castsi512_ps(v);
+        for (int k = 0; k < fmas; k += 8) {
+            f0 = _mm512_fmadd_ps(w, m, f0); f1 = _mm512_fmadd_ps(w, m, f1);
+            f2 = _mm512_fmadd_ps(w, m, f2); f3 = _mm512_fmadd_ps(w, m, f3);
+            f4 = _mm512_fmadd_ps(w, m, f4); f5 = _mm512_fmadd_ps(w, m, f5);
+            f6 = _mm512_fmadd_ps(w, m, f6); f7 = _mm512_fmadd_ps(w, m, f7);
+        }
+    }
+    acc = x_acc;
+    f[0] = f0; f[1] = f1; f[2] = f2; f[3] = f3; f[4] = f4; f[5] = f5; f[6] = f6; f[7] = f7;
+}
+
+static void ask_rows(const char *base, long j0, int n, int h, size_t keyb, size_t rowb)
+{
+    for (int x = 0; x < n; x++) {
+        const char *r = base + (size_t)(j0 + x) * keyb + (size_t)h * rowb;
+        for (size_t b = 0; b < rowb; b += 64) __builtin_prefetch(r + b, 0, 3);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: decode_pattern ELEM_BYTES ORDER [BLOCK [FMAS]]\n");
+        return 2;
+    }
+    const int esz = atoi(argv[1]), order = atoi(argv[2]), bc = argc > 3 ? atoi(argv[3]) : 32;
+    fmas = argc > 4 ? atoi(argv[4]) : 0;
+    if ((esz != 2 && esz != 4) || order < 0 || order > 2 || bc < 1 || bc > 4096 || fmas < 0 || fmas > 256) {
+        fprintf(stderr, "decode_pattern: ELEM_BYTES 2|4, ORDER 0..2, BLOCK 1..4096, FMAS 0..256\n");
+        return 2;
+    }
+    const size_t rowb = (size_t)D * (size_t)esz, keyb = rowb * H, total = keyb * (size_t)N;
+    char *K = aligned_alloc(4096, total), *V = aligned_alloc(4096, total);
+    const size_t evb = (size_t)1 << 30;
+    char *E = malloc(evb);
+    if (!K || !V || !E) return 2;
+    memset(K, 1, total);
+    memset(V, 2, total);
+    memset(E, 3, evb);
+    for (int k = 0; k < 8; k++) f[k] = _mm512_set1_ps((float)(k + 1)); /* far from subnormal sums */
+    double best = 1e30;
+    volatile uint64_t sink = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        for (size_t i = 0; i < evb; i += 64) sink += (uint64_t)E[i];
+        const double t0 = now();
+        if (order == 2) {
+            for (long j = 0; j < N; j++) {
+                use_row(K + (size_t)j * keyb, keyb);
+                use_row(V + (size_t)j * keyb, keyb);
+            }
+        } else {
+            for (long j0 = 0; j0 < N; j0 += bc) {
+                const int n = N - j0 < bc ? (int)(N - j0) : bc;
+                for (int h = 0; h < H; h++) {
+                    const int th = h + 1 < H ? h + 1 : 0;
+                    const long tj = h + 1 < H ? j0 : j0 + bc;
+                    const int tn = tj >= N ? 0 : (N - tj < bc ? (int)(N - tj) : bc);
+                    if (order == 1) ask_rows(K, tj, tn, th, keyb, rowb);
+                    for (int x = 0; x < n; x++) use_row(K + (size_t)(j0 + x) * keyb + (size_t)h * rowb, rowb);
+                    if (order == 1) ask_rows(V, tj, tn, th, keyb, rowb);
+                    for (int x = 0; x < n; x++) use_row(V + (size_t)(j0 + x) * keyb + (size_t)h * rowb, rowb);
+                }
+            }
+        }
+        const double t = now() - t0;
+        if (t < best) best = t;
+    }
+    __m512 t = f[0];
+    for (int k = 1; k < 8; k++) t = _mm512_add_ps(t, f[k]);
+    const double s = (double)_mm512_reduce_add_ps(t) + (double)_mm512_reduce_add_epi64(acc);
+    printf("elem %d B, order %d, block %d, %d FMAs/line: %.2f GB/s (checksum %g)\n", esz, order, bc, fmas,
+           2.0 * (double)total / best / 1e9, s + (double)(sink & 1));
+    free(K);
+    free(V);
+    free(E);
+    return 0;
+}
