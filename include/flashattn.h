@@ -439,6 +439,15 @@ typedef struct fa_options {
                                    to the key blocks and to 128. The heuristic splits only when batch x
                                    heads_k (x row chunks) is below 16 tasks, into enough splits to make
                                    16; it does not look at the thread count, so its bits do not either. */
+    void (*progress)(void *arg); /**< NULL, or a function the call runs now and then, between its tasks, on
+                                   the thread that made the call (OpenMP thread 0 of the call's team;
+                                   never two at once), while the call's other threads go on computing:
+                                   a way to drive the caller's own asynchronous work — an MPI rank's
+                                   transfers (fa_ring_forward) — without stopping the computation.
+                                   It must not call into flashattn and cannot change a result. Run by
+                                   the flash forward (not its decode path) and backward. Appended after
+                                   num_splits. */
+    void *progress_arg;       /**< Passed to progress. */
 } fa_options;
 
 /**

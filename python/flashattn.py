@@ -85,7 +85,9 @@ class _Options(ctypes.Structure):
                 ("pack_max_bytes", _i64), ("context", ctypes.c_void_p), ("align", ctypes.c_int),
                 ("varlen", ctypes.c_void_p), ("kvcache", ctypes.c_void_p),
                 ("sinks", ctypes.c_void_p), ("rotary", ctypes.c_void_p), ("dropout", ctypes.c_void_p),
-                ("num_splits", ctypes.c_int)]
+                ("num_splits", ctypes.c_int),
+                # fa_options::progress and its argument: a C hook (MPI ranks); Python leaves them NULL
+                ("progress", ctypes.c_void_p), ("progress_arg", ctypes.c_void_p)]
 
 _ALIGNS = {"bottom-right": 0, "top-left": 1}
 

@@ -1040,8 +1040,10 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (int64_t t = 0; t < bhk_tasks; t++)
+            for (int64_t t = 0; t < bhk_tasks; t++) {
                 bwd_task_onepass(p, kern, &g, &sc, &op, dvec, dout, dq, dk, dv, t / p->heads_k, t % p->heads_k);
+                fa_progress(p);
+            }
         } else if (!failed && qpack.a) {
             /* pass (a), shared Q panels: per (batch, kv head), pack, then its K blocks */
             for (int64_t bhk = 0; bhk < p->batch * p->heads_k; bhk++) {
@@ -1065,6 +1067,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                     int64_t j0, bc;
                     if (!piece_of(fa_problem_seq(p, b).k_len, t, kpc, g.bc, kpiece, &j0, &bc)) continue;
                     bwd_task_dkdv(p, kern, &g, &sc, &qpack, dvec, dout, dk, dv, b, hk, j0, (int)bc);
+                    fa_progress(p);
                 }
             }
         } else if (!failed) {
@@ -1078,6 +1081,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                 int64_t j0, bc;
                 if (!piece_of(fa_problem_seq(p, b).k_len, kp, kpc_all, g.bc, kpiece_all, &j0, &bc)) continue;
                 bwd_task_dkdv(p, kern, &g, &sc, NULL, dvec, dout, dk, dv, b, hk, j0, (int)bc);
+                fa_progress(p);
             }
         }
         if (!failed && one_pass) {
@@ -1108,6 +1112,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                     int64_t i0, br;
                     if (!piece_of(fa_problem_seq(p, b).q_len, qp, qpc, g.br, qpiece, &i0, &br)) continue;
                     bwd_task_dq(p, kern, &g, &sc, &kpack, dvec, dout, dq, b, h, i0, (int)br);
+                    fa_progress(p);
                 }
             }
         } else if (!failed) {
@@ -1121,6 +1126,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
                 int64_t i0, br;
                 if (!piece_of(fa_problem_seq(p, b).q_len, qp, qpc_all, g.br, qpiece_all, &i0, &br)) continue;
                 bwd_task_dq(p, kern, &g, &sc, NULL, dvec, dout, dq, b, h, i0, (int)br);
+                fa_progress(p);
             }
         }
         fa_scratch_free(p, sc.base);

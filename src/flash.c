@@ -594,6 +594,7 @@ fa_status fa_flash_forward(const fa_problem *p)
                     const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
                     fa_pack_transposed(kern, &ks, j0, bc, kv.kt + (size_t)kb * (size_t)p->d * g.ldk, g.ldk);
                     kv.v_bad[kb] = (unsigned char)fa_pack_rows(&vs, j0, bc, kv.v + (size_t)j0 * g.ldv, g.ldv, 1);
+                    fa_progress(p);
                 }
                 /* then every Q block (or piece of one) of every query head that reads them */
                 const int64_t heads_in_pass = npass * group;
@@ -614,6 +615,7 @@ fa_status fa_flash_forward(const fa_problem *p)
                     if (!piece_of(p, b, qp, npc, g.br, piece, &i0, &rows)) continue;
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
+                    fa_progress(p);
                 }
             }
         } else if (!failed) {
@@ -631,6 +633,7 @@ fa_status fa_flash_forward(const fa_problem *p)
                 int64_t i0, rows;
                 if (!piece_of(p, b, qp, npc, g.br, piece, &i0, &rows)) continue;
                 flash_task(p, kern, &g, &sc, NULL, b, h, i0, (int)rows);
+                fa_progress(p);
             }
         }
         fa_scratch_free(p, sc.base);

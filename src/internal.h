@@ -33,6 +33,10 @@
 #include "mask.h"
 #include "problem.h"
 #include "status.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include "tensor.h"
 
 /* Threads for a parallel loop of `tasks` tasks: never more than the tasks. */
@@ -82,6 +86,21 @@ static inline int fa_piece_rows(int64_t tasks, int threads, int blk, int row_blo
     piece = (piece + rb - 1) / rb * rb;
     if (piece < 4 * rb) piece = 4 * rb;
     return piece < blk ? (int)piece : blk;
+}
+
+/*
+ * The caller's progress hook (fa_options::progress), run after a task by thread 0
+ * of the team only — the thread that made the call, so an MPI_THREAD_FUNNELED
+ * rank's transfers advance on its main thread while the other threads compute.
+ * Outside a parallel region (one thread) thread 0 is the caller too.
+ */
+static inline void fa_progress(const fa_problem *p)
+{
+    if (!p->progress) return;
+#ifdef _OPENMP
+    if (omp_get_thread_num() != 0) return;
+#endif
+    p->progress(p->progress_arg);
 }
 
 /* ------------------------------------------------------------------------ */

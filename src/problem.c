@@ -47,6 +47,9 @@
 #define FA_OPTIONS_VARLEN_SIZE (offsetof(fa_options, varlen) + sizeof(const fa_varlen *))
 /* ... and through kvcache (0.4.0), before sinks, rotary, dropout and num_splits. */
 #define FA_OPTIONS_KVCACHE_SIZE (offsetof(fa_options, kvcache) + sizeof(const fa_kvcache *))
+/* ... and through num_splits (0.5.0), before progress was appended (the struct's size then,
+ * padding included: progress, a pointer, starts where it ended). */
+#define FA_OPTIONS_SPLITS_SIZE offsetof(fa_options, progress)
 
 fa_status fa_struct_size_check(const void *in, size_t lib_size, const size_t *known, int n_known,
                                const char *what, const char *init_fn)
@@ -99,7 +102,7 @@ fa_status fa_options_read(const fa_options *in, fa_options *out)
     fa_options_init(out, sizeof *out);
     if (!in) return FA_OK;
     static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_CONTEXT_SIZE, FA_OPTIONS_ALIGN_SIZE,
-                                   FA_OPTIONS_VARLEN_SIZE, FA_OPTIONS_KVCACHE_SIZE,
+                                   FA_OPTIONS_VARLEN_SIZE, FA_OPTIONS_KVCACHE_SIZE, FA_OPTIONS_SPLITS_SIZE,
                                    sizeof(fa_options)};
     fa_status st = fa_struct_size_check(in, sizeof *out, known, (int)(sizeof known / sizeof known[0]),
                                         "fa_options", "fa_options_default");
@@ -925,6 +928,8 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
                        opt.align);
     p->top_left = opt.align == FA_ALIGN_TOP_LEFT;
     p->num_splits = opt.num_splits;
+    p->progress = opt.progress;
+    p->progress_arg = opt.progress_arg;
     p->window_left = opt.window_left < 0 ? -1 : opt.window_left;
     p->window_right = opt.window_right < 0 ? -1 : opt.window_right;
     if (opt.causal) p->window_right = 0;

@@ -63,6 +63,15 @@ typedef struct options_v040 {
     const fa_kvcache *kvcache;
 } options_v040;
 
+/* fa_options as 0.5.0 shipped it (through num_splits, before progress was appended). */
+typedef struct options_v050 {
+    options_v040 head;
+    const fa_tensor *sinks;
+    const struct fa_rotary *rotary;
+    const struct fa_dropout *dropout;
+    int num_splits;
+} options_v050;
+
 typedef struct small {
     tu_tensor q, k, v, o, lse;
 } small;
@@ -205,6 +214,32 @@ static void test_options_v040_still_work(void **state)
     memset(&old, 0, sizeof old);
     fa_options_init((fa_options *)(void *)&old, sizeof old);
     old.head.head.head.window_left = 3;
+    memcpy(buf, &old, sizeof old);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
+    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
+    free(buf);
+    free_small(&a);
+    free_small(&b);
+}
+
+/* Ensure a caller built against 0.5.0 (fa_options ending at `num_splits`) still works: the
+ * bytes where progress and progress_arg would be are garbage (a wild function pointer) and
+ * must not be read, let alone called. */
+static void test_options_v050_still_work(void **state)
+{
+    (void)state;
+    assert_int_equal(offsetof(options_v050, num_splits), offsetof(fa_options, num_splits));
+    assert_int_equal(sizeof(options_v050), offsetof(fa_options, progress));
+    small a = make_small(0xab7), b = make_small(0xab7);
+    fa_options cur = fa_options_default();
+    cur.causal = 1;
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+    unsigned char *buf = malloc(sizeof(fa_options) + 64);
+    memset(buf, 0x5a, sizeof(fa_options) + 64);
+    options_v050 old;
+    memset(&old, 0, sizeof old);
+    fa_options_init((fa_options *)(void *)&old, sizeof old);
+    old.head.head.head.head.causal = 1;
     memcpy(buf, &old, sizeof old);
     assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
     assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
@@ -501,6 +536,7 @@ int main(void)
         cmocka_unit_test(test_options_without_varlen_still_work),
         cmocka_unit_test(test_options_without_kvcache_still_work),
         cmocka_unit_test(test_options_v040_still_work),
+        cmocka_unit_test(test_options_v050_still_work),
         cmocka_unit_test(test_negative_num_splits_is_refused),
         cmocka_unit_test(test_uninitialized_struct_size_is_refused),
         cmocka_unit_test(test_check_writes_only_the_callers_report),

@@ -347,6 +347,40 @@ static void xfer_test(xfer *x)
     for (int i = 0; i < TEST_BURST && x->n && !x->done; i++) MPI_Testall(x->n, x->req, &x->done, MPI_STATUSES_IGNORE);
 }
 
+/*
+ * The transfers of a step also advance inside each library call: fa_options::progress
+ * runs this between the call's tasks on its thread 0 — the thread that called,
+ * the one MPI_THREAD_FUNNELED lets call MPI — while the other threads compute.
+ * Between calls only (the tests in the block loops below), every thread of the
+ * rank but one would sit idle while MPI copies a step's 16-48 MiB. The caller's
+ * own hook, if any, runs after.
+ */
+typedef struct ring_hook {
+    xfer *x[2];
+    void (*user)(void *);
+    void *user_arg;
+} ring_hook;
+
+static void ring_progress(void *arg)
+{
+    const ring_hook *h = arg;
+    for (int i = 0; i < 2; i++)
+        if (h->x[i]) xfer_test(h->x[i]);
+    if (h->user) h->user(h->user_arg);
+}
+
+/* A block's options: the hook on while a transfer is in flight (the caller's own hook otherwise). */
+static void hook_on(fa_options *o, ring_hook *h, xfer *a, xfer *b)
+{
+    h->x[0] = a && a->n && !a->done ? a : NULL;
+    h->x[1] = b && b->n && !b->done ? b : NULL;
+    h->user = o->progress;
+    h->user_arg = o->progress_arg;
+    if (!h->x[0] && !h->x[1]) return;
+    o->progress = ring_progress;
+    o->progress_arg = h;
+}
+
 static void xfer_wait(xfer *x, fa_ring_stats *s)
 {
     if (!x->n) return;
@@ -371,6 +405,7 @@ typedef struct ring {
     int64_t br;  /* the flash path's row block (pieces are multiples of it) */
     int threads; /* OpenMP threads of a library call (and of the merge) */
     size_t chunk; /* smallest message of a transfer (CHUNK; FA_RING_CHUNK overrides) */
+    int pieces;   /* cut blocks into pieces while a transfer is in flight (FA_RING_PIECES=0: not) */
 } ring;
 
 static fa_status check_out(const fa_tensor *t, const char *name, int rank, const int64_t *shape, int allow_null)
@@ -409,6 +444,8 @@ static fa_status check_local(ring *R, const fa_tensor *q, const fa_tensor *k, co
                         env);
         R->chunk = (size_t)ch;
     }
+    env = getenv("FA_RING_PIECES");
+    R->pieces = !(env && strcmp(env, "0") == 0);
     const fa_options *o = &R->opt;
     if (o->alibi_slopes) return fail(FA_ERR_OPTION, "the ring does not support ALiBi slopes");
     if (o->varlen) return fail(FA_ERR_OPTION, "the ring does not support variable-length batches (varlen)");
@@ -527,7 +564,12 @@ static void stats_begin(fa_ring_stats *s, const ring *R)
  * MAX_PIECE_CALLS pieces, and rows are cut only to reach ROW_TARGET pieces.
  * With nothing in flight (the last step, one rank) the block is one call. The
  * pieces depend on Br and the thread count, so the bits do too (the same for
- * the same ranks, threads and blocks).
+ * the same ranks, threads and blocks). Inside each call the transfer advances
+ * as well (ring_progress, between the call's tasks), so pieces are no longer
+ * what keeps it moving; FA_RING_PIECES=0 turns them off (one call per block;
+ * device host, 2 threads x 8 ranks, weak scaling: the time of P = 8 as with
+ * them, forward and backward within the host's noise; peak RSS per rank +12%
+ * in the backward, whose one call holds every head's scratch at once).
  */
 enum { MAX_PIECE_CALLS = 16, ROW_TARGET = 8 };
 
@@ -538,7 +580,7 @@ typedef struct cut {
 static cut cut_of(const ring *R, int64_t len, int in_flight)
 {
     cut c = {1, 1};
-    if (!in_flight || len <= 0) return c;
+    if (!in_flight || len <= 0 || !R->pieces) return c;
     const int64_t nb = (len + R->br - 1) / R->br, g = R->heads / (R->heads_k > 0 ? R->heads_k : 1);
     const int64_t need = 2 * (int64_t)R->threads; /* tasks per call */
     int64_t nh = R->heads_k < MAX_PIECE_CALLS ? R->heads_k : MAX_PIECE_CALLS;
@@ -688,6 +730,8 @@ fa_status fa_ring_forward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor 
                 }
                 if (local != FA_OK) continue; /* keep the ring going; report at the end */
                 const double t = MPI_Wtime();
+                ring_hook hook;
+                hook_on(&p.o, &hook, &x, NULL);
                 const fa_tensor q1 = view(q, 1, qs->loff + p.i0, p.n), qv = view(&q1, 2, h0, hn);
                 const fa_tensor k1 = view(&kt, 1, ks->loff + p.j0, p.m), kb = view(&k1, 2, k0, kn);
                 const fa_tensor v1 = view(&vt, 1, ks->loff + p.j0, p.m), vb = view(&v1, 2, k0, kn);
@@ -853,6 +897,8 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
                 }
                 if (local != FA_OK) continue;
                 const double t = MPI_Wtime();
+                ring_hook hook;
+                hook_on(&p.o, &hook, &x, &dx);
                 const int64_t r0 = qs->loff + p.i0, j0 = ks->loff + p.j0;
                 const fa_tensor q1 = view(q, 1, r0, p.n), o1 = view(o, 1, r0, p.n), l1 = view(lse, 2, r0, p.n);
                 const fa_tensor g1 = view(dout, 1, r0, p.n);
