@@ -1,16 +1,19 @@
 /*
  * decode_pattern.c — the memory pattern of a decode step, without the library: how fast
- * one thread reads a [N][H][D] K and V cache in three orders, with a fixed amount of
+ * one thread reads a [N][H][D] K and V cache in four orders, with a fixed amount of
  * arithmetic per 64-byte line standing in for the kernels' (docs/performance.md, "Prefetch
  * the next head", "Why bf16 still trails").
  *
- *   usage: decode_pattern ELEM_BYTES ORDER [BLOCK [FMAS]]
+ *   usage: decode_pattern ELEM_BYTES ORDER [BLOCK [FMAS [LOCALITY]]]
  *     ELEM_BYTES  4 (float32 rows) or 2 (bf16 rows); H = 8 heads, D = 128, N = 32768 keys
  *     ORDER       0: head by head within blocks of BLOCK keys, K rows then V rows (the
  *                    decoder's order), no software prefetch
  *                 1: the same, asking (prefetcht0) for the next head's rows of the block
  *                    (after the last head, the first head's rows of the next block)
  *                 2: address order: each key's rows of every head, K then V
+ *                 3: head by head, asking at head h for slice h of H of the next block's
+ *                    keys, every head, in address order (prefetch LOCALITY 3: t0, 2: t1,
+ *                    1: t2; default 3)
  *     BLOCK       keys per block (default 32); FMAS: 16-lane FMAs per line read, in groups
  *                 of 8 (default 0; 16 is about the bf16 kernels' arithmetic per line)
  *   Prints GB/s (K and V bytes once over the best of 5 cold passes; a 1 GiB read before
@@ -63,6 +66,17 @@ static void use_row(const char *row, size_t bytes)
     f[0] = f0; f[1] = f1; f[2] = f2; f[3] = f3; f[4] = f4; f[5] = f5; f[6] = f6; f[7] = f7;
 }
 
+/* Keys j0 .. j0+n-1, every head, in address order (one contiguous stretch per key row). */
+static void ask_keys(const char *base, long j0, int n, size_t keyb, int loc)
+{
+    const char *r = base + (size_t)j0 * keyb;
+    for (size_t b = 0; b < (size_t)n * keyb; b += 64) {
+        if (loc == 3) __builtin_prefetch(r + b, 0, 3);
+        else if (loc == 2) __builtin_prefetch(r + b, 0, 2);
+        else __builtin_prefetch(r + b, 0, 1);
+    }
+}
+
 static void ask_rows(const char *base, long j0, int n, int h, size_t keyb, size_t rowb)
 {
     for (int x = 0; x < n; x++) {
@@ -74,13 +88,15 @@ static void ask_rows(const char *base, long j0, int n, int h, size_t keyb, size_
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: decode_pattern ELEM_BYTES ORDER [BLOCK [FMAS]]\n");
+        fprintf(stderr, "usage: decode_pattern ELEM_BYTES ORDER [BLOCK [FMAS [LOCALITY]]]\n");
         return 2;
     }
     const int esz = atoi(argv[1]), order = atoi(argv[2]), bc = argc > 3 ? atoi(argv[3]) : 32;
     fmas = argc > 4 ? atoi(argv[4]) : 0;
-    if ((esz != 2 && esz != 4) || order < 0 || order > 2 || bc < 1 || bc > 4096 || fmas < 0 || fmas > 256) {
-        fprintf(stderr, "decode_pattern: ELEM_BYTES 2|4, ORDER 0..2, BLOCK 1..4096, FMAS 0..256\n");
+    const int loc = argc > 5 ? atoi(argv[5]) : 3;
+    if ((esz != 2 && esz != 4) || order < 0 || order > 3 || loc < 1 || loc > 3 || bc < 1 || bc > 4096 || fmas < 0 ||
+        fmas > 256) {
+        fprintf(stderr, "decode_pattern: ELEM_BYTES 2|4, ORDER 0..3, BLOCK 1..4096, FMAS 0..256, LOCALITY 1..3\n");
         return 2;
     }
     const size_t rowb = (size_t)D * (size_t)esz, keyb = rowb * H, total = keyb * (size_t)N;
@@ -109,6 +125,14 @@ int main(int argc, char **argv)
                     const int th = h + 1 < H ? h + 1 : 0;
                     const long tj = h + 1 < H ? j0 : j0 + bc;
                     const int tn = tj >= N ? 0 : (N - tj < bc ? (int)(N - tj) : bc);
+                    if (order == 3) { /* slice h of the next block, address order */
+                        const long a0 = j0 + bc + (long)h * bc / H, a1 = j0 + bc + (long)(h + 1) * bc / H;
+                        const long e = a1 < N ? a1 : N;
+                        if (e > a0) {
+                            ask_keys(K, a0, (int)(e - a0), keyb, loc);
+                            ask_keys(V, a0, (int)(e - a0), keyb, loc);
+                        }
+                    }
                     if (order == 1) ask_rows(K, tj, tn, th, keyb, rowb);
                     for (int x = 0; x < n; x++) use_row(K + (size_t)(j0 + x) * keyb + (size_t)h * rowb, rowb);
                     if (order == 1) ask_rows(V, tj, tn, th, keyb, rowb);
