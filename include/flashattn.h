@@ -61,11 +61,11 @@ extern "C" {
 /** @brief Major version: changes when the ABI breaks. */
 #define FA_VERSION_MAJOR 0
 /** @brief Minor version: new functions or fields, compatible. */
-#define FA_VERSION_MINOR 5
+#define FA_VERSION_MINOR 6
 /** @brief Patch version: fixes only. */
 #define FA_VERSION_PATCH 0
 /** @brief Library version string, "MAJOR.MINOR.PATCH". */
-#define FA_VERSION "0.5.0"
+#define FA_VERSION "0.6.0"
 /** @brief The version as one comparable number: MAJOR*10000 + MINOR*100 + PATCH. */
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -439,14 +439,20 @@ typedef struct fa_options {
                                    to the key blocks and to 128. The heuristic splits only when batch x
                                    heads_k (x row chunks) is below 16 tasks, into enough splits to make
                                    16; it does not look at the thread count, so its bits do not either. */
-    void (*progress)(void *arg); /**< NULL, or a function the call runs now and then, between its tasks, on
-                                   the thread that made the call (OpenMP thread 0 of the call's team;
-                                   never two at once), while the call's other threads go on computing:
-                                   a way to drive the caller's own asynchronous work — an MPI rank's
-                                   transfers (fa_ring_forward) — without stopping the computation.
-                                   It must not call into flashattn and cannot change a result. Run by
-                                   the flash forward (not its decode path) and backward. Appended after
-                                   num_splits. */
+    void (*progress)(void *arg); /**< NULL, or a function the call runs now and then, after a task, on
+                                   the thread that made the call (OpenMP thread 0 of the call's team),
+                                   while the call's other threads go on computing: a way to drive the
+                                   caller's own asynchronous work — an MPI rank's transfers
+                                   (fa_ring_forward) — without stopping the computation. Within one call
+                                   it never runs twice at once (two calls made at once with the same
+                                   progress_arg may). It must return (no longjmp, no exception through
+                                   it), should return soon (the call waits for it at its end), must not
+                                   touch the call's tensors and must not call into flashattn; it cannot
+                                   change a result. How often it runs depends on the tasks thread 0 takes
+                                   (possibly never). Run by the flash forward's task loops (not its
+                                   packing, not its decode path for seqlen_q <= 16) and the flash
+                                   backward's; not by the reference or standard paths. Appended after
+                                   num_splits (0.6). */
     void *progress_arg;       /**< Passed to progress. */
 } fa_options;
 

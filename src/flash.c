@@ -594,7 +594,6 @@ fa_status fa_flash_forward(const fa_problem *p)
                     const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
                     fa_pack_transposed(kern, &ks, j0, bc, kv.kt + (size_t)kb * (size_t)p->d * g.ldk, g.ldk);
                     kv.v_bad[kb] = (unsigned char)fa_pack_rows(&vs, j0, bc, kv.v + (size_t)j0 * g.ldv, g.ldv, 1);
-                    fa_progress(p);
                 }
                 /* then every Q block (or piece of one) of every query head that reads them */
                 const int64_t heads_in_pass = npass * group;

@@ -27,16 +27,16 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "alloc.h"
 #include "config.h"
 #include "context.h"
 #include "mask.h"
 #include "problem.h"
 #include "status.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #include "tensor.h"
 
 /* Threads for a parallel loop of `tasks` tasks: never more than the tasks. */
@@ -90,9 +90,12 @@ static inline int fa_piece_rows(int64_t tasks, int threads, int blk, int row_blo
 
 /*
  * The caller's progress hook (fa_options::progress), run after a task by thread 0
- * of the team only — the thread that made the call, so an MPI_THREAD_FUNNELED
- * rank's transfers advance on its main thread while the other threads compute.
- * Outside a parallel region (one thread) thread 0 is the caller too.
+ * of the team only — OpenMP makes the thread that opens a parallel region its
+ * thread 0, nested or not, so this is the thread that made the call, and an
+ * MPI_THREAD_FUNNELED rank's transfers advance on its main thread while the
+ * other threads compute. Only in the dynamically scheduled task loops: in a
+ * static loop (packing) the other threads would wait for the burst at its
+ * barrier.
  */
 static inline void fa_progress(const fa_problem *p)
 {

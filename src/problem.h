@@ -95,7 +95,7 @@ typedef struct fa_problem {
     size_t standard_max_bytes;   /* resolved cap */
     int num_splits;              /* split-KV of the decode path (decode.c): 0 heuristic, 1 none, n splits */
     void (*progress)(void *);    /* fa_options::progress: run by thread 0 between tasks (fa_progress) */
-    void *progress_arg;
+    void *progress_arg;          /* its argument */
     const struct fa_kernels *kern; /* the kernel table (the context's, or the dispatched one) */
     const fa_context *context;   /* the caller's context, or NULL */
     struct fa_arena *arena;      /* the context's scratch arena during a call, or NULL */

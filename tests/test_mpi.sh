@@ -33,6 +33,18 @@ echo "-- mpirun -np 3 mpi_ring_check (FA_RING_CHUNK=512: a transfer in many mess
 FA_RING_CHUNK=512 OMP_NUM_THREADS=1 timeout 300 $MPIRUN -np 3 "$build/tests/mpi_ring_check"
 rc=$?
 [ $rc = 0 ] || { echo "FAIL: mpi_ring_check with 3 ranks and 512-byte messages (exit $rc; 124 = timed out)"; fail=1; }
+# one library call per block even while a transfer is in flight (the pieces off; the
+# transfer then advances only through the progress hook inside the calls)
+echo "-- mpirun -np 3 mpi_ring_check (FA_RING_PIECES=0, 2 threads per rank, 512-byte messages)"
+FA_RING_PIECES=0 FA_RING_CHUNK=512 OMP_NUM_THREADS=2 timeout 300 $MPIRUN -np 3 "$build/tests/mpi_ring_check"
+rc=$?
+[ $rc = 0 ] || { echo "FAIL: mpi_ring_check with FA_RING_PIECES=0 (exit $rc; 124 = timed out)"; fail=1; }
+echo "-- a bad FA_RING_PIECES is refused on every rank"
+msg=$(FA_RING_PIECES=no OMP_NUM_THREADS=1 timeout 60 $MPIRUN -np 2 "$build/flashattn-mpi" bench --n 64 --d 16 --reps 1 2>&1)
+rc=$?
+if [ $rc = 2 ] && [ "$(printf '%s\n' "$msg" | grep -c 'FA_RING_PIECES must be 0 or 1')" = 1 ]; then :; else
+    echo "FAIL: FA_RING_PIECES=no: exit $rc, output: $msg"; fail=1
+fi
 echo "-- a bad FA_RING_CHUNK is refused on every rank"
 msg=$(FA_RING_CHUNK=12x OMP_NUM_THREADS=1 timeout 60 $MPIRUN -np 2 "$build/flashattn-mpi" bench --n 64 --d 16 --reps 1 2>&1)
 rc=$?

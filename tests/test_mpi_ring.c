@@ -11,12 +11,17 @@
  *   P > 1: max|ring - ref| <= 2 max|flash - ref| + floor (FlashAttention's rule;
  *          floor = 2^-20 max|ref|, a few float32 ulps), for O, LSE, dQ, dK, dV;
  *   the same run twice gives the same bits; zigzag and contiguous agree within
- *   the same bound; a bad shard on one rank fails on every rank, same message.
+ *   the same bound; a caller's progress hook is run on the main thread and moves
+ *   no bit, nor do options of an older layout; a bad shard on one rank fails on
+ *   every rank, same message.
  * Exit status 0 only when every check passed on every rank.
  */
 #include "flashattn_mpi.h"
 
 #include <math.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +296,70 @@ static void run_case(const cfg *c, uint64_t seed)
     free(F.dv_ref), free(F.o_fl), free(F.lse_fl), free(F.dq_fl), free(F.dk_fl), free(F.dv_fl);
 }
 
+/* The caller's own progress hook through the ring: still run (the ring's hook runs it after
+ * its tests), only on the main thread, never twice at once, and no bit moves; with one thread
+ * per rank every task is thread 0's, so it must run. Options of the 0.5 layout (ending at
+ * num_splits, struct_size = offsetof(progress)) followed by garbage where progress would
+ * be: the ring reads them only as far as they go, and gives the bits of the current layout. */
+static _Thread_local int on_main;
+static atomic_int hook_calls, hook_elsewhere, hook_inside, hook_overlap;
+
+static void user_hook(void *arg)
+{
+    (void)arg;
+    if (atomic_fetch_add(&hook_inside, 1) != 0) atomic_fetch_add(&hook_overlap, 1);
+    atomic_fetch_add(&hook_calls, 1);
+    if (!on_main) atomic_fetch_add(&hook_elsewhere, 1);
+    atomic_fetch_sub(&hook_inside, 1);
+}
+
+static void caller_hook(void)
+{
+    const int64_t B = 1, S = 48 * (int64_t)size_, H = 2, Hk = 1, d = 16, c = S / size_;
+    const size_t nq = (size_t)(B * c * H * d), nk = (size_t)(B * c * Hk * d), nl = (size_t)(B * H * c);
+    float *q = fa32(nq), *k = fa32(nk), *v = fa32(nk), *g = fa32(nq);
+    rng = 0x5eed5 + (uint64_t)rank_;
+    for (size_t i = 0; i < nq; i++) q[i] = (float)urand(), g[i] = (float)urand();
+    for (size_t i = 0; i < nk; i++) k[i] = (float)urand(), v[i] = (float)urand();
+    const fa_tensor xq = T(q, FA_F32, 4, B, c, H, d), xk = T(k, FA_F32, 4, B, c, Hk, d);
+    const fa_tensor xv = T(v, FA_F32, 4, B, c, Hk, d), xg = T(g, FA_F32, 4, B, c, H, d);
+    float *o[3], *l[3], *dq[3], *dk[3], *dv[3];
+    fa_options plain = fa_options_default();
+    plain.causal = 1;
+    plain.block_q = 16;
+    plain.block_k = 16;
+    fa_options hooked = plain;
+    hooked.progress = user_hook;
+    unsigned char *old = malloc(sizeof(fa_options) + 64);
+    memset(old, 0x5a, sizeof(fa_options) + 64); /* progress would be a wild pointer */
+    memcpy(old, &plain, offsetof(fa_options, progress));
+    ((fa_options *)(void *)old)->struct_size = offsetof(fa_options, progress);
+    const fa_options *use[3] = {&plain, &hooked, (const fa_options *)(void *)old};
+    for (int x = 0; x < 3; x++) {
+        o[x] = fa32(nq), l[x] = fa32(nl), dq[x] = fa32(nq), dk[x] = fa32(nk), dv[x] = fa32(nk);
+        fa_tensor yo = T(o[x], FA_F32, 4, B, c, H, d), yl = T(l[x], FA_F32, 3, B, H, c, 0);
+        fa_tensor yq = T(dq[x], FA_F32, 4, B, c, H, d), yk = T(dk[x], FA_F32, 4, B, c, Hk, d);
+        fa_tensor yv = T(dv[x], FA_F32, 4, B, c, Hk, d);
+        on_main = 1;
+        const fa_status s1 = fa_ring_forward(MPI_COMM_WORLD, FA_RING_ZIGZAG, &xq, &xk, &xv, &yo, &yl, use[x], NULL);
+        const fa_status s2 = fa_ring_backward(MPI_COMM_WORLD, FA_RING_ZIGZAG, &xq, &xk, &xv, &yo, &yl, &xg, &yq, &yk,
+                                              &yv, use[x], NULL);
+        on_main = 0;
+        CHECK(s1 == FA_OK && s2 == FA_OK, "caller hook, options %d: %s", x, fa_ring_last_error());
+    }
+    for (int x = 1; x < 3; x++)
+        CHECK(memcmp(o[0], o[x], nq * sizeof(float)) == 0 && memcmp(l[0], l[x], nl * sizeof(float)) == 0 &&
+                  memcmp(dq[0], dq[x], nq * sizeof(float)) == 0 && memcmp(dk[0], dk[x], nk * sizeof(float)) == 0 &&
+                  memcmp(dv[0], dv[x], nk * sizeof(float)) == 0,
+              "options %d (%s) change the ring's bits", x, x == 1 ? "a caller's hook" : "the 0.5 layout");
+    if (omp_get_max_threads() == 1) CHECK(atomic_load(&hook_calls) >= 1, "the caller's hook never ran");
+    CHECK(atomic_load(&hook_elsewhere) == 0, "the caller's hook ran off the main thread %d times",
+          atomic_load(&hook_elsewhere));
+    CHECK(atomic_load(&hook_overlap) == 0, "the caller's hook ran twice at once");
+    for (int x = 0; x < 3; x++) free(o[x]), free(l[x]), free(dq[x]), free(dk[x]), free(dv[x]);
+    free(old), free(q), free(k), free(v), free(g);
+}
+
 /* Bad input on ONE rank: every rank gets the same error, nobody hangs. */
 static void bad_inputs(void)
 {
@@ -387,6 +456,7 @@ int main(int argc, char **argv)
         {"long window 50,3 Sq<Sk", 1, 384, 480, 2, 1, 16, 16, 0, 50, 3, 0, FA_ALIGN_BOTTOM_RIGHT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], seed + 7919 * i);
+    caller_hook();
     bad_inputs();
     int all;
     MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -9,6 +9,8 @@
 #   its flashattn-mpi (built here: the host has no mpicc) and optionally a file ENV of VAR=VALUE
 #   words the side runs under (new0/ENV: FA_RING_PIECES=0 runs new's binary without pieces).
 #   SIDES (default "old new") names the folders, in the first round's order.
+# RANKS (default 1,2,4,8) and SWEEPS (default weak; "weak alone": each round also measures the
+# host's ceiling beside the ring) change what a round runs.
 # Each part is skipped, with a line saying so, once BUDGET_S (default 480) is spent.
 set -u
 dir=${1:?usage: device_ring_ab.sh DIR OUTDIR [BUDGET_S]}
@@ -31,7 +33,7 @@ for s in $sides; do
     echo "side $s: $(cat "$dir/$s/REV" 2>/dev/null) env: $(cat "$dir/$s/ENV" 2>/dev/null)"
     ldd "$dir/$s/flashattn-mpi" | grep "not found"
 done
-rb="--ranks 1,2,4,8 --bind core --tokens-per-rank 4096 --d 128 --heads 4 --threads 2"
+rb="--ranks ${RANKS:-1,2,4,8} --bind core --tokens-per-rank 4096 --d 128 --heads 4 --threads 2"
 side() { # side NAME TAG ARGS...: ring_bench.sh with the side's binary and ENV
     s=$1; tag=$2; shift 2
     if [ "$(left)" -lt 45 ]; then echo "== $s $tag: skipped ($(left) s left)"; return; fi
@@ -43,7 +45,7 @@ rounds=${ROUNDS:-3}
 r=1
 order=$sides
 while [ "$r" -le "$rounds" ]; do
-    for s in $order; do side "$s" "r$r" --reps 2 --sweeps weak; done
+    for s in $order; do side "$s" "r$r" --reps 2 --sweeps "${SWEEPS:-weak}"; done
     order=$(for s in $order; do echo "$s"; done | awk '{ a[NR] = $0 } END { for (i = NR; i >= 1; i--) printf "%s ", a[i] }')
     r=$((r + 1))
 done

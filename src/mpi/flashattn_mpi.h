@@ -22,8 +22,9 @@
  * The ring: K/V shards travel rank r -> r+1 (MPI_Isend/MPI_Irecv into a second
  * buffer, as 1 MiB messages; FA_RING_CHUNK=bytes overrides) while the rank
  * computes on the one it holds, with bursts of MPI_Testall between library calls
- * (while a transfer is in flight a Q chunk is cut into pieces of whole flash row
- * blocks, at most 16, so that MPI progresses it); each (Q piece, K chunk) block
+ * and inside them (fa_options::progress, run by the call's thread 0 between its
+ * tasks); while a transfer is in flight a Q chunk is cut into pieces of whole
+ * flash row blocks, at most 16 (FA_RING_PIECES=0: not); each (Q piece, K chunk) block
  * is one fa_forward call with the band
  * shifted to the chunks' global offsets (top-left alignment, rows or keys that
  * see nothing sliced off), and the partial (O, LSE) merge in float64:
@@ -34,7 +35,10 @@
  *
  * Threads: MPI must be initialized with at least MPI_THREAD_FUNNELED and these
  * functions called from the main thread (OpenMP runs inside fa_forward; MPI is
- * called only between blocks). Collective: every rank of `comm` must call with
+ * called by the main thread only: between blocks, and inside a block's call
+ * through its progress hook, which the library runs on the calling thread). A
+ * progress hook in the caller's options is still run (after the ring's own
+ * tests). Collective: every rank of `comm` must call with
  * the same options; a problem found on any rank is returned on EVERY rank with
  * the same status and message (fa_ring_last_error), never a hang.
  *

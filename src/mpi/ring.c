@@ -369,8 +369,9 @@ static void ring_progress(void *arg)
     if (h->user) h->user(h->user_arg);
 }
 
-/* A block's options: the hook on while a transfer is in flight (the caller's own hook otherwise). */
-static void hook_on(fa_options *o, ring_hook *h, xfer *a, xfer *b)
+/* A block's options: progress is the ring's hook while a transfer is in flight (which then
+ * runs the caller's own hook too), else the caller's own hook as it was. */
+static void block_hook(fa_options *o, ring_hook *h, xfer *a, xfer *b)
 {
     h->x[0] = a && a->n && !a->done ? a : NULL;
     h->x[1] = b && b->n && !b->done ? b : NULL;
@@ -444,8 +445,13 @@ static fa_status check_local(ring *R, const fa_tensor *q, const fa_tensor *k, co
                         env);
         R->chunk = (size_t)ch;
     }
+    /* FA_RING_PIECES=0: one call per block even while a transfer is in flight (cut_of) */
     env = getenv("FA_RING_PIECES");
-    R->pieces = !(env && strcmp(env, "0") == 0);
+    R->pieces = 1;
+    if (env && strcmp(env, "1") != 0) {
+        if (strcmp(env, "0") != 0) return fail(FA_ERR_OPTION, "FA_RING_PIECES must be 0 or 1 (got '%s')", env);
+        R->pieces = 0;
+    }
     const fa_options *o = &R->opt;
     if (o->alibi_slopes) return fail(FA_ERR_OPTION, "the ring does not support ALiBi slopes");
     if (o->varlen) return fail(FA_ERR_OPTION, "the ring does not support variable-length batches (varlen)");
@@ -506,6 +512,28 @@ static fa_status check_same(ring *R, const fa_tensor *q, const fa_tensor *k, con
     return FA_OK;
 }
 
+/*
+ * R->opt: the caller's options as the library reads them. The library checks
+ * struct_size (and a newer caller's tail) as fa_forward would — fa_block_sizes
+ * reads options the same way — then the struct is copied only as far as the
+ * caller's goes, the rest left at the defaults, and given this library's size:
+ * a caller built against an older layout is not read past its end, and what the
+ * ring sets in a block's options (progress) reaches the library whatever layout
+ * the caller was compiled with.
+ */
+static fa_status read_options(ring *R, const fa_options *opt, const fa_tensor *q)
+{
+    R->opt = fa_options_default();
+    if (!opt) return FA_OK;
+    const int64_t d = q && q->rank == 4 && q->shape[3] >= 1 && q->shape[3] <= FA_HEAD_DIM_MAX ? q->shape[3] : 64;
+    int bq = 0, bk = 0;
+    const fa_status st = fa_block_sizes(d, d, opt, &bq, &bk);
+    if (st != FA_OK) return fail_lib(st, "options");
+    memcpy(&R->opt, opt, opt->struct_size < sizeof R->opt ? opt->struct_size : sizeof R->opt);
+    R->opt.struct_size = sizeof R->opt;
+    return FA_OK;
+}
+
 static fa_status ring_open(ring *R, MPI_Comm comm, fa_ring_layout layout, const fa_options *opt, const fa_tensor *q,
                            const fa_tensor *k, const fa_tensor *v)
 {
@@ -519,9 +547,8 @@ static fa_status ring_open(ring *R, MPI_Comm comm, fa_ring_layout layout, const 
     MPI_Comm_dup(comm, &R->comm);
     MPI_Comm_rank(R->comm, &R->rank);
     MPI_Comm_size(R->comm, &R->size);
-    R->opt = opt ? *opt : fa_options_default();
-    fa_status st = FA_OK;
-    if (layout != FA_RING_AUTO && layout != FA_RING_CONTIGUOUS && layout != FA_RING_ZIGZAG)
+    fa_status st = read_options(R, opt, q);
+    if (st == FA_OK && layout != FA_RING_AUTO && layout != FA_RING_CONTIGUOUS && layout != FA_RING_ZIGZAG)
         st = fail(FA_ERR_OPTION, "unknown ring layout %d", (int)layout);
     R->layout = fa_ring_resolve_layout(layout, &R->opt);
     if (R->size == 1) R->layout = FA_RING_CONTIGUOUS; /* one rank: the same rows; no even length needed */
@@ -731,7 +758,7 @@ fa_status fa_ring_forward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor 
                 if (local != FA_OK) continue; /* keep the ring going; report at the end */
                 const double t = MPI_Wtime();
                 ring_hook hook;
-                hook_on(&p.o, &hook, &x, NULL);
+                block_hook(&p.o, &hook, &x, NULL);
                 const fa_tensor q1 = view(q, 1, qs->loff + p.i0, p.n), qv = view(&q1, 2, h0, hn);
                 const fa_tensor k1 = view(&kt, 1, ks->loff + p.j0, p.m), kb = view(&k1, 2, k0, kn);
                 const fa_tensor v1 = view(&vt, 1, ks->loff + p.j0, p.m), vb = view(&v1, 2, k0, kn);
@@ -898,7 +925,7 @@ fa_status fa_ring_backward(MPI_Comm comm, fa_ring_layout layout, const fa_tensor
                 if (local != FA_OK) continue;
                 const double t = MPI_Wtime();
                 ring_hook hook;
-                hook_on(&p.o, &hook, &x, &dx);
+                block_hook(&p.o, &hook, &x, &dx);
                 const int64_t r0 = qs->loff + p.i0, j0 = ks->loff + p.j0;
                 const fa_tensor q1 = view(q, 1, r0, p.n), o1 = view(o, 1, r0, p.n), l1 = view(lse, 2, r0, p.n);
                 const fa_tensor g1 = view(dout, 1, r0, p.n);
