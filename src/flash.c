@@ -409,7 +409,12 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         }
         if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
             float *dst = (float *)p->o.data + fa_rows_off(&os, i);
-            for (int64_t c = 0; c < dv; c++) dst[c] = empty ? 0.0f : orow[c] * inv;
+            if (empty) {
+                memset(dst, 0, (size_t)dv * sizeof(float));
+            } else {
+#pragma omp simd
+                for (int64_t c = 0; c < dv; c++) dst[c] = orow[c] * inv;
+            }
         } else {
             for (int64_t c = 0; c < dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
         }
