@@ -352,8 +352,10 @@ static void xfer_test(xfer *x)
  * runs this between the call's tasks on its thread 0 — the thread that called,
  * the one MPI_THREAD_FUNNELED lets call MPI — while the other threads compute.
  * Between calls only (the tests in the block loops below), every thread of the
- * rank but one would sit idle while MPI copies a step's 16-48 MiB. The caller's
- * own hook, if any, runs after.
+ * rank but one would sit idle while MPI copies a step's shard (16 MiB of K/V in
+ * docs/distributed.md's benchmark, 48 MiB with the backward's accumulators).
+ * No gain from it was resolved on the device host (docs/distributed.md,
+ * "Progress inside the library calls"). The caller's own hook, if any, runs after.
  */
 typedef struct ring_hook {
     xfer *x[2];
