@@ -171,6 +171,25 @@ static void test_options_without_varlen_still_work(void **state)
     free_small(&b);
 }
 
+/* fa_forward with `cur`, and again with what a caller built against an older layout sends: the
+ * first `size` bytes of `cur` (struct_size = size), garbage (0x5a) after them. The same bits: the
+ * library reads no byte past `size`. */
+static void expect_older_layout_works(size_t size, fa_options cur, uint64_t salt)
+{
+    small a = make_small(salt), b = make_small(salt);
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+    unsigned char *buf = malloc(sizeof(fa_options) + 64);
+    memset(buf, 0x5a, sizeof(fa_options) + 64);
+    fa_options_init((fa_options *)(void *)buf, size);
+    assert_int_equal(((fa_options *)(void *)buf)->struct_size, size);
+    memcpy(buf + sizeof(size_t), (const unsigned char *)&cur + sizeof(size_t), size - sizeof(size_t));
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
+    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
+    free(buf);
+    free_small(&a);
+    free_small(&b);
+}
+
 /* Ensure a caller whose fa_options end at `varlen` (before `kvcache` was appended) still works:
  * the bytes where kvcache would be are garbage and must not be read. */
 static void test_options_without_kvcache_still_work(void **state)
@@ -178,23 +197,9 @@ static void test_options_without_kvcache_still_work(void **state)
     (void)state;
     assert_int_equal(offsetof(options_with_varlen, varlen), offsetof(fa_options, varlen));
     assert_true(sizeof(options_with_varlen) < sizeof(fa_options));
-    small a = make_small(0xab4), b = make_small(0xab4);
     fa_options cur = fa_options_default();
     cur.causal = 1;
-    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
-    unsigned char *buf = malloc(sizeof(fa_options) + 64);
-    memset(buf, 0x5a, sizeof(fa_options) + 64);
-    options_with_varlen old;
-    memset(&old, 0, sizeof old);
-    fa_options_init((fa_options *)(void *)&old, sizeof old);
-    old.head.head.causal = 1;
-    assert_int_equal(old.head.head.struct_size, sizeof old);
-    memcpy(buf, &old, sizeof old);
-    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
-    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
-    free(buf);
-    free_small(&a);
-    free_small(&b);
+    expect_older_layout_works(sizeof(options_with_varlen), cur, 0xab4);
 }
 
 /* Ensure a caller built against 0.4.0 (fa_options ending at `kvcache`) still works: the bytes
@@ -204,22 +209,9 @@ static void test_options_v040_still_work(void **state)
     (void)state;
     assert_int_equal(offsetof(options_v040, kvcache), offsetof(fa_options, kvcache));
     assert_true(sizeof(options_v040) < sizeof(fa_options));
-    small a = make_small(0xab5), b = make_small(0xab5);
     fa_options cur = fa_options_default();
     cur.window_left = 3;
-    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
-    unsigned char *buf = malloc(sizeof(fa_options) + 64);
-    memset(buf, 0x5a, sizeof(fa_options) + 64);
-    options_v040 old;
-    memset(&old, 0, sizeof old);
-    fa_options_init((fa_options *)(void *)&old, sizeof old);
-    old.head.head.head.window_left = 3;
-    memcpy(buf, &old, sizeof old);
-    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
-    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
-    free(buf);
-    free_small(&a);
-    free_small(&b);
+    expect_older_layout_works(sizeof(options_v040), cur, 0xab5);
 }
 
 /* Ensure a caller built against 0.5.0 (fa_options ending at `num_splits`) still works: the
@@ -230,22 +222,9 @@ static void test_options_v050_still_work(void **state)
     (void)state;
     assert_int_equal(offsetof(options_v050, num_splits), offsetof(fa_options, num_splits));
     assert_int_equal(sizeof(options_v050), offsetof(fa_options, progress));
-    small a = make_small(0xab7), b = make_small(0xab7);
     fa_options cur = fa_options_default();
     cur.causal = 1;
-    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
-    unsigned char *buf = malloc(sizeof(fa_options) + 64);
-    memset(buf, 0x5a, sizeof(fa_options) + 64);
-    options_v050 old;
-    memset(&old, 0, sizeof old);
-    fa_options_init((fa_options *)(void *)&old, sizeof old);
-    old.head.head.head.head.causal = 1;
-    memcpy(buf, &old, sizeof old);
-    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, (const fa_options *)(void *)buf), FA_OK);
-    assert_memory_equal(a.o.mem, b.o.mem, a.o.bytes);
-    free(buf);
-    free_small(&a);
-    free_small(&b);
+    expect_older_layout_works(sizeof(options_v050), cur, 0xab7);
 }
 
 /* Ensure a negative num_splits is refused with a message naming it. */
