@@ -202,9 +202,8 @@ extern const fa_kernels fa_kernels_neon;
  * The leading dimension of a packed tile whose rows a kernel walks down (flash.c's Kt
  * [d][ldk] and V [bc][ldv]; tools/bench_kernels.c lays its tiles out alike): x rounded
  * up to 16 floats, plus one 64-byte line when the stride would be a multiple of 8 lines.
- * qk walks down a
- * 32-column panel of Kt (d rows, one stride apart) for every row block, pv down a
- * [128][32] sub-panel of V. With a stride of 8k lines those rows fall into at most 8 line
+ * qk walks down a 32-column panel of Kt (d rows, one stride apart) for every row block,
+ * pv down a [128][32] sub-panel of V. With a stride of 8k lines those rows fall into at most 8 line
  * pairs of a 64-set L1 (ldk = 512 floats, 2 KiB: a d = 64 panel's 128 lines in 4 sets of
  * 12 ways; ldv = 128: a sub-panel's 256 lines in 16 sets) and evict each other, so every
  * row block re-reads its panel from L2; one more line spreads them over every set. Other
