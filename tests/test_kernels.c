@@ -26,6 +26,7 @@
 #include <math.h>
 
 #include "kernel_checks.h"
+#include "kernels/fma_peak.h"
 #include "tensor.h"
 #include "test_util.h"
 
@@ -215,6 +216,51 @@ static void test_by_name_knows_scalar_and_rejects_unknown(void **state)
     }
 }
 
+/*
+ * The benchmark loops (fma_peak.h) report the flops they performed; the fed loop's sink
+ * is the sum of its accumulators, which after `iters` rounds is known in closed form:
+ * acc[r][v] = (r + v) + iters * q_r * k in every lane, with k = 0.999999 and q_r =
+ * 1e-3 * (r + 1), and the sink adds all lanes of all accumulators. One
+ * round moves the sum by ~5e-4 of it, ten times the tolerance, so a loop that skipped
+ * rounds, or fed the FMAs other operands, fails here.
+ */
+static void test_fma_loops_count_their_flops(void **state)
+{
+    (void)state;
+    const struct { const char *isa; double peak_per_round, fed_per_round; int rows, cols; } t[] = {
+        {"scalar", 16 * 2, 0, 0, 0},
+        {"avx2", 12 * 8 * 2, 6 * 2 * 8 * 2, 6, 2},
+        {"avx512", 16 * 16 * 2, 8 * 2 * 16 * 2, 8, 2},
+        {"neon", 0, 0, 0, 0},
+    };
+    const long iters = 1000;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        float sink = NAN;
+        const int here = fa_kernels_by_name(t[i].isa) != NULL;
+        const double peak = fa_fma_peak_loop(t[i].isa, iters, &sink);
+        if (!here) {
+            assert_true(peak == 0.0);
+            assert_true(fa_fma_fed_loop(t[i].isa, iters, &sink) == 0.0);
+            continue;
+        }
+        if (t[i].peak_per_round > 0) assert_true(peak == t[i].peak_per_round * (double)iters);
+        assert_true(isfinite(sink));
+        sink = NAN;
+        const double fed = fa_fma_fed_loop(t[i].isa, iters, &sink);
+        assert_true(fed == t[i].fed_per_round * (double)iters);
+        if (fed == 0.0) continue;
+        double want = 0.0;
+        for (int r = 0; r < t[i].rows; r++)
+            for (int v = 0; v < t[i].cols; v++)
+                want += (double)(r + v) + (double)iters * (double)(1e-3f * (float)(r + 1)) * (double)0.999999f;
+        want *= fa_kernels_by_name(t[i].isa)->simd_width; /* the sink adds the lanes up too */
+        if (fabs((double)sink - want) > 5e-5 * want) print_message("%s: sink %.9g want %.9g\n", t[i].isa, (double)sink, want);
+        assert_true(fabs((double)sink - want) <= 5e-5 * want);
+    }
+    assert_true(fa_fma_fed_loop("sse9", iters, NULL) == 0.0);
+    assert_true(fa_fma_fed_loop(NULL, iters, NULL) == 0.0);
+}
+
 #define ISA_TESTS(isa)                                                                         \
     cmocka_unit_test_prestate(test_qk_matches_scalar_on_all_tails, (void *)isa),                \
     cmocka_unit_test_prestate(test_softmax_matches_scalar_when_masked_and_extreme, (void *)isa), \
@@ -234,6 +280,7 @@ int main(void)
 {
     const struct CMUnitTest common[] = {
         cmocka_unit_test(test_by_name_knows_scalar_and_rejects_unknown),
+        cmocka_unit_test(test_fma_loops_count_their_flops),
         cmocka_unit_test_prestate(test_decode_kernels_match_scalar, (void *)"scalar"), /* the spec's own promises */
         cmocka_unit_test_prestate(test_cut_tile_keeps_bits, (void *)"scalar"),
     };

@@ -177,31 +177,48 @@ static void bench_chain(const fa_kernels *k, int br, int bc, int d, int ntiles)
     free(q); free(kt_src); free(v_src); free(kt); free(v); free(s); free(o); free(m); free(l); free(al);
 }
 
-static void bench_isa(const char *isa)
+/* REPS runs of an FMA loop (fma_peak.h), each calibrated to >= 0.2 s of CPU time, into
+ * gf[] as GFLOP/s; returns the rounds per run, or 0 when the loop does not exist here. */
+static long loop_runs(double (*loop)(const char *, long, float *), const char *isa, double gf[REPS])
 {
-    const fa_kernels *k = fa_kernels_by_name(isa);
-    if (!k) { printf("%-7s not available on this CPU/build\n", isa); return; }
-
-    /* FMA peak: calibrate one run to >= 0.2 s of CPU time, then REPS such runs */
     float sink;
-    double pk[REPS];
     long iters = 1L << 16;
     for (;;) {
         double t0 = now();
-        fa_fma_peak_loop(isa, iters, &sink);
+        if (loop(isa, iters, &sink) == 0.0) return 0;
         const double dt = now() - t0;
         if (dt >= 0.2 || iters > (1L << 40)) break;
         iters = dt > 0.01 ? (long)((double)iters * 0.22 / dt) + 1 : iters * 8;
     }
     for (int rep = 0; rep < REPS; rep++) {
         double t0 = now();
-        double fl = fa_fma_peak_loop(isa, iters, &sink);
-        pk[rep] = fl / (now() - t0) / 1e9;
+        double fl = loop(isa, iters, &sink);
+        gf[rep] = fl / (now() - t0) / 1e9;
     }
+    return iters;
+}
+
+static void bench_isa(const char *isa)
+{
+    const fa_kernels *k = fa_kernels_by_name(isa);
+    if (!k) { printf("%-7s not available on this CPU/build\n", isa); return; }
+
+    /* FMA peak: calibrate one run to >= 0.2 s of CPU time, then REPS such runs */
+    double pk[REPS], fed[REPS];
+    const long iters = loop_runs(fa_fma_peak_loop, isa, pk);
     qsort(pk, REPS, sizeof pk[0], cmp_double);
     const double peak_best = pk[REPS - 1];
     printf("%-7s FMA peak loop: median %.1f GFLOP/s, worst %.1f, best %.1f (%d runs of %.2g FMA rounds); row_block=%d\n",
            isa, pk[REPS / 2], pk[0], peak_best, REPS, (double)iters, k->row_block);
+    /* the same FMAs fed as qk's register block feeds them (fma_peak.h) */
+    double fed_best = 0.0;
+    if (loop_runs(fa_fma_fed_loop, isa, fed) > 0) {
+        qsort(fed, REPS, sizeof fed[0], cmp_double);
+        fed_best = fed[REPS - 1];
+        printf("%-7s FMA fed loop (qk's register block, operands in L1, no addressing): median %.1f GFLOP/s, "
+               "best %.1f = %.0f%% of the peak loop's best: the most a load-fed kernel of that shape reaches here\n",
+               isa, fed[REPS / 2], fed_best, 100.0 * fed_best / peak_best);
+    }
     const char *clock_src;
     const double ghz = max_ghz(&clock_src);
     if (ghz > 0.0) {
@@ -223,8 +240,8 @@ static void bench_isa(const char *isa)
     static const int shapes[][3] = {{64, 256, 64},   {128, 256, 128}, {64, 512, 64},
                                     {128, 512, 128}, {320, 320, 64},  {256, 256, 128}};
     unsigned seed = 12345;
-    printf("%-7s %-8s %4s %4s %4s %9s %9s %9s %7s\n", isa, "kernel", "br", "bc", "d", "median",
-           "worst", "best", "best/pk");
+    printf("%-7s %-8s %4s %4s %4s %9s %9s %9s %7s %8s\n", isa, "kernel", "br", "bc", "d", "median",
+           "worst", "best", "best/pk", "best/fed");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int br = shapes[si][0] - shapes[si][0] % k->row_block, bc = shapes[si][1],
                   d = shapes[si][2], ldk = ld_of(bc);
@@ -243,8 +260,10 @@ static void bench_isa(const char *isa)
                 for (size_t x = 0; x < (size_t)br * ldk; x++) s[x] = 0.001f * (float)(x % 997);
             time_kernel(k, which, br, bc, d, q, kt, s, v, o, m, l, al, &med, &mn, &mx);
             const double frac = 100 * flops / mn / 1e9 / peak_best;
-            printf("%-7s %-8s %4d %4d %4d %9.1f %9.1f %9.1f %6.0f%%%s\n", isa, which == QK ? "qk" : "pv",
-                   br, bc, d, flops / med / 1e9, flops / mx / 1e9, flops / mn / 1e9, frac,
+            char fedcol[16] = "       -";
+            if (fed_best > 0.0) snprintf(fedcol, sizeof fedcol, "%7.0f%%", 100 * flops / mn / 1e9 / fed_best);
+            printf("%-7s %-8s %4d %4d %4d %9.1f %9.1f %9.1f %6.0f%% %s%s\n", isa, which == QK ? "qk" : "pv",
+                   br, bc, d, flops / med / 1e9, flops / mx / 1e9, flops / mn / 1e9, frac, fedcol,
                    frac > 100.0 ? "  ** above the measured peak: the peak figure is wrong **" : "");
         }
         time_kernel(k, SOFTMAX, br, bc, d, q, kt, s, v, o, m, l, al, &med, &mn, &mx);

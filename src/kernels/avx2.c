@@ -634,6 +634,34 @@ double fa_fma_loop_avx2(long iters, float *sink)
     return (double)iters * 12 * 8 * 2;
 }
 
+/* qk's 6 x 2 register block on a fixed operand set (fma_peak.h; avx512.c's twin). */
+double fa_fma_fed_loop_avx2(long iters, float *sink)
+{
+    float buf[24] __attribute__((aligned(32)));
+    for (int k = 0; k < 24; k++) buf[k] = k < 16 ? 0.999999f : 1e-3f * (float)(k - 15);
+    __m256 acc[MR][NV];
+    const float *src = buf;
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm256_set1_ps((float)(r + v));
+    for (long it = 0; it < iters; it++) {
+        __asm__ volatile("" : "+r"(src)); /* an address the compiler cannot know: load again */
+        const __m256 k0 = _mm256_load_ps(src), k1 = _mm256_load_ps(src + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            const __m256 qb = _mm256_broadcast_ss(src + 16 + r);
+            acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
+        }
+    }
+    __m256 t = _mm256_setzero_ps();
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++) t = _mm256_add_ps(t, _mm256_add_ps(acc[r][0], acc[r][1]));
+    *sink = hsum(t);
+    return (double)iters * MR * NV * 8 * 2;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Decoding: scores and P V straight from the cache rows                     */
 /* ------------------------------------------------------------------------ */

@@ -154,6 +154,20 @@ double fa_fma_peak_loop(const char *isa, long iters, float *sink)
     return 0.0;
 }
 
+double fa_fma_fed_loop(const char *isa, long iters, float *sink)
+{
+    if (!isa || !fa_kernels_by_name(isa)) return 0.0;
+#if defined(FA_HAVE_AVX2)
+    if (strcmp(isa, "avx2") == 0) return fa_fma_fed_loop_avx2(iters, sink);
+#endif
+#if defined(FA_HAVE_AVX512)
+    if (strcmp(isa, "avx512") == 0) return fa_fma_fed_loop_avx512(iters, sink);
+#endif
+    (void)iters;
+    (void)sink;
+    return 0.0;
+}
+
 int fa_isa_supported(const char *isa) { return isa && fa_kernels_by_name(isa) != NULL; }
 
 static double now_seconds(void)

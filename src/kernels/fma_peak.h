@@ -11,6 +11,17 @@
 #ifndef FA_FMA_PEAK_H
 #define FA_FMA_PEAK_H
 
+/*
+ * The same FMAs fed the way qk's register block feeds them: per round, the
+ * block's vector loads of a Kt row and one broadcast load per row (AVX-512:
+ * 2 + 8 loads for 16 FMAs; AVX2: 2 + 6 for 12), all from one L1-resident
+ * line set, with no address arithmetic and no tails. It is the most a
+ * load-fed micro-kernel of that shape can reach on this core — a ceiling
+ * below the FMA loop's on cores whose loads cost issue slots or power
+ * (bench_kernels prints both). Returns 0 where there is none (scalar, NEON).
+ */
+double fa_fma_fed_loop(const char *isa, long iters, float *sink);
+
 /* By ISA name ("scalar", "avx2", "avx512", "neon"); returns 0 if that ISA is
  * not compiled in or not supported by this CPU (nothing is run then). */
 double fa_fma_peak_loop(const char *isa, long iters, float *sink);
@@ -19,9 +30,11 @@ double fa_fma_peak_loop(const char *isa, long iters, float *sink);
 double fa_fma_loop_scalar(long iters, float *sink);
 #if defined(FA_HAVE_AVX2)
 double fa_fma_loop_avx2(long iters, float *sink);
+double fa_fma_fed_loop_avx2(long iters, float *sink);
 #endif
 #if defined(FA_HAVE_AVX512)
 double fa_fma_loop_avx512(long iters, float *sink);
+double fa_fma_fed_loop_avx512(long iters, float *sink);
 #endif
 #if defined(FA_HAVE_NEON)
 double fa_fma_loop_neon(long iters, float *sink);
