@@ -627,7 +627,7 @@ FA_API fa_status fa_get_cpu_info(fa_cpu_info *info);
  * The rule (docs/performance.md): M = per-core L2 bytes / 4 floats; square
  * blocks B = Br = Bc, the largest multiple of 16 (the SIMD width) with
  * B^2 + 2 B (d + d_v) <= 3/4 M — what one task keeps hot: Q_i, K_j^T, V_j,
- * the score tile S and O_i — clamped to [16, 512]; Br is then rounded down to
+ * the score tile S and O_i — clamped to [16, 256]; Br is then rounded down to
  * the kernel's register-block rows. `opt->block_q`/`block_k` (when non-zero)
  * and the environment variables FA_BLOCK_Q / FA_BLOCK_K override the derived
  * values. The blocks (with the ISA) determine the flash path's bits: pin them

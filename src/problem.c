@@ -241,10 +241,11 @@ static void block_rule(int64_t d, int64_t dv, int row_block, int *br, int *bc)
      * as the cache allows, not capped at d. We take square blocks B = Br = Bc,
      * the largest multiple of 16 with
      *     B^2 + B (d + dv) + B (d + dv)  <=  (3/4) M
-     * (3/4 leaves room for the next tile and the stack), clamped to [16, 512],
-     * then Br rounded down to the kernel's register-block rows. Measured on a
-     * 1 MiB-L2 Zen 5 core at d = 128 (docs/performance.md): B = 256 runs ~15%
-     * faster than the paper's (Br, Bc) = (128, 512).
+     * (3/4 leaves room for the next tile and the stack), clamped to
+     * [16, FA_BLOCK_RULE_MAX = 256], then Br rounded down to the kernel's
+     * register-block rows. Measured on a 1 MiB-L2 Zen 5 core at d = 128
+     * (docs/performance.md): B = 256 runs ~15% faster than the paper's
+     * (Br, Bc) = (128, 512); on a 2 MiB-L2 Xeon, 256 beat the uncapped 416.
      */
     size_t l1, l2, l3, line;
     int src;
@@ -253,7 +254,7 @@ static void block_rule(int64_t d, int64_t dv, int row_block, int *br, int *bc)
     const int64_t budget = m_words / 4 * 3;
     const int64_t dsum = d + dv; /* d, dv <= FA_HEAD_DIM_MAX: no overflow below */
     int64_t blk = 16;
-    while (blk + 16 <= 512 && (blk + 16) * (blk + 16) + 2 * (blk + 16) * dsum <= budget) blk += 16;
+    while (blk + 16 <= FA_BLOCK_RULE_MAX && (blk + 16) * (blk + 16) + 2 * (blk + 16) * dsum <= budget) blk += 16;
     int64_t b_r = blk;
     int rb = row_block > 0 ? row_block : 1;
     if (b_r >= rb) b_r -= b_r % rb;

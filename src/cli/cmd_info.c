@@ -6,7 +6,7 @@
  * the arithmetic of the rule (include/flashattn.h, fa_block_sizes): the L2 is
  * the fast tier ("SRAM") of size M floats, a K/V block of Bc keys of dim d
  * should take about a quarter of it (Bc = M / 4d), and a Q block has
- * Br = min(Bc, d) rows; the CPU rule (square blocks filling 3/4 of L2, see
+ * Br = min(Bc, d) rows; the CPU rule (square blocks filling up to 3/4 of L2, see
  * fa_block_sizes) is printed beside it. The numbers shown as "used" come from the library
  * itself, so this page cannot drift from what actually runs.
  */
@@ -49,7 +49,8 @@ static int print_blocks(const fa_cpu_info *info, int64_t d)
                    (long long)br * d;
     printf("  d = %-4lld L2 = %s -> M = %lld floats; paper's rule: Bc = M/(4d) = %lld, Br = min(Bc, d) = %lld\n",
            (long long)d, cli_bytes(info->l2_bytes, l2, sizeof l2), m, paper_bc, paper_br);
-    printf("           CPU rule: largest B (multiple of 16) with B^2 + 2B(d + d_v) <= 3M/4 = %lld\n", m / 4 * 3);
+    printf("           CPU rule: largest B (multiple of 16, at most 256) with B^2 + 2B(d + d_v) <= 3M/4 = %lld\n",
+           m / 4 * 3);
     printf("           used: Br = %d, Bc = %d -> Q_i + K_j^T + V_j + S + O_i = %lld floats (%.0f%% of M)%s\n",
            br, bc, ws, 100.0 * (double)ws / (double)m,
            getenv("FA_BLOCK_Q") || getenv("FA_BLOCK_K") ? "; FA_BLOCK_Q/FA_BLOCK_K set" : "");
