@@ -27,8 +27,11 @@
 /* Largest block the L2 rule derives (problem.c, block_rule). Past 256 nothing is
  * left to amortize — a K/V tile is re-read Sq/256 times, a few bytes per thousand
  * FLOPs — while a bigger tile presses on L2: on a 2 MiB-L2 Xeon the rule's 416 at
- * d = 128 ran 4-7% slower than 256 at 2 threads (docs/performance.md, "A cap of 256"). */
+ * d = 128 ran up to 6.5% slower than 256 at 2 threads (N = 4096; ~0 at N = 1024;
+ * docs/performance.md, "A cap of 256"). */
 #define FA_BLOCK_RULE_MAX 256
+_Static_assert(FA_BLOCK_RULE_MAX % 16 == 0 && FA_BLOCK_RULE_MAX <= FA_BLOCK_MAX,
+               "the rule's blocks are multiples of 16 a user could also pin");
 
 /* Default cap of the K/V (forward) and Q/K (backward) panels packed once and
  * shared by all threads: 16 MiB holds N = 8192 at d = 128 or N = 16384 at d = 64. */

@@ -637,8 +637,8 @@ double fa_fma_loop_avx2(long iters, float *sink)
 /* qk's 6 x 2 register block on a fixed operand set (fma_peak.h; avx512.c's twin). */
 double fa_fma_fed_loop_avx2(long iters, float *sink)
 {
-    float buf[24] __attribute__((aligned(32)));
-    for (int k = 0; k < 24; k++) buf[k] = k < 16 ? 0.999999f : 1e-3f * (float)(k - 15);
+    _Alignas(32) float buf[24];
+    for (int k = 0; k < 24; k++) buf[k] = k < 16 ? 1.0f - 1e-3f * (float)(k + 1) : 1e-3f * (float)(k - 15);
     __m256 acc[MR][NV];
     const float *src = buf;
 #pragma GCC unroll 6
@@ -646,7 +646,7 @@ double fa_fma_fed_loop_avx2(long iters, float *sink)
 #pragma GCC unroll 2
         for (int v = 0; v < NV; v++) acc[r][v] = _mm256_set1_ps((float)(r + v));
     for (long it = 0; it < iters; it++) {
-        __asm__ volatile("" : "+r"(src)); /* an address the compiler cannot know: load again */
+        __asm__ volatile("" : "+r"(src) : "m"(buf)); /* an address the compiler cannot know: load again */
         const __m256 k0 = _mm256_load_ps(src), k1 = _mm256_load_ps(src + 8);
 #pragma GCC unroll 6
         for (int r = 0; r < MR; r++) {
@@ -657,7 +657,9 @@ double fa_fma_fed_loop_avx2(long iters, float *sink)
     }
     __m256 t = _mm256_setzero_ps();
 #pragma GCC unroll 6
-    for (int r = 0; r < MR; r++) t = _mm256_add_ps(t, _mm256_add_ps(acc[r][0], acc[r][1]));
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) t = _mm256_fmadd_ps(acc[r][v], _mm256_set1_ps((float)((r + 1) * (v + 1))), t);
     *sink = hsum(t);
     return (double)iters * MR * NV * 8 * 2;
 }

@@ -520,14 +520,17 @@ double fa_fma_loop_avx512(long iters, float *sink)
 }
 
 /*
- * qk's 8 x 2 register block on a fixed 160-byte operand set (fma_peak.h):
+ * qk's 8 x 2 register block on a fixed operand set of three lines (fma_peak.h):
  * an empty asm hides the operands' address from the compiler, so every round
- * loads them again, as the kernel does, with no address to compute.
+ * loads them again, as the kernel does, with no address to compute. The
+ * operands differ per lane and per row, and the sink weights each accumulator
+ * by (r + 1)(v + 1), so a block that fed an FMA the wrong operand changes it
+ * (test_kernels checks the sink in closed form).
  */
 double fa_fma_fed_loop_avx512(long iters, float *sink)
 {
-    float buf[48] __attribute__((aligned(64)));
-    for (int k = 0; k < 48; k++) buf[k] = k < 32 ? 0.999999f : 1e-3f * (float)(k - 31);
+    _Alignas(64) float buf[48];
+    for (int k = 0; k < 48; k++) buf[k] = k < 32 ? 1.0f - 1e-3f * (float)(k + 1) : 1e-3f * (float)(k - 31);
     __m512 acc[QK_MR][QK_NV];
     const float *src = buf;
 #pragma GCC unroll 8
@@ -535,7 +538,7 @@ double fa_fma_fed_loop_avx512(long iters, float *sink)
 #pragma GCC unroll 2
         for (int v = 0; v < QK_NV; v++) acc[r][v] = _mm512_set1_ps((float)(r + v));
     for (long it = 0; it < iters; it++) {
-        __asm__ volatile("" : "+r"(src)); /* an address the compiler cannot know: load again */
+        __asm__ volatile("" : "+r"(src) : "m"(buf)); /* an address the compiler cannot know: load again */
         const __m512 k0 = _mm512_load_ps(src), k1 = _mm512_load_ps(src + 16);
 #pragma GCC unroll 8
         for (int r = 0; r < QK_MR; r++) {
@@ -546,7 +549,9 @@ double fa_fma_fed_loop_avx512(long iters, float *sink)
     }
     __m512 t = _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (int r = 0; r < QK_MR; r++) t = _mm512_add_ps(t, _mm512_add_ps(acc[r][0], acc[r][1]));
+    for (int r = 0; r < QK_MR; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < QK_NV; v++) t = _mm512_fmadd_ps(acc[r][v], _mm512_set1_ps((float)((r + 1) * (v + 1))), t);
     *sink = _mm512_reduce_add_ps(t);
     return (double)iters * QK_MR * QK_NV * 16 * 2;
 }

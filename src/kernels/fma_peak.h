@@ -15,10 +15,12 @@
  * The same FMAs fed the way qk's register block feeds them: per round, the
  * block's vector loads of a Kt row and one broadcast load per row (AVX-512:
  * 2 + 8 loads for 16 FMAs; AVX2: 2 + 6 for 12), all from one L1-resident
- * line set, with no address arithmetic and no tails. It is the most a
- * load-fed micro-kernel of that shape can reach on this core — a ceiling
- * below the FMA loop's on cores whose loads cost issue slots or power
- * (bench_kernels prints both). Returns 0 where there is none (scalar, NEON).
+ * line set, with no address arithmetic and no tails: the kernels' instruction
+ * mix alone. A reference, not a bound (hand-written assembly of the same mix
+ * runs a few percent faster): it shows how far below the FMA loop a load-fed
+ * kernel of that shape sits on this core, on cores whose loads cost issue
+ * slots or power (bench_kernels prints both). Returns 0 where there is none
+ * (scalar, NEON).
  */
 double fa_fma_fed_loop(const char *isa, long iters, float *sink);
 
