@@ -263,6 +263,12 @@ static void test_fma_loops_count_their_flops(void **state)
             print_message("%s: sink %.9g want %.9g\n", t[i].isa, (double)sink, want);
         assert_true(fabs((double)sink - want) <= 5e-5 * want);
     }
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) { /* a negative count runs nothing */
+        float sink = 1.0f;
+        assert_true(fa_fma_peak_loop(t[i].isa, -5, &sink) == 0.0);
+        assert_true(fa_fma_fed_loop(t[i].isa, -5, &sink) == 0.0);
+        assert_true(sink == 1.0f);
+    }
     assert_true(fa_fma_fed_loop("sse9", iters, NULL) == 0.0);
     assert_true(fa_fma_fed_loop(NULL, iters, NULL) == 0.0);
 }

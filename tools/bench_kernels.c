@@ -216,8 +216,9 @@ static void bench_isa(const char *isa)
         qsort(fed, REPS, sizeof fed[0], cmp_double);
         fed_best = fed[REPS - 1];
         printf("%-7s FMA fed loop (qk's register block, operands in L1, no addressing): median %.1f GFLOP/s, "
-               "best %.1f = %.0f%% of the peak loop's best: what the kernels' instruction mix reaches here\n",
-               isa, fed[REPS / 2], fed_best, 100.0 * fed_best / peak_best);
+               "best %.1f = %.0f%% of the peak loop's best: what the kernels' instruction mix reaches here%s\n",
+               isa, fed[REPS / 2], fed_best, 100.0 * fed_best / peak_best,
+               fed_best > peak_best ? "  ** above the peak loop: one of the two was disturbed **" : "");
     }
     const char *clock_src;
     const double ghz = max_ghz(&clock_src);
@@ -283,9 +284,16 @@ static void bench_isa(const char *isa)
 int main(int argc, char **argv)
 {
     static const char *const all[] = {"avx512", "avx2", "neon", "scalar"};
+    for (int a = 1; a < argc; a++)
+        if (!fa_kernels_by_name(argv[a])) {
+            fprintf(stderr, "bench_kernels: %s: not an ISA this CPU and build run (usage: bench_kernels "
+                            "[avx512|avx2|neon|scalar ...])\n", argv[a]);
+            return 2;
+        }
     printf("bench_kernels: single thread, tiles L2-resident, median of %d runs\n", REPS);
-    if (argc > 1)
+    if (argc > 1) {
         for (int a = 1; a < argc; a++) bench_isa(argv[a]);
+    }
     else
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             if (fa_kernels_by_name(all[i])) bench_isa(all[i]);

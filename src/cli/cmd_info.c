@@ -51,9 +51,11 @@ static int print_blocks(const fa_cpu_info *info, int64_t d)
            (long long)d, cli_bytes(info->l2_bytes, l2, sizeof l2), m, paper_bc, paper_br);
     printf("           CPU rule: largest B (multiple of 16, at most 256) with B^2 + 2B(d + d_v) <= 3M/4 = %lld\n",
            m / 4 * 3);
-    printf("           used: Br = %d, Bc = %d -> Q_i + K_j^T + V_j + S + O_i = %lld floats (%.0f%% of M)%s\n",
-           br, bc, ws, 100.0 * (double)ws / (double)m,
-           getenv("FA_BLOCK_Q") || getenv("FA_BLOCK_K") ? "; FA_BLOCK_Q/FA_BLOCK_K set" : "");
+    const char *eq = getenv("FA_BLOCK_Q"), *ek = getenv("FA_BLOCK_K"); /* empty = unset (config.c) */
+    char share[32] = "more than M";
+    if (m > 0) snprintf(share, sizeof share, "%.0f%% of M", 100.0 * (double)ws / (double)m);
+    printf("           used: Br = %d, Bc = %d -> Q_i + K_j^T + V_j + S + O_i = %lld floats (%s)%s\n", br, bc, ws,
+           share, (eq && *eq) || (ek && *ek) ? "; FA_BLOCK_Q/FA_BLOCK_K set" : "");
     return 0;
 }
 

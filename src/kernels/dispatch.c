@@ -140,7 +140,7 @@ double fa_fma_loop_scalar(long iters, float *sink)
 
 double fa_fma_peak_loop(const char *isa, long iters, float *sink)
 {
-    if (!isa || !fa_kernels_by_name(isa)) return 0.0;
+    if (!isa || !fa_kernels_by_name(isa) || iters < 0) return 0.0;
     if (strcmp(isa, "scalar") == 0) return fa_fma_loop_scalar(iters, sink);
 #if defined(FA_HAVE_AVX2)
     if (strcmp(isa, "avx2") == 0) return fa_fma_loop_avx2(iters, sink);
@@ -156,7 +156,7 @@ double fa_fma_peak_loop(const char *isa, long iters, float *sink)
 
 double fa_fma_fed_loop(const char *isa, long iters, float *sink)
 {
-    if (!isa || !fa_kernels_by_name(isa)) return 0.0;
+    if (!isa || !fa_kernels_by_name(isa) || iters < 0) return 0.0;
 #if defined(FA_HAVE_AVX2)
     if (strcmp(isa, "avx2") == 0) return fa_fma_fed_loop_avx2(iters, sink);
 #endif

@@ -25,7 +25,7 @@
 double fa_fma_fed_loop(const char *isa, long iters, float *sink);
 
 /* By ISA name ("scalar", "avx2", "avx512", "neon"); returns 0 if that ISA is
- * not compiled in or not supported by this CPU (nothing is run then). */
+ * not compiled in or not supported by this CPU, or iters < 0 (nothing is run then). */
 double fa_fma_peak_loop(const char *isa, long iters, float *sink);
 
 /* The per-ISA loops behind it (only those compiled in exist). */
