@@ -41,8 +41,15 @@
 /* The end of fa_options as 0.3.0 shipped (pack_max_bytes and context appended,
  * before align): a caller compiled against that layout sends this size. */
 #define FA_OPTIONS_CONTEXT_SIZE (offsetof(fa_options, context) + sizeof(fa_context *))
-/* ... and through align, before varlen was appended. */
+/* ... and through align, before varlen was appended. A caller compiled then sends sizeof of
+ * that struct, which ends with the int and so is padded to the struct's alignment (104, not
+ * 100, on LP64): both are accepted. The padding bytes copied in land on padding again (varlen
+ * starts at the padded end). */
 #define FA_OPTIONS_ALIGN_SIZE (offsetof(fa_options, align) + sizeof(int))
+#define FA_OPTIONS_ALIGN_PADDED_SIZE                                                                 \
+    ((FA_OPTIONS_ALIGN_SIZE + _Alignof(fa_options) - 1) / _Alignof(fa_options) * _Alignof(fa_options))
+_Static_assert(FA_OPTIONS_ALIGN_PADDED_SIZE <= offsetof(fa_options, varlen),
+               "the align-era padding must not reach varlen");
 /* ... and through varlen, before kvcache was appended. */
 #define FA_OPTIONS_VARLEN_SIZE (offsetof(fa_options, varlen) + sizeof(const fa_varlen *))
 /* ... and through kvcache (0.4.0), before sinks, rotary, dropout and num_splits. */
@@ -101,9 +108,9 @@ fa_status fa_options_read(const fa_options *in, fa_options *out)
 {
     fa_options_init(out, sizeof *out);
     if (!in) return FA_OK;
-    static const size_t known[] = {FA_OPTIONS_MIN_SIZE, FA_OPTIONS_CONTEXT_SIZE, FA_OPTIONS_ALIGN_SIZE,
-                                   FA_OPTIONS_VARLEN_SIZE, FA_OPTIONS_KVCACHE_SIZE, FA_OPTIONS_SPLITS_SIZE,
-                                   sizeof(fa_options)};
+    static const size_t known[] = {FA_OPTIONS_MIN_SIZE,     FA_OPTIONS_CONTEXT_SIZE, FA_OPTIONS_ALIGN_SIZE,
+                                   FA_OPTIONS_ALIGN_PADDED_SIZE, FA_OPTIONS_VARLEN_SIZE, FA_OPTIONS_KVCACHE_SIZE,
+                                   FA_OPTIONS_SPLITS_SIZE,   sizeof(fa_options)};
     fa_status st = fa_struct_size_check(in, sizeof *out, known, (int)(sizeof known / sizeof known[0]),
                                         "fa_options", "fa_options_default");
     if (st != FA_OK) return st;

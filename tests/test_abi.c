@@ -50,6 +50,12 @@ typedef struct options_v030_final {
     fa_context *context;
 } options_v030_final;
 
+/* fa_options with align, before varlen was appended (its sizeof is padded past the int). */
+typedef struct options_with_align {
+    options_v030_final head;
+    int align;
+} options_with_align;
+
 /* fa_options with align and varlen, before kvcache was appended. */
 typedef struct options_with_varlen {
     options_v030_final head;
@@ -188,6 +194,27 @@ static void expect_older_layout_works(size_t size, fa_options cur, uint64_t salt
     free(buf);
     free_small(&a);
     free_small(&b);
+}
+
+/* Ensure a caller whose fa_options end at `align` (before `varlen` was appended) still works with
+ * the size it really sends, sizeof of that struct (padded past the int), and that its align is
+ * read: top-left alignment with Sq != Sk gives other bits than the default (checked first). */
+static void test_options_ending_at_align_still_work(void **state)
+{
+    (void)state;
+    assert_int_equal(offsetof(options_with_align, align), offsetof(fa_options, align));
+    assert_true(sizeof(options_with_align) > offsetof(options_with_align, align) + sizeof(int));
+    assert_true(sizeof(options_with_align) <= offsetof(fa_options, varlen));
+    fa_options cur = fa_options_default(), plain = fa_options_default();
+    cur.causal = plain.causal = 1;
+    cur.align = FA_ALIGN_TOP_LEFT;
+    small a = make_small(0xab8), b = make_small(0xab8);
+    assert_int_equal(fa_forward(&a.q.t, &a.k.t, &a.v.t, &a.o.t, &a.lse.t, &cur), FA_OK);
+    assert_int_equal(fa_forward(&b.q.t, &b.k.t, &b.v.t, &b.o.t, &b.lse.t, &plain), FA_OK);
+    assert_true(memcmp(a.o.mem, b.o.mem, a.o.bytes) != 0);
+    free_small(&a);
+    free_small(&b);
+    expect_older_layout_works(sizeof(options_with_align), cur, 0xab8);
 }
 
 /* Ensure a caller whose fa_options end at `varlen` (before `kvcache` was appended) still works:
@@ -513,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_old_options_layout_is_a_prefix),
         cmocka_unit_test(test_older_smaller_options_still_work),
         cmocka_unit_test(test_options_without_varlen_still_work),
+        cmocka_unit_test(test_options_ending_at_align_still_work),
         cmocka_unit_test(test_options_without_kvcache_still_work),
         cmocka_unit_test(test_options_v040_still_work),
         cmocka_unit_test(test_options_v050_still_work),
