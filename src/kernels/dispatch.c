@@ -138,9 +138,12 @@ double fa_fma_loop_scalar(long iters, float *sink)
     return (double)iters * 16 * 2;
 }
 
+/* Whether a benchmark loop (fma_peak.h) may run: an ISA this CPU and build run, iters >= 0. */
+static int loop_may_run(const char *isa, long iters) { return isa && fa_kernels_by_name(isa) && iters >= 0; }
+
 double fa_fma_peak_loop(const char *isa, long iters, float *sink)
 {
-    if (!isa || !fa_kernels_by_name(isa) || iters < 0) return 0.0;
+    if (!loop_may_run(isa, iters)) return 0.0;
     if (strcmp(isa, "scalar") == 0) return fa_fma_loop_scalar(iters, sink);
 #if defined(FA_HAVE_AVX2)
     if (strcmp(isa, "avx2") == 0) return fa_fma_loop_avx2(iters, sink);
@@ -156,7 +159,7 @@ double fa_fma_peak_loop(const char *isa, long iters, float *sink)
 
 double fa_fma_fed_loop(const char *isa, long iters, float *sink)
 {
-    if (!isa || !fa_kernels_by_name(isa) || iters < 0) return 0.0;
+    if (!loop_may_run(isa, iters)) return 0.0;
 #if defined(FA_HAVE_AVX2)
     if (strcmp(isa, "avx2") == 0) return fa_fma_fed_loop_avx2(iters, sink);
 #endif
