@@ -230,7 +230,9 @@ typedef struct bwd_dims {
     int br, bc;     /* Q block rows, K block keys */
     size_t ldd;     /* round16(d):  rows of Q_i, K_j, dQ_i, dK_j */
     size_t lddv;    /* round16(dv): rows of dO_i, V_j, dV_j */
-    size_t ldr;     /* round16(br): Q_i^T, dO_i^T panels; transposed tiles [bc][ldr] */
+    size_t ldr;     /* round16(br): Q_i^T, dO_i^T panels */
+    size_t ldt;     /* fa_ld_spread(br): transposed tiles [bc][ldt] (S^T, dP^T; no L1 set aliasing) */
+    size_t ldk;     /* fa_ld_spread(d): the thread's K_j rows (sc->kr), pv_t's V operand */
     size_t ldc;     /* round16(bc): K_j^T, V_j^T panels; tiles [br][ldc] */
 } bwd_dims;
 
@@ -245,12 +247,12 @@ typedef struct bwd_scratch {
     float *dor;   /* [br][lddv]  dO_i rows */
     float *qt;    /* [d][ldr]    Q_i^T, columns br..ldr zero */
     float *dot;   /* [dv][ldr]   dO_i^T */
-    float *kr;    /* [bc][ldd]   K_j rows */
+    float *kr;    /* [bc][ldk]   K_j rows */
     float *vr;    /* [bc][lddv]  V_j rows */
     float *kt;    /* [d][ldc]    K_j^T */
     float *vt;    /* [dv][ldc]   V_j^T */
-    float *st;    /* [bc][ldr]   S^T -> P^T        (pass a) */
-    float *dpt;   /* [bc][ldr]   dP^T -> dS^T      (pass a) */
+    float *st;    /* [bc][ldt]   S^T -> P^T        (pass a) */
+    float *dpt;   /* [bc][ldt]   dP^T -> dS^T      (pass a) */
     float *s;     /* [br][ldc]   S -> P (pass b); dS (single pass) */
     float *dp;    /* [br][ldc]   dP -> dS          (pass b) */
     float *dka;   /* [bc][ldd]   dK_j accumulator (unscaled) */
@@ -274,6 +276,8 @@ static bwd_dims bwd_layout(const fa_problem *p)
     g.lddv = round16((size_t)p->dv);
     g.ldr = round16((size_t)g.br);
     g.ldc = round16((size_t)g.bc);
+    g.ldt = fa_ld_spread((size_t)g.br);
+    g.ldk = fa_ld_spread((size_t)p->d);
     return g;
 }
 
@@ -281,10 +285,10 @@ static size_t bwd_scratch_floats(const fa_problem *p, const bwd_dims *g)
 {
     const size_t br = (size_t)g->br, bc = (size_t)g->bc, d = (size_t)p->d, dv = (size_t)p->dv;
     const size_t lmax = g->ldr > g->ldc ? g->ldr : g->ldc;
-    const size_t rows_d = fa_mul_sat(2 * br + 2 * bc, g->ldd);       /* qr, dqa, kr, dka */
+    const size_t rows_d = fa_add_sat(fa_mul_sat(2 * br + bc, g->ldd), fa_mul_sat(bc, g->ldk)); /* qr, dqa, dka; kr */
     const size_t rows_dv = fa_mul_sat(br + 2 * bc, g->lddv);         /* dor, vr, dva */
     const size_t panels = fa_mul_sat(fa_add_sat(d, dv), g->ldr + g->ldc); /* qt, dot, kt, vt */
-    const size_t tiles = 2 * bc * g->ldr + 2 * br * g->ldc;       /* st, dpt, s, dp */
+    const size_t tiles = 2 * bc * g->ldt + 2 * br * g->ldc;       /* st, dpt, s, dp */
     return fa_add_sat(fa_add_sat(rows_d, rows_dv), fa_add_sat(panels, tiles + 2 * g->ldr + 2 * lmax + 4 * round16(br) + 64));
 }
 
@@ -301,12 +305,12 @@ static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch
     sc->dor = cur;  cur += br * g->lddv;
     sc->qt = cur;   cur += d * g->ldr;
     sc->dot = cur;  cur += dv * g->ldr;
-    sc->kr = cur;   cur += bc * g->ldd;
+    sc->kr = cur;   cur += bc * g->ldk;
     sc->vr = cur;   cur += bc * g->lddv;
     sc->kt = cur;   cur += d * g->ldc;
     sc->vt = cur;   cur += dv * g->ldc;
-    sc->st = cur;   cur += bc * g->ldr;
-    sc->dpt = cur;  cur += bc * g->ldr;
+    sc->st = cur;   cur += bc * g->ldt;
+    sc->dpt = cur;  cur += bc * g->ldt;
     sc->s = cur;    cur += br * g->ldc;
     sc->dp = cur;   cur += br * g->ldc;
     sc->dka = cur;  cur += bc * g->ldd;
@@ -536,8 +540,8 @@ static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dim
         for (int r = 0; r < br && !cut; r++)
             cut = !(sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc);
     if (!cut) {
-        kern->qk(bc, br, (int)d, sc->kr, g->ldd, qt, g->ldr, (float)p->scale, sc->st, g->ldr);
-        kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, dot, g->ldr, 1.0f, sc->dpt, g->ldr);
+        kern->qk(bc, br, (int)d, sc->kr, g->ldk, qt, g->ldr, (float)p->scale, sc->st, g->ldt);
+        kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, dot, g->ldr, 1.0f, sc->dpt, g->ldt);
     }
     /* queries visible to key j0 + j: [r1, r2), both growing with j */
     int r1 = 0, r2 = 0;
@@ -562,18 +566,18 @@ static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dim
             if (hi == 0) { /* no key of the group is seen: P = dS = 0 */
                 if (full_ds)
                     for (int j = k0; j < k0 + nk; j++)
-                        memset(sc->dpt + (size_t)j * g->ldr, 0, (size_t)br * sizeof(float));
+                        memset(sc->dpt + (size_t)j * g->ldt, 0, (size_t)br * sizeof(float));
                 continue;
             }
             n = kern->cut_cols(br, hi);
             a = kern->cut_lead(br, lo);
-            float *st = sc->st + (size_t)k0 * g->ldr + a, *dpt = sc->dpt + (size_t)k0 * g->ldr + a;
-            kern->qk(nk, n - a, (int)d, sc->kr + (size_t)k0 * g->ldd, g->ldd, qt + a, g->ldr, (float)p->scale, st,
-                     g->ldr);
-            kern->qk(nk, n - a, (int)dvd, sc->vr + (size_t)k0 * g->lddv, g->lddv, dot + a, g->ldr, 1.0f, dpt, g->ldr);
+            float *st = sc->st + (size_t)k0 * g->ldt + a, *dpt = sc->dpt + (size_t)k0 * g->ldt + a;
+            kern->qk(nk, n - a, (int)d, sc->kr + (size_t)k0 * g->ldk, g->ldk, qt + a, g->ldr, (float)p->scale, st,
+                     g->ldt);
+            kern->qk(nk, n - a, (int)dvd, sc->vr + (size_t)k0 * g->lddv, g->lddv, dot + a, g->ldr, 1.0f, dpt, g->ldt);
             if (full_ds)
                 for (int j = k0; j < k0 + nk; j++) {
-                    float *line = sc->dpt + (size_t)j * g->ldr;
+                    float *line = sc->dpt + (size_t)j * g->ldt;
                     memset(line, 0, (size_t)a * sizeof(float));
                     memset(line + n, 0, (size_t)(br - n) * sizeof(float));
                 }
@@ -592,20 +596,20 @@ static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dim
                 va = r1;
                 vb = r2 > r1 ? r2 : r1;
             }
-            tile_line(p, kern, sc->g, n - a, va, vb, sc->st + (size_t)j * g->ldr + a, sc->dpt + (size_t)j * g->ldr + a,
+            tile_line(p, kern, sc->g, n - a, va, vb, sc->st + (size_t)j * g->ldt + a, sc->dpt + (size_t)j * g->ldt + a,
                       sc->lse + a, sc->dd + a, 1, slope, i0 + a + fa_diag_offset(p, b) - key, 1,
                       p->keep ? fa_keep_row(p, b, h, i0 + a) + key * p->keep_stride[3] : NULL, p->keep_stride[2]);
         }
         if (cut) {
-            kern->pv(nk, n - a, (int)dvd, sc->st + (size_t)k0 * g->ldr + a, g->ldr, dor + (size_t)a * g->lddv, g->lddv,
+            kern->pv(nk, n - a, (int)dvd, sc->st + (size_t)k0 * g->ldt + a, g->ldt, dor + (size_t)a * g->lddv, g->lddv,
                      sc->ones, sc->dva + (size_t)k0 * g->lddv, g->lddv);
-            kern->pv(nk, n - a, (int)d, sc->dpt + (size_t)k0 * g->ldr + a, g->ldr, qr + (size_t)a * g->ldd, g->ldd,
+            kern->pv(nk, n - a, (int)d, sc->dpt + (size_t)k0 * g->ldt + a, g->ldt, qr + (size_t)a * g->ldd, g->ldd,
                      sc->ones, sc->dka + (size_t)k0 * g->ldd, g->ldd);
         }
     }
     if (!cut) {
-        kern->pv(bc, br, (int)dvd, sc->st, g->ldr, dor, g->lddv, sc->ones, sc->dva, g->lddv);
-        kern->pv(bc, br, (int)d, sc->dpt, g->ldr, qr, g->ldd, sc->ones, sc->dka, g->ldd);
+        kern->pv(bc, br, (int)dvd, sc->st, g->ldt, dor, g->lddv, sc->ones, sc->dva, g->lddv);
+        kern->pv(bc, br, (int)d, sc->dpt, g->ldt, qr, g->ldd, sc->ones, sc->dka, g->ldd);
     }
 }
 
@@ -613,7 +617,7 @@ static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dim
 static void start_key_block(const fa_problem *p, const bwd_dims *g, bwd_scratch *sc, const fa_rows *ks,
                             const fa_rows *vs, int64_t j0, int bc)
 {
-    fa_pack_rows(ks, j0, bc, sc->kr, g->ldd, 0);
+    fa_pack_rows(ks, j0, bc, sc->kr, g->ldk, 0);
     fa_pack_rows(vs, j0, bc, sc->vr, g->lddv, 0);
     for (int j = 0; j < bc; j++) {
         memset(sc->dka + (size_t)j * g->ldd, 0, (size_t)p->d * sizeof(float));
@@ -677,15 +681,17 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
         for (int64_t j0 = jmin - jmin % g->bc; j0 < jmax; j0 += g->bc) {
             const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
             const float *kt = sc->kt, *vt = sc->vt, *kr = sc->kr;
+            size_t ldkr = g->ldk;
             if (kp) { /* K block j0 packed once for all Q blocks */
                 const size_t blk = (size_t)(j0 / g->bc);
                 kt = kp->a + blk * (size_t)d * g->ldc;
                 vt = kp->b + blk * (size_t)dvd * g->ldc;
                 kr = kp->c + blk * (size_t)g->bc * g->ldd;
+                ldkr = g->ldd;
             } else {
                 fa_pack_transposed(kern, &ks, j0, bc, sc->kt, g->ldc);
                 fa_pack_transposed(kern, &vs, j0, bc, sc->vt, g->ldc);
-                fa_pack_rows(&ks, j0, bc, sc->kr, g->ldd, 0);
+                fa_pack_rows(&ks, j0, bc, sc->kr, g->ldk, 0);
             }
 
             /* rows whose keys end inside this tile: cut it per row group (as flash.c's
@@ -717,7 +723,7 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
                               p->keep ? fa_keep_row(p, b, h, i0 + r) + j0 * p->keep_stride[3] : NULL,
                               p->keep_stride[3]);
                 }
-                kern->pv(nr, n, (int)d, dp, g->ldc, kr, g->ldd, sc->ones, sc->dqa + (size_t)r0 * g->ldd, g->ldd);
+                kern->pv(nr, n, (int)d, dp, g->ldc, kr, ldkr, sc->ones, sc->dqa + (size_t)r0 * g->ldd, g->ldd);
             }
         }
     }
@@ -747,9 +753,18 @@ static void tile_transpose(const fa_kernels *kern, int rows, int cols, const flo
     }
 }
 
+/* pv on dS rows: read from dS^T in place when the table has pv_t (the same bits) */
+static void dq_pv(const fa_kernels *kern, int nr, int n, int d, const float *ds, size_t lds, const float *k,
+                  size_t ldk, const float *ones, float *dq, size_t lddq)
+{
+    if (kern->pv_t) kern->pv_t(nr, n, d, ds, lds, k, ldk, ones, dq, lddq);
+    else kern->pv(nr, n, d, ds, lds, k, ldk, ones, dq, lddq);
+}
+
 /*
  * dQ_i += dS K_j for the tile tile_dkdv just computed with full_ds: dS^T
- * (sc->dpt, [bc][br]) is transposed into sc->s ([br][ldc]) and pv adds dS K_j
+ * (sc->dpt, [bc][br]) is read in place by pv_t, or transposed into sc->s
+ * ([br][ldc]) for pv, which adds dS K_j
  * (K_j rows in sc->kr) to the accumulator rows dqa (lddq apart), cut per row
  * group at the end of each query row as pass (b) cuts it. The bits are pass
  * (b)'s: each element of dS is the same FMA chains and elementwise steps
@@ -768,10 +783,22 @@ static void tile_dq(const fa_problem *p, const fa_kernels *kern, const bwd_dims 
             if (sc->hi[r] < j0 + bc) cut = 1;
         }
     if (r_hi == 0) return; /* no row sees the tile: dS = 0 */
-    tile_transpose(kern, bc, br, sc->dpt, g->ldr, sc->s, g->ldc);
+    /* dS row r from column r of dS^T (pv_t), or from the tile transposed into sc->s */
+    const float *ds;
+    size_t rs, lds;
+    if (kern->pv_t) {
+        ds = sc->dpt;
+        rs = 1;
+        lds = g->ldt;
+    } else {
+        tile_transpose(kern, bc, br, sc->dpt, g->ldt, sc->s, g->ldc);
+        ds = sc->s;
+        rs = g->ldc;
+        lds = g->ldc;
+    }
     if (!(cut && p->tile_cut && kern->cut_cols)) {
-        kern->pv(r_hi - r_lo, bc, (int)p->d, sc->s + (size_t)r_lo * g->ldc, g->ldc, sc->kr, g->ldd, sc->ones,
-                 dqa + (size_t)r_lo * lddq, lddq);
+        dq_pv(kern, r_hi - r_lo, bc, (int)p->d, ds + (size_t)r_lo * rs, lds, sc->kr, g->ldk, sc->ones,
+              dqa + (size_t)r_lo * lddq, lddq);
         return;
     }
     const int rows = cut_group(kern);
@@ -784,8 +811,8 @@ static void tile_dq(const fa_problem *p, const fa_kernels *kern, const bwd_dims 
                 if (e > need) need = e;
             }
         if (need == 0) continue; /* no row of the group sees the tile */
-        kern->pv(nr, kern->cut_cols(bc, (int)need), (int)p->d, sc->s + (size_t)r0 * g->ldc, g->ldc, sc->kr, g->ldd,
-                 sc->ones, dqa + (size_t)r0 * lddq, lddq);
+        dq_pv(kern, nr, kern->cut_cols(bc, (int)need), (int)p->d, ds + (size_t)r0 * rs, lds, sc->kr, g->ldk,
+              sc->ones, dqa + (size_t)r0 * lddq, lddq);
     }
 }
 

@@ -397,6 +397,66 @@ static int kc_check_pv(const fa_kernels *k, const fa_kernels *ref, uint64_t seed
     return nf;
 }
 
+/*
+ * pv_t (kernels.h): pv with P stored transposed must give pv's bits, element
+ * for element, on the same tile. The transposed tile has a leading dimension
+ * past br whose padding holds NaN (a read of it would poison O), ends at a
+ * guard page, and O's padding columns hold the sentinel. Tables without pv_t
+ * are not checked here (the driver transposes for them).
+ */
+static int kc_pv_t_case(const fa_kernels *k, int br, int bc, int dv, uint64_t *rng, char *msg, size_t cap)
+{
+    int nf = 0;
+    const size_t ldp = kc_round16(bc), ldpt = (size_t)br + 5, ldv = (size_t)dv + 3, ldo = (size_t)dv + 2;
+    kc_buf p = kc_alloc((size_t)br * ldp), pt = kc_alloc((size_t)bc * ldpt), v = kc_alloc((size_t)bc * ldv);
+    kc_buf al = kc_alloc((size_t)br), o = kc_alloc((size_t)br * ldo), ot = kc_alloc((size_t)br * ldo);
+    for (size_t x = 0; x < (size_t)bc * ldpt; x++) pt.p[x] = NAN;
+    for (int i = 0; i < br; i++) /* signed values (dS is), exact zeros here and there */
+        for (int j = 0; j < bc; j++) {
+            const float x = kc_next(rng) % 5 == 0 ? 0.0f : kc_uniform(rng, -1.0f, 1.0f);
+            p.p[(size_t)i * ldp + j] = x;
+            pt.p[(size_t)j * ldpt + i] = x;
+        }
+    for (size_t x = 0; x < (size_t)bc * ldv; x++) v.p[x] = kc_uniform(rng, -3.0f, 3.0f);
+    for (int i = 0; i < br; i++) al.p[i] = i % 3 == 0 ? 1.0f : kc_uniform(rng, 0.0f, 1.0f);
+    for (int i = 0; i < br; i++)
+        for (size_t c = 0; c < ldo; c++)
+            o.p[(size_t)i * ldo + c] = (int)c < dv ? kc_uniform(rng, -5.0f, 5.0f) : kc_sentinel();
+    memcpy(ot.p, o.p, (size_t)br * ldo * sizeof(float));
+
+    k->pv(br, bc, dv, p.p, ldp, v.p, ldv, al.p, o.p, ldo);
+    k->pv_t(br, bc, dv, pt.p, ldpt, v.p, ldv, al.p, ot.p, ldo);
+
+    for (int i = 0; i < br && !nf; i++)
+        for (size_t c = 0; c < ldo; c++) {
+            const float a = ot.p[(size_t)i * ldo + c], b = o.p[(size_t)i * ldo + c];
+            if ((int)c >= dv ? !kc_is_sentinel(a) : memcmp(&a, &b, sizeof a) != 0) {
+                kc_fail(msg, cap, &nf, "%s pv_t br=%d bc=%d dv=%d: O[%d][%zu] = %.9g, pv on the tile %.9g",
+                        k->name, br, bc, dv, i, c, a, b);
+                break;
+            }
+        }
+    kc_free(&p); kc_free(&pt); kc_free(&v); kc_free(&al); kc_free(&o); kc_free(&ot);
+    return nf;
+}
+
+/* Number of failures; *checked = whether the table has pv_t at all. */
+static int kc_check_pv_t(const fa_kernels *k, uint64_t seed, int *checked, char *msg, size_t cap)
+{
+    int nf = 0;
+    uint64_t rng = seed;
+    *checked = k->pv_t != NULL;
+    if (!k->pv_t) return 0;
+    for (int a = 0; a < KC_NROWS; a++)
+        for (int b = 0; b < KC_NSIZES; b++)
+            for (int c = 0; c < KC_NSIZES; c++)
+                nf += kc_pv_t_case(k, kc_rows[a], kc_sizes[b], kc_sizes[c], &rng, nf ? NULL : msg, cap) != 0;
+    /* more keys than one pv chunk (AVX-512 128, AVX2 256) */
+    nf += kc_pv_t_case(k, 9, 300, 40, &rng, nf ? NULL : msg, cap) != 0;
+    nf += kc_pv_t_case(k, 17, 513, 128, &rng, nf ? NULL : msg, cap) != 0;
+    return nf;
+}
+
 /* ---- vexp ----------------------------------------------------------------- */
 
 static uint32_t kc_bits(float f)

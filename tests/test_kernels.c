@@ -81,6 +81,17 @@ static void test_pv_matches_scalar_on_all_tails(void **state)
     report(kc_check_pv(k, &fa_kernels_scalar, tu_seed() ^ 2, msg, sizeof msg));
 }
 
+/* Ensure pv_t (P read transposed) gives pv's bits on the same tile and reads nothing past its rows. */
+static void test_pv_t_gives_pv_bits(void **state)
+{
+    const fa_kernels *k = isa_or_skip(state);
+    int checked;
+    msg[0] = 0;
+    const int nf = kc_check_pv_t(k, tu_seed() ^ 0x70, &checked, msg, sizeof msg);
+    if (!checked) fail_msg("%s has no pv_t (every x86 table here has one)", k->name);
+    report(nf);
+}
+
 /* Ensure vexp stays within FA_EXP_MAX_ULP of expf over [-88, 88] and handles -inf, inf, NaN. */
 static void test_vexp_within_stated_ulp_bound(void **state)
 {
@@ -277,6 +288,7 @@ static void test_fma_loops_count_their_flops(void **state)
     cmocka_unit_test_prestate(test_qk_matches_scalar_on_all_tails, (void *)isa),                \
     cmocka_unit_test_prestate(test_softmax_matches_scalar_when_masked_and_extreme, (void *)isa), \
     cmocka_unit_test_prestate(test_pv_matches_scalar_on_all_tails, (void *)isa),                \
+    cmocka_unit_test_prestate(test_pv_t_gives_pv_bits, (void *)isa),                            \
     cmocka_unit_test_prestate(test_vexp_within_stated_ulp_bound, (void *)isa),                  \
     cmocka_unit_test_prestate(test_tanh_within_stated_ulp_bound, (void *)isa),                  \
     cmocka_unit_test_prestate(test_transform_matches_scalar, (void *)isa),                      \

@@ -382,7 +382,7 @@ static void softmax_avx2(int br, int bc, float *s, size_t lds, float *m, float *
  * restricted to the lanes in `last` (vmaskmovps), so nothing beyond dv is
  * read or written; without it every vector is full.
  */
-INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last, int bc,
+INLINE void pv_block(const int TR, const int mr, const int nv, const int masked, __m256i last, int bc,
                      const float *p, size_t ldp, const float *v, size_t ldv, const float *alpha,
                      float *o, size_t ldo) /* alpha NULL: O = O + acc */
 {
@@ -401,7 +401,7 @@ INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last,
                                             : _mm256_loadu_ps(vrow + 8 * u);
 #pragma GCC unroll 6
         for (int r = 0; r < mr; r++) {
-            const __m256 pb = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+            const __m256 pb = _mm256_broadcast_ss(TR ? p + (size_t)j * ldp + r : p + (size_t)r * ldp + j);
 #pragma GCC unroll 2
             for (int u = 0; u < nv; u++) acc[r][u] = _mm256_fmadd_ps(pb, vv[u], acc[r][u]);
         }
@@ -421,22 +421,24 @@ INLINE void pv_block(const int mr, const int nv, const int masked, __m256i last,
     }
 }
 
-/* All row blocks of one (column panel, key chunk): nv vectors, the last masked when `masked`. */
-INLINE void pv_panel(const int nv, const int masked, __m256i last, int br, int kc, const float *p, size_t ldp,
-                     const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
+/* All row blocks of one (column panel, key chunk): nv vectors, the last masked when `masked`.
+ * TR: P is stored transposed (pv_t), row i of a block at p + i. */
+INLINE void pv_panel(const int TR, const int nv, const int masked, __m256i last, int br, int kc, const float *p,
+                     size_t ldp, const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
 {
+    const size_t rs = TR ? 1 : ldp; /* from one row of P to the next */
     int i = 0;
     for (; i + MR <= br; i += MR)
-        pv_block(MR, nv, masked, last, kc, p + (size_t)i * ldp, ldp, v, ldv, alpha ? alpha + i : NULL,
+        pv_block(TR, MR, nv, masked, last, kc, p + (size_t)i * rs, ldp, v, ldv, alpha ? alpha + i : NULL,
                  o + (size_t)i * ldo, ldo);
-    const float *pi = p + (size_t)i * ldp, *ai = alpha ? alpha + i : NULL;
+    const float *pi = p + (size_t)i * rs, *ai = alpha ? alpha + i : NULL;
     float *oi = o + (size_t)i * ldo;
     switch (br - i) {
-    case 5: pv_block(5, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 4: pv_block(4, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 3: pv_block(3, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 2: pv_block(2, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 1: pv_block(1, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 5: pv_block(TR, 5, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 4: pv_block(TR, 4, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 3: pv_block(TR, 3, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 2: pv_block(TR, 2, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 1: pv_block(TR, 1, nv, masked, last, kc, pi, ldp, v, ldv, ai, oi, ldo); break;
     default: break;
     }
 }
@@ -448,7 +450,7 @@ INLINE void pv_panel(const int nv, const int masked, __m256i last, int br, int k
  * each 6-row block re-streamed all of V_j ([Bc][dv], 64-128 KiB) from L2.
  * O is rescaled by alpha on the first chunk and accumulated after.
  */
-static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
+INLINE void pv_body(const int TR, int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
                     const float *alpha, float *o, size_t ldo)
 {
     const __m256i all = _mm256_set1_epi32(-1);
@@ -458,20 +460,35 @@ static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const fl
         const int left = dv - c < 8 * NV ? dv - c : 8 * NV;
         for (int j0 = 0; j0 < bc; j0 += chunk) {
             const int kc = bc - j0 < chunk ? bc - j0 : chunk;
-            const float *pj = p + j0, *vj = v + (size_t)j0 * ldv + c, *aj = j0 == 0 ? alpha : NULL;
+            const float *pj = p + (TR ? (size_t)j0 * ldp : (size_t)j0), *vj = v + (size_t)j0 * ldv + c;
+            const float *aj = j0 == 0 ? alpha : NULL;
             if (left == 16)
-                pv_panel(2, 0, all, br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+                pv_panel(TR, 2, 0, all, br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
             else if (left == 8)
-                pv_panel(1, 0, all, br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+                pv_panel(TR, 1, 0, all, br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
             else if (left > 8)
-                pv_panel(2, 1, lanes_below(left - 8), br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+                pv_panel(TR, 2, 1, lanes_below(left - 8), br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
             else
-                pv_panel(1, 1, lanes_below(left), br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
+                pv_panel(TR, 1, 1, lanes_below(left), br, kc, pj, ldp, vj, ldv, aj, o + c, ldo);
         }
     }
     if (bc == 0) /* no key: O = alpha O still */
         for (int i = 0; i < br; i++)
             for (int c = 0; c < dv; c++) o[(size_t)i * ldo + c] *= alpha[i];
+}
+
+static void pv_avx2(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
+                    const float *alpha, float *o, size_t ldo)
+{
+    pv_body(0, br, bc, dv, p, ldp, v, ldv, alpha, o, ldo);
+}
+
+/* pv with P read transposed (kernels.h, pv_t): pv_avx2's FMAs in its order over the
+ * transposed tile, so its bits; a block's broadcasts per key are consecutive floats. */
+static void pv_t_avx2(int br, int bc, int dv, const float *pt, size_t ldpt, const float *v, size_t ldv,
+                      const float *alpha, float *o, size_t ldo)
+{
+    pv_body(1, br, bc, dv, pt, ldpt, v, ldv, alpha, o, ldo);
 }
 
 /*
@@ -921,6 +938,7 @@ const fa_kernels fa_kernels_avx2 = {
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
+    .pv_t = pv_t_avx2,
     .cut_cols = cut_cols_avx2,
     .cut_lead = cut_lead_avx2,
     .cut_lead_fwd = cut_lead_fwd_avx2,

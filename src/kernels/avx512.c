@@ -368,7 +368,7 @@ static void softmax_avx512(int br, int bc, float *s, size_t lds, float *m, float
  * stores, so nothing beyond dv is read or written). O = a*O + acc with
  * a = alpha[r] on the first key chunk and 1 on later ones.
  */
-INLINE void pv_block(const int MR, const int NV, const int FULL, int kc, __mmask16 last, const float *p,
+INLINE void pv_block(const int TR, const int MR, const int NV, const int FULL, int kc, __mmask16 last, const float *p,
                      size_t ldp, const float *v, size_t ldv, const float *alpha, float *o,
                      size_t ldo)
 {
@@ -387,7 +387,7 @@ INLINE void pv_block(const int MR, const int NV, const int FULL, int kc, __mmask
                                          : _mm512_loadu_ps(vrow + 16 * u);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
-            const __m512 pb = _mm512_set1_ps(p[(size_t)r * ldp + j]);
+            const __m512 pb = _mm512_set1_ps(TR ? p[(size_t)j * ldp + r] : p[(size_t)r * ldp + j]);
 #pragma GCC unroll 2
             for (int u = 0; u < NV; u++) acc[r][u] = _mm512_fmadd_ps(pb, vv[u], acc[r][u]);
         }
@@ -409,24 +409,26 @@ INLINE void pv_block(const int MR, const int NV, const int FULL, int kc, __mmask
 }
 
 /* All row blocks of one (column panel, key chunk). FULL: last is all 16 lanes (plain loads
- * and stores: a masked load costs an ALU uop beside the load on some cores). */
-INLINE void pv_panel(const int NV, const int FULL, int br, int kc, __mmask16 last, const float *p, size_t ldp,
-                     const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
+ * and stores: a masked load costs an ALU uop beside the load on some cores). TR: P is
+ * stored transposed (pv_t), row i of a block at p + i. */
+INLINE void pv_panel(const int TR, const int NV, const int FULL, int br, int kc, __mmask16 last, const float *p,
+                     size_t ldp, const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
 {
+    const size_t rs = TR ? 1 : ldp; /* from one row of P to the next */
     int i = 0;
     for (; i + PV_MR <= br; i += PV_MR)
-        pv_block(PV_MR, NV, FULL, kc, last, p + (size_t)i * ldp, ldp, v, ldv, alpha ? alpha + i : NULL,
+        pv_block(TR, PV_MR, NV, FULL, kc, last, p + (size_t)i * rs, ldp, v, ldv, alpha ? alpha + i : NULL,
                  o + (size_t)i * ldo, ldo);
-    const float *pi = p + (size_t)i * ldp, *ai = alpha ? alpha + i : NULL;
+    const float *pi = p + (size_t)i * rs, *ai = alpha ? alpha + i : NULL;
     float *oi = o + (size_t)i * ldo;
     switch (br - i) {
-    case 7: pv_block(7, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 6: pv_block(6, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 5: pv_block(5, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 4: pv_block(4, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 3: pv_block(3, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 2: pv_block(2, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
-    case 1: pv_block(1, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 7: pv_block(TR, 7, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 6: pv_block(TR, 6, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 5: pv_block(TR, 5, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 4: pv_block(TR, 4, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 3: pv_block(TR, 3, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 2: pv_block(TR, 2, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
+    case 1: pv_block(TR, 1, NV, FULL, kc, last, pi, ldp, v, ldv, ai, oi, ldo); break;
     default: break;
     }
 }
@@ -437,23 +439,38 @@ INLINE void pv_panel(const int NV, const int FULL, int br, int kc, __mmask16 las
  * stream past it; without the chunking, a 512-key V panel (64 KiB) would
  * fall out of L1 and be re-read from L2 by every row block.
  */
-static void pv_avx512(int br, int bc, int dv, const float *p, size_t ldp, const float *v,
-                      size_t ldv, const float *alpha, float *o, size_t ldo)
+INLINE void pv_body(const int TR, int br, int bc, int dv, const float *p, size_t ldp, const float *v,
+                    size_t ldv, const float *alpha, float *o, size_t ldo)
 {
     for (int c = 0; c < dv; c += 16 * PV_NV) {
         const int left = dv - c < 16 * PV_NV ? dv - c : 16 * PV_NV;
         for (int j0 = 0; j0 < bc; j0 += PV_KC) {
             const int kc = bc - j0 < PV_KC ? bc - j0 : PV_KC;
-            const float *pj = p + j0, *vj = v + (size_t)j0 * ldv + c;
+            const float *pj = p + (TR ? (size_t)j0 * ldp : (size_t)j0), *vj = v + (size_t)j0 * ldv + c;
             const float *aj = j0 == 0 ? alpha : NULL;
             if (left == 32)
-                pv_panel(2, 1, br, kc, (__mmask16)0xffff, pj, ldp, vj, ldv, aj, o + c, ldo);
+                pv_panel(TR, 2, 1, br, kc, (__mmask16)0xffff, pj, ldp, vj, ldv, aj, o + c, ldo);
             else if (left > 16)
-                pv_panel(2, 0, br, kc, (__mmask16)((1u << (left - 16)) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
+                pv_panel(TR, 2, 0, br, kc, (__mmask16)((1u << (left - 16)) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
             else
-                pv_panel(1, 0, br, kc, (__mmask16)((1u << left) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
+                pv_panel(TR, 1, 0, br, kc, (__mmask16)((1u << left) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
         }
     }
+}
+
+static void pv_avx512(int br, int bc, int dv, const float *p, size_t ldp, const float *v,
+                      size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    pv_body(0, br, bc, dv, p, ldp, v, ldv, alpha, o, ldo);
+}
+
+/* pv with P read transposed (kernels.h, pv_t): pv_avx512's FMAs in its order over the
+ * transposed tile, so its bits; a block's 8 broadcasts per key come from 8 consecutive
+ * floats instead of 8 rows ldp apart. */
+static void pv_t_avx512(int br, int bc, int dv, const float *pt, size_t ldpt, const float *v,
+                        size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    pv_body(1, br, bc, dv, pt, ldpt, v, ldv, alpha, o, ldo);
 }
 
 /*
@@ -943,6 +960,7 @@ const fa_kernels fa_kernels_avx512 = {
     .qk = qk_avx512,
     .softmax = softmax_avx512,
     .pv = pv_avx512,
+    .pv_t = pv_t_avx512,
     .cut_cols = cut_cols_avx512,
     .cut_lead = cut_lead_avx512,
     .cut_lead_fwd = cut_lead_fwd_avx512,
