@@ -232,7 +232,9 @@ typedef struct bwd_dims {
     size_t lddv;    /* round16(dv): rows of dO_i, V_j, dV_j */
     size_t ldr;     /* round16(br): Q_i^T, dO_i^T panels */
     size_t ldt;     /* fa_ld_spread(br): transposed tiles [bc][ldt] (S^T, dP^T; no L1 set aliasing) */
-    size_t ldk;     /* fa_ld_spread(d): the thread's K_j rows (sc->kr), pv_t's V operand */
+    size_t ldk;     /* fa_ld_spread(d): K_j rows (sc->kr); the single pass's Q rows */
+    size_t ldvs;    /* fa_ld_spread(dv): the single pass's dO rows */
+    size_t ldcs;    /* fa_ld_spread(bc): the single pass's K_j^T, V_j^T panels and S, dP tiles */
     size_t ldc;     /* round16(bc): K_j^T, V_j^T panels; tiles [br][ldc] */
 } bwd_dims;
 
@@ -243,18 +245,18 @@ typedef struct bwd_dims {
  * dS^T). lse, dd, lo, hi describe the rows of the current Q block.
  */
 typedef struct bwd_scratch {
-    float *qr;    /* [br][ldd]   Q_i rows */
-    float *dor;   /* [br][lddv]  dO_i rows */
+    float *qr;    /* [br][ldd]   Q_i rows (single pass: [br][ldk]) */
+    float *dor;   /* [br][lddv]  dO_i rows (single pass: [br][ldvs]) */
     float *qt;    /* [d][ldr]    Q_i^T, columns br..ldr zero */
     float *dot;   /* [dv][ldr]   dO_i^T */
     float *kr;    /* [bc][ldk]   K_j rows */
     float *vr;    /* [bc][lddv]  V_j rows */
-    float *kt;    /* [d][ldc]    K_j^T */
-    float *vt;    /* [dv][ldc]   V_j^T */
+    float *kt;    /* [d][ldc]    K_j^T (single pass: [d][ldcs]) */
+    float *vt;    /* [dv][ldc]   V_j^T (single pass: [dv][ldcs]) */
     float *st;    /* [bc][ldt]   S^T -> P^T        (pass a) */
     float *dpt;   /* [bc][ldt]   dP^T -> dS^T      (pass a) */
-    float *s;     /* [br][ldc]   S -> P (pass b); dS (single pass) */
-    float *dp;    /* [br][ldc]   dP -> dS          (pass b) */
+    float *s;     /* [br][ldc]   S -> P            (pass b; single pass [br][ldcs]) */
+    float *dp;    /* [br][ldc]   dP -> dS          (pass b; single pass [br][ldcs]) */
     float *dka;   /* [bc][ldd]   dK_j accumulator (unscaled) */
     float *dva;   /* [bc][lddv]  dV_j accumulator */
     float *dqa;   /* [br][ldd]   dQ_i accumulator (unscaled) */
@@ -278,6 +280,8 @@ static bwd_dims bwd_layout(const fa_problem *p)
     g.ldc = round16((size_t)g.bc);
     g.ldt = fa_ld_spread((size_t)g.br);
     g.ldk = fa_ld_spread((size_t)p->d);
+    g.ldvs = fa_ld_spread((size_t)p->dv);
+    g.ldcs = fa_ld_spread((size_t)g.bc);
     return g;
 }
 
@@ -285,10 +289,10 @@ static size_t bwd_scratch_floats(const fa_problem *p, const bwd_dims *g)
 {
     const size_t br = (size_t)g->br, bc = (size_t)g->bc, d = (size_t)p->d, dv = (size_t)p->dv;
     const size_t lmax = g->ldr > g->ldc ? g->ldr : g->ldc;
-    const size_t rows_d = fa_add_sat(fa_mul_sat(2 * br + bc, g->ldd), fa_mul_sat(bc, g->ldk)); /* qr, dqa, dka; kr */
-    const size_t rows_dv = fa_mul_sat(br + 2 * bc, g->lddv);         /* dor, vr, dva */
-    const size_t panels = fa_mul_sat(fa_add_sat(d, dv), g->ldr + g->ldc); /* qt, dot, kt, vt */
-    const size_t tiles = 2 * bc * g->ldt + 2 * br * g->ldc;       /* st, dpt, s, dp */
+    const size_t rows_d = fa_add_sat(fa_mul_sat(br + bc, g->ldd), fa_mul_sat(br + bc, g->ldk)); /* dqa, dka; qr, kr */
+    const size_t rows_dv = fa_add_sat(fa_mul_sat(2 * bc, g->lddv), fa_mul_sat(br, g->ldvs)); /* vr, dva; dor */
+    const size_t panels = fa_mul_sat(fa_add_sat(d, dv), g->ldr + g->ldcs); /* qt, dot, kt, vt */
+    const size_t tiles = 2 * bc * g->ldt + 2 * br * g->ldcs;      /* st, dpt, s, dp */
     return fa_add_sat(fa_add_sat(rows_d, rows_dv), fa_add_sat(panels, tiles + 2 * g->ldr + 2 * lmax + 4 * round16(br) + 64));
 }
 
@@ -301,18 +305,18 @@ static int bwd_scratch_alloc(const fa_problem *p, const bwd_dims *g, bwd_scratch
     if (!cur) return 0;
     memset(cur, 0, n * sizeof(float)); /* padding columns of the panels stay zero */
     sc->base = cur;
-    sc->qr = cur;   cur += br * g->ldd;
-    sc->dor = cur;  cur += br * g->lddv;
+    sc->qr = cur;   cur += br * g->ldk;
+    sc->dor = cur;  cur += br * g->ldvs;
     sc->qt = cur;   cur += d * g->ldr;
     sc->dot = cur;  cur += dv * g->ldr;
     sc->kr = cur;   cur += bc * g->ldk;
     sc->vr = cur;   cur += bc * g->lddv;
-    sc->kt = cur;   cur += d * g->ldc;
-    sc->vt = cur;   cur += dv * g->ldc;
+    sc->kt = cur;   cur += d * g->ldcs;
+    sc->vt = cur;   cur += dv * g->ldcs;
     sc->st = cur;   cur += bc * g->ldt;
     sc->dpt = cur;  cur += bc * g->ldt;
-    sc->s = cur;    cur += br * g->ldc;
-    sc->dp = cur;   cur += br * g->ldc;
+    sc->s = cur;    cur += br * g->ldcs;
+    sc->dp = cur;   cur += br * g->ldcs;
     sc->dka = cur;  cur += bc * g->ldd;
     sc->dva = cur;  cur += bc * g->lddv;
     sc->dqa = cur;  cur += br * g->ldd;
@@ -525,13 +529,10 @@ static int cut_group(const fa_kernels *kern)
  * sc->vr) against queries i0..i0+br of head h (their row info in sc, their
  * panels qt, dot, qr, dor): S^T -> P^T in sc->st, dP^T -> dS^T in sc->dpt,
  * then dV_j += P^T dO_i and dK_j += dS^T Q_i into sc->dva, sc->dka.
- * With full_ds (the single pass), every element of dS^T [bc][br] is defined on
- * return: a cut tile's elements it did not compute (masked: P = 0) are set to
- * +0, what dS = 0 (dP - D) is for a finite dP.
  */
 static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
                       const float *qt, const float *dot, const float *qr, const float *dor, int64_t b, int64_t h,
-                      int64_t i0, int br, int64_t j0, int bc, double slope, int full_ds)
+                      int64_t i0, int br, int64_t j0, int bc, double slope)
 {
     const int64_t d = p->d, dvd = p->dv;
     /* a tile some key line of which is partly masked: cut it per key group */
@@ -563,24 +564,13 @@ static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dim
                     if (r2 > hi) hi = r2;
                 }
             }
-            if (hi == 0) { /* no key of the group is seen: P = dS = 0 */
-                if (full_ds)
-                    for (int j = k0; j < k0 + nk; j++)
-                        memset(sc->dpt + (size_t)j * g->ldt, 0, (size_t)br * sizeof(float));
-                continue;
-            }
+            if (hi == 0) continue; /* no key of the group is seen: P = dS = 0 */
             n = kern->cut_cols(br, hi);
             a = kern->cut_lead(br, lo);
             float *st = sc->st + (size_t)k0 * g->ldt + a, *dpt = sc->dpt + (size_t)k0 * g->ldt + a;
             kern->qk(nk, n - a, (int)d, sc->kr + (size_t)k0 * g->ldk, g->ldk, qt + a, g->ldr, (float)p->scale, st,
                      g->ldt);
             kern->qk(nk, n - a, (int)dvd, sc->vr + (size_t)k0 * g->lddv, g->lddv, dot + a, g->ldr, 1.0f, dpt, g->ldt);
-            if (full_ds)
-                for (int j = k0; j < k0 + nk; j++) {
-                    float *line = sc->dpt + (size_t)j * g->ldt;
-                    memset(line, 0, (size_t)a * sizeof(float));
-                    memset(line + n, 0, (size_t)(br - n) * sizeof(float));
-                }
         }
         for (int j = k0; j < k0 + nk; j++) {
             const int64_t key = j0 + j;
@@ -645,7 +635,7 @@ static void bwd_task_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd
                 q = packed_q_block(qp, g, d, dvd, (size_t)((h - hk * group) * nblocks(p->seqlen_q, g->br) + i0 / g->br));
             else
                 pack_q_block(kern, g, &qs, &dos, i0, br, &q);
-            tile_dkdv(p, kern, g, sc, q.a, q.b, q.c, q.e, b, h, i0, br, j0, bc, slope, 0);
+            tile_dkdv(p, kern, g, sc, q.a, q.b, q.c, q.e, b, h, i0, br, j0, bc, slope);
         }
     }
     const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
@@ -753,66 +743,103 @@ static void tile_transpose(const fa_kernels *kern, int rows, int cols, const flo
     }
 }
 
-/* pv on dS rows: read from dS^T in place when the table has pv_t (the same bits) */
-static void dq_pv(const fa_kernels *kern, int nr, int n, int d, const float *ds, size_t lds, const float *k,
-                  size_t ldk, const float *ones, float *dq, size_t lddq)
+/*
+ * O[k][c] += sum over x < nq of T[x][k] V[x][c] for k < nk: pv on the transposed
+ * nq x nk corner of tile T (lds apart) — pv_t in place, or, for a table without
+ * it, pv on the corner transposed into sc->st (the same bits either way).
+ */
+static void pv_cols(const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc, int nk, int nq, int dv,
+                    const float *t, size_t lds, const float *v, size_t ldv, float *o, size_t ldo)
 {
-    if (kern->pv_t) kern->pv_t(nr, n, d, ds, lds, k, ldk, ones, dq, lddq);
-    else kern->pv(nr, n, d, ds, lds, k, ldk, ones, dq, lddq);
+    if (kern->pv_t) {
+        kern->pv_t(nk, nq, dv, t, lds, v, ldv, sc->ones, o, ldo);
+        return;
+    }
+    tile_transpose(kern, nq, nk, t, lds, sc->st, g->ldt);
+    kern->pv(nk, nq, dv, sc->st, g->ldt, v, ldv, sc->ones, o, ldo);
 }
 
 /*
- * dQ_i += dS K_j for the tile tile_dkdv just computed with full_ds: dS^T
- * (sc->dpt, [bc][br]) is read in place by pv_t, or transposed into sc->s
- * ([br][ldc]) for pv, which adds dS K_j
- * (K_j rows in sc->kr) to the accumulator rows dqa (lddq apart), cut per row
- * group at the end of each query row as pass (b) cuts it. The bits are pass
- * (b)'s: each element of dS is the same FMA chains and elementwise steps
- * (qk computes S^T[j][i] and S[i][j] as one chain over c in order), the
- * elements a cut skipped are +-0 (which add nothing to an accumulator that
- * starts at +0), and the K blocks arrive in the same order, alpha = 1.
+ * One tile of the single pass: queries i0..i0+br of head h (their rows qr, dor,
+ * g->ldk and g->ldvs apart, their row info in sc) against keys j0..j0+bc (K_j^T,
+ * V_j^T in sc->kt, sc->vt; K_j rows in sc->kr). S -> P and dP -> dS in sc->s,
+ * sc->dp ([br][ldcs]) exactly as pass (b) computes them, cut per row group at the
+ * end of its rows' keys, then dQ_i += dS K_j (pass (b)'s pv calls), then
+ * dV_j += P^T dO_i and dK_j += dS^T Q_i: pv_t reads the tiles down their columns,
+ * so these are pass (a)'s pv calls on the transposed tile, cut per key group as
+ * pass (a) cuts (cut_lead, cut_cols over the queries). So the bits are the two
+ * passes' (qk computes S[i][j] and S^T[j][i] as one FMA chain; tile_line is per
+ * element). An element a cut leaves uncomputed here is a masked one, set to +0,
+ * where pass (a) may have computed it as 0 * (dP - D) = -0 (docs/robustness.md:
+ * the sign of an exact zero). Q^T and dO^T are never needed: the packs hold rows.
  */
-static void tile_dq(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc, int br,
-                    int64_t j0, int bc, float *dqa, size_t lddq)
+static void tile_onepass(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
+                         const float *qr, const float *dor, int64_t b, int64_t h, int64_t i0, int br, int64_t j0,
+                         int bc, double slope, float *dqa, size_t lddq)
 {
-    int r_lo = br, r_hi = 0, cut = 0;
-    for (int r = 0; r < br; r++)
-        if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
-            if (r < r_lo) r_lo = r;
-            r_hi = r + 1;
-            if (sc->hi[r] < j0 + bc) cut = 1;
+    const int64_t d = p->d, dvd = p->dv;
+    const size_t lds = g->ldcs;
+    int cut = 0;
+    if (p->tile_cut && kern->cut_cols && kern->cut_lead)
+        for (int r = 0; r < br && !cut; r++)
+            cut = !(sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc);
+    const int rows = cut ? cut_group(kern) : br;
+    for (int r0 = 0; r0 < br; r0 += rows) {
+        const int nr = br - r0 < rows ? br - r0 : rows;
+        float *s = sc->s + (size_t)r0 * lds, *dp = sc->dp + (size_t)r0 * lds;
+        int n = bc;
+        if (cut) {
+            int64_t need = 0;
+            for (int r = r0; r < r0 + nr; r++)
+                if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
+                    const int64_t e = (sc->hi[r] < j0 + bc ? sc->hi[r] : j0 + bc) - j0;
+                    if (e > need) need = e;
+                }
+            n = need > 0 ? kern->cut_cols(bc, (int)need) : 0;
+            for (int r = 0; r < nr; r++) { /* columns past the cut: masked, P = dS = +0 */
+                memset(s + (size_t)r * lds + n, 0, (size_t)(bc - n) * sizeof(float));
+                memset(dp + (size_t)r * lds + n, 0, (size_t)(bc - n) * sizeof(float));
+            }
+            if (n == 0) continue; /* no row of the group sees the tile */
         }
-    if (r_hi == 0) return; /* no row sees the tile: dS = 0 */
-    /* dS row r from column r of dS^T (pv_t), or from the tile transposed into sc->s */
-    const float *ds;
-    size_t rs, lds;
-    if (kern->pv_t) {
-        ds = sc->dpt;
-        rs = 1;
-        lds = g->ldt;
-    } else {
-        tile_transpose(kern, bc, br, sc->dpt, g->ldt, sc->s, g->ldc);
-        ds = sc->s;
-        rs = g->ldc;
-        lds = g->ldc;
+        kern->qk(nr, n, (int)d, qr + (size_t)r0 * g->ldk, g->ldk, sc->kt, g->ldcs, (float)p->scale, s, lds);
+        kern->qk(nr, n, (int)dvd, dor + (size_t)r0 * g->ldvs, g->ldvs, sc->vt, g->ldcs, 1.0f, dp, lds);
+        for (int r = r0; r < r0 + nr; r++) {
+            const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
+            const int va = lo > 0 ? (lo < n ? (int)lo : n) : 0;
+            const int vb = hi < n ? (hi > va ? (int)hi : va) : n;
+            tile_line(p, kern, sc->g, n, va, vb, sc->s + (size_t)r * lds, sc->dp + (size_t)r * lds, sc->lse + r,
+                      sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1,
+                      p->keep ? fa_keep_row(p, b, h, i0 + r) + j0 * p->keep_stride[3] : NULL, p->keep_stride[3]);
+        }
+        kern->pv(nr, n, (int)d, dp, lds, sc->kr, g->ldk, sc->ones, dqa + (size_t)r0 * lddq, lddq);
     }
-    if (!(cut && p->tile_cut && kern->cut_cols)) {
-        dq_pv(kern, r_hi - r_lo, bc, (int)p->d, ds + (size_t)r_lo * rs, lds, sc->kr, g->ldk, sc->ones,
-              dqa + (size_t)r_lo * lddq, lddq);
+    if (!cut) {
+        pv_cols(kern, g, sc, bc, br, (int)dvd, sc->s, lds, dor, g->ldvs, sc->dva, g->lddv);
+        pv_cols(kern, g, sc, bc, br, (int)d, sc->dp, lds, qr, g->ldk, sc->dka, g->ldd);
         return;
     }
-    const int rows = cut_group(kern);
-    for (int r0 = r_lo; r0 < r_hi; r0 += rows) {
-        const int nr = r_hi - r0 < rows ? r_hi - r0 : rows;
-        int64_t need = 0;
-        for (int r = r0; r < r0 + nr; r++)
-            if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
-                const int64_t e = (sc->hi[r] < j0 + bc ? sc->hi[r] : j0 + bc) - j0;
-                if (e > need) need = e;
+    /* per key group: the queries that see one of its keys, [r1, r2) per key growing with it */
+    const int keys = cut_group(kern);
+    int r1 = 0, r2 = 0;
+    for (int k0 = 0; k0 < bc; k0 += keys) {
+        const int nk = bc - k0 < keys ? bc - k0 : keys;
+        int lo = br, hi = 0;
+        for (int j = k0; j < k0 + nk; j++) {
+            const int64_t key = j0 + j;
+            while (r1 < br && sc->hi[r1] <= key) r1++;
+            while (r2 < br && sc->lo[r2] <= key) r2++;
+            if (r2 > r1) {
+                if (r1 < lo) lo = r1;
+                if (r2 > hi) hi = r2;
             }
-        if (need == 0) continue; /* no row of the group sees the tile */
-        dq_pv(kern, nr, kern->cut_cols(bc, (int)need), (int)p->d, ds + (size_t)r0 * rs, lds, sc->kr, g->ldk,
-              sc->ones, dqa + (size_t)r0 * lddq, lddq);
+        }
+        if (hi == 0) continue; /* no query sees the group's keys: P = dS = 0 */
+        const int n = kern->cut_cols(br, hi), a = kern->cut_lead(br, lo);
+        pv_cols(kern, g, sc, nk, n - a, (int)dvd, sc->s + (size_t)a * lds + k0, lds, dor + (size_t)a * g->ldvs,
+                g->ldvs, sc->dva + (size_t)k0 * g->lddv, g->lddv);
+        pv_cols(kern, g, sc, nk, n - a, (int)d, sc->dp + (size_t)a * lds + k0, lds, qr + (size_t)a * g->ldk, g->ldk,
+                sc->dka + (size_t)k0 * g->ldd, g->ldd);
     }
 }
 
@@ -822,9 +849,55 @@ static int dq_in_place(const fa_problem *p, const fa_tensor *dq)
     return dq->dtype == FA_F32 && dq->stride[3] == 1 && dq->stride[1] >= p->d;
 }
 
+/*
+ * The single pass's packs: the rows of Q and dO of the group's heads, nqb blocks each
+ * (a: Q [group][nqb][br][ldk], b: dO [group][nqb][br][ldvs]) — rows only, no
+ * transposed panels: its tiles are S = Q K_j^T with K_j^T per thread.
+ */
+static size_t onepass_q_floats(const fa_problem *p, const bwd_dims *g)
+{
+    const size_t nblk = fa_mul_sat((size_t)nblocks(p->seqlen_q, g->br), (size_t)(p->heads / p->heads_k));
+    return fa_mul_sat(fa_mul_sat(nblk, (size_t)g->br), g->ldk + g->ldvs);
+}
+
+static bwd_packed onepass_q_layout(const fa_problem *p, const bwd_dims *g, float *base)
+{
+    const size_t nblk = fa_mul_sat((size_t)nblocks(p->seqlen_q, g->br), (size_t)(p->heads / p->heads_k));
+    bwd_packed q = {base, base + nblk * (size_t)g->br * g->ldk, NULL, NULL};
+    return q;
+}
+
+/* Block t of the single pass's packs (a: Q rows, b: dO rows). */
+static bwd_packed onepass_q_block(const bwd_packed *qp, const bwd_dims *g, size_t t)
+{
+    bwd_packed q = {qp->a + t * (size_t)g->br * g->ldk, qp->b + t * (size_t)g->br * g->ldvs, NULL, NULL};
+    return q;
+}
+
+/* Rows i0..i0+br of Q and dO into the single pass's operands. */
+static void onepass_pack_q(const bwd_dims *g, const fa_rows *qs, const fa_rows *dos, int64_t i0, int br,
+                           const bwd_packed *to)
+{
+    fa_pack_rows(qs, i0, br, to->a, g->ldk, 0);
+    fa_pack_rows(dos, i0, br, to->b, g->ldvs, 0);
+}
+
+/* Keys j0..j0+bc for the single pass: K_j^T, V_j^T (sc->kt, sc->vt), K_j rows, dK, dV at +0. */
+static void onepass_key_block(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
+                              const fa_rows *ks, const fa_rows *vs, int64_t j0, int bc)
+{
+    fa_pack_transposed(kern, ks, j0, bc, sc->kt, g->ldcs);
+    fa_pack_transposed(kern, vs, j0, bc, sc->vt, g->ldcs);
+    fa_pack_rows(ks, j0, bc, sc->kr, g->ldk, 0);
+    for (int j = 0; j < bc; j++) {
+        memset(sc->dka + (size_t)j * g->ldd, 0, (size_t)p->d * sizeof(float));
+        memset(sc->dva + (size_t)j * g->lddv, 0, (size_t)p->dv * sizeof(float));
+    }
+}
+
 /* Per-thread buffers of the single pass beyond bwd_scratch. */
 typedef struct bwd_onepass {
-    bwd_packed qp; /* the task's Q blocks (pass (a)'s shared layout), packed once; qp.a NULL: per tile */
+    bwd_packed qp; /* the task's Q, dO rows (onepass_q_layout), packed once; qp.a NULL: per tile */
     float *dqs;    /* [group][seqlen_q][ldd] dQ accumulators, or NULL: in the output (dq_in_place) */
 } bwd_onepass;
 
@@ -843,16 +916,16 @@ static float *dq_acc(const fa_problem *p, const bwd_dims *g, const bwd_onepass *
 
 /*
  * The single pass for kv head hk of batch b: for each K block j (outer),
- * dK_j, dV_j in the scratch; for each Q block i of every query head of the
- * group (inner), tile_dkdv (S^T, P^T, dP^T, dS^T; dV_j += P^T dO_i,
- * dK_j += dS^T Q_i: pass (a)'s steps, so pass (a)'s bits) and tile_dq
- * (dQ_i += dS K_j). 5 tile products where the two passes take 7.
+ * K_j^T, V_j^T, K_j and dK_j, dV_j in the scratch; for each Q block i of every
+ * query head of the group (inner), tile_onepass (S, P, dP, dS; dQ_i += dS K_j,
+ * dV_j += P^T dO_i, dK_j += dS^T Q_i with the two passes' bits). 5 tile
+ * products where the two passes take 7.
  */
 static void bwd_task_onepass(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
                              const bwd_onepass *op, const float *dvec, const fa_tensor *dout, const fa_tensor *dq,
                              const fa_tensor *dk, const fa_tensor *dv, int64_t b, int64_t hk)
 {
-    const int64_t d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
+    const int64_t d = p->d, group = p->heads / p->heads_k;
     const fa_seq seq = fa_problem_seq(p, b);
     const int64_t nqb_max = nblocks(p->seqlen_q, g->br);
     const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
@@ -867,13 +940,13 @@ static void bwd_task_onepass(const fa_problem *p, const fa_kernels *kern, const 
             if (i0 >= seq.q_len) continue;
             const int br = (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br);
             const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h);
-            const bwd_packed to = packed_q_block(&op->qp, g, d, dvd, (size_t)t);
-            pack_q_block(kern, g, &qs, &dos, i0, br, &to);
+            const bwd_packed to = onepass_q_block(&op->qp, g, (size_t)t);
+            onepass_pack_q(g, &qs, &dos, i0, br, &to);
         }
     const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
     for (int64_t j0 = 0; j0 < seq.k_len; j0 += g->bc) {
         const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
-        start_key_block(p, g, sc, &ks, &vs, j0, bc);
+        onepass_key_block(p, kern, g, sc, &ks, &vs, j0, bc);
         for (int64_t hh = 0; hh < group; hh++) {
             const int64_t h = hk * group + hh;
             const double slope = fa_alibi_slope(p, b, h);
@@ -883,13 +956,12 @@ static void bwd_task_onepass(const fa_problem *p, const fa_kernels *kern, const 
             for (int64_t i0 = 0; i0 < seq.q_len; i0 += g->br) {
                 const int br = (int)(seq.q_len - i0 < g->br ? seq.q_len - i0 : g->br);
                 if (!load_row_info(p, dvec, b, h, i0, br, j0, j0 + bc, sc)) continue; /* tile fully masked */
-                bwd_packed q = {sc->qt, sc->dot, sc->qr, sc->dor};
+                bwd_packed q = {sc->qr, sc->dor, NULL, NULL};
                 if (op->qp.a)
-                    q = packed_q_block(&op->qp, g, d, dvd, (size_t)(hh * nqb_max + i0 / g->br));
+                    q = onepass_q_block(&op->qp, g, (size_t)(hh * nqb_max + i0 / g->br));
                 else
-                    pack_q_block(kern, g, &qs, &dos, i0, br, &q);
-                tile_dkdv(p, kern, g, sc, q.a, q.b, q.c, q.e, b, h, i0, br, j0, bc, slope, 1);
-                tile_dq(p, kern, g, sc, br, j0, bc, acc + (size_t)i0 * lddq, lddq);
+                    onepass_pack_q(g, &qs, &dos, i0, br, &q);
+                tile_onepass(p, kern, g, sc, q.a, q.b, b, h, i0, br, j0, bc, slope, acc + (size_t)i0 * lddq, lddq);
             }
         }
         store_rows(&dks, j0, bc, sc->dka, g->ldd, (float)p->scale);
@@ -1003,9 +1075,10 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
      * together */
     const int threads1 = fa_threads_for(p, bhk_tasks);
     const size_t dqs1 = one_pass ? onepass_dq_bytes(p, &g, dq) : 0;
+    const size_t qfl1 = onepass_q_floats(p, &g);
     const size_t pack1 =
-        one_pass && fa_mul_sat(fa_add_sat(fa_mul_sat(qfl, sizeof(float)), dqs1), (size_t)threads1) <= cap
-            ? qfl * sizeof(float)
+        one_pass && fa_mul_sat(fa_add_sat(fa_mul_sat(qfl1, sizeof(float)), dqs1), (size_t)threads1) <= cap
+            ? qfl1 * sizeof(float)
             : 0;
     float *shared = sbytes ? fa_scratch_alloc(p, sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
     bwd_packed qpack = {NULL, NULL, NULL, NULL}, kpack = {NULL, NULL, NULL, NULL};
@@ -1046,7 +1119,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
 #endif
             failed = 1;
         }
-        if (pack1_mem) op.qp = packed_q_layout(p, &g, pack1_mem);
+        if (pack1_mem) op.qp = onepass_q_layout(p, &g, pack1_mem);
         /* D_i = dO_i . O_i, accumulated in float64, for the rows each sequence owns */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)

@@ -60,7 +60,8 @@ typedef struct fa_kernels {
      * Optional (NULL: the driver transposes the tile and calls pv). pv with P
      * stored transposed: P[i][j] = pt[j * ldpt + i]. The bits must be pv's on
      * the transposed tile: the same FMAs in the same order (the backward's
-     * dQ += dS K_j from the dS^T tile it holds, src/backward.c).
+     * single pass: dV += P^T dO and dK += dS^T Q from its S-shaped tiles,
+     * src/backward.c).
      */
     void (*pv_t)(int br, int bc, int dv,
                  const float *pt, size_t ldpt,
@@ -225,11 +226,9 @@ extern const fa_kernels fa_kernels_neon;
  * 90-93% of the FMA loop, pv at dv = 128 85% -> 91-92%, the qk+softmax+pv chain at
  * d = 128 188-190 -> 200-204 GFLOP/s (docs/performance.md, "Leading dimensions"). Padding
  * columns are never read (qk reads Kt up to bc rounded to 16) and no result depends on a
- * leading dimension, so the bits do not move. backward.c spreads its per-thread tiles
- * (S^T, dP^T, which pv_t reads down their columns) and K_j rows (pv_t's V operand) but keeps
- * its shared packs at round16: spread, the packs of N = 4096, d = 128 on 2 threads no longer
- * fit the 16 MiB packing cap and fall back to per-tile packing (docs/performance.md,
- * "The backward's dQ without a transpose").
+ * leading dimension, so the bits do not move. backward.c's single pass spreads its
+ * tiles, K_j^T/V_j^T panels and Q, dO, K_j rows (its packs hold rows only, half of the
+ * two passes' Q packs, which keep round16 with the rest of those passes).
  */
 static inline size_t fa_ld_spread(size_t x)
 {
