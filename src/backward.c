@@ -26,28 +26,31 @@
  *
  *   flash — FlashAttention-2's backward, atomic-free, in one of two shapes
  *     that give the same bits. Both recompute P tile by tile from Q, K and
- *     the LSE (Sq x Sk never exists; only Br x Bc tiles), and both work on
- *     the transposed tile, so the pv micro-kernel computes P^T dO directly:
- *         S^T = scale K_j Q_i^T      (qk, K_j rows x Q_i^T panel)
- *         P^T = exp(S^T - LSE_i)     (transforms, mask, vexp)
- *         dP^T = V_j dO_i^T          (qk)
- *         dS^T = P^T o (dP^T - D_i)  (softcap derivative)
- *         dV_j += P^T dO_i,  dK_j += dS^T Q_i   (pv)
+ *     the LSE (Sq x Sk never exists; only Br x Bc tiles):
+ *         S = scale Q_i K_j^T        (qk)
+ *         P = exp(S - LSE_i)         (transforms, mask, vexp)
+ *         dP = dO_i V_j^T            (qk)
+ *         dS = P o (dP - D_i)        (softcap derivative)
+ *         dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dQ_i += dS K_j
  *
  *     The single pass (bwd_task_onepass; FlashAttention-2's 5 tile products):
  *       one task per (batch, kv head) owns dK, dV of its keys and dQ of its
- *       group's query rows. For each K block j (outer), dK_j, dV_j live in
- *       the scratch; for each Q block i of every query head of the group
- *       (inner), the steps above, then dQ_i += dS K_j (pv) with dS the tile
- *       dS^T transposed (the kernel table's transpose). dQ accumulates in
- *       the output itself when it is float32 rows, else in task scratch
- *       (group x Sq x d floats, O(seqlen)) written once at the end. The task
- *       packs its group's Q_i^T, dO_i^T, Q_i, dO_i once when all threads'
- *       packs fit under the packing cap together, else per tile.
+ *       group's query rows. For each K block j (outer), K_j^T, V_j^T, K_j and
+ *       dK_j, dV_j live in the scratch; for each Q block i of every query head
+ *       of the group (inner), tile_onepass computes S, P, dP, dS in that
+ *       shape, dQ_i += dS K_j (pv), and dV_j, dK_j through pv_t, which reads
+ *       the tile down its columns (P^T, dS^T without a transpose; tables
+ *       without pv_t transpose the corner). dQ accumulates in the output
+ *       itself when it is float32 rows, else in task scratch (group x Sq x d
+ *       floats, O(seqlen)) written once at the end. The task packs its
+ *       group's Q_i, dO_i rows once when all threads' packs fit under the
+ *       packing cap together, else per tile.
  *
  *     The two passes (7 tile products: S, P, dP and dS are computed twice):
- *       (a) one task per (batch, kv head, K block j): dK_j, dV_j as above,
- *           every Q block i of every query head of the group streaming past;
+ *       (a) one task per (batch, kv head, K block j): dK_j, dV_j on the
+ *           transposed tile (S^T = scale K_j Q_i^T against the Q_i^T panel,
+ *           then pv computes P^T dO_i and dS^T Q_i directly), every Q block i
+ *           of every query head of the group streaming past;
  *       (b) one task per (batch, query head, Q block i): dQ_i in scratch, the
  *           K blocks stream past: S = scale Q_i K_j^T, P, dP = dO_i V_j^T,
  *           dS, and dQ_i += dS K_j (pv).
@@ -60,7 +63,7 @@
  *     Same bits: qk computes S^T[j][i] and S[i][j] as the same FMA chain over
  *     c, the elementwise steps are per element, dK_j and dV_j receive the Q
  *     blocks in the same order in both shapes and dQ_i the K blocks, alpha =
- *     1, and the elements a cut tile skips are +-0 (tile_dq). The
+ *     1, and the elements a cut tile skips are +-0 (tile_onepass). The
  *     alternatives — atomics, or a dQ buffer per thread summed at the end —
  *     give bits that depend on the schedule, or O(threads x Sq x d) memory.
  *     Every task runs on one thread in a fixed order: identical bits for any
@@ -73,7 +76,8 @@
  *     The single pass: docs/performance.md.
  *
  * D (one float per query row) is computed once up front: O(B x H x Sq).
- * The operands each pass streams (Q_i^T, dO_i^T, ... or K_j^T, V_j^T, K_j)
+ * The operands each pass streams (Q_i^T, dO_i^T, ... or K_j^T, V_j^T, K_j;
+ * the single pass: Q_i, dO_i rows)
  * are packed once per (batch, kv head) when they fit in 16 MiB, else per
  * tile (see bwd_packed): memory beyond inputs and outputs stays
  * O(threads x block + B x H x Sq) plus that bounded panel buffer, plus in
@@ -241,8 +245,9 @@ typedef struct bwd_dims {
 /*
  * Per-thread scratch (float32, 64-byte aligned rows). Pass (a) uses
  * kr, vr, dka, dva, qt, dot, qr, dor, st, dpt; pass (b) uses qr, dor, kt, vt,
- * kr, s, dp, dqa; the single pass uses pass (a)'s and s (dS, the transposed
- * dS^T). lse, dd, lo, hi describe the rows of the current Q block.
+ * kr, s, dp, dqa; the single pass uses kt, vt, kr, s, dp, dka, dva (qr, dor when
+ * it packs per tile; st for a kernel table without pv_t). lse, dd, lo, hi
+ * describe the rows of the current Q block.
  */
 typedef struct bwd_scratch {
     float *qr;    /* [br][ldd]   Q_i rows (single pass: [br][ldk]) */
@@ -726,7 +731,8 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
  */
 
 /* dst[c][r] = src[r][c] for r < rows, c < cols (a tile transposed; the kernel
- * table's transpose when it has one, which also zeroes columns rows..round16) */
+ * table's transpose when it has one, which may also write zeros into columns
+ * rows..round16(rows), dst's padding) */
 static void tile_transpose(const fa_kernels *kern, int rows, int cols, const float *src, size_t lds, float *dst,
                            size_t ldd)
 {
@@ -769,9 +775,12 @@ static void pv_cols(const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc, 
  * so these are pass (a)'s pv calls on the transposed tile, cut per key group as
  * pass (a) cuts (cut_lead, cut_cols over the queries). So the bits are the two
  * passes' (qk computes S[i][j] and S^T[j][i] as one FMA chain; tile_line is per
- * element). An element a cut leaves uncomputed here is a masked one, set to +0,
- * where pass (a) may have computed it as 0 * (dP - D) = -0 (docs/robustness.md:
- * the sign of an exact zero). Q^T and dO^T are never needed: the packs hold rows.
+ * element). An element a cut leaves uncomputed here is a masked one (every
+ * visible element is computed: n = cut_cols(bc, need) >= need), set to +0,
+ * where pass (a) may have computed it as 0 * (dP - D) = -0; pv's accumulators
+ * start at +0 and dK, dV, dQ start at +0, so a +-0 term changes no output bit
+ * for finite inputs (non-finite ones at masked positions: docs/robustness.md).
+ * Q^T and dO^T are never needed: the packs hold rows.
  */
 static void tile_onepass(const fa_problem *p, const fa_kernels *kern, const bwd_dims *g, bwd_scratch *sc,
                          const float *qr, const float *dor, int64_t b, int64_t h, int64_t i0, int br, int64_t j0,
@@ -1008,7 +1017,7 @@ static size_t onepass_dq_bytes(const fa_problem *p, const bwd_dims *g, const fa_
  * single pass takes only when packs and accumulators fit under the cap
  * together, so the pass's own buffers stay under the 16 MiB that
  * docs/robustness.md promises at N = 65536). Either way the bits are the
- * same (tile_dq), so the rule may follow the thread count.
+ * same (tile_onepass), so the rule may follow the thread count.
  */
 static int use_one_pass(const fa_problem *p, const bwd_dims *g, const fa_tensor *dq)
 {

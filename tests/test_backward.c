@@ -854,6 +854,10 @@ static void test_flash_backward_cut_tiles_give_the_whole_tile_bits(void **state)
         {"varlen", 60, 80, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 1, 0, 24, 32},
         {"per-tile packing", 130, 130, 2, 2, 16, 16, 1, -1, -1, 0, 0, 0, 0, 0, 1, 48, 64},
         {"blocks above the pv chunks", 620, 620, 1, 1, 16, 16, 1, 300, -1, 0, 0, 0, 0, 0, 0, 300, 320},
+        /* d, dv and blocks of 128: the single pass's padded strides (144 floats) differ from the
+         * two passes' (128), so a stride mixed up between them changes the bits */
+        {"d 128, blocks 128 (padded strides)", 150, 150, 2, 1, 128, 128, 1, -1, -1, 0, 0, 0, 0, 0, 0, 128, 128},
+        {"d 128, dv 64, window", 150, 170, 2, 2, 128, 64, 0, 60, 10, 0, 0, 0, 0, 0, 1, 128, 128},
     };
     for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) run_bwd_cut_case(&cases[x], &rng);
 }

@@ -81,6 +81,9 @@ typedef struct fa_kernels {
      * states the loop facts its answer rests on.
      */
     int (*cut_cols)(int bc, int need);
+    /* (pv_t chunks its keys exactly as pv does, so cut_cols' and cut_lead's
+     * answers about pv hold for it too: the backward's single pass cuts its
+     * dK, dV products, made by pv_t, with them.) */
 
     /*
      * Optional (NULL: no leading cut). The backward pass's other side of a

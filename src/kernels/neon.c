@@ -238,7 +238,7 @@ static void softmax_neon(int br, int bc, float *s, size_t lds, float *m, float *
  * Rows [0, mr) x columns [0, 4*nv) of v/o; the last vector holds `last`
  * lanes (1..4). Partial vectors go lane by lane: nothing beyond dv is touched.
  */
-INLINE void pv_block(const int mr, const int nv, int last, int bc, const float *p, size_t ldp,
+INLINE void pv_block(const int TR, const int mr, const int nv, int last, int bc, const float *p, size_t ldp,
                      const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
 {
     float32x4_t acc[MR][NV];
@@ -256,7 +256,7 @@ INLINE void pv_block(const int mr, const int nv, int last, int bc, const float *
                                               : vld1q_f32(vrow + 4 * u);
 #pragma GCC unroll 4
         for (int r = 0; r < mr; r++) {
-            const float prj = p[(size_t)r * ldp + j];
+            const float prj = TR ? p[(size_t)j * ldp + r] : p[(size_t)r * ldp + j];
 #pragma GCC unroll 4
             for (int u = 0; u < nv; u++) acc[r][u] = vfmaq_n_f32(acc[r][u], vv[u], prj);
         }
@@ -276,18 +276,36 @@ INLINE void pv_block(const int mr, const int nv, int last, int bc, const float *
     }
 }
 
-INLINE void pv_rows(const int mr, int bc, int dv, const float *p, size_t ldp, const float *v,
+INLINE void pv_rows(const int TR, const int mr, int bc, int dv, const float *p, size_t ldp, const float *v,
                     size_t ldv, const float *alpha, float *o, size_t ldo)
 {
     int c = 0;
-    for (; c + 4 * NV <= dv; c += 4 * NV) pv_block(mr, NV, 4, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
+    for (; c + 4 * NV <= dv; c += 4 * NV) pv_block(TR, mr, NV, 4, bc, p, ldp, v + c, ldv, alpha, o + c, ldo);
     const int left = dv - c; /* 0..15 columns */
     const int lastw = left % 4 ? left % 4 : 4;
     switch ((left + 3) / 4) {
-    case 4: pv_block(mr, 4, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
-    case 3: pv_block(mr, 3, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
-    case 2: pv_block(mr, 2, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
-    case 1: pv_block(mr, 1, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    case 4: pv_block(TR, mr, 4, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    case 3: pv_block(TR, mr, 3, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    case 2: pv_block(TR, mr, 2, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    case 1: pv_block(TR, mr, 1, lastw, bc, p, ldp, v + c, ldv, alpha, o + c, ldo); break;
+    default: break;
+    }
+}
+
+/* TR: P stored transposed (pv_t), row i at p + i */
+INLINE void pv_body(const int TR, int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
+                    const float *alpha, float *o, size_t ldo)
+{
+    const size_t rs = TR ? 1 : ldp;
+    int i = 0;
+    for (; i + MR <= br; i += MR)
+        pv_rows(TR, MR, bc, dv, p + (size_t)i * rs, ldp, v, ldv, alpha + i, o + (size_t)i * ldo, ldo);
+    const float *pi = p + (size_t)i * rs;
+    float *oi = o + (size_t)i * ldo;
+    switch (br - i) {
+    case 3: pv_rows(TR, 3, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 2: pv_rows(TR, 2, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
+    case 1: pv_rows(TR, 1, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
     default: break;
     }
 }
@@ -295,17 +313,14 @@ INLINE void pv_rows(const int mr, int bc, int dv, const float *p, size_t ldp, co
 static void pv_neon(int br, int bc, int dv, const float *p, size_t ldp, const float *v, size_t ldv,
                     const float *alpha, float *o, size_t ldo)
 {
-    int i = 0;
-    for (; i + MR <= br; i += MR)
-        pv_rows(MR, bc, dv, p + (size_t)i * ldp, ldp, v, ldv, alpha + i, o + (size_t)i * ldo, ldo);
-    const float *pi = p + (size_t)i * ldp;
-    float *oi = o + (size_t)i * ldo;
-    switch (br - i) {
-    case 3: pv_rows(3, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 2: pv_rows(2, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    case 1: pv_rows(1, bc, dv, pi, ldp, v, ldv, alpha + i, oi, ldo); break;
-    default: break;
-    }
+    pv_body(0, br, bc, dv, p, ldp, v, ldv, alpha, o, ldo);
+}
+
+/* pv_neon's FMAs in its order on P stored transposed (kernels.h, pv_t) */
+static void pv_t_neon(int br, int bc, int dv, const float *pt, size_t ldpt, const float *v, size_t ldv,
+                      const float *alpha, float *o, size_t ldo)
+{
+    pv_body(1, br, bc, dv, pt, ldpt, v, ldv, alpha, o, ldo);
 }
 
 /*
@@ -538,6 +553,7 @@ const fa_kernels fa_kernels_neon = {
     .qk = qk_neon,
     .softmax = softmax_neon,
     .pv = pv_neon,
+    .pv_t = pv_t_neon,
     .cut_cols = cut_cols_neon,
     .cut_lead = cut_lead_neon,
     .cut_lead_fwd = cut_lead_fwd_neon,

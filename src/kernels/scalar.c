@@ -54,19 +54,33 @@ static void softmax_scalar(int br, int bc, float *s, size_t lds, float *m, float
     }
 }
 
-static void pv_scalar(int br, int bc, int dv, const float *p, size_t ldp,
-                      const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
+/* P[i][j] = p[i * rs + j * js]: pv (rs = ldp, js = 1) and pv_t (rs = 1, js = ldp) */
+static void pv_strided(int br, int bc, int dv, const float *p, size_t rs, size_t js, const float *v, size_t ldv,
+                       const float *alpha, float *o, size_t ldo)
 {
     for (int i = 0; i < br; i++) {
         float *orow = o + (size_t)i * ldo;
         const float a = alpha[i];
         for (int c = 0; c < dv; c++) orow[c] *= a;
         for (int j = 0; j < bc; j++) {
-            const float pij = p[(size_t)i * ldp + j];
+            const float pij = p[(size_t)i * rs + (size_t)j * js];
             const float *vrow = v + (size_t)j * ldv;
             for (int c = 0; c < dv; c++) orow[c] += pij * vrow[c];
         }
     }
+}
+
+static void pv_scalar(int br, int bc, int dv, const float *p, size_t ldp,
+                      const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    pv_strided(br, bc, dv, p, ldp, 1, v, ldv, alpha, o, ldo);
+}
+
+/* pv on P stored transposed (kernels.h, pv_t): pv_scalar's steps, P[i][j] = pt[j * ldpt + i] */
+static void pv_t_scalar(int br, int bc, int dv, const float *pt, size_t ldpt,
+                        const float *v, size_t ldv, const float *alpha, float *o, size_t ldo)
+{
+    pv_strided(br, bc, dv, pt, 1, ldpt, v, ldv, alpha, o, ldo);
 }
 
 void fa_transform_line_scalar(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
@@ -175,6 +189,7 @@ const fa_kernels fa_kernels_scalar = {
     .qk = qk_scalar,
     .softmax = softmax_scalar,
     .pv = pv_scalar,
+    .pv_t = pv_t_scalar,
     .cut_cols = cut_cols_scalar,
     .cut_lead = cut_lead_scalar,
     .cut_lead_fwd = cut_lead_fwd_scalar,

@@ -56,6 +56,11 @@ int main(void)
     result("softmax matches scalar when masked and extreme", kc_check_softmax(k, ref, seed ^ 1, msg, sizeof msg), msg);
     msg[0] = 0;
     result("pv matches scalar on all tails", kc_check_pv(k, ref, seed ^ 2, msg, sizeof msg), msg);
+    {
+        int checked;
+        const int nf = kc_check_pv_t(k, seed ^ 0x70, &checked, msg, sizeof msg);
+        result("pv_t gives pv's bits", checked ? nf : 1, checked ? msg : "no pv_t in the neon table");
+    }
     msg[0] = 0;
     double worst;
     float wx;
