@@ -40,9 +40,10 @@
  *       of the group (inner), tile_onepass computes S, P, dP, dS in that
  *       shape, dQ_i += dS K_j (pv), and dV_j, dK_j through pv_t, which reads
  *       the tile down its columns (P^T, dS^T without a transpose; tables
- *       without pv_t transpose the corner). dQ accumulates in the output
- *       itself when it is float32 rows, else in task scratch (group x Sq x d
- *       floats, O(seqlen)) written once at the end. The task packs its
+ *       without pv_t transpose the corner). dQ accumulates in task scratch
+ *       (group x Sq x d floats, O(seqlen)) written once at the end, or, for
+ *       float32 rows when that scratch does not fit under the cap, in the
+ *       output itself. The task packs its
  *       group's Q_i, dO_i rows once when all threads' packs fit under the
  *       packing cap together, else per tile.
  *
@@ -907,7 +908,7 @@ static void onepass_key_block(const fa_problem *p, const fa_kernels *kern, const
 /* Per-thread buffers of the single pass beyond bwd_scratch. */
 typedef struct bwd_onepass {
     bwd_packed qp; /* the task's Q, dO rows (onepass_q_layout), packed once; qp.a NULL: per tile */
-    float *dqs;    /* [group][seqlen_q][ldd] dQ accumulators, or NULL: in the output (dq_in_place) */
+    float *dqs;    /* [group][seqlen_q][ldk] dQ accumulators, or NULL: in the output (dq_in_place) */
 } bwd_onepass;
 
 /* The dQ accumulator rows of query head h (group index hh) of sequence seq, and their distance. */
@@ -915,8 +916,8 @@ static float *dq_acc(const fa_problem *p, const bwd_dims *g, const bwd_onepass *
                      const fa_seq *seq, int64_t h, int64_t hh, size_t *ld)
 {
     if (op->dqs) {
-        *ld = g->ldd;
-        return op->dqs + (size_t)hh * (size_t)p->seqlen_q * g->ldd;
+        *ld = g->ldk;
+        return op->dqs + (size_t)hh * (size_t)p->seqlen_q * g->ldk;
     }
     const fa_rows dqs = fa_rows_q(dq, seq, h);
     *ld = (size_t)dq->stride[1];
@@ -995,12 +996,17 @@ static void bwd_task_onepass(const fa_problem *p, const fa_kernels *kern, const 
     }
 }
 
-/* Bytes of dQ accumulators one single-pass task keeps in scratch (0: in the output). */
+/* Bytes of one single-pass task's dQ accumulators in scratch: group x Sq rows of ldk. */
+static size_t onepass_dq_scratch(const fa_problem *p, const bwd_dims *g)
+{
+    const size_t group = (size_t)(p->heads / p->heads_k);
+    return fa_mul_sat(fa_mul_sat(group, (size_t)p->seqlen_q), fa_mul_sat(g->ldk, sizeof(float)));
+}
+
+/* Bytes of dQ accumulators one single-pass task must keep in scratch (0: it may use the output). */
 static size_t onepass_dq_bytes(const fa_problem *p, const bwd_dims *g, const fa_tensor *dq)
 {
-    if (dq_in_place(p, dq)) return 0;
-    const size_t group = (size_t)(p->heads / p->heads_k);
-    return fa_mul_sat(fa_mul_sat(group, (size_t)p->seqlen_q), fa_mul_sat(g->ldd, sizeof(float)));
+    return dq_in_place(p, dq) ? 0 : onepass_dq_scratch(p, g);
 }
 
 /*
@@ -1089,6 +1095,19 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
         one_pass && fa_mul_sat(fa_add_sat(fa_mul_sat(qfl1, sizeof(float)), dqs1), (size_t)threads1) <= cap
             ? qfl1 * sizeof(float)
             : 0;
+    /* A float32 dQ that could accumulate in the output still accumulates in contiguous
+     * scratch when that fits beside the packs under the cap (and the 8 MiB that use_one_pass
+     * allows accumulators): the output's rows are heads x d apart, one page each at d = 128,
+     * H = 8, and the 2 MiB of one head's dQ at N = 4096 leave L2 between two visits, so pv
+     * waited on its O rows (dQ's pv took ~1.35x the time of each other product). The same
+     * pv calls on the same values: the same bits. */
+    size_t dqopt = 0;
+    if (one_pass && dqs1 == 0) {
+        const size_t want = onepass_dq_scratch(p, &g);
+        if (fa_mul_sat(want, (size_t)threads1) < FA_PACK_DEFAULT_MAX_BYTES / 2 &&
+            fa_mul_sat(fa_add_sat(pack1, want), (size_t)threads1) <= cap)
+            dqopt = want;
+    }
     float *shared = sbytes ? fa_scratch_alloc(p, sbytes) : NULL; /* reused: pass (a) is done before pass (b) packs */
     bwd_packed qpack = {NULL, NULL, NULL, NULL}, kpack = {NULL, NULL, NULL, NULL};
     if (shared && qbytes) qpack = packed_q_layout(p, &g, shared);
@@ -1121,7 +1140,7 @@ fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa
         }
         bwd_onepass op = {{NULL, NULL, NULL, NULL}, NULL};
         void *pack1_mem = pack1 ? fa_scratch_alloc(p, pack1) : NULL;
-        op.dqs = dqs1 ? fa_scratch_alloc(p, dqs1) : NULL;
+        op.dqs = dqs1 || dqopt ? fa_scratch_alloc(p, dqs1 ? dqs1 : dqopt) : NULL;
         if ((pack1 && !pack1_mem) || (dqs1 && !op.dqs)) {
 #ifdef _OPENMP
 #pragma omp atomic write
