@@ -41,9 +41,10 @@
  *       shape, dQ_i += dS K_j (pv), and dV_j, dK_j through pv_t, which reads
  *       the tile down its columns (P^T, dS^T without a transpose; tables
  *       without pv_t transpose the corner). dQ accumulates in task scratch
- *       (group x Sq x d floats, O(seqlen)) written once at the end, or, for
- *       float32 rows when that scratch does not fit under the cap, in the
- *       output itself. The task packs its
+ *       (group x Sq rows of fa_ld_spread(d) floats, O(seqlen)) written once
+ *       at the end, or, for float32 rows when that scratch does not fit
+ *       beside the packs under the cap and under 8 MiB over all threads (or
+ *       cannot be allocated), in the output itself. The task packs its
  *       group's Q_i, dO_i rows once when all threads' packs fit under the
  *       packing cap together, else per tile.
  *
@@ -82,8 +83,10 @@
  * are packed once per (batch, kv head) when they fit in 16 MiB, else per
  * tile (see bwd_packed): memory beyond inputs and outputs stays
  * O(threads x block + B x H x Sq) plus that bounded panel buffer, plus in
- * the single pass threads x group x Sq x d floats of dQ accumulators when dQ
- * is not float32 (at most 16 MiB unless FA_BWD_ONE_PASS=1 forces it).
+ * the single pass threads x group x Sq rows of dQ accumulators: required when
+ * dQ is not float32 (under 8 MiB over all threads unless FA_BWD_ONE_PASS=1
+ * forces it), taken for a float32 dQ only when they fit beside the packs under
+ * the cap and under those 8 MiB.
  * When the caller passes no O or LSE, fa_backward runs the forward pass of
  * the same implementation into temporaries first (O(B x Sq x H x d_v)).
  */
