@@ -394,6 +394,8 @@ static int kc_check_pv(const fa_kernels *k, const fa_kernels *ref, uint64_t seed
             for (int c = 0; c < KC_NSIZES; c++)
                 nf += kc_pv_case(k, ref, kc_rows[a], kc_sizes[b], kc_sizes[c], (a + b) % 2 ? 7 : 0, &rng,
                                  nf ? NULL : msg, cap) != 0;
+    /* no key at all: O = alpha O */
+    for (int a = 0; a < 3; a++) nf += kc_pv_case(k, ref, kc_rows[a * 4], 0, kc_sizes[a * 3 + 1], 0, &rng, nf ? NULL : msg, cap) != 0;
     return nf;
 }
 
@@ -453,6 +455,7 @@ static int kc_check_pv_t(const fa_kernels *k, uint64_t seed, int *checked, char 
                 nf += kc_pv_t_case(k, kc_rows[a], kc_sizes[b], kc_sizes[c], &rng, nf ? NULL : msg, cap) != 0;
     /* more keys than one pv chunk (AVX-512 128, AVX2 256) */
     nf += kc_pv_t_case(k, 9, 300, 40, &rng, nf ? NULL : msg, cap) != 0;
+    nf += kc_pv_t_case(k, 7, 0, 33, &rng, nf ? NULL : msg, cap) != 0; /* no key: O = alpha O */
     nf += kc_pv_t_case(k, 17, 513, 128, &rng, nf ? NULL : msg, cap) != 0;
     return nf;
 }

@@ -456,6 +456,9 @@ INLINE void pv_body(const int TR, int br, int bc, int dv, const float *p, size_t
                 pv_panel(TR, 1, 0, br, kc, (__mmask16)((1u << left) - 1u), pj, ldp, vj, ldv, aj, o + c, ldo);
         }
     }
+    if (bc == 0 && alpha) /* no key: O = alpha O still (the spec's first step) */
+        for (int i = 0; i < br; i++)
+            for (int c = 0; c < dv; c++) o[(size_t)i * ldo + c] *= alpha[i];
 }
 
 static void pv_avx512(int br, int bc, int dv, const float *p, size_t ldp, const float *v,
