@@ -533,6 +533,43 @@ static int cut_group(const fa_kernels *kern)
     return n < FA_CUT_GROUP_MAX ? n : FA_CUT_GROUP_MAX - FA_CUT_GROUP_MAX % rb;
 }
 
+/* Whether some query row of the tile does not see all of keys j0..j0+bc (a tile to cut). */
+static int tile_partly_masked(const fa_problem *p, const fa_kernels *kern, const bwd_scratch *sc, int br,
+                              int64_t j0, int bc)
+{
+    if (!(p->tile_cut && kern->cut_cols && kern->cut_lead)) return 0;
+    for (int r = 0; r < br; r++)
+        if (!(sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc)) return 1;
+    return 0;
+}
+
+/* Keys j0..j0+need of the tile that query rows r0..r0+nr see (0: none), for cut_cols. */
+static int64_t group_need(const bwd_scratch *sc, int r0, int nr, int64_t j0, int bc)
+{
+    int64_t need = 0;
+    for (int r = r0; r < r0 + nr; r++)
+        if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
+            const int64_t e = (sc->hi[r] < j0 + bc ? sc->hi[r] : j0 + bc) - j0;
+            if (e > need) need = e;
+        }
+    return need;
+}
+
+/* tile_line on query rows r0..r0+nr of an S-shaped tile (S, dP in sc->s, sc->dp, lds apart;
+ * n keys from j0): each row's visible keys, its LSE and D, per-row ALiBi distance and keep row. */
+static void query_lines(const fa_problem *p, const fa_kernels *kern, bwd_scratch *sc, int r0, int nr, int n,
+                        size_t lds, int64_t b, int64_t h, int64_t i0, int64_t j0, double slope)
+{
+    for (int r = r0; r < r0 + nr; r++) {
+        const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
+        const int va = lo > 0 ? (lo < n ? (int)lo : n) : 0;
+        const int vb = hi < n ? (hi > va ? (int)hi : va) : n;
+        tile_line(p, kern, sc->g, n, va, vb, sc->s + (size_t)r * lds, sc->dp + (size_t)r * lds, sc->lse + r,
+                  sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1,
+                  p->keep ? fa_keep_row(p, b, h, i0 + r) + j0 * p->keep_stride[3] : NULL, p->keep_stride[3]);
+    }
+}
+
 /*
  * One tile of pass (a)'s shape: keys j0..j0+bc (K_j, V_j rows in sc->kr,
  * sc->vr) against queries i0..i0+br of head h (their row info in sc, their
@@ -545,10 +582,7 @@ static void tile_dkdv(const fa_problem *p, const fa_kernels *kern, const bwd_dim
 {
     const int64_t d = p->d, dvd = p->dv;
     /* a tile some key line of which is partly masked: cut it per key group */
-    int cut = 0;
-    if (p->tile_cut && kern->cut_cols && kern->cut_lead)
-        for (int r = 0; r < br && !cut; r++)
-            cut = !(sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc);
+    const int cut = tile_partly_masked(p, kern, sc, br, j0, bc);
     if (!cut) {
         kern->qk(bc, br, (int)d, sc->kr, g->ldk, qt, g->ldr, (float)p->scale, sc->st, g->ldt);
         kern->qk(bc, br, (int)dvd, sc->vr, g->lddv, dot, g->ldr, 1.0f, sc->dpt, g->ldt);
@@ -701,27 +735,14 @@ static void bwd_task_dq(const fa_problem *p, const fa_kernels *kern, const bwd_d
                 const int nr = br - r0 < rows ? br - r0 : rows;
                 int n = bc;
                 if (cut) {
-                    int64_t need = 0;
-                    for (int r = r0; r < r0 + nr; r++)
-                        if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
-                            const int64_t e = (sc->hi[r] < j0 + bc ? sc->hi[r] : j0 + bc) - j0;
-                            if (e > need) need = e;
-                        }
+                    const int64_t need = group_need(sc, r0, nr, j0, bc);
                     if (need == 0) continue; /* no row of the group sees the tile: dS = 0 */
                     n = kern->cut_cols(bc, (int)need);
                 }
                 float *s = sc->s + (size_t)r0 * g->ldc, *dp = sc->dp + (size_t)r0 * g->ldc;
                 kern->qk(nr, n, (int)d, sc->qr + (size_t)r0 * g->ldd, g->ldd, kt, g->ldc, (float)p->scale, s, g->ldc);
                 kern->qk(nr, n, (int)dvd, sc->dor + (size_t)r0 * g->lddv, g->lddv, vt, g->ldc, 1.0f, dp, g->ldc);
-                for (int r = r0; r < r0 + nr; r++) {
-                    const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
-                    const int va = lo > 0 ? (lo < n ? (int)lo : n) : 0;
-                    const int vb = hi < n ? (hi > va ? (int)hi : va) : n;
-                    tile_line(p, kern, sc->g, n, va, vb, sc->s + (size_t)r * g->ldc, sc->dp + (size_t)r * g->ldc,
-                              sc->lse + r, sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1,
-                              p->keep ? fa_keep_row(p, b, h, i0 + r) + j0 * p->keep_stride[3] : NULL,
-                              p->keep_stride[3]);
-                }
+                query_lines(p, kern, sc, r0, nr, n, g->ldc, b, h, i0, j0, slope);
                 kern->pv(nr, n, (int)d, dp, g->ldc, kr, ldkr, sc->ones, sc->dqa + (size_t)r0 * g->ldd, g->ldd);
             }
         }
@@ -792,22 +813,14 @@ static void tile_onepass(const fa_problem *p, const fa_kernels *kern, const bwd_
 {
     const int64_t d = p->d, dvd = p->dv;
     const size_t lds = g->ldcs;
-    int cut = 0;
-    if (p->tile_cut && kern->cut_cols && kern->cut_lead)
-        for (int r = 0; r < br && !cut; r++)
-            cut = !(sc->lo[r] <= j0 && sc->hi[r] >= j0 + bc);
+    const int cut = tile_partly_masked(p, kern, sc, br, j0, bc);
     const int rows = cut ? cut_group(kern) : br;
     for (int r0 = 0; r0 < br; r0 += rows) {
         const int nr = br - r0 < rows ? br - r0 : rows;
         float *s = sc->s + (size_t)r0 * lds, *dp = sc->dp + (size_t)r0 * lds;
         int n = bc;
         if (cut) {
-            int64_t need = 0;
-            for (int r = r0; r < r0 + nr; r++)
-                if (sc->lo[r] < sc->hi[r] && sc->lo[r] < j0 + bc && sc->hi[r] > j0) {
-                    const int64_t e = (sc->hi[r] < j0 + bc ? sc->hi[r] : j0 + bc) - j0;
-                    if (e > need) need = e;
-                }
+            const int64_t need = group_need(sc, r0, nr, j0, bc);
             n = need > 0 ? kern->cut_cols(bc, (int)need) : 0;
             for (int r = 0; r < nr; r++) { /* columns past the cut: masked, P = dS = +0 */
                 memset(s + (size_t)r * lds + n, 0, (size_t)(bc - n) * sizeof(float));
@@ -817,14 +830,7 @@ static void tile_onepass(const fa_problem *p, const fa_kernels *kern, const bwd_
         }
         kern->qk(nr, n, (int)d, qr + (size_t)r0 * g->ldk, g->ldk, sc->kt, g->ldcs, (float)p->scale, s, lds);
         kern->qk(nr, n, (int)dvd, dor + (size_t)r0 * g->ldvs, g->ldvs, sc->vt, g->ldcs, 1.0f, dp, lds);
-        for (int r = r0; r < r0 + nr; r++) {
-            const int64_t lo = sc->lo[r] - j0, hi = sc->hi[r] - j0; /* tile-relative */
-            const int va = lo > 0 ? (lo < n ? (int)lo : n) : 0;
-            const int vb = hi < n ? (hi > va ? (int)hi : va) : n;
-            tile_line(p, kern, sc->g, n, va, vb, sc->s + (size_t)r * lds, sc->dp + (size_t)r * lds, sc->lse + r,
-                      sc->dd + r, 0, slope, i0 + r + fa_diag_offset(p, b) - j0, -1,
-                      p->keep ? fa_keep_row(p, b, h, i0 + r) + j0 * p->keep_stride[3] : NULL, p->keep_stride[3]);
-        }
+        query_lines(p, kern, sc, r0, nr, n, lds, b, h, i0, j0, slope);
         kern->pv(nr, n, (int)d, dp, lds, sc->kr, g->ldk, sc->ones, dqa + (size_t)r0 * lddq, lddq);
     }
     if (!cut) {

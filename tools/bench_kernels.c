@@ -6,9 +6,10 @@
  * ramp-up and timer resolution cannot inflate or deflate it — a 30 ms loop
  * once reported qk at 143% "of peak" on a Zen 3), printed beside the
  * theoretical peak (lanes x 2 flops x FMA pipes x the CPU's maximum clock,
- * when the kernel exposes it), then qk (S = Q Kt), pv (O = aO + PV) and softmax on tiles
- * that fit in L2, the way src/flash.c calls them. Each figure is the median
- * of REPS timed runs (each run long enough, ~20 ms, to swamp timer noise),
+ * when the kernel exposes it), then qk (S = Q Kt), pv (O = aO + PV), pv_t (pv
+ * reading P transposed) and softmax on tiles that fit in L2, the way src/flash.c
+ * calls them. Each figure is the median of REPS timed runs (each run long
+ * enough, ~20 ms, to swamp timer noise),
  * with the worst and best. On a shared machine the median drops whenever a
  * neighbour runs on the same core; the best run is the capability of the
  * kernel, and "best/pk" is its fraction of the best FMA-peak run.
@@ -83,7 +84,7 @@ static float *alloc_fill(size_t n, unsigned *seed, float lo, float hi)
     return p;
 }
 
-enum { QK, PV, SOFTMAX };
+enum { QK, PV, PV_T, SOFTMAX };
 
 /* Leading dimensions as src/flash.c sets them (fa_ld_spread, kernels.h); FA_BK_PLAIN=1
  * keeps plain round-up-to-16, the rule before. */
@@ -108,6 +109,8 @@ static void time_kernel(const fa_kernels *k, int which, int br, int bc, int d, f
             switch (which) {
             case QK: k->qk(br, bc, d, q, (size_t)d, kt, (size_t)ldk, 0.125f, s, (size_t)lds); break;
             case PV: k->pv(br, bc, d, s, (size_t)lds, v, (size_t)ldv, al, o, (size_t)d); break;
+            /* P transposed, [bc][ld_of(br)], as the backward's single pass reads its tiles */
+            case PV_T: k->pv_t(br, bc, d, s, (size_t)ld_of(br), v, (size_t)ldv, al, o, (size_t)d); break;
             default:
                 for (int i = 0; i < br; i++) m[i] = 40.0f, l[i] = 1.0f;
                 k->softmax(br, bc, s, (size_t)lds, m, l, al);
@@ -235,11 +238,12 @@ static void bench_isa(const char *isa)
     /* (br, bc, d): the paper's tiles for d = 64 and 128 on a 1 MiB L2
      * (Bc = M/4d = 512, Br = d), smaller ones, and the driver's square
      * tiles (256 at d = 64 and 128 on 1-2 MiB L2s since the rule's cap; the
-     * 320 at d = 64 of a 1 MiB L2 before it); Br is rounded down to
-     * row_block as the driver does. */
-    static const int shapes[][3] = {{64, 256, 64},   {128, 256, 128}, {64, 512, 64},
-                                    {128, 512, 128}, {320, 320, 64},  {256, 256, 128},
-                                    {256, 256, 64}};
+     * 320 at d = 64 of a 1 MiB L2 before it), and the backward's 128 x 128
+     * (no chain row); Br is rounded down to row_block as the driver does.
+     * The last column: 1 = also time the qk -> softmax -> pv chain. */
+    static const int shapes[][4] = {{64, 256, 64, 0},   {128, 256, 128, 0}, {64, 512, 64, 1},
+                                    {128, 512, 128, 1}, {320, 320, 64, 1},  {256, 256, 128, 1},
+                                    {256, 256, 64, 1},  {128, 128, 128, 0}};
     unsigned seed = 12345;
     printf("%-7s %-8s %4s %4s %4s %9s %9s %9s %7s %8s\n", isa, "kernel", "br", "bc", "d", "median",
            "worst", "best", "best/pk", "best/fed");
@@ -248,7 +252,8 @@ static void bench_isa(const char *isa)
                   d = shapes[si][2], ldk = ld_of(bc);
         float *q = alloc_fill((size_t)br * d, &seed, -1, 1);
         float *kt = alloc_fill((size_t)d * ldk, &seed, -1, 1);
-        float *s = alloc_fill((size_t)br * ldk, &seed, 0, 1);
+        const size_t sn = (size_t)br * ldk > (size_t)bc * ld_of(br) ? (size_t)br * ldk : (size_t)bc * ld_of(br);
+        float *s = alloc_fill(sn, &seed, 0, 1); /* S, P, or P transposed for pv_t */
         float *v = alloc_fill((size_t)bc * (size_t)ld_of(d), &seed, -1, 1);
         float *o = alloc_fill((size_t)br * d, &seed, -1, 1);
         float *m = alloc_fill((size_t)br, &seed, 0, 1);
@@ -256,15 +261,17 @@ static void bench_isa(const char *isa)
         float *al = alloc_fill((size_t)br, &seed, 0.99f, 1.0f);
         double med, mn, mx;
         const double flops = 2.0 * br * bc * d;
-        for (int which = QK; which <= PV; which++) {
-            if (which == PV)
-                for (size_t x = 0; x < (size_t)br * ldk; x++) s[x] = 0.001f * (float)(x % 997);
+        for (int which = QK; which <= PV_T; which++) {
+            if (which == PV_T && !k->pv_t) continue;
+            if (which != QK)
+                for (size_t x = 0; x < sn; x++) s[x] = 0.001f * (float)(x % 997);
             time_kernel(k, which, br, bc, d, q, kt, s, v, o, m, l, al, &med, &mn, &mx);
             const double frac = 100 * flops / mn / 1e9 / peak_best;
             char fedcol[16] = "       -";
             const double ffrac = fed_best > 0.0 ? 100 * flops / mn / 1e9 / fed_best : 0.0;
             if (fed_best > 0.0) snprintf(fedcol, sizeof fedcol, "%7.0f%%", ffrac);
-            printf("%-7s %-8s %4d %4d %4d %9.1f %9.1f %9.1f %6.0f%% %s%s%s\n", isa, which == QK ? "qk" : "pv",
+            printf("%-7s %-8s %4d %4d %4d %9.1f %9.1f %9.1f %6.0f%% %s%s%s\n", isa,
+                   which == QK ? "qk" : which == PV ? "pv" : "pv_t",
                    br, bc, d, flops / med / 1e9, flops / mx / 1e9, flops / mn / 1e9, frac, fedcol,
                    frac > 100.0 ? "  ** above the measured peak: the peak figure is wrong **" : "",
                    ffrac > 100.0 ? "  (above the fed loop: that loop is a reference, not a bound)" : "");
@@ -275,7 +282,7 @@ static void bench_isa(const char *isa)
         free(q); free(kt); free(s); free(v); free(o); free(m); free(l); free(al);
     }
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        if (si >= 2) /* the driver-sized tiles */
+        if (shapes[si][3]) /* the driver-sized tiles */
             bench_chain(k, shapes[si][0] - shapes[si][0] % k->row_block, shapes[si][1], shapes[si][2], 16);
 }
 
