@@ -440,36 +440,17 @@ static void pv_masked_rows(const fa_kernels *kern, int r0, int nr, int64_t j0, i
 
 /*
  * Normalize one row and write O (and LSE): query row i of head h of sequence
- * b, from its running max m, sum l and Õ. (The attention sink, when it lands,
- * is added to l here — once per row, after the merge, never per split.)
+ * b, from its running max m, sum l and Õ (pack.h's fa_finish_row, as flash.c;
+ * empty from the key range only). An attention sink would be added there —
+ * once per row, after the merge, never per split.
  */
 static void finalize_row(const fa_problem *p, int64_t b, int64_t h, int64_t i, float m, float l, const float *orow)
 {
-    const int64_t dv = p->dv;
     const fa_seq seq = fa_problem_seq(p, b);
     const fa_rows os = fa_rows_q(&p->o, &seq, h);
     int64_t lo, hi;
     fa_key_range(p, b, i, &lo, &hi);
-    /* empty from the key range only, never from m (as flash.c) */
-    const int empty = !(lo < hi);
-    if (!empty && m == -INFINITY) {
-        l = NAN;
-        m = NAN;
-    }
-    const float inv = empty ? 0.0f : 1.0f / l;
-    if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
-        float *dst = (float *)p->o.data + fa_rows_off(&os, i);
-        if (empty) {
-            memset(dst, 0, (size_t)dv * sizeof(float));
-        } else {
-#pragma omp simd
-            for (int64_t c = 0; c < dv; c++) dst[c] = orow[c] * inv;
-        }
-    } else {
-        for (int64_t c = 0; c < dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
-    }
-    if (p->lse.data)
-        fa_store_f64(&p->lse, fa_lse_off(p, b, h, i), empty ? -INFINITY : (double)m + log((double)l));
+    fa_finish_row(p, &os, b, h, i, !(lo < hi), m, l, orow);
 }
 
 /*

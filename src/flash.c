@@ -387,39 +387,10 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         }
     }
 
-    /* normalize once, write O_i and LSE_i */
-    for (int r = 0; r < br; r++) {
-        const int64_t i = i0 + r;
-        const float *orow = sc->oa + (size_t)r * g->ldo;
-        float l = sc->l[r];
-        /* empty is decided from the key range only, never from m: a row that sees
-         * keys but whose running max stayed -inf (NaN scores, or float32 scores that
-         * all overflowed to -inf) cannot be computed in float32 and is NaN */
-        const int empty = !(sc->lo[r] < sc->hi[r]);
-        if (!empty && sc->m[r] == -INFINITY) {
-            l = NAN;
-            sc->m[r] = NAN;
-        }
-        float inv = empty ? 0.0f : 1.0f / l;
-        double lse_row = empty ? -INFINITY : (double)sc->m[r] + log((double)l);
-        if (p->sinks.data) { /* the sink joins the denominator only (mask.h) */
-            double sscale;
-            fa_sink_finish(fa_sink(p, h), (double)sc->m[r], (double)l, empty, &sscale, &lse_row);
-            inv = (float)sscale;
-        }
-        if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
-            float *dst = (float *)p->o.data + fa_rows_off(&os, i);
-            if (empty) {
-                memset(dst, 0, (size_t)dv * sizeof(float));
-            } else {
-#pragma omp simd
-                for (int64_t c = 0; c < dv; c++) dst[c] = orow[c] * inv;
-            }
-        } else {
-            for (int64_t c = 0; c < dv; c++) fa_rows_put(&os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
-        }
-        if (p->lse.data) fa_store_f64(&p->lse, fa_lse_off(p, b, h, i), lse_row);
-    }
+    /* normalize once, write O_i and LSE_i (empty: from the key range only, never from m) */
+    for (int r = 0; r < br; r++)
+        fa_finish_row(p, &os, b, h, i0 + r, !(sc->lo[r] < sc->hi[r]), sc->m[r], sc->l[r],
+                      sc->oa + (size_t)r * g->ldo);
 }
 
 static int region_threads(const fa_problem *p, const flash_dims *g);

@@ -3,6 +3,8 @@
  */
 #include "pack.h"
 
+#include "mask.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -104,4 +106,33 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
     const int pad = (int)round16((size_t)n);
     for (int64_t c = 0; c < width; c++)
         for (int r = n; r < pad; r++) dst[(size_t)c * ld + (size_t)r] = 0.0f;
+}
+
+void fa_finish_row(const fa_problem *p, const fa_rows *os, int64_t b, int64_t h, int64_t i, int empty, float m,
+                   float l, const float *orow)
+{
+    const int64_t dv = p->dv;
+    if (!empty && m == -INFINITY) {
+        l = NAN;
+        m = NAN;
+    }
+    float inv = empty ? 0.0f : 1.0f / l;
+    double lse = empty ? -INFINITY : (double)m + log((double)l);
+    if (p->sinks.data) {
+        double sscale;
+        fa_sink_finish(fa_sink(p, h), (double)m, (double)l, empty, &sscale, &lse);
+        inv = (float)sscale;
+    }
+    if (p->o.dtype == FA_F32 && p->o.stride[3] == 1) {
+        float *dst = (float *)p->o.data + fa_rows_off(os, i);
+        if (empty) {
+            memset(dst, 0, (size_t)dv * sizeof(float));
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < dv; c++) dst[c] = orow[c] * inv;
+        }
+    } else {
+        for (int64_t c = 0; c < dv; c++) fa_rows_put(os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
+    }
+    if (p->lse.data) fa_store_f64(&p->lse, fa_lse_off(p, b, h, i), lse);
 }

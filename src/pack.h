@@ -177,4 +177,18 @@ int fa_pack_rows(const fa_rows *s, int64_t row0, int n, float *dst, size_t ld, i
 void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, int n, float *dst,
                         size_t ld);
 
+/*
+ * Finish one row of the online softmax and store it: O row i of `os` (query
+ * row i of head h of sequence b) = orow[0, dv) / l, and, when the problem asks
+ * for it, LSE = m + ln l (mask.h's fa_sink_finish when the head has a sink,
+ * which joins the denominator only). `empty` — the row sees no key — is
+ * decided by the caller from the row's key range, never from m: an empty row
+ * stores O = 0 and LSE = -inf, while a row that sees keys but whose running
+ * max stayed -inf (NaN scores, or float32 scores that all overflowed to -inf)
+ * cannot be computed in float32 and stores NaN. flash.c and decode.c finish
+ * their rows here, so both write the same bits from the same (m, l, O).
+ */
+void fa_finish_row(const fa_problem *p, const fa_rows *os, int64_t b, int64_t h, int64_t i, int empty, float m,
+                   float l, const float *orow);
+
 #endif /* FA_PACK_H */
