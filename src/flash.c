@@ -61,6 +61,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "amx.h"
 #include "decode.h"
 #include "kernels/kernels.h"
 #include "pack.h"
@@ -498,6 +499,7 @@ static int piece_of(const fa_problem *p, int64_t b, int64_t qp, int64_t npc, int
 fa_status fa_flash_forward(const fa_problem *p)
 {
     if (fa_decode_applies(p)) return fa_decode_forward(p); /* few query rows: decode.c */
+    if (fa_amx_applies(p) && fa_amx_forward(p)) return FA_OK; /* bf16 on AMX tiles, opt-in: amx.c */
     const fa_kernels *kern = p->kern;
     const flash_dims g = flash_layout(p);
     assert(kern && g.br >= 1 && g.bc >= 1);

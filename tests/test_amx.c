@@ -1,0 +1,297 @@
+/*
+ * test_amx.c — the bf16 forward on AMX tiles (src/amx.c, FA_AMX=1) against the
+ * float64 reference, by test_forward.c's tolerance model (fa_check's float32
+ * emulation: max e <= 8 max e_emu + 2^-20 max|O_ref|, mean e <= 4 mean e_emu +
+ * 2^-24 max|O_ref|, LSE within 4 e_emu(LSE) + 2^-20 max(1, |LSE_ref|)) — the
+ * float32 path's bound, so P's two bf16 parts must keep it float32-class.
+ * Every case draws fresh bf16 inputs, poisons the outputs, and checks that the
+ * AMX path ran (fa_amx_runs), not flash.c's. Also: the same bits on 1, 2 and 3
+ * threads; Inf/NaN inputs and problems it does not take hand over to flash.c
+ * (the float32 path's bits exactly). Skipped where the CPU, kernel or build has
+ * no AMX (fa_amx_usable).
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amx.h"
+#include "internal.h"
+
+typedef struct acase {
+    int64_t B, Sq, Sk, H, Hk, d, dv;
+    int causal;
+    int64_t wl, wr;
+    double softcap;
+    int alibi;
+    double range;
+} acase;
+
+static acase base(int64_t Sq, int64_t Sk, int64_t d, int64_t dv)
+{
+    acase c;
+    memset(&c, 0, sizeof c);
+    c.B = 1; c.Sq = Sq; c.Sk = Sk; c.H = 2; c.Hk = 2; c.d = d; c.dv = dv;
+    c.wl = -1; c.wr = -1;
+    c.range = 1.0;
+    return c;
+}
+
+static void need_amx(void)
+{
+    if (!fa_amx_usable()) {
+        print_message("  (no AMX here: this build, CPU or kernel cannot run it; skipped)\n");
+        skip();
+    }
+}
+
+typedef struct run {
+    tu_tensor q, k, v, o, lse, slopes;
+    fa_options opt;
+    char what[256];
+} run;
+
+static void setup(run *r, const acase *c, fa_dtype dt, uint64_t *rng)
+{
+    memset(r, 0, sizeof *r);
+    r->q = tu_alloc4(dt, c->B, c->Sq, c->H, c->d, 0);
+    r->k = tu_alloc4(dt, c->B, c->Sk, c->Hk, c->d, 0);
+    r->v = tu_alloc4(dt, c->B, c->Sk, c->Hk, c->dv, 0);
+    r->o = tu_alloc4(FA_F32, c->B, c->Sq, c->H, c->dv, 0);
+    const int64_t ls[3] = {c->B, c->H, c->Sq};
+    r->lse = tu_alloc(FA_F32, 3, ls);
+    tu_fill(&r->q, rng, -c->range, c->range);
+    tu_fill(&r->k, rng, -c->range, c->range);
+    tu_fill(&r->v, rng, -1.0, 1.0);
+    r->opt = fa_options_default();
+    r->opt.causal = c->causal;
+    r->opt.window_left = c->wl;
+    r->opt.window_right = c->wr;
+    r->opt.softcap = c->softcap;
+    if (c->alibi) {
+        const int64_t sh[1] = {c->H};
+        r->slopes = tu_alloc(FA_F32, 1, sh);
+        tu_fill(&r->slopes, rng, 0.0, 0.5);
+        r->opt.alibi_slopes = &r->slopes.t;
+    }
+    snprintf(r->what, sizeof r->what,
+             "B=%lld Sq=%lld Sk=%lld H=%lld Hk=%lld d=%lld dv=%lld causal=%d window=(%lld,%lld) softcap=%g alibi=%d",
+             (long long)c->B, (long long)c->Sq, (long long)c->Sk, (long long)c->H, (long long)c->Hk,
+             (long long)c->d, (long long)c->dv, c->causal, (long long)c->wl, (long long)c->wr, c->softcap, c->alibi);
+}
+
+static void teardown(run *r)
+{
+    tu_free(&r->q); tu_free(&r->k); tu_free(&r->v); tu_free(&r->o); tu_free(&r->lse);
+    if (r->slopes.t.data) tu_free(&r->slopes);
+}
+
+/* flash with FA_AMX set to `amx` ("1" or NULL); returns the AMX runs it added. With
+ * `finite`, every output must have been written (no poison left). */
+static long forward_x(run *r, const char *amx, int threads, int finite)
+{
+    if (amx) setenv("FA_AMX", amx, 1);
+    else unsetenv("FA_AMX");
+    tu_poison(&r->o);
+    tu_poison(&r->lse);
+    r->opt.impl = FA_IMPL_FLASH;
+    r->opt.num_threads = threads;
+    const long before = atomic_load(&fa_amx_runs);
+    const fa_status st = fa_forward(&r->q.t, &r->k.t, &r->v.t, &r->o.t, &r->lse.t, &r->opt);
+    unsetenv("FA_AMX");
+    if (st != FA_OK) fail_msg("flash failed: %s (%s)", fa_last_error(), r->what);
+    if (finite && (tu_count_nan(&r->o) || tu_count_nan(&r->lse)))
+        fail_msg("unwritten (NaN) outputs: O %lld, LSE %lld (%s)", (long long)tu_count_nan(&r->o),
+                 (long long)tu_count_nan(&r->lse), r->what);
+    return atomic_load(&fa_amx_runs) - before;
+}
+
+static long forward(run *r, const char *amx, int threads) { return forward_x(r, amx, threads, 1); }
+
+/* max and mean |O - O_ref| over every element (O float32, O_ref float64, both BSHD) */
+static void errors(const tu_tensor *o, const tu_tensor *o_ref, double *mx, double *mean, double *omax)
+{
+    const int64_t n = o->t.shape[0] * o->t.shape[1] * o->t.shape[2] * o->t.shape[3];
+    const float *a = o->t.data;
+    const double *b = o_ref->t.data;
+    double m = 0.0, s = 0.0, om = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)a[i] - b[i]);
+        if (!(e <= m)) m = e;
+        s += e;
+        if (fabs(b[i]) > om) om = fabs(b[i]);
+    }
+    *mx = m;
+    *mean = s / (double)n;
+    *omax = om;
+}
+
+/* AMX against the float64 reference, test_forward.c's bounds. */
+static void check_case(const acase *c)
+{
+    static uint64_t counter;
+    uint64_t rng = tu_seed() + 104729 * ++counter;
+    run r;
+    setup(&r, c, FA_BF16, &rng);
+    tu_tensor o_ref = tu_alloc4(FA_F64, c->B, c->Sq, c->H, c->dv, 0);
+    const int64_t ls[3] = {c->B, c->H, c->Sq};
+    tu_tensor lse_ref = tu_alloc(FA_F64, 3, ls);
+    fa_options ro = r.opt;
+    ro.impl = FA_IMPL_REFERENCE;
+    assert_int_equal(fa_forward(&r.q.t, &r.k.t, &r.v.t, &o_ref.t, &lse_ref.t, &ro), FA_OK);
+    /* the float32 path on the same inputs: the error a float32-class result may have */
+    assert_int_equal(forward(&r, NULL, 2), 0);
+    double e32, m32, omax;
+    errors(&r.o, &o_ref, &e32, &m32, &omax);
+    int64_t where;
+    const double l32 = tu_max_abs_diff(&r.lse, &lse_ref, &where);
+    if (forward(&r, "1", 2) != 1) fail_msg("the AMX path did not run (%s)", r.what);
+    double eo, mo, om2;
+    errors(&r.o, &o_ref, &eo, &mo, &om2);
+    const double el = tu_max_abs_diff(&r.lse, &lse_ref, &where);
+    double lmax = 1.0;
+    for (int64_t i = 0; i < c->B * c->H * c->Sq; i++) {
+        const double x = fabs(((const double *)lse_ref.t.data)[i]);
+        if (isfinite(x) && x > lmax) lmax = x;
+    }
+    const double max_bound = 8.0 * e32 + 0x1p-20 * omax, mean_bound = 4.0 * m32 + 0x1p-24 * omax;
+    const double lse_bound = 4.0 * l32 + 0x1p-20 * lmax;
+    if (getenv("FA_TEST_VERBOSE"))
+        printf("  amx O max %.2e (f32 path %.2e, bound %.2e) mean %.2e (%.2e, %.2e) LSE %.2e (%.2e, %.2e) %s\n", eo,
+               e32, max_bound, mo, m32, mean_bound, el, l32, lse_bound, r.what);
+    if (!(eo <= max_bound) || !(mo <= mean_bound))
+        fail_msg("O error max %.3g (bound %.3g), mean %.3g (bound %.3g) (%s)", eo, max_bound, mo, mean_bound, r.what);
+    if (!(el <= lse_bound)) fail_msg("LSE error %.3g exceeds %.3g (%s)", el, lse_bound, r.what);
+    tu_free(&o_ref);
+    tu_free(&lse_ref);
+    teardown(&r);
+}
+
+/* Ensure the AMX forward matches the reference over lengths that straddle its 32-row steps,
+ * 128-row tasks and 64-key blocks, and over head dims (d != d_v too). */
+static void test_amx_matches_reference_over_shapes(void **state)
+{
+    (void)state;
+    need_amx();
+    const int64_t shapes[][4] = {{17, 17, 32, 32},   {31, 65, 64, 64},    {33, 63, 64, 64},
+                                 {129, 300, 128, 128}, {300, 129, 64, 128}, {257, 1000, 32, 96},
+                                 {200, 311, 256, 64}};
+    for (size_t a = 0; a < sizeof shapes / sizeof shapes[0]; a++) {
+        acase c = base(shapes[a][0], shapes[a][1], shapes[a][2], shapes[a][3]);
+        check_case(&c);
+        c.causal = 1;
+        c.range = 3.0;
+        check_case(&c);
+    }
+}
+
+/* Ensure masks, softcap, ALiBi, GQA and batches go through the same transform as flash.c. */
+static void test_amx_matches_reference_with_masks_and_heads(void **state)
+{
+    (void)state;
+    need_amx();
+    acase c = base(300, 333, 64, 64);
+    c.wl = 3; c.wr = 9;
+    check_case(&c);
+    c = base(333, 100, 64, 64);
+    c.wl = 64; c.wr = 0;
+    check_case(&c);
+    c = base(200, 311, 128, 128);
+    c.softcap = 5.0;
+    c.range = 4.0;
+    check_case(&c);
+    c.causal = 1;
+    c.alibi = 1;
+    check_case(&c);
+    c = base(150, 230, 64, 64);
+    c.B = 2; c.H = 8; c.Hk = 2;
+    c.causal = 1;
+    check_case(&c);
+    c = base(100, 17, 64, 64); /* causal with Sq > Sk: the first rows see no key (O = 0, LSE = -inf) */
+    c.causal = 1;
+    check_case(&c);
+}
+
+/* Ensure the AMX forward gives the same bits on 1, 2 and 3 threads. */
+static void test_amx_bits_independent_of_threads(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 31;
+    acase c = base(300, 500, 128, 128);
+    c.H = 4; c.Hk = 2; c.causal = 1;
+    run r;
+    setup(&r, &c, FA_BF16, &rng);
+    assert_int_equal(forward(&r, "1", 1), 1);
+    const size_t ob = (size_t)(c.B * c.Sq * c.H * c.dv) * 4, lb = (size_t)(c.B * c.H * c.Sq) * 4;
+    float *o1 = malloc(ob), *l1 = malloc(lb);
+    assert_non_null(o1); assert_non_null(l1);
+    memcpy(o1, r.o.t.data, ob);
+    memcpy(l1, r.lse.t.data, lb);
+    for (int t = 2; t <= 3; t++) {
+        assert_int_equal(forward(&r, "1", t), 1);
+        if (memcmp(o1, r.o.t.data, ob) || memcmp(l1, r.lse.t.data, lb)) fail_msg("bits differ at %d threads", t);
+    }
+    free(o1); free(l1);
+    teardown(&r);
+}
+
+/* The float32 path's outputs with and without FA_AMX=1 must be the same bits, and the AMX
+ * path must not have run. */
+static void expect_handover(run *r)
+{
+    assert_int_equal(forward_x(r, NULL, 2, 0), 0);
+    const int64_t on = r->o.t.shape[0] * r->o.t.shape[1] * r->o.t.shape[2] * r->o.t.shape[3];
+    const int64_t ln = r->lse.t.shape[0] * r->lse.t.shape[1] * r->lse.t.shape[2];
+    float *o = malloc((size_t)on * 4), *l = malloc((size_t)ln * 4);
+    assert_non_null(o); assert_non_null(l);
+    memcpy(o, r->o.t.data, (size_t)on * 4);
+    memcpy(l, r->lse.t.data, (size_t)ln * 4);
+    if (forward_x(r, "1", 2, 0) != 0) fail_msg("the AMX path ran (%s)", r->what);
+    if (memcmp(o, r->o.t.data, (size_t)on * 4) || memcmp(l, r->lse.t.data, (size_t)ln * 4))
+        fail_msg("FA_AMX=1 changed the float32 path's bits (%s)", r->what);
+    free(o); free(l);
+}
+
+/* Ensure Inf/NaN in Q, K or V, and problems the AMX path does not take (float32, d not a
+ * multiple of 32), give the float32 path's bits exactly. */
+static void test_amx_hands_over_nonfinite_and_other_problems(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 77;
+    const uint16_t inf = 0x7f80, nan = 0x7fc1;
+    for (int which = 0; which < 4; which++) {
+        acase c = base(100, 150, 64, 64);
+        c.causal = 1;
+        run r;
+        setup(&r, &c, FA_BF16, &rng);
+        tu_tensor *t = which == 0 ? &r.q : which == 1 ? &r.k : &r.v;
+        /* a value at a masked position for V (key 149, seen by no query row but the last ones) */
+        ((uint16_t *)t->t.data)[which == 3 ? 149 * 2 * 64 + 5 : 37 * 2 * 64 + 3] = which == 2 ? nan : inf;
+        expect_handover(&r);
+        teardown(&r);
+    }
+    acase c = base(100, 150, 64, 64);
+    run r;
+    setup(&r, &c, FA_F32, &rng);
+    expect_handover(&r);
+    teardown(&r);
+    c = base(100, 150, 40, 40);
+    setup(&r, &c, FA_BF16, &rng);
+    expect_handover(&r);
+    teardown(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_amx_matches_reference_over_shapes),
+        cmocka_unit_test(test_amx_matches_reference_with_masks_and_heads),
+        cmocka_unit_test(test_amx_bits_independent_of_threads),
+        cmocka_unit_test(test_amx_hands_over_nonfinite_and_other_problems),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
