@@ -1289,6 +1289,19 @@ FA_API fa_status fa_measure_fma_peak(const char *isa, int threads, double second
 /** @brief 1 if kernels for @p isa are built in and this CPU runs them, else 0. */
 FA_API int fa_isa_supported(const char *isa);
 
+/**
+ * @brief 1 if this build, CPU and kernel can run the opt-in AMX path, else 0.
+ *
+ * With the environment variable FA_AMX=1, the flash forward computes the
+ * products of bfloat16 Q, K, V (rows contiguous, d and d_v multiples of 32,
+ * no dropout or rotary) on Intel AMX tiles, P carried in three bf16 parts so
+ * the result stays float32-class (not the float32 path's bits); everything
+ * else, and any problem with Inf or NaN inputs, runs the float32 path. Needs
+ * AMX-BF16 and AVX512-BF16, Linux 5.16+ (the tile-data permission) and a
+ * compiler that knows the intrinsics (GCC 11+, clang 12+). Since 0.6.
+ */
+FA_API int fa_amx_available(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -89,6 +89,8 @@ static int amx_probe(void)
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
+FA_API int fa_amx_available(void) { return fa_amx_usable(); }
+
 int fa_amx_usable(void)
 {
     static atomic_int state; /* 0 unknown, 1 yes, 2 no */
@@ -510,6 +512,7 @@ int fa_amx_forward(const fa_problem *p)
 #else /* no AMX in this build */
 
 int fa_amx_usable(void) { return 0; }
+FA_API int fa_amx_available(void) { return 0; }
 int fa_amx_applies(const fa_problem *p)
 {
     (void)p;

@@ -256,6 +256,18 @@ static void cpu_model(char *buf, size_t n)
     fclose(f);
 }
 
+/* With FA_AMX=1 the bf16 rows' products run on AMX tiles: say so, and that the peak is not theirs. */
+static void amx_note(void)
+{
+    const char *e = getenv("FA_AMX");
+    if (!e || strcmp(e, "1") != 0) return;
+    if (fa_amx_available())
+        printf("FA_AMX=1: bf16 rows compute their products on AMX tiles (float32 rows as always); their \"peak\"\n"
+               "column is still the float32 FMA peak above, not the tiles' (over 100%% is possible)\n");
+    else
+        printf("FA_AMX=1: AMX is not available here (flashattn info says why); every row runs the float32 path\n");
+}
+
 /* FMA peak in GFLOP/s for the ISA in use on `threads` threads (the library's
  * timed loop: calibrated to run ~0.3 s, best of 3). */
 static double measure_peak(const char *isa, int threads)
@@ -1451,6 +1463,7 @@ static int bench_main(int argc, char **argv)
         printf("%s; each row runs the thread counts back to back\n",
                probed_fewer ? " (probed on at most as many threads as CPUs)" : "");
     }
+    amx_note();
     char maskdesc[160];
     int ml = snprintf(maskdesc, sizeof maskdesc, "%s", cfg.causal ? "causal" : "non-causal");
     if (cfg.window_left >= 0 || (!cfg.causal && cfg.window_right >= 0))

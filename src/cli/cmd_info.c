@@ -87,6 +87,11 @@ int cmd_info(int argc, char **argv)
     for (int i = 0; i < 4; i++)
         if (fa_isa_supported(isas[i])) printf("%s ", isas[i]);
     printf("(FA_ISA=<name> runs any of them)\n");
+    if (fa_amx_available())
+        printf("amx      : available; FA_AMX=1 runs bf16 inputs' products on AMX tiles (float32-class, not\n"
+               "           the float32 path's bits; docs/performance.md, \"AMX tiles for bf16 inputs\")\n");
+    else
+        printf("amx      : not available here (needs AMX-BF16 and AVX512-BF16, Linux 5.16+, GCC 11+/clang 12+)\n");
     int br, bc;
     if (fa_block_sizes(128, 128, NULL, &br, &bc) != FA_OK) return cli_die_status(FA_ERR_OPTION);
     printf("bits     : identical for any thread count, for a given (ISA, Br, Bc); the blocks follow the\n"
