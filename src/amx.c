@@ -8,13 +8,13 @@
  * core runs ~3.3 TFLOP/s of them against ~0.24 for AVX-512 float32 FMAs. The
  * algorithm is flash.c's: per (batch, kv head) pack K and V once, then every
  * task of 128 query rows streams the key blocks with the online softmax, each
- * 64-key block taken by the task's four 32-row steps in turn while it is in
+ * 128-key block taken by the task's four 32-row steps in turn while it is in
  * L1/L2. Only the two products move to the tiles:
  *
  *   S = Q K^T   A = Q rows as stored (d contiguous: pairs (2t, 2t+1) adjacent),
  *               B = K packed as 32-bit pairs transposed, one key block after
  *               another: kt[blk][t][j] = (K[j][2t], K[j][2t+1]), so a B tile
- *               is 16 pair-rows x 16 keys, 256 bytes apart.
+ *               is 16 pair-rows x 16 keys, rows 512 bytes apart.
  *               bf16 x bf16 products are exact in float32; the sums are float32.
  *   O += P V    A = P (float32 after the softmax) split in three bf16 parts,
  *               hi = bf16(P), mid = bf16(P - hi), lo = bf16(P - hi - mid), each
@@ -36,10 +36,12 @@
  * Where it does not apply (not bf16, rows not contiguous, d or d_v not a
  * multiple of 32, dropout, rotary, a packed copy over the packing cap, no AMX
  * on this CPU or no permission from the kernel) fa_amx_applies says 0 and
- * flash.c runs its own path. A non-finite value in Q, K or V is found while
+ * flash.c runs its own path. A value in Q, K or V that the tiles would not
+ * compute to float32's standard — Inf, NaN, or a nonzero magnitude below 2^-40
+ * or from 2^40 (subnormal products are flushed: out_of_range) — is found while
  * loading; the call then also hands over to flash.c, which overwrites every
- * output (Inf/NaN semantics stay the float32 path's): fa_amx_forward returns
- * 0, as it does when its buffers cannot be allocated.
+ * output (and Inf/NaN semantics stay the float32 path's): fa_amx_forward
+ * returns 0, as it does when its buffers cannot be allocated.
  */
 #include "amx.h"
 
@@ -67,7 +69,7 @@ _Atomic long fa_amx_runs;
 
 #define AMX_BR 32  /* query rows per tile step: two 16-row tiles */
 #define AMX_TR 128 /* query rows per task: four steps share each K/V block while it is in L1/L2 */
-#define AMX_BC 64 /* keys per block: four 16-key tiles of S, two 32-key chunks of P V */
+#define AMX_BC 128 /* keys per block: eight 16-key tiles of S, four 32-key chunks of P V (64: 8-14% slower, 256: 5-10%) */
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -169,13 +171,18 @@ static size_t rows_bytes(const fa_problem *p)
     return 16 * (size_t)(p->d > 2 * p->dv ? p->d : 2 * p->dv) * 2;
 }
 
-static int scratch_alloc(const fa_problem *p, amx_scratch *sc)
+/* Bytes of one thread's scratch (and its leading dimensions, set in *sc). */
+static size_t scratch_bytes(const fa_problem *p, amx_scratch *sc)
 {
     sc->ldq = round_up((size_t)p->d, 32) + 32; /* bf16 elements (+64 bytes: rows not 4 KiB apart) */
     sc->ldo = (size_t)p->dv + 16;
-    const size_t bytes = AMX_TR * sc->ldq * 2 + AMX_BR * AMX_BC * 4 + 3 * AMX_BR * AMX_BC * 2 +
+    return AMX_TR * sc->ldq * 2 + AMX_BR * AMX_BC * 4 + 3 * AMX_BR * AMX_BC * 2 +
                          AMX_TR * sc->ldo * 4 + 3 * AMX_TR * 4 + 2 * AMX_TR * 8 + rows_bytes(p) + 12 * 64;
-    char *base = fa_scratch_alloc(p, bytes);
+}
+
+static int scratch_alloc(const fa_problem *p, amx_scratch *sc)
+{
+    char *base = fa_scratch_alloc(p, scratch_bytes(p, sc));
     sc->base = base;
     if (!base) return 0;
 #define TAKE(ptr, type, n) do { ptr = (type *)(void *)base; base += round_up((size_t)(n), 64); } while (0)
@@ -203,25 +210,44 @@ static const uint16_t *bf16_row(const fa_rows *s, int64_t j)
     return (const uint16_t *)t->data + off;
 }
 
-/* Copy n bf16 values (n a multiple of 32); 1 when one of them is Inf or NaN. */
+/*
+ * The values the tiles compute to float32's standard: zero, or a magnitude in [2^-40, 2^40).
+ * AMX reads subnormal inputs as zero and flushes subnormal products and sums, so a product
+ * below 2^-126 vanishes where the float32 path keeps it (and Inf/NaN must keep the float32
+ * path's semantics). Inside the range, q.k products stay in [2^-80, 2^80) — no flush, no
+ * overflow for any d here — and a flushed P-part x V product is below 2^-126, under 2^-86 of
+ * the largest |V|. A value outside it sends the whole call to flash.c.
+ */
+#define AMX_MAG_MIN (87u << 7)  /* bf16 magnitude bits of 2^-40 */
+#define AMX_MAG_END (167u << 7) /* ... of 2^40 */
+
+/* Lanes of 32 bf16 values outside the range above. */
+static inline __mmask32 out_of_range(__m512i x)
+{
+    const __m512i t = _mm512_and_si512(x, _mm512_set1_epi16(0x7fff));
+    const __mmask32 zero = _mm512_cmpeq_epi16_mask(t, _mm512_setzero_si512());
+    const __mmask32 small = _mm512_cmplt_epu16_mask(t, _mm512_set1_epi16((short)AMX_MAG_MIN));
+    const __mmask32 big = _mm512_cmpge_epu16_mask(t, _mm512_set1_epi16((short)AMX_MAG_END));
+    return (small & ~zero) | big;
+}
+
+/* Copy n bf16 values (n a multiple of 32); 1 when one of them is outside the range. */
 static int copy_bf16(uint16_t *dst, const uint16_t *src, int64_t n)
 {
-    const __m512i e = _mm512_set1_epi16(0x7f80);
     __mmask32 bad = 0;
     for (int64_t c = 0; c < n; c += 32) {
         const __m512i x = _mm512_loadu_si512(src + c);
-        bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(x, e), e);
+        bad |= out_of_range(x);
         _mm512_storeu_si512(dst + c, x);
     }
     return bad != 0;
 }
 
-/* 1 when one of the n bf16 values at x (n a multiple of 32) is Inf or NaN. */
+/* 1 when one of the n bf16 values at x (n a multiple of 32) is outside the range. */
 static int any_bad(const uint16_t *x, int64_t n)
 {
-    const __m512i e = _mm512_set1_epi16(0x7f80);
     __mmask32 bad = 0;
-    for (int64_t c = 0; c < n; c += 32) bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(x + c), e), e);
+    for (int64_t c = 0; c < n; c += 32) bad |= out_of_range(_mm512_loadu_si512(x + c));
     return bad != 0;
 }
 
@@ -245,7 +271,7 @@ static void interleave_rows(const uint16_t *a, const uint16_t *b, int64_t n, uin
  * 32-bit pair (K[j][2t], K[j][2t+1]) — 16 keys at a time gathered to `rows` [16][d]
  * and transposed by the kernel table as 32-bit words — and vv[j/2][c] = (V[j][c] low
  * half, V[j+1][c] high half). Keys at or past k_len are zeros. Returns 1 when a K or V
- * value is Inf or NaN.
+ * value is outside the tiles' range (out_of_range).
  */
 static int pack_block(const fa_problem *p, const fa_rows *ks, const fa_rows *vs, int64_t k_len, int64_t j0,
                       uint32_t *kt, uint32_t *vv, size_t ldvv, uint16_t *rows)
@@ -282,12 +308,12 @@ static int pack_block(const fa_problem *p, const fa_rows *ks, const fa_rows *vs,
     return bad;
 }
 
-/* S[32][64] = Q K_j^T (unscaled): query rows q (32, ldq apart), keys j0 .. j0+63 of the packed kt. */
+/* S[32][AMX_BC] = Q K_j^T (unscaled): query rows q (32, ldq apart), keys j0 .. j0+AMX_BC-1 of the packed kt. */
 static void tile_qk(const amx_scratch *sc, const uint16_t *q, int64_t d, const uint32_t *kt, size_t ldkt, int64_t j0)
 {
     const size_t qs = sc->ldq * 2, ks = AMX_BC * 4, ss = AMX_BC * 4;
     kt += (size_t)(j0 / AMX_BC) * ldkt;
-    for (int half = 0; half < 2; half++) { /* keys j0 + 32 half .. + 31 */
+    for (int half = 0; half < AMX_BC / 32; half++) { /* keys j0 + 32 half .. + 31 */
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
@@ -311,7 +337,7 @@ static void tile_qk(const amx_scratch *sc, const uint16_t *q, int64_t d, const u
     }
 }
 
-/* Õ rows oa (32, ldo apart) [dv] += (P_hi + P_mid + P_lo) V_j for keys j0 .. j0+63 (key pairs
+/* Õ rows oa (32, ldo apart) [dv] += (P_hi + P_mid + P_lo) V_j for keys j0 .. j0+AMX_BC-1 (key pairs
  * j0/2 ..) of vv: per 32 columns, each V tile pair is loaded once for the three parts. */
 static void tile_pv(const amx_scratch *sc, float *oa, int64_t dv, const uint32_t *vv, size_t ldvv, int64_t j0)
 {
@@ -376,6 +402,7 @@ static void split_p(amx_scratch *sc, int br, int bc)
 static void scale_o(amx_scratch *sc, int r0, int br, int64_t dv)
 {
     for (int r = r0; r < r0 + br; r++) {
+        if (sc->alpha[r] == 1.0f) continue; /* the row's max did not move: O * 1 is O (same bits, 1-7% faster) */
         const __m512 a = _mm512_set1_ps(sc->alpha[r]);
         float *o = sc->o + (size_t)r * sc->ldo;
         for (int64_t c = 0; c < dv; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(a, _mm512_loadu_ps(o + c)));
@@ -453,6 +480,19 @@ static int amx_task(const fa_problem *p, amx_scratch *sc, int64_t b, int64_t h, 
     return 0;
 }
 
+/* Threads of the region: no more than one (batch, kv head)'s tasks. */
+static int amx_threads(const fa_problem *p)
+{
+    return fa_threads_for(p, p->heads / p->heads_k * ((p->seqlen_q + AMX_TR - 1) / AMX_TR));
+}
+
+size_t fa_amx_workspace(const fa_problem *p)
+{
+    size_t a, b, c;
+    amx_scratch sc;
+    return fa_add_sat(packed_bytes(p, &a, &b, &c), fa_mul_sat((size_t)amx_threads(p), scratch_bytes(p, &sc)));
+}
+
 int fa_amx_forward(const fa_problem *p)
 {
     size_t ldkt, ldvv, npad;
@@ -466,7 +506,7 @@ int fa_amx_forward(const fa_problem *p)
     atomic_int bad = 0, failed = 0;
 
 #ifdef _OPENMP
-#pragma omp parallel num_threads(p->num_threads)
+#pragma omp parallel num_threads(amx_threads(p))
 #endif
     {
         amx_scratch sc;
@@ -485,8 +525,14 @@ int fa_amx_forward(const fa_problem *p)
             for (int64_t kb = 0; kb < nkb; kb++)
                 if (sc.base && pack_block(p, &ks, &vs, seq.k_len, kb * AMX_BC, kt + (size_t)kb * ldkt, vv, ldvv, sc.rows))
                     atomic_store(&bad, 1);
-            /* (the omp for's barrier: packed before any task reads it) */
-            if (atomic_load(&bad) || atomic_load(&failed)) continue;
+            /* (the omp for's barrier: packed before any task reads it.) Every thread reads the
+             * flags, then waits for the others before any task can set `bad` again (a Q row
+             * with Inf/NaN): all take the same branch, so all meet the same worksharing loop. */
+            const int skip = atomic_load(&bad) || atomic_load(&failed);
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+            if (skip) continue;
             const int64_t qblocks = (seq.q_len + AMX_TR - 1) / AMX_TR;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
@@ -497,7 +543,10 @@ int fa_amx_forward(const fa_problem *p)
                 const int64_t i0 = qb * AMX_TR;
                 const int br = (int)(seq.q_len - i0 < AMX_TR ? seq.q_len - i0 : AMX_TR);
                 if (amx_task(p, &sc, b, h, i0, br, kt, ldkt, vv, ldvv)) atomic_store(&bad, 1);
-                if (t % 8 == 0) fa_progress(p);
+                if (t % 8 == 0 && p->progress) {
+                    fa_progress(p);
+                    amx_config(); /* the caller's hook may have used the tiles itself */
+                }
             }
         }
         _tile_release();
@@ -514,6 +563,11 @@ int fa_amx_forward(const fa_problem *p)
 int fa_amx_usable(void) { return 0; }
 FA_API int fa_amx_available(void) { return 0; }
 int fa_amx_applies(const fa_problem *p)
+{
+    (void)p;
+    return 0;
+}
+size_t fa_amx_workspace(const fa_problem *p)
 {
     (void)p;
     return 0;

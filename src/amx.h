@@ -18,6 +18,9 @@ int fa_amx_usable(void);
 /* 1 when FA_AMX=1 and the problem is one the AMX path computes (amx.c's header). */
 int fa_amx_applies(const fa_problem *p);
 
+/* Bytes the AMX forward allocates (packed K/V and its threads' scratch). */
+size_t fa_amx_workspace(const fa_problem *p);
+
 /* The forward of a problem fa_amx_applies accepted: 1 when every output is
  * written; 0 when the caller must run flash.c's path instead (a non-finite
  * input, or no memory), which overwrites whatever was written. */

@@ -468,8 +468,11 @@ size_t fa_flash_workspace(const fa_problem *p)
     size_t slot = shared_plan(p, &g, &per_pass);
     /* per thread that gets a task: the parallel region's own clamp */
     const size_t threads = (size_t)region_threads(p, &g);
-    return fa_add_sat(fa_mul_sat(threads, fa_mul_sat(scratch_floats(p, &g), sizeof(float))),
-                      fa_mul_sat((size_t)per_pass, slot));
+    const size_t own = fa_add_sat(fa_mul_sat(threads, fa_mul_sat(scratch_floats(p, &g), sizeof(float))),
+                                  fa_mul_sat((size_t)per_pass, slot));
+    /* FA_AMX=1: the AMX path's buffers, or this path's when it hands over (amx.h) */
+    const size_t amx = fa_amx_applies(p) ? fa_amx_workspace(p) : 0;
+    return amx > own ? amx : own;
 }
 
 /* Rows of the Q block starting at i0 of sequence b (<= 0: the sequence is

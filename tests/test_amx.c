@@ -26,8 +26,24 @@ typedef struct acase {
     int64_t wl, wr;
     double softcap;
     int alibi;
-    double range;
+    double range;  /* Q, K uniform in [-range, range) */
+    double vrange; /* V likewise (0: 1) */
+    double scale;  /* 0: the default 1/sqrt(d) */
+    int away;      /* 1: bf16 magnitudes below range/4 raised to range/4 (no value near 0) */
 } acase;
+
+/* Every bf16 value of t with magnitude below m set to +-m (bf16-rounded), sign kept. */
+static void bound_away(tu_tensor *t, double m)
+{
+    float mf = (float)m;
+    uint32_t mb;
+    memcpy(&mb, &mf, 4);
+    const uint16_t mh = (uint16_t)((mb + 0x7fffu + ((mb >> 16) & 1u)) >> 16);
+    const int64_t n = t->t.shape[0] * t->t.shape[1] * t->t.shape[2] * t->t.shape[3];
+    uint16_t *x = t->t.data;
+    for (int64_t i = 0; i < n; i++)
+        if ((x[i] & 0x7fffu) < mh) x[i] = (uint16_t)((x[i] & 0x8000u) | mh);
+}
 
 static acase base(int64_t Sq, int64_t Sk, int64_t d, int64_t dv)
 {
@@ -64,8 +80,14 @@ static void setup(run *r, const acase *c, fa_dtype dt, uint64_t *rng)
     r->lse = tu_alloc(FA_F32, 3, ls);
     tu_fill(&r->q, rng, -c->range, c->range);
     tu_fill(&r->k, rng, -c->range, c->range);
-    tu_fill(&r->v, rng, -1.0, 1.0);
+    tu_fill(&r->v, rng, c->vrange > 0 ? -c->vrange : -1.0, c->vrange > 0 ? c->vrange : 1.0);
+    if (c->away && dt == FA_BF16) {
+        bound_away(&r->q, c->range / 4);
+        bound_away(&r->k, c->range / 4);
+        bound_away(&r->v, (c->vrange > 0 ? c->vrange : 1.0) / 4);
+    }
     r->opt = fa_options_default();
+    r->opt.scale = c->scale;
     r->opt.causal = c->causal;
     r->opt.window_left = c->wl;
     r->opt.window_right = c->wr;
@@ -285,6 +307,94 @@ static void test_amx_hands_over_nonfinite_and_other_problems(void **state)
     teardown(&r);
 }
 
+/* Ensure values near the edges of the tiles' range still give float32-class results: Q, K
+ * of magnitude 2.5e-12 to 1e-11 (products ~1e-23, far from AMX's flush to zero below 2^-126)
+ * with a scale that makes the logits O(1), V likewise; then around 1e9 (products ~1e18). */
+static void test_amx_small_magnitudes_inside_the_range(void **state)
+{
+    (void)state;
+    need_amx();
+    acase c = base(200, 311, 64, 64);
+    c.away = 1; /* uniform values near 0 would fall below 2^-40 and hand over */
+    c.range = 1e-11;
+    c.scale = 1e22;
+    c.vrange = 1e-11;
+    check_case(&c);
+    c.causal = 1;
+    c.range = 1e9; /* products ~1e18 */
+    c.scale = 1e-18;
+    c.vrange = 1e9;
+    check_case(&c);
+}
+
+/* Ensure a value the tiles would not compute to float32's standard (a product that AMX would
+ * flush to zero, a magnitude from 2^40) sends the call to the float32 path. */
+static void test_amx_hands_over_values_outside_its_range(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 91;
+    const uint16_t tiny = 0x2100, /* 2^-61: q.k products below 2^-120 once K is small too */
+        sub = 0x0001,             /* a subnormal bf16 */
+        huge = 0x5480;            /* 2^42 */
+    const uint16_t vals[3] = {tiny, sub, huge};
+    for (int which = 0; which < 3; which++)
+        for (int x = 0; x < 3; x++) {
+            acase c = base(100, 150, 64, 64);
+            run r;
+            setup(&r, &c, FA_BF16, &rng);
+            tu_tensor *t = which == 0 ? &r.q : which == 1 ? &r.k : &r.v;
+            ((uint16_t *)t->t.data)[(size_t)(41 * 2 * 64 + 7)] = vals[x];
+            expect_handover(&r);
+            teardown(&r);
+        }
+}
+
+/* Ensure a Q row with NaN in the first of many tasks hands over on several threads without
+ * the team splitting across worksharing loops (the hostile review's deadlock: a thread that
+ * read the flag after another had set it skipped the task loop the others were in). */
+static void test_amx_nan_in_an_early_task_on_many_threads(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 5;
+    acase c = base(2000, 256, 64, 64);
+    c.H = 1; c.Hk = 1;
+    run r;
+    setup(&r, &c, FA_BF16, &rng);
+    ((uint16_t *)r.q.t.data)[5] = 0x7fc1;
+    for (int t = 2; t <= 7; t += 5)
+        for (int i = 0; i < 5; i++) assert_int_equal(forward_x(&r, "1", t, 0), 0);
+    teardown(&r);
+}
+
+/* Ensure fa_workspace_bytes covers what the AMX path allocates, with more threads than tasks. */
+static void test_amx_workspace_covers_its_allocations(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 3;
+    acase c = base(40, 300, 1024, 1024);
+    run r;
+    setup(&r, &c, FA_BF16, &rng);
+    r.opt.num_threads = 64;
+    setenv("FA_AMX", "1", 1);
+    size_t planned = 0;
+    assert_int_equal(fa_workspace_bytes(&r.q.t, &r.k.t, &r.v.t, &r.opt, &planned), FA_OK);
+    fa_alloc_stats before, after;
+    fa_alloc_stats_reset();
+    fa_alloc_stats_get(&before);
+    const long runs = atomic_load(&fa_amx_runs);
+    r.opt.impl = FA_IMPL_FLASH;
+    assert_int_equal(fa_forward(&r.q.t, &r.k.t, &r.v.t, &r.o.t, &r.lse.t, &r.opt), FA_OK);
+    fa_alloc_stats_get(&after);
+    unsetenv("FA_AMX");
+    assert_int_equal(atomic_load(&fa_amx_runs) - runs, 1);
+    const size_t peak = after.peak_bytes - before.current_bytes;
+    if (peak > planned) fail_msg("the AMX path allocated %zu bytes, fa_workspace_bytes said %zu", peak, planned);
+    teardown(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -292,6 +402,10 @@ int main(void)
         cmocka_unit_test(test_amx_matches_reference_with_masks_and_heads),
         cmocka_unit_test(test_amx_bits_independent_of_threads),
         cmocka_unit_test(test_amx_hands_over_nonfinite_and_other_problems),
+        cmocka_unit_test(test_amx_small_magnitudes_inside_the_range),
+        cmocka_unit_test(test_amx_hands_over_values_outside_its_range),
+        cmocka_unit_test(test_amx_nan_in_an_early_task_on_many_threads),
+        cmocka_unit_test(test_amx_workspace_covers_its_allocations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
