@@ -1298,7 +1298,12 @@ FA_API int fa_isa_supported(const char *isa);
  * the result stays float32-class (not the float32 path's bits); everything
  * else, and any problem with Inf or NaN inputs, runs the float32 path. Needs
  * AMX-BF16 and AVX512-BF16, Linux 5.16+ (the tile-data permission) and a
- * compiler that knows the intrinsics (GCC 11+, clang 12+). Since 0.6.
+ * compiler that knows the intrinsics (GCC 11+, clang 12+). Values the tiles
+ * would not compute to float32's standard (Inf, NaN, a nonzero magnitude below
+ * 2^-40 or from 2^40: AMX flushes subnormal products) also send the call to
+ * the float32 path. A caller that uses AMX itself must load its tile
+ * configuration again after a call that ran this path (the path releases the
+ * tiles of the threads it ran on). Since 0.6.
  */
 FA_API int fa_amx_available(void);
 
