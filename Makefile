@@ -63,16 +63,18 @@ AVX512FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mfma -mf16c
 $(BUILD)/src/kernels/avx512.o:           ISAFLAGS = $(AVX512FLAGS)
 $(BUILD)/src/kernels/avx512_transpose.o: ISAFLAGS = $(AVX512FLAGS)
 
-# ---- AMX (opt-in at run time: FA_AMX=1; src/amx.c) --------------------------
+# ---- AMX (opt-in at run time: FA_AMX=1; src/kernels/amx.c, src/amx.c) -------
 # Built where the compiler knows the AMX and AVX512-BF16 intrinsics (GCC 11+,
-# clang 12+); elsewhere amx.c compiles to stubs that say "not here".
+# clang 12+); elsewhere src/amx.c says "not here" and the tile code is left out.
 AMXFLAGS = $(AVX512FLAGS) -mavx512bf16 -mamx-tile -mamx-bf16
 ifeq ($(ARCH),x86_64)
-HAVE_AMX := $(shell printf '#include <immintrin.h>\nint main(void){_tile_release();return 0;}' | \
+HAVE_AMX := $(shell printf '\043include <immintrin.h>\nint main(void){_tile_release();return 0;}' | \
               $(CC) $(AMXFLAGS) -x c - -o /dev/null >/dev/null 2>&1 && echo 1)
 endif
 ifeq ($(HAVE_AMX),1)
-$(BUILD)/src/amx.o: ISAFLAGS = $(AMXFLAGS) -DFA_HAVE_AMX
+KERNEL_SRCS += src/kernels/amx.c
+CFLAGS      += -DFA_HAVE_AMX
+$(BUILD)/src/kernels/amx.o: ISAFLAGS = $(AMXFLAGS)
 endif
 
 # ---- OpenBLAS (optional, for `flashattn bench --impl blas`) -----------------

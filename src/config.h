@@ -50,6 +50,7 @@ typedef struct fa_env {
     size_t l1d, l2;        /* 0: not set */
     int tile_cut;          /* FA_TILE_CUT: -1 not set (cut), 0 whole tiles, 1 cut (src/flash.c) */
     int bwd_one_pass;      /* FA_BWD_ONE_PASS: -1 not set (the task rule), 0 two passes, 1 one pass (src/backward.c) */
+    int amx;               /* FA_AMX: -1 not set (off), 0 off, 1 the bf16 forward on AMX tiles where it applies (src/amx.c) */
 } fa_env;
 
 /* The environment, parsed once (thread-safe). NULL when a variable is

@@ -291,6 +291,7 @@ fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const 
 int fa_tile_cut_test = -1;
 _Atomic long fa_tile_cut_stats[2];
 int fa_bwd_one_pass_test = -1;
+int fa_amx_test = -1;
 
 static const char *nm(const char *name, const char *fallback) { return name && *name ? name : fallback; }
 
@@ -1032,6 +1033,7 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     }
     p->tile_cut = fa_tile_cut_test >= 0 ? fa_tile_cut_test : env->tile_cut != 0;
     p->bwd_one_pass = fa_bwd_one_pass_test >= 0 ? fa_bwd_one_pass_test : env->bwd_one_pass;
+    p->amx = fa_amx_test >= 0 ? fa_amx_test : env->amx == 1;
     if (opt.pack_max_bytes >= 0) p->pack_max_bytes = (size_t)opt.pack_max_bytes;
     else p->pack_max_bytes = env->has_pack_max ? env->pack_max : FA_PACK_DEFAULT_MAX_BYTES;
     return FA_OK;

@@ -92,6 +92,7 @@ typedef struct fa_problem {
     size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
     int bwd_one_pass;            /* backward.c: -1 its task rule decides, 0 two passes, 1 one pass */
+    int amx;                     /* 1: FA_AMX=1, the flash forward may run bf16 products on AMX tiles (amx.h) */
     size_t standard_max_bytes;   /* resolved cap */
     int num_splits;              /* split-KV of the decode path (decode.c): 0 heuristic, 1 none, n splits */
     void (*progress)(void *);    /* fa_options::progress: run by thread 0 between tasks (fa_progress) */
@@ -116,6 +117,12 @@ extern int fa_tile_cut_test;
  * assert that the cut path ran. Reset by the test; relaxed atomic adds.
  */
 extern _Atomic long fa_tile_cut_stats[2];
+
+/*
+ * Tests only: >= 0 overrides FA_AMX (1 on, 0 off) for the problems resolved
+ * after it is set; -1 (default): the environment decides. Not thread-safe.
+ */
+extern int fa_amx_test;
 
 /*
  * Tests only: >= 0 overrides FA_BWD_ONE_PASS (0 the flash backward's two

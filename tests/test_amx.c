@@ -1,5 +1,5 @@
 /*
- * test_amx.c — the bf16 forward on AMX tiles (src/amx.c, FA_AMX=1) against the
+ * test_amx.c — the bf16 forward on AMX tiles (src/kernels/amx.c, FA_AMX=1) against the
  * float64 reference, by test_forward.c's tolerance model (fa_check's float32
  * emulation: max e <= 8 max e_emu + 2^-20 max|O_ref|, mean e <= 4 mean e_emu +
  * 2^-24 max|O_ref|, LSE within 4 e_emu(LSE) + 2^-20 max(1, |LSE_ref|)) — the
@@ -110,19 +110,18 @@ static void teardown(run *r)
     if (r->slopes.t.data) tu_free(&r->slopes);
 }
 
-/* flash with FA_AMX set to `amx` ("1" or NULL); returns the AMX runs it added. With
+/* flash with FA_AMX on (`amx` "1") or off (NULL), through the tests' override; returns the AMX runs it added. With
  * `finite`, every output must have been written (no poison left). */
 static long forward_x(run *r, const char *amx, int threads, int finite)
 {
-    if (amx) setenv("FA_AMX", amx, 1);
-    else unsetenv("FA_AMX");
+    fa_amx_test = amx ? 1 : 0; /* FA_AMX=1 or off, for the problems resolved from now on */
     tu_poison(&r->o);
     tu_poison(&r->lse);
     r->opt.impl = FA_IMPL_FLASH;
     r->opt.num_threads = threads;
     const long before = atomic_load(&fa_amx_runs);
     const fa_status st = fa_forward(&r->q.t, &r->k.t, &r->v.t, &r->o.t, &r->lse.t, &r->opt);
-    unsetenv("FA_AMX");
+    fa_amx_test = -1;
     if (st != FA_OK) fail_msg("flash failed: %s (%s)", fa_last_error(), r->what);
     if (finite && (tu_count_nan(&r->o) || tu_count_nan(&r->lse)))
         fail_msg("unwritten (NaN) outputs: O %lld, LSE %lld (%s)", (long long)tu_count_nan(&r->o),
@@ -378,7 +377,7 @@ static void test_amx_workspace_covers_its_allocations(void **state)
     run r;
     setup(&r, &c, FA_BF16, &rng);
     r.opt.num_threads = 64;
-    setenv("FA_AMX", "1", 1);
+    fa_amx_test = 1;
     size_t planned = 0;
     assert_int_equal(fa_workspace_bytes(&r.q.t, &r.k.t, &r.v.t, &r.opt, &planned), FA_OK);
     fa_alloc_stats before, after;
@@ -388,11 +387,31 @@ static void test_amx_workspace_covers_its_allocations(void **state)
     r.opt.impl = FA_IMPL_FLASH;
     assert_int_equal(fa_forward(&r.q.t, &r.k.t, &r.v.t, &r.o.t, &r.lse.t, &r.opt), FA_OK);
     fa_alloc_stats_get(&after);
-    unsetenv("FA_AMX");
+    fa_amx_test = -1;
     assert_int_equal(atomic_load(&fa_amx_runs) - runs, 1);
     const size_t peak = after.peak_bytes - before.current_bytes;
     if (peak > planned) fail_msg("the AMX path allocated %zu bytes, fa_workspace_bytes said %zu", peak, planned);
     teardown(&r);
+}
+
+/* Ensure a kernel table other than AVX-512's (a context made for "avx2" or "scalar") keeps the
+ * AMX path off, and gives that table's float32 bits with FA_AMX=1 as without. */
+static void test_amx_off_with_another_kernel_table(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 17;
+    const char *isas[2] = {"avx2", "scalar"};
+    for (int x = 0; x < 2; x++) {
+        if (!fa_isa_supported(isas[x])) continue;
+        acase c = base(100, 150, 64, 64);
+        run r;
+        setup(&r, &c, FA_BF16, &rng);
+        assert_int_equal(fa_context_create(&r.opt.context, isas[x], 2), FA_OK);
+        expect_handover(&r);
+        fa_context_destroy(r.opt.context);
+        teardown(&r);
+    }
 }
 
 int main(void)
@@ -406,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_amx_hands_over_values_outside_its_range),
         cmocka_unit_test(test_amx_nan_in_an_early_task_on_many_threads),
         cmocka_unit_test(test_amx_workspace_covers_its_allocations),
+        cmocka_unit_test(test_amx_off_with_another_kernel_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
