@@ -1301,9 +1301,14 @@ FA_API int fa_isa_supported(const char *isa);
  * compiler that knows the intrinsics (GCC 11+, clang 12+). Values the tiles
  * would not compute to float32's standard (Inf, NaN, a nonzero magnitude below
  * 2^-40 or from 2^40: AMX flushes subnormal products) also send the call to
- * the float32 path. A caller that uses AMX itself must load its tile
+ * the float32 path, as does a kv head whose packed K and V exceed the
+ * packing cap (fa_options::pack_max_bytes, 16 MiB by default: about 32k keys
+ * at d = 128). fa_backward called without O and LSE recomputes the forward
+ * through this path too. A caller that uses AMX itself must load its tile
  * configuration again after a call that ran this path (the path releases the
- * tiles of the threads it ran on). Since 0.6.
+ * tiles of the threads it ran on). The first call of this function (or of a
+ * forward with FA_AMX=1) asks Linux for the process-wide permission to use
+ * the tile data (arch_prctl), which also enlarges signal frames. Since 0.6.
  */
 FA_API int fa_amx_available(void);
 

@@ -17,12 +17,15 @@
  *               is 16 pair-rows x 16 keys, rows 512 bytes apart.
  *               bf16 x bf16 products are exact in float32; the sums are float32.
  *   O += P V    A = P (float32 after the softmax) split in three bf16 parts,
- *               hi = bf16(P), mid = bf16(P - hi), lo = bf16(P - hi - mid), each
- *               product exact: hi + mid + lo carries P to float32's precision.
- *               (Two parts measured 20-30x the float32 path's error against
- *               float64, so three; one part is bf16 P, what GPU kernels use.
- *               Three cost 3x the tile work of one and still run ~2.3x the
- *               float32 path here: docs/performance.md.)
+ *               hi = bf16(P), mid = bf16(P - hi), lo = bf16(P - hi - mid): each
+ *               rounding leaves a rest of at most 16, then 8 significant bits,
+ *               so hi + mid + lo == P exactly (unless a part is subnormal, which
+ *               the conversion flushes: mid for P < ~2^-117, lo for P < ~2^-109,
+ *               terms far below float32's resolution of the sum), and every
+ *               product with V is exact. (Two parts measured 18-28x the float32
+ *               path's error against float64, so three; one part is bf16 P, what
+ *               GPU kernels use. Three cost 3x the tile work of one and still
+ *               run ~2.3x the float32 path here: docs/performance.md.)
  *               B = V packed as key pairs: vv[u][c] = (V[2u][c], V[2u+1][c]).
  *
  * The scale, softcap, ALiBi, masks and the online softmax run on the float32
