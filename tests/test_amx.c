@@ -30,6 +30,8 @@ typedef struct acase {
     double vrange; /* V likewise (0: 1) */
     double scale;  /* 0: the default 1/sqrt(d) */
     int away;      /* 1: bf16 magnitudes below range/4 raised to range/4 (no value near 0) */
+    int bhsd;      /* strided BHSD layout for q, k, v, o */
+    int sinks;     /* 1: a learnable sink logit per head */
 } acase;
 
 /* Every bf16 value of t with magnitude below m set to +-m (bf16-rounded), sign kept. */
@@ -64,7 +66,7 @@ static void need_amx(void)
 }
 
 typedef struct run {
-    tu_tensor q, k, v, o, lse, slopes;
+    tu_tensor q, k, v, o, lse, slopes, sinks;
     fa_options opt;
     char what[256];
 } run;
@@ -72,9 +74,9 @@ typedef struct run {
 static void setup(run *r, const acase *c, fa_dtype dt, uint64_t *rng)
 {
     memset(r, 0, sizeof *r);
-    r->q = tu_alloc4(dt, c->B, c->Sq, c->H, c->d, 0);
-    r->k = tu_alloc4(dt, c->B, c->Sk, c->Hk, c->d, 0);
-    r->v = tu_alloc4(dt, c->B, c->Sk, c->Hk, c->dv, 0);
+    r->q = tu_alloc4(dt, c->B, c->Sq, c->H, c->d, c->bhsd);
+    r->k = tu_alloc4(dt, c->B, c->Sk, c->Hk, c->d, c->bhsd);
+    r->v = tu_alloc4(dt, c->B, c->Sk, c->Hk, c->dv, c->bhsd);
     r->o = tu_alloc4(FA_F32, c->B, c->Sq, c->H, c->dv, 0);
     const int64_t ls[3] = {c->B, c->H, c->Sq};
     r->lse = tu_alloc(FA_F32, 3, ls);
@@ -98,16 +100,25 @@ static void setup(run *r, const acase *c, fa_dtype dt, uint64_t *rng)
         tu_fill(&r->slopes, rng, 0.0, 0.5);
         r->opt.alibi_slopes = &r->slopes.t;
     }
+    if (c->sinks) {
+        const int64_t sh[1] = {c->H};
+        r->sinks = tu_alloc(FA_F32, 1, sh);
+        tu_fill(&r->sinks, rng, -1.0, 2.0);
+        r->opt.sinks = &r->sinks.t;
+    }
     snprintf(r->what, sizeof r->what,
-             "B=%lld Sq=%lld Sk=%lld H=%lld Hk=%lld d=%lld dv=%lld causal=%d window=(%lld,%lld) softcap=%g alibi=%d",
+             "B=%lld Sq=%lld Sk=%lld H=%lld Hk=%lld d=%lld dv=%lld causal=%d window=(%lld,%lld) softcap=%g alibi=%d "
+             "bhsd=%d sinks=%d",
              (long long)c->B, (long long)c->Sq, (long long)c->Sk, (long long)c->H, (long long)c->Hk,
-             (long long)c->d, (long long)c->dv, c->causal, (long long)c->wl, (long long)c->wr, c->softcap, c->alibi);
+             (long long)c->d, (long long)c->dv, c->causal, (long long)c->wl, (long long)c->wr, c->softcap, c->alibi,
+             c->bhsd, c->sinks);
 }
 
 static void teardown(run *r)
 {
     tu_free(&r->q); tu_free(&r->k); tu_free(&r->v); tu_free(&r->o); tu_free(&r->lse);
     if (r->slopes.t.data) tu_free(&r->slopes);
+    if (r->sinks.t.data) tu_free(&r->sinks);
 }
 
 /* flash with FA_AMX on (`amx` "1") or off (NULL), through the tests' override; returns the AMX runs it added. With
@@ -232,6 +243,13 @@ static void test_amx_matches_reference_with_masks_and_heads(void **state)
     check_case(&c);
     c = base(100, 17, 64, 64); /* causal with Sq > Sk: the first rows see no key (O = 0, LSE = -inf) */
     c.causal = 1;
+    check_case(&c);
+    c = base(150, 230, 64, 128); /* strided BHSD inputs (rows still contiguous) */
+    c.bhsd = 1;
+    c.causal = 1;
+    check_case(&c);
+    c = base(150, 230, 128, 128); /* sinks: the denominator only, in fa_finish_row */
+    c.sinks = 1;
     check_case(&c);
 }
 
