@@ -25,7 +25,7 @@
  *               product with V is exact. (Two parts measured 18-28x the float32
  *               path's error against float64, so three; one part is bf16 P, what
  *               GPU kernels use. Three cost 3x the tile work of one and still
- *               run ~2.3x the float32 path here: docs/performance.md.)
+ *               run 2.0-2.8x the float32 path here: docs/performance.md.)
  *               B = V packed as key pairs: vv[u][c] = (V[2u][c], V[2u+1][c]).
  *
  * The scale, softcap, ALiBi, masks and the online softmax run on the float32
