@@ -49,6 +49,19 @@ part many_threads 40 "$fa" bench --impl flash --pass fwd,bwd --n 4096,8192 --d 1
 # PyTorch's CPU attention, same shapes and threads
 part torch_sdpa 60 python3 tools/torch_cpu_sdpa.py --n 1024,2048,4096 --d 64,128 --threads 1,2,16 --causal 0,1 \
     --repeats 5
+# bf16 on AMX tiles (FA_AMX=1, where `info` says amx is available) beside PyTorch's bf16 SDPA
+if "$fa" info 2>/dev/null | grep -q '^amx *: available'; then
+    for t in 2 16; do
+        part "amx_bf16_t$t" 30 env FA_AMX=1 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 16 \
+            --threads $t --dtype bf16 --repeats 5 --csv "$out/amx_bf16_t$t.csv"
+        part "bf16_t$t" 30 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 16 --threads $t --dtype bf16 \
+            --repeats 5 --csv "$out/bf16_t$t.csv"
+    done
+    part torch_sdpa_bf16 40 python3 tools/torch_cpu_sdpa.py --n 1024,4096 --d 64,128 --heads 16 --threads 2,16 \
+        --causal 0 --repeats 5 --dtype bf16
+else
+    echo "== amx: skipped (flashattn info: not available)"
+fi
 # issue 16: ring attention (needs the carried build/flashattn-mpi and build/ompi-debs)
 if [ -x build/flashattn-mpi ] && [ -d build/ompi-debs ]; then
     if ! command -v mpirun >/dev/null; then
