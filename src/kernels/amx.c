@@ -227,12 +227,14 @@ static int pack_block(const fa_problem *p, const fa_rows *ks, const fa_rows *vs,
     return bad;
 }
 
-/* S[32][AMX_BC] = Q K_j^T (unscaled): query rows q (32, ldq apart), keys j0 .. j0+AMX_BC-1 of the packed kt. */
-static void tile_qk(const amx_scratch *sc, const uint16_t *q, int64_t d, const uint32_t *kt, size_t ldkt, int64_t j0)
+/* S[32][nk] = Q K_j^T (unscaled): query rows q (32, ldq apart), keys j0 .. j0+nk-1 of the packed kt
+ * (nk a multiple of 32, at most AMX_BC). */
+static void tile_qk(const amx_scratch *sc, const uint16_t *q, int64_t d, const uint32_t *kt, size_t ldkt, int64_t j0,
+                    int nk)
 {
     const size_t qs = sc->ldq * 2, ks = AMX_BC * 4, ss = AMX_BC * 4;
     kt += (size_t)(j0 / AMX_BC) * ldkt;
-    for (int half = 0; half < AMX_BC / 32; half++) { /* keys j0 + 32 half .. + 31 */
+    for (int half = 0; half < nk / 32; half++) { /* keys j0 + 32 half .. + 31 */
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
@@ -256,9 +258,10 @@ static void tile_qk(const amx_scratch *sc, const uint16_t *q, int64_t d, const u
     }
 }
 
-/* Õ rows oa (32, ldo apart) [dv] += (P_hi + P_mid + P_lo) V_j for keys j0 .. j0+AMX_BC-1 (key pairs
+/* Õ rows oa (32, ldo apart) [dv] += (P_hi + P_mid + P_lo) V_j for keys j0 .. j0+nk-1 (key pairs
  * j0/2 ..) of vv: per 32 columns, each V tile pair is loaded once for the three parts. */
-static void tile_pv(const amx_scratch *sc, float *oa, int64_t dv, const uint32_t *vv, size_t ldvv, int64_t j0)
+static void tile_pv(const amx_scratch *sc, float *oa, int64_t dv, const uint32_t *vv, size_t ldvv, int64_t j0,
+                    int nk)
 {
     const size_t os = sc->ldo * 4, ps = AMX_BC * 2, vs = ldvv * 4;
     const uint16_t *part[3] = {sc->ph, sc->pm, sc->pl};
@@ -268,7 +271,7 @@ static void tile_pv(const amx_scratch *sc, float *oa, int64_t dv, const uint32_t
         _tile_loadd(1, o + 16, os);
         _tile_loadd(2, o + 16 * sc->ldo, os);
         _tile_loadd(3, o + 16 * sc->ldo + 16, os);
-        for (int kc = 0; kc < AMX_BC; kc += 32) {
+        for (int kc = 0; kc < nk; kc += 32) {
             const uint32_t *vb = vv + (size_t)((j0 + kc) / 2) * ldvv + (size_t)c;
             _tile_loadd(6, vb, vs);      /* 16 key pairs x columns c .. c+15 */
             _tile_loadd(7, vb + 16, vs); /* columns c+16 .. c+31 */
@@ -384,13 +387,17 @@ static int amx_task(const fa_problem *p, amx_scratch *sc, int64_t b, int64_t h, 
         for (int t = 0; t < steps; t++) {
             if (smin[t] >= j0 + bc || smax[t] <= j0) continue; /* no row of the step sees the block */
             const int r0 = t * AMX_BR, n = br - r0 < AMX_BR ? br - r0 : AMX_BR;
-            tile_qk(sc, sc->q + (size_t)r0 * sc->ldq, d, kt, ldkt, j0);
-            scale_s(sc, n, bc, (float)p->scale);
-            fa_transform_tile(p, b, i0 + r0, n, j0, bc, slope, sc->lo + r0, sc->hi + r0, sc->s, AMX_BC);
-            kern->softmax(n, bc, sc->s, AMX_BC, sc->m + r0, sc->l + r0, sc->alpha + r0);
-            split_p(sc, n, bc);
+            /* the step's rows see no key from smax[t] on (a causal diagonal, a window): stop at the
+             * 32-key chunk that holds it — the dropped keys had P = 0 for every row of the step */
+            const int need = (int)(smax[t] - j0 < bc ? smax[t] - j0 : bc), nk = (need + 31) / 32 * 32;
+            const int w = nk < bc ? nk : bc;
+            tile_qk(sc, sc->q + (size_t)r0 * sc->ldq, d, kt, ldkt, j0, nk);
+            scale_s(sc, n, w, (float)p->scale);
+            fa_transform_tile(p, b, i0 + r0, n, j0, w, slope, sc->lo + r0, sc->hi + r0, sc->s, AMX_BC);
+            kern->softmax(n, w, sc->s, AMX_BC, sc->m + r0, sc->l + r0, sc->alpha + r0);
+            split_p(sc, n, w);
             scale_o(sc, r0, n, dv);
-            tile_pv(sc, sc->o + (size_t)r0 * sc->ldo, dv, vv, ldvv, j0);
+            tile_pv(sc, sc->o + (size_t)r0 * sc->ldo, dv, vv, ldvv, j0, nk);
         }
     }
     for (int r = 0; r < br; r++)
