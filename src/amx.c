@@ -72,9 +72,8 @@ size_t fa_amx_scratch_bytes(const fa_problem *p, size_t *ldq, size_t *ldo)
 {
     *ldq = round_up((size_t)p->d, 32) + 32; /* bf16 elements (+64 bytes: rows not 4 KiB apart) */
     *ldo = (size_t)p->dv + 16;
-    const size_t rows = 16 * (size_t)(p->d > 2 * p->dv ? p->d : 2 * p->dv) * 2; /* K rows to transpose, V pairs */
     return AMX_TR * *ldq * 2 + AMX_BR * AMX_BC * 4 + 3 * AMX_BR * AMX_BC * 2 + AMX_TR * *ldo * 4 + 3 * AMX_TR * 4 +
-           2 * AMX_TR * 8 + rows + 12 * 64;
+           2 * AMX_TR * 8 + fa_amx_rows_bytes(p) + 12 * 64; /* the pieces of kernels/amx.c's scratch_alloc */
 }
 
 int fa_amx_threads(const fa_problem *p)

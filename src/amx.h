@@ -29,6 +29,12 @@ int fa_amx_applies(const fa_problem *p);
 /* Bytes of one (batch, kv head)'s packed K and V, and their leading dimensions (words). */
 size_t fa_amx_packed_bytes(const fa_problem *p, size_t *ldkt, size_t *ldvv, size_t *npad);
 
+/* Bytes of a thread's row buffer: 16 K rows gathered for the transpose, or two zero V rows. */
+static inline size_t fa_amx_rows_bytes(const fa_problem *p)
+{
+    return 16 * (size_t)(p->d > 2 * p->dv ? p->d : 2 * p->dv) * 2;
+}
+
 /* Bytes of one thread's scratch, and the leading dimensions of its Q rows (bf16) and Õ (floats). */
 size_t fa_amx_scratch_bytes(const fa_problem *p, size_t *ldq, size_t *ldo);
 

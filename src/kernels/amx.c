@@ -116,7 +116,7 @@ static int scratch_alloc(const fa_problem *p, amx_scratch *sc)
     TAKE(sc->alpha, float, AMX_TR * 4);
     TAKE(sc->lo, int64_t, AMX_TR * 8);
     TAKE(sc->hi, int64_t, AMX_TR * 8);
-    TAKE(sc->rows, uint16_t, 16 * (size_t)(p->d > 2 * p->dv ? p->d : 2 * p->dv) * 2);
+    TAKE(sc->rows, uint16_t, fa_amx_rows_bytes(p));
 #undef TAKE
     return 1;
 }
@@ -205,15 +205,11 @@ static int pack_block(const fa_problem *p, const fa_rows *ks, const fa_rows *vs,
             else memset(dst, 0, (size_t)d * 2);
         }
         uint32_t *out = kt + (g - j0); /* column g - j0 of the block's [d/2][AMX_BC] words */
-        if (kern->transpose) {
-            /* words moved, never computed on: a transpose is shuffles and moves, so any bit
-             * pattern (a pair read as a float may look like a NaN) arrives unchanged */
-            kern->transpose(16, (int)(d / 2), (const float *)(const void *)rows, (size_t)d / 2,
-                            (float *)(void *)out, AMX_BC);
-        } else {
-            for (int x = 0; x < 16; x++)
-                for (int64_t t = 0; t < d / 2; t++) memcpy(&out[t * AMX_BC + x], rows + (size_t)x * d + 2 * t, 4);
-        }
+        /* the AVX-512 table's transpose (fa_amx_applies requires that table): words moved, never
+         * computed on — shuffles and moves, so any bit pattern (a pair read as a float may look
+         * like a NaN) arrives unchanged */
+        kern->transpose(16, (int)(d / 2), (const float *)(const void *)rows, (size_t)d / 2, (float *)(void *)out,
+                        AMX_BC);
     }
     for (int64_t j = j0; j < j0 + AMX_BC; j += 2) {
         uint32_t *dst = vv + (size_t)(j / 2) * ldvv;
