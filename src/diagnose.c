@@ -59,6 +59,7 @@
 
 #define DG_DOTS_MAX_BYTES ((size_t)256 << 20)
 #define DG_FIT_ROWS 8
+#define DG_FINALISTS 4 /* variants carried from the fit rows to a score on every row */
 #define DG_LSE_PENALTY 100.0
 #define DG_LN2 0.69314718055994530942
 
@@ -185,6 +186,7 @@ static dg_geo geo_of(const fa_problem *p, const dg_variant *v, int64_t b)
         default: break;
         }
         g.start += v->k_shift;
+        if (v->k_clip && g.start + g.len > total_k) g.len = total_k > g.start ? total_k - g.start : 0;
     }
     if (p->cache_seqlens) {
         const int64_t cached = g.s.k_new_from, nnew = p->seqlen_new;
@@ -715,24 +717,51 @@ static double score(const dg_ctx *cx, const dg_variant *v)
     return explained(cx, ro, rl, cx->r0o, cx->r0l);
 }
 
+/* Finalists: the indices of the DG_FINALISTS highest fit-row scores, best first. */
+typedef struct dg_finalists {
+    int n, idx[DG_FINALISTS];
+    double e[DG_FINALISTS];
+} dg_finalists;
+
+static void finalist_add(dg_finalists *f, int x, double e)
+{
+    int at = f->n < DG_FINALISTS ? f->n : DG_FINALISTS;
+    while (at > 0 && e > f->e[at - 1]) at--;
+    if (at >= DG_FINALISTS) return;
+    const int move = (f->n < DG_FINALISTS ? f->n : DG_FINALISTS - 1) - at;
+    memmove(f->idx + at + 1, f->idx + at, (size_t)move * sizeof f->idx[0]);
+    memmove(f->e + at + 1, f->e + at, (size_t)move * sizeof f->e[0]);
+    f->idx[at] = x;
+    f->e[at] = e;
+    if (f->n < DG_FINALISTS) f->n++;
+}
+
 /* The best of nv variants; its index in *best. With many rows, the variants
- * are first compared on the rows where the error is largest (cx->fit) and
- * only the winner is scored on every row. */
+ * are first compared on the rows where the error is largest (cx->fit) and the
+ * DG_FINALISTS best there are scored on every row: the fit rows may all come
+ * from one sequence, where a variant that is right only for that sequence (a
+ * uniform offset equal to its cache length) ties the per-sequence rule that is
+ * right for all of them. */
 static double best_of(const dg_ctx *cx, const dg_variant *vs, int nv, int *best)
 {
     *best = 0;
     if (nv > 1 && cx->n > 2 * cx->nfit) {
-        double top = -INFINITY;
+        dg_finalists f = {0};
         for (int x = 0; x < nv; x++) {
             double ro, rl;
             if (residuals(cx, &vs[x], cx->fit, cx->nfit, NULL, NULL, &ro, &rl) != 0) return NAN;
-            const double e = explained(cx, ro, rl, cx->fit_o, cx->fit_l);
+            finalist_add(&f, x, explained(cx, ro, rl, cx->fit_o, cx->fit_l));
+        }
+        double top = -INFINITY;
+        for (int k = 0; k < f.n; k++) {
+            const double e = score(cx, &vs[f.idx[k]]);
+            if (isnan(e)) return NAN;
             if (e > top) {
                 top = e;
-                *best = x;
+                *best = f.idx[k];
             }
         }
-        return score(cx, &vs[*best]);
+        return top;
     }
     double top = -INFINITY;
     for (int x = 0; x < nv; x++) {
@@ -885,8 +914,8 @@ static void cand_varlen_offset(const dg_ctx *cx, dg_list *L)
     if (!p->cu_seqlens_q) return;
     consider(L, "varlen-offset");
     static const int shifts[4] = {-1, 1, -2, 2};
-    dg_variant vs[12];
-    int side[12], sh[12], nv = 0;
+    dg_variant vs[16];
+    int side[16], sh[16], nv = 0;
     for (int k = 0; k < 3; k++)
         for (int x = 0; x < 4; x++) {
             vs[nv] = dg_variant_reference(p);
@@ -894,6 +923,15 @@ static void cand_varlen_offset(const dg_ctx *cx, dg_list *L)
             if (k != 0) vs[nv].q_shift = shifts[x];
             side[nv] = k;
             sh[nv++] = shifts[x];
+            /* keys read late run past the last sequence's end: the kernel may leave the
+             * missing keys out (above) or end the sequence there (its count, and so its
+             * bottom-right diagonal, shrinks); both are the same offset */
+            if (k != 1 && shifts[x] > 0) {
+                vs[nv] = vs[nv - 1];
+                vs[nv].k_clip = 1;
+                side[nv] = k;
+                sh[nv++] = shifts[x];
+            }
         }
     int best;
     const double e = best_of(cx, vs, nv, &best);
@@ -1643,6 +1681,7 @@ static double rot_best(const dg_ctx *cx, const dg_rot_rule *rs, int nv, const fa
                        int *best)
 {
     const int sub = nv > 1 && cx->n > 2 * cx->nfit;
+    dg_finalists f = {0};
     double top = -INFINITY;
     *best = -1;
     for (int x = 0; x < nv; x++) {
@@ -1650,12 +1689,20 @@ static double rot_best(const dg_ctx *cx, const dg_rot_rule *rs, int nv, const fa
         const double e = sub ? rot_score(cx, &rs[x], cx->fit, cx->nfit, cx->fit_o, cx->fit_l, rq, rk)
                              : rot_score(cx, &rs[x], NULL, cx->n, cx->r0o, cx->r0l, rq, rk);
         if (isnan(e)) return NAN;
-        if (e > top) {
+        if (sub) finalist_add(&f, x, e);
+        else if (e > top) {
             top = e;
             *best = x;
         }
     }
-    if (*best >= 0 && sub) top = rot_score(cx, &rs[*best], NULL, cx->n, cx->r0o, cx->r0l, rq, rk);
+    for (int k = 0; k < f.n; k++) { /* as best_of: the fit rows' finalists on every row */
+        const double e = rot_score(cx, &rs[f.idx[k]], NULL, cx->n, cx->r0o, cx->r0l, rq, rk);
+        if (isnan(e)) return NAN;
+        if (e > top) {
+            top = e;
+            *best = f.idx[k];
+        }
+    }
     return top;
 }
 

@@ -99,6 +99,9 @@ typedef struct dg_variant {
     /* serving geometry (all 0: the problem's) */
     dg_keys_mode keys;
     int64_t k_shift;     /* keys read from row start + k_shift (varlen: cu_seqlens_k off by k_shift) */
+    int k_clip;          /* keys shifted past the end of the packed K/V: 0: left out, the causal
+                          * alignment still over the full count; 1: the sequence ends there (the
+                          * count shrinks and the alignment follows) */
     int64_t q_shift;     /* query row i read from row i + q_shift of the packed Q */
     int64_t len_delta;   /* KV cache: attention over k_len + len_delta keys */
     int no_new;          /* KV cache: attention over the cached keys only (the new ones left out) */
