@@ -5,6 +5,7 @@
 # ring-attention scaling (issue 16) when build/flashattn-mpi and Open MPI's
 # packages were carried. Usage: sh tools/device_cpu.sh OUTDIR [BUDGET_S]
 # Each part is skipped, with a line saying so, once BUDGET_S (default 400) is spent.
+# ONLY="decode amx torch" (prefixes of part names) runs just those parts (and build, info).
 set -u
 out=${1:?usage: device_cpu.sh OUTDIR [BUDGET_S]}
 budget=${2:-400}
@@ -13,6 +14,11 @@ start=$(date +%s)
 left() { echo $((budget - ($(date +%s) - start))); }
 part() { # part NAME MIN_SECONDS_LEFT CMD...
     name=$1; need=$2; shift 2
+    if [ -n "${ONLY:-}" ] && [ "$name" != build ] && [ "$name" != info ]; then
+        hit=0
+        for w in $ONLY; do case $name in "$w"*) hit=1 ;; esac; done
+        [ $hit = 1 ] || return 0
+    fi
     if [ "$(left)" -lt "$need" ]; then echo "== $name: skipped ($(left) s left, needs $need)"; return; fi
     echo "== $name ($(left) s left): $*"
     t0=$(date +%s)
@@ -46,6 +52,12 @@ if "$fa" bench --help 2>&1 | grep -q -- '--dtype'; then
 fi
 part many_threads 40 "$fa" bench --impl flash --pass fwd,bwd --n 4096,8192 --d 128 --heads 16 --threads 16 \
     --repeats 5 --csv "$out/t16.csv"
+# issue 14 item 8's grid at 16 threads (d 64/128, N 1024/4096, causal or not) beside PyTorch's
+part grid16 40 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --threads 16 --repeats 5 \
+    --csv "$out/grid16.csv"
+part grid16_causal 40 "$fa" bench --impl flash --n 1024,4096 --d 64,128 --heads 8 --threads 16 --causal \
+    --repeats 5 --csv "$out/grid16_causal.csv"
+part grid16_torch 40 python3 tools/torch_cpu_sdpa.py --n 1024,4096 --d 64,128 --threads 16 --causal 0,1 --repeats 5
 # PyTorch's CPU attention, same shapes and threads
 part torch_sdpa 60 python3 tools/torch_cpu_sdpa.py --n 1024,2048,4096 --d 64,128 --threads 1,2,16 --causal 0,1 \
     --repeats 5
