@@ -1312,6 +1312,13 @@ FA_API int fa_isa_supported(const char *isa);
  */
 FA_API int fa_amx_available(void);
 
+/**
+ * Why fa_amx_available() is 0 here, in a few words naming the missing piece
+ * (the CPU feature, the OS state, the kernel's permission, or this build's
+ * compiler); NULL when it is 1. A static string. Since 0.6.
+ */
+FA_API const char *fa_amx_why_not(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,37 +23,55 @@ _Atomic long fa_amx_runs;
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
-/* CPUID: AMX-TILE, AMX-BF16, AVX512-BF16 and the OS's XSAVE state for tiles; then the
- * Linux permission to use them (arch_prctl, kernel 5.16+), asked once per process — a
- * process-wide setting that also enlarges its signal frames. */
-static int amx_probe(void)
+/* Why AMX cannot run here (NULL: it can). CPUID: AMX-TILE, AMX-BF16, AVX512-BF16 and
+ * the OS's XSAVE state for tiles; then the Linux permission to use them (arch_prctl,
+ * kernel 5.16+), asked once per process — a process-wide setting that also enlarges
+ * its signal frames. */
+static const char *amx_probe(void)
 {
     unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return "the OS has not enabled XSAVE (OSXSAVE)";
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw"))
+        return "this CPU has no AVX-512 (F and BW)";
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
-        return 0; /* AMX-BF16, AMX-TILE */
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0; /* AVX512-BF16 */
+        return "this CPU has no AMX-BF16 and AMX-TILE";
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return "this CPU has no AVX512-BF16";
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     (void)hi;
-    if ((lo & (3u << 17)) != (3u << 17)) return 0; /* XTILECFG, XTILEDATA enabled by the OS */
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    if ((lo & (3u << 17)) != (3u << 17)) return "the OS has not enabled the tile state (XCR0 bits 17-18)";
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
+        return "Linux refused the tile-data permission (arch_prctl; needs kernel 5.16+)";
+    return NULL;
 }
 #else
-static int amx_probe(void) { return 0; }
+static const char *amx_probe(void)
+{
+#if defined(__x86_64__)
+    return "this build has no AMX code (its compiler lacks -mamx-tile: GCC 11+ or clang 12+)";
+#else
+    return "not an x86-64 build";
+#endif
+}
 #endif
 
-int fa_amx_usable(void)
+/* The probe's answer, computed once: NULL (usable) or why not. */
+static const char *amx_state(void)
 {
-    static atomic_int state; /* 0 unknown, 1 yes, 2 no */
-    int s = atomic_load_explicit(&state, memory_order_acquire);
-    if (s == 0) {
-        s = amx_probe() ? 1 : 2;
+    static const char unknown[] = "unknown", yes[] = "";
+    static _Atomic(const char *) state = unknown;
+    const char *s = atomic_load_explicit(&state, memory_order_acquire);
+    if (s == unknown) {
+        const char *why = amx_probe();
+        s = why ? why : yes;
         atomic_store_explicit(&state, s, memory_order_release);
     }
-    return s == 1;
+    return s == yes ? NULL : s;
 }
+
+int fa_amx_usable(void) { return amx_state() == NULL; }
+
+FA_API const char *fa_amx_why_not(void) { return amx_state(); }
 
 FA_API int fa_amx_available(void) { return fa_amx_usable(); }
 

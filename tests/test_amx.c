@@ -62,7 +62,7 @@ static acase base(int64_t Sq, int64_t Sk, int64_t d, int64_t dv)
 static void need_amx(void)
 {
     if (!fa_amx_usable()) {
-        print_message("  (no AMX here: this build, CPU or kernel cannot run it; skipped)\n");
+        print_message("  (no AMX here: %s; skipped)\n", fa_amx_why_not());
         skip();
     }
 }
@@ -434,9 +434,23 @@ static void test_amx_off_with_another_kernel_table(void **state)
     }
 }
 
+/* Ensure fa_amx_why_not() agrees with fa_amx_available() (NULL exactly when available, else a
+ * non-empty reason) and gives the same answer on every call. Runs on every machine. */
+static void test_amx_why_not_agrees_with_available(void **state)
+{
+    (void)state;
+    const char *why = fa_amx_why_not();
+    assert_int_equal(why == NULL, fa_amx_available() != 0);
+    assert_int_equal(fa_amx_available() != 0, fa_amx_usable() != 0);
+    if (why) assert_true(why[0] != '\0');
+    assert_ptr_equal(fa_amx_why_not(), why);
+    print_message("  amx: %s\n", why ? why : "available");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_amx_why_not_agrees_with_available),
         cmocka_unit_test(test_amx_matches_reference_over_shapes),
         cmocka_unit_test(test_amx_matches_reference_with_masks_and_heads),
         cmocka_unit_test(test_amx_bits_independent_of_threads),

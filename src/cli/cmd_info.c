@@ -91,7 +91,7 @@ int cmd_info(int argc, char **argv)
         printf("amx      : available; FA_AMX=1 runs bf16 inputs' products on AMX tiles (float32-class, not\n"
                "           the float32 path's bits; docs/performance.md, \"AMX tiles for bf16 inputs\")\n");
     else
-        printf("amx      : not available here (needs AMX-BF16 and AVX512-BF16, Linux 5.16+, GCC 11+/clang 12+)\n");
+        printf("amx      : not available here: %s\n", fa_amx_why_not());
     int br, bc;
     if (fa_block_sizes(128, 128, NULL, &br, &bc) != FA_OK) return cli_die_status(FA_ERR_OPTION);
     printf("bits     : identical for any thread count, for a given (ISA, Br, Bc); the blocks follow the\n"
