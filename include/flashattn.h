@@ -1319,6 +1319,14 @@ FA_API int fa_amx_available(void);
  */
 FA_API const char *fa_amx_why_not(void);
 
+/**
+ * How many forward calls in this process have computed on AMX tiles (each
+ * call counted once, whatever its thread count). A caller that sets FA_AMX=1
+ * can read it before and after a call to know whether that call ran on the
+ * tiles or was handed over to the float32 path. Since 0.6.
+ */
+FA_API long fa_amx_calls(void);
+
 #ifdef __cplusplus
 }
 #endif

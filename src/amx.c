@@ -73,6 +73,8 @@ int fa_amx_usable(void) { return amx_state() == NULL; }
 
 FA_API const char *fa_amx_why_not(void) { return amx_state(); }
 
+FA_API long fa_amx_calls(void) { return atomic_load_explicit(&fa_amx_runs, memory_order_relaxed); }
+
 FA_API int fa_amx_available(void) { return fa_amx_usable(); }
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }

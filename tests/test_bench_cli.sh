@@ -210,6 +210,23 @@ for dt in f16 bf16; do
     [ "$(grep -c ",$dt,\$" h.csv)" = 3 ] || bad "--dtype $dt: want 3 rows (flash fwd/bwd, standard fwd) with dtype $dt: $(cat h.csv)"
 done
 
+# ---- FA_AMX=1: the isa column says amx for rows whose timed runs all ran on the tiles ----------
+# (d 64: AMX takes d and d_v multiples of 32; d 24 hands over, f32 never goes there)
+if "$fa" info | grep -q '^amx *: available'; then
+    if FA_AMX=1 timeout 120 "$fa" bench --impl flash,standard --pass fwd,bwd --n 96 --d 64,24 --heads 2 --threads 2 \
+            --repeats 2 --warmup 0 --dtype bf16 --csv amx.csv >out.txt 2>err.txt; then ok
+    else bad "FA_AMX=1 bench: exit $? $(cat err.txt)"; fi
+    got=$(cut -d, -f1-3,10 amx.csv | tail -n +2 | sort | tr '\n' ' ')
+    want="flash,bwd,avx512,24 flash,bwd,avx512,64 flash,fwd,amx,64 flash,fwd,avx512,24 standard,fwd,avx512,24 standard,fwd,avx512,64 "
+    [ "$got" = "$want" ] || bad "FA_AMX=1 bench isa column: got '$got', want '$want'"
+    grep -q "isa column \`amx\`" out.txt || bad "FA_AMX=1 bench: no note: $(head -5 out.txt)"
+    if FA_AMX=1 timeout 60 "$fa" bench --impl flash --n 96 --d 64 --heads 2 --threads 2 --repeats 2 --warmup 0 \
+            --csv amx32.csv >out.txt 2>err.txt && ! grep -q ',amx,' amx32.csv; then ok
+    else bad "FA_AMX=1 bench on float32 inputs: the isa column said amx, or exit $?: $(cat amx32.csv err.txt)"; fi
+else
+    echo "  (no AMX here: $("$fa" info | grep '^amx'); the FA_AMX bench rows are not tested)"
+fi
+
 # ---- SIGINT / SIGTERM keep the previous CSV -----------------------------------------------
 printf 'previous,csv\n' >keep.csv
 for sig in INT TERM; do
