@@ -10,7 +10,8 @@
  * AMX path ran (fa_amx_runs), not flash.c's. Also: the same bits on 1, 2 and 3
  * threads; Inf/NaN inputs and problems it does not take hand over to flash.c
  * (the float32 path's bits exactly). Skipped where the CPU, kernel or build has
- * no AMX (fa_amx_usable).
+ * no AMX (fa_amx_usable). Varlen batches, a KV cache with appended keys and cache_batch_idx, and
+ * paged caches (pages of 16 and 3: the same bits as contiguous) run on the tiles too.
  */
 #include "test_util.h"
 
@@ -448,6 +449,179 @@ static void test_amx_why_not_agrees_with_available(void **state)
     print_message("  amx: %s\n", why ? why : "available");
 }
 
+/* ---- serving geometries: varlen, KV cache with appended keys, paged KV ---------------------- */
+
+/* max and mean |O - O_ref| over every element of two same-shaped tensors of any rank */
+static void errors_any(const tu_tensor *o, const tu_tensor *o_ref, double *mx, double *mean, double *omax)
+{
+    int64_t n = 1;
+    for (int x = 0; x < o->t.rank; x++) n *= o->t.shape[x];
+    const float *a = o->t.data;
+    const double *b = o_ref->t.data;
+    double m = 0.0, s = 0.0, om = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)a[i] - b[i]);
+        if (!(e <= m)) m = e;
+        s += e;
+        if (fabs(b[i]) > om) om = fabs(b[i]);
+    }
+    *mx = m;
+    *mean = s / (double)n;
+    *omax = om;
+}
+
+/* One serving call (opt carries varlen or kvcache) on bf16 q, k, v: the reference (float64),
+ * the float32 path, then AMX, which must run and stay within check_case's bounds of the
+ * float32 path's own error. The AMX output is left in o, lse. */
+static void check_serving(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, tu_tensor *o, tu_tensor *lse,
+                          const fa_options *opt, const char *what)
+{
+    tu_tensor o_ref = tu_alloc(FA_F64, o->t.rank, o->t.shape), lse_ref = tu_alloc(FA_F64, lse->t.rank, lse->t.shape);
+    fa_options ro = *opt, fo = *opt;
+    ro.impl = FA_IMPL_REFERENCE;
+    if (fa_forward(q, k, v, &o_ref.t, &lse_ref.t, &ro) != FA_OK) fail_msg("reference: %s (%s)", fa_last_error(), what);
+    fo.impl = FA_IMPL_FLASH;
+    fo.num_threads = 2;
+    double e[2], m[2], omax = 0.0, l[2];
+    for (int amx = 0; amx < 2; amx++) {
+        fa_amx_test = amx;
+        tu_poison(o);
+        tu_poison(lse);
+        const long before = fa_amx_calls();
+        const fa_status st = fa_forward(q, k, v, &o->t, &lse->t, &fo);
+        fa_amx_test = -1;
+        if (st != FA_OK) fail_msg("flash (amx %d): %s (%s)", amx, fa_last_error(), what);
+        if (fa_amx_calls() - before != amx) fail_msg("AMX runs %ld, want %d (%s)", fa_amx_calls() - before, amx, what);
+        if (tu_count_nan(o) || tu_count_nan(lse)) fail_msg("unwritten outputs (amx %d) (%s)", amx, what);
+        errors_any(o, &o_ref, &e[amx], &m[amx], &omax);
+        int64_t where;
+        l[amx] = tu_max_abs_diff(lse, &lse_ref, &where);
+    }
+    const double max_bound = 8.0 * e[0] + 0x1p-20 * omax, mean_bound = 4.0 * m[0] + 0x1p-24 * omax;
+    double lmax = 1.0;
+    int64_t nl = 1;
+    for (int x = 0; x < lse_ref.t.rank; x++) nl *= lse_ref.t.shape[x];
+    for (int64_t i = 0; i < nl; i++) {
+        const double y = fabs(((const double *)lse_ref.t.data)[i]);
+        if (isfinite(y) && y > lmax) lmax = y;
+    }
+    const double lse_bound = 4.0 * l[0] + 0x1p-20 * lmax;
+    if (getenv("FA_TEST_VERBOSE"))
+        printf("  amx O max %.2e (f32 path %.2e) mean %.2e (%.2e) LSE %.2e (%.2e) %s\n", e[1], e[0], m[1], m[0], l[1],
+               l[0], what);
+    if (!(e[1] <= max_bound) || !(m[1] <= mean_bound))
+        fail_msg("O error max %.3g (bound %.3g), mean %.3g (bound %.3g) (%s)", e[1], max_bound, m[1], mean_bound, what);
+    if (!(l[1] <= lse_bound)) fail_msg("LSE error %.3g exceeds %.3g (%s)", l[1], lse_bound, what);
+    tu_free(&o_ref);
+    tu_free(&lse_ref);
+}
+
+/* Ensure the AMX forward serves varlen batches (a zero-length sequence, seqused_k, lengths that
+ * straddle its 32-row steps and 128-key blocks; causal and a window; GQA) to the float32 path's
+ * error against float64. */
+static void test_amx_varlen(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 7;
+    enum { NB = 4, H = 4, HK = 2, D = 64 };
+    const int32_t cu_q[NB + 1] = {0, 37, 37, 170, 203}, cu_k[NB + 1] = {0, 150, 151, 420, 455};
+    const int32_t used[NB] = {150, 1, 200, 35};
+    const int64_t qs[3] = {cu_q[NB], H, D}, ks[3] = {cu_k[NB], HK, D}, ls[2] = {H, cu_q[NB]};
+    tu_tensor q = tu_alloc(FA_BF16, 3, qs), k = tu_alloc(FA_BF16, 3, ks), v = tu_alloc(FA_BF16, 3, ks);
+    tu_tensor o = tu_alloc(FA_F32, 3, qs), lse = tu_alloc(FA_F32, 2, ls);
+    tu_fill(&q, &rng, -1.0, 1.0);
+    tu_fill(&k, &rng, -1.0, 1.0);
+    tu_fill(&v, &rng, -1.0, 1.0);
+    for (int mode = 0; mode < 3; mode++) {
+        fa_varlen vl = fa_varlen_default();
+        vl.batch = NB;
+        vl.cu_seqlens_q = cu_q;
+        vl.cu_seqlens_k = cu_k;
+        vl.seqused_k = mode == 2 ? used : NULL;
+        fa_options opt = fa_options_default();
+        opt.varlen = &vl;
+        opt.causal = mode != 1;
+        if (mode == 1) {
+            opt.window_left = 40;
+            opt.window_right = 7;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "varlen, %s", mode == 0 ? "causal" : mode == 1 ? "window (40, 7)" : "causal, seqused_k");
+        check_serving(&q.t, &k.t, &v.t, &o, &lse, &opt, what);
+    }
+    tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&o); tu_free(&lse);
+}
+
+/* Ensure the AMX forward serves a KV cache with new keys appended (cache_batch_idx, causal) and
+ * the same cache paged (pages of 16 and of 3 rows, pages shuffled): the float32 path's error
+ * against float64, and the paged outputs bit-identical to the contiguous cache's, as the
+ * library promises for every path. */
+static void test_amx_kvcache_and_pages(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 11;
+    enum { B = 3, SQ = 40, SC = 300, SN = 5, H = 4, HK = 2, D = 64 };
+    const int32_t cs[B] = {0, 131, 290}, cbi[B] = {2, 0, 1};
+    tu_tensor q = tu_alloc4(FA_BF16, B, SQ, H, D, 0);
+    tu_tensor kc = tu_alloc4(FA_BF16, B, SC, HK, D, 0), vc = tu_alloc4(FA_BF16, B, SC, HK, D, 0);
+    tu_tensor kn = tu_alloc4(FA_BF16, B, SN, HK, D, 0), vn = tu_alloc4(FA_BF16, B, SN, HK, D, 0);
+    tu_tensor o = tu_alloc4(FA_F32, B, SQ, H, D, 0), oc = tu_alloc4(FA_F32, B, SQ, H, D, 0);
+    const int64_t ls[3] = {B, H, SQ};
+    tu_tensor lse = tu_alloc(FA_F32, 3, ls), lc = tu_alloc(FA_F32, 3, ls);
+    tu_tensor *fill[5] = {&q, &kc, &vc, &kn, &vn};
+    for (int x = 0; x < 5; x++) tu_fill(fill[x], &rng, -1.0, 1.0);
+
+    /* contiguous, with cache_batch_idx (the appends land in cache rows cs[b].. of cache cbi[b]) */
+    fa_kvcache kv = fa_kvcache_default();
+    kv.cache_seqlens = cs;
+    kv.k_new = &kn.t;
+    kv.v_new = &vn.t;
+    kv.cache_batch_idx = cbi;
+    fa_options opt = fa_options_default();
+    opt.kvcache = &kv;
+    opt.causal = 1;
+    check_serving(&q.t, &kc.t, &vc.t, &o, &lse, &opt, "kv cache, cache_batch_idx, causal");
+
+    /* without cache_batch_idx, contiguous: the outputs the paged runs must reproduce */
+    kv.cache_batch_idx = NULL;
+    check_serving(&q.t, &kc.t, &vc.t, &oc, &lc, &opt, "kv cache, causal");
+    static const int page_sizes[2] = {16, 3};
+    for (int pi = 0; pi < 2; pi++) {
+        const int ps = page_sizes[pi], per = (SC + ps - 1) / ps, npages = B * per;
+        tu_tensor kp = tu_alloc4(FA_BF16, npages, ps, HK, D, 0), vp = tu_alloc4(FA_BF16, npages, ps, HK, D, 0);
+        int32_t *table = malloc(sizeof(int32_t) * (size_t)npages);
+        assert_non_null(table);
+        /* page e of sequence b is physical page (e * B + b) reversed: shuffled, every page used once */
+        for (int b = 0; b < B; b++)
+            for (int e = 0; e < per; e++) table[b * per + e] = npages - 1 - (e * B + b);
+        memset(kp.mem, 0, kp.bytes);
+        memset(vp.mem, 0, vp.bytes);
+        const size_t row = (size_t)HK * D * 2;
+        for (int b = 0; b < B; b++)
+            for (int r = 0; r < cs[b]; r++) { /* the cached rows (the appends write the new ones) */
+                const int64_t pg = table[b * per + r / ps], at = (pg * ps + r % ps) * (int64_t)row;
+                memcpy((char *)kp.mem + at, (const char *)kc.mem + ((size_t)b * SC + (size_t)r) * row, row);
+                memcpy((char *)vp.mem + at, (const char *)vc.mem + ((size_t)b * SC + (size_t)r) * row, row);
+            }
+        kv.block_table = table;
+        kv.max_pages = per;
+        char what[64];
+        snprintf(what, sizeof what, "paged kv cache, page %d, causal", ps);
+        check_serving(&q.t, &kp.t, &vp.t, &o, &lse, &opt, what);
+        if (memcmp(o.mem, oc.mem, o.bytes) || memcmp(lse.mem, lc.mem, lse.bytes))
+            fail_msg("AMX: the paged cache (page %d) gave other bits than the contiguous one", ps);
+        kv.block_table = NULL;
+        kv.max_pages = 0;
+        free(table);
+        tu_free(&kp);
+        tu_free(&vp);
+    }
+    for (int x = 0; x < 5; x++) tu_free(fill[x]);
+    tu_free(&o); tu_free(&oc); tu_free(&lse); tu_free(&lc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -461,6 +635,8 @@ int main(void)
         cmocka_unit_test(test_amx_nan_in_an_early_task_on_many_threads),
         cmocka_unit_test(test_amx_workspace_covers_its_allocations),
         cmocka_unit_test(test_amx_off_with_another_kernel_table),
+        cmocka_unit_test(test_amx_varlen),
+        cmocka_unit_test(test_amx_kvcache_and_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
