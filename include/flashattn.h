@@ -1315,15 +1315,18 @@ FA_API int fa_amx_available(void);
 /**
  * Why fa_amx_available() is 0 here, in a few words naming the missing piece
  * (the CPU feature, the OS state, the kernel's permission, or this build's
- * compiler); NULL when it is 1. A static string. Since 0.6.
+ * compiler); NULL when it is 1. A static string. Like fa_amx_available(), its
+ * first call runs the probe, which asks Linux for the tile-data permission.
+ * Since 0.6.
  */
 FA_API const char *fa_amx_why_not(void);
 
 /**
- * How many forward calls in this process have computed on AMX tiles (each
- * call counted once, whatever its thread count). A caller that sets FA_AMX=1
- * can read it before and after a call to know whether that call ran on the
- * tiles or was handed over to the float32 path. Since 0.6.
+ * How many forwards in this process have computed on AMX tiles (each counted
+ * once, whatever its thread count; fa_backward called without O and LSE
+ * recomputes its forward that way and counts too). A caller that sets
+ * FA_AMX=1 can read it before and after a call to know whether that call ran
+ * on the tiles or was handed over to the float32 path. Since 0.6.
  */
 FA_API long fa_amx_calls(void);
 

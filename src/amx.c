@@ -34,7 +34,7 @@ static const char *amx_probe(void)
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw"))
         return "this CPU has no AVX-512 (F and BW)";
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
-        return "this CPU has no AMX-BF16 and AMX-TILE";
+        return "this CPU lacks AMX-BF16 or AMX-TILE";
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return "this CPU has no AVX512-BF16";
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -48,7 +48,8 @@ static const char *amx_probe(void)
 static const char *amx_probe(void)
 {
 #if defined(__x86_64__)
-    return "this build has no AMX code (its compiler lacks -mamx-tile: GCC 11+ or clang 12+)";
+    return "this build has no AMX code (built with HAVE_AMX=0, or by a compiler without -mamx-tile: GCC 11+ or "
+           "clang 12+)";
 #else
     return "not an x86-64 build";
 #endif

@@ -59,7 +59,9 @@
 
 #define DG_DOTS_MAX_BYTES ((size_t)256 << 20)
 #define DG_FIT_ROWS 8
-#define DG_FINALISTS 4 /* variants carried from the fit rows to a score on every row */
+#define DG_FINALISTS 4 /* at most this many variants carried from the fit rows to a score on every row, */
+#define DG_FINALIST_MARGIN 0.05 /* those within this much explained fraction of the best fit-row score, */
+#define DG_FINALIST_FLOOR 0.5   /* when that score is at least this (else only the best: nothing is near) */
 #define DG_LSE_PENALTY 100.0
 #define DG_LN2 0.69314718055994530942
 
@@ -120,7 +122,7 @@ static int64_t kv_of(const fa_problem *p, const dg_variant *v, int64_t h)
  * cached dot products of the row's own kv head apply. */
 static int keys_right(const dg_variant *v)
 {
-    return v->keys == DG_KEYS_RIGHT && !v->k_shift && !v->q_shift && !v->len_delta && !v->no_new && !v->new_at &&
+    return v->keys == DG_KEYS_RIGHT && !v->k_shift && !v->k_clip && !v->q_shift && !v->len_delta && !v->no_new && !v->new_at &&
            v->page == DG_PAGE_RIGHT && v->layout != DG_LAYOUT_ALL_BHSD;
 }
 
@@ -186,7 +188,14 @@ static dg_geo geo_of(const fa_problem *p, const dg_variant *v, int64_t b)
         default: break;
         }
         g.start += v->k_shift;
-        if (v->k_clip && g.start + g.len > total_k) g.len = total_k > g.start ? total_k - g.start : 0;
+        if (v->k_clip) { /* the sequence trimmed to the rows K/V hold, at either end */
+            if (g.start < 0) {
+                g.len += g.start;
+                g.start = 0;
+            }
+            if (g.start + g.len > total_k) g.len = total_k - g.start;
+            if (g.len < 0) g.len = 0;
+        }
     }
     if (p->cache_seqlens) {
         const int64_t cached = g.s.k_new_from, nnew = p->seqlen_new;
@@ -602,7 +611,10 @@ static void scratch_free(dg_scratch *s)
 
 /*
  * Residuals of variant v on the rows listed in `rows` (NULL: all n): per row
- * into ro[w]/rl[w] when those are non-NULL, summed into *so, *sl.
+ * into ro[w]/rl[w] when those are non-NULL, summed into *so, *sl in row order
+ * (not by an OpenMP reduction, whose order changes with the schedule: two
+ * variants that predict the same rows must score the same bits, so that a tie
+ * goes to the first one listed on any thread count and in every run).
  * Returns 0, or -1 when scratch could not be allocated.
  */
 static int residuals(const dg_ctx *cx, const dg_variant *v, const int64_t *rows, int64_t nrows, double *ro,
@@ -610,10 +622,11 @@ static int residuals(const dg_ctx *cx, const dg_variant *v, const int64_t *rows,
 {
     const fa_problem *p = cx->p;
     const int64_t dv = p->dv;
-    double to = 0.0, tl = 0.0;
+    double *per = malloc((size_t)(nrows > 0 ? nrows : 1) * 2 * sizeof *per); /* row x: [2x] O, [2x+1] LSE */
+    if (!per) return -1;
     int bad = 0;
     const int nt = (int)(nrows < cx->nt ? (nrows > 0 ? nrows : 1) : cx->nt);
-#pragma omp parallel num_threads(nt) reduction(+ : to, tl, bad)
+#pragma omp parallel num_threads(nt) reduction(+ : bad)
     {
         dg_scratch s;
         double *o = malloc((size_t)dv * sizeof *o);
@@ -632,13 +645,20 @@ static int residuals(const dg_ctx *cx, const dg_variant *v, const int64_t *rows,
                 if (cx->lt && !any) c = l_diff(cx->lt[w], lse);
                 if (ro) ro[w] = a;
                 if (rl) rl[w] = c;
-                to += a;
-                tl += c;
+                per[2 * x] = a;
+                per[2 * x + 1] = c;
             }
         }
         scratch_free(&s);
         free(o);
     }
+    double to = 0.0, tl = 0.0;
+    if (!bad)
+        for (int64_t x = 0; x < nrows; x++) {
+            to += per[2 * x];
+            tl += per[2 * x + 1];
+        }
+    free(per);
     *so = to;
     *sl = tl;
     return bad ? -1 : 0;
@@ -725,6 +745,7 @@ typedef struct dg_finalists {
 
 static void finalist_add(dg_finalists *f, int x, double e)
 {
+    if (isnan(e)) return; /* never a finalist (as the unsampled path never picks one) */
     int at = f->n < DG_FINALISTS ? f->n : DG_FINALISTS;
     while (at > 0 && e > f->e[at - 1]) at--;
     if (at >= DG_FINALISTS) return;
@@ -736,12 +757,22 @@ static void finalist_add(dg_finalists *f, int x, double e)
     if (f->n < DG_FINALISTS) f->n++;
 }
 
+/* How many finalists are scored on every row: the best, and while its fit score is at least
+ * DG_FINALIST_FLOOR, the others within DG_FINALIST_MARGIN of it. */
+static int finalists_kept(const dg_finalists *f)
+{
+    int k = f->n > 0;
+    if (k && f->e[0] >= DG_FINALIST_FLOOR)
+        while (k < f->n && f->e[k] >= f->e[0] - DG_FINALIST_MARGIN) k++;
+    return k;
+}
+
 /* The best of nv variants; its index in *best. With many rows, the variants
  * are first compared on the rows where the error is largest (cx->fit) and the
- * DG_FINALISTS best there are scored on every row: the fit rows may all come
- * from one sequence, where a variant that is right only for that sequence (a
- * uniform offset equal to its cache length) ties the per-sequence rule that is
- * right for all of them. */
+ * best there (finalists_kept) are scored on every row: the fit rows may all come from one
+ * sequence, where a variant that is right only for that sequence (a uniform
+ * offset equal to its cache length) ties the per-sequence rule that is right
+ * for all of them. The margin keeps the usual clear winner at one full score. */
 static double best_of(const dg_ctx *cx, const dg_variant *vs, int nv, int *best)
 {
     *best = 0;
@@ -753,7 +784,7 @@ static double best_of(const dg_ctx *cx, const dg_variant *vs, int nv, int *best)
             finalist_add(&f, x, explained(cx, ro, rl, cx->fit_o, cx->fit_l));
         }
         double top = -INFINITY;
-        for (int k = 0; k < f.n; k++) {
+        for (int k = 0; k < finalists_kept(&f); k++) {
             const double e = score(cx, &vs[f.idx[k]]);
             if (isnan(e)) return NAN;
             if (e > top) {
@@ -914,8 +945,8 @@ static void cand_varlen_offset(const dg_ctx *cx, dg_list *L)
     if (!p->cu_seqlens_q) return;
     consider(L, "varlen-offset");
     static const int shifts[4] = {-1, 1, -2, 2};
-    dg_variant vs[16];
-    int side[16], sh[16], nv = 0;
+    dg_variant vs[20];
+    int side[20], sh[20], nv = 0;
     for (int k = 0; k < 3; k++)
         for (int x = 0; x < 4; x++) {
             vs[nv] = dg_variant_reference(p);
@@ -923,10 +954,14 @@ static void cand_varlen_offset(const dg_ctx *cx, dg_list *L)
             if (k != 0) vs[nv].q_shift = shifts[x];
             side[nv] = k;
             sh[nv++] = shifts[x];
-            /* keys read late run past the last sequence's end: the kernel may leave the
-             * missing keys out (above) or end the sequence there (its count, and so its
-             * bottom-right diagonal, shrinks); both are the same offset */
-            if (k != 1 && shifts[x] > 0) {
+            /* keys shifted past either end of the packed K/V (late: the last sequence's end,
+             * early: the first's start) may be left out with the diagonal kept where the
+             * full count puts it (above), or the sequence may end there, its count and so its
+             * diagonal shrinking: what a kernel does that bounds its reads by the tensor, or
+             * cu_seqlens_k off by one everywhere but the last entry (still total_k). Both are
+             * this offset; on a tie (bottom-right alignment makes them equal at the start)
+             * the first listed wins. */
+            if (k != 1) {
                 vs[nv] = vs[nv - 1];
                 vs[nv].k_clip = 1;
                 side[nv] = k;
@@ -1676,7 +1711,7 @@ static double rot_score(const dg_ctx *cx, const dg_rot_rule *r, const int64_t *r
 }
 
 /* The best of nv rules (best_of's way: compared on the fit rows when there are many rows,
- * the winner scored on all); *best = -1 when no rule is valid. */
+ * the DG_FINALISTS best there scored on all); *best = -1 when no rule is valid. */
 static double rot_best(const dg_ctx *cx, const dg_rot_rule *rs, int nv, const fa_tensor *rq, const fa_tensor *rk,
                        int *best)
 {
@@ -1695,7 +1730,7 @@ static double rot_best(const dg_ctx *cx, const dg_rot_rule *rs, int nv, const fa
             *best = x;
         }
     }
-    for (int k = 0; k < f.n; k++) { /* as best_of: the fit rows' finalists on every row */
+    for (int k = 0; k < finalists_kept(&f); k++) { /* as best_of */
         const double e = rot_score(cx, &rs[f.idx[k]], NULL, cx->n, cx->r0o, cx->r0l, rq, rk);
         if (isnan(e)) return NAN;
         if (e > top) {

@@ -223,6 +223,22 @@ if "$fa" info | grep -q '^amx *: available'; then
     if FA_AMX=1 timeout 60 "$fa" bench --impl flash --n 96 --d 64 --heads 2 --threads 2 --repeats 2 --warmup 0 \
             --csv amx32.csv >out.txt 2>err.txt && ! grep -q ',amx,' amx32.csv; then ok
     else bad "FA_AMX=1 bench on float32 inputs: the isa column said amx, or exit $?: $(cat amx32.csv err.txt)"; fi
+    # FA_ISA=avx2 keeps AMX off: info and bench's note say so, no row reads amx
+    FA_ISA=avx2 "$fa" info | grep -q '^amx *: on this CPU, but off with the avx2' || bad "FA_ISA=avx2 info: $("$fa" info | grep '^amx')"
+    if FA_ISA=avx2 FA_AMX=1 timeout 60 "$fa" bench --impl flash --n 96 --d 64 --heads 2 --threads 1 --repeats 1 \
+            --warmup 0 --dtype bf16 --csv amx2.csv >out.txt 2>err.txt && grep -q "^FA_AMX=1: off with the avx2" out.txt &&
+            ! grep -q ',amx,' amx2.csv; then ok
+    else bad "FA_ISA=avx2 FA_AMX=1 bench: $(cat out.txt err.txt amx2.csv)"; fi
+    # run's success line names the tiles when the call ran on them
+    python3 -c "
+import numpy as np
+r = np.random.default_rng(5)
+for n, s in (('aq', (1, 40, 2, 64)), ('ak', (1, 70, 2, 64)), ('av', (1, 70, 2, 64))):
+    np.save(n + '.npy', (r.standard_normal(s).astype(np.float32).view(np.uint32) >> 16).astype('<u2'))
+"
+    FA_AMX=1 "$fa" run -q aq.npy -k ak.npy -v av.npy -o ao.npy >out.txt 2>err.txt && grep -q '(flash, amx, ' out.txt &&
+        "$fa" run -q aq.npy -k ak.npy -v av.npy -o ao.npy >out2.txt 2>&1 && grep -q '(flash, avx512, ' out2.txt && ok ||
+        bad "run's success line with and without FA_AMX=1: $(cat out.txt err.txt out2.txt)"
 else
     echo "  (no AMX here: $("$fa" info | grep '^amx'); the FA_AMX bench rows are not tested)"
 fi

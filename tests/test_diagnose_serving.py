@@ -58,7 +58,7 @@ def varlen_inputs():
     return rand((int(CQ[-1]), H, D), 1), rand((int(CK[-1]), HK, D), 2), rand((int(CK[-1]), HK, D), 3)
 
 
-def varlen_model(q, k, v, spans, causal=False, window=(-1, -1)):
+def varlen_model(q, k, v, spans, causal=False, window=(-1, -1), align="bottom-right"):
     """O [total_q, H, D]: sequence b's queries q0:q1 attend to K/V rows k0:k1 (any rows,
     clipped to the tensor), bottom-right aligned over those k1 - k0 keys."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
@@ -67,7 +67,7 @@ def varlen_model(q, k, v, spans, causal=False, window=(-1, -1)):
     for q0, q1, k0, k1 in spans:
         k0c, k1c = max(k0, 0), min(k1, k.shape[0])
         ob, lb = R.attention_forward(q[None, q0:q1], k[None, k0c:k1c], v[None, k0c:k1c], causal=causal,
-                                     window=window)
+                                     window=window, align=align)
         o[q0:q1], lse[:, q0:q1] = ob[0], lb[0]
     return o, lse
 
@@ -141,6 +141,21 @@ def test_varlen_offset(tmp_path, shift):
     q, k, v = varlen_inputs()
     o, _ = varlen_model(q, k, v, [(q0, q1, k0 + shift, k1 + shift) for q0, q1, k0, k1 in spans()], causal=True)
     rc, lines, out = check(tmp_path, dict(q=q, k=k, v=v, o=f32(o), cq=CQ, ck=CK), varlen_flags(["--causal"]))
+    assert rc == 1 and first_id(lines) == "varlen-offset", f"seed {SEED}: {out}"
+    m = re.search(r"off by ([+-]\d+)", lines[0])
+    assert m and int(m.group(1)) == shift and "keys and values" in lines[0], out
+
+
+@pytest.mark.parametrize("shift", [1, -1])
+def test_varlen_offset_top_left(tmp_path, shift):
+    """The same with top-left alignment, where a sequence cut at the tensor's start (shift -1:
+    the first sequence loses its first key) moves every row's diagonal: the kernel's sequence
+    ends at the tensor, its count shrinks (a kernel that bounds reads by the tensor)."""
+    q, k, v = varlen_inputs()
+    o, _ = varlen_model(q, k, v, [(q0, q1, k0 + shift, k1 + shift) for q0, q1, k0, k1 in spans()], causal=True,
+                        align="top-left")
+    rc, lines, out = check(tmp_path, dict(q=q, k=k, v=v, o=f32(o), cq=CQ, ck=CK),
+                           varlen_flags(["--causal", "--align", "top-left"]))
     assert rc == 1 and first_id(lines) == "varlen-offset", f"seed {SEED}: {out}"
     m = re.search(r"off by ([+-]\d+)", lines[0])
     assert m and int(m.group(1)) == shift and "keys and values" in lines[0], out

@@ -257,16 +257,19 @@ static void cpu_model(char *buf, size_t n)
 }
 
 /* With FA_AMX=1 the bf16 rows' products run on AMX tiles: say so, and that the peak is not theirs. */
-static void amx_note(void)
+static void amx_note(const char *isa)
 {
     const char *e = getenv("FA_AMX");
     if (!e || strcmp(e, "1") != 0) return;
-    if (fa_amx_available())
+    if (fa_amx_available() && strcmp(isa, "avx512") != 0)
+        printf("FA_AMX=1: off with the %s kernel table (FA_ISA): AMX runs beside the AVX-512 table only; every\n"
+               "row runs the float32 path\n", isa);
+    else if (fa_amx_available())
         printf("FA_AMX=1: bf16 rows compute their products on AMX tiles (isa column `amx` where every timed run\n"
                "did; float32 rows as always); their \"peak\" column is still the float32 FMA peak above, not the\n"
                "tiles' (over 100%% is possible)\n");
     else
-        printf("FA_AMX=1: AMX is not available here (flashattn info says why); every row runs the float32 path\n");
+        printf("FA_AMX=1: AMX is not available here (%s); every row runs the float32 path\n", fa_amx_why_not());
 }
 
 /* FMA peak in GFLOP/s for the ISA in use on `threads` threads (the library's
@@ -644,7 +647,7 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
     double lib_mib = (double)as.peak_bytes / 1048576.0;
     double rss = peak_rss_mib();
     /* FA_AMX=1: a row whose every timed forward ran on the tiles says so */
-    const char *isa = strcmp(impl, "blas") == 0 ? "openblas" : !bwd && fa_amx_calls() - amx0 >= reps ? "amx" : cfg->isa;
+    const char *isa = strcmp(impl, "blas") == 0 ? "openblas" : !bwd && fa_amx_calls() - amx0 == reps ? "amx" : cfg->isa;
     *gflops_out = gflops;
     if (cfg->show_threads) printf("%4d ", cfg->threads);
     printf("%-9s %-4s %-8s %6lld %4lld %9.2f %9.2f %9.2f %8.1f %6.1f%% %9.1f %9.1f %9.1e\n", impl,
@@ -1466,7 +1469,7 @@ static int bench_main(int argc, char **argv)
         printf("%s; each row runs the thread counts back to back\n",
                probed_fewer ? " (probed on at most as many threads as CPUs)" : "");
     }
-    amx_note();
+    amx_note(info.isa);
     char maskdesc[160];
     int ml = snprintf(maskdesc, sizeof maskdesc, "%s", cfg.causal ? "causal" : "non-causal");
     if (cfg.window_left >= 0 || (!cfg.causal && cfg.window_right >= 0))

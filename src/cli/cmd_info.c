@@ -13,6 +13,7 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 
 static const char info_usage[] =
@@ -87,7 +88,10 @@ int cmd_info(int argc, char **argv)
     for (int i = 0; i < 4; i++)
         if (fa_isa_supported(isas[i])) printf("%s ", isas[i]);
     printf("(FA_ISA=<name> runs any of them)\n");
-    if (fa_amx_available())
+    if (fa_amx_available() && strcmp(info.isa, "avx512") != 0)
+        printf("amx      : on this CPU, but off with the %s kernel table (FA_ISA): the AMX path runs beside\n"
+               "           the AVX-512 table only\n", info.isa);
+    else if (fa_amx_available())
         printf("amx      : available; FA_AMX=1 runs bf16 inputs' products on AMX tiles (float32-class, not\n"
                "           the float32 path's bits; docs/performance.md, \"AMX tiles for bf16 inputs\")\n");
     else

@@ -127,6 +127,7 @@ static int run_main(int argc, char **argv)
         goto done;
     }
 
+    const long amx0 = fa_amx_calls();
     double t0 = cli_now();
     st = fa_forward(&in.q_t, &in.k_t, &in.v_t, &o, lse_path ? &lse : NULL, &attn.opt);
     double secs = cli_now() - t0;
@@ -156,7 +157,8 @@ static int run_main(int argc, char **argv)
     printf("wrote %s %s %s%s%s (%s, %s, up to %d threads, %.1f ms)\n", o_path,
            cli_shape(4 - skip, o_shape, sh, sizeof sh),
            fa_dtype_name(out_dtype), lse_path ? " and " : "", lse_path ? lse_path : "",
-           fa_impl_name(attn.opt.impl), attn.opt.impl == FA_IMPL_REFERENCE ? "float64 loops" : info.isa,
+           fa_impl_name(attn.opt.impl),
+           attn.opt.impl == FA_IMPL_REFERENCE ? "float64 loops" : fa_amx_calls() > amx0 ? "amx" : info.isa,
            attn.opt.num_threads > 0 ? attn.opt.num_threads : info.max_threads, secs * 1e3);
     rc = CLI_EXIT_OK;
 done:
