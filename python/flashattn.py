@@ -57,7 +57,7 @@ import os
 import numpy as np
 
 __all__ = ["attention", "attention_with_kvcache", "grad", "check", "CheckReport", "diagnose", "DiagnoseReport",
-           "FlashAttnError", "library"]
+           "FlashAttnError", "library", "amx"]
 
 # ---- the C declarations, mirrored (checked against fa_check_abi_size) -------
 
@@ -243,6 +243,19 @@ def _find_library():
     return cands[-1][0]
 
 
+def amx():
+    """Intel AMX for bfloat16 inputs (opt-in with the environment variable FA_AMX=1, which the
+    library reads once, at its first call: set it before importing): a dict with ``available`` (bool), ``why_not`` (None, or what is missing: the CPU
+    feature, the OS state, Linux's permission, or the build) and ``calls`` (how many forwards in
+    this process have run on the tiles; read it before and after a call to know whether that
+    call did, or was handed over to the float32 path). The first query asks Linux for the
+    tile-data permission, as the library's first AMX call would."""
+    lib = library()
+    why = lib.fa_amx_why_not()
+    return {"available": bool(lib.fa_amx_available()), "why_not": why.decode() if why else None,
+            "calls": int(lib.fa_amx_calls())}
+
+
 def library():
     """The loaded ctypes.CDLL (loaded once; struct layouts verified)."""
     global _lib
@@ -257,6 +270,12 @@ def library():
     lib.fa_last_error.restype = ctypes.c_char_p
     lib.fa_status_string.restype = ctypes.c_char_p
     lib.fa_status_string.argtypes = [ctypes.c_int]
+    lib.fa_amx_available.restype = ctypes.c_int
+    lib.fa_amx_available.argtypes = []
+    lib.fa_amx_why_not.restype = ctypes.c_char_p
+    lib.fa_amx_why_not.argtypes = []
+    lib.fa_amx_calls.restype = ctypes.c_long
+    lib.fa_amx_calls.argtypes = []
     # the by-value *_default() exports return the library's own layout; the
     # mirror is filled with *_init(ptr, sizeof mirror), which writes no more
     lib.fa_options_init.argtypes = [ctypes.POINTER(_Options), ctypes.c_size_t]

@@ -9,6 +9,7 @@ wrong ones fail with the worst element located, bad input raises.
 """
 
 import os
+import subprocess
 import sys
 import zlib
 
@@ -107,6 +108,36 @@ def test_attention_reads_bf16_bit_patterns(rng):
     assert o.dtype == np.uint16
     ref = model(bf16_value(qb), bf16_value(kb), bf16_value(vb))[0]
     np.testing.assert_allclose(bf16_value(o), ref, rtol=2 ** -8, atol=1e-6)
+
+
+def test_amx_reports_and_counts_the_calls_on_the_tiles(rng):
+    """fa.amx(): available iff no reason; under FA_AMX=1 (read once per process: a fresh one
+    each) a bf16 call with d 64 runs on the tiles exactly when AMX is available (calls + 1),
+    float32 inputs and FA_AMX=0 never do, and the AMX output is float32-class against the
+    float64 reference."""
+    a = fa.amx()
+    assert set(a) == {"available", "why_not", "calls"}
+    assert a["available"] == (a["why_not"] is None) and (a["why_not"] is None or a["why_not"])
+    prog = """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import flashattn as fa
+rng = np.random.default_rng(int(sys.argv[3]))
+q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 40, 2, 64), (1, 70, 2, 64), (1, 70, 2, 64)))
+if sys.argv[2] == "bf16":
+    q, k, v = ((x.view(np.uint32) >> 16).astype(np.uint16) for x in (q, k, v))
+ref = fa.attention(q, k, v, impl="reference")
+before = fa.amx()["calls"]
+o = fa.attention(q, k, v)
+print(fa.amx()["calls"] - before, float(np.max(np.abs(o - ref))))
+"""
+    for env, dt, want in (("1", "bf16", int(a["available"])), ("0", "bf16", 0), ("1", "f32", 0)):
+        r = subprocess.run([sys.executable, "-c", prog, os.path.join(os.path.dirname(HERE), "python"), dt,
+                            str(int(rng.integers(1 << 31)))], capture_output=True, text=True,
+                           env=dict(os.environ, FA_AMX=env))
+        assert r.returncode == 0, r.stderr
+        calls, err = r.stdout.split()
+        assert int(calls) == want and float(err) < 1e-5, (env, dt, r.stdout)
 
 
 def test_attention_raises_with_the_library_message(rng):
