@@ -97,9 +97,22 @@ size_t fa_amx_scratch_bytes(const fa_problem *p, size_t *ldq, size_t *ldo)
            2 * AMX_TR * 8 + fa_amx_rows_bytes(p) + 12 * 64; /* the pieces of kernels/amx.c's scratch_alloc */
 }
 
+int64_t fa_amx_pass_pairs(const fa_problem *p)
+{
+    const int64_t pairs = p->batch * p->heads_k;
+    const int64_t tasks = p->heads / p->heads_k * ((p->seqlen_q + AMX_TR - 1) / AMX_TR); /* per pair */
+    size_t a, b, c;
+    const size_t one = fa_amx_packed_bytes(p, &a, &b, &c);
+    int64_t n = (2 * (int64_t)p->num_threads + tasks - 1) / (tasks > 0 ? tasks : 1); /* 2 tasks per thread */
+    const int64_t fit = one > 0 ? (int64_t)(p->pack_max_bytes / one) : pairs;
+    if (n > fit) n = fit;
+    if (n > pairs) n = pairs;
+    return n > 1 ? n : 1;
+}
+
 int fa_amx_threads(const fa_problem *p)
 {
-    return fa_threads_for(p, p->heads / p->heads_k * ((p->seqlen_q + AMX_TR - 1) / AMX_TR));
+    return fa_threads_for(p, fa_amx_pass_pairs(p) * (p->heads / p->heads_k) * ((p->seqlen_q + AMX_TR - 1) / AMX_TR));
 }
 
 /* The rows of a source, all bf16 with unit element stride (the tail, new keys, too). */
@@ -124,7 +137,7 @@ int fa_amx_applies(const fa_problem *p)
 size_t fa_amx_workspace(const fa_problem *p)
 {
     size_t a, b, c;
-    return fa_add_sat(fa_amx_packed_bytes(p, &a, &b, &c),
+    return fa_add_sat(fa_mul_sat(fa_amx_packed_bytes(p, &a, &b, &c), (size_t)fa_amx_pass_pairs(p)),
                       fa_mul_sat((size_t)fa_amx_threads(p), fa_amx_scratch_bytes(p, &a, &b)));
 }
 

@@ -38,10 +38,15 @@ static inline size_t fa_amx_rows_bytes(const fa_problem *p)
 /* Bytes of one thread's scratch, and the leading dimensions of its Q rows (bf16) and Õ (floats). */
 size_t fa_amx_scratch_bytes(const fa_problem *p, size_t *ldq, size_t *ldo);
 
-/* Threads of the path's parallel region: no more than one (batch, kv head)'s tasks. */
+/* (batch, kv head) pairs packed and served together in one pass: enough that the pass has two
+ * tasks per thread (a task: 128 query rows of one head), at most what the packing cap
+ * (pack_max_bytes) holds, at least 1. Does not change a bit of the result. */
+int64_t fa_amx_pass_pairs(const fa_problem *p);
+
+/* Threads of the path's parallel region: no more than one pass's tasks. */
 int fa_amx_threads(const fa_problem *p);
 
-/* Bytes the AMX forward allocates (packed K/V and its threads' scratch). */
+/* Bytes the AMX forward allocates (a pass's packed K/V and its threads' scratch). */
 size_t fa_amx_workspace(const fa_problem *p);
 
 /* The forward of a problem fa_amx_applies accepted: 1 when every output is

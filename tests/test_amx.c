@@ -256,14 +256,15 @@ static void test_amx_matches_reference_with_masks_and_heads(void **state)
     check_case(&c);
 }
 
-/* Ensure the AMX forward gives the same bits on 1, 2 and 3 threads. */
+/* Ensure the AMX forward gives the same bits on 1, 2, 3, 7 and 16 threads (one pair per pass,
+ * uneven passes, every pair in one pass). */
 static void test_amx_bits_independent_of_threads(void **state)
 {
     (void)state;
     need_amx();
     uint64_t rng = tu_seed() + 31;
     acase c = base(300, 500, 128, 128);
-    c.H = 4; c.Hk = 2; c.causal = 1;
+    c.B = 2; c.H = 4; c.Hk = 2; c.causal = 1; /* 4 (batch, kv head) pairs of 6 tasks each */
     run r;
     setup(&r, &c, FA_BF16, &rng);
     assert_int_equal(forward(&r, "1", 1), 1);
@@ -272,9 +273,12 @@ static void test_amx_bits_independent_of_threads(void **state)
     assert_non_null(o1); assert_non_null(l1);
     memcpy(o1, r.o.t.data, ob);
     memcpy(l1, r.lse.t.data, lb);
-    for (int t = 2; t <= 3; t++) {
-        assert_int_equal(forward(&r, "1", t), 1);
-        if (memcmp(o1, r.o.t.data, ob) || memcmp(l1, r.lse.t.data, lb)) fail_msg("bits differ at %d threads", t);
+    /* 7 threads: passes of 3 pairs and 1 (fa_amx_pass_pairs); 16: all 4 pairs in one pass */
+    static const int threads[4] = {2, 3, 7, 16};
+    for (int x = 0; x < 4; x++) {
+        assert_int_equal(forward(&r, "1", threads[x]), 1);
+        if (memcmp(o1, r.o.t.data, ob) || memcmp(l1, r.lse.t.data, lb))
+            fail_msg("bits differ at %d threads", threads[x]);
     }
     free(o1); free(l1);
     teardown(&r);
@@ -496,6 +500,23 @@ static void check_serving(const fa_tensor *q, const fa_tensor *k, const fa_tenso
         int64_t where;
         l[amx] = tu_max_abs_diff(lse, &lse_ref, &where);
     }
+    /* AMX on 16 threads: several (batch, kv head) pairs per pass, sequences of other lengths
+     * side by side in one pass; the same bits as on 2 */
+    tu_tensor o2 = tu_alloc(FA_F32, o->t.rank, o->t.shape), l2 = tu_alloc(FA_F32, lse->t.rank, lse->t.shape);
+    memcpy(o2.mem, o->mem, o->bytes);
+    memcpy(l2.mem, lse->mem, lse->bytes);
+    fo.num_threads = 16;
+    fa_amx_test = 1;
+    tu_poison(o);
+    tu_poison(lse);
+    const long before16 = fa_amx_calls();
+    const fa_status st16 = fa_forward(q, k, v, &o->t, &lse->t, &fo);
+    fa_amx_test = -1;
+    if (st16 != FA_OK || fa_amx_calls() - before16 != 1) fail_msg("AMX on 16 threads did not run (%s)", what);
+    if (memcmp(o2.mem, o->mem, o->bytes) || memcmp(l2.mem, lse->mem, lse->bytes))
+        fail_msg("AMX: 16 threads gave other bits than 2 (%s)", what);
+    tu_free(&o2);
+    tu_free(&l2);
     const double max_bound = 8.0 * e[0] + 0x1p-20 * omax, mean_bound = 4.0 * m[0] + 0x1p-24 * omax;
     double lmax = 1.0;
     int64_t nl = 1;

@@ -405,13 +405,12 @@ static int amx_task(const fa_problem *p, amx_scratch *sc, int64_t b, int64_t h, 
 int fa_amx_forward(const fa_problem *p)
 {
     size_t ldkt, ldvv, npad;
-    const size_t bytes = fa_amx_packed_bytes(p, &ldkt, &ldvv, &npad);
-    char *packed = fa_scratch_alloc(p, bytes);
+    const size_t one = fa_amx_packed_bytes(p, &ldkt, &ldvv, &npad); /* one (batch, kv head) */
+    const int64_t per_pass = fa_amx_pass_pairs(p), pairs = p->batch * p->heads_k;
+    char *packed = fa_scratch_alloc(p, one * (size_t)per_pass);
     if (!packed) return 0; /* flash.c's path needs less */
-    uint32_t *kt = (uint32_t *)(void *)packed;
-    uint32_t *vv = kt + npad / AMX_BC * ldkt;
     const int64_t group = p->heads / p->heads_k;
-    const int64_t nqb = (p->seqlen_q + AMX_TR - 1) / AMX_TR;
+    const int64_t nqb = (p->seqlen_q + AMX_TR - 1) / AMX_TR, nkb = (int64_t)npad / AMX_BC;
     atomic_int bad = 0, failed = 0;
 
 #ifdef _OPENMP
@@ -422,19 +421,24 @@ int fa_amx_forward(const fa_problem *p)
         memset(&sc, 0, sizeof sc);
         if (!scratch_alloc(p, &sc)) atomic_store(&failed, 1);
         amx_config();
-        for (int64_t bh = 0; bh < p->batch * p->heads_k; bh++) {
-            const int64_t b = bh / p->heads_k, hk = bh % p->heads_k;
-            const fa_seq seq = fa_problem_seq(p, b);
-            if (seq.q_len <= 0) continue; /* no query row to serve (every thread alike) */
-            const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
-            const int64_t nkb = (seq.k_len + AMX_BC - 1) / AMX_BC;
+        /* passes of per_pass (batch, kv head) pairs: pack them all, then serve every task of
+         * them (several pairs per pass keep every thread busy where one pair has few tasks) */
+        for (int64_t first = 0; first < pairs; first += per_pass) {
+            const int64_t npass = pairs - first < per_pass ? pairs - first : per_pass;
 #ifdef _OPENMP
 #pragma omp barrier
 #pragma omp for schedule(static)
 #endif
-            for (int64_t kb = 0; kb < nkb; kb++)
+            for (int64_t u = 0; u < npass * nkb; u++) {
+                const int64_t s = u / nkb, kb = u % nkb, b = (first + s) / p->heads_k, hk = (first + s) % p->heads_k;
+                const fa_seq seq = fa_problem_seq(p, b);
+                if (seq.q_len <= 0 || kb * AMX_BC >= seq.k_len) continue; /* nothing reads it */
+                const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
+                uint32_t *kt = (uint32_t *)(void *)(packed + (size_t)s * one);
+                uint32_t *vv = kt + npad / AMX_BC * ldkt;
                 if (sc.base && pack_block(p, &ks, &vs, seq.k_len, kb * AMX_BC, kt + (size_t)kb * ldkt, vv, ldvv, sc.rows))
                     atomic_store(&bad, 1);
+            }
             /* (the omp for's barrier: packed before any task reads it.) Every thread reads the
              * flags, then waits for the others before any task can set `bad` again (a Q row
              * with Inf/NaN): all take the same branch, so all meet the same worksharing loop. */
@@ -443,18 +447,24 @@ int fa_amx_forward(const fa_problem *p)
 #pragma omp barrier
 #endif
             if (stop) break; /* every thread alike: the float32 path redoes the whole call */
-            const int64_t qblocks = (seq.q_len + AMX_TR - 1) / AMX_TR;
+            const int64_t per_pair = group * nqb;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (int64_t t = 0; t < group * nqb; t++) {
-                /* the last row blocks first: under a causal mask they see the most keys, so
-                 * the threads end together (flash.c's order; causal N 1024 6-9% faster) */
-                const int64_t h = hk * group + t / nqb, qb = nqb - 1 - t % nqb;
+            for (int64_t t = 0; t < npass * per_pair; t++) {
+                /* the last row blocks first, of every head of the pass: under a causal mask they
+                 * see the most keys, so the threads end together (flash.c's order; causal N 1024
+                 * 6-9% faster) */
+                const int64_t qb = nqb - 1 - t / (npass * group), w = t % (npass * group);
+                const int64_t s = w / group, b = (first + s) / p->heads_k, hk = (first + s) % p->heads_k;
+                const int64_t h = hk * group + w % group;
+                const fa_seq seq = fa_problem_seq(p, b);
+                const int64_t qblocks = (seq.q_len + AMX_TR - 1) / AMX_TR;
                 if (qb >= qblocks || atomic_load_explicit(&bad, memory_order_relaxed)) continue;
                 const int64_t i0 = qb * AMX_TR;
                 const int br = (int)(seq.q_len - i0 < AMX_TR ? seq.q_len - i0 : AMX_TR);
-                if (amx_task(p, &sc, b, h, i0, br, kt, ldkt, vv, ldvv)) atomic_store(&bad, 1);
+                const uint32_t *kt = (const uint32_t *)(const void *)(packed + (size_t)s * one);
+                if (amx_task(p, &sc, b, h, i0, br, kt, ldkt, kt + npad / AMX_BC * ldkt, ldvv)) atomic_store(&bad, 1);
                 if (p->progress) {
                     fa_progress(p);
                     amx_config(); /* the caller's hook may have used the tiles itself */
