@@ -151,8 +151,10 @@ typedef enum fa_dtype {
 /**
  * @brief A strided view of a dense array; the library never owns `data`.
  *
- * Strides are in elements, not bytes. A stride array of all zeros in
- * fa_tensor_make() means "C-contiguous". Attention tensors are rank 4
+ * Strides are in elements, not bytes. A NULL stride array in
+ * fa_tensor_make() means "C-contiguous" (a stride of 0 is a real stride: it
+ * broadcasts an input, and is refused for an output dimension of extent > 1).
+ * Attention tensors are rank 4
  * (Q, K, V, O) or rank 3 (LSE); ALiBi slopes are rank 1 `[heads]` or
  * rank 2 `[batch][heads]`.
  */

@@ -107,7 +107,9 @@ int64_t fa_amx_pass_pairs(const fa_problem *p)
     const int64_t fit = one > 0 ? (int64_t)(p->pack_max_bytes / one) : pairs;
     if (n > fit) n = fit;
     if (n > pairs) n = pairs;
-    return n > 1 ? n : 1;
+    if (n < 1) return 1;
+    const int64_t passes = (pairs + n - 1) / n;
+    return (pairs + passes - 1) / passes; /* even passes: 3 + 3 + 2, not 4 + 4 + ... */
 }
 
 int fa_amx_threads(const fa_problem *p)

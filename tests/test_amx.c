@@ -419,6 +419,52 @@ static void test_amx_workspace_covers_its_allocations(void **state)
     teardown(&r);
 }
 
+/* Ensure fa_workspace_bytes covers the AMX path where its plan is the larger one: many short
+ * varlen sequences (the float32 path packs per task there, not in a shared pass) on 16 threads,
+ * so a pass holds several (batch, kv head) pairs. */
+static void test_amx_workspace_covers_varlen_passes(void **state)
+{
+    (void)state;
+    need_amx();
+    uint64_t rng = tu_seed() + 5;
+    enum { NB = 32, H = 4, D = 128 };
+    int32_t cu_q[NB + 1], cu_k[NB + 1];
+    cu_q[0] = cu_k[0] = 0;
+    for (int b = 0; b < NB; b++) {
+        cu_q[b + 1] = cu_q[b] + 1 + (int32_t)(tu_next(&rng) % 130);
+        cu_k[b + 1] = cu_k[b] + 1 + (int32_t)(tu_next(&rng) % 600);
+    }
+    const int64_t qs[3] = {cu_q[NB], H, D}, ks[3] = {cu_k[NB], H, D}, ls[2] = {H, cu_q[NB]};
+    tu_tensor q = tu_alloc(FA_BF16, 3, qs), k = tu_alloc(FA_BF16, 3, ks), v = tu_alloc(FA_BF16, 3, ks);
+    tu_tensor o = tu_alloc(FA_F32, 3, qs), lse = tu_alloc(FA_F32, 2, ls);
+    tu_fill(&q, &rng, -1.0, 1.0);
+    tu_fill(&k, &rng, -1.0, 1.0);
+    tu_fill(&v, &rng, -1.0, 1.0);
+    fa_varlen vl = fa_varlen_default();
+    vl.batch = NB;
+    vl.cu_seqlens_q = cu_q;
+    vl.cu_seqlens_k = cu_k;
+    fa_options opt = fa_options_default();
+    opt.varlen = &vl;
+    opt.causal = 1;
+    opt.num_threads = 16;
+    opt.impl = FA_IMPL_FLASH;
+    fa_amx_test = 1;
+    size_t planned = 0;
+    assert_int_equal(fa_workspace_bytes(&q.t, &k.t, &v.t, &opt, &planned), FA_OK);
+    fa_alloc_stats before, after;
+    fa_alloc_stats_reset();
+    fa_alloc_stats_get(&before);
+    const long runs = fa_amx_calls();
+    assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o.t, &lse.t, &opt), FA_OK);
+    fa_alloc_stats_get(&after);
+    fa_amx_test = -1;
+    assert_int_equal(fa_amx_calls() - runs, 1);
+    const size_t peak = after.peak_bytes - before.current_bytes;
+    if (peak > planned) fail_msg("the AMX path allocated %zu bytes, fa_workspace_bytes said %zu", peak, planned);
+    tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&o); tu_free(&lse);
+}
+
 /* Ensure a kernel table other than AVX-512's (a context made for "avx2" or "scalar") keeps the
  * AMX path off, and gives that table's float32 bits with FA_AMX=1 as without. */
 static void test_amx_off_with_another_kernel_table(void **state)
@@ -657,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_amx_hands_over_values_outside_its_range),
         cmocka_unit_test(test_amx_nan_in_an_early_task_on_many_threads),
         cmocka_unit_test(test_amx_workspace_covers_its_allocations),
+        cmocka_unit_test(test_amx_workspace_covers_varlen_passes),
         cmocka_unit_test(test_amx_off_with_another_kernel_table),
         cmocka_unit_test(test_amx_varlen),
         cmocka_unit_test(test_amx_kvcache_and_pages),

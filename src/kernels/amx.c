@@ -427,7 +427,7 @@ int fa_amx_forward(const fa_problem *p)
             const int64_t npass = pairs - first < per_pass ? pairs - first : per_pass;
 #ifdef _OPENMP
 #pragma omp barrier
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1) /* round robin: pairs of other lengths share the threads */
 #endif
             for (int64_t u = 0; u < npass * nkb; u++) {
                 const int64_t s = u / nkb, kb = u % nkb, b = (first + s) / p->heads_k, hk = (first + s) % p->heads_k;
