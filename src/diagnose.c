@@ -1711,7 +1711,7 @@ static double rot_score(const dg_ctx *cx, const dg_rot_rule *r, const int64_t *r
 }
 
 /* The best of nv rules (best_of's way: compared on the fit rows when there are many rows,
- * the DG_FINALISTS best there scored on all); *best = -1 when no rule is valid. */
+ * its finalists_kept scored on all); *best = -1 when no rule is valid. */
 static double rot_best(const dg_ctx *cx, const dg_rot_rule *rs, int nv, const fa_tensor *rq, const fa_tensor *rk,
                        int *best)
 {
