@@ -484,16 +484,23 @@ static int64_t block_rows(const fa_problem *p, int64_t b, int64_t i0, int blk)
 }
 
 /*
- * Piece qp of a sequence's rows: Q block qp / npc, its piece qp % npc of
- * `piece` rows (fa_piece_rows; npc = 1 and piece = blk when blocks are whole).
- * Sets the first row and the row count; 0 when the piece is past the end.
+ * The piece `back` places from the end of sequence b's rows: Q blocks of `blk`
+ * rows, each cut into npc pieces of `piece` rows (fa_piece_rows; npc = 1 and
+ * piece = blk when blocks are whole), counted over the pieces that hold rows
+ * (a short last block has fewer). Counting from each sequence's own end hands
+ * out every sequence's last (under a causal mask, biggest) pieces first, also
+ * when varlen sequences differ in length. Sets the first row and the row
+ * count; 0 when the sequence has fewer pieces.
  */
-static int piece_of(const fa_problem *p, int64_t b, int64_t qp, int64_t npc, int blk, int piece,
+static int piece_of(const fa_problem *p, int64_t b, int64_t back, int64_t npc, int blk, int piece,
                     int64_t *i0, int64_t *rows)
 {
-    const int64_t qb = qp / npc, first = (qp % npc) * piece;
+    const int64_t q_len = fa_problem_seq(p, b).q_len;
+    if (q_len <= 0) return 0;
+    const int64_t total = q_len / blk * npc + (q_len % blk + piece - 1) / piece;
+    if (back >= total) return 0;
+    const int64_t qp = total - 1 - back, qb = qp / npc, first = (qp % npc) * piece;
     const int64_t br = block_rows(p, b, qb * blk, blk);
-    if (first >= br) return 0;
     *i0 = qb * blk + first;
     *rows = br - first < piece ? br - first : piece;
     return 1;
@@ -587,12 +594,12 @@ fa_status fa_flash_forward(const fa_problem *p)
                     /* row-major order, last rows first: the last (biggest causal) piece of
                      * every head of the pass is handed out first, so no thread is left
                      * with one big piece while the others wait at the next barrier */
-                    const int64_t qp = nqb * npc - 1 - t / heads_in_pass;
+                    const int64_t back = t / heads_in_pass;
                     const int64_t hp = t % heads_in_pass, sidx = hp / group, bhk = first + sidx;
                     const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
                     const int64_t h = hk * group + hp % group;
                     int64_t i0, rows;
-                    if (!piece_of(p, b, qp, npc, g.br, piece, &i0, &rows)) continue;
+                    if (!piece_of(p, b, back, npc, g.br, piece, &i0, &rows)) continue;
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
                     fa_progress(p);
@@ -608,10 +615,10 @@ fa_status fa_flash_forward(const fa_problem *p)
                 const int64_t bhk = t / (group * nqp);
                 const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
                 const int64_t tt = t % (group * nqp);
-                const int64_t qp = nqp - 1 - tt % nqp; /* biggest causal pieces first */
+                const int64_t back = tt % nqp; /* biggest causal pieces first */
                 const int64_t h = hk * group + tt / nqp;
                 int64_t i0, rows;
-                if (!piece_of(p, b, qp, npc, g.br, piece, &i0, &rows)) continue;
+                if (!piece_of(p, b, back, npc, g.br, piece, &i0, &rows)) continue;
                 flash_task(p, kern, &g, &sc, NULL, b, h, i0, (int)rows);
                 fa_progress(p);
             }

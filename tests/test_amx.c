@@ -403,6 +403,21 @@ static void test_amx_nan_in_an_early_task_on_many_threads(void **state)
     for (int t = 2; t <= 7; t += 5)
         for (int i = 0; i < 5; i++) assert_int_equal(forward_x(&r, "1", t, 0), 0);
     teardown(&r);
+    /* several passes of (batch, kv head) pairs (8 pairs of 2 tasks, 2 threads: 2 pairs a pass),
+     * the NaN in the first: the later passes are skipped, and the float32 path's bits result */
+    c = base(256, 256, 64, 64);
+    c.H = 8; c.Hk = 8;
+    setup(&r, &c, FA_BF16, &rng);
+    ((uint16_t *)r.q.t.data)[5] = 0x7fc1;
+    for (int t = 2; t <= 7; t += 5) {
+        assert_int_equal(forward_x(&r, NULL, t, 0), 0);
+        tu_tensor o0 = tu_alloc(FA_F32, r.o.t.rank, r.o.t.shape);
+        memcpy(o0.mem, r.o.mem, o0.bytes);
+        assert_int_equal(forward_x(&r, "1", t, 0), 0);
+        assert_memory_equal(o0.mem, r.o.mem, o0.bytes);
+        tu_free(&o0);
+    }
+    teardown(&r);
 }
 
 /* One AMX forward (FA_AMX=1) must run and allocate no more than fa_workspace_bytes planned. */

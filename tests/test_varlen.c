@@ -277,6 +277,55 @@ static void test_varlen_forward_matches_each_sequence_alone(void **state)
     }
 }
 
+/* Ensure Q blocks cut into pieces (16 threads, few blocks) under varlen still
+ * write every row of every sequence, each with the bits of that sequence run
+ * alone on one thread (whole blocks): pieces are counted from each sequence's
+ * own end, and sequences end mid-block, are empty, or are one block. */
+static void test_varlen_pieces_cover_every_row(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x9e3;
+    static const vl_case c = {"pieces", 5, 2, 1, 32, 32, {300, 37, 0, 129, 200}, {310, 40, 5, 129, 180}, {0}, 0, 3, 0};
+    vl_data g;
+    make_data(&c, &rng, &g);
+    const int64_t os[3] = {g.total_q, c.H, c.dv}, ls[2] = {c.H, g.total_q};
+    for (int causal = 0; causal < 2; causal++) {
+        const opt_case oc = {causal, -1, -1, 0.0, 0};
+        fa_options opt = make_opt(&oc, &g, FA_IMPL_FLASH, 1);
+        opt.block_q = 128; /* 6 blocks for 16 threads: pieces of a few row blocks */
+        opt.block_k = 64;
+        opt.num_threads = 16;
+        tu_tensor o = tu_alloc(FA_F32, 3, os), lse = tu_alloc(FA_F32, 2, ls);
+        tu_tensor o2 = tu_alloc(FA_F32, 3, os), lse2 = tu_alloc(FA_F32, 2, ls);
+        tu_poison(&o); tu_poison(&lse);
+        if (fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt) != FA_OK)
+            fail_msg("varlen pieces forward: %s", fa_last_error());
+        memset(o2.mem, 0, o2.bytes);
+        for (int64_t x = 0; x < c.H * g.total_q; x++) ((float *)lse2.mem)[x] = -INFINITY;
+        for (int64_t b = 0; b < c.batch; b++) {
+            fa_tensor slope_row;
+            fa_options so = seq_opt(&opt, &oc, &g, b, &slope_row);
+            so.num_threads = 1;
+            fa_tensor qv = rows_view(&g.q.t, g.cu_q[b], c.q_len[b]), kv = rows_view(&g.k.t, g.cu_k[b], c.k_len[b]);
+            fa_tensor vv = rows_view(&g.v.t, g.cu_k[b], c.k_len[b]), ov = rows_view(&o2.t, g.cu_q[b], c.q_len[b]);
+            fa_tensor lv = lse_view(&lse2.t, g.cu_q[b], c.q_len[b]);
+            if (fa_forward(&qv, &kv, &vv, &ov, &lv, &so) != FA_OK)
+                fail_msg("seq %lld alone: %s", (long long)b, fa_last_error());
+        }
+        expect_same(&o, &o2, "O", c.name, FA_IMPL_FLASH, (size_t)causal);
+        expect_same(&lse, &lse2, "LSE", c.name, FA_IMPL_FLASH, (size_t)causal);
+        fa_check_options co = fa_check_options_default();
+        fa_check_report r = fa_check_report_init();
+        if (fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt, &co, &r) != FA_OK)
+            fail_msg("varlen pieces fa_check: %s", fa_last_error());
+        if (!r.pass) fail_msg("causal %d: varlen pieces fail the check (max err %g, bound %g)", causal, r.max_abs_err,
+                              r.bound);
+        fa_check_report_free(&r);
+        tu_free(&o); tu_free(&lse); tu_free(&o2); tu_free(&lse2);
+    }
+    free_data(&g);
+}
+
 /* Ensure varlen backward (flash, reference; O/LSE given or recomputed) matches each sequence alone. */
 static void test_varlen_backward_matches_each_sequence_alone(void **state)
 {
@@ -751,6 +800,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_varlen_forward_matches_each_sequence_alone),
+        cmocka_unit_test(test_varlen_pieces_cover_every_row),
         cmocka_unit_test(test_varlen_backward_matches_each_sequence_alone),
         cmocka_unit_test(test_varlen_check_names_the_sequence_and_row),
         cmocka_unit_test(test_varlen_check_ignores_rows_no_sequence_reads),

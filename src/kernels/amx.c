@@ -425,8 +425,16 @@ int fa_amx_forward(const fa_problem *p)
          * them (several pairs per pass keep every thread busy where one pair has few tasks) */
         for (int64_t first = 0; first < pairs; first += per_pass) {
             const int64_t npass = pairs - first < per_pass ? pairs - first : per_pass;
+            /* A task of the last pass met Inf/NaN: the float32 path redoes the call, so do not
+             * pack this pass. Every thread reads the same flag: nothing writes it between the
+             * last pass's task loop (its closing barrier) and the barrier below. Not on the
+             * first pass, where another thread's scratch_alloc may still set `failed`. */
+            const int skip = first > 0 && (atomic_load(&bad) || atomic_load(&failed));
 #ifdef _OPENMP
 #pragma omp barrier
+#endif
+            if (skip) break;
+#ifdef _OPENMP
 #pragma omp for schedule(static, 1) /* round robin: pairs of other lengths share the threads */
 #endif
             for (int64_t u = 0; u < npass * nkb; u++) {
