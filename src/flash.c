@@ -319,6 +319,8 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
     const fa_rows qs = fa_rows_q(&p->q, &seq, h), os = fa_rows_q(&p->o, &seq, h);
     const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
 
+    if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_rows, br, memory_order_relaxed); /* tests only */
+
     /* load Q_i and the visible interval of each row */
     int64_t jmin = seq.k_len, jmax = 0;
     for (int r = 0; r < br; r++) {

@@ -292,6 +292,8 @@ int fa_tile_cut_test = -1;
 _Atomic long fa_tile_cut_stats[2];
 int fa_bwd_one_pass_test = -1;
 int fa_amx_test = -1;
+int fa_count_test;
+_Atomic long fa_count_rows, fa_count_packed;
 
 static const char *nm(const char *name, const char *fallback) { return name && *name ? name : fallback; }
 

@@ -119,6 +119,16 @@ extern int fa_tile_cut_test;
 extern _Atomic long fa_tile_cut_stats[2];
 
 /*
+ * Tests only: while fa_count_test > 0, the float32 forward (src/flash.c) adds
+ * the query rows of every task it runs to fa_count_rows (a piece handed out
+ * twice would write the same bits, invisible in the output), and the AMX
+ * forward (src/kernels/amx.c) adds every key block it packs to
+ * fa_count_packed. Reset by the test; relaxed atomic adds.
+ */
+extern int fa_count_test;
+extern _Atomic long fa_count_rows, fa_count_packed;
+
+/*
  * Tests only: >= 0 overrides FA_AMX (1 on, 0 off) for the problems resolved
  * after it is set; -1 (default): the environment decides. Not thread-safe.
  */

@@ -20,6 +20,8 @@
  */
 #include "test_util.h"
 
+#include "problem.h" /* fa_count_test: the rows the forward ran */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,19 +291,30 @@ static void test_varlen_pieces_cover_every_row(void **state)
     vl_data g;
     make_data(&c, &rng, &g);
     const int64_t os[3] = {g.total_q, c.H, c.dv}, ls[2] = {c.H, g.total_q};
-    for (int causal = 0; causal < 2; causal++) {
+    int64_t rows = 0;
+    for (int64_t b = 0; b < c.batch; b++) rows += c.q_len[b];
+    for (int x = 0; x < 4; x++) {
+        const int causal = x & 1;
         const opt_case oc = {causal, -1, -1, 0.0, 0};
         fa_options opt = make_opt(&oc, &g, FA_IMPL_FLASH, 1);
         opt.block_q = 128; /* 6 blocks for 16 threads: pieces of a few row blocks */
         opt.block_k = 64;
         opt.num_threads = 16;
+        if (x >= 2) opt.pack_max_bytes = 0; /* the per-tile loop, not the shared passes */
         tu_tensor o = tu_alloc(FA_F32, 3, os), lse = tu_alloc(FA_F32, 2, ls);
         tu_tensor o2 = tu_alloc(FA_F32, 3, os), lse2 = tu_alloc(FA_F32, 2, ls);
         tu_poison(&o); tu_poison(&lse);
-        if (fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt) != FA_OK)
-            fail_msg("varlen pieces forward: %s", fa_last_error());
+        fa_count_test = 1;
+        fa_count_rows = 0;
+        const fa_status st = fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt);
+        fa_count_test = 0;
+        if (st != FA_OK) fail_msg("varlen pieces forward: %s", fa_last_error());
+        /* each row once: a piece handed out twice writes the same bits */
+        if (fa_count_rows != rows * c.H)
+            fail_msg("causal %d, packing cap %zu: the forward's tasks ran %ld query rows, the sequences have %lld",
+                     causal, opt.pack_max_bytes, (long)fa_count_rows, (long long)(rows * c.H));
         memset(o2.mem, 0, o2.bytes);
-        for (int64_t x = 0; x < c.H * g.total_q; x++) ((float *)lse2.mem)[x] = -INFINITY;
+        for (int64_t e = 0; e < c.H * g.total_q; e++) ((float *)lse2.mem)[e] = -INFINITY;
         for (int64_t b = 0; b < c.batch; b++) {
             fa_tensor slope_row;
             fa_options so = seq_opt(&opt, &oc, &g, b, &slope_row);
@@ -312,8 +325,8 @@ static void test_varlen_pieces_cover_every_row(void **state)
             if (fa_forward(&qv, &kv, &vv, &ov, &lv, &so) != FA_OK)
                 fail_msg("seq %lld alone: %s", (long long)b, fa_last_error());
         }
-        expect_same(&o, &o2, "O", c.name, FA_IMPL_FLASH, (size_t)causal);
-        expect_same(&lse, &lse2, "LSE", c.name, FA_IMPL_FLASH, (size_t)causal);
+        expect_same(&o, &o2, "O", c.name, FA_IMPL_FLASH, (size_t)x);
+        expect_same(&lse, &lse2, "LSE", c.name, FA_IMPL_FLASH, (size_t)x);
         fa_check_options co = fa_check_options_default();
         fa_check_report r = fa_check_report_init();
         if (fa_check(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt, &co, &r) != FA_OK)

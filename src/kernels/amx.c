@@ -446,6 +446,7 @@ int fa_amx_forward(const fa_problem *p)
                 uint32_t *vv = kt + npad / AMX_BC * ldkt;
                 if (sc.base && pack_block(p, &ks, &vs, seq.k_len, kb * AMX_BC, kt + (size_t)kb * ldkt, vv, ldvv, sc.rows))
                     atomic_store(&bad, 1);
+                if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_packed, 1, memory_order_relaxed);
             }
             /* (the omp for's barrier: packed before any task reads it.) Every thread reads the
              * flags, then waits for the others before any task can set `bad` again (a Q row
