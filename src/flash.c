@@ -264,11 +264,14 @@ static int group_cols(const fa_kernels *kern, const flash_scratch *sc, int r0, i
  * interval): its O and l are still +0, which is what cut_lead_fwd asks of
  * them; a row of the group that sees none of the tile has alpha = 1. A V
  * tile with Inf or NaN is never cut on the left (its per-row pv reads the
- * tile from column 0).
+ * tile from column 0). With os_pf (the task's last tile: under a causal mask
+ * the diagonal one), each group's O rows are asked for, for writing, once
+ * its pv is done, so the task's final stores do not wait for the lines (BSHD
+ * rows heads x d_v apart; 1-4% on causal N = 1024, docs/performance.md).
  */
 static void flash_tile_cut(const fa_problem *p, const fa_kernels *kern, const flash_dims *g,
                            flash_scratch *sc, int64_t b, int64_t h, int64_t i0, int br, int64_t j0, int bc,
-                           double slope, const float *kt, const float *vj, int v_bad, int lead)
+                           double slope, const float *kt, const float *vj, int v_bad, int lead, const fa_rows *os_pf)
 {
     const int rows = cut_rows(kern);
     lead = lead && !v_bad && kern->cut_lead_fwd;
@@ -299,6 +302,7 @@ static void flash_tile_cut(const fa_problem *p, const fa_kernels *kern, const fl
             kern->pv(nr, w, (int)p->dv, s, g->lds, vj + (size_t)a * g->ldv, g->ldv, sc->alpha + r0,
                      sc->oa + (size_t)r0 * g->ldo, g->ldo);
         if (a > 0) leads++;
+        if (os_pf) fa_rows_prefetch_rw(os_pf, i0 + r0, nr, 1); /* O rows written at the end of the task */
         r0 += nr;
     }
     if (fa_tile_cut_test >= 0) { /* tests only (problem.h) */
@@ -375,7 +379,8 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
                 const int lead = kern->cut_lead_fwd && jmax_lo > j0 &&
                                  kern->cut_lead_fwd(bc, (int)(jmax_lo - j0 < bc ? jmax_lo - j0 : bc)) > 0;
                 if (lead || jmin_hi < j0 + bc) {
-                    flash_tile_cut(p, kern, g, sc, b, h, i0, br, j0, bc, slope, kt, vj, v_bad, lead);
+                    flash_tile_cut(p, kern, g, sc, b, h, i0, br, j0, bc, slope, kt, vj, v_bad, lead,
+                                   kb + 1 == kb1 ? &os : NULL);
                     continue;
                 }
             }

@@ -148,7 +148,7 @@ static inline void fa_rows_put(const fa_rows *s, int64_t j, int64_t c, double x)
 }
 
 /* Ask the cache for rows j0 .. j0 + n - 1 (a hint; rows with contiguous elements only). */
-static inline void fa_rows_prefetch(const fa_rows *s, int64_t j0, int64_t n)
+static inline void fa_rows_prefetch_rw(const fa_rows *s, int64_t j0, int64_t n, int write)
 {
     for (int64_t j = j0; j < j0 + n; j++) {
         int64_t off;
@@ -158,9 +158,14 @@ static inline void fa_rows_prefetch(const fa_rows *s, int64_t j0, int64_t n)
         const char *row = (const char *)t->data + off * (int64_t)esz;
         /* to the line of the row's last byte, wherever in its line the row starts */
         const size_t span = bytes + ((uintptr_t)row & 63);
-        for (size_t b = 0; b < span; b += 64) __builtin_prefetch(row + b, 0, 2);
+        if (write)
+            for (size_t b = 0; b < span; b += 64) __builtin_prefetch(row + b, 1, 2);
+        else
+            for (size_t b = 0; b < span; b += 64) __builtin_prefetch(row + b, 0, 2);
     }
 }
+
+static inline void fa_rows_prefetch(const fa_rows *s, int64_t j0, int64_t n) { fa_rows_prefetch_rw(s, j0, n, 0); }
 
 /*
  * dst[r][c] = row (row0 + r), element c, for r < n, c < width (row-major
