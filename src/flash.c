@@ -50,8 +50,9 @@
  *
  * Determinism: a task is computed by one thread in a fixed order, so the
  * result is bit-for-bit identical for any thread count and schedule. With
- * fewer than 8 Q blocks per thread in a pass, a task is a piece of a Q block
- * (fa_piece_rows, a multiple of the kernel's row block): still the same bits,
+ * fewer than 8 Q blocks per thread in a pass (4 on up to 4 threads), a task
+ * is a piece of a Q block (fa_piece_rows, a multiple of the kernel's row
+ * block): still the same bits,
  * since every kernel computes each row on its own and the key blocks (Bc),
  * which fix each row's order of operations, do not change.
  */

@@ -48,8 +48,9 @@ static inline int fa_threads_for(const fa_problem *p, int64_t tasks)
 
 /*
  * Rows (or keys) per task when `tasks` blocks of `blk` rows are all a parallel
- * loop has for `threads` threads (row_block: the kernel table's): `blk` itself when there are at least
- * FA_TASKS_PER_THREAD per thread; else each block is cut into pieces of a
+ * loop has for `threads` threads (row_block: the kernel table's): `blk` itself
+ * when there are at least FA_TASKS_PER_THREAD per thread (FA_TASKS_PER_THREAD_FEW
+ * on a few threads; see fa_piece_rows); else each block is cut into pieces of a
  * multiple of the kernel's row block (at least 4 row blocks) so that about that
  * many exist. With 20-30 blocks per packing pass and 16 threads, whole blocks
  * leave a second round in which most threads wait at the pass's barrier.
@@ -75,10 +76,22 @@ static inline int fa_even_block(int64_t n, int blk, int row_block)
     return even < blk ? (int)even : blk;
 }
 
+/*
+ * How many tasks a thread should have before blocks are left whole: 8 on many
+ * threads (16-thread device host: 1.09-1.16x over whole blocks at N = 1024,
+ * 16 per thread no better), 4 on up to FA_FEW_THREADS (2 threads: a piece
+ * re-streams its block's K/V for fewer rows, and cutting 6 blocks a thread
+ * into 12 pieces cost 5-6% at N = 1024, d = 128 and 2% at N = 2048, causal or
+ * not, against nothing gained on the other rows; docs/performance.md). Between
+ * 5 and 15 threads 8 is kept, not measured.
+ */
 #define FA_TASKS_PER_THREAD 8
+#define FA_TASKS_PER_THREAD_FEW 4
+#define FA_FEW_THREADS 4
 static inline int fa_piece_rows(int64_t tasks, int threads, int blk, int row_block)
 {
-    const int64_t want = (int64_t)FA_TASKS_PER_THREAD * threads;
+    const int per = threads <= FA_FEW_THREADS ? FA_TASKS_PER_THREAD_FEW : FA_TASKS_PER_THREAD;
+    const int64_t want = (int64_t)per * threads;
     if (threads <= 1 || tasks < 1 || tasks >= want) return blk;
     const int rb = row_block > 0 ? row_block : 8;
     const int64_t k = (want + tasks - 1) / tasks;
