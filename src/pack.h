@@ -158,10 +158,12 @@ static inline void fa_rows_prefetch_rw(const fa_rows *s, int64_t j0, int64_t n, 
         const char *row = (const char *)t->data + off * (int64_t)esz;
         /* to the line of the row's last byte, wherever in its line the row starts */
         const size_t span = bytes + ((uintptr_t)row & 63);
-        if (write)
-            for (size_t b = 0; b < span; b += 64) __builtin_prefetch(row + b, 1, 2);
-        else
-            for (size_t b = 0; b < span; b += 64) __builtin_prefetch(row + b, 0, 2);
+        for (size_t b = 0; b < span; b += 64) {
+            if (write) /* __builtin_prefetch takes its rw argument as a constant */
+                __builtin_prefetch(row + b, 1, 2);
+            else
+                __builtin_prefetch(row + b, 0, 2);
+        }
     }
 }
 
