@@ -60,7 +60,10 @@
  * While a head's tile is computed, the next head's rows of the block are
  * prefetched (after the last head, the first head's rows of the next block):
  * hardware prefetchers stop at 4 KiB pages, and a paged cache's next page is
- * wherever the block table says.
+ * wherever the block table says. A task of several kv heads first reads each
+ * block once in address order (touch_block): on AMD Zen 4 the prefetchers do not
+ * follow the head-by-head order at all, and that one ascending run made the
+ * default GQA row 1.5-1.7x faster there (docs/performance.md).
  *
  * Low-precision caches. A bf16 cache moves half the bytes of a float32 one and
  * gives its bits: the widening is exact, and the kernels' arithmetic does not
@@ -400,6 +403,45 @@ static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
     }
 }
 
+/*
+ * Read rows j0 .. j0 + n - 1 of kv heads hk0 .. hk1 (K and V) once, in address order:
+ * one load per 64-byte line, key row after key row, each key's stretch from head hk0's
+ * row to the end of head hk1's. In a cache [.., seqlen, heads_k, d] (dense or paged)
+ * that stretch is contiguous, so the block is one ascending run that the hardware
+ * prefetchers follow; the tiles are then computed head by head from L2. Computing
+ * head by head straight from DRAM reads each head's rows heads_k x d elements apart,
+ * a new 4 KiB page per row: on an AMD Zen 4 core the prefetchers do not follow that,
+ * and one core read 11 GB/s where an ascending run reads 30-35
+ * (tools/decode_pattern.c, orders 0 and 2). Nothing is computed from the loads, so the
+ * bits do not change. Skipped (returns at once) when a source is not read in place or
+ * its heads are not next to each other in a key's row.
+ */
+static void touch_block(const fa_problem *p, const fa_seq *seq, int64_t hk0, int64_t hk1, int64_t j0, int n)
+{
+    enum { CH = 32 };
+    uint64_t acc = 0;
+    for (int kv = 0; kv < 2; kv++) {
+        const fa_rows first = fa_rows_kv(p, seq, hk0, kv), last = fa_rows_kv(p, seq, hk1, kv);
+        for (int x0 = 0; x0 < n; x0 += CH) {
+            const int m = n - x0 < CH ? n - x0 : CH;
+            const void *a[CH], *e[CH];
+            int fa, fe;
+            if (!row_ptrs(&first, j0 + x0, m, a, &fa) || !row_ptrs(&last, j0 + x0, m, e, &fe) || fa != fe) return;
+            const size_t rb = (size_t)first.width * (fa == FA_ROW_F32 ? 4 : 2);
+            for (int x = 0; x < m; x++) {
+                const char *lo = (const char *)a[x], *hi = (const char *)e[x] + rb;
+                /* the heads' rows next to each other (at most twice their bytes apart) */
+                if (hi < lo || (size_t)(hi - lo) > 2 * (size_t)(hk1 - hk0 + 1) * rb) return;
+                /* the first byte, then the start of every later line: never outside [lo, hi) */
+                acc ^= *(const volatile unsigned char *)lo; /* a char may alias anything */
+                for (const char *q = (const char *)(((uintptr_t)lo | 63) + 1); q < hi; q += 64)
+                    acc ^= *(const volatile unsigned char *)q;
+            }
+        }
+    }
+    __asm__ volatile("" : : "r"(acc));
+}
+
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
 static int rows_finite(const float *o, int nr, int64_t dv, size_t ldo)
 {
@@ -525,6 +567,7 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
             const int64_t j1 = j0 + g->bc;
             const int n1 = kb + 1 < kbe ? (int)(seq.k_len - j1 < g->bc ? seq.k_len - j1 : g->bc) : 0;
             const int cur = (int)((kb - kbs) & 1);
+            if (nh > 1) touch_block(p, &seq, hks[0], hks[nh - 1], j0, bc); /* several kv heads: see touch_block */
             for (int t = 0; t < nh; t++) {
                 const int64_t hk = hks[t];
                 const int rt = off[t], nt = off[t + 1] - off[t];
