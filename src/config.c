@@ -93,7 +93,7 @@ static int env_switch(const char *name, int *out)
 static void env_read(void)
 {
     if (env_switch("FA_TILE_CUT", &env.tile_cut) || env_switch("FA_BWD_ONE_PASS", &env.bwd_one_pass) ||
-        env_switch("FA_AMX", &env.amx) ||
+        env_switch("FA_AMX", &env.amx) || env_switch("FA_DECODE_TOUCH", &env.decode_touch) ||
         env_block("FA_BLOCK_Q", &env.block_q) || env_block("FA_BLOCK_K", &env.block_k) ||
         env_size("FA_FLASH_SHARED_MAX", &env.pack_max, &env.has_pack_max) ||
         env_size("FA_L1D_BYTES", &env.l1d, NULL) || env_size("FA_L2_BYTES", &env.l2, NULL))

@@ -51,6 +51,7 @@ typedef struct fa_env {
     int tile_cut;          /* FA_TILE_CUT: -1 not set (cut), 0 whole tiles, 1 cut (src/flash.c) */
     int bwd_one_pass;      /* FA_BWD_ONE_PASS: -1 not set (the task rule), 0 two passes, 1 one pass (src/backward.c) */
     int amx;               /* FA_AMX: -1 not set (off), 0 off, 1 the bf16 forward on AMX tiles where it applies (src/amx.c) */
+    int decode_touch;      /* FA_DECODE_TOUCH: -1 not set (on for AMD CPUs), 0 off, 1 on (src/decode.c, touch_block) */
 } fa_env;
 
 /* The environment, parsed once (thread-safe). NULL when a variable is
@@ -64,6 +65,11 @@ int fa_parse_bytes(const char *s, size_t *bytes);
 /* Detected caches (cpuinfo.c): computed once (thread-safe), FA_L1D_BYTES /
  * FA_L2_BYTES applied. */
 void fa_detect_caches(size_t *l1d, size_t *l2, size_t *l3, size_t *line, int *source);
+
+/* 1 when the CPU's vendor string (CPUID leaf 0) is AuthenticAMD, else 0 (any other
+ * vendor, or not x86). The decoder's touch_block is on by default where it was
+ * measured to pay (src/decode.c). */
+int fa_cpu_is_amd(void);
 
 /* Number of OpenMP threads a parallel region gets by default (1 without OpenMP). */
 int fa_default_threads(void);

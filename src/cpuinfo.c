@@ -17,6 +17,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 static size_t sysfs_cache(int want_level, const char *want_type, size_t *line)
 {
     for (int idx = 0; idx < 8; idx++) {
@@ -96,6 +100,32 @@ static void detect(void)
         if (e && e->l1d) { c1 = e->l1d; src = 3; }
         if (e && e->l2) { c2 = e->l2; src = 3; }
     }
+}
+
+static int amd = -1;
+
+static void detect_vendor(void)
+{
+    amd = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    /* the 12-byte vendor string is EBX, EDX, ECX */
+    char v[13];
+    memcpy(v, &b, 4);
+    memcpy(v + 4, &d, 4);
+    memcpy(v + 8, &c, 4);
+    v[12] = '\0';
+    amd = strcmp(v, "AuthenticAMD") == 0;
+#endif
+}
+
+static pthread_once_t vendor_once = PTHREAD_ONCE_INIT;
+
+int fa_cpu_is_amd(void) /* CPUID once: in a virtual machine each one traps to the hypervisor */
+{
+    pthread_once(&vendor_once, detect_vendor);
+    return amd;
 }
 
 void fa_detect_caches(size_t *l1d, size_t *l2, size_t *l3, size_t *line, int *source)

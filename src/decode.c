@@ -60,10 +60,13 @@
  * While a head's tile is computed, the next head's rows of the block are
  * prefetched (after the last head, the first head's rows of the next block):
  * hardware prefetchers stop at 4 KiB pages, and a paged cache's next page is
- * wherever the block table says. A task of several kv heads first reads each
- * block once in address order (touch_block): on AMD Zen 4 the prefetchers do not
- * follow the head-by-head order at all, and that one ascending run made the
- * default GQA row 1.5-1.7x faster there (docs/performance.md).
+ * wherever the block table says. On AMD CPUs (FA_DECODE_TOUCH overrides) a task of
+ * several kv heads first reads each block once in address order (touch_block): on
+ * a Zen 4 the prefetchers do not follow the head-by-head order, and that one
+ * ascending run made the default GQA rows 1.2-1.5x faster there, cold; with the
+ * cache already in L2/L3 it costs ~20% (docs/performance.md, "Zen 4: read each
+ * block once in address order first"). DEC_BLOCK_K_GQA and the next-head prefetch
+ * below were tuned on an Intel core without it and not re-tuned with it.
  *
  * Low-precision caches. A bf16 cache moves half the bytes of a float32 one and
  * gives its bits: the widening is exact, and the kernels' arithmetic does not
@@ -78,6 +81,7 @@
 #include "internal.h"
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "kernels/kernels.h"
@@ -411,10 +415,14 @@ static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
  * prefetchers follow; the tiles are then computed head by head from L2. Computing
  * head by head straight from DRAM reads each head's rows heads_k x d elements apart,
  * a new 4 KiB page per row: on an AMD Zen 4 core the prefetchers do not follow that,
- * and one core read 11 GB/s where an ascending run reads 30-35
+ * and one core read 11 GB/s where an ascending run reads 33-35
  * (tools/decode_pattern.c, orders 0 and 2). Nothing is computed from the loads, so the
  * bits do not change. Skipped (returns at once) when a source is not read in place or
- * its heads are not next to each other in a key's row.
+ * its heads' rows are not exactly next to each other in a key's row (so no byte that
+ * is not an element of the task's K or V rows is read). Runs only where p->decode_touch
+ * (AMD CPUs by default; FA_DECODE_TOUCH=0/1): on the Intel machines measured before,
+ * the prefetchers followed the head-by-head order, and reading or asking in address
+ * order was slower there (docs/performance.md, "Prefetch the next head").
  */
 static void touch_block(const fa_problem *p, const fa_seq *seq, int64_t hk0, int64_t hk1, int64_t j0, int n)
 {
@@ -430,16 +438,19 @@ static void touch_block(const fa_problem *p, const fa_seq *seq, int64_t hk0, int
             const size_t rb = (size_t)first.width * (fa == FA_ROW_F32 ? 4 : 2);
             for (int x = 0; x < m; x++) {
                 const char *lo = (const char *)a[x], *hi = (const char *)e[x] + rb;
-                /* the heads' rows next to each other (at most twice their bytes apart) */
-                if (hi < lo || (size_t)(hi - lo) > 2 * (size_t)(hk1 - hk0 + 1) * rb) return;
+                /* only heads whose rows are exactly next to each other: a gap between them
+                 * may hold anything (another cache slot, another view's heads, a row past
+                 * the sequence in a [.., heads_k, seqlen, d] layout), which is never read */
+                if (hi < lo || (size_t)(hi - lo) != (size_t)(hk1 - hk0 + 1) * rb) return;
                 /* the first byte, then the start of every later line: never outside [lo, hi) */
                 acc ^= *(const volatile unsigned char *)lo; /* a char may alias anything */
-                for (const char *q = (const char *)(((uintptr_t)lo | 63) + 1); q < hi; q += 64)
-                    acc ^= *(const volatile unsigned char *)q;
+                const uintptr_t end = (uintptr_t)hi;
+                for (uintptr_t q = ((uintptr_t)lo | 63) + 1; q < end; q += 64) acc ^= *(const volatile unsigned char *)q;
             }
         }
     }
-    __asm__ volatile("" : : "r"(acc));
+    (void)acc; /* the loads are volatile: they stay */
+    if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_touched, 1, memory_order_relaxed); /* tests only */
 }
 
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
@@ -567,7 +578,7 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
             const int64_t j1 = j0 + g->bc;
             const int n1 = kb + 1 < kbe ? (int)(seq.k_len - j1 < g->bc ? seq.k_len - j1 : g->bc) : 0;
             const int cur = (int)((kb - kbs) & 1);
-            if (nh > 1) touch_block(p, &seq, hks[0], hks[nh - 1], j0, bc); /* several kv heads: see touch_block */
+            if (nh > 1 && p->decode_touch) touch_block(p, &seq, hks[0], hks[nh - 1], j0, bc); /* see touch_block */
             for (int t = 0; t < nh; t++) {
                 const int64_t hk = hks[t];
                 const int rt = off[t], nt = off[t + 1] - off[t];

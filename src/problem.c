@@ -292,6 +292,8 @@ int fa_tile_cut_test = -1;
 _Atomic long fa_tile_cut_stats[2];
 int fa_bwd_one_pass_test = -1;
 int fa_amx_test = -1;
+int fa_decode_touch_test = -1;
+_Atomic long fa_count_touched;
 int fa_count_test;
 _Atomic long fa_count_rows, fa_count_packed;
 
@@ -1036,6 +1038,9 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     p->tile_cut = fa_tile_cut_test >= 0 ? fa_tile_cut_test : env->tile_cut != 0;
     p->bwd_one_pass = fa_bwd_one_pass_test >= 0 ? fa_bwd_one_pass_test : env->bwd_one_pass;
     p->amx = fa_amx_test >= 0 ? fa_amx_test : env->amx == 1;
+    p->decode_touch = fa_decode_touch_test >= 0 ? fa_decode_touch_test
+                      : env->decode_touch >= 0  ? env->decode_touch
+                                                : fa_cpu_is_amd();
     if (opt.pack_max_bytes >= 0) p->pack_max_bytes = (size_t)opt.pack_max_bytes;
     else p->pack_max_bytes = env->has_pack_max ? env->pack_max : FA_PACK_DEFAULT_MAX_BYTES;
     return FA_OK;

@@ -93,6 +93,7 @@ typedef struct fa_problem {
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
     int bwd_one_pass;            /* backward.c: -1 its task rule decides, 0 two passes, 1 one pass */
     int amx;                     /* 1: FA_AMX=1, the flash forward may run bf16 products on AMX tiles (amx.h) */
+    int decode_touch;            /* 1: the decoder reads each key block once in address order first (decode.c) */
     size_t standard_max_bytes;   /* resolved cap */
     int num_splits;              /* split-KV of the decode path (decode.c): 0 heuristic, 1 none, n splits */
     void (*progress)(void *);    /* fa_options::progress: run by thread 0 between tasks (fa_progress) */
@@ -127,6 +128,15 @@ extern _Atomic long fa_tile_cut_stats[2];
  */
 extern int fa_count_test;
 extern _Atomic long fa_count_rows, fa_count_packed;
+
+/*
+ * Tests only: >= 0 overrides FA_DECODE_TOUCH (and the AMD default) for the
+ * problems resolved after it is set; while fa_count_test > 0 the decoder adds
+ * every key block it read in address order (touch_block, done to the end) to
+ * fa_count_touched.
+ */
+extern int fa_decode_touch_test;
+extern _Atomic long fa_count_touched;
 
 /*
  * Tests only: >= 0 overrides FA_AMX (1 on, 0 off) for the problems resolved

@@ -22,11 +22,15 @@
  *   - the direct kernels' edges: 64 and 65 rows per kv head, d not a multiple of
  *     16, d = 256, d_v != d, seqlen_q up to 16, f16/bf16 and pages of 1 and 3
  *     rows, each bit-identical to the contiguous float32 cache;
+ *   - the address-order read of each key block (touch_block) runs for tasks of several kv
+ *     heads in dense, paged and appending caches, is skipped for BHSD and MQA, and never
+ *     changes a bit;
  *   - the num_splits heuristic and clamp; the workspace holds no Sq x Sk term.
  */
 #include "test_util.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -614,6 +618,138 @@ static void test_direct_kernel_edges(void **state)
     }
 }
 
+/* A [B][S][HK][D] cache in layout 0 (BSHD), 1 (BHSD) or 2 (BSHD, but heads 2D apart: every other head of a
+ * [B][S][2 HK][D] buffer, the other heads filled too). */
+static tu_tensor cache_layout(fa_dtype dt, int64_t B, int64_t S, int64_t HK, int64_t D, int layout, uint64_t *rng,
+                              double lo, double hi)
+{
+    tu_tensor c = tu_alloc4(dt, B, S, layout == 2 ? 2 * HK : HK, D, layout == 1);
+    tu_fill(&c, rng, lo, hi);
+    if (layout == 2) {
+        c.t.shape[2] = HK;
+        c.t.stride[2] = 2 * D;
+    }
+    return c;
+}
+
+/* Ensure the address-order read of each key block (decode.c's touch_block) runs where a task holds several kv
+ * heads whose rows sit next to each other in a key's row (dense BSHD, paged, f32 and bf16, a cache with new keys
+ * appended in the call), is skipped where they do not (BHSD, heads S x d apart) or where a task holds one kv head
+ * (MQA), and never changes a bit: each run with it equals the run without it, and the reference holds. */
+static void test_touch_runs_and_keeps_bits(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xdec0de0cu;
+    enum { B = 2, SC = 150, D = 40 };
+    const int32_t seqlens[B] = {150, 97};
+    static const struct {
+        int64_t h, hk;
+        fa_dtype dt;
+        int bhsd, ps, append, threads, splits, touched; /* bhsd: cache_layout's layout; touched: 1 the read
+                                                           must run, 0 it must not */
+    } cases[] = {
+        {8, 4, FA_F32, 0, 0, 0, 1, 1, 1},  /* one task, all 4 kv heads: whole key rows */
+        {8, 4, FA_BF16, 0, 0, 0, 2, 0, 1}, /* the heuristic's splits, 2 threads */
+        {12, 3, FA_F32, 0, 3, 0, 1, 3, 1}, /* pages of 3 rows */
+        {8, 4, FA_BF16, 0, 16, 0, 3, 2, 1},
+        {8, 4, FA_F32, 0, 0, 1, 1, 1, 1},  /* new keys appended in the call (into the cache, before it is read) */
+        {8, 4, FA_F32, 1, 0, 0, 1, 1, 0},  /* BHSD: a key's heads S x d apart, skipped */
+        {8, 4, FA_F32, 2, 0, 0, 1, 1, 0},  /* heads 2d apart (every other head of a wider buffer), skipped */
+        {4, 1, FA_F32, 0, 0, 0, 1, 1, 0},  /* MQA: one kv head a task */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t H = cases[ci].h, HK = cases[ci].hk, ps = cases[ci].ps;
+        const int64_t maxp = ps ? (SC + ps - 1) / ps : 0, npages = B * maxp + 2;
+        const int64_t nnew = cases[ci].append ? 3 : 0;
+        tu_tensor q = tu_alloc4(FA_F32, B, 1, H, D, 0);
+        tu_tensor k = cache_layout(cases[ci].dt, B, SC, HK, D, cases[ci].bhsd, &rng, -2, 2);
+        tu_tensor v = cache_layout(cases[ci].dt, B, SC, HK, D, cases[ci].bhsd, &rng, -1, 1);
+        tu_tensor kn = tu_alloc4(cases[ci].dt, B, nnew ? nnew : 1, HK, D, 0), vn = tu_alloc4(cases[ci].dt, B, nnew ? nnew : 1, HK, D, 0);
+        tu_fill(&q, &rng, -2, 2);
+        tu_fill(&kn, &rng, -2, 2);
+        tu_fill(&vn, &rng, -1, 1);
+        int32_t *perm = NULL, *table = NULL;
+        tu_tensor kp = {0}, vp = {0};
+        if (ps) {
+            perm = malloc((size_t)npages * sizeof(int32_t));
+            table = malloc((size_t)(B * maxp) * sizeof(int32_t));
+            assert_non_null(perm);
+            assert_non_null(table);
+            for (int64_t x = 0; x < npages; x++) perm[x] = (int32_t)(npages - 1 - x); /* reversed: pages out of order */
+            kp = to_pages(&k, ps, perm, maxp, npages, table);
+            vp = to_pages(&v, ps, perm, maxp, npages, table);
+        }
+        const int32_t used[B] = {seqlens[0] - (int32_t)nnew, seqlens[1] - (int32_t)nnew};
+        char what[160];
+        snprintf(what, sizeof what, "H %lld HK %lld %s%s, page %lld%s, %d threads, splits %d", (long long)H,
+                 (long long)HK, fa_dtype_name(cases[ci].dt), cases[ci].bhsd == 1 ? " BHSD" : cases[ci].bhsd ? " heads 2d apart" : "", (long long)ps,
+                 nnew ? ", 3 new keys" : "", cases[ci].threads, cases[ci].splits);
+        run_out out[2];
+        long touched[2];
+        for (int touch = 0; touch < 2; touch++) {
+            fa_kvcache kv = fa_kvcache_default();
+            kv.cache_seqlens = nnew ? used : seqlens;
+            if (ps) {
+                kv.block_table = table;
+                kv.max_pages = maxp;
+            }
+            if (nnew) {
+                kv.k_new = &kn.t;
+                kv.v_new = &vn.t;
+            }
+            /* an appending call writes the new keys into the cache: each run starts from the same cache */
+            tu_tensor kc = {0}, vc = {0};
+            const tu_tensor *ks = ps ? &kp : &k, *vs = ps ? &vp : &v;
+            if (nnew) {
+                kc = tu_alloc4(cases[ci].dt, B, SC, HK, D, cases[ci].bhsd);
+                vc = tu_alloc4(cases[ci].dt, B, SC, HK, D, cases[ci].bhsd);
+                memcpy(kc.mem, ks->mem, ks->bytes);
+                memcpy(vc.mem, vs->mem, vs->bytes);
+                ks = &kc;
+                vs = &vc;
+            }
+            fa_options opt = fa_options_default();
+            opt.causal = 1;
+            opt.num_threads = cases[ci].threads;
+            opt.num_splits = cases[ci].splits;
+            opt.kvcache = &kv;
+            fa_decode_touch_test = touch;
+            fa_count_test = 1;
+            atomic_store(&fa_count_touched, 0);
+            out[touch] = run_flash(&q.t, &ks->t, &vs->t, D, opt, what);
+            touched[touch] = atomic_load(&fa_count_touched);
+            fa_count_test = 0;
+            fa_decode_touch_test = -1;
+            if (touch) {
+                opt.kvcache = &kv;
+                if (nnew) { /* the reference reads the cache the call appended into */
+                    kv.k_new = NULL;
+                    kv.v_new = NULL;
+                    kv.cache_seqlens = seqlens;
+                }
+                expect_reference(&q.t, &ks->t, &vs->t, D, opt, &out[touch], what);
+            }
+            if (nnew) {
+                tu_free(&kc);
+                tu_free(&vc);
+            }
+        }
+        if (touched[0] != 0) fail_msg("%s: %ld blocks read in address order with the read off", what, touched[0]);
+        if (cases[ci].touched && touched[1] <= 0) fail_msg("%s: no block read in address order", what);
+        if (!cases[ci].touched && touched[1] != 0) fail_msg("%s: %ld blocks read where it must skip", what, touched[1]);
+        same_bits(&out[1], &out[0], what);
+        free_out(&out[0]);
+        free_out(&out[1]);
+        if (ps) {
+            tu_free(&kp);
+            tu_free(&vp);
+        }
+        free(perm);
+        free(table);
+        tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&kn); tu_free(&vn);
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Varlen                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -725,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_paged_cache_with_splits),
         cmocka_unit_test(test_cache_append_with_splits),
         cmocka_unit_test(test_direct_kernel_edges),
+        cmocka_unit_test(test_touch_runs_and_keeps_bits),
         cmocka_unit_test(test_varlen_decode_with_splits),
         cmocka_unit_test(test_split_heuristic_and_clamp),
         cmocka_unit_test(test_workspace_has_no_sq_sk_term),

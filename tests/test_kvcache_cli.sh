@@ -13,6 +13,8 @@
 #   - the same cache stored as shuffled pages (--block-table, page size 3)
 #     gives bit-identical O and appends into the right pages;
 #   - `check` passes run's output (the caches as they were + the new keys);
+#   - FA_DECODE_TOUCH=0 and 1 give the same bits (a paged cache, 2 kv heads in
+#     one task), and FA_DECODE_TOUCH=2 is refused like any malformed variable;
 #   - run --num-splits 3 (split-KV) matches the model, with the same bits on 1
 #     and 2 threads;
 #   - bad index files (cache_seqlens + seqlen_new past the cache, a page index
@@ -122,6 +124,15 @@ for b in range(3):
     for r in range(sl[b] + 3):
         assert np.array_equal(kp[table[b, r // 3], r % 3], kc[b, r]), (b, r)
 EOF
+
+# ---- FA_DECODE_TOUCH: the address-order read of each key block changes no bit ------
+for t in 0 1; do
+    FA_DECODE_TOUCH=$t $fa run -q q.npy -k kp.npy -v vp.npy --cache-seqlens sl.npy --block-table table.npy --causal \
+        --threads 1 -o ot$t.npy --lse lt$t.npy >out.txt 2>err.txt || bad "run FA_DECODE_TOUCH=$t: $(cat err.txt)"
+done
+if cmp -s ot0.npy ot1.npy && cmp -s lt0.npy lt1.npy; then ok; else bad "FA_DECODE_TOUCH=1 changed O or LSE bits"; fi
+expect_fail "FA_DECODE_TOUCH=2" "FA_DECODE_TOUCH=2: must be 0 or 1" \
+    env FA_DECODE_TOUCH=2 $fa run -q q.npy -k kc3.npy -v vc3.npy --cache-seqlens sl.npy -o o_bad.npy
 
 # ---- split-KV (--num-splits): the model, and the same bits for any --threads ---------
 for t in 1 2; do

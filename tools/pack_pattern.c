@@ -2,22 +2,25 @@
  * pack_pattern.c — how fast one thread packs K and V the way flash.c's shared packing
  * does, without the library: K [N][8][D] float32 (BSHD, one batch) transposed per
  * 256-key block into a [D][256] panel, V copied into [256][D] rows, head after head,
- * every head into the same slot (so the slot stays in L2, as the packing's slot does),
- * the source evicted from the caches (a 256 MiB read, not timed) before each of 7 passes.
+ * every head into the same slot (N x D x 2 floats: 1 MiB at N = 2048, D = 64, 2 MiB at
+ * D = 128 — like the library's shared slot, partly in L2 and partly in L3), the source
+ * evicted from the caches (a 256 MiB read, not timed) before each of 7 passes.
  * It isolates what the hardware prefetchers do with rows 8 x D floats apart: one 4 KiB
  * page per row at D = 128 (src/kernels/avx512_transpose.c's comment quotes its figures).
  *
- *   usage: pack_pattern PF [N [D [AHEAD]]]
+ *   usage: pack_pattern PF [N [D [AHEAD [OFFSET]]]]
  *     PF     0: no software prefetch of K rows; 1: prefetcht1 (into L2); 2: prefetcht0
  *            (each 16-row step asks for rows AHEAD .. AHEAD+15 further on, whole; V rows
  *            are asked for 8 ahead with prefetcht1 in every mode, as fa_pack_rows does)
  *     N      keys (default 2048, a multiple of 256); D 64 or 128 (default 128);
- *            AHEAD 16 (default) .. 128
+ *            AHEAD 16 (default) .. 128; OFFSET 0 (default) .. 60 bytes, a multiple of 4: the
+ *            source placed that far past a 64-byte line (malloc's large blocks: 16)
  *   Prints the best pass's time and GB/s of K and V read.
  *   AVX-512 only:  cc -O2 -mavx512f tools/pack_pattern.c -o pack_pattern
  */
 #define _POSIX_C_SOURCE 200809L
 #include <immintrin.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,11 +67,15 @@ static int pf, ahead = 16, dim = 128;
 static void pack_k(const float *k, size_t ldk, float *kt)
 {
     for (int jb = 0; jb < BC; jb += 16) {
-        for (int jj = jb + ahead; pf && jj < jb + ahead + 16 && jj < BC; jj++)
-            for (int c = 0; c < dim; c += 16) {
-                if (pf == 1) _mm_prefetch((const char *)(k + (size_t)jj * ldk + c), _MM_HINT_T1);
-                else _mm_prefetch((const char *)(k + (size_t)jj * ldk + c), _MM_HINT_T0);
+        for (int jj = jb + ahead; pf && jj < jb + ahead + 16 && jj < BC; jj++) {
+            /* the whole row, to the line of its last byte (as the library asks) */
+            const char *row = (const char *)(k + (size_t)jj * ldk);
+            const size_t span = (size_t)dim * sizeof(float) + ((uintptr_t)row & 63);
+            for (size_t b = 0; b < span; b += 64) {
+                if (pf == 1) _mm_prefetch(row + b, _MM_HINT_T1);
+                else _mm_prefetch(row + b, _MM_HINT_T0);
             }
+        }
         for (int cb = 0; cb < dim; cb += 16) {
             __m512 r[16], out[16];
             for (int jj = 0; jj < 16; jj++) r[jj] = _mm512_loadu_ps(k + (size_t)(jb + jj) * ldk + cb);
@@ -81,8 +88,11 @@ static void pack_k(const float *k, size_t ldk, float *kt)
 static void pack_v(const float *v, size_t ldv, float *dst)
 {
     for (int r = 0; r < BC; r++) {
-        if (r + 8 < BC)
-            for (int c = 0; c < dim; c += 16) _mm_prefetch((const char *)(v + (size_t)(r + 8) * ldv + c), _MM_HINT_T1);
+        if (r + 8 < BC) { /* fa_pack_rows: the row 8 ahead, whole */
+            const char *row = (const char *)(v + (size_t)(r + 8) * ldv);
+            const size_t span = (size_t)dim * sizeof(float) + ((uintptr_t)row & 63);
+            for (size_t b = 0; b < span; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+        }
         memcpy(dst + (size_t)r * dim, v + (size_t)r * ldv, (size_t)dim * sizeof(float));
     }
 }
@@ -90,22 +100,26 @@ static void pack_v(const float *v, size_t ldv, float *dst)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: pack_pattern PF [N [D [AHEAD]]]\n");
+        fprintf(stderr, "usage: pack_pattern PF [N [D [AHEAD [OFFSET]]]]\n");
         return 2;
     }
     pf = atoi(argv[1]);
     const int n = argc > 2 ? atoi(argv[2]) : 2048;
     dim = argc > 3 ? atoi(argv[3]) : 128;
     ahead = argc > 4 ? atoi(argv[4]) : 16;
-    if (pf < 0 || pf > 2 || n < BC || n % BC || (dim != 64 && dim != 128) || ahead < 16 || ahead > 128) {
-        fprintf(stderr, "pack_pattern: PF 0..2, N a multiple of 256, D 64|128, AHEAD 16..128\n");
+    const int offset = argc > 5 ? atoi(argv[5]) : 0;
+    if (pf < 0 || pf > 2 || n < BC || n % BC || (dim != 64 && dim != 128) || ahead < 16 || ahead > 128 ||
+        offset < 0 || offset > 60 || offset % 4) {
+        fprintf(stderr, "pack_pattern: PF 0..2, N a multiple of 256, D 64|128, AHEAD 16..128, OFFSET 0..60 (x4)\n");
         return 2;
     }
     const size_t total = (size_t)n * H * (size_t)dim, evb = (size_t)256 << 20;
-    float *k = aligned_alloc(64, total * sizeof(float)), *v = aligned_alloc(64, total * sizeof(float));
+    char *kbuf = aligned_alloc(64, total * sizeof(float) + 64), *vbuf = aligned_alloc(64, total * sizeof(float) + 64);
+    if (!kbuf || !vbuf) return 2;
+    float *k = (float *)(void *)(kbuf + offset), *v = (float *)(void *)(vbuf + offset);
     float *slot = aligned_alloc(64, (size_t)n * (size_t)dim * 2 * sizeof(float));
     char *e = malloc(evb);
-    if (!k || !v || !slot || !e) return 2;
+    if (!slot || !e) return 2;
     for (size_t i = 0; i < total; i++) k[i] = v[i] = (float)(i & 1023);
     memset(slot, 0, (size_t)n * (size_t)dim * 2 * sizeof(float));
     memset(e, 1, evb);
@@ -124,10 +138,10 @@ int main(int argc, char **argv)
         const double t = now() - t0;
         if (t < best) best = t;
     }
-    printf("pf %d N %d D %d ahead %d: %.3f ms, %.2f GB/s of K and V read (check %lu)\n", pf, n, dim, ahead,
+    printf("pf %d N %d D %d ahead %d offset %d: %.3f ms, %.2f GB/s of K and V read (check %lu)\n", pf, n, dim, ahead, offset,
            best * 1e3, 2.0 * (double)total * sizeof(float) / best / 1e9, (unsigned long)(sink & 1) + (unsigned long)slot[7]);
-    free(k);
-    free(v);
+    free(kbuf);
+    free(vbuf);
     free(slot);
     free(e);
     return 0;

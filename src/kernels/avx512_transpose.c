@@ -13,7 +13,8 @@
  * page or more), where hardware prefetchers stop following them, so each
  * 16-row step asks for the next 16 rows, whole, into L2 (prefetcht1).
  * Measured on an AMD EPYC (Zen 4, 1 MiB L2), 2 rounds each: one core packing
- * 8 heads x 2048 keys from DRAM into an L2-resident slot (tools/pack_pattern.c)
+ * 8 heads x 2048 keys from DRAM into one slot reused for every head, as the
+ * shared packing does (tools/pack_pattern.c)
  * d 128 3.43 / 3.04 -> 1.95 / 1.86 ms, d 64 1.28 / 1.33 -> 0.89 / 0.90 ms
  * (prefetcht0: 2.46 / 2.59 ms at d 128); in the library (tools/phase_times.c,
  * 2 threads, causal, 3 rounds side by side) the packing per thread and call
@@ -60,9 +61,13 @@ void fa_transpose_avx512(int bc, int d, const float *k, size_t ldk, float *kt, s
 {
     for (int jb = 0; jb < bc; jb += 16) {
         const int nj = bc - jb < 16 ? bc - jb : 16;
-        /* the next 16 rows, whole, into L2 (see the file comment) */
-        for (int jj = jb + 16; jj < jb + 32 && jj < bc; jj++)
-            for (int c = 0; c < d; c += 16) _mm_prefetch((const char *)(k + (size_t)jj * ldk + c), _MM_HINT_T1);
+        /* the next 16 rows, whole (to the line of a row's last byte, wherever in its
+         * line the row starts), into L2 (see the file comment) */
+        for (int jj = jb + 16; jj < jb + 32 && jj < bc; jj++) {
+            const char *row = (const char *)(k + (size_t)jj * ldk);
+            const size_t span = (size_t)d * sizeof(float) + ((uintptr_t)row & 63);
+            for (size_t b = 0; b < span; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+        }
         for (int cb = 0; cb < d; cb += 16) {
             const int nc = d - cb < 16 ? d - cb : 16;
             const __mmask16 m = (__mmask16)(nc == 16 ? 0xffffu : (1u << nc) - 1u);
