@@ -2,8 +2,9 @@
  * avx512_transpose.c — the K-tile transpose of the flash driver, AVX-512.
  *
  * Packing K_j as K_j^T ([d][ldkt]) lets qk broadcast one q element and FMA a
- * whole vector of 16 keys. The transpose runs once per tile per Q block, so
- * it must be cheap: 16x16 blocks go through registers in four shuffle stages
+ * whole vector of 16 keys. The transpose runs once per key block of each
+ * (batch, kv head) in flash.c's shared packing, or once per tile of each task
+ * when K/V are packed per tile (long sequences), so it must be cheap: 16x16 blocks go through registers in four shuffle stages
  * (unpack ps, unpack pd, two 128-bit lane shuffles), and every store writes a
  * full 64-byte line. Missing keys (bc % 16) load as zeros, which is exactly
  * the zero padding the packed layout promises; missing columns (d % 16) use
