@@ -156,14 +156,8 @@ static inline void fa_rows_prefetch_rw(const fa_rows *s, int64_t j0, int64_t n, 
         if (t->stride[3] != 1) return;
         const size_t esz = fa_dtype_size(t->dtype), bytes = (size_t)s->width * esz;
         const char *row = (const char *)t->data + off * (int64_t)esz;
-        /* to the line of the row's last byte, wherever in its line the row starts */
-        const size_t span = bytes + ((uintptr_t)row & 63);
-        for (size_t b = 0; b < span; b += 64) {
-            if (write) /* __builtin_prefetch takes its rw argument as a constant */
-                __builtin_prefetch(row + b, 1, 2);
-            else
-                __builtin_prefetch(row + b, 0, 2);
-        }
+        if (write) FA_PREFETCH_ROW(row, bytes, 1, 2);
+        else FA_PREFETCH_ROW(row, bytes, 0, 2);
     }
 }
 

@@ -553,11 +553,8 @@ static void transpose_avx2(int bc, int d, const float *k, size_t ldk, float *kt,
         const int nj = bc - jb < 8 ? bc - jb : 8;
         /* the next 8 rows, whole: in BSHD they are heads x d floats apart, often a page
          * or more, where the hardware prefetchers stop */
-        for (int jj = jb + 8; jj < jb + 16 && jj < bc; jj++) { /* to the line of the row's last byte */
-            const char *row = (const char *)(k + (size_t)jj * ldk);
-            const size_t span = (size_t)d * sizeof(float) + ((uintptr_t)row & 63);
-            for (size_t b = 0; b < span; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
-        }
+        for (int jj = jb + 8; jj < jb + 16 && jj < bc; jj++)
+            FA_PREFETCH_ROW(k + (size_t)jj * ldk, (size_t)d * sizeof(float), 0, 3); /* prefetcht0 */
         for (int cb = 0; cb < d; cb += 8) {
             const int nc = d - cb < 8 ? d - cb : 8;
             const __m256i m = lanes_below(nc);

@@ -4,9 +4,9 @@
  * Packing K_j as K_j^T ([d][ldkt]) lets qk broadcast one q element and FMA a
  * whole vector of 16 keys. The transpose runs once per key block of each
  * (batch, kv head) in flash.c's shared packing, or once per tile of each task
- * when K/V are packed per tile (long sequences), so it must be cheap: 16x16 blocks go through registers in four shuffle stages
- * (unpack ps, unpack pd, two 128-bit lane shuffles), and every store writes a
- * full 64-byte line. Missing keys (bc % 16) load as zeros, which is exactly
+ * when K/V are packed per tile (long sequences), so it must be cheap: 16x16
+ * blocks go through registers in four shuffle stages (unpack ps, unpack pd,
+ * two 128-bit lane shuffles), and every store writes a full 64-byte line. Missing keys (bc % 16) load as zeros, which is exactly
  * the zero padding the packed layout promises; missing columns (d % 16) use
  * masked loads and are simply not stored.
  *
@@ -62,13 +62,9 @@ void fa_transpose_avx512(int bc, int d, const float *k, size_t ldk, float *kt, s
 {
     for (int jb = 0; jb < bc; jb += 16) {
         const int nj = bc - jb < 16 ? bc - jb : 16;
-        /* the next 16 rows, whole (to the line of a row's last byte, wherever in its
-         * line the row starts), into L2 (see the file comment) */
-        for (int jj = jb + 16; jj < jb + 32 && jj < bc; jj++) {
-            const char *row = (const char *)(k + (size_t)jj * ldk);
-            const size_t span = (size_t)d * sizeof(float) + ((uintptr_t)row & 63);
-            for (size_t b = 0; b < span; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
-        }
+        /* the next 16 rows, whole, into L2 (see the file comment) */
+        for (int jj = jb + 16; jj < jb + 32 && jj < bc; jj++)
+            FA_PREFETCH_ROW(k + (size_t)jj * ldk, (size_t)d * sizeof(float), 0, 2); /* prefetcht1 */
         for (int cb = 0; cb < d; cb += 16) {
             const int nc = d - cb < 16 ? d - cb : 16;
             const __mmask16 m = (__mmask16)(nc == 16 ? 0xffffu : (1u << nc) - 1u);

@@ -240,6 +240,21 @@ static inline size_t fa_ld_spread(size_t x)
 }
 
 /*
+ * Ask the caches for the `bytes` bytes at `row`, one prefetch per 64-byte line up to
+ * the line of its last byte, wherever in its line the row starts (a row 16 bytes off a
+ * line spans one line more). RW and LOCALITY are __builtin_prefetch's, and must be
+ * constants (hence a macro). Used where K/V rows are heads x d elements apart, a page
+ * or more, where hardware prefetchers stop following them.
+ */
+#define FA_PREFETCH_ROW(row, bytes, RW, LOCALITY)                                                 \
+    do {                                                                                      \
+        const char *fa_pf_row_ = (const char *)(row);                                         \
+        const size_t fa_pf_span_ = (size_t)(bytes) + ((uintptr_t)fa_pf_row_ & 63);            \
+        for (size_t fa_pf_b_ = 0; fa_pf_b_ < fa_pf_span_; fa_pf_b_ += 64)                     \
+            __builtin_prefetch(fa_pf_row_ + fa_pf_b_, RW, LOCALITY);                          \
+    } while (0)
+
+/*
  * The kernel table for this CPU, chosen once (dispatch.c): the best ISA the
  * CPU supports, or the one FA_ISA names. Returns NULL and sets *status if
  * FA_ISA names an unknown ISA or one this CPU or build lacks.
