@@ -61,12 +61,14 @@
  * prefetched (after the last head, the first head's rows of the next block):
  * hardware prefetchers stop at 4 KiB pages, and a paged cache's next page is
  * wherever the block table says. On AMD CPUs (FA_DECODE_TOUCH overrides) a task of
- * several kv heads first reads each block once in address order (touch_block): on
- * a Zen 4 the prefetchers do not follow the head-by-head order, and that one
- * ascending run made the default GQA rows 1.2-1.5x faster there, cold; with the
- * cache already in L2/L3 it costs ~20% (docs/performance.md, "Zen 4: read each
- * block once in address order first"). DEC_BLOCK_K_GQA and the next-head prefetch
- * below were tuned on an Intel core without it and not re-tuned with it.
+ * several kv heads goes by address order instead (addr_plan): it reads its first
+ * block once in address order and, while it computes a block, asks for the next
+ * one in address order, a few lines before each dec_qk call. On a Zen 4 the
+ * prefetchers do not follow the head-by-head order; reading each block first made
+ * the default GQA rows 1.2-1.5x faster there, cold, and asking spread instead
+ * another 1.26x for bf16 (docs/performance.md, "Zen 4: read each block once in
+ * address order first", "Zen 4: ask for the next block, spread").
+ * DEC_BLOCK_K_GQA and the next-head prefetch were tuned on an Intel core without it.
  *
  * Low-precision caches. A bf16 cache moves half the bytes of a float32 one and
  * gives its bits: the widening is exact, and the kernels' arithmetic does not
@@ -118,6 +120,12 @@
 /* Keys per dec_qk call, each preceded by the prefetch of the same keys of the rows
  * decode_task asks for next (K rows; the V rows one chunk behind). */
 #define DEC_PF_KEYS 32
+
+/* Keys per dec_qk call when the next block is asked for in address order (addr_plan),
+ * a share of its lines before each call. Measured on the Zen 4 (2 threads, bf16, 32768
+ * keys): 8 keys 5.2-5.7 ms, 16 5.8-6.2, 4 5.7-6.1 (one burst per head and block with K
+ * and V: slower), 2 keys 9.1-9.3 (the calls' overhead). */
+#define DEC_ASK_KEYS 8
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
@@ -408,47 +416,106 @@ static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
 }
 
 /*
- * Read rows j0 .. j0 + n - 1 of kv heads hk0 .. hk1 (K and V) once, in address order:
- * one load per 64-byte line, key row after key row, each key's stretch from head hk0's
- * row to the end of head hk1's. In a cache [.., seqlen, heads_k, d] (dense or paged)
- * that stretch is contiguous, so the block is one ascending run that the hardware
- * prefetchers follow; the tiles are then computed head by head from L2. Computing
- * head by head straight from DRAM reads each head's rows heads_k x d elements apart,
- * a new 4 KiB page per row: on an AMD Zen 4 core the prefetchers do not follow that,
- * and one core read 11 GB/s where an ascending run reads 33-35
- * (tools/decode_pattern.c, orders 0 and 2). Nothing is computed from the loads, so the
- * bits do not change. Skipped (returns at once) when a source is not read in place or
- * its heads' rows are not exactly next to each other in a key's row (so no byte that
- * is not an element of the task's K or V rows is read). Runs only where p->decode_touch
- * (AMD CPUs by default; FA_DECODE_TOUCH=0/1): on the Intel machines measured before,
- * the prefetchers followed the head-by-head order, and reading or asking in address
- * order was slower there (docs/performance.md, "Prefetch the next head").
+ * Address order (AMD CPUs by default; FA_DECODE_TOUCH=0/1 overrides; p->decode_touch).
+ * A task of several kv heads computes a block head by head, which reads each head's
+ * rows heads_k x d elements apart, a new 4 KiB page per row: on an AMD Zen 4 core the
+ * prefetchers do not follow that, and one core read 11 GB/s where an ascending run
+ * reads 33-35 (tools/decode_pattern.c, orders 0 and 2). In a cache [.., seqlen,
+ * heads_k, d] (dense or paged) the rows j0 .. j0 + n - 1 of heads hk0 .. hk1 are one
+ * stretch per key, from head hk0's row to the end of head hk1's, and a dense block
+ * is one ascending run. So the decoder
+ *   - reads the first block of a task once in that order (touch_block: one load per
+ *     64-byte line), and
+ *   - while it computes a block, asks for the next one in that order (prefetcht2),
+ *     a few lines before each dec_qk call of DEC_ASK_KEYS keys, spread evenly over
+ *     the block's calls (decode_task).
+ * Asking for the whole next block in one burst, or a head's share at once, stalls on
+ * full fill buffers; reading each block before computing it (the first version) adds
+ * the block's memory time to its compute time. Spread, the two overlap: bf16 1.26x
+ * faster than the read-first version on the Zen 4 (docs/performance.md, "Zen 4: ask
+ * for the next block, spread"). Nothing is computed from the loads or the asks, so
+ * the bits do not change. Only where the task's heads' rows are exactly next to each
+ * other in a key's row (addr_plan; a gap may be another cache slot, another view's
+ * heads or a row past the sequence, which is never read) and the rows are read in
+ * place. On the Intel machines measured before, the prefetchers followed the
+ * head-by-head order, and reading or asking in address order was slower there
+ * (docs/performance.md, "Prefetch the next head"): off by default.
  */
-static void touch_block(const fa_problem *p, const fa_seq *seq, int64_t hk0, int64_t hk1, int64_t j0, int n)
+enum { ADDR_MAX = 64 }; /* keys of one plan */
+typedef struct addr_plan {
+    const char *lo[2 * ADDR_MAX], *hi[2 * ADDR_MAX]; /* stretches: K rows' then V rows' */
+    int n, at;    /* stretches; the one the cursor is in */
+    const char *q; /* the next line to ask for */
+    size_t lines; /* lines of all stretches (an upper bound) */
+} addr_plan;
+
+/* The stretches of rows j0 .. j0 + n - 1 (n <= ADDR_MAX) of kv heads hk0 .. hk1, K then
+ * V; 0 when a source is not read in place or the heads' rows are not exactly adjacent. */
+static int addr_plan_make(const fa_problem *p, const fa_seq *seq, int64_t hk0, int64_t hk1, int64_t j0, int n,
+                          addr_plan *a)
 {
-    enum { CH = 32 };
+    a->n = a->at = 0;
+    a->lines = 0;
+    if (n <= 0 || n > ADDR_MAX) return 0;
     for (int kv = 0; kv < 2; kv++) {
         const fa_rows first = fa_rows_kv(p, seq, hk0, kv), last = fa_rows_kv(p, seq, hk1, kv);
-        for (int x0 = 0; x0 < n; x0 += CH) {
-            const int m = n - x0 < CH ? n - x0 : CH;
-            const void *a[CH], *e[CH];
-            int fa, fe;
-            if (!row_ptrs(&first, j0 + x0, m, a, &fa) || !row_ptrs(&last, j0 + x0, m, e, &fe) || fa != fe) return;
-            const size_t rb = (size_t)first.width * (fa == FA_ROW_F32 ? 4 : 2);
-            for (int x = 0; x < m; x++) {
-                const char *lo = (const char *)a[x], *hi = (const char *)e[x] + rb;
-                /* only heads whose rows are exactly next to each other: a gap between them
-                 * may hold anything (another cache slot, another view's heads, a row past
-                 * the sequence in a [.., heads_k, seqlen, d] layout), which is never read */
-                if (hi < lo || (size_t)(hi - lo) != (size_t)(hk1 - hk0 + 1) * rb) return;
-                /* the first byte, then the start of every later line: never outside [lo, hi) */
-                /* volatile: the compiler keeps loads whose values nothing uses; a char may alias anything */
-                (void)*(const volatile unsigned char *)lo;
-                for (uintptr_t q = ((uintptr_t)lo | 63) + 1; q < (uintptr_t)hi; q += 64) (void)*(const volatile unsigned char *)q;
-            }
+        const void *f[ADDR_MAX], *e[ADDR_MAX];
+        int ff, fe;
+        if (!row_ptrs(&first, j0, n, f, &ff) || !row_ptrs(&last, j0, n, e, &fe) || ff != fe) return 0;
+        const size_t rb = (size_t)first.width * (ff == FA_ROW_F32 ? 4 : 2);
+        for (int x = 0; x < n; x++) {
+            const char *lo = (const char *)f[x], *hi = (const char *)e[x] + rb;
+            if (hi < lo || (size_t)(hi - lo) != (size_t)(hk1 - hk0 + 1) * rb) return 0;
+            a->lo[a->n] = lo;
+            a->hi[a->n++] = hi;
+            a->lines += (size_t)(hi - lo) / 64 + 2; /* a stretch not starting on a line crosses one more */
         }
     }
-    if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_touched, 1, memory_order_relaxed); /* tests only */
+    a->q = a->lo[0];
+    return 1;
+}
+
+/* Read every line of the plan once: the first byte of a stretch, then the start of each
+ * later line of it — never a byte outside [lo, hi). */
+static void addr_touch(const addr_plan *a)
+{
+    for (int s = 0; s < a->n; s++) {
+        /* volatile: the compiler keeps loads whose values nothing uses; a char may alias anything */
+        (void)*(const volatile unsigned char *)a->lo[s];
+        for (uintptr_t q = ((uintptr_t)a->lo[s] | 63) + 1; q < (uintptr_t)a->hi[s]; q += 64)
+            (void)*(const volatile unsigned char *)q;
+    }
+}
+
+/* Rows j0 .. j0 + n - 1 of heads hk0 .. hk1, read once in address order (when planned). */
+static void touch_block(const fa_problem *p, const fa_seq *seq, int64_t hk0, int64_t hk1, int64_t j0, int n)
+{
+    addr_plan a;
+    for (int x0 = 0; x0 < n; x0 += ADDR_MAX)
+        if (addr_plan_make(p, seq, hk0, hk1, j0 + x0, n - x0 < ADDR_MAX ? n - x0 : ADDR_MAX, &a)) {
+            addr_touch(&a);
+            if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_touched, 1, memory_order_relaxed); /* tests only */
+        }
+}
+
+/* Whether every line of the plan was asked for. */
+static int addr_done(const addr_plan *a)
+{
+    return a->at >= a->n || (a->at == a->n - 1 && (uintptr_t)a->q >= (uintptr_t)a->hi[a->at]);
+}
+
+/* Ask for the plan's next k lines, in order (prefetcht2: into L2; measured as fast as t1). */
+static void addr_ask(addr_plan *a, size_t k)
+{
+    while (k > 0 && a->at < a->n) {
+        if ((uintptr_t)a->q >= (uintptr_t)a->hi[a->at]) {
+            if (++a->at < a->n) a->q = a->lo[a->at];
+            continue;
+        }
+        __builtin_prefetch(a->q, 0, 1);
+        a->q = (const char *)(((uintptr_t)a->q | 63) + 1);
+        k--;
+    }
 }
 
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
@@ -570,13 +637,25 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
          * read in place: nkf/nvf[t] >= 0) while this block is computed */
         int nkf[DEC_MAX_ROWS], nvf[DEC_MAX_ROWS];
         const size_t b16 = round16((size_t)g->bc);
+        /* address order (see addr_plan): the next block's plan, asked for spread over this
+         * block's dec_qk calls of DEC_ASK_KEYS keys; a block not asked for is read first */
+        const int addr = nh > 1 && p->decode_touch;
+        const int qk_keys = addr ? DEC_ASK_KEYS : DEC_PF_KEYS;
+        addr_plan next;
+        int ahead = 0; /* the next block is asked for during this one (else it is read first) */
         for (int64_t kb = kbs; kb < kbe; kb++) {
             const int64_t j0 = kb * g->bc;
             const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
             const int64_t j1 = j0 + g->bc;
             const int n1 = kb + 1 < kbe ? (int)(seq.k_len - j1 < g->bc ? seq.k_len - j1 : g->bc) : 0;
             const int cur = (int)((kb - kbs) & 1);
-            if (nh > 1 && p->decode_touch) touch_block(p, &seq, hks[0], hks[nh - 1], j0, bc); /* see touch_block */
+            size_t per_call = 0; /* lines asked for before each dec_qk call */
+            if (addr) {
+                if (!ahead) touch_block(p, &seq, hks[0], hks[nh - 1], j0, bc);
+                ahead = n1 > 0 && addr_plan_make(p, &seq, hks[0], hks[nh - 1], j1, n1, &next);
+                const size_t calls = (size_t)nh * (size_t)((bc + qk_keys - 1) / qk_keys);
+                if (ahead) per_call = (next.lines + calls - 1) / calls;
+            }
             for (int t = 0; t < nh; t++) {
                 const int64_t hk = hks[t];
                 const int rt = off[t], nt = off[t + 1] - off[t];
@@ -622,7 +701,8 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 pv = pk + b16;
                 const size_t kbytes = (size_t)ks.width * (pkf == FA_ROW_F32 ? 4 : 2);
                 const size_t vbytes = (size_t)vs.width * (pvf == FA_ROW_F32 ? 4 : 2);
-                const int pfk = pkf >= 0, pfv = pvf >= 0; /* rows read in place */
+                /* rows read in place, and the next block not asked for in address order */
+                const int pfk = !ahead && pkf >= 0, pfv = !ahead && pvf >= 0;
                 /* the scores DEC_PF_KEYS keys at a time, asking before each call for the
                  * same keys of the rows above (K rows; V rows a chunk behind, the last V
                  * chunk before dec_pv): hardware prefetchers stop at 4 KiB pages, one kv
@@ -635,8 +715,9 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                  * score does not depend on the other keys of the call, so the bits are the
                  * same. */
                 int vdone = 0; /* V rows asked for */
-                for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
-                    const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;
+                for (int c0 = 0; c0 < bc; c0 += qk_keys) {
+                    const int nc = bc - c0 < qk_keys ? bc - c0 : qk_keys;
+                    if (ahead) addr_ask(&next, per_call);
                     const int np = pn - c0 < nc ? pn - c0 : nc;
                     if (np > 0 && pfk) prefetch_ptrs(pk + c0, np, kbytes);
                     if (c0 > 0 && pfv) {
@@ -677,6 +758,9 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                     pv_masked_rows(kern, rt, nt, j0, bc, dv, sc, g->lds, vp, vfmt, g->ldo);
                 }
             }
+            if (ahead && fa_count_test > 0) /* tests only: was all of the next block asked for? */
+                atomic_fetch_add_explicit(addr_done(&next) ? &fa_count_asked : &fa_count_ask_short, 1,
+                                          memory_order_relaxed);
         }
     }
 

@@ -132,11 +132,13 @@ extern _Atomic long fa_count_rows, fa_count_packed;
 /*
  * Tests only: >= 0 overrides FA_DECODE_TOUCH (and the AMD default) for the
  * problems resolved after it is set; while fa_count_test > 0 the decoder adds
- * every key block it read in address order (touch_block, done to the end) to
- * fa_count_touched.
+ * every key block (of up to 64 keys) it read in address order (touch_block) to
+ * fa_count_touched, every block whose lines it asked for in address order while
+ * computing the one before to fa_count_asked when every line was asked for, to
+ * fa_count_ask_short when not (decode.c, addr_plan).
  */
 extern int fa_decode_touch_test;
-extern _Atomic long fa_count_touched;
+extern _Atomic long fa_count_touched, fa_count_asked, fa_count_ask_short;
 
 /*
  * Tests only: >= 0 overrides FA_AMX (1 on, 0 off) for the problems resolved

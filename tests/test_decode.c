@@ -685,7 +685,7 @@ static void test_touch_runs_and_keeps_bits(void **state)
                  (long long)HK, fa_dtype_name(cases[ci].dt), cases[ci].bhsd == 1 ? " BHSD" : cases[ci].bhsd ? " heads 2d apart" : "", (long long)ps,
                  nnew ? ", 3 new keys" : "", cases[ci].threads, cases[ci].splits);
         run_out out[2];
-        long touched[2];
+        long touched[2], asked[2], short_asks[2];
         for (int touch = 0; touch < 2; touch++) {
             fa_kvcache kv = fa_kvcache_default();
             kv.cache_seqlens = nnew ? used : seqlens;
@@ -716,8 +716,12 @@ static void test_touch_runs_and_keeps_bits(void **state)
             fa_decode_touch_test = touch;
             fa_count_test = 1;
             atomic_store(&fa_count_touched, 0);
+            atomic_store(&fa_count_asked, 0);
+            atomic_store(&fa_count_ask_short, 0);
             out[touch] = run_flash(&q.t, &ks->t, &vs->t, D, opt, what);
             touched[touch] = atomic_load(&fa_count_touched);
+            asked[touch] = atomic_load(&fa_count_asked);
+            short_asks[touch] = atomic_load(&fa_count_ask_short);
             fa_count_test = 0;
             fa_decode_touch_test = -1;
             if (touch) {
@@ -737,6 +741,11 @@ static void test_touch_runs_and_keeps_bits(void **state)
         if (touched[0] != 0) fail_msg("%s: %ld blocks read in address order with the read off", what, touched[0]);
         if (cases[ci].touched && touched[1] <= 0) fail_msg("%s: no block read in address order", what);
         if (!cases[ci].touched && touched[1] != 0) fail_msg("%s: %ld blocks read where it must skip", what, touched[1]);
+        /* every task reads its first block and asks for each later one while computing the one before */
+        if (asked[0] != 0 || short_asks[0] != 0) fail_msg("%s: blocks asked for with address order off", what);
+        if (cases[ci].touched && asked[1] <= 0) fail_msg("%s: no block asked for in address order (%ld in part)", what, short_asks[1]);
+        if (!cases[ci].touched && asked[1] != 0) fail_msg("%s: %ld blocks asked for where it must skip", what, asked[1]);
+        if (short_asks[1] != 0) fail_msg("%s: %ld blocks asked for only in part", what, short_asks[1]);
         same_bits(&out[1], &out[0], what);
         free_out(&out[0]);
         free_out(&out[1]);

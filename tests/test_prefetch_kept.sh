@@ -16,4 +16,10 @@ if [ "$n" -lt 8 ]; then
     echo "FAIL: $obj holds $n prefetch instructions (expected the unrolled prefetch loop's, >= 8)"
     exit 1
 fi
-echo "ok: $obj holds $n prefetch instructions"
+# the address-order ask (decode.c, addr_ask) is the one prefetcht2
+n2=$(objdump -d "$obj" | grep -c 'prefetcht2')
+if [ "$n2" -lt 1 ]; then
+    echo "FAIL: $obj holds no prefetcht2 (addr_ask's ask for the next block in address order)"
+    exit 1
+fi
+echo "ok: $obj holds $n prefetch instructions ($n2 prefetcht2)"

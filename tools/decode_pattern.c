@@ -14,6 +14,14 @@
  *                 3: head by head, asking at head h for slice h of H of the next block's
  *                    keys, every head, in address order (prefetch LOCALITY 3: t0, 2: t1,
  *                    1: t2; default 3)
+ *                 4: each block read once in address order (one load a line), then head by
+ *                    head from the caches (the library's touch_block on AMD)
+ *                 5: as 4, but the read of the next block is spread over this block's heads:
+ *                    after head h, slice h of H of the next block's keys, address order
+ *                 6: head by head, asking (prefetch LOCALITY) for the next block in address
+ *                    order spread evenly: a few lines before every row read
+ *                 7: as 6, but a head's share asked at once, before its K rows and its V rows
+ *                 (environment GRAN=G, order 6: ask every G rows, G times as many lines)
  *     BLOCK       keys per block (default 32); FMAS: 16-lane FMAs per line read, in groups
  *                 of 8 (default 0; 16 is about the bf16 kernels' arithmetic per line)
  *   Prints GB/s (K and V bytes once over the best of 5 cold passes; a 1 GiB read before
@@ -77,6 +85,31 @@ static void ask_keys(const char *base, long j0, int n, size_t keyb, int loc)
     }
 }
 
+/* Keys j0 .. j0+n-1, every head, in address order: one demand load a line (a touch). */
+static void touch_keys(const char *base, long j0, int n, size_t keyb)
+{
+    const char *r = base + (size_t)j0 * keyb;
+    for (size_t b = 0; b < (size_t)n * keyb; b += 64) (void)*(const volatile char *)(r + b);
+}
+
+/* Order 6's cursor: the next block's K then V lines, handed out a few at a time. */
+static const char *cur_k, *cur_v, *cur_kend, *cur_vend;
+static size_t cur_step;
+static int cur_loc, gran = 1;
+
+static void ask_some(void)
+{
+    for (size_t i = 0; i < cur_step; i++) {
+        const char *q;
+        if (cur_k < cur_kend) q = cur_k, cur_k += 64;
+        else if (cur_v < cur_vend) q = cur_v, cur_v += 64;
+        else return;
+        if (cur_loc == 3) __builtin_prefetch(q, 0, 3);
+        else if (cur_loc == 2) __builtin_prefetch(q, 0, 2);
+        else __builtin_prefetch(q, 0, 1);
+    }
+}
+
 static void ask_rows(const char *base, long j0, int n, int h, size_t keyb, size_t rowb)
 {
     for (int x = 0; x < n; x++) {
@@ -94,9 +127,10 @@ int main(int argc, char **argv)
     const int esz = atoi(argv[1]), order = atoi(argv[2]), bc = argc > 3 ? atoi(argv[3]) : 32;
     fmas = argc > 4 ? atoi(argv[4]) : 0;
     const int loc = argc > 5 ? atoi(argv[5]) : 3;
-    if ((esz != 2 && esz != 4) || order < 0 || order > 3 || loc < 1 || loc > 3 || bc < 1 || bc > 4096 || fmas < 0 ||
+    if (getenv("GRAN")) gran = atoi(getenv("GRAN")); /* order 6: ask every GRAN rows */
+    if ((esz != 2 && esz != 4) || order < 0 || order > 7 || loc < 1 || loc > 3 || bc < 1 || bc > 4096 || fmas < 0 ||
         fmas > 256) {
-        fprintf(stderr, "decode_pattern: ELEM_BYTES 2|4, ORDER 0..3, BLOCK 1..4096, FMAS 0..256, LOCALITY 1..3\n");
+        fprintf(stderr, "decode_pattern: ELEM_BYTES 2|4, ORDER 0..7, BLOCK 1..4096, FMAS 0..256, LOCALITY 1..3\n");
         return 2;
     }
     const size_t rowb = (size_t)D * (size_t)esz, keyb = rowb * H, total = keyb * (size_t)N;
@@ -121,22 +155,44 @@ int main(int argc, char **argv)
         } else {
             for (long j0 = 0; j0 < N; j0 += bc) {
                 const int n = N - j0 < bc ? (int)(N - j0) : bc;
+                if (order == 4 || (order == 5 && j0 == 0)) {
+                    touch_keys(K, j0, n, keyb);
+                    touch_keys(V, j0, n, keyb);
+                }
+                if (order == 6 || order == 7) {
+                    const long a0 = j0 + bc < N ? j0 + bc : N, a1 = j0 + 2 * bc < N ? j0 + 2 * bc : N;
+                    cur_k = K + (size_t)a0 * keyb, cur_kend = K + (size_t)a1 * keyb;
+                    cur_v = V + (size_t)a0 * keyb, cur_vend = V + (size_t)a1 * keyb;
+                    cur_step = ((size_t)(a1 - a0) * keyb * 2 / 64 + (size_t)(2 * n * H) - 1) / (size_t)(2 * n * H);
+                    cur_loc = loc;
+                }
                 for (int h = 0; h < H; h++) {
                     const int th = h + 1 < H ? h + 1 : 0;
                     const long tj = h + 1 < H ? j0 : j0 + bc;
                     const int tn = tj >= N ? 0 : (N - tj < bc ? (int)(N - tj) : bc);
-                    if (order == 3) { /* slice h of the next block, address order */
+                    if (order == 3 || order == 5) { /* slice h of the next block, address order */
                         const long a0 = j0 + bc + (long)h * bc / H, a1 = j0 + bc + (long)(h + 1) * bc / H;
                         const long e = a1 < N ? a1 : N;
-                        if (e > a0) {
+                        if (e > a0 && order == 3) {
                             ask_keys(K, a0, (int)(e - a0), keyb, loc);
                             ask_keys(V, a0, (int)(e - a0), keyb, loc);
+                        } else if (e > a0) {
+                            touch_keys(K, a0, (int)(e - a0), keyb);
+                            touch_keys(V, a0, (int)(e - a0), keyb);
                         }
                     }
                     if (order == 1) ask_rows(K, tj, tn, th, keyb, rowb);
-                    for (int x = 0; x < n; x++) use_row(K + (size_t)(j0 + x) * keyb + (size_t)h * rowb, rowb);
+                    if (order == 7) for (int x = 0; x < n; x++) ask_some();
+                    for (int x = 0; x < n; x++) {
+                        if (order == 6 && x % gran == 0) for (int y = 0; y < gran; y++) ask_some();
+                        use_row(K + (size_t)(j0 + x) * keyb + (size_t)h * rowb, rowb);
+                    }
                     if (order == 1) ask_rows(V, tj, tn, th, keyb, rowb);
-                    for (int x = 0; x < n; x++) use_row(V + (size_t)(j0 + x) * keyb + (size_t)h * rowb, rowb);
+                    if (order == 7) for (int x = 0; x < n; x++) ask_some();
+                    for (int x = 0; x < n; x++) {
+                        if (order == 6 && x % gran == 0) for (int y = 0; y < gran; y++) ask_some();
+                        use_row(V + (size_t)(j0 + x) * keyb + (size_t)h * rowb, rowb);
+                    }
                 }
             }
         }
