@@ -51,7 +51,7 @@ typedef struct fa_env {
     int tile_cut;          /* FA_TILE_CUT: -1 not set (cut), 0 whole tiles, 1 cut (src/flash.c) */
     int bwd_one_pass;      /* FA_BWD_ONE_PASS: -1 not set (the task rule), 0 two passes, 1 one pass (src/backward.c) */
     int amx;               /* FA_AMX: -1 not set (off), 0 off, 1 the bf16 forward on AMX tiles where it applies (src/amx.c) */
-    int decode_touch;      /* FA_DECODE_TOUCH: -1 not set (on for AMD CPUs), 0 off, 1 on (src/decode.c, touch_block) */
+    int decode_touch;      /* FA_DECODE_TOUCH: -1 not set (on for AMD CPUs), 0 off, 1 on (src/decode.c, addr_plan) */
 } fa_env;
 
 /* The environment, parsed once (thread-safe). NULL when a variable is

@@ -93,7 +93,7 @@ typedef struct fa_problem {
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
     int bwd_one_pass;            /* backward.c: -1 its task rule decides, 0 two passes, 1 one pass */
     int amx;                     /* 1: FA_AMX=1, the flash forward may run bf16 products on AMX tiles (amx.h) */
-    int decode_touch;            /* 1: the decoder reads each key block once in address order first (decode.c) */
+    int decode_touch;            /* 1: the decoder goes through the cache in address order (decode.c, addr_plan) */
     size_t standard_max_bytes;   /* resolved cap */
     int num_splits;              /* split-KV of the decode path (decode.c): 0 heuristic, 1 none, n splits */
     void (*progress)(void *);    /* fa_options::progress: run by thread 0 between tasks (fa_progress) */
