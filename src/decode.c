@@ -121,11 +121,13 @@
  * decode_task asks for next (K rows; the V rows one chunk behind). */
 #define DEC_PF_KEYS 32
 
-/* Keys per dec_qk call when the next block is asked for in address order (addr_plan),
- * a share of its lines before each call. Measured on the Zen 4 (2 threads, bf16, 32768
- * keys): 8 keys 5.2-5.7 ms, 16 5.8-6.2, 4 5.7-6.1 (one burst per head and block with K
- * and V: slower), 2 keys 9.1-9.3 (the calls' overhead). */
-#define DEC_ASK_KEYS 8
+/* Asks for the next block in address order (addr_plan) per head and block: its share of
+ * the lines in this many parts, one before each of dec_qk's key blocks (fa_between; 4
+ * keys a block for 4 query heads a kv head, so 8 parts over 32 keys), what is left after
+ * the call. Spread finer than one part per 8 keys on the Zen 4 (decode_pattern: one part
+ * per row read or per 2-4 rows alike, per 8 rows 10% slower, a head's share at once 20-50%
+ * slower). */
+#define DEC_ASK_PARTS 8
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
@@ -498,6 +500,14 @@ static void touch_block(const fa_problem *p, const fa_seq *seq, int64_t hk0, int
         }
 }
 
+/* A head's share of a plan, asked for in parts between dec_qk's key blocks. */
+typedef struct addr_share {
+    addr_plan *plan;
+    size_t left, part; /* lines of the share not yet asked for; lines per part */
+} addr_share;
+
+static void addr_share_ask(void *ctx);
+
 /* Whether every line of the plan was asked for. */
 static int addr_done(const addr_plan *a)
 {
@@ -516,6 +526,15 @@ static void addr_ask(addr_plan *a, size_t k)
         a->q = (const char *)(((uintptr_t)a->q | 63) + 1);
         k--;
     }
+}
+
+/* fa_between's fn: the next part of a head's share. */
+static void addr_share_ask(void *ctx)
+{
+    addr_share *h = ctx;
+    const size_t k = h->part < h->left ? h->part : h->left;
+    addr_ask(h->plan, k);
+    h->left -= k;
 }
 
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
@@ -640,8 +659,9 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
         /* address order (see addr_plan): the next block's plan, asked for spread over this
          * block's dec_qk calls of DEC_ASK_KEYS keys; a block not asked for is read first */
         const int addr = nh > 1 && p->decode_touch;
-        const int qk_keys = addr ? DEC_ASK_KEYS : DEC_PF_KEYS;
         addr_plan next;
+        addr_share share = {&next, 0, 0};
+        const fa_between between = {addr_share_ask, &share};
         int ahead = 0; /* the next block is asked for during this one (else it is read first) */
         for (int64_t kb = kbs; kb < kbe; kb++) {
             const int64_t j0 = kb * g->bc;
@@ -649,12 +669,11 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
             const int64_t j1 = j0 + g->bc;
             const int n1 = kb + 1 < kbe ? (int)(seq.k_len - j1 < g->bc ? seq.k_len - j1 : g->bc) : 0;
             const int cur = (int)((kb - kbs) & 1);
-            size_t per_call = 0; /* lines asked for before each dec_qk call */
+            size_t head_lines = 0; /* each head's share of the next block's lines */
             if (addr) {
                 if (!ahead) touch_block(p, &seq, hks[0], hks[nh - 1], j0, bc);
                 ahead = n1 > 0 && addr_plan_make(p, &seq, hks[0], hks[nh - 1], j1, n1, &next);
-                const size_t calls = (size_t)nh * (size_t)((bc + qk_keys - 1) / qk_keys);
-                if (ahead) per_call = (next.lines + calls - 1) / calls;
+                if (ahead) head_lines = (next.lines + (size_t)nh - 1) / (size_t)nh;
             }
             for (int t = 0; t < nh; t++) {
                 const int64_t hk = hks[t];
@@ -715,9 +734,10 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                  * score does not depend on the other keys of the call, so the bits are the
                  * same. */
                 int vdone = 0; /* V rows asked for */
-                for (int c0 = 0; c0 < bc; c0 += qk_keys) {
-                    const int nc = bc - c0 < qk_keys ? bc - c0 : qk_keys;
-                    if (ahead) addr_ask(&next, per_call);
+                share.left = head_lines;
+                share.part = (head_lines + DEC_ASK_PARTS - 1) / DEC_ASK_PARTS;
+                for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
+                    const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;
                     const int np = pn - c0 < nc ? pn - c0 : nc;
                     if (np > 0 && pfk) prefetch_ptrs(pk + c0, np, kbytes);
                     if (c0 > 0 && pfv) {
@@ -726,8 +746,9 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                         vdone += nv > 0 ? nv : 0;
                     }
                     kern->dec_qk(nt, nc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, kp + c0, kfmt,
-                                 (float)p->scale, st + c0, g->lds);
+                                 (float)p->scale, st + c0, g->lds, ahead ? &between : NULL);
                 }
+                if (ahead) addr_ask(&next, share.left); /* the rest of this head's share */
                 if (pfv && pn > vdone) prefetch_ptrs(pv + vdone, pn - vdone, vbytes);
                 /* softcap, ALiBi and the mask per query-head segment (its own rows i and slope) */
                 int full = 1; /* every row of the tile sees every key of the block */

@@ -1131,6 +1131,9 @@ static void kc_rows_free(kc_drows *r)
     free((void *)r->wrows);
 }
 
+/* fa_between's fn for kc_dec_case: counts its calls. */
+static void kc_count_hook(void *ctx) { ++*(long *)ctx; }
+
 /*
  * One (nr, n, d, fmt) case of dec_qk and dec_pv (dv = d): against the scalar
  * spec within the qk / pv bounds above; and the table's own promises, bit for
@@ -1154,8 +1157,14 @@ static int kc_dec_case(const fa_kernels *k, const fa_kernels *ref, int nr, int n
     for (size_t x = 0; x < (size_t)nr * lds; x++) s.p[x] = sref.p[x] = kc_sentinel();
     const float scale = 1.0f / sqrtf((float)d);
 
-    k->dec_qk(nr, n, d, q.p, ldq, K.rows, fmt, scale, s.p, lds);
-    ref->dec_qk(nr, n, d, q.p, ldq, K.rows, fmt, scale, sref.p, lds);
+    /* the first call with a caller's hook between key blocks (fa_between): called for every
+     * block of at most 16 keys, and nothing computed depends on it (the other calls pass none) */
+    long hooks = 0;
+    const fa_between count = {kc_count_hook, &hooks};
+    k->dec_qk(nr, n, d, q.p, ldq, K.rows, fmt, scale, s.p, lds, &count);
+    if (hooks < (n + 15) / 16 || hooks > (long)n * nr)
+        kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: the hook ran %ld times", k->name, fn, nr, n, d, hooks);
+    ref->dec_qk(nr, n, d, q.p, ldq, K.rows, fmt, scale, sref.p, lds, NULL);
     for (int i = 0; i < nr && !nf; i++)
         for (size_t j = 0; j < lds && !nf; j++) {
             const float a = s.p[(size_t)i * lds + j], b = sref.p[(size_t)i * lds + j];
@@ -1175,13 +1184,13 @@ static int kc_dec_case(const fa_kernels *k, const fa_kernels *ref, int nr, int n
     /* bits: each row alone; the first and last key alone; the widened rows */
     for (int i = 0; i < nr && !nf; i++) {
         for (size_t x = 0; x < lds; x++) s1.p[x] = kc_sentinel();
-        k->dec_qk(1, n, d, q.p + (size_t)i * ldq, ldq, K.rows, fmt, scale, s1.p, lds);
+        k->dec_qk(1, n, d, q.p + (size_t)i * ldq, ldq, K.rows, fmt, scale, s1.p, lds, NULL);
         if (memcmp(s1.p, s.p + (size_t)i * lds, (size_t)n * sizeof(float)) != 0)
             kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: row %d alone gives other bits", k->name, fn, nr, n, d, i);
     }
     for (int e = 0; e < 2 && !nf; e++) {
         const int j = e ? n - 1 : 0;
-        k->dec_qk(nr, 1, d, q.p, ldq, K.rows + j, fmt, scale, sref.p, lds);
+        k->dec_qk(nr, 1, d, q.p, ldq, K.rows + j, fmt, scale, sref.p, lds, NULL);
         for (int i = 0; i < nr; i++)
             if (memcmp(&sref.p[(size_t)i * lds], &s.p[(size_t)i * lds + j], 4) != 0) {
                 kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: key %d alone gives other bits", k->name, fn, nr,
@@ -1190,7 +1199,7 @@ static int kc_dec_case(const fa_kernels *k, const fa_kernels *ref, int nr, int n
             }
     }
     if (fmt != FA_ROW_F32 && !nf) {
-        k->dec_qk(nr, n, d, q.p, ldq, (const void *const *)K.wrows, FA_ROW_F32, scale, sref.p, lds);
+        k->dec_qk(nr, n, d, q.p, ldq, (const void *const *)K.wrows, FA_ROW_F32, scale, sref.p, lds, NULL);
         for (int i = 0; i < nr && !nf; i++)
             if (memcmp(&sref.p[(size_t)i * lds], &s.p[(size_t)i * lds], (size_t)n * sizeof(float)) != 0)
                 kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: row %d differs from the float32 widening", k->name,

@@ -768,20 +768,25 @@ INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, cons
 }
 
 INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size_t ldq, const void *const *rows,
-                       float scale, float *s, size_t lds)
+                       float scale, float *s, size_t lds, const fa_between *between)
 {
     if (nr == 1) {
-        for (int j = 0; j < n; j += 8)
+        for (int j = 0; j < n; j += 8) {
+            fa_between_run(between);
             dqk_block(1, 8, fmt, d, q, ldq, rows + j, n - j < 8 ? n - j : 8, scale, s + j, lds);
+        }
         return;
     }
     if (nr == 2) {
-        for (int j = 0; j < n; j += 4)
+        for (int j = 0; j < n; j += 4) {
+            fa_between_run(between);
             dqk_block(2, 4, fmt, d, q, ldq, rows + j, n - j < 4 ? n - j : 4, scale, s + j, lds);
+        }
         return;
     }
     for (int j = 0; j < n; j += 2) { /* 2 keys (in L1) against every row block of 4 */
         const int nj = n - j < 2 ? n - j : 2;
+        fa_between_run(between);
         int i = 0;
         for (; i + 4 <= nr; i += 4)
             dqk_block(4, 2, fmt, d, q + (size_t)i * ldq, ldq, rows + j, nj, scale, s + (size_t)i * lds + j, lds);
@@ -797,12 +802,12 @@ INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size
 }
 
 static void dec_qk_avx2(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
-                        float scale, float *s, size_t lds)
+                        float scale, float *s, size_t lds, const fa_between *between)
 {
     if (nr <= 0 || n <= 0) return;
-    if (fmt == FA_ROW_BF16) dec_qk_fmt(FA_ROW_BF16, nr, n, d, q, ldq, rows, scale, s, lds);
-    else if (fmt == FA_ROW_F16) dec_qk_fmt(FA_ROW_F16, nr, n, d, q, ldq, rows, scale, s, lds);
-    else dec_qk_fmt(FA_ROW_F32, nr, n, d, q, ldq, rows, scale, s, lds);
+    if (fmt == FA_ROW_BF16) dec_qk_fmt(FA_ROW_BF16, nr, n, d, q, ldq, rows, scale, s, lds, between);
+    else if (fmt == FA_ROW_F16) dec_qk_fmt(FA_ROW_F16, nr, n, d, q, ldq, rows, scale, s, lds, between);
+    else dec_qk_fmt(FA_ROW_F32, nr, n, d, q, ldq, rows, scale, s, lds, between);
 }
 
 /*

@@ -788,11 +788,13 @@ DEC_BLOCK void dqk_block(const int ROWS, const int KEYS, const int fmt, const in
 
 /* All n keys against ROWS (<= 4) query rows: 16 keys a block for one row, 8 for two, else 4. */
 INLINE void dqk_rows(const int ROWS, const int fmt, const int QX, int n, int d, const float *q, size_t ldq,
-                     const void *const *rows, float scale, float *s, size_t lds)
+                     const void *const *rows, float scale, float *s, size_t lds, const fa_between *between)
 {
     const int KEYS = ROWS == 1 ? 16 : ROWS == 2 ? 8 : 4;
-    for (int j = 0; j < n; j += KEYS)
+    for (int j = 0; j < n; j += KEYS) {
+        fa_between_run(between);
         dqk_block(ROWS, KEYS, fmt, QX, d, q, ldq, rows + j, n - j < KEYS ? n - j : KEYS, scale, s + j, lds);
+    }
 }
 
 /* Query rows of d <= EO_QMAX are permuted once per call into a stack buffer (4 rows); a
@@ -800,7 +802,7 @@ INLINE void dqk_rows(const int ROWS, const int fmt, const int QX, int n, int d, 
 #define EO_QMAX 512
 
 INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size_t ldq, const void *const *rows,
-                       float scale, float *s, size_t lds)
+                       float scale, float *s, size_t lds, const fa_between *between)
 {
     float qx[4 * EO_QMAX] __attribute__((aligned(64)));
     const int dp = (d + 31) & ~31;
@@ -810,29 +812,29 @@ INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size
         float *si = s + (size_t)i * lds;
         if (d > EO_QMAX) {
             switch (m) {
-            case 4: dqk_rows(4, fmt, 0, n, d, qi, ldq, rows, scale, si, lds); break;
-            case 3: dqk_rows(3, fmt, 0, n, d, qi, ldq, rows, scale, si, lds); break;
-            case 2: dqk_rows(2, fmt, 0, n, d, qi, ldq, rows, scale, si, lds); break;
-            default: dqk_rows(1, fmt, 0, n, d, qi, ldq, rows, scale, si, lds); break;
+            case 4: dqk_rows(4, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between); break;
+            case 3: dqk_rows(3, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between); break;
+            case 2: dqk_rows(2, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between); break;
+            default: dqk_rows(1, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between); break;
             }
             continue;
         }
         switch (m) {
-        case 4: eo_q(4, d, qi, ldq, qx, dp); dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
-        case 3: eo_q(3, d, qi, ldq, qx, dp); dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
-        case 2: eo_q(2, d, qi, ldq, qx, dp); dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
-        default: eo_q(1, d, qi, ldq, qx, dp); dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds); break;
+        case 4: eo_q(4, d, qi, ldq, qx, dp); dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between); break;
+        case 3: eo_q(3, d, qi, ldq, qx, dp); dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between); break;
+        case 2: eo_q(2, d, qi, ldq, qx, dp); dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between); break;
+        default: eo_q(1, d, qi, ldq, qx, dp); dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between); break;
         }
     }
 }
 
 static void dec_qk_avx512(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
-                          float scale, float *s, size_t lds)
+                          float scale, float *s, size_t lds, const fa_between *between)
 {
     if (nr <= 0 || n <= 0) return;
-    if (fmt == FA_ROW_BF16) dec_qk_fmt(FA_ROW_BF16, nr, n, d, q, ldq, rows, scale, s, lds);
-    else if (fmt == FA_ROW_F16) dec_qk_fmt(FA_ROW_F16, nr, n, d, q, ldq, rows, scale, s, lds);
-    else dec_qk_fmt(FA_ROW_F32, nr, n, d, q, ldq, rows, scale, s, lds);
+    if (fmt == FA_ROW_BF16) dec_qk_fmt(FA_ROW_BF16, nr, n, d, q, ldq, rows, scale, s, lds, between);
+    else if (fmt == FA_ROW_F16) dec_qk_fmt(FA_ROW_F16, nr, n, d, q, ldq, rows, scale, s, lds, between);
+    else dec_qk_fmt(FA_ROW_F32, nr, n, d, q, ldq, rows, scale, s, lds, between);
 }
 
 /*

@@ -31,6 +31,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/*
+ * Work the caller slips in between a dec_qk call's blocks of keys (decode.c asks there
+ * for the next cache block, a few lines at a time): fn(ctx) before each block of keys
+ * the kernel starts, in its own blocking (4-16 keys; per row block when nr > 4).
+ * Nothing the kernel computes depends on it. NULL: none.
+ */
+typedef struct fa_between {
+    void (*fn)(void *ctx);
+    void *ctx;
+} fa_between;
+
+static inline void fa_between_run(const fa_between *b)
+{
+    if (b) b->fn(b->ctx);
+}
+
 typedef struct fa_kernels {
     const char *name;       /* "scalar", "avx2", "avx512", "neon" */
     int simd_width;         /* float32 lanes */
@@ -176,7 +192,7 @@ typedef struct fa_kernels {
      * any page). Q rows are read for c < d only, S written for j < n only.
      */
     void (*dec_qk)(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
-                   float scale, float *s, size_t lds);
+                   float scale, float *s, size_t lds, const fa_between *between);
     void (*dec_pv)(int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows, int fmt,
                    const float *alpha, float *o, size_t ldo);
 } fa_kernels;
@@ -186,7 +202,7 @@ enum { FA_ROW_F32 = 0, FA_ROW_F16 = 1, FA_ROW_BF16 = 2 };
 
 /* The spec of dec_qk / dec_pv (portable C; the tables without their own use them). */
 void fa_dec_qk_scalar(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
-                      float scale, float *s, size_t lds);
+                      float scale, float *s, size_t lds, const fa_between *between);
 void fa_dec_pv_scalar(int nr, int n, int dv, const float *p, size_t ldp, const void *const *rows, int fmt,
                       const float *alpha, float *o, size_t ldo);
 

@@ -137,9 +137,10 @@ static inline float row_elem(const void *row, int fmt, int c)
 
 /* Each score: its own dot product over c in order, then times the scale. */
 void fa_dec_qk_scalar(int nr, int n, int d, const float *q, size_t ldq, const void *const *rows, int fmt,
-                      float scale, float *s, size_t lds)
+                      float scale, float *s, size_t lds, const fa_between *between)
 {
-    for (int j = 0; j < n; j++)
+    for (int j = 0; j < n; j++) {
+        if (j % 4 == 0) fa_between_run(between);
         for (int i = 0; i < nr; i++) {
             const float *qi = q + (size_t)i * ldq;
             float acc = 0.0f;
@@ -151,6 +152,7 @@ void fa_dec_qk_scalar(int nr, int n, int d, const float *q, size_t ldq, const vo
             }
             s[(size_t)i * lds + j] = scale * acc;
         }
+    }
 }
 
 /* pv_scalar's order: O *= alpha, then O += P[i][j] V_j for j = 0, 1, ... */
