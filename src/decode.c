@@ -429,8 +429,8 @@ static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
  *   - reads the first block of a task once in that order (touch_block: one load per
  *     64-byte line), and
  *   - while it computes a block, asks for the next one in that order (prefetcht2),
- *     a few lines before each dec_qk call of DEC_ASK_KEYS keys, spread evenly over
- *     the block's calls (decode_task).
+ *     a few lines at a time between dec_qk's key blocks (fa_between), each head
+ *     its share of the block's lines in DEC_ASK_PARTS parts (decode_task).
  * Asking for the whole next block in one burst, or a head's share at once, stalls on
  * full fill buffers; reading each block before computing it (the first version) adds
  * the block's memory time to its compute time. Spread, the two overlap: bf16 1.26x
@@ -657,7 +657,7 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
         int nkf[DEC_MAX_ROWS], nvf[DEC_MAX_ROWS];
         const size_t b16 = round16((size_t)g->bc);
         /* address order (see addr_plan): the next block's plan, asked for spread over this
-         * block's dec_qk calls of DEC_ASK_KEYS keys; a block not asked for is read first */
+         * block's dec_qk key blocks (addr_share); a block not asked for is read first */
         const int addr = nh > 1 && p->decode_touch;
         addr_plan next;
         addr_share share = {&next, 0, 0};
