@@ -67,8 +67,8 @@ int fa_parse_bytes(const char *s, size_t *bytes);
 void fa_detect_caches(size_t *l1d, size_t *l2, size_t *l3, size_t *line, int *source);
 
 /* 1 when the CPU's vendor string (CPUID leaf 0) is AuthenticAMD, else 0 (any other
- * vendor, or not x86). The decoder's touch_block is on by default where it was
- * measured to pay (src/decode.c). */
+ * vendor, or not x86). The decoder's address order (src/decode.c, addr_plan) is on
+ * by default where it was measured to pay. */
 int fa_cpu_is_amd(void);
 
 /* Number of OpenMP threads a parallel region gets by default (1 without OpenMP). */

@@ -63,11 +63,11 @@
  * wherever the block table says. On AMD CPUs (FA_DECODE_TOUCH overrides) a task of
  * several kv heads goes by address order instead (addr_plan): it reads its first
  * block once in address order and, while it computes a block, asks for the next
- * one in address order, a few lines before each dec_qk call. On a Zen 4 the
- * prefetchers do not follow the head-by-head order; reading each block first made
- * the default GQA rows 1.2-1.5x faster there, cold, and asking spread instead
- * another 1.26x for bf16 (docs/performance.md, "Zen 4: read each block once in
- * address order first", "Zen 4: ask for the next block, spread").
+ * one in address order, a few lines at a time between dec_qk's blocks of keys. On a
+ * Zen 4 the prefetchers do not follow the head-by-head order; reading each block
+ * first made the default GQA rows 1.2-1.5x faster there, cold, and asking spread
+ * instead another 1.1-1.35x for bf16 (docs/performance.md, "Zen 4: read each block
+ * once in address order first", "Zen 4: ask for the next block, spread").
  * DEC_BLOCK_K_GQA and the next-head prefetch were tuned on an Intel core without it.
  *
  * Low-precision caches. A bf16 cache moves half the bytes of a float32 one and
@@ -121,13 +121,6 @@
  * decode_task asks for next (K rows; the V rows one chunk behind). */
 #define DEC_PF_KEYS 32
 
-/* Asks for the next block in address order (addr_plan) per head and block: its share of
- * the lines in this many parts, one before each of dec_qk's key blocks (fa_between; 4
- * keys a block for 4 query heads a kv head, so 8 parts over 32 keys), what is left after
- * the call. Spread finer than one part per 8 keys on the Zen 4 (decode_pattern: one part
- * per row read or per 2-4 rows alike, per 8 rows 10% slower, a head's share at once 20-50%
- * slower). */
-#define DEC_ASK_PARTS 8
 
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
@@ -246,6 +239,7 @@ typedef struct dec_scratch {
     int64_t *lo, *hi;     /* [cr] visible keys of each row */
     const void **rp; /* [hpt][2][2][bc] row pointers of each head of the task: this block's and the
                       * next one's (double-buffered), K then V */
+    const void **plan; /* [2][2][bc] an addr_plan's stretches: starts (K rows, V rows), then ends */
     void *base;
 } dec_scratch;
 
@@ -253,7 +247,8 @@ static size_t scratch_floats(const fa_problem *p, const dec_dims *g)
 {
     const size_t cr = (size_t)g->chunk_rows, r16 = round16(cr), b16 = round16((size_t)g->bc);
     return cr * g->ldq + (size_t)g->bc * g->ldq + (size_t)g->bc * g->ldv + cr * g->lds + 2 * cr * g->ldo +
-           3 * r16 + 4 * r16 /* lo, hi: int64 */ + 2 * 4 * (size_t)g->hpt * b16 /* rp */ + 16 * 10;
+           3 * r16 + 4 * r16 /* lo, hi: int64 */ + 2 * 4 * (size_t)g->hpt * b16 /* rp */ +
+           2 * 4 * b16 /* plan */ + 16 * 10;
     (void)p;
 }
 
@@ -281,6 +276,7 @@ static int scratch_alloc(const fa_problem *p, const dec_dims *g, dec_scratch *sc
     sc->hi = (int64_t *)cur;
     cur += 2 * r16;
     sc->rp = (const void **)cur;
+    sc->plan = sc->rp + 4 * (size_t)g->hpt * round16((size_t)g->bc);
     return 1;
 }
 
@@ -426,16 +422,17 @@ static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
  * heads_k, d] (dense or paged) the rows j0 .. j0 + n - 1 of heads hk0 .. hk1 are one
  * stretch per key, from head hk0's row to the end of head hk1's, and a dense block
  * is one ascending run. So the decoder
- *   - reads the first block of a task once in that order (touch_block: one load per
+ *   - reads the first block of a task once in that order (addr_touch: one load per
  *     64-byte line), and
  *   - while it computes a block, asks for the next one in that order (prefetcht2),
- *     a few lines at a time between dec_qk's key blocks (fa_between), each head
- *     its share of the block's lines in DEC_ASK_PARTS parts (decode_task).
+ *     each head 1/nh of its lines, a few at a time between dec_qk's blocks of keys
+ *     (fa_between), paced by the fraction of the call done (addr_share).
  * Asking for the whole next block in one burst, or a head's share at once, stalls on
  * full fill buffers; reading each block before computing it (the first version) adds
- * the block's memory time to its compute time. Spread, the two overlap: bf16 1.26x
- * faster than the read-first version on the Zen 4 (docs/performance.md, "Zen 4: ask
- * for the next block, spread"). Nothing is computed from the loads or the asks, so
+ * the block's memory time to its compute time. Spread, the two overlap: on the Zen 4,
+ * cold, 2 threads, bf16 1.1-1.35x faster than the read-first version, float32 0.93-
+ * 1.24x (docs/performance.md, "Zen 4: ask for the next block, spread"). Warm (K/V
+ * already in L2/L3) both cost 12-22% over no address order. Nothing is computed from the loads or the asks, so
  * the bits do not change. Only where the task's heads' rows are exactly next to each
  * other in a key's row (addr_plan; a gap may be another cache slot, another view's
  * heads or a row past the sequence, which is never read) and the rows are read in
@@ -443,35 +440,35 @@ static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
  * head-by-head order, and reading or asking in address order was slower there
  * (docs/performance.md, "Prefetch the next head"): off by default.
  */
-enum { ADDR_MAX = 64 }; /* keys of one plan */
 typedef struct addr_plan {
-    const char *lo[2 * ADDR_MAX], *hi[2 * ADDR_MAX]; /* stretches: K rows' then V rows' */
-    int n, at;    /* stretches; the one the cursor is in */
-    const char *q; /* the next line to ask for */
-    size_t lines; /* lines of all stretches (an upper bound) */
+    const void **lo, **hi; /* [2][bc] stretches, K rows' then V rows' (dec_scratch's plan) */
+    int n, at;             /* stretches; the one the cursor is in */
+    const char *q;         /* the next line to ask for */
+    size_t lines;          /* lines of all stretches */
 } addr_plan;
 
-/* The stretches of rows j0 .. j0 + n - 1 (n <= ADDR_MAX) of kv heads hk0 .. hk1, K then
- * V; 0 when a source is not read in place or the heads' rows are not exactly adjacent. */
+/* The stretches of rows j0 .. j0 + n - 1 of kv heads hk0 .. hk1, K then V, into a->lo/hi
+ * (room for 2n each); 0 when a source is not read in place or the heads' rows are not
+ * exactly adjacent. */
 static int addr_plan_make(const fa_problem *p, const fa_seq *seq, int64_t hk0, int64_t hk1, int64_t j0, int n,
                           addr_plan *a)
 {
     a->n = a->at = 0;
     a->lines = 0;
-    if (n <= 0 || n > ADDR_MAX) return 0;
+    if (n <= 0) return 0;
     for (int kv = 0; kv < 2; kv++) {
         const fa_rows first = fa_rows_kv(p, seq, hk0, kv), last = fa_rows_kv(p, seq, hk1, kv);
-        const void *f[ADDR_MAX], *e[ADDR_MAX];
+        const void **f = a->lo + a->n, **e = a->hi + a->n;
         int ff, fe;
         if (!row_ptrs(&first, j0, n, f, &ff) || !row_ptrs(&last, j0, n, e, &fe) || ff != fe) return 0;
         const size_t rb = (size_t)first.width * (ff == FA_ROW_F32 ? 4 : 2);
         for (int x = 0; x < n; x++) {
-            const char *lo = (const char *)f[x], *hi = (const char *)e[x] + rb;
-            if (hi < lo || (size_t)(hi - lo) != (size_t)(hk1 - hk0 + 1) * rb) return 0;
-            a->lo[a->n] = lo;
-            a->hi[a->n++] = hi;
-            a->lines += (size_t)(hi - lo) / 64 + 2; /* a stretch not starting on a line crosses one more */
+            const uintptr_t lo = (uintptr_t)f[x], hi = (uintptr_t)e[x] + rb;
+            if (hi < lo || hi - lo != (size_t)(hk1 - hk0 + 1) * rb) return 0;
+            e[x] = (const char *)e[x] + rb;
+            a->lines += (size_t)(((hi - 1) >> 6) - (lo >> 6) + 1);
         }
+        a->n += n;
     }
     a->q = a->lo[0];
     return 1;
@@ -489,24 +486,19 @@ static void addr_touch(const addr_plan *a)
     }
 }
 
-/* Rows j0 .. j0 + n - 1 of heads hk0 .. hk1, read once in address order (when planned). */
-static void touch_block(const fa_problem *p, const fa_seq *seq, int64_t hk0, int64_t hk1, int64_t j0, int n)
+/* Tests only: a block computed in address order, and whether the plan asked for during
+ * the previous block (asked_this) was this block's (starts at head hk0's K row j0). */
+static void addr_count(const fa_problem *p, const fa_seq *seq, int64_t hk0, int64_t j0, int asked_this,
+                       const addr_plan *a)
 {
-    addr_plan a;
-    for (int x0 = 0; x0 < n; x0 += ADDR_MAX)
-        if (addr_plan_make(p, seq, hk0, hk1, j0 + x0, n - x0 < ADDR_MAX ? n - x0 : ADDR_MAX, &a)) {
-            addr_touch(&a);
-            if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_touched, 1, memory_order_relaxed); /* tests only */
-        }
+    atomic_fetch_add_explicit(&fa_count_addr_blocks, 1, memory_order_relaxed);
+    if (!asked_this) return;
+    const fa_rows first = fa_rows_kv(p, seq, hk0, 0);
+    const void *row;
+    int f;
+    const int same = row_ptrs(&first, j0, 1, &row, &f) && a->n > 0 && a->lo[0] == row;
+    atomic_fetch_add_explicit(same ? &fa_count_asked : &fa_count_ask_bad, 1, memory_order_relaxed);
 }
-
-/* A head's share of a plan, asked for in parts between dec_qk's key blocks. */
-typedef struct addr_share {
-    addr_plan *plan;
-    size_t left, part; /* lines of the share not yet asked for; lines per part */
-} addr_share;
-
-static void addr_share_ask(void *ctx);
 
 /* Whether every line of the plan was asked for. */
 static int addr_done(const addr_plan *a)
@@ -514,7 +506,9 @@ static int addr_done(const addr_plan *a)
     return a->at >= a->n || (a->at == a->n - 1 && (uintptr_t)a->q >= (uintptr_t)a->hi[a->at]);
 }
 
-/* Ask for the plan's next k lines, in order (prefetcht2: into L2; measured as fast as t1). */
+/* Ask for the plan's next k lines, in order: prefetcht2 (into L2 on x86; t0 was measured
+ * slower, t1 as fast), PLDL2KEEP on Arm. A prefetch may be dropped by the core; that
+ * costs speed only. */
 static void addr_ask(addr_plan *a, size_t k)
 {
     while (k > 0 && a->at < a->n) {
@@ -522,19 +516,37 @@ static void addr_ask(addr_plan *a, size_t k)
             if (++a->at < a->n) a->q = a->lo[a->at];
             continue;
         }
+#if defined(__aarch64__)
+        __builtin_prefetch(a->q, 0, 2);
+#else
         __builtin_prefetch(a->q, 0, 1);
+#endif
         a->q = (const char *)(((uintptr_t)a->q | 63) + 1);
         k--;
     }
 }
 
-/* fa_between's fn: the next part of a head's share. */
-static void addr_share_ask(void *ctx)
+/* A head's share of the next block's plan, asked for between dec_qk's blocks at the pace
+ * of the call: before block `done` of `total`, up to share * (done + 1) / total lines. */
+typedef struct addr_share {
+    addr_plan *plan;
+    size_t from, span; /* lines of the head's share asked for before this dec_qk call; its part */
+    size_t asked;      /* lines of the head's share asked for so far */
+} addr_share;
+
+static void addr_share_upto(addr_share *h, size_t upto)
+{
+    if (upto > h->asked) {
+        addr_ask(h->plan, upto - h->asked);
+        h->asked = upto;
+    }
+}
+
+/* fa_between's fn: before block `done` of the call's `total`, its part up to (done + 1) / total. */
+static void addr_share_ask(void *ctx, int done, int total)
 {
     addr_share *h = ctx;
-    const size_t k = h->part < h->left ? h->part : h->left;
-    addr_ask(h->plan, k);
-    h->left -= k;
+    addr_share_upto(h, h->from + (h->span * (size_t)(done + 1) + (size_t)total - 1) / (size_t)total);
 }
 
 /* Whether every element of rows [0, nr) x [0, dv) is finite. */
@@ -659,10 +671,10 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
         /* address order (see addr_plan): the next block's plan, asked for spread over this
          * block's dec_qk key blocks (addr_share); a block not asked for is read first */
         const int addr = nh > 1 && p->decode_touch;
-        addr_plan next;
-        addr_share share = {&next, 0, 0};
+        addr_plan next = {sc->plan, sc->plan + 2 * b16, 0, 0, NULL, 0};
+        addr_share share = {&next, 0, 0, 0};
         const fa_between between = {addr_share_ask, &share};
-        int ahead = 0; /* the next block is asked for during this one (else it is read first) */
+        int ask_next = 0; /* the next block is asked for during this one */
         for (int64_t kb = kbs; kb < kbe; kb++) {
             const int64_t j0 = kb * g->bc;
             const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
@@ -671,9 +683,14 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
             const int cur = (int)((kb - kbs) & 1);
             size_t head_lines = 0; /* each head's share of the next block's lines */
             if (addr) {
-                if (!ahead) touch_block(p, &seq, hks[0], hks[nh - 1], j0, bc);
-                ahead = n1 > 0 && addr_plan_make(p, &seq, hks[0], hks[nh - 1], j1, n1, &next);
-                if (ahead) head_lines = (next.lines + (size_t)nh - 1) / (size_t)nh;
+                const int asked_this = ask_next; /* this block was asked for during the previous one */
+                if (fa_count_test > 0) addr_count(p, &seq, hks[0], j0, asked_this, &next); /* tests only */
+                if (!asked_this && addr_plan_make(p, &seq, hks[0], hks[nh - 1], j0, bc, &next)) {
+                    addr_touch(&next); /* read first */
+                    if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_touched, 1, memory_order_relaxed);
+                }
+                ask_next = n1 > 0 && addr_plan_make(p, &seq, hks[0], hks[nh - 1], j1, n1, &next);
+                if (ask_next) head_lines = (next.lines + (size_t)nh - 1) / (size_t)nh;
             }
             for (int t = 0; t < nh; t++) {
                 const int64_t hk = hks[t];
@@ -721,7 +738,7 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                 const size_t kbytes = (size_t)ks.width * (pkf == FA_ROW_F32 ? 4 : 2);
                 const size_t vbytes = (size_t)vs.width * (pvf == FA_ROW_F32 ? 4 : 2);
                 /* rows read in place, and the next block not asked for in address order */
-                const int pfk = !ahead && pkf >= 0, pfv = !ahead && pvf >= 0;
+                const int pfk = !ask_next && pkf >= 0, pfv = !ask_next && pvf >= 0;
                 /* the scores DEC_PF_KEYS keys at a time, asking before each call for the
                  * same keys of the rows above (K rows; V rows a chunk behind, the last V
                  * chunk before dec_pv): hardware prefetchers stop at 4 KiB pages, one kv
@@ -734,8 +751,7 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                  * score does not depend on the other keys of the call, so the bits are the
                  * same. */
                 int vdone = 0; /* V rows asked for */
-                share.left = head_lines;
-                share.part = (head_lines + DEC_ASK_PARTS - 1) / DEC_ASK_PARTS;
+                share.asked = 0;
                 for (int c0 = 0; c0 < bc; c0 += DEC_PF_KEYS) {
                     const int nc = bc - c0 < DEC_PF_KEYS ? bc - c0 : DEC_PF_KEYS;
                     const int np = pn - c0 < nc ? pn - c0 : nc;
@@ -745,10 +761,13 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                         if (nv > 0) prefetch_ptrs(pv + vdone, nv, vbytes);
                         vdone += nv > 0 ? nv : 0;
                     }
+                    /* this call's part of the head's share: up to (c0 + nc) / bc of it */
+                    share.from = share.asked;
+                    share.span = (head_lines * (size_t)(c0 + nc) + (size_t)bc - 1) / (size_t)bc - share.from;
                     kern->dec_qk(nt, nc, (int)d, sc->qi + (size_t)rt * g->ldq, g->ldq, kp + c0, kfmt,
-                                 (float)p->scale, st + c0, g->lds, ahead ? &between : NULL);
+                                 (float)p->scale, st + c0, g->lds, ask_next ? &between : NULL);
+                    if (ask_next) addr_share_upto(&share, share.from + share.span); /* what the hook left */
                 }
-                if (ahead) addr_ask(&next, share.left); /* the rest of this head's share */
                 if (pfv && pn > vdone) prefetch_ptrs(pv + vdone, pn - vdone, vbytes);
                 /* softcap, ALiBi and the mask per query-head segment (its own rows i and slope) */
                 int full = 1; /* every row of the tile sees every key of the block */
@@ -779,9 +798,8 @@ static void decode_task(const fa_problem *p, const fa_kernels *kern, const dec_d
                     pv_masked_rows(kern, rt, nt, j0, bc, dv, sc, g->lds, vp, vfmt, g->ldo);
                 }
             }
-            if (ahead && fa_count_test > 0) /* tests only: was all of the next block asked for? */
-                atomic_fetch_add_explicit(addr_done(&next) ? &fa_count_asked : &fa_count_ask_short, 1,
-                                          memory_order_relaxed);
+            if (ask_next && fa_count_test > 0 && !addr_done(&next)) /* tests only */
+                atomic_fetch_add_explicit(&fa_count_ask_bad, 1, memory_order_relaxed);
         }
     }
 

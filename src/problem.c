@@ -293,7 +293,7 @@ _Atomic long fa_tile_cut_stats[2];
 int fa_bwd_one_pass_test = -1;
 int fa_amx_test = -1;
 int fa_decode_touch_test = -1;
-_Atomic long fa_count_touched, fa_count_asked, fa_count_ask_short;
+_Atomic long fa_count_addr_blocks, fa_count_touched, fa_count_asked, fa_count_ask_bad;
 int fa_count_test;
 _Atomic long fa_count_rows, fa_count_packed;
 

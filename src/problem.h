@@ -131,14 +131,15 @@ extern _Atomic long fa_count_rows, fa_count_packed;
 
 /*
  * Tests only: >= 0 overrides FA_DECODE_TOUCH (and the AMD default) for the
- * problems resolved after it is set; while fa_count_test > 0 the decoder adds
- * every key block (of up to 64 keys) it read in address order (touch_block) to
- * fa_count_touched, every block whose lines it asked for in address order while
- * computing the one before to fa_count_asked when every line was asked for, to
- * fa_count_ask_short when not (decode.c, addr_plan).
+ * problems resolved after it is set. While fa_count_test > 0 the decoder adds
+ * each key block it computes in address order (decode.c, addr_plan: tasks of
+ * several kv heads) to fa_count_addr_blocks; of those, each one it read first to
+ * fa_count_touched, each one whose lines it asked for while computing the block
+ * before to fa_count_asked; a block asked for only in part, or a plan that was
+ * not the block's, to fa_count_ask_bad.
  */
 extern int fa_decode_touch_test;
-extern _Atomic long fa_count_touched, fa_count_asked, fa_count_ask_short;
+extern _Atomic long fa_count_addr_blocks, fa_count_touched, fa_count_asked, fa_count_ask_bad;
 
 /*
  * Tests only: >= 0 overrides FA_AMX (1 on, 0 off) for the problems resolved

@@ -1131,8 +1131,30 @@ static void kc_rows_free(kc_drows *r)
     free((void *)r->wrows);
 }
 
-/* fa_between's fn for kc_dec_case: counts its calls. */
-static void kc_count_hook(void *ctx) { ++*(long *)ctx; }
+/* fa_between's fn for kc_dec_case: its calls, their order, and how many scores of the
+ * call were already written (not the sentinel) at each. */
+typedef struct kc_hook {
+    const float *s;
+    size_t lds;
+    int nr, n;
+    long calls, written_first, written_last, written_prev;
+    int total, out_of_order;
+} kc_hook;
+
+static void kc_hook_fn(void *ctx, int done, int total)
+{
+    kc_hook *h = ctx;
+    long w = 0;
+    for (int i = 0; i < h->nr; i++)
+        for (int j = 0; j < h->n; j++) w += !kc_is_sentinel(h->s[(size_t)i * h->lds + j]);
+    if (h->calls == 0) {
+        h->total = total;
+        h->written_first = w;
+    }
+    if (done != h->calls || total != h->total || w < h->written_prev) h->out_of_order = 1;
+    h->written_prev = h->written_last = w;
+    h->calls++;
+}
 
 /*
  * One (nr, n, d, fmt) case of dec_qk and dec_pv (dv = d): against the scalar
@@ -1159,11 +1181,17 @@ static int kc_dec_case(const fa_kernels *k, const fa_kernels *ref, int nr, int n
 
     /* the first call with a caller's hook between key blocks (fa_between): called for every
      * block of at most 16 keys, and nothing computed depends on it (the other calls pass none) */
-    long hooks = 0;
-    const fa_between count = {kc_count_hook, &hooks};
+    kc_hook hk = {s.p, lds, nr, n, 0, 0, 0, 0, 0, 0};
+    const fa_between count = {kc_hook_fn, &hk};
     k->dec_qk(nr, n, d, q.p, ldq, K.rows, fmt, scale, s.p, lds, &count);
-    if (hooks < (n + 15) / 16 || hooks > (long)n * nr)
-        kc_fail(msg, cap, &nf, "%s dec_qk %s nr=%d n=%d d=%d: the hook ran %ld times", k->name, fn, nr, n, d, hooks);
+    /* done = 0 .. total - 1 in order, one block at most 16 keys, before the block it counts:
+     * nothing written at the first, not everything at the last */
+    if (hk.calls != hk.total || hk.out_of_order || hk.calls < (n + 15) / 16 || hk.written_first != 0 ||
+        hk.written_last >= (long)nr * n)
+        kc_fail(msg, cap, &nf,
+                "%s dec_qk %s nr=%d n=%d d=%d: the hook ran %ld times of %d (out of order %d), %ld and %ld scores "
+                "written at the first and last",
+                k->name, fn, nr, n, d, hk.calls, hk.total, hk.out_of_order, hk.written_first, hk.written_last);
     ref->dec_qk(nr, n, d, q.p, ldq, K.rows, fmt, scale, sref.p, lds, NULL);
     for (int i = 0; i < nr && !nf; i++)
         for (size_t j = 0; j < lds && !nf; j++) {

@@ -645,17 +645,22 @@ static void test_touch_runs_and_keeps_bits(void **state)
     static const struct {
         int64_t h, hk;
         fa_dtype dt;
-        int bhsd, ps, append, threads, splits, touched; /* bhsd: cache_layout's layout; touched: 1 the read
-                                                           must run, 0 it must not */
+        int bhsd, ps, append, threads, splits, touched; /* bhsd: cache_layout's layout; touched: 1 address
+                                                           order must run, 0 it must not */
+        int bk; /* block_k pinned (0: the decoder's own) */
     } cases[] = {
-        {8, 4, FA_F32, 0, 0, 0, 1, 1, 1},  /* one task, all 4 kv heads: whole key rows */
-        {8, 4, FA_BF16, 0, 0, 0, 2, 0, 1}, /* the heuristic's splits, 2 threads */
-        {12, 3, FA_F32, 0, 3, 0, 1, 3, 1}, /* pages of 3 rows */
-        {8, 4, FA_BF16, 0, 16, 0, 3, 2, 1},
-        {8, 4, FA_F32, 0, 0, 1, 1, 1, 1},  /* new keys appended in the call (into the cache, before it is read) */
-        {8, 4, FA_F32, 1, 0, 0, 1, 1, 0},  /* BHSD: a key's heads S x d apart, skipped */
-        {8, 4, FA_F32, 2, 0, 0, 1, 1, 0},  /* heads 2d apart (every other head of a wider buffer), skipped */
-        {4, 1, FA_F32, 0, 0, 0, 1, 1, 0},  /* MQA: one kv head a task */
+        {8, 4, FA_F32, 0, 0, 0, 1, 1, 1, 0},  /* one task, all 4 kv heads: whole key rows */
+        {8, 4, FA_BF16, 0, 0, 0, 2, 0, 1, 0}, /* the heuristic's splits, 2 threads */
+        {12, 3, FA_F32, 0, 3, 0, 1, 3, 1, 0}, /* pages of 3 rows */
+        {8, 4, FA_BF16, 0, 16, 0, 3, 2, 1, 0},
+        {8, 4, FA_F32, 0, 0, 1, 1, 1, 1, 0},  /* new keys appended in the call (into the cache, before it is read) */
+        {4, 4, FA_F32, 0, 0, 0, 1, 1, 1, 0},  /* one query row a kv head (the kernels' 1-row blocking) */
+        {32, 4, FA_BF16, 0, 0, 0, 1, 1, 1, 0}, /* 8 rows a kv head (two row blocks a dec_qk call) */
+        {8, 4, FA_F32, 0, 0, 0, 2, 1, 1, 100}, /* blocks of 100 keys: several dec_qk calls a head */
+        {8, 4, FA_F16, 0, 3, 0, 1, 2, 1, 5},  /* blocks of 5 keys on pages of 3 */
+        {8, 4, FA_F32, 1, 0, 0, 1, 1, 0, 0},  /* BHSD: a key's heads S x d apart, skipped */
+        {8, 4, FA_F32, 2, 0, 0, 1, 1, 0, 0},  /* heads 2d apart (every other head of a wider buffer), skipped */
+        {4, 1, FA_F32, 0, 0, 0, 1, 1, 0, 0},  /* MQA: one kv head a task */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int64_t H = cases[ci].h, HK = cases[ci].hk, ps = cases[ci].ps;
@@ -681,11 +686,12 @@ static void test_touch_runs_and_keeps_bits(void **state)
         }
         const int32_t used[B] = {seqlens[0] - (int32_t)nnew, seqlens[1] - (int32_t)nnew};
         char what[160];
-        snprintf(what, sizeof what, "H %lld HK %lld %s%s, page %lld%s, %d threads, splits %d", (long long)H,
-                 (long long)HK, fa_dtype_name(cases[ci].dt), cases[ci].bhsd == 1 ? " BHSD" : cases[ci].bhsd ? " heads 2d apart" : "", (long long)ps,
-                 nnew ? ", 3 new keys" : "", cases[ci].threads, cases[ci].splits);
+        snprintf(what, sizeof what, "H %lld HK %lld %s%s, page %lld%s, %d threads, splits %d, block_k %d",
+                 (long long)H, (long long)HK, fa_dtype_name(cases[ci].dt),
+                 cases[ci].bhsd == 1 ? " BHSD" : cases[ci].bhsd ? " heads 2d apart" : "", (long long)ps,
+                 nnew ? ", 3 new keys" : "", cases[ci].threads, cases[ci].splits, cases[ci].bk);
         run_out out[2];
-        long touched[2], asked[2], short_asks[2];
+        long blocks[2], touched[2], asked[2], bad[2];
         for (int touch = 0; touch < 2; touch++) {
             fa_kvcache kv = fa_kvcache_default();
             kv.cache_seqlens = nnew ? used : seqlens;
@@ -712,16 +718,19 @@ static void test_touch_runs_and_keeps_bits(void **state)
             opt.causal = 1;
             opt.num_threads = cases[ci].threads;
             opt.num_splits = cases[ci].splits;
+            if (cases[ci].bk) opt.block_k = cases[ci].bk;
             opt.kvcache = &kv;
             fa_decode_touch_test = touch;
             fa_count_test = 1;
+            atomic_store(&fa_count_addr_blocks, 0);
             atomic_store(&fa_count_touched, 0);
             atomic_store(&fa_count_asked, 0);
-            atomic_store(&fa_count_ask_short, 0);
+            atomic_store(&fa_count_ask_bad, 0);
             out[touch] = run_flash(&q.t, &ks->t, &vs->t, D, opt, what);
+            blocks[touch] = atomic_load(&fa_count_addr_blocks);
             touched[touch] = atomic_load(&fa_count_touched);
             asked[touch] = atomic_load(&fa_count_asked);
-            short_asks[touch] = atomic_load(&fa_count_ask_short);
+            bad[touch] = atomic_load(&fa_count_ask_bad);
             fa_count_test = 0;
             fa_decode_touch_test = -1;
             if (touch) {
@@ -738,14 +747,17 @@ static void test_touch_runs_and_keeps_bits(void **state)
                 tu_free(&vc);
             }
         }
-        if (touched[0] != 0) fail_msg("%s: %ld blocks read in address order with the read off", what, touched[0]);
-        if (cases[ci].touched && touched[1] <= 0) fail_msg("%s: no block read in address order", what);
-        if (!cases[ci].touched && touched[1] != 0) fail_msg("%s: %ld blocks read where it must skip", what, touched[1]);
-        /* every task reads its first block and asks for each later one while computing the one before */
-        if (asked[0] != 0 || short_asks[0] != 0) fail_msg("%s: blocks asked for with address order off", what);
-        if (cases[ci].touched && asked[1] <= 0) fail_msg("%s: no block asked for in address order (%ld in part)", what, short_asks[1]);
-        if (!cases[ci].touched && asked[1] != 0) fail_msg("%s: %ld blocks asked for where it must skip", what, asked[1]);
-        if (short_asks[1] != 0) fail_msg("%s: %ld blocks asked for only in part", what, short_asks[1]);
+        if (blocks[0] != 0 || touched[0] != 0 || asked[0] != 0 || bad[0] != 0)
+            fail_msg("%s: address order with it off (%ld blocks)", what, blocks[0]);
+        if (bad[1] != 0) fail_msg("%s: %ld blocks asked for in part, or another block's lines", what, bad[1]);
+        if (cases[ci].touched) {
+            /* each task reads its first block, and asks for every later one during the one before */
+            if (touched[1] <= 0 || asked[1] <= 0 || touched[1] + asked[1] != blocks[1])
+                fail_msg("%s: of %ld blocks in address order %ld read first, %ld asked for", what, blocks[1],
+                         touched[1], asked[1]);
+        } else if (touched[1] != 0 || asked[1] != 0) {
+            fail_msg("%s: %ld blocks read, %ld asked for where it must skip", what, touched[1], asked[1]);
+        }
         same_bits(&out[1], &out[0], what);
         free_out(&out[0]);
         free_out(&out[1]);

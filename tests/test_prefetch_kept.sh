@@ -11,9 +11,9 @@ if [ -n "${FA_SANITIZED:-}" ]; then echo "skipped under the sanitizers"; exit 0;
 command -v objdump >/dev/null 2>&1 || { echo "skipped: no objdump"; exit 0; }
 [ -f "$obj" ] || { echo "skipped: no $obj"; exit 0; }
 case $(objdump -f "$obj" 2>/dev/null) in *x86-64*) ;; *) echo "skipped: $obj is not x86-64"; exit 0 ;; esac
-n=$(objdump -d "$obj" | grep -c 'prefetch')
+n=$(objdump -d "$obj" | grep -c 'prefetcht0')
 if [ "$n" -lt 8 ]; then
-    echo "FAIL: $obj holds $n prefetch instructions (expected the unrolled prefetch loop's, >= 8)"
+    echo "FAIL: $obj holds $n prefetcht0 instructions (expected the unrolled prefetch loop's, >= 8)"
     exit 1
 fi
 # the address-order ask (decode.c, addr_ask) is the one prefetcht2
@@ -22,4 +22,4 @@ if [ "$n2" -lt 1 ]; then
     echo "FAIL: $obj holds no prefetcht2 (addr_ask's ask for the next block in address order)"
     exit 1
 fi
-echo "ok: $obj holds $n prefetch instructions ($n2 prefetcht2)"
+echo "ok: $obj holds $n prefetcht0 and $n2 prefetcht2 instructions"

@@ -786,13 +786,18 @@ DEC_BLOCK void dqk_block(const int ROWS, const int KEYS, const int fmt, const in
         _mm512_mask_storeu_ps(s + (size_t)r * lds - r * KEYS, (__mmask16)(keep << (r * KEYS)), sc);
 }
 
-/* All n keys against ROWS (<= 4) query rows: 16 keys a block for one row, 8 for two, else 4. */
+/* Keys a block for ROWS query rows (dqk_rows). */
+#define DQK_KEYS(ROWS) ((ROWS) == 1 ? 16 : (ROWS) == 2 ? 8 : 4)
+
+/* All n keys against ROWS (<= 4) query rows: 16 keys a block for one row, 8 for two, else 4
+ * (the between hook before each: block *done of total, counted over the call). */
 INLINE void dqk_rows(const int ROWS, const int fmt, const int QX, int n, int d, const float *q, size_t ldq,
-                     const void *const *rows, float scale, float *s, size_t lds, const fa_between *between)
+                     const void *const *rows, float scale, float *s, size_t lds, const fa_between *between,
+                     int *done, int total)
 {
-    const int KEYS = ROWS == 1 ? 16 : ROWS == 2 ? 8 : 4;
+    const int KEYS = DQK_KEYS(ROWS);
     for (int j = 0; j < n; j += KEYS) {
-        fa_between_run(between);
+        fa_between_run(between, (*done)++, total);
         dqk_block(ROWS, KEYS, fmt, QX, d, q, ldq, rows + j, n - j < KEYS ? n - j : KEYS, scale, s + j, lds);
     }
 }
@@ -806,24 +811,26 @@ INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size
 {
     float qx[4 * EO_QMAX] __attribute__((aligned(64)));
     const int dp = (d + 31) & ~31;
+    int done = 0, total = 0; /* the hook's blocks, over every row block */
+    for (int i = 0; i < nr; i += 4) total += (n + DQK_KEYS(nr - i < 4 ? nr - i : 4) - 1) / DQK_KEYS(nr - i < 4 ? nr - i : 4);
     for (int i = 0; i < nr; i += 4) { /* row blocks of 4 (1 and 2 rows alone: more keys a block) */
         const int m = nr - i < 4 ? nr - i : 4;
         const float *qi = q + (size_t)i * ldq;
         float *si = s + (size_t)i * lds;
         if (d > EO_QMAX) {
             switch (m) {
-            case 4: dqk_rows(4, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between); break;
-            case 3: dqk_rows(3, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between); break;
-            case 2: dqk_rows(2, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between); break;
-            default: dqk_rows(1, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between); break;
+            case 4: dqk_rows(4, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between, &done, total); break;
+            case 3: dqk_rows(3, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between, &done, total); break;
+            case 2: dqk_rows(2, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between, &done, total); break;
+            default: dqk_rows(1, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between, &done, total); break;
             }
             continue;
         }
         switch (m) {
-        case 4: eo_q(4, d, qi, ldq, qx, dp); dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between); break;
-        case 3: eo_q(3, d, qi, ldq, qx, dp); dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between); break;
-        case 2: eo_q(2, d, qi, ldq, qx, dp); dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between); break;
-        default: eo_q(1, d, qi, ldq, qx, dp); dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between); break;
+        case 4: eo_q(4, d, qi, ldq, qx, dp); dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between, &done, total); break;
+        case 3: eo_q(3, d, qi, ldq, qx, dp); dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between, &done, total); break;
+        case 2: eo_q(2, d, qi, ldq, qx, dp); dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between, &done, total); break;
+        default: eo_q(1, d, qi, ldq, qx, dp); dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between, &done, total); break;
         }
     }
 }

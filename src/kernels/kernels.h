@@ -32,19 +32,24 @@
 #include <stdint.h>
 
 /*
- * Work the caller slips in between a dec_qk call's blocks of keys (decode.c asks there
- * for the next cache block, a few lines at a time): fn(ctx) before each block of keys
- * the kernel starts, in its own blocking (4-16 keys; per row block when nr > 4).
- * Nothing the kernel computes depends on it. NULL: none.
+ * Work the caller slips in between a dec_qk call's blocks (decode.c asks there for the
+ * next cache block, a few lines at a time): fn(ctx, done, total) before each of the
+ * call's `total` blocks, done = 0, 1, ..., total - 1 in order, so the caller can pace
+ * its work by the fraction done / total whatever the kernel's blocking (avx512: 16, 8
+ * or 4 keys for 1, 2 or 3-4 rows, per row block of 4; avx2: 8 or 4 keys for 1 or 2
+ * rows, else 2 keys across all row blocks; neon: 8 keys for 1 row, else 4 across all;
+ * scalar: 4 keys). A block is never more than 16 keys, and fn runs between the
+ * kernel's register blocks, never inside one (a call there would spill them). Nothing
+ * the kernel computes depends on it; fn must not be NULL. A NULL fa_between: none.
  */
 typedef struct fa_between {
-    void (*fn)(void *ctx);
+    void (*fn)(void *ctx, int done, int total);
     void *ctx;
 } fa_between;
 
-static inline void fa_between_run(const fa_between *b)
+static inline void fa_between_run(const fa_between *b, int done, int total)
 {
-    if (b) b->fn(b->ctx);
+    if (b) b->fn(b->ctx, done, total);
 }
 
 typedef struct fa_kernels {

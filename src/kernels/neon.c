@@ -458,14 +458,14 @@ INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size
 {
     if (nr == 1) {
         for (int j = 0; j < n; j += 8) {
-            fa_between_run(between);
+            fa_between_run(between, j / 8, (n + 7) / 8);
             dqk_block(1, 8, fmt, d, q, ldq, rows + j, n - j < 8 ? n - j : 8, scale, s + j, lds);
         }
         return;
     }
     for (int j = 0; j < n; j += 4) {
         const int nj = n - j < 4 ? n - j : 4;
-        fa_between_run(between);
+        fa_between_run(between, j / 4, (n + 3) / 4);
         int i = 0;
         for (; i + 4 <= nr; i += 4)
             dqk_block(4, 4, fmt, d, q + (size_t)i * ldq, ldq, rows + j, nj, scale, s + (size_t)i * lds + j, lds);

@@ -140,7 +140,7 @@ void fa_dec_qk_scalar(int nr, int n, int d, const float *q, size_t ldq, const vo
                       float scale, float *s, size_t lds, const fa_between *between)
 {
     for (int j = 0; j < n; j++) {
-        if (j % 4 == 0) fa_between_run(between);
+        if (j % 4 == 0) fa_between_run(between, j / 4, (n + 3) / 4);
         for (int i = 0; i < nr; i++) {
             const float *qi = q + (size_t)i * ldq;
             float acc = 0.0f;
