@@ -430,9 +430,10 @@ static void prefetch_ptrs(const void *const *ptr, int n, size_t bytes)
  * Asking for the whole next block in one burst, or a head's share at once, stalls on
  * full fill buffers; reading each block before computing it (the first version) adds
  * the block's memory time to its compute time. Spread, the two overlap: on the Zen 4,
- * cold, 2 threads, bf16 1.1-1.35x faster than the read-first version, float32 0.93-
- * 1.24x (docs/performance.md, "Zen 4: ask for the next block, spread"). Warm (K/V
- * already in L2/L3) both cost 12-22% over no address order. Nothing is computed from the loads or the asks, so
+ * cold, 2 threads, bf16 1.15-1.31x faster than the read-first version (paged 1.23-
+ * 1.50x, one query row a kv head 1.4-1.7x), float32 0.90-1.26x (docs/performance.md,
+ * "Zen 4: ask for the next block, spread"). Warm (K/V already in L2/L3) both cost
+ * 12-22% over no address order. Nothing is computed from the loads or the asks, so
  * the bits do not change. Only where the task's heads' rows are exactly next to each
  * other in a key's row (addr_plan; a gap may be another cache slot, another view's
  * heads or a row past the sequence, which is never read) and the rows are read in

@@ -789,15 +789,20 @@ DEC_BLOCK void dqk_block(const int ROWS, const int KEYS, const int fmt, const in
 /* Keys a block for ROWS query rows (dqk_rows). */
 #define DQK_KEYS(ROWS) ((ROWS) == 1 ? 16 : (ROWS) == 2 ? 8 : 4)
 
+/* The between hook's progress over one dec_qk call: before block `done` of `total`. */
+typedef struct dqk_pace {
+    const fa_between *between;
+    int done, total;
+} dqk_pace;
+
 /* All n keys against ROWS (<= 4) query rows: 16 keys a block for one row, 8 for two, else 4
- * (the between hook before each: block *done of total, counted over the call). */
+ * (the between hook before each). */
 INLINE void dqk_rows(const int ROWS, const int fmt, const int QX, int n, int d, const float *q, size_t ldq,
-                     const void *const *rows, float scale, float *s, size_t lds, const fa_between *between,
-                     int *done, int total)
+                     const void *const *rows, float scale, float *s, size_t lds, dqk_pace *pace)
 {
     const int KEYS = DQK_KEYS(ROWS);
     for (int j = 0; j < n; j += KEYS) {
-        fa_between_run(between, (*done)++, total);
+        fa_between_run(pace->between, pace->done++, pace->total);
         dqk_block(ROWS, KEYS, fmt, QX, d, q, ldq, rows + j, n - j < KEYS ? n - j : KEYS, scale, s + j, lds);
     }
 }
@@ -811,26 +816,41 @@ INLINE void dec_qk_fmt(const int fmt, int nr, int n, int d, const float *q, size
 {
     float qx[4 * EO_QMAX] __attribute__((aligned(64)));
     const int dp = (d + 31) & ~31;
-    int done = 0, total = 0; /* the hook's blocks, over every row block */
-    for (int i = 0; i < nr; i += 4) total += (n + DQK_KEYS(nr - i < 4 ? nr - i : 4) - 1) / DQK_KEYS(nr - i < 4 ? nr - i : 4);
+    dqk_pace pace = {between, 0, 0}; /* the hook's blocks, over every row block */
+    for (int i = 0; i < nr; i += 4) {
+        const int m = nr - i < 4 ? nr - i : 4;
+        pace.total += (n + DQK_KEYS(m) - 1) / DQK_KEYS(m);
+    }
     for (int i = 0; i < nr; i += 4) { /* row blocks of 4 (1 and 2 rows alone: more keys a block) */
         const int m = nr - i < 4 ? nr - i : 4;
         const float *qi = q + (size_t)i * ldq;
         float *si = s + (size_t)i * lds;
         if (d > EO_QMAX) {
             switch (m) {
-            case 4: dqk_rows(4, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between, &done, total); break;
-            case 3: dqk_rows(3, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between, &done, total); break;
-            case 2: dqk_rows(2, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between, &done, total); break;
-            default: dqk_rows(1, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, between, &done, total); break;
+            case 4: dqk_rows(4, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, &pace); break;
+            case 3: dqk_rows(3, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, &pace); break;
+            case 2: dqk_rows(2, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, &pace); break;
+            default: dqk_rows(1, fmt, 0, n, d, qi, ldq, rows, scale, si, lds, &pace); break;
             }
             continue;
         }
         switch (m) {
-        case 4: eo_q(4, d, qi, ldq, qx, dp); dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between, &done, total); break;
-        case 3: eo_q(3, d, qi, ldq, qx, dp); dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between, &done, total); break;
-        case 2: eo_q(2, d, qi, ldq, qx, dp); dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between, &done, total); break;
-        default: eo_q(1, d, qi, ldq, qx, dp); dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, between, &done, total); break;
+        case 4:
+            eo_q(4, d, qi, ldq, qx, dp);
+            dqk_rows(4, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, &pace);
+            break;
+        case 3:
+            eo_q(3, d, qi, ldq, qx, dp);
+            dqk_rows(3, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, &pace);
+            break;
+        case 2:
+            eo_q(2, d, qi, ldq, qx, dp);
+            dqk_rows(2, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, &pace);
+            break;
+        default:
+            eo_q(1, d, qi, ldq, qx, dp);
+            dqk_rows(1, fmt, 1, n, d, qx, (size_t)dp, rows, scale, si, lds, &pace);
+            break;
         }
     }
 }
