@@ -23,6 +23,14 @@
  *   where it lies; so do the library's kernels (the kernel table's dec_qk and
  *   dec_pv: a block of K rows dotted with the group's rows in registers,
  *   f16/bf16 widened in registers, V rows read in place).
+ *   A fourth, on some CPUs: the ORDER of the reads. A task holding several kv
+ *   heads computes a key block head by head, so it reads each head's rows
+ *   H_k x d elements apart; an AMD Zen 4 core's prefetchers do not follow that
+ *   (11 GB/s from one core, against 33-35 for one ascending run). The library
+ *   there asks (software prefetch) for the NEXT block in address order, a few
+ *   lines between the kernel's key blocks, so memory and arithmetic overlap
+ *   (src/decode.c, addr_plan; FA_DECODE_TOUCH=0/1 turns it off/on;
+ *   docs/performance.md, "Zen 4: ask for the next block, spread").
  * What to look for:
  *   - the count: bytes vs FLOPs of decode against the machine's own balance
  *     (its FMA peak over its read bandwidth, both measured here);
