@@ -121,7 +121,6 @@
  * decode_task asks for next (K rows; the V rows one chunk behind). */
 #define DEC_PF_KEYS 32
 
-
 static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 typedef struct dec_dims {

@@ -22,9 +22,9 @@
  *   - the direct kernels' edges: 64 and 65 rows per kv head, d not a multiple of
  *     16, d = 256, d_v != d, seqlen_q up to 16, f16/bf16 and pages of 1 and 3
  *     rows, each bit-identical to the contiguous float32 cache;
- *   - the address-order read of each key block (touch_block) runs for tasks of several kv
- *     heads in dense, paged and appending caches, is skipped for BHSD and MQA, and never
- *     changes a bit;
+ *   - address order (decode.c's addr_plan: a task's first block read, each later one asked
+ *     for during the one before) runs for tasks of several kv heads in dense, paged and
+ *     appending caches, is skipped for BHSD and MQA, and never changes a bit;
  *   - the num_splits heuristic and clamp; the workspace holds no Sq x Sk term.
  */
 #include "test_util.h"
@@ -632,7 +632,8 @@ static tu_tensor cache_layout(fa_dtype dt, int64_t B, int64_t S, int64_t HK, int
     return c;
 }
 
-/* Ensure the address-order read of each key block (decode.c's touch_block) runs where a task holds several kv
+/* Ensure address order (decode.c's addr_plan: the first block of a task read, every later one asked for while the
+ * one before is computed) runs where a task holds several kv
  * heads whose rows sit next to each other in a key's row (dense BSHD, paged, f32 and bf16, a cache with new keys
  * appended in the call), is skipped where they do not (BHSD, heads S x d apart) or where a task holds one kv head
  * (MQA), and never changes a bit: each run with it equals the run without it, and the reference holds. */
@@ -669,7 +670,8 @@ static void test_touch_runs_and_keeps_bits(void **state)
         tu_tensor q = tu_alloc4(FA_F32, B, 1, H, D, 0);
         tu_tensor k = cache_layout(cases[ci].dt, B, SC, HK, D, cases[ci].bhsd, &rng, -2, 2);
         tu_tensor v = cache_layout(cases[ci].dt, B, SC, HK, D, cases[ci].bhsd, &rng, -1, 1);
-        tu_tensor kn = tu_alloc4(cases[ci].dt, B, nnew ? nnew : 1, HK, D, 0), vn = tu_alloc4(cases[ci].dt, B, nnew ? nnew : 1, HK, D, 0);
+        tu_tensor kn = tu_alloc4(cases[ci].dt, B, nnew ? nnew : 1, HK, D, 0);
+        tu_tensor vn = tu_alloc4(cases[ci].dt, B, nnew ? nnew : 1, HK, D, 0);
         tu_fill(&q, &rng, -2, 2);
         tu_fill(&kn, &rng, -2, 2);
         tu_fill(&vn, &rng, -1, 1);

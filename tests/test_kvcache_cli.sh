@@ -125,7 +125,7 @@ for b in range(3):
         assert np.array_equal(kp[table[b, r // 3], r % 3], kc[b, r]), (b, r)
 EOF
 
-# ---- FA_DECODE_TOUCH: the address-order read of each key block changes no bit ------
+# ---- FA_DECODE_TOUCH: going through the cache in address order changes no bit ------
 for t in 0 1; do
     FA_DECODE_TOUCH=$t $fa run -q q.npy -k kp.npy -v vp.npy --cache-seqlens sl.npy --block-table table.npy --causal \
         --threads 1 -o ot$t.npy --lse lt$t.npy >out.txt 2>err.txt || bad "run FA_DECODE_TOUCH=$t: $(cat err.txt)"

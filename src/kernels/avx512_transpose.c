@@ -6,9 +6,10 @@
  * (batch, kv head) in flash.c's shared packing, or once per tile of each task
  * when K/V are packed per tile (long sequences), so it must be cheap: 16x16
  * blocks go through registers in four shuffle stages (unpack ps, unpack pd,
- * two 128-bit lane shuffles), and every store writes a full 64-byte line. Missing keys (bc % 16) load as zeros, which is exactly
- * the zero padding the packed layout promises; missing columns (d % 16) use
- * masked loads and are simply not stored.
+ * two 128-bit lane shuffles), and every store writes a full 64-byte line.
+ * Missing keys (bc % 16) load as zeros, which is exactly the zero padding the
+ * packed layout promises; missing columns (d % 16) use masked loads and are
+ * simply not stored.
  *
  * Rows of a [batch, seqlen, heads, d] tensor are heads x d floats apart (a
  * page or more), where hardware prefetchers stop following them, so each
