@@ -62,6 +62,8 @@ static void test_flash_is_bitwise_deterministic_across_thread_counts(void **stat
         {1, 513, 513, 3, 1, 40, 24, 1, -1, 0.0, 0, 0, NULL},
         {2, 200, 333, 2, 2, 32, 32, 1, 50, 20.0, 16, 48, NULL},
         {1, 257, 700, 2, 1, 16, 16, 0, -1, 0.0, 0, 0, "0"}, /* per-tile packing */
+        /* 12 (batch, kv head) pairs, about two a packing pass: every slot reused by later passes */
+        {3, 300, 600, 8, 4, 32, 32, 1, -1, 0.0, 0, 0, "450000"},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const dcase *c = &cases[ci];
