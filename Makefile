@@ -172,7 +172,7 @@ $(NPY_TESTS): $(NPY_OBJ)
 $(NPY_TESTS): TEST_OBJS = $(NPY_OBJ)
 $(BUILD)/tests/test_cli_npy: $(NPY_OBJ) $(BUILD)/src/cli/cli_common.o
 $(BUILD)/tests/test_cli_npy: TEST_OBJS = $(NPY_OBJ) $(BUILD)/src/cli/cli_common.o
-$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) tests/test_util.h $(BUILD)/libflashattn.a $(BUILD)/flashattn
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(wildcard tests/*.h) $(BUILD)/libflashattn.a $(BUILD)/flashattn
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT) $(TEST_OBJS) $(BUILD)/libflashattn.a $(LDFLAGS) -lcmocka $(LDLIBS)
 

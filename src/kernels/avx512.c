@@ -39,7 +39,8 @@
  *
  * exp: see simd_exp.h. The reconstruction 2^n * p is vscalefps with a zero
  * mask for x <= FA_EXP_X_MIN (just below ln FLT_MIN), so -inf and very
- * negative x give exactly 0.
+ * negative x give exactly 0. The softmax's exp pass runs in base 2
+ * (exp_shift: simd_exp.h, "The softmax's exp(s - m) in base 2").
  *
  * Rejected: 12..14-row qk blocks (more accumulators, but the row tail grows
  * and Br must be a multiple of the block; 8 rows already saturate the FMA
@@ -102,6 +103,28 @@ INLINE __m512 exp_nonpos(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* 2^x for x <= 0, -inf or NaN (the softmax's exponents, log2 e (s - m) in base 2). */
+INLINE __m512 exp2_nonpos(__m512 x)
+{
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP2_X_MIN), _CMP_NLE_UQ);
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(x, n); /* exact: |r| <= 1/2 */
+    __m512 p = _mm512_set1_ps(FA_EXP2_C6);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP2_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP2_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP2_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP2_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FA_EXP2_C1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* exp(s - m) as 2^(log2e s - log2e m): mh + ml = log2e m exactly (ml the FMA's residual). */
+INLINE __m512 exp_shift(__m512 s, __m512 mh, __m512 ml)
+{
+    return exp2_nonpos(_mm512_sub_ps(_mm512_fmsub_ps(s, _mm512_set1_ps(FA_EXP_LOG2E), mh), ml));
 }
 
 /* exp(x) for any x: clamp large x so the reconstruction overflows to inf. */
@@ -295,6 +318,24 @@ INLINE float row_max(const float *row, int nfull, __mmask16 tail, float m)
     return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)));
 }
 
+/* One row's exp pass by exp(s - m) (rows whose max is too large for exp_shift). */
+static void softmax_row_natural(float *row, int nfull, __mmask16 tail, float mnew, float *l, float a)
+{
+    const __m512 vm = _mm512_set1_ps(mnew);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < nfull; j += 16) {
+        const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
+        _mm512_storeu_ps(row + j, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    if (tail) {
+        const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, row + nfull), vm));
+        _mm512_mask_storeu_ps(row + nfull, tail, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    *l = a * *l + _mm512_reduce_add_ps(sum);
+}
+
 /*
  * Rows go in groups of 16: first the 16 row maxima (independent, so they
  * overlap), then alpha for the 16 rows in one vector exp, then the exp pass
@@ -330,25 +371,31 @@ static void softmax_avx512(int br, int bc, float *s, size_t lds, float *m, float
                 if (tail) _mm512_mask_storeu_ps(row + nfull, tail, _mm512_setzero_ps());
                 continue;
             }
-            const __m512 vm = _mm512_set1_ps(mnew[r]);
+            if (!(fabsf(mnew[r]) < 0x1p100f)) { /* log2e m would overflow: the natural path */
+                softmax_row_natural(row, nfull, tail, mnew[r], &l[i], a[r]);
+                m[i] = mnew[r];
+                continue;
+            }
+            const float mh = mnew[r] * FA_EXP_LOG2E, ml = fmaf(mnew[r], FA_EXP_LOG2E, -mh);
+            const __m512 vmh = _mm512_set1_ps(mh), vml = _mm512_set1_ps(ml);
             __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
             int j = 0;
             for (; j + 32 <= nfull; j += 32) {
-                const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
-                const __m512 p1 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), vm));
+                const __m512 p0 = exp_shift(_mm512_loadu_ps(row + j), vmh, vml);
+                const __m512 p1 = exp_shift(_mm512_loadu_ps(row + j + 16), vmh, vml);
                 _mm512_storeu_ps(row + j, p0);
                 _mm512_storeu_ps(row + j + 16, p1);
                 sum0 = _mm512_add_ps(sum0, p0);
                 sum1 = _mm512_add_ps(sum1, p1);
             }
             if (j < nfull) {
-                const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
+                const __m512 p0 = exp_shift(_mm512_loadu_ps(row + j), vmh, vml);
                 _mm512_storeu_ps(row + j, p0);
                 sum0 = _mm512_add_ps(sum0, p0);
             }
             if (tail) {
                 const __m512 x = _mm512_mask_loadu_ps(neg_inf, tail, row + nfull);
-                const __m512 p1 = exp_nonpos(_mm512_sub_ps(x, vm)); /* lanes >= bc: exp(-inf) = 0 */
+                const __m512 p1 = exp_shift(x, vmh, vml); /* lanes >= bc: exp(-inf) = 0 */
                 _mm512_mask_storeu_ps(row + nfull, tail, p1);
                 sum1 = _mm512_add_ps(sum1, p1);
             }

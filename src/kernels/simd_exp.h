@@ -57,6 +57,42 @@
 #define FA_EXP_C5 0.00836874544620514f       /* 0x1.123a20p-7  */
 #define FA_EXP_C6 0.0013814539415761828f     /* 0x1.6a23cep-10 */
 
+/*
+ * The softmax's exp(s - m) in base 2 (AVX-512's softmax; the other tables call
+ * the exp above on s - m). Per score it saves the range reduction's multiply
+ * and its two Cody-Waite FMAs — on a core with one 512-bit FMA a cycle the exp
+ * was 13 FMA-pipe ops per 16 scores against qk + pv's 128 at d = 64:
+ *
+ *   once per row:  mh = fl(log2e m), ml = fma(m, log2e, -mh)  (mh + ml = log2e m
+ *                  exactly, so a logit of 1e4 loses nothing to the split)
+ *   per score:     x2 = fl(fl(s log2e - mh) - ml)   (one FMA, one subtraction)
+ *                  n = round(x2), r = x2 - n        (exact, |r| <= 1/2)
+ *                  2^r ~= 1 + C1 r + ... + C6 r^6   (FA_EXP2_C*, Horner)
+ *                  2^n 2^r by vscalefps; exactly +0 when x2 <= FA_EXP2_X_MIN
+ *                  (-126: below it 2^x2 < FLT_MIN), NaN stays NaN.
+ *
+ * Error: x2 carries two roundings of a number of size ~1.45|x| (x = s - m)
+ * and log2e's own 0.22 u (u = 2^-24), so P = 2^x2 is within 2.3|x| u
+ * (relative) plus the polynomial's 0.94 ulp of exp(x); the natural path is
+ * within |x| u (the rounding of s - m) plus its 1 ulp. The |x| term is exp's
+ * conditioning, not the algorithm: it is large only where P = e^x is small,
+ * and weighted by P it never exceeds max(|x| e^x) = 1/e per unit of weight,
+ * so O and l move by at most ~u. tests/kernel_checks.h checks every table's P
+ * against exp(s - m) in double within (4 + 3|x|) u. Rows whose max is beyond
+ * 2^100 (log2e m could overflow) take the natural path.
+ *
+ * C1..C6: a minimax fit of 2^r's relative error on [-1/2, 1/2] (Lawson-weighted
+ * least squares in double, computed for this project, rounded to float):
+ * 2.0e-9 by itself; Horner in float, simulated over 2e6 points: <= 0.94 ulp.
+ */
+#define FA_EXP2_C1 0x1.62e430p-1f
+#define FA_EXP2_C2 0x1.ebfbdcp-3f
+#define FA_EXP2_C3 0x1.c6aee8p-5f
+#define FA_EXP2_C4 0x1.3b2d4ep-7f
+#define FA_EXP2_C5 0x1.5f3e54p-10f
+#define FA_EXP2_C6 0x1.41fbb2p-13f
+#define FA_EXP2_X_MIN -126.0f
+
 /* At or below this, expf(x) < FLT_MIN: the kernels return exactly 0. */
 #define FA_EXP_X_MIN   -87.3365447505531f    /* ln(2^-126), rounds to -0x1.5d58a0p+6 */
 /* Above ln(FLT_MAX) = 88.7228: clamp here so 2^n * p overflows to +inf cleanly. */
