@@ -268,7 +268,7 @@ fa_status fa_backward_ex(const fa_tensor *q, const fa_tensor *k, const fa_tensor
         fa_tensor_make(&fp.o, o_tmp, tdt, 4, o_shape, NULL);
         fa_tensor_make(&fp.lse, lse_tmp, tdt, 3, l_shape, NULL);
         st = p.seqlen_q == 0 ? FA_OK
-             : p.impl == FA_IMPL_REFERENCE ? fa_reference_forward(&fp) : fa_flash_forward(&fp);
+             : p.impl == FA_IMPL_REFERENCE ? fa_reference_forward(&fp) : fa_flash_forward_for_backward(&fp);
         /* (rows no sequence owns are never read: they hold no gradient) */
         if (!o) p.o = fp.o;
         if (!lse) p.lse = fp.lse;

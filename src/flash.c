@@ -514,10 +514,27 @@ static int piece_of(const fa_problem *p, int64_t b, int64_t back, int64_t npc, i
     return 1;
 }
 
+static fa_status flash_forward_tiles(const fa_problem *p);
+
 fa_status fa_flash_forward(const fa_problem *p)
 {
     if (fa_decode_applies(p)) return fa_decode_forward(p); /* few query rows: decode.c */
     if (fa_amx_applies(p) && fa_amx_forward(p)) return FA_OK; /* bf16 on AMX tiles, opt-in: amx.c */
+    return flash_forward_tiles(p);
+}
+
+/*
+ * The backward's recompute of O and LSE (api.c, when the caller gives none): always
+ * the tiled path, whose qk is the one the backward recomputes P with, so P = exp(s -
+ * LSE) sees the very scores the LSE was summed from. The decode path sums each dot
+ * product in another order (decode.c) and AMX rounds differently; at large logits
+ * (|s| ~ 10^3) that difference alone moved dV past check-grad's bound for few
+ * query rows.
+ */
+fa_status fa_flash_forward_for_backward(const fa_problem *p) { return flash_forward_tiles(p); }
+
+static fa_status flash_forward_tiles(const fa_problem *p)
+{
     const fa_kernels *kern = p->kern;
     const flash_dims g = flash_layout(p);
     assert(kern && g.br >= 1 && g.bc >= 1);

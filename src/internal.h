@@ -126,6 +126,8 @@ static inline void fa_progress(const fa_problem *p)
 fa_status fa_reference_forward(const fa_problem *p);
 fa_status fa_standard_forward(const fa_problem *p);
 fa_status fa_flash_forward(const fa_problem *p);
+/* The same without the decode and AMX paths (the backward's recompute of O and LSE). */
+fa_status fa_flash_forward_for_backward(const fa_problem *p);
 
 /* Backward (backward.c). The problem's o/lse hold O and LSE (never NULL
  * here: fa_backward recomputes them when the caller passes none); dout, dq,

@@ -546,6 +546,55 @@ static void test_reference_backward_matches_finite_differences_with_softcap_alib
 /* ------------------------------------------------------------------------ */
 
 /* Ensure 1, 2 and 3 threads give identical bits (flash and reference). */
+/*
+ * Ensure the backward's own recompute of O and LSE (o = lse = NULL) takes the tiled
+ * forward even for few query rows, where fa_forward takes the decode path: P = exp(s - LSE)
+ * must see the scores its LSE was summed from. The tiled forward's O and LSE come from
+ * fa_forward with sinks of -1e30 (such a sink adds exactly +0 to every denominator, and
+ * sinks keep a problem off the decode path); the gradients must have their bits. Logits up
+ * to ~10^3 (q, k in [-30, 30)), where the decoder's other summation order moved dV past
+ * check-grad's bound before.
+ */
+static void test_backward_recompute_takes_the_tiled_forward_for_few_rows(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x5eed;
+    const int64_t Sq = 5, Sk = 500, H = 4, Hk = 2, d = 33, dv = 16;
+    tu_tensor q = tu_alloc4(FA_F32, 1, Sq, H, d, 0), k = tu_alloc4(FA_F32, 1, Sk, Hk, d, 0);
+    tu_tensor v = tu_alloc4(FA_F32, 1, Sk, Hk, dv, 0), dout = tu_alloc4(FA_F32, 1, Sq, H, dv, 0);
+    tu_fill(&q, &rng, -30.0, 30.0);
+    tu_fill(&k, &rng, -30.0, 30.0);
+    tu_fill(&v, &rng, -1.0, 1.0);
+    tu_fill(&dout, &rng, -1.0, 1.0);
+    const int64_t hs[1] = {H}, lse_shape[3] = {1, H, Sq};
+    tu_tensor sinks = tu_alloc(FA_F32, 1, hs);
+    for (int64_t h = 0; h < H; h++) ((float *)sinks.mem)[h] = -1e30f; /* exp(sink - m) = +0 */
+    tu_tensor o = tu_alloc4(FA_F32, 1, Sq, H, dv, 0), lse = tu_alloc(FA_F32, 3, lse_shape);
+    fa_options opt = fa_options_default();
+    opt.sinks = &sinks.t;
+    assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o.t, &lse.t, &opt), FA_OK);
+    opt.sinks = NULL;
+    const int64_t shp[3][4] = {{1, Sq, H, d}, {1, Sk, Hk, d}, {1, Sk, Hk, dv}};
+    tu_tensor ga[3], gb[3];
+    for (int x = 0; x < 3; x++) {
+        ga[x] = tu_alloc4(FA_F32, shp[x][0], shp[x][1], shp[x][2], shp[x][3], 0);
+        gb[x] = tu_alloc4(FA_F32, shp[x][0], shp[x][1], shp[x][2], shp[x][3], 0);
+        tu_poison(&ga[x]);
+        tu_poison(&gb[x]);
+    }
+    assert_int_equal(fa_backward(&q.t, &k.t, &v.t, NULL, NULL, &dout.t, &ga[0].t, &ga[1].t, &ga[2].t, &opt), FA_OK);
+    assert_int_equal(fa_backward(&q.t, &k.t, &v.t, &o.t, &lse.t, &dout.t, &gb[0].t, &gb[1].t, &gb[2].t, &opt), FA_OK);
+    static const char *names[3] = {"dQ", "dK", "dV"};
+    for (int x = 0; x < 3; x++) {
+        if (tu_count_nan(&ga[x]) != 0) fail_msg("%s: unwritten (NaN) elements", names[x]);
+        if (memcmp(ga[x].mem, gb[x].mem, ga[x].bytes) != 0)
+            fail_msg("%s from the backward's own recompute differs from the tiled forward's O and LSE", names[x]);
+        tu_free(&ga[x]);
+        tu_free(&gb[x]);
+    }
+    tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&dout); tu_free(&sinks); tu_free(&o); tu_free(&lse);
+}
+
 static void test_backward_is_deterministic_across_thread_counts(void **state)
 {
     (void)state;
@@ -879,6 +928,7 @@ int main(void)
         cmocka_unit_test(test_backward_gives_zero_dq_for_rows_with_no_visible_key),
         cmocka_unit_test(test_backward_handles_empty_sequences),
         cmocka_unit_test(test_backward_is_deterministic_across_thread_counts),
+        cmocka_unit_test(test_backward_recompute_takes_the_tiled_forward_for_few_rows),
         cmocka_unit_test(test_flash_backward_cut_tiles_give_the_whole_tile_bits),
         cmocka_unit_test(test_backward_rejects_bad_arguments),
         cmocka_unit_test(test_flash_backward_memory_is_linear),
