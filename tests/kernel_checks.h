@@ -30,13 +30,17 @@
  *            a natural exp add FA_EXP_MAX_ULP ulps (<= 4u) to the same rounding;
  *            AVX-512 computes 2^(log2e s - log2e m) (simd_exp.h: two roundings
  *            of a number of size 1.45|x| and log2e's own 0.22u, times ln 2 in
- *            P: <= 2.3|x| u, plus its polynomial's 0.94 ulp). The |x| term is
+ *            P: <= 2.3|x| u, plus its polynomial's 0.95 ulp). The |x| term is
  *            the conditioning of exp, the same kind of error as the score's own
- *            rounding; weighted by P = e^x it never exceeds 3 max(|x| e^x) u =
- *            1.1u per unit of weight, so it cannot show in O.
- *            l = alpha*l + sum P: summation order differs ((bc + 2) u each) and
- *            each P carries its error above, so |dl| <= (2bc + 10) u l +
- *            4 u sum_j P_j |x_j| (both sides' P bounds added), computed per row.
+ *            rounding, and large only where P = e^x is small.
+ *            l = alpha*l + sum P: summation order differs ((bc + 2) u each side)
+ *            and each P carries its table's error — from the per-table analyses
+ *            above, not the looser P check: (2 + |x|) u for the spec, at most
+ *            (4 + 3|x|) u for a SIMD table, so together (6 + 4|x|) u — hence
+ *            |dl| <= (2bc + 10) u l + 4 u sum_j P_j |x_j|, computed per row.
+ *            Scores include rows offset by 1e4 .. FLT_MAX (KC_OFFSET), where
+ *            log2e m's low part is large next to x, and past 2^100, where
+ *            AVX-512 falls back to the natural exp.
  *   pv:      O = alpha*O + sum_j P_j V_j, accumulated in a different order:
  *            |dO| <= 2 * (bc + 2) * u * (|alpha O| + sum_j |P_j V_j|).
  *   vexp:    <= FA_EXP_MAX_ULP ulps from expf where expf(x) >= FLT_MIN;
@@ -212,6 +216,7 @@ enum kc_mask {
     KC_ALL_MASKED,    /* the whole tile -inf */
     KC_EXTREME,       /* very negative (-1e30, -200) and large (+80..+88) scores */
     KC_NAN,           /* a few NaN scores among finite ones (Inf or NaN in Q or K) */
+    KC_OFFSET,        /* each row offset by a large logit (1e4 .. FLT_MAX, both signs), then [-20, 0] */
     KC_MASK_COUNT
 };
 
@@ -231,6 +236,12 @@ static void kc_fill_scores(float *s, size_t lds, int br, int bc, int kind, uint6
             case KC_NAN:
                 if (kc_next(rng) % 16 == 0) x = NAN;
                 break;
+            case KC_OFFSET: { /* the same offset for row i in every tile of a sequence */
+                static const float off[] = {1e4f, -1e4f, 2500.0f, 3e7f, -3e7f, 1e30f, -1e30f, 0x1p100f,
+                                            0x1.fffffep99f, -0x1p100f, 0x1p127f, FLT_MAX, -FLT_MAX};
+                x = off[i % (int)(sizeof off / sizeof off[0])] + kc_uniform(rng, -20.0f, 0.0f);
+                break;
+            }
             case KC_EXTREME: {
                 const uint64_t r = kc_next(rng) % 6;
                 x = r == 0 ? -1e30f : r == 1 ? -200.0f : r == 2 ? kc_uniform(rng, 80.0f, 88.0f)
@@ -350,6 +361,8 @@ static int kc_check_softmax(const fa_kernels *k, const fa_kernels *ref, uint64_t
         {KC_ALL_MASKED, KC_ALL_MASKED, KC_EXTREME},
         {KC_EXTREME, KC_FINITE, KC_EXTREME},
         {KC_FINITE, KC_NAN, KC_PARTIAL},        /* a NaN score: NaN where the spec has it, m unaffected */
+        {KC_OFFSET, KC_OFFSET, KC_PARTIAL},     /* large logits: log2e m's split, the 2^100 fallback */
+        {KC_FINITE, KC_OFFSET, KC_FINITE},      /* the max jumps to a large logit and stays */
     };
     int nf = 0;
     uint64_t rng = seed;

@@ -108,7 +108,8 @@ INLINE __m512 exp_nonpos(__m512 x)
 /* 2^x for x <= 0, -inf or NaN (the softmax's exponents, log2 e (s - m) in base 2). */
 INLINE __m512 exp2_nonpos(__m512 x)
 {
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP2_X_MIN), _CMP_NLE_UQ);
+    /* x >= -126 (or NaN): 2^x >= FLT_MIN; below, exactly +0 */
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP2_X_MIN), _CMP_NLT_UQ);
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 r = _mm512_sub_ps(x, n); /* exact: |r| <= 1/2 */
     __m512 p = _mm512_set1_ps(FA_EXP2_C6);
