@@ -965,7 +965,7 @@ static int decode_bench_one(const char *impl, int64_t n, int64_t d, fa_dtype kvd
     if (cfg->csv) {
         char row[640];
         const int len = snprintf(row, sizeof row,
-                                 "%s,fwd,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,%.3f,%.4f,%.2f,"
+                                 "%s,fwd,%s,%d,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.2f,%.4f,%.1f,%.3f,%.4g,%.2f,"
                                  "%g,%lld,%lld,%s,%d,%lld,f32,%s\n",
                                  impl, cfg->isa, cfg->threads, (long long)B, (long long)H, (long long)Hk, (long long)Sq,
                                  (long long)n, (long long)d, cfg->causal, med * 1e3, times[0] * 1e3,
