@@ -23,3 +23,14 @@ $(BUILD)/tools/tanh_ulp: tools/tanh_ulp.c $(BUILD)/libflashattn.a src/kernels/ke
 
 tanh-ulp: $(BUILD)/tools/tanh_ulp
 	./$(BUILD)/tools/tanh_ulp $(TANH_ULP_ARGS)
+
+# make exp2-ulp        the AVX-512 softmax's base-2 exp: its polynomial over every float
+#                      of [-1/2, 1/2], and P against exp(s - m) in double through the
+#                      table's softmax (tools/exp2_ulp.c; simd_exp.h quotes it).
+.PHONY: exp2-ulp
+$(BUILD)/tools/exp2_ulp: tools/exp2_ulp.c $(BUILD)/libflashattn.a src/kernels/kernels.h src/kernels/simd_exp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libflashattn.a $(LDFLAGS) $(LDLIBS)
+
+exp2-ulp: $(BUILD)/tools/exp2_ulp
+	./$(BUILD)/tools/exp2_ulp $(EXP2_ULP_ARGS)

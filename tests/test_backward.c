@@ -545,7 +545,6 @@ static void test_reference_backward_matches_finite_differences_with_softcap_alib
 /* determinism, errors, memory                                               */
 /* ------------------------------------------------------------------------ */
 
-/* Ensure 1, 2 and 3 threads give identical bits (flash and reference). */
 /*
  * Ensure the backward's own recompute of O and LSE (o = lse = NULL) takes the tiled
  * forward even for few query rows, where fa_forward takes the decode path: P = exp(s - LSE)
@@ -595,6 +594,7 @@ static void test_backward_recompute_takes_the_tiled_forward_for_few_rows(void **
     tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&dout); tu_free(&sinks); tu_free(&o); tu_free(&lse);
 }
 
+/* Ensure 1, 2 and 3 threads give identical bits (flash and reference). */
 static void test_backward_is_deterministic_across_thread_counts(void **state)
 {
     (void)state;

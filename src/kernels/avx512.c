@@ -319,22 +319,39 @@ INLINE float row_max(const float *row, int nfull, __mmask16 tail, float m)
     return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)));
 }
 
-/* One row's exp pass by exp(s - m) (rows whose max is too large for exp_shift). */
-static void softmax_row_natural(float *row, int nfull, __mmask16 tail, float mnew, float *l, float a)
+/*
+ * One row's exp pass, P = exp(s - m) stored over the scores; returns the row's
+ * 16 partial sums. BASE2: 2^(log2e s - log2e m) (exp_shift, simd_exp.h), else
+ * exp_nonpos(s - m) — for rows whose max is beyond 2^100, where log2e m could
+ * overflow.
+ */
+INLINE __m512 softmax_row(const int BASE2, float *row, int nfull, __mmask16 tail, float mnew)
 {
-    const __m512 vm = _mm512_set1_ps(mnew);
-    __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < nfull; j += 16) {
-        const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), vm));
-        _mm512_storeu_ps(row + j, p);
-        sum = _mm512_add_ps(sum, p);
+    const float mh = BASE2 ? mnew * FA_EXP_LOG2E : 0.0f, ml = BASE2 ? fmaf(mnew, FA_EXP_LOG2E, -mh) : 0.0f;
+    const __m512 vmh = _mm512_set1_ps(mh), vml = _mm512_set1_ps(ml), vm = _mm512_set1_ps(mnew);
+#define SOFTMAX_EXP(x) (BASE2 ? exp_shift((x), vmh, vml) : exp_nonpos(_mm512_sub_ps((x), vm)))
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 32 <= nfull; j += 32) {
+        const __m512 p0 = SOFTMAX_EXP(_mm512_loadu_ps(row + j));
+        const __m512 p1 = SOFTMAX_EXP(_mm512_loadu_ps(row + j + 16));
+        _mm512_storeu_ps(row + j, p0);
+        _mm512_storeu_ps(row + j + 16, p1);
+        sum0 = _mm512_add_ps(sum0, p0);
+        sum1 = _mm512_add_ps(sum1, p1);
     }
-    if (tail) {
-        const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, row + nfull), vm));
-        _mm512_mask_storeu_ps(row + nfull, tail, p);
-        sum = _mm512_add_ps(sum, p);
+    if (j < nfull) {
+        const __m512 p0 = SOFTMAX_EXP(_mm512_loadu_ps(row + j));
+        _mm512_storeu_ps(row + j, p0);
+        sum0 = _mm512_add_ps(sum0, p0);
     }
-    *l = a * *l + _mm512_reduce_add_ps(sum);
+    if (tail) { /* lanes >= bc: exp(-inf) = 0 */
+        const __m512 p1 = SOFTMAX_EXP(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, row + nfull));
+        _mm512_mask_storeu_ps(row + nfull, tail, p1);
+        sum1 = _mm512_add_ps(sum1, p1);
+    }
+#undef SOFTMAX_EXP
+    return _mm512_add_ps(sum0, sum1);
 }
 
 /*
@@ -372,35 +389,9 @@ static void softmax_avx512(int br, int bc, float *s, size_t lds, float *m, float
                 if (tail) _mm512_mask_storeu_ps(row + nfull, tail, _mm512_setzero_ps());
                 continue;
             }
-            if (!(fabsf(mnew[r]) < 0x1p100f)) { /* log2e m would overflow: the natural path */
-                softmax_row_natural(row, nfull, tail, mnew[r], &l[i], a[r]);
-                m[i] = mnew[r];
-                continue;
-            }
-            const float mh = mnew[r] * FA_EXP_LOG2E, ml = fmaf(mnew[r], FA_EXP_LOG2E, -mh);
-            const __m512 vmh = _mm512_set1_ps(mh), vml = _mm512_set1_ps(ml);
-            __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-            int j = 0;
-            for (; j + 32 <= nfull; j += 32) {
-                const __m512 p0 = exp_shift(_mm512_loadu_ps(row + j), vmh, vml);
-                const __m512 p1 = exp_shift(_mm512_loadu_ps(row + j + 16), vmh, vml);
-                _mm512_storeu_ps(row + j, p0);
-                _mm512_storeu_ps(row + j + 16, p1);
-                sum0 = _mm512_add_ps(sum0, p0);
-                sum1 = _mm512_add_ps(sum1, p1);
-            }
-            if (j < nfull) {
-                const __m512 p0 = exp_shift(_mm512_loadu_ps(row + j), vmh, vml);
-                _mm512_storeu_ps(row + j, p0);
-                sum0 = _mm512_add_ps(sum0, p0);
-            }
-            if (tail) {
-                const __m512 x = _mm512_mask_loadu_ps(neg_inf, tail, row + nfull);
-                const __m512 p1 = exp_shift(x, vmh, vml); /* lanes >= bc: exp(-inf) = 0 */
-                _mm512_mask_storeu_ps(row + nfull, tail, p1);
-                sum1 = _mm512_add_ps(sum1, p1);
-            }
-            l[i] = a[r] * l[i] + _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+            const __m512 sum = fabsf(mnew[r]) < 0x1p100f ? softmax_row(1, row, nfull, tail, mnew[r])
+                                                          : softmax_row(0, row, nfull, tail, mnew[r]);
+            l[i] = a[r] * l[i] + _mm512_reduce_add_ps(sum);
             m[i] = mnew[r];
         }
     }
