@@ -512,17 +512,18 @@ static int addr_done(const addr_plan *a)
 static void addr_ask(addr_plan *a, size_t k)
 {
     while (k > 0 && a->at < a->n) {
-        if ((uintptr_t)a->q >= (uintptr_t)a->hi[a->at]) {
-            if (++a->at < a->n) a->q = a->lo[a->at];
-            continue;
-        }
+        uintptr_t q = (uintptr_t)a->q;
+        const uintptr_t hi = (uintptr_t)a->hi[a->at];
+        for (; k > 0 && q < hi; k--) { /* the stretch's lines, in registers */
 #if defined(__aarch64__)
-        __builtin_prefetch(a->q, 0, 2);
+            __builtin_prefetch((const void *)q, 0, 2);
 #else
-        __builtin_prefetch(a->q, 0, 1);
+            __builtin_prefetch((const void *)q, 0, 1);
 #endif
-        a->q = (const char *)(((uintptr_t)a->q | 63) + 1);
-        k--;
+            q = (q | 63) + 1;
+        }
+        a->q = (const char *)q;
+        if (q >= hi && ++a->at < a->n) a->q = a->lo[a->at];
     }
 }
 
