@@ -9,7 +9,9 @@
 #     seqlen_q != seqlen_k so some rows see no key, softcap) within 1e-5 of
 #     max|G| (float32 arithmetic over <= 12 keys), flash and reference alike;
 #   - `check-grad` passes grad's output (exit 0), fails a perturbed or NaN
-#     gradient (exit 1) and points at the worst element;
+#     gradient (exit 1) and points at the worst element; where dQ and dK vanish
+#     by cancellation it passes correct float32 gradients (ours and numpy's) and
+#     fails ones whose D term is dropped or rounded to bf16;
 #   - every bad input (wrong dO shape, NaN in dO, malformed file, unknown flag,
 #     missing option, --impl standard, one path for two outputs, unwritable
 #     output) exits 2 with ONE line on stderr naming the problem, and leaves
@@ -155,6 +157,63 @@ if $fa check-grad $IN --dq bq.npy --dk bk.npy --dv bv.npy >out.txt 2>err.txt && 
 else bad "check-grad on bf16 gradients (default bf16 rule): exit $? $(cat out.txt err.txt)"; fi
 if $fa check-grad $IN --dq gq.npy --dk gk_bad.npy --dv gv.npy --causal --atol 1 >out.txt 2>err.txt; then ok
 else bad "check-grad --atol 1 should pass a 0.5 error"; fi
+
+# ---- check-grad where dQ and dK vanish by cancellation ------------------------------
+# Every V row of a head the same (times 100): dP_ij = dO_i . v = D_i, so dS = P o (dP - D) and
+# with it dQ and dK are 0 in exact arithmetic, while any float32 kernel leaves the rounding of
+# dP - D (~1e-5 here). A bound of rtol * max|G_ref| alone (the given --rtol rule) fails correct
+# gradients there; the default rule's 2 * e32 (the float32 flash backward's own error) passes
+# them — our flash output and an independent numpy float32 backward alike — and still fails a
+# kernel that drops the D term or rounds D to bf16.
+python3 - <<'EOF' || bad "generating the cancellation inputs failed"
+import numpy as np
+rng = np.random.default_rng(77)
+B, N, H, d = 1, 96, 2, 16
+f = np.float32
+q = rng.standard_normal((B, N, H, d)).astype(f)
+k = rng.standard_normal((B, N, H, d)).astype(f)
+v = np.broadcast_to(100 * rng.standard_normal((1, 1, H, d)), (B, N, H, d)).astype(f).copy()
+do = rng.standard_normal((B, N, H, d)).astype(f)
+for n, x in (("cq", q), ("ck", k), ("cv", v), ("cdo", do)):
+    np.save(n + ".npy", x)
+def bf16(x):
+    u = np.asarray(x, f).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7fff + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(f)
+def bwd(mode):
+    sc = f(1 / np.sqrt(d))
+    g = [np.zeros_like(x) for x in (q, k, v)]
+    for h in range(H):
+        Q, K, V, DO = q[0, :, h], k[0, :, h], v[0, :, h], do[0, :, h]
+        S = (Q @ K.T) * sc
+        E = np.exp(S - S.max(1, keepdims=True))
+        P = (E / E.sum(1, keepdims=True)).astype(f)
+        D = (DO * (P @ V)).sum(1, keepdims=True)
+        D = 0 * D if mode == "noD" else bf16(D) if mode == "Dbf16" else D
+        dS = P * (DO @ V.T - D)
+        g[0][0, :, h], g[1][0, :, h], g[2][0, :, h] = (dS @ K) * sc, (dS.T @ Q) * sc, P.T @ DO
+    return g
+for mode in ("np", "noD", "Dbf16"):
+    for n, x in zip("qkv", bwd(mode)):
+        np.save(f"c{mode}_d{n}.npy", x.astype(f))
+EOF
+CIN="-q cq.npy -k ck.npy -v cv.npy --dout cdo.npy"
+if $fa grad $CIN --dq cgq.npy --dk cgk.npy --dv cgv.npy >out.txt 2>err.txt; then ok
+else bad "grad on the cancellation inputs: $(cat err.txt)"; fi
+if $fa check-grad $CIN --dq cgq.npy --dk cgk.npy --dv cgv.npy >out.txt 2>err.txt && grep -q "^PASS" out.txt &&
+   grep -qF "+ 2 * e32" out.txt && grep -q "^dQ ok .* e32 [1-9]" out.txt; then ok
+else bad "check-grad (default rule) failed flash's correct cancelled gradients: $(cat out.txt err.txt)"; fi
+if $fa check-grad $CIN --dq cnp_dq.npy --dk cnp_dk.npy --dv cnp_dv.npy >out.txt 2>err.txt && grep -q "^PASS" out.txt; then ok
+else bad "check-grad failed an independent float32 backward's cancelled gradients: $(cat out.txt err.txt)"; fi
+$fa check-grad $CIN --dq cgq.npy --dk cgk.npy --dv cgv.npy --rtol 1e-4 >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 1 ] && grep -q "^dQ FAIL" out.txt && ! grep -q "e32" out.txt; then ok
+else bad "check-grad --rtol 1e-4 (no e32) should fail the cancelled dQ: exit $rc $(cat out.txt)"; fi
+for m in noD Dbf16; do
+    $fa check-grad $CIN --dq c${m}_dq.npy --dk c${m}_dk.npy --dv c${m}_dv.npy >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" = 1 ] && grep -q "^dQ FAIL" out.txt && grep -q "^dK FAIL" out.txt; then ok
+    else bad "check-grad passed a backward with its D term wrong ($m): exit $rc $(cat out.txt)"; fi
+done
 
 # ---- bad input ---------------------------------------------------------------------
 expect_fail "dO wrong shape" "do_bad_shape.npy: shape [2, 16, 4, 7] should be" \
