@@ -165,7 +165,7 @@ _REPORT_FIELDS = [
     ("qkv_format", ctypes.c_int), ("p_format", ctypes.c_int), ("kernel_model", ctypes.c_int),
     ("model_max_abs_err", _D), ("model_bound", _D), ("model_n_fail", _i64),
     ("row_scale_test", _D), ("row_scale_model", _D), ("p_mismatch", ctypes.c_int),
-    ("row_scale_explained", _D),
+    ("row_scale_explained", _D), ("score_allow_max", _D),
 ]
 
 # low-precision formats (fa_qformat) and kernel models (fa_kernel_model)

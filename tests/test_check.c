@@ -244,6 +244,42 @@ static void test_check_passes_flash_f32_output_with_masks(void **state)
     free_problem(&p);
 }
 
+/* Ensure correct float32 outputs pass at logits of ~10^3, where the scores' own rounding is
+ * most of the output's error (a float32 dot product of 64 terms of size ~10^2: ~2e-4 in each
+ * score), and a scale 1% off still fails there. (0.3% already slipped under the old rule on
+ * some of these inputs, 0.1% under the new one: they move the scores that decide the softmax
+ * by a few times float32's own rounding of them, which no rule can tell from a correct
+ * kernel.) Before the score-rounding allowance and the emulation's sequential dot products,
+ * this library's flash output failed on about half of such inputs. */
+static void test_check_passes_float32_outputs_at_large_logits(void **state)
+{
+    (void)state;
+    double regime = 0.0; /* the largest flash error seen: the regime is reached */
+    for (int rep = 0; rep < 6; rep++) {
+        problem p = make_problem(1, 48, 96, 4, 2, 64, FA_F32, 2000.0, rep & 1);
+        tu_tensor o = alloc_out(&p, FA_F32);
+        fa_options opt = fa_options_default();
+        opt.causal = rep >= 3;
+        assert_int_equal(fa_forward(&p.q.t, &p.k.t, &p.v.t, &o.t, NULL, &opt), FA_OK);
+        fa_check_options co = fa_check_options_default();
+        fa_check_report r = run_check(&p, &o, NULL, &opt, &co);
+        expect_verdict(&r, 1, "flash f32 at logits ~1e3");
+        if (r.max_abs_err > regime) regime = r.max_abs_err;
+        fa_check_report_free(&r);
+        plain_attention(&p, &o, FA_F32, opt.causal, p.Sk - p.Sq, 1.0); /* another order of sums */
+        r = run_check(&p, &o, NULL, &opt, &co);
+        expect_verdict(&r, 1, "plain f32 attention at logits ~1e3");
+        fa_check_report_free(&r);
+        plain_attention(&p, &o, FA_F32, opt.causal, p.Sk - p.Sq, 1.01);
+        r = run_check(&p, &o, NULL, &opt, &co);
+        expect_verdict(&r, 0, "scale 1% off at logits ~1e3");
+        fa_check_report_free(&r);
+        tu_free(&o);
+        free_problem(&p);
+    }
+    assert_true(regime > 1e-5); /* errors far above the ~1e-7 of ordinary logits */
+}
+
 /* ------------------------------------------------------------------------ */
 /* Rejected                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -686,6 +722,7 @@ int main(void)
         cmocka_unit_test(test_check_passes_when_output_is_reference_rounded),
         cmocka_unit_test(test_check_passes_when_output_is_plain_low_precision_attention),
         cmocka_unit_test(test_check_passes_flash_f32_output_with_masks),
+        cmocka_unit_test(test_check_passes_float32_outputs_at_large_logits),
         cmocka_unit_test(test_check_fails_when_one_row_is_perturbed),
         cmocka_unit_test(test_check_fails_when_scale_is_off_by_one_percent),
         cmocka_unit_test(test_check_fails_when_causal_is_aligned_top_left),
