@@ -854,8 +854,8 @@ typedef struct fa_check_report {
                                     model (P saturated, or row sums not from the P used in P.V, or a wrong
                                     V descale), and that scaling explains at least 80% of the squared error. */
     double row_scale_explained;/**< Fraction of the squared error that a per-row factor (test ~ a * ref) explains. */
-    double score_allow_max;    /**< Emulation rules: the largest per-element score-rounding allowance added to
-                                    `bound` (an element passes iff its error <= bound + its allowance; see
+    double score_allow_max;    /**< Emulation rules: the largest per-element score-rounding allowance (an
+                                    element passes iff its error <= max(bound, its allowance); see
                                     docs/validation.md); 0 under an explicit atol/rtol. */
 } fa_check_report;
 

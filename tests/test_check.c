@@ -280,6 +280,36 @@ static void test_check_passes_float32_outputs_at_large_logits(void **state)
     assert_true(regime > 1e-5); /* errors far above the ~1e-7 of ordinary logits */
 }
 
+/* Ensure the score-rounding allowance cannot be inflated by dot products that cancel huge
+ * terms (q_0 = q_1 = A against k_0 = A, k_1 = -A in every key): their sequential float32 sums
+ * are exact, so correct outputs are accurate there and a zero output must fail (a bound from
+ * u * sum_c |q_c k_jc| let it pass at A = 1e4; found by review). */
+static void test_check_fails_zero_output_when_dot_products_cancel(void **state)
+{
+    (void)state;
+    problem p = make_problem(1, 64, 64, 1, 1, 32, FA_F32, 1.0, 0);
+    for (int64_t i = 0; i < 64; i++) {
+        fa_store_f64(&p.q.t, fa_off4(&p.q.t, 0, i, 0, 0), 1e4);
+        fa_store_f64(&p.q.t, fa_off4(&p.q.t, 0, i, 0, 1), 1e4);
+        fa_store_f64(&p.k.t, fa_off4(&p.k.t, 0, i, 0, 0), 1e4);
+        fa_store_f64(&p.k.t, fa_off4(&p.k.t, 0, i, 0, 1), -1e4);
+    }
+    tu_tensor o = alloc_out(&p, FA_F32);
+    assert_int_equal(fa_forward(&p.q.t, &p.k.t, &p.v.t, &o.t, NULL, NULL), FA_OK);
+    fa_check_options co = fa_check_options_default();
+    fa_check_report r = run_check(&p, &o, NULL, NULL, &co);
+    expect_verdict(&r, 1, "flash f32, cancelling dot products");
+    assert_true(r.score_allow_max < 1e-4);
+    fa_check_report_free(&r);
+    for (int64_t i = 0; i < 64; i++)
+        for (int64_t c = 0; c < 32; c++) fa_store_f64(&o.t, fa_off4(&o.t, 0, i, 0, c), 0.0);
+    r = run_check(&p, &o, NULL, NULL, &co);
+    expect_verdict(&r, 0, "zero output, cancelling dot products");
+    fa_check_report_free(&r);
+    tu_free(&o);
+    free_problem(&p);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Rejected                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -723,6 +753,7 @@ int main(void)
         cmocka_unit_test(test_check_passes_when_output_is_plain_low_precision_attention),
         cmocka_unit_test(test_check_passes_flash_f32_output_with_masks),
         cmocka_unit_test(test_check_passes_float32_outputs_at_large_logits),
+        cmocka_unit_test(test_check_fails_zero_output_when_dot_products_cancel),
         cmocka_unit_test(test_check_fails_when_one_row_is_perturbed),
         cmocka_unit_test(test_check_fails_when_scale_is_off_by_one_percent),
         cmocka_unit_test(test_check_fails_when_causal_is_aligned_top_left),
