@@ -213,6 +213,7 @@ static int check_grad_main(int argc, char **argv)
     void *ref_mem[3] = {NULL, NULL, NULL};
     float *base_mem[3] = {NULL, NULL, NULL}; /* the float32 baseline (e32) */
     float *ds_base = NULL;                   /* its dsinks */
+    unsigned char *own[3] = {NULL, NULL, NULL}; /* varlen: the rows some sequence owns (owned_rows) */
     double base_t0 = 0.0, base_secs = 0.0;
     fa_tensor base_t[3], o_t, lse_t;
     void *o_mem = NULL, *lse_mem = NULL; /* the baseline's O (tested dtype) and LSE, bf16/f16 only */
@@ -294,11 +295,21 @@ static int check_grad_main(int argc, char **argv)
         goto done;
     }
 
+    /* varlen: rank 3 [rows][heads][width]; judge (and measure e32 on) the rows sequences own */
+    const fa_varlen *vl = attn.opt.varlen;
+    int64_t row_elems[3];
+    for (int x = 0; x < 3; x++) {
+        row_elems[x] = vl ? ref_t[x].shape[1] * ref_t[x].shape[2] : 1;
+        if (vl && !(own[x] = owned_rows(vl, ref_t[x].shape[0], x > 0))) {
+            cli_die("check-grad: out of memory");
+            goto done;
+        }
+    }
+
     /* e32 (default rule only): the float32 flash backward's own error on these inputs */
     const int use_e32 = !atol_text && !rtol_text;
     double e32[4] = {0.0, 0.0, 0.0, 0.0};
     const char *e32_note = NULL; /* why e32 is 0 when the rule wants it */
-    const fa_varlen *vl = attn.opt.varlen;
     if (use_e32) {
         for (int x = 0; x < 3; x++) {
             const size_t n = (size_t)fa_tensor_numel(&ref_t[x]);
@@ -378,15 +389,7 @@ static int check_grad_main(int argc, char **argv)
                 break;
             }
             for (int x = 0; x < 3; x++) {
-                unsigned char *own = vl ? owned_rows(vl, ref_t[x].shape[0], x > 0) : NULL;
-                if (vl && !own) {
-                    fa_context_destroy(scalar_ctx);
-                    cli_die("check-grad: out of memory");
-                    goto done;
-                }
-                const double e = base_error(base_mem[x], ref_mem[x], fa_tensor_numel(&ref_t[x]), own,
-                                            vl ? ref_t[x].shape[1] * ref_t[x].shape[2] : 1);
-                free(own);
+                const double e = base_error(base_mem[x], ref_mem[x], fa_tensor_numel(&ref_t[x]), own[x], row_elems[x]);
                 if (!(e <= e32[x])) e32[x] = e;
             }
             if (bextra.dsinks) {
@@ -418,18 +421,8 @@ static int check_grad_main(int argc, char **argv)
     }
     int all_pass = 1;
     for (int x = 0; x < 3; x++) {
-        unsigned char *own = NULL;
-        if (vl) { /* rank 3 [rows][heads][width]: judge the rows sequences own */
-            own = owned_rows(vl, ref_t[x].shape[0], x > 0);
-            if (!own) {
-                cli_die("check-grad: out of memory");
-                goto done;
-            }
-        }
         int64_t judged = 0;
-        grad_cmp c = compare(&test_t[x], &ref_t[x], atol, rtol, 3.0 * e32[x], own,
-                             vl ? ref_t[x].shape[1] * ref_t[x].shape[2] : 1, &judged);
-        free(own);
+        grad_cmp c = compare(&test_t[x], &ref_t[x], atol, rtol, 3.0 * e32[x], own[x], row_elems[x], &judged);
         const int pass = c.n_fail == 0 && c.max_err <= c.bound;
         all_pass &= pass;
         printf("%s %-4s max abs err %.3e  bound %.3e  max|ref| %.3e", names[x], pass ? "ok" : "FAIL", c.max_err,
@@ -470,6 +463,7 @@ static int check_grad_main(int argc, char **argv)
     printf("%s\n", all_pass ? "PASS" : "FAIL");
     rc = all_pass ? CLI_EXIT_OK : CLI_EXIT_MISMATCH;
 done:
+    for (int x = 0; x < 3; x++) free(own[x]);
     free(o_mem);
     free(lse_mem);
     free(ds_base);
