@@ -2,7 +2,8 @@
  * cpuinfo.c — cache geometry the flash path plans its blocks for.
  *
  * Sources, in order: glibc's sysconf(_SC_LEVEL*_CACHE_*) (which reads CPUID
- * on x86), then Linux sysfs (/sys/devices/system/cpu/cpu0/cache/index*), then
+ * on x86; for the L3, sysfs first), then Linux sysfs
+ * (/sys/devices/system/cpu/cpu0/cache/index*), then
  * fallback defaults (32 KiB L1d, 1 MiB L2, 64-byte lines) that suit most
  * laptops and servers of the last decade. The result is computed once, under
  * pthread_once (concurrent first calls are safe). FA_L1D_BYTES / FA_L2_BYTES
@@ -81,7 +82,12 @@ static void detect(void)
         if (a > 0 && b > 0) {
             c1 = (size_t)a;
             c2 = (size_t)b;
-            c3 = c > 0 ? (size_t)c : 0;
+            /* The L3 from sysfs where it has one: glibc's figure comes from CPUID's
+             * cache leaves, which a hypervisor can fill oddly (an AMD EPYC guest whose
+             * kernel and lscpu say 32 MiB read 320 MiB through sysconf). Only `info`
+             * and bench's cold-cache read use the L3; the blocks follow L2. */
+            const size_t s3 = sysfs_cache(3, "Unified", NULL);
+            c3 = s3 ? s3 : c > 0 ? (size_t)c : 0;
             cl = d > 0 ? (size_t)d : 64;
             src = 1;
         } else {

@@ -479,6 +479,42 @@ static void test_abi_sizes_by_name(void **state)
     assert_int_equal(fa_check_options_default().struct_size, sizeof(fa_check_options));
 }
 
+/* The L3 that sysfs gives for cpu0 (0 when it gives none). */
+static size_t sysfs_l3(void)
+{
+    for (int idx = 0; idx < 8; idx++) {
+        char path[128], unit = 0;
+        int level = 0;
+        unsigned long v = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", idx);
+        FILE *f = fopen(path, "r");
+        if (!f) return 0;
+        const int got = fscanf(f, "%d", &level);
+        fclose(f);
+        if (got != 1 || level != 3) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
+        f = fopen(path, "r");
+        if (!f) return 0;
+        const int n = fscanf(f, "%lu%c", &v, &unit);
+        fclose(f);
+        if (n < 1) return 0;
+        return n == 2 && (unit == 'K' || unit == 'k') ? v * 1024 : n == 2 && (unit == 'M' || unit == 'm') ? v << 20 : v;
+    }
+    return 0;
+}
+
+/* Ensure fa_cpu_info's L3 is the kernel's (sysfs) wherever the kernel gives one: glibc's
+ * sysconf read 320 MiB on an AMD EPYC guest whose sysfs and lscpu said 32 MiB. */
+static void test_cpu_info_l3_is_the_kernels(void **state)
+{
+    (void)state;
+    const size_t want = sysfs_l3();
+    if (!want) skip();
+    fa_cpu_info info;
+    assert_int_equal(fa_get_cpu_info(&info), FA_OK);
+    assert_int_equal(info.l3_bytes, want);
+}
+
 /* Ensure a context pins each supported ISA, reuses its arena (no allocation on the second
  * same-shaped call), and gives the same bits as the first call; forward and backward. */
 static void test_context_reuses_its_arena_for_every_isa(void **state)
@@ -553,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_check_writes_back_the_size_it_wrote),
         cmocka_unit_test(test_abi_sizes_by_name),
         cmocka_unit_test(test_context_reuses_its_arena_for_every_isa),
+        cmocka_unit_test(test_cpu_info_l3_is_the_kernels),
     };
     tu_seed();
     return cmocka_run_group_tests_name("abi", tests, NULL, NULL);
