@@ -599,8 +599,8 @@ static void finalize_row(const fa_problem *p, int64_t b, int64_t h, int64_t i, f
     const fa_seq seq = fa_problem_seq(p, b);
     const fa_rows os = fa_rows_q(&p->o, &seq, h);
     int64_t lo, hi;
-    fa_key_range(p, b, i, &lo, &hi);
-    fa_finish_row(p, &os, b, h, i, !(lo < hi), m, l, orow);
+    fa_key_range_in(p, &seq, i, &lo, &hi);
+    fa_finish_row(p, &os, &seq, h, i, !(lo < hi), m, l, orow);
 }
 
 /*

@@ -332,7 +332,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
         float *qrow = sc->qi + (size_t)r * g->ldq;
         if (r + 8 < br) fa_rows_prefetch(&qs, i0 + r + 8, 1); /* rows a page apart: no HW prefetch */
         fa_rows_gather(&qs, i0 + r, qrow);
-        fa_key_range(p, b, i0 + r, &sc->lo[r], &sc->hi[r]);
+        fa_key_range_in(p, &seq, i0 + r, &sc->lo[r], &sc->hi[r]);
         if (sc->lo[r] < sc->hi[r]) {
             if (sc->lo[r] < jmin) jmin = sc->lo[r];
             if (sc->hi[r] > jmax) jmax = sc->hi[r];
@@ -398,7 +398,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
 
     /* normalize once, write O_i and LSE_i (empty: from the key range only, never from m) */
     for (int r = 0; r < br; r++)
-        fa_finish_row(p, &os, b, h, i0 + r, !(sc->lo[r] < sc->hi[r]), sc->m[r], sc->l[r],
+        fa_finish_row(p, &os, &seq, h, i0 + r, !(sc->lo[r] < sc->hi[r]), sc->m[r], sc->l[r],
                       sc->oa + (size_t)r * g->ldo);
 }
 

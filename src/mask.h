@@ -71,10 +71,15 @@ static inline int64_t fa_kv_head(const fa_problem *p, int64_t h)
 
 /* Offset of the LSE of query row i, head h of sequence b: element
  * (q_batch, h, q_start + i) of LSE [B][H][Sq] (varlen: [1][H][total_q]). */
+static inline int64_t fa_lse_off_in(const fa_problem *p, const fa_seq *s, int64_t h, int64_t i)
+{
+    return s->q_batch * p->lse.stride[0] + h * p->lse.stride[1] + (s->q_start + i) * p->lse.stride[2];
+}
+
 static inline int64_t fa_lse_off(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 {
     const fa_seq s = fa_problem_seq(p, b);
-    return s.q_batch * p->lse.stride[0] + h * p->lse.stride[1] + (s.q_start + i) * p->lse.stride[2];
+    return fa_lse_off_in(p, &s, h, i);
 }
 
 /* The diagonal's offset in batch entry b: query row i lines up with key
@@ -99,11 +104,10 @@ static inline int64_t fa_diag_offset(const fa_problem *p, int64_t b)
  * implementations decide emptiness from here, never from a running max
  * (a NaN score must give NaN, not an empty row).
  */
-static inline void fa_key_range(const fa_problem *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi)
+static inline void fa_key_range_in(const fa_problem *p, const fa_seq *sq, int64_t i, int64_t *lo, int64_t *hi)
 {
-    const fa_seq sq = fa_problem_seq(p, b);
-    int64_t diag = i + fa_diag_offset(p, b); /* top-left: i */
-    int64_t l = 0, h = sq.k_len;
+    int64_t diag = i + (p->top_left ? 0 : sq->k_len - sq->q_len); /* fa_diag_offset */
+    int64_t l = 0, h = sq->k_len;
     /* Written as comparisons of differences that cannot overflow, so that any
      * window up to INT64_MAX means what it says: diag - 0 and (Sk - 1) - diag
      * (Sq - 1 - i, or Sk - 1 - i top-left) are in range, and each bound is
@@ -113,6 +117,13 @@ static inline void fa_key_range(const fa_problem *p, int64_t b, int64_t i, int64
     if (h < l) h = l;
     *lo = l;
     *hi = h;
+}
+
+/* The same for batch entry b (its sequence looked up here). */
+static inline void fa_key_range(const fa_problem *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi)
+{
+    const fa_seq sq = fa_problem_seq(p, b);
+    fa_key_range_in(p, &sq, i, lo, hi);
 }
 
 /* The score transform after the dot product: scale, softcap, ALiBi (double),

@@ -108,8 +108,8 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
         for (int r = n; r < pad; r++) dst[(size_t)c * ld + (size_t)r] = 0.0f;
 }
 
-void fa_finish_row(const fa_problem *p, const fa_rows *os, int64_t b, int64_t h, int64_t i, int empty, float m,
-                   float l, const float *orow)
+void fa_finish_row(const fa_problem *p, const fa_rows *os, const fa_seq *seq, int64_t h, int64_t i, int empty,
+                   float m, float l, const float *orow)
 {
     const int64_t dv = p->dv;
     if (!empty && m == -INFINITY) {
@@ -134,5 +134,5 @@ void fa_finish_row(const fa_problem *p, const fa_rows *os, int64_t b, int64_t h,
     } else {
         for (int64_t c = 0; c < dv; c++) fa_rows_put(os, i, c, empty ? 0.0 : (double)(orow[c] * inv));
     }
-    if (p->lse.data) fa_store_f64(&p->lse, fa_lse_off(p, b, h, i), lse);
+    if (p->lse.data) fa_store_f64(&p->lse, fa_lse_off_in(p, seq, h, i), lse);
 }

@@ -189,7 +189,7 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
  * cannot be computed in float32 and stores NaN. flash.c and decode.c finish
  * their rows here, so both write the same bits from the same (m, l, O).
  */
-void fa_finish_row(const fa_problem *p, const fa_rows *os, int64_t b, int64_t h, int64_t i, int empty, float m,
-                   float l, const float *orow);
+void fa_finish_row(const fa_problem *p, const fa_rows *os, const fa_seq *seq, int64_t h, int64_t i, int empty,
+                   float m, float l, const float *orow);
 
 #endif /* FA_PACK_H */

@@ -361,7 +361,7 @@ static int amx_task(const fa_problem *p, amx_scratch *sc, int64_t b, int64_t h, 
             uint16_t *qr = sc->q + (size_t)r * sc->ldq;
             if (r < br) {
                 bad |= (uint32_t)copy_bf16(qr, (const uint16_t *)p->q.data + fa_rows_off(&qs, i0 + r), d);
-                fa_key_range(p, b, i0 + r, &sc->lo[r], &sc->hi[r]);
+                fa_key_range_in(p, &seq, i0 + r, &sc->lo[r], &sc->hi[r]);
                 if (sc->lo[r] < sc->hi[r]) {
                     if (sc->lo[r] < smin[t]) smin[t] = sc->lo[r];
                     if (sc->hi[r] > smax[t]) smax[t] = sc->hi[r];
@@ -397,7 +397,7 @@ static int amx_task(const fa_problem *p, amx_scratch *sc, int64_t b, int64_t h, 
         }
     }
     for (int r = 0; r < br; r++)
-        fa_finish_row(p, &os, b, h, i0 + r, !(sc->lo[r] < sc->hi[r]), sc->m[r], sc->l[r],
+        fa_finish_row(p, &os, &seq, h, i0 + r, !(sc->lo[r] < sc->hi[r]), sc->m[r], sc->l[r],
                       sc->o + (size_t)r * sc->ldo);
     return 0;
 }
