@@ -51,6 +51,7 @@ static size_t sysfs_cache(int want_level, const char *want_type, size_t *line)
         size_t bytes = v;
         if (n == 2 && (unit == 'K' || unit == 'k')) bytes = v * 1024;
         if (n == 2 && (unit == 'M' || unit == 'm')) bytes = v * 1024 * 1024;
+        if (n == 2 && (unit == 'G' || unit == 'g')) bytes = v * 1024 * 1024 * 1024;
         if (line) {
             snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/coherency_line_size", idx);
             f = fopen(path, "r");

@@ -492,13 +492,23 @@ static size_t sysfs_l3(void)
         const int got = fscanf(f, "%d", &level);
         fclose(f);
         if (got != 1 || level != 3) continue;
+        char type[32] = "";
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", idx);
+        f = fopen(path, "r");
+        if (!f) return 0;
+        const int typed = fscanf(f, "%31s", type);
+        fclose(f);
+        if (typed != 1 || strcmp(type, "Unified") != 0) continue;
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
         f = fopen(path, "r");
         if (!f) return 0;
         const int n = fscanf(f, "%lu%c", &v, &unit);
         fclose(f);
         if (n < 1) return 0;
-        return n == 2 && (unit == 'K' || unit == 'k') ? v * 1024 : n == 2 && (unit == 'M' || unit == 'm') ? v << 20 : v;
+        return n == 2 && (unit == 'K' || unit == 'k')   ? v << 10
+               : n == 2 && (unit == 'M' || unit == 'm') ? v << 20
+               : n == 2 && (unit == 'G' || unit == 'g') ? v << 30
+                                                        : v;
     }
     return 0;
 }

@@ -18,7 +18,11 @@ ab=${AB:-/tmp/ab_time}
 threads=${THREADS:-2}
 h=${H:-8}
 [ -x "$ab" ] || { echo "pair_ratio.sh: no ab_time at $ab (see the header)" >&2; exit 2; }
-case $rounds in '' | *[!0-9]*) echo "pair_ratio.sh: ROUNDS must be a positive integer" >&2; exit 2 ;; esac
+case $rounds in '' | *[!0-9]* | ?????*) echo "pair_ratio.sh: ROUNDS must be an integer from 1 to 9999" >&2; exit 2 ;; esac
+[ "$rounds" -ge 1 ] || { echo "pair_ratio.sh: ROUNDS must be an integer from 1 to 9999" >&2; exit 2; }
+case $threads in '' | *[!0-9]* | ?????*) echo "pair_ratio.sh: THREADS must be a positive integer" >&2; exit 2 ;; esac
+case $h in '' | *[!0-9]* | ?????*) echo "pair_ratio.sh: H must be a positive integer" >&2; exit 2 ;; esac
+[ -f "$ab" ] || { echo "pair_ratio.sh: $ab is not a file" >&2; exit 2; }
 grid=${GRID:-"1024 64 150|--causal
 1024 128 80|--causal
 2048 64 40|--causal
@@ -32,13 +36,26 @@ grid=${GRID:-"1024 64 150|--causal
 4096 128 5|--dtype bf16"}
 echo "paired ratios, variant GFLOP/s over base GFLOP/s, $rounds rounds, $threads threads, H = $h"
 echo "$grid" | while IFS='|' read -r nd extra; do
-    [ -n "$nd" ] || continue
     set -- $nd
+    [ $# -gt 0 ] || continue
+    [ $# = 3 ] || { echo "pair_ratio.sh: a GRID line needs \"N D REPS|options\", got \"$nd|$extra\"" >&2; exit 2; }
     n=$1 d=$2 reps=$3
     r=1 ratios=""
     while [ "$r" -le "$rounds" ]; do
-        a=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context | awk '{print $2}')
-        b=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context $extra | awk '{print $2}')
+        # the order alternates by round, so a machine slowing down within a round
+        # does not always fall on the same side
+        if [ $((r % 2)) = 1 ]; then
+            a=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context | awk '{print $2}')
+            b=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context $extra | awk '{print $2}')
+        else
+            b=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context $extra | awk '{print $2}')
+            a=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context | awk '{print $2}')
+        fi
+        ok=1
+        case $a in '' | *[!0-9.]*) ok=0 ;; esac
+        case $b in '' | *[!0-9.]*) ok=0 ;; esac
+        [ "$ok" = 0 ] || ok=$(awk -v a="$a" -v b="$b" 'BEGIN { print (a > 0 && b > 0) ? 1 : 0 }')
+        [ "$ok" = 1 ] || { echo "pair_ratio.sh: ab_time failed on N $n d $d $extra (got '$a' and '$b')" >&2; exit 1; }
         ratios="$ratios $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f", b / a }')"
         r=$((r + 1))
     done

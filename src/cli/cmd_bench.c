@@ -787,27 +787,85 @@ static void evict_llc(const decode_cfg *dc, int threads)
     (void)sink;
 }
 
-/* The eviction buffer: twice the last-level cache, at least 64 MiB (a cache
- * size this machine does not report), at most 2 GiB, within an eighth of
+/* A sysfs file's first line into buf (empty on failure). */
+static void sysfs_line(const char *path, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (!fgets(buf, (int)size, f)) buf[0] = '\0';
+    fclose(f);
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
+/*
+ * Bytes of every L2 and L3 in the machine: each cache instance of level 2 or 3
+ * counted once (instances told apart by their shared_cpu_list), over the CPUs
+ * sysfs lists; 0 when sysfs has no cache directories. fa_cpu_info's l3_bytes is
+ * ONE instance: a 12-CCD EPYC has twelve 32 MiB L3s, each filled only from its
+ * own cores, and bench's threads spread over all of them, so twice one
+ * instance would leave most of a large cache resident ("cold" would read L3).
+ */
+static size_t all_caches_bytes(void)
+{
+    enum { MAX_INST = 1024 };
+    static char seen[MAX_INST][272];
+    int nseen = 0;
+    size_t total = 0;
+    const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
+    for (long c = 0; c < (ncpu > 0 ? ncpu : 1) && c < 65536; c++)
+        for (int idx = 0; idx < 16; idx++) {
+            char path[160], level[16], list[256], size[32];
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/cache/index%d/level", c, idx);
+            sysfs_line(path, level, sizeof level);
+            if (!level[0]) break;
+            if (strcmp(level, "2") != 0 && strcmp(level, "3") != 0) continue;
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/cache/index%d/shared_cpu_list", c, idx);
+            sysfs_line(path, list, sizeof list);
+            char key[272];
+            snprintf(key, sizeof key, "%.8s:%s", level, list[0] ? list : "?");
+            int dup = 0;
+            for (int x = 0; x < nseen && !dup; x++) dup = strcmp(seen[x], key) == 0;
+            if (dup) continue;
+            if (nseen < MAX_INST) snprintf(seen[nseen++], sizeof seen[0], "%s", key);
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/cache/index%d/size", c, idx);
+            sysfs_line(path, size, sizeof size);
+            char *end = NULL;
+            const unsigned long long v = strtoull(size, &end, 10);
+            if (!end || end == size) continue;
+            const unsigned long long mult = *end == 'K' ? 1ull << 10 : *end == 'M' ? 1ull << 20 : *end == 'G' ? 1ull << 30 : 1;
+            if (v < (1ull << 40) / mult) total += (size_t)(v * mult);
+        }
+    return total;
+}
+
+/* What the cold read must outgrow: every L2 and L3 (all_caches_bytes), else the
+ * one L3 fa_cpu_info reports (0 when unknown). */
+static size_t caches_to_evict(void)
+{
+    const size_t all = all_caches_bytes();
+    if (all) return all;
+    fa_cpu_info ci;
+    return fa_get_cpu_info(&ci) == FA_OK ? ci.l3_bytes : 0;
+}
+
+/* The eviction buffer: twice every cache (caches_to_evict), at least 64 MiB (a
+ * cache size this machine does not report), at most 2 GiB, within an eighth of
  * MemAvailable; 0 for --warm-cache. */
 static size_t evict_buffer_bytes(double avail)
 {
-    fa_cpu_info ci;
-    const size_t llc = fa_get_cpu_info(&ci) == FA_OK ? ci.l3_bytes : 0;
-    double b = 2.0 * (double)llc;
+    double b = 2.0 * (double)caches_to_evict();
     if (b < 64.0 * 1048576) b = 64.0 * 1048576;
     if (b > 2048.0 * 1048576) b = 2048.0 * 1048576;
     if (avail > 0 && b > avail / 8) b = avail / 8;
     return (size_t)b & ~(size_t)4095;
 }
 
-/* The bandwidth buffer: 4x the last-level cache (256 MiB when unknown or
- * smaller), at most 2 GiB and a quarter of MemAvailable. */
+/* The bandwidth buffer: 4x every cache (256 MiB when unknown or smaller), at
+ * most 2 GiB and a quarter of MemAvailable. */
 static size_t bw_buffer_bytes(double avail)
 {
-    fa_cpu_info ci;
-    size_t llc = fa_get_cpu_info(&ci) == FA_OK ? ci.l3_bytes : 0;
-    double b = 4.0 * (double)llc;
+    double b = 4.0 * (double)caches_to_evict();
     if (b < 256.0 * 1048576) b = 256.0 * 1048576;
     if (b > 2048.0 * 1048576) b = 2048.0 * 1048576;
     if (avail > 0 && b > avail / 4) b = avail / 4;
@@ -999,16 +1057,15 @@ static void decode_print_header(const bench_cfg *cfg, const decode_cfg *dc)
     if (dc->warm)
         printf("warm cache (--warm-cache): each run reads K/V left in L2/L3 by the previous one\n");
     else {
-        fa_cpu_info ci;
-        const size_t llc = fa_get_cpu_info(&ci) == FA_OK ? ci.l3_bytes : 0;
+        const size_t llc = caches_to_evict();
         const size_t eb = dc->evict_words * sizeof(uint64_t);
         printf("cold cache: before every run (not timed) a %zu MiB read evicts K/V from L2/L3, as a decoder "
                "meets it\n", eb >> 20);
         if (!llc)
-            printf("  (the last-level cache size is unknown here: %zu MiB may not evict all of it)\n", eb >> 20);
+            printf("  (the cache sizes are unknown here: %zu MiB may not evict all of them)\n", eb >> 20);
         else if (eb < 2 * llc)
-            printf("  (less than twice the %zu MiB last-level cache, for lack of memory: K/V may stay partly cached)\n",
-                   llc >> 20);
+            printf("  (less than twice the %zu MiB of L2 and L3 caches, for lack of memory: K/V may stay partly "
+                   "cached)\n", llc >> 20);
     }
     printf("times are median (min, max) of >= %d runs after %d warm-up; check = max |err| of every row vs float64\n",
            cfg->repeats, cfg->warmup);
