@@ -85,11 +85,16 @@ static inline int64_t fa_lse_off(const fa_problem *p, int64_t b, int64_t h, int6
 /* The diagonal's offset in batch entry b: query row i lines up with key
  * i + fa_diag_offset(p, b) (bottom-right alignment: k_len - q_len; top-left,
  * fa_options::align: 0). */
+static inline int64_t fa_diag_offset_in(const fa_problem *p, const fa_seq *sq)
+{
+    return p->top_left ? 0 : sq->k_len - sq->q_len;
+}
+
 static inline int64_t fa_diag_offset(const fa_problem *p, int64_t b)
 {
     if (p->top_left) return 0;
     const fa_seq sq = fa_problem_seq(p, b);
-    return sq.k_len - sq.q_len;
+    return fa_diag_offset_in(p, &sq);
 }
 
 /*
@@ -106,7 +111,7 @@ static inline int64_t fa_diag_offset(const fa_problem *p, int64_t b)
  */
 static inline void fa_key_range_in(const fa_problem *p, const fa_seq *sq, int64_t i, int64_t *lo, int64_t *hi)
 {
-    int64_t diag = i + (p->top_left ? 0 : sq->k_len - sq->q_len); /* fa_diag_offset */
+    int64_t diag = i + fa_diag_offset_in(p, sq); /* top-left: i */
     int64_t l = 0, h = sq->k_len;
     /* Written as comparisons of differences that cannot overflow, so that any
      * window up to INT64_MAX means what it says: diag - 0 and (Sk - 1) - diag

@@ -34,6 +34,8 @@ grid=${GRID:-"1024 64 150|--causal
 4096 128 5|--softcap 30
 4096 64 10|--dtype bf16
 4096 128 5|--dtype bf16"}
+# GFLOP/s of one ab_time call on the current GRID line (options: the variant's, or none)
+gflops() { "$ab" "$n" "$d" "$h" "$threads" "$reps" --context "$@" | awk '{print $2}'; }
 echo "paired ratios, variant GFLOP/s over base GFLOP/s, $rounds rounds, $threads threads, H = $h"
 echo "$grid" | while IFS='|' read -r nd extra; do
     set -- $nd
@@ -45,11 +47,9 @@ echo "$grid" | while IFS='|' read -r nd extra; do
         # the order alternates by round, so a machine slowing down within a round
         # does not always fall on the same side
         if [ $((r % 2)) = 1 ]; then
-            a=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context | awk '{print $2}')
-            b=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context $extra | awk '{print $2}')
+            a=$(gflops) b=$(gflops $extra)
         else
-            b=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context $extra | awk '{print $2}')
-            a=$("$ab" "$n" "$d" "$h" "$threads" "$reps" --context | awk '{print $2}')
+            b=$(gflops $extra) a=$(gflops)
         fi
         ok=1
         case $a in '' | *[!0-9.]*) ok=0 ;; esac

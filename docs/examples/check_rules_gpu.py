@@ -117,24 +117,24 @@ def main():
             k = torch.randn(B, H, N, dd, device="cuda")
             v = torch.randn(B, H, N, dd, device="cuda")
             base = f"{d}/s{seed}_d{dd}"
-            for n, t in (("q", q), ("k", k), ("v", v)):
-                save_bshd(f"{base}_{n}.npy", t)
-            inp = ["check", "-q", f"{base}_q.npy", "-k", f"{base}_k.npy", "-v", f"{base}_v.npy"]
-            for be in ("math", "efficient"):
-                if not try_save(f"{base}_o_{be}.npy", lambda: sdpa(q, k, v, be), f"f32 {be} d{dd}"):
-                    continue
-                judge("check", f"f32 {be} d{dd}", seed, "PASS", inp + ["--out", f"{base}_o_{be}.npy"])
+
+            def check_backends(pre, dtype, qkv, backends):
+                """save Q, K, V as {base}_{pre}q.npy ..., check each backend's output (expect PASS);
+                returns the check arguments naming the inputs"""
+                for n, t in zip("qkv", qkv):
+                    save_bshd(f"{base}_{pre}{n}.npy", t)
+                inp = ["check"] + [x for n in "qkv" for x in (f"-{n}", f"{base}_{pre}{n}.npy")]
+                for be in backends:
+                    out = f"{base}_{pre}o_{be}.npy"
+                    if try_save(out, lambda: sdpa(*qkv, be), f"{dtype} {be} d{dd}"):
+                        judge("check", f"{dtype} {be} d{dd}", seed, "PASS", inp + ["--out", out])
+                return inp
+
+            inp = check_backends("", "f32", (q, k, v), ("math", "efficient"))
             save_bshd(f"{base}_o_scale.npy", sdpa(q, k, v, "efficient", scale=1.01 / dd ** 0.5))
             judge("check", f"f32 efficient d{dd}, scale x1.01", seed, "FAIL",
                   inp + ["--out", f"{base}_o_scale.npy"])
-            qb, kb, vb = (x.bfloat16() for x in (q, k, v))
-            for n, t in (("q", qb), ("k", kb), ("v", vb)):
-                save_bshd(f"{base}_b{n}.npy", t)
-            inpb = ["check", "-q", f"{base}_bq.npy", "-k", f"{base}_bk.npy", "-v", f"{base}_bv.npy"]
-            for be in ("flash", "cudnn"):
-                if not try_save(f"{base}_bo_{be}.npy", lambda: sdpa(qb, kb, vb, be), f"bf16 {be} d{dd}"):
-                    continue
-                judge("check", f"bf16 {be} d{dd}", seed, "PASS", inpb + ["--out", f"{base}_bo_{be}.npy"])
+            check_backends("b", "bf16", tuple(x.bfloat16() for x in (q, k, v)), ("flash", "cudnn"))
 
         # ---- part 2: check-grad where dQ, dK cancel --------------------------------------
         dd, n2 = 64, 512

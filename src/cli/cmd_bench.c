@@ -840,13 +840,18 @@ static size_t all_caches_bytes(void)
 }
 
 /* What the cold read must outgrow: every L2 and L3 (all_caches_bytes), else the
- * one L3 fa_cpu_info reports (0 when unknown). */
+ * one L3 fa_cpu_info reports (0 when unknown). Read from sysfs once a process. */
 static size_t caches_to_evict(void)
 {
-    const size_t all = all_caches_bytes();
-    if (all) return all;
-    fa_cpu_info ci;
-    return fa_get_cpu_info(&ci) == FA_OK ? ci.l3_bytes : 0;
+    static int known = 0;
+    static size_t bytes = 0;
+    if (!known) {
+        bytes = all_caches_bytes();
+        fa_cpu_info ci;
+        if (!bytes && fa_get_cpu_info(&ci) == FA_OK) bytes = ci.l3_bytes;
+        known = 1;
+    }
+    return bytes;
 }
 
 /* The eviction buffer: twice every cache (caches_to_evict), at least 64 MiB (a
