@@ -280,8 +280,10 @@ typedef struct bwd_scratch {
 static bwd_dims bwd_layout(const fa_problem *p)
 {
     bwd_dims g;
-    g.br = p->block_q;
-    g.bc = p->block_k;
+    /* the forward's blocks, capped unless pinned (FA_BWD_BLOCK_MAX); p keeps the
+     * forward's own, which the recompute of O and LSE (api.c) must use */
+    g.br = !p->blocks_pinned_q && p->block_q > FA_BWD_BLOCK_MAX ? FA_BWD_BLOCK_MAX : p->block_q;
+    g.bc = !p->blocks_pinned_k && p->block_k > FA_BWD_BLOCK_MAX ? FA_BWD_BLOCK_MAX : p->block_k;
     assert(g.br >= 1 && g.bc >= 1); /* make_problem resolves the blocks for FA_IMPL_FLASH */
     g.ldd = round16((size_t)p->d);
     g.lddv = round16((size_t)p->dv);

@@ -1031,10 +1031,6 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     if ((st = fa_resolve_blocks(p->d, p->dv, &opt, p->kern, &p->block_q, &p->block_k, &p->blocks_pinned_q,
                                 &p->blocks_pinned_k)) != FA_OK)
         return st;
-    if (purpose == FA_PURPOSE_BACKWARD) { /* see FA_BWD_BLOCK_MAX */
-        if (!p->blocks_pinned_q && p->block_q > FA_BWD_BLOCK_MAX) p->block_q = FA_BWD_BLOCK_MAX;
-        if (!p->blocks_pinned_k && p->block_k > FA_BWD_BLOCK_MAX) p->block_k = FA_BWD_BLOCK_MAX;
-    }
     p->tile_cut = fa_tile_cut_test >= 0 ? fa_tile_cut_test : env->tile_cut != 0;
     p->bwd_one_pass = fa_bwd_one_pass_test >= 0 ? fa_bwd_one_pass_test : env->bwd_one_pass;
     p->amx = fa_amx_test >= 0 ? fa_amx_test : env->amx == 1;

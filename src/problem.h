@@ -87,7 +87,7 @@ typedef struct fa_problem {
     int rot_interleaved;
     int rot_q_per_row;           /* 1: query row i at cache_seqlens[b] + i (causal or windowed); 0: all at cache_seqlens[b] */
     int num_threads;             /* resolved: >= 1 */
-    int block_q, block_k;        /* flash blocks (forward blocks; backward.c caps its own) */
+    int block_q, block_k;        /* flash blocks, the forward's (backward.c caps its own) */
     int blocks_pinned_q, blocks_pinned_k; /* 1: the caller or FA_BLOCK_Q/K chose them */
     size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
