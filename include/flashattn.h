@@ -1221,7 +1221,11 @@ FA_API size_t fa_diagnose_report_format(const fa_diagnose_report *report, char *
  * @param v     Value `[batch][seqlen_k][heads_k][d_v]`, any dtype.
  * @param o     Forward output `[batch][seqlen_q][heads][d_v]`, any dtype, or
  *              NULL: then O is recomputed by a forward pass of the same
- *              implementation (extra memory O(batch x seqlen_q x heads x d_v)).
+ *              implementation (extra memory O(batch x seqlen_q x heads x d_v)):
+ *              for flash, the tiled float32 forward with fa_forward's blocks,
+ *              so the gradients are those given fa_forward's own f32 (or f64)
+ *              O and LSE wherever fa_forward is tiled (not its few-row decode
+ *              path or the opt-in AMX one).
  * @param lse   Forward log-sum-exp `[batch][heads][seqlen_q]`, f32 or f64
  *              (-inf, or +inf, for rows with no visible key), or NULL: then it
  *              is recomputed by a forward pass like @p o. O and LSE must come
@@ -1309,7 +1313,8 @@ FA_API int fa_isa_supported(const char *isa);
  * the float32 path, as does a kv head whose packed K and V exceed the
  * packing cap (fa_options::pack_max_bytes, 16 MiB by default: about 32k keys
  * at d = 128). fa_backward called without O and LSE recomputes the forward
- * through this path too. A caller that uses AMX itself must load its tile
+ * on the float32 tiled path, never on the tiles (its P must see the scores
+ * that LSE was summed from). A caller that uses AMX itself must load its tile
  * configuration again after a call that ran this path (the path releases the
  * tiles of the threads it ran on). The first call of this function (or of a
  * forward with FA_AMX=1) asks Linux for the process-wide permission to use
@@ -1328,8 +1333,8 @@ FA_API const char *fa_amx_why_not(void);
 
 /**
  * How many forwards in this process have computed on AMX tiles (each counted
- * once, whatever its thread count; fa_backward called without O and LSE
- * recomputes its forward that way and counts too). A caller that sets
+ * once, whatever its thread count; the recompute of fa_backward called without
+ * O and LSE never runs there and does not count). A caller that sets
  * FA_AMX=1 can read it before and after a call to know whether that call ran
  * on the tiles or was handed over to the float32 path. Since 0.6.
  */
