@@ -250,13 +250,16 @@ static void test_check_passes_flash_f32_output_with_masks(void **state)
  * some of these inputs, 0.1% under the new one: they move the scores that decide the softmax
  * by a few times float32's own rounding of them, which no rule can tell from a correct
  * kernel.) Before the score-rounding allowance and the emulation's sequential dot products,
- * this library's flash output failed on about half of such inputs. */
+ * this library's flash output failed on about half of such inputs. At these logits most rows
+ * are one-hot and a 1% scale moves only rows whose top scores nearly tie, so the control needs
+ * rows: with 4 heads (192 rows) it passed on 3 of 900 random problems (one seed in 50 failed
+ * the test), with 8 heads (384) on none of 1800, and no correct output failed either. */
 static void test_check_passes_float32_outputs_at_large_logits(void **state)
 {
     (void)state;
     double regime = 0.0; /* the largest flash error seen: the regime is reached */
     for (int rep = 0; rep < 6; rep++) {
-        problem p = make_problem(1, 48, 96, 4, 2, 64, FA_F32, 2000.0, rep & 1);
+        problem p = make_problem(1, 48, 96, 8, 2, 64, FA_F32, 2000.0, rep & 1);
         tu_tensor o = alloc_out(&p, FA_F32);
         fa_options opt = fa_options_default();
         opt.causal = rep >= 3;
