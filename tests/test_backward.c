@@ -596,16 +596,12 @@ static void recompute_matches_the_tiled_forward(double qk_range)
          * O and LSE are the 29-row forward's, and so are the gradients. (The decoder's
          * summation order moved dV by ~1e-3; the backward's smaller key block, once
          * used for the recompute too, moved the LSE by an ulp, ~6e-5 of P at |s| ~ 1e3.) */
-        size_t differ = 0, first = 0;
-        for (size_t e = ga[x].bytes / sizeof(float); e-- > 0;)
-            if (memcmp((const float *)ga[x].mem + e, (const float *)gb[x].mem + e, sizeof(float)) != 0) {
-                differ++;
-                first = e;
-            }
-        if (differ)
-            fail_msg("%s from the backward's own recompute differs from the tiled forward's O and LSE in %zu "
-                     "of %zu elements (first %zu: %.9g vs %.9g)", names[x], differ, ga[x].bytes / sizeof(float),
-                     first, ((const float *)ga[x].mem)[first], ((const float *)gb[x].mem)[first]);
+        if (memcmp(ga[x].mem, gb[x].mem, ga[x].bytes) != 0) {
+            int64_t where;
+            const double e = tu_max_abs_diff(&ga[x], &gb[x], &where);
+            fail_msg("%s from the backward's own recompute differs from the tiled forward's O and LSE "
+                     "(max %.3g at %lld)", names[x], e, (long long)where);
+        }
         tu_free(&ga[x]);
         tu_free(&gb[x]);
     }
