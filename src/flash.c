@@ -115,6 +115,7 @@ typedef struct flash_packed {
 
 typedef struct flash_dims {
     int br, bc;
+    int strip; /* rows per strip of a whole tile's qk, transforms and softmax (strip_rows) */
     size_t ldq, ldk, ldv, lds, ldo;
 } flash_dims;
 
@@ -133,6 +134,38 @@ static int even_block_rows(const fa_problem *p)
     return fa_even_block(p->seqlen_q, p->block_q, p->kern && p->kern->row_block > 0 ? p->kern->row_block : 1);
 }
 
+/*
+ * Rows per strip of a whole tile. qk, the transforms and softmax run strip by
+ * strip, so a strip's scores stay in L1d from qk's stores through the max and
+ * exp passes, where a whole Br x Bc tile (256 x 256 floats: 256 KiB) makes
+ * both passes read it back from L2; pv then runs once over the tile, since
+ * re-reading the V tile for every strip costs more than P's one read from L2.
+ * A multiple of the kernels' row block whose S rows fill about 3/4 of L1d,
+ * at least two row blocks (a strip's first row block reads each K^T panel
+ * from L2, the others from L1d): 32 rows on a 48 KiB L1d at Bc = 256, 16 on
+ * 32 KiB. Measured on an Intel Xeon (48 KiB L1d, 2 MiB L2), N = 4096, 2
+ * threads, alternating runs: +2-3% at d = 64, +1-2% at d = 128 and causal,
+ * +2.5% with softcap (docs/performance.md, tenth session); pv in the strips
+ * too gained nothing more. Same bits as the whole tile: every score comes
+ * from the same kernel over the same operands, and softmax, the transforms
+ * and dropout work row by row. fa_strip_test (tests only) pins it: 0 runs
+ * whole tiles.
+ */
+static int strip_rows(const fa_problem *p, const flash_dims *g)
+{
+    const int rb = p->kern && p->kern->row_block > 0 ? p->kern->row_block : 1;
+    size_t l1, l2, l3, line;
+    int src;
+    fa_detect_caches(&l1, &l2, &l3, &line, &src);
+    int64_t rows = (int64_t)(l1 / 4 * 3 / (g->lds * sizeof(float)));
+    if (fa_strip_test == 0) return g->br;
+    if (fa_strip_test > 0) rows = fa_strip_test;
+    rows -= rows % rb;
+    if (rows < 2 * rb && fa_strip_test < 0) rows = 2 * rb;
+    if (rows < rb) rows = rb;
+    return rows < g->br ? (int)rows : g->br;
+}
+
 static flash_dims flash_layout(const fa_problem *p)
 {
     flash_dims g;
@@ -143,6 +176,7 @@ static flash_dims flash_layout(const fa_problem *p)
     g.ldv = fa_ld_spread((size_t)p->dv);
     g.lds = g.ldk;
     g.ldo = round16((size_t)p->dv);
+    g.strip = strip_rows(p, &g);
     return g;
 }
 
@@ -385,10 +419,16 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
                     continue;
                 }
             }
-            kern->qk(br, bc, (int)d, sc->qi, g->ldq, kt, g->ldk, (float)p->scale, sc->s, g->lds);
-            fa_transform_tile(p, b, i0, br, j0, bc, slope, sc->lo, sc->hi, sc->s, g->lds);
-            kern->softmax(br, bc, sc->s, g->lds, sc->m, sc->l, sc->alpha);
-            if (p->keep) fa_dropout_tile(p, b, h, i0, br, j0, bc, sc->s, g->lds); /* P o Z / (1-p); l undropped */
+            for (int r0 = 0; r0 < br; r0 += g->strip) { /* strips: see strip_rows */
+                const int nr = br - r0 < g->strip ? br - r0 : g->strip;
+                float *s = sc->s + (size_t)r0 * g->lds;
+                kern->qk(nr, bc, (int)d, sc->qi + (size_t)r0 * g->ldq, g->ldq, kt, g->ldk, (float)p->scale, s, g->lds);
+                fa_transform_tile(p, b, i0 + r0, nr, j0, bc, slope, sc->lo + r0, sc->hi + r0, s, g->lds);
+                kern->softmax(nr, bc, s, g->lds, sc->m + r0, sc->l + r0, sc->alpha + r0);
+                if (p->keep) fa_dropout_tile(p, b, h, i0 + r0, nr, j0, bc, s, g->lds); /* P o Z / (1-p); l undropped */
+            }
+            if (fa_strip_test >= 0 && g->strip < br) /* tests only (problem.h) */
+                atomic_fetch_add_explicit(&fa_tile_cut_stats[2], 1, memory_order_relaxed);
             if (v_bad)
                 pv_masked_rows(kern, 0, br, j0, bc, dv, sc, g->lds, vj, ldv, g->ldo);
             else

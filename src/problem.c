@@ -289,7 +289,8 @@ fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const 
 }
 
 int fa_tile_cut_test = -1;
-_Atomic long fa_tile_cut_stats[2];
+int fa_strip_test = -1;
+_Atomic long fa_tile_cut_stats[3];
 int fa_bwd_one_pass_test = -1;
 int fa_amx_test = -1;
 int fa_decode_touch_test = -1;

@@ -117,7 +117,16 @@ extern int fa_tile_cut_test;
  * leading columns it skipped ([1], a window's left edge), so a test can
  * assert that the cut path ran. Reset by the test; relaxed atomic adds.
  */
-extern _Atomic long fa_tile_cut_stats[2];
+extern _Atomic long fa_tile_cut_stats[3];
+
+/*
+ * Tests only: >= 0 pins the rows per strip of the forward's whole tiles
+ * (src/flash.c, strip_rows; rounded down to the kernels' row block, at
+ * least one): 0 runs each tile whole, as before strips. While it is >= 0
+ * the forward counts in fa_tile_cut_stats[2] the whole tiles it ran in more
+ * than one strip. -1 (default): derived from L1d. Not thread-safe.
+ */
+extern int fa_strip_test;
 
 /*
  * Tests only: while fa_count_test > 0, the float32 forward (src/flash.c) adds

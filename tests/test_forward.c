@@ -501,7 +501,7 @@ typedef struct cutcase {
 } cutcase;
 
 /* O and LSE (float32) of one flash run with tile cutting on or off, on ISA `isa`. */
-static void run_cut(const cutcase *c, const char *isa, int cut, int threads, const tu_tensor *q, const tu_tensor *k,
+static void run_cut(const cutcase *c, const char *isa, int cut, int strip, int threads, const tu_tensor *q, const tu_tensor *k,
                     const tu_tensor *v, const tu_tensor *slopes, const tu_tensor *sinks, const fa_dropout *dr,
                     const fa_varlen *vl, tu_tensor *o, tu_tensor *lse)
 {
@@ -522,12 +522,18 @@ static void run_cut(const cutcase *c, const char *isa, int cut, int threads, con
     if (c->varlen) opt.varlen = vl;
     tu_poison(o);
     tu_poison(lse);
-    fa_tile_cut_stats[0] = fa_tile_cut_stats[1] = 0;
+    fa_tile_cut_stats[0] = fa_tile_cut_stats[1] = fa_tile_cut_stats[2] = 0;
     fa_tile_cut_test = cut;
+    fa_strip_test = strip;
     const fa_status st = fa_forward(&q->t, &k->t, &v->t, &o->t, &lse->t, &opt);
     fa_tile_cut_test = -1;
+    fa_strip_test = -1;
     fa_context_destroy(ctx);
-    if (st != FA_OK) fail_msg("%s (%s, cut %d): %s", c->name, isa, cut, fa_last_error());
+    if (st != FA_OK) fail_msg("%s (%s, cut %d, strip %d): %s", c->name, isa, cut, strip, fa_last_error());
+    /* strips ran where asked for (every tile is whole when nothing is cut), and only then */
+    const long stripped = fa_tile_cut_stats[2];
+    if (strip == 0 ? stripped != 0 : strip > 0 && !cut && stripped == 0)
+        fail_msg("%s (%s, strip %d): %ld tiles ran in strips", c->name, isa, strip, stripped);
     /* the path under test really ran: tiles cut (and leading columns skipped) only when cutting */
     const long tiles = fa_tile_cut_stats[0], leads = fa_tile_cut_stats[1];
     if (cut ? tiles == 0 : tiles != 0 || leads != 0)
@@ -550,11 +556,14 @@ static void check_same(const cutcase *c, const char *isa, const char *what, cons
     for (size_t x = 0; x < n; x++) {
         const float u = ((const float *)a->mem)[x], w = ((const float *)b->mem)[x];
         if (!same_f32(u, w))
-            fail_msg("%s on %s: %s element %zu is %a cut, %a whole", c->name, isa, what, x, (double)u, (double)w);
+            fail_msg("%s on %s: %s element %zu is %a cut (or in strips), %a whole", c->name, isa, what, x, (double)u, (double)w);
     }
 }
 
-static void run_cut_case(const cutcase *c, uint64_t *rng)
+/* strip < 0: the cut tiles against the whole ones (strips as derived); else whole
+ * tiles (no cut) in strips of `strip` rows (rounded to the row block) against
+ * whole tiles in one piece. */
+static void run_cut_case(const cutcase *c, int strip, uint64_t *rng)
 {
     const int64_t H = c->H, Hk = c->Hk;
     /* varlen: 3 sequences (q, k) = (Sq, Sk), (Sq/3, Sk), (Sq, Sk/2): longer and shorter key sets */
@@ -628,8 +637,13 @@ static void run_cut_case(const cutcase *c, uint64_t *rng)
     for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
         if (!fa_kernels_by_name(isas[ii])) continue; /* not in this build or CPU */
         const int threads = ii % 2 ? 1 : 3;
-        run_cut(c, isas[ii], 0, threads, &q, &k, &v, &slopes, &sinks, &dr, &vl, &o[0], &lse[0]);
-        run_cut(c, isas[ii], 1, 4 - threads, &q, &k, &v, &slopes, &sinks, &dr, &vl, &o[1], &lse[1]);
+        if (strip < 0) {
+            run_cut(c, isas[ii], 0, -1, threads, &q, &k, &v, &slopes, &sinks, &dr, &vl, &o[0], &lse[0]);
+            run_cut(c, isas[ii], 1, -1, 4 - threads, &q, &k, &v, &slopes, &sinks, &dr, &vl, &o[1], &lse[1]);
+        } else {
+            run_cut(c, isas[ii], 0, 0, threads, &q, &k, &v, &slopes, &sinks, &dr, &vl, &o[0], &lse[0]);
+            run_cut(c, isas[ii], 0, strip, 4 - threads, &q, &k, &v, &slopes, &sinks, &dr, &vl, &o[1], &lse[1]);
+        }
         if (tu_count_nan(&o[1]) == (int64_t)(o[1].bytes / sizeof(float)))
             fail_msg("%s on %s: every output is NaN", c->name, isas[ii]);
         check_same(c, isas[ii], "O", &o[1], &o[0]);
@@ -648,10 +662,13 @@ static void run_cut_case(const cutcase *c, uint64_t *rng)
  * and end inside a row group, seqlen_q above seqlen_k (rows that see nothing),
  * below it (bottom-right alignment), GQA, softcap, ALiBi, sinks, dropout,
  * varlen, per-tile packing, a Bc above avx2's pv key chunk, and an Inf in V.
+ * And that whole tiles run in strips of rows (strip_rows: qk, transforms,
+ * softmax and dropout strip by strip, masks and ALiBi at the strip's rows)
+ * give the bits of the tile in one piece, over the same cases uncut.
  * (Against the float64 reference, the cut path is what every other test here
  * runs: it is the default.)
  */
-static void test_cut_tiles_give_the_whole_tile_bits(void **state)
+static void test_cut_tiles_and_strips_give_the_whole_tile_bits(void **state)
 {
     (void)state;
     uint64_t rng = tu_seed() ^ 0xc07;
@@ -679,7 +696,11 @@ static void test_cut_tiles_give_the_whole_tile_bits(void **state)
         {"window left, Bc above avx2's pv chunk", 800, 800, 1, 1, 16, 16, 0, 300, 0, 0, 0, 0, 0, 0, 0, 0, 64, 320, 0},
         {"window left, derived blocks", 1100, 1100, 1, 1, 16, 16, 0, 400, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     };
-    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) run_cut_case(&cases[x], &rng);
+    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) run_cut_case(&cases[x], -1, &rng);
+    /* and the same cases, every tile whole (the masked ones too), in strips of one row block
+     * or of ~20 rows (where Br holds more than 20) */
+    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++)
+        run_cut_case(&cases[x], x % 2 || (cases[x].bq > 0 && cases[x].bq <= 24) ? 1 : 20, &rng);
 }
 
 int main(void)
@@ -699,7 +720,7 @@ int main(void)
         cmocka_unit_test(test_flash_matches_reference_with_large_logits),
         cmocka_unit_test(test_flash_matches_reference_with_batches),
         cmocka_unit_test(test_flash_matches_reference_at_the_shared_packing_cap),
-        cmocka_unit_test(test_cut_tiles_give_the_whole_tile_bits),
+        cmocka_unit_test(test_cut_tiles_and_strips_give_the_whole_tile_bits),
     };
     return cmocka_run_group_tests_name("forward", tests, NULL, NULL);
 }
