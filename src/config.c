@@ -76,6 +76,22 @@ static int env_size(const char *name, size_t *out, int *set)
     return 0;
 }
 
+/* A count: unset -> -1, else an integer in 0..FA_BLOCK_MAX. */
+static int env_count(const char *name, int *out)
+{
+    const char *s = getenv(name);
+    *out = -1;
+    if (!s || !*s) return 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s < '0' || *s > '9' || *end != '\0' || v < 0 || v > FA_BLOCK_MAX) {
+        snprintf(env_message, sizeof env_message, "%s=%s: must be an integer in 0..%d", name, s, FA_BLOCK_MAX);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 /* A switch: unset -> -1, "0" or "1", anything else is an error. */
 static int env_switch(const char *name, int *out)
 {
@@ -96,7 +112,8 @@ static void env_read(void)
         env_switch("FA_AMX", &env.amx) || env_switch("FA_DECODE_TOUCH", &env.decode_touch) ||
         env_block("FA_BLOCK_Q", &env.block_q) || env_block("FA_BLOCK_K", &env.block_k) ||
         env_size("FA_FLASH_SHARED_MAX", &env.pack_max, &env.has_pack_max) ||
-        env_size("FA_L1D_BYTES", &env.l1d, NULL) || env_size("FA_L2_BYTES", &env.l2, NULL))
+        env_size("FA_L1D_BYTES", &env.l1d, NULL) || env_size("FA_L2_BYTES", &env.l2, NULL) ||
+        env_count("FA_STRIP_ROWS", &env.strip_rows))
         env_status = FA_ERR_OPTION;
 }
 

@@ -135,33 +135,43 @@ static int even_block_rows(const fa_problem *p)
 }
 
 /*
- * Rows per strip of a whole tile. qk, the transforms and softmax run strip by
- * strip, so a strip's scores stay in L1d from qk's stores through the max and
- * exp passes, where a whole Br x Bc tile (256 x 256 floats: 256 KiB) makes
- * both passes read it back from L2; pv then runs once over the tile, since
- * re-reading the V tile for every strip costs more than P's one read from L2.
- * A multiple of the kernels' row block whose S rows fill about 3/4 of L1d,
- * at least two row blocks (a strip's first row block reads each K^T panel
- * from L2, the others from L1d): 32 rows on a 48 KiB L1d at Bc = 256, 16 on
- * 32 KiB. Measured on an Intel Xeon (48 KiB L1d, 2 MiB L2), N = 4096, 2
- * threads, alternating runs: +2-3% at d = 64, +1-2% at d = 128 and causal,
- * +2.5% with softcap (docs/performance.md, tenth session); pv in the strips
- * too gained nothing more. Same bits as the whole tile: every score comes
- * from the same kernel over the same operands, and softmax, the transforms
- * and dropout work row by row. fa_strip_test (tests only) pins it: 0 runs
- * whole tiles.
+ * Rows per strip of a whole tile. qk, the transforms, softmax and dropout run
+ * strip by strip, and pv once over the tile. What changes is where the passes
+ * over S find it: on a whole tile (256 x 256 floats, 256 KiB) softmax's max
+ * pass, a softcap / ALiBi / mask transform and dropout each read S back from
+ * L2, while after a strip's qk the strip's last score panels are still in L1d
+ * (its first ones are pushed out by the K^T tile qk streams: 64-128 KiB); the
+ * exp pass already worked in L1d-sized row groups. qk's L2 reads change too:
+ * a whole tile re-reads Q once per 32-column panel, a strip re-reads K^T once
+ * per strip — about even at 32 rows, twice the K^T reads at 16. pv stays
+ * whole: re-reading the V tile for every strip would cost more than P's one
+ * read from L2 (measured: no gain). The rule: a multiple of the kernels' row
+ * block whose S rows fill about 3/4 of L1d — 32 rows on a 48 KiB L1d at
+ * Bc = 256, 16 (AVX-512) or 18 (AVX2) on 32 KiB; a tile whose two row blocks
+ * already exceed that (a pinned, very wide Bc) stays whole. Measured on an
+ * Intel Xeon guest (48 KiB L1d, 2 MiB L2), alternating runs: +2-3% at d = 64,
+ * +1-2% at d = 128 and causal, ~+8% with softcap, and flat from 16 to 64 rows
+ * (8 rows a little slower); not measured on an AMD core (docs/performance.md,
+ * "Tenth session"). FA_STRIP_ROWS=N pins it (0: whole tiles). Same bits as the
+ * whole tile: every score comes from the same kernel over the same operands,
+ * softmax's row groups reach only per-lane work, and the transforms and
+ * dropout index rows absolutely (tests/test_forward.c compares them).
  */
 static int strip_rows(const fa_problem *p, const flash_dims *g)
 {
     const int rb = p->kern && p->kern->row_block > 0 ? p->kern->row_block : 1;
-    size_t l1, l2, l3, line;
-    int src;
-    fa_detect_caches(&l1, &l2, &l3, &line, &src);
-    int64_t rows = (int64_t)(l1 / 4 * 3 / (g->lds * sizeof(float)));
-    if (fa_strip_test == 0) return g->br;
-    if (fa_strip_test > 0) rows = fa_strip_test;
-    rows -= rows % rb;
-    if (rows < 2 * rb && fa_strip_test < 0) rows = 2 * rb;
+    int64_t rows;
+    if (p->strip_rows == 0) return g->br;
+    if (p->strip_rows > 0) {
+        rows = p->strip_rows - p->strip_rows % rb;
+    } else {
+        size_t l1, l2, l3, line;
+        int src;
+        fa_detect_caches(&l1, &l2, &l3, &line, &src);
+        rows = (int64_t)(l1 / 4 * 3 / (g->lds * sizeof(float)));
+        rows -= rows % rb;
+        if (rows < 2 * rb) return g->br; /* two row blocks would not fit: whole tiles */
+    }
     if (rows < rb) rows = rb;
     return rows < g->br ? (int)rows : g->br;
 }

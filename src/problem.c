@@ -1033,6 +1033,7 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
                                 &p->blocks_pinned_k)) != FA_OK)
         return st;
     p->tile_cut = fa_tile_cut_test >= 0 ? fa_tile_cut_test : env->tile_cut != 0;
+    p->strip_rows = fa_strip_test >= 0 ? fa_strip_test : env->strip_rows;
     p->bwd_one_pass = fa_bwd_one_pass_test >= 0 ? fa_bwd_one_pass_test : env->bwd_one_pass;
     p->amx = fa_amx_test >= 0 ? fa_amx_test : env->amx == 1;
     p->decode_touch = fa_decode_touch_test >= 0 ? fa_decode_touch_test

@@ -91,6 +91,7 @@ typedef struct fa_problem {
     int blocks_pinned_q, blocks_pinned_k; /* 1: the caller or FA_BLOCK_Q/K chose them */
     size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
+    int strip_rows;              /* flash.c's strips of whole tiles: -1 from L1d, 0 none, N rows (FA_STRIP_ROWS, fa_strip_test) */
     int bwd_one_pass;            /* backward.c: -1 its task rule decides, 0 two passes, 1 one pass */
     int amx;                     /* 1: FA_AMX=1, the flash forward may run bf16 products on AMX tiles (amx.h) */
     int decode_touch;            /* 1: the decoder goes through the cache in address order (decode.c, addr_plan) */
@@ -120,11 +121,12 @@ extern int fa_tile_cut_test;
 extern _Atomic long fa_tile_cut_stats[3];
 
 /*
- * Tests only: >= 0 pins the rows per strip of the forward's whole tiles
- * (src/flash.c, strip_rows; rounded down to the kernels' row block, at
- * least one): 0 runs each tile whole, as before strips. While it is >= 0
- * the forward counts in fa_tile_cut_stats[2] the whole tiles it ran in more
- * than one strip. -1 (default): derived from L1d. Not thread-safe.
+ * Tests only: >= 0 overrides FA_STRIP_ROWS for the problems resolved after
+ * it is set: the rows per strip of the forward's whole tiles (src/flash.c,
+ * strip_rows; rounded down to the kernels' row block, at least one), 0 each
+ * tile in one piece. While it is >= 0 the forward counts in
+ * fa_tile_cut_stats[2] the whole tiles it ran in more than one strip. -1
+ * (default): the environment decides. Not thread-safe.
  */
 extern int fa_strip_test;
 

@@ -75,6 +75,36 @@ static void test_pinned_blocks_reproduce_bits_across_l2_sizes(void **state)
     assert_string_equal(h1, h2);
 }
 
+/*
+ * Ensure the strips of whole tiles (src/flash.c, strip_rows) never move a bit:
+ * strips sized from a tiny or a huge L1d, pinned to one row block or to 40
+ * rows, or off, all give the bits of the default, blocks pinned; and a
+ * malformed FA_STRIP_ROWS is refused.
+ */
+static void test_strip_rows_do_not_move_the_bits(void **state)
+{
+    (void)state;
+    static const char *const envs[] = {"FA_STRIP_ROWS=0", "FA_STRIP_ROWS=1", "FA_STRIP_ROWS=40",
+                                       "FA_L1D_BYTES=4K", "FA_L1D_BYTES=1G"};
+    int br0, bc0;
+    char h0[17];
+    run_child("FA_BLOCK_Q=96 FA_BLOCK_K=80", &br0, &bc0, h0);
+    for (size_t x = 0; x < sizeof envs / sizeof envs[0]; x++) {
+        char env[128], h[17];
+        int br, bc;
+        snprintf(env, sizeof env, "FA_BLOCK_Q=96 FA_BLOCK_K=80 %s", envs[x]);
+        run_child(env, &br, &bc, h);
+        if (strcmp(h, h0) != 0) fail_msg("%s: hash %s, default %s", envs[x], h, h0);
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "env FA_PINNED_CHILD=1 FA_STRIP_ROWS=x12 '%s' 2>/dev/null", self);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char line[256];
+    if (fgets(line, sizeof line, f)) fail_msg("FA_STRIP_ROWS=x12 was accepted: %s", line);
+    assert_int_not_equal(pclose(f), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -82,6 +112,7 @@ int main(int argc, char **argv)
     self = argv[0];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pinned_blocks_reproduce_bits_across_l2_sizes),
+        cmocka_unit_test(test_strip_rows_do_not_move_the_bits),
     };
     return cmocka_run_group_tests_name("pinned_blocks", tests, NULL, NULL);
 }

@@ -3,23 +3,25 @@
 # targets stand", in one run, one after the other (ratios are paired inside
 # tools/pair_ratio.sh). About 10 minutes on 2 cores; run it on an otherwise idle machine
 # and keep its output as a log under docs/examples/.
-#   env: ROUNDS (pair_ratio.sh's rounds, 7), AB (an ab_time binary; built here if absent)
+#   env: ROUNDS (pair_ratio.sh's rounds, 7). Runs from the repository root (it cd's there).
 set -eu
+cd "$(dirname "$0")/.."
 build=${1:-build}
 fa=$build/flashattn
 rounds=${ROUNDS:-7}
-ab=${AB:-/tmp/ab_time_standing}
 [ -x "$fa" ] || { echo "standing.sh: no $fa (run make first)" >&2; exit 2; }
-if [ ! -x "$ab" ]; then
-    cc -std=c11 -O2 -D_POSIX_C_SOURCE=200809L -Iinclude -Itools tools/ab_time.c "$build/libflashattn.a" \
-        -fopenmp -lm -o "$ab"
-fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ab=$tmp/ab_time # built here against this build's library, never a stale one
+cc -std=c11 -O2 -D_POSIX_C_SOURCE=200809L -Iinclude -Itools tools/ab_time.c "$build/libflashattn.a" \
+    -fopenmp -lm -o "$ab"
 echo "== commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u)"
 grep -m1 'model name' /proc/cpuinfo || true
 "$fa" info | sed -n '1,4p'
 echo "== forward beside standard and OpenBLAS, 2 threads"
-"$fa" bench --impl flash,standard,blas --n 1024,4096 --d 64,128 --heads 8 --threads 2 ||
-    "$fa" bench --impl flash,standard --n 1024,4096 --d 64,128 --heads 8 --threads 2
+impls=flash,standard,blas
+[ -f "$build/cli-config.blas" ] || impls=flash,standard # OpenBLAS not built in: no blas rows
+"$fa" bench --impl $impls --n 1024,4096 --d 64,128 --heads 8 --threads 2
 echo "== 1 and 2 threads, fwd and bwd"
 "$fa" bench --impl flash --n 1024,2048,4096 --d 64,128 --heads 8 --threads 1,2 --pass fwd,bwd
 echo "== AVX2 forced"
