@@ -148,11 +148,11 @@ static int even_block_rows(const fa_problem *p)
  * read from L2 (measured: no gain). The rule: a multiple of the kernels' row
  * block whose S rows fill about 3/4 of L1d — 32 rows on a 48 KiB L1d at
  * Bc = 256, 16 (AVX-512) or 18 (AVX2) on 32 KiB; a tile whose two row blocks
- * already exceed that (a pinned, very wide Bc) stays whole. Measured on an
- * Intel Xeon guest (48 KiB L1d, 2 MiB L2), alternating runs: +2-3% at d = 64,
- * +1-2% at d = 128 and causal, ~+8% with softcap, and flat from 16 to 64 rows
- * (8 rows a little slower); not measured on an AMD core (docs/performance.md,
- * "Tenth session"). FA_STRIP_ROWS=N pins it (0: whole tiles). Same bits as the
+ * already exceed that (a pinned, very wide Bc) stays whole. Measured on Intel
+ * Xeons (48 KiB L1d, 2 MiB L2), 2 threads, alternating runs: 1-4% faster on
+ * every row on a quiet 16-core host (d = 64 3%, d = 128 1%, causal 2%,
+ * softcap 4%), flat from 16 to 64 rows, 8 rows a little slower; not measured
+ * on an AMD core (docs/performance.md, "Tenth session"). FA_STRIP_ROWS=N pins it (0: whole tiles). Same bits as the
  * whole tile: every score comes from the same kernel over the same operands,
  * softmax's row groups reach only per-lane work, and the transforms and
  * dropout index rows absolutely (tests/test_forward.c compares them).
