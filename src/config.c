@@ -45,15 +45,16 @@ static fa_status env_status = FA_OK;
 static char env_message[256];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
-static int env_block(const char *name, int *out)
+/* An integer in lo..FA_BLOCK_MAX; `unset` when the variable is unset or empty. */
+static int env_int(const char *name, int lo, int unset, int *out)
 {
     const char *s = getenv(name);
-    *out = 0;
+    *out = unset;
     if (!s || !*s) return 0;
     char *end;
     long v = strtol(s, &end, 10);
-    if (*s < '0' || *s > '9' || *end != '\0' || v < 1 || v > FA_BLOCK_MAX) {
-        snprintf(env_message, sizeof env_message, "%s=%s: must be an integer in 1..%d", name, s,
+    if (*s < '0' || *s > '9' || *end != '\0' || v < lo || v > FA_BLOCK_MAX) {
+        snprintf(env_message, sizeof env_message, "%s=%s: must be an integer in %d..%d", name, s, lo,
                  FA_BLOCK_MAX);
         return -1;
     }
@@ -76,22 +77,6 @@ static int env_size(const char *name, size_t *out, int *set)
     return 0;
 }
 
-/* A count: unset -> -1, else an integer in 0..FA_BLOCK_MAX. */
-static int env_count(const char *name, int *out)
-{
-    const char *s = getenv(name);
-    *out = -1;
-    if (!s || !*s) return 0;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s < '0' || *s > '9' || *end != '\0' || v < 0 || v > FA_BLOCK_MAX) {
-        snprintf(env_message, sizeof env_message, "%s=%s: must be an integer in 0..%d", name, s, FA_BLOCK_MAX);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 /* A switch: unset -> -1, "0" or "1", anything else is an error. */
 static int env_switch(const char *name, int *out)
 {
@@ -110,10 +95,10 @@ static void env_read(void)
 {
     if (env_switch("FA_TILE_CUT", &env.tile_cut) || env_switch("FA_BWD_ONE_PASS", &env.bwd_one_pass) ||
         env_switch("FA_AMX", &env.amx) || env_switch("FA_DECODE_TOUCH", &env.decode_touch) ||
-        env_block("FA_BLOCK_Q", &env.block_q) || env_block("FA_BLOCK_K", &env.block_k) ||
+        env_int("FA_BLOCK_Q", 1, 0, &env.block_q) || env_int("FA_BLOCK_K", 1, 0, &env.block_k) ||
         env_size("FA_FLASH_SHARED_MAX", &env.pack_max, &env.has_pack_max) ||
         env_size("FA_L1D_BYTES", &env.l1d, NULL) || env_size("FA_L2_BYTES", &env.l2, NULL) ||
-        env_count("FA_STRIP_ROWS", &env.strip_rows))
+        env_int("FA_STRIP_ROWS", 0, -1, &env.strip_rows))
         env_status = FA_ERR_OPTION;
 }
 

@@ -152,10 +152,11 @@ static int even_block_rows(const fa_problem *p)
  * Xeons (48 KiB L1d, 2 MiB L2), 2 threads, alternating runs: 1-4% faster on
  * every row on a quiet 16-core host (d = 64 3%, d = 128 1%, causal 2%,
  * softcap 4%), flat from 16 to 64 rows, 8 rows a little slower; not measured
- * on an AMD core (docs/performance.md, "Tenth session"). FA_STRIP_ROWS=N pins it (0: whole tiles). Same bits as the
- * whole tile: every score comes from the same kernel over the same operands,
- * softmax's row groups reach only per-lane work, and the transforms and
- * dropout index rows absolutely (tests/test_forward.c compares them).
+ * on an AMD core (docs/performance.md, "Tenth session"). FA_STRIP_ROWS=N pins
+ * it (0: whole tiles). Same bits as the whole tile: every score comes from
+ * the same kernel over the same operands, softmax's row groups reach only
+ * per-lane work, and the transforms and dropout index rows absolutely
+ * (tests/test_forward.c compares them).
  */
 static int strip_rows(const fa_problem *p, const flash_dims *g)
 {

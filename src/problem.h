@@ -124,10 +124,9 @@ extern _Atomic long fa_tile_cut_stats[3];
  * Tests only: >= 0 overrides FA_STRIP_ROWS for the problems resolved after
  * it is set: the rows per strip of the forward's whole tiles (src/flash.c,
  * strip_rows; rounded down to a multiple of the kernels' row block, and up
- * to one row block when smaller), 0 each
- * tile in one piece. While it is >= 0 the forward counts in
- * fa_tile_cut_stats[2] the whole tiles it ran in more than one strip. -1
- * (default): the environment decides. Not thread-safe.
+ * to one row block when smaller), 0 each tile in one piece. While it is >= 0
+ * the forward counts in fa_tile_cut_stats[2] the whole tiles it ran in more
+ * than one strip. -1 (default): the environment decides. Not thread-safe.
  */
 extern int fa_strip_test;
 
