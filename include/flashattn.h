@@ -645,6 +645,22 @@ FA_API fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt,
                          int *block_q, int *block_k);
 
 /**
+ * @brief Rows per strip of a whole score tile in the flash forward.
+ *
+ * The forward runs qk, the score transforms, softmax and dropout of a whole
+ * Br x Bc tile in strips of this many rows (S's rows filling about 3/4 of L1d,
+ * a multiple of the kernel's register-block rows), then P V once over the
+ * tile; Br means whole tiles (two row blocks would not fit L1d, or
+ * FA_STRIP_ROWS=0). FA_STRIP_ROWS=N pins it. Strips never change a bit.
+ *
+ * @param d     Head dimension of Q and K.
+ * @param d_v   Head dimension of V and O.
+ * @param opt   Options (may be NULL): the blocks and the context's kernels.
+ * @param rows  Receives the rows per strip (the Br of fa_block_sizes when whole).
+ */
+FA_API fa_status fa_strip_rows(int64_t d, int64_t d_v, const fa_options *opt, int *rows);
+
+/**
  * @brief Bytes of scratch memory the chosen implementation will allocate.
  *
  * For FA_IMPL_STANDARD this is proportional to seqlen_q x seqlen_k; for

@@ -59,6 +59,22 @@ fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt_in, int *
     return fa_resolve_blocks(d, d_v, &opt, kern, block_q, block_k, &pq, &pk);
 }
 
+fa_status fa_strip_rows(int64_t d, int64_t d_v, const fa_options *opt_in, int *rows)
+{
+    if (!rows) return fa_fail(FA_ERR_NULL_ARG, "fa_strip_rows: null output");
+    int br, bc;
+    fa_status st = fa_block_sizes(d, d_v, opt_in, &br, &bc);
+    if (st != FA_OK) return st;
+    const fa_env *env = fa_env_get(&st);
+    if (!env) return st;
+    fa_options opt;
+    if ((st = fa_options_read(opt_in, &opt)) != FA_OK) return st;
+    const fa_kernels *kern = opt.context ? fa_context_kernels_(opt.context) : fa_kernels_get(&st);
+    if (!kern) return st;
+    *rows = fa_strip_rows_for(kern, env->strip_rows, br, bc);
+    return FA_OK;
+}
+
 fa_status fa_get_cpu_info(fa_cpu_info *info)
 {
     if (!info) return fa_fail(FA_ERR_NULL_ARG, "fa_get_cpu_info: null argument");

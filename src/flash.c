@@ -158,23 +158,28 @@ static int even_block_rows(const fa_problem *p)
  * per-lane work, and the transforms and dropout index rows absolutely
  * (tests/test_forward.c compares them).
  */
-static int strip_rows(const fa_problem *p, const flash_dims *g)
+int fa_strip_rows_for(const fa_kernels *kern, int setting, int br, int bc)
 {
-    const int rb = p->kern && p->kern->row_block > 0 ? p->kern->row_block : 1;
+    const int rb = kern && kern->row_block > 0 ? kern->row_block : 1;
     int64_t rows;
-    if (p->strip_rows == 0) return g->br;
-    if (p->strip_rows > 0) {
-        rows = p->strip_rows - p->strip_rows % rb;
+    if (setting == 0) return br;
+    if (setting > 0) {
+        rows = setting - setting % rb;
     } else {
         size_t l1, l2, l3, line;
         int src;
         fa_detect_caches(&l1, &l2, &l3, &line, &src);
-        rows = (int64_t)(l1 / 4 * 3 / (g->lds * sizeof(float)));
+        rows = (int64_t)(l1 / 4 * 3 / (fa_ld_spread((size_t)bc) * sizeof(float)));
         rows -= rows % rb;
-        if (rows < 2 * rb) return g->br; /* two row blocks would not fit: whole tiles */
+        if (rows < 2 * rb) return br; /* two row blocks would not fit: whole tiles */
     }
     if (rows < rb) rows = rb;
-    return rows < g->br ? (int)rows : g->br;
+    return rows < br ? (int)rows : br;
+}
+
+static int strip_rows(const fa_problem *p, const flash_dims *g)
+{
+    return fa_strip_rows_for(p->kern, p->strip_rows, g->br, g->bc);
 }
 
 static flash_dims flash_layout(const fa_problem *p)

@@ -126,6 +126,9 @@ static inline void fa_progress(const fa_problem *p)
 fa_status fa_reference_forward(const fa_problem *p);
 fa_status fa_standard_forward(const fa_problem *p);
 fa_status fa_flash_forward(const fa_problem *p);
+/* Rows per strip of a whole br x bc tile (flash.c, strip_rows): setting is
+ * FA_STRIP_ROWS's (-1 unset: from L1d, 0 whole tiles, N rows); br when whole. */
+int fa_strip_rows_for(const struct fa_kernels *kern, int setting, int br, int bc);
 /* The same without the decode and AMX paths (the backward's recompute of O and LSE). */
 fa_status fa_flash_forward_for_backward(const fa_problem *p);
 

@@ -160,6 +160,12 @@ if $fa --help >out.txt && grep -q "commands:" out.txt && $fa help run | grep -q 
 else bad "top-level help"; fi
 if $fa info >out.txt 2>err.txt && grep -q "^ISA" out.txt && grep -q "Bc = M/(4d)" out.txt; then ok
 else bad "info: $(cat out.txt err.txt)"; fi
+# info says the strips in force: pinned (24 rows is a multiple of every table's row block), off,
+# and none when L1d would hold more rows than a tile has
+if FA_STRIP_ROWS=24 $fa info >out.txt 2>err.txt && [ "$(grep -c 'strips: .*24-row strips' out.txt)" = 2 ] &&
+   FA_STRIP_ROWS=0 $fa info | grep -q 'strips: none (whole tiles); FA_STRIP_ROWS set' &&
+   FA_L1D_BYTES=1G $fa info | grep -q 'strips: none (whole tiles)$'; then ok
+else bad "info strips: $(cat out.txt err.txt)"; fi
 if $fa demo --n 64 --heads 2 --d 16 --threads 1 >out.txt 2>err.txt && grep -q "^  flash " out.txt &&
    grep -q "^  standard " out.txt; then ok
 else bad "tiny demo: $(cat out.txt err.txt)"; fi

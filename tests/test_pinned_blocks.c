@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Child: blocks and a 64-bit FNV-1a hash of O and LSE of a fixed problem. */
+/* Child: blocks, a 64-bit FNV-1a hash of O and LSE of a fixed problem, and the
+ * rows per strip fa_strip_rows reports. */
 static int child(void)
 {
     uint64_t rng = 0x5eed;
@@ -27,10 +28,11 @@ static int child(void)
     tu_fill(&q, &rng, -1, 1);
     tu_fill(&k, &rng, -1, 1);
     tu_fill(&v, &rng, -1, 1);
-    int br, bc;
+    int br, bc, strip;
     fa_options opt = fa_options_default();
     opt.causal = 1;
-    if (fa_block_sizes(64, 64, &opt, &br, &bc) != FA_OK || fa_forward(&q.t, &k.t, &v.t, &o.t, &lse.t, &opt) != FA_OK) {
+    if (fa_block_sizes(64, 64, &opt, &br, &bc) != FA_OK || fa_strip_rows(64, 64, &opt, &strip) != FA_OK ||
+        fa_forward(&q.t, &k.t, &v.t, &o.t, &lse.t, &opt) != FA_OK) {
         fprintf(stderr, "child: %s\n", fa_last_error());
         return 1;
     }
@@ -39,22 +41,29 @@ static int child(void)
     const size_t n[2] = {o.bytes, lse.bytes};
     for (int x = 0; x < 2; x++)
         for (size_t i = 0; i < n[x]; i++) h = (h ^ bytes[x][i]) * 1099511628211ull;
-    printf("%d %d %016llx\n", br, bc, (unsigned long long)h);
+    printf("%d %d %016llx %d\n", br, bc, (unsigned long long)h, strip);
     tu_free(&q); tu_free(&k); tu_free(&v); tu_free(&o); tu_free(&lse);
     return 0;
 }
 
 static const char *self;
 
-/* Run a child under `env` ("VAR=value ..."); parse its line. */
-static void run_child(const char *env, int *br, int *bc, char hash[17])
+/* Run a child under `env` ("VAR=value ..."); parse its line (strip: may be NULL). */
+static void run_child_strip(const char *env, int *br, int *bc, char hash[17], int *strip)
 {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "env FA_PINNED_CHILD=1 %s '%s'", env, self);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
-    if (fscanf(f, "%d %d %16s", br, bc, hash) != 3) fail_msg("child '%s' printed no result", env);
+    int st;
+    if (fscanf(f, "%d %d %16s %d", br, bc, hash, &st) != 4) fail_msg("child '%s' printed no result", env);
     assert_int_equal(pclose(f), 0);
+    if (strip) *strip = st;
+}
+
+static void run_child(const char *env, int *br, int *bc, char hash[17])
+{
+    run_child_strip(env, br, bc, hash, NULL);
 }
 
 /* Ensure unpinned blocks follow the L2, and pinned blocks give the same bits under any L2. */
@@ -85,17 +94,22 @@ static void test_pinned_blocks_reproduce_bits_across_l2_sizes(void **state)
 static void test_strip_rows_do_not_move_the_bits(void **state)
 {
     (void)state;
-    static const char *const envs[] = {"FA_STRIP_ROWS=0", "FA_STRIP_ROWS=1", "FA_STRIP_ROWS=40",
-                                       "FA_L1D_BYTES=16K", "FA_L1D_BYTES=4K", "FA_L1D_BYTES=1G"};
+    /* each setting, and the rows per strip fa_strip_rows must report for it (Br = 96):
+     * [lo, hi]; the register blocks are 1 (scalar) to 8 rows, so 1 pins 1..8, 40 pins 36..40 */
+    static const struct { const char *env; int lo, hi; } cases[] = {
+        {"FA_STRIP_ROWS=0", 96, 96}, {"FA_STRIP_ROWS=1", 1, 8}, {"FA_STRIP_ROWS=40", 36, 40},
+        {"FA_L1D_BYTES=16K", 9, 48}, {"FA_L1D_BYTES=4K", 9, 96}, {"FA_L1D_BYTES=1G", 96, 96}};
     int br0, bc0;
     char h0[17];
     run_child("FA_BLOCK_Q=96 FA_BLOCK_K=80", &br0, &bc0, h0);
-    for (size_t x = 0; x < sizeof envs / sizeof envs[0]; x++) {
+    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) {
         char env[128], h[17];
-        int br, bc;
-        snprintf(env, sizeof env, "FA_BLOCK_Q=96 FA_BLOCK_K=80 %s", envs[x]);
-        run_child(env, &br, &bc, h);
-        if (strcmp(h, h0) != 0) fail_msg("%s: hash %s, default %s", envs[x], h, h0);
+        int br, bc, strip;
+        snprintf(env, sizeof env, "FA_BLOCK_Q=96 FA_BLOCK_K=80 %s", cases[x].env);
+        run_child_strip(env, &br, &bc, h, &strip);
+        if (strcmp(h, h0) != 0) fail_msg("%s: hash %s, default %s", cases[x].env, h, h0);
+        if (strip < cases[x].lo || strip > cases[x].hi)
+            fail_msg("%s: fa_strip_rows says %d rows, expected %d..%d", cases[x].env, strip, cases[x].lo, cases[x].hi);
     }
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "env FA_PINNED_CHILD=1 FA_STRIP_ROWS=x12 '%s' 2>/dev/null", self);

@@ -106,6 +106,8 @@ static void test_null_arg_when_a_tensor_is_null(void **state)
     expect_status(fa_get_cpu_info(NULL), FA_ERR_NULL_ARG, NULL, f);
     int bq;
     expect_status(fa_block_sizes(8, 8, NULL, &bq, NULL), FA_ERR_NULL_ARG, NULL, f);
+    expect_status(fa_strip_rows(8, 8, NULL, NULL), FA_ERR_NULL_ARG, NULL, f);
+    expect_status(fa_strip_rows(0, 8, NULL, &bq), FA_ERR_SHAPE, "head dims", f);
     expect_status(fa_workspace_bytes(&f->q.t, &f->k.t, &f->v.t, NULL, NULL), FA_ERR_NULL_ARG, NULL, f);
     fa_impl impl;
     expect_status(fa_impl_from_name(NULL, &impl), FA_ERR_NULL_ARG, NULL, f);

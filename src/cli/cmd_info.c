@@ -24,6 +24,7 @@ static const char info_usage[] =
     "\n"
     "Environment: FA_ISA=scalar|avx2|avx512|neon forces a kernel; FA_L1D_BYTES / FA_L2_BYTES\n"
     "override the detected caches; FA_BLOCK_Q / FA_BLOCK_K override the block sizes;\n"
+    "FA_STRIP_ROWS pins the rows per strip of a whole tile (0: whole tiles);\n"
     "OMP_NUM_THREADS sets the default thread count.\n";
 
 static const char *cache_source_name(int source)
@@ -42,7 +43,7 @@ static int print_blocks(const fa_cpu_info *info, int64_t d)
     int br, bc;
     fa_status st = fa_block_sizes(d, d, NULL, &br, &bc);
     if (st != FA_OK) return cli_die_status(st);
-    char l2[32];
+    char l2[32], l1[32];
     long long m = (long long)(info->l2_bytes / sizeof(float));
     long long paper_bc = m / (4 * d);
     long long paper_br = paper_bc < d ? paper_bc : d;
@@ -57,6 +58,16 @@ static int print_blocks(const fa_cpu_info *info, int64_t d)
     if (m > 0) snprintf(share, sizeof share, "%.0f%% of M", 100.0 * (double)ws / (double)m);
     printf("           used: Br = %d, Bc = %d -> Q_i + K_j^T + V_j + S + O_i = %lld floats (%s)%s\n", br, bc, ws,
            share, (eq && *eq) || (ek && *ek) ? "; FA_BLOCK_Q/FA_BLOCK_K set" : "");
+    int strip;
+    if ((st = fa_strip_rows(d, d, NULL, &strip)) != FA_OK) return cli_die_status(st);
+    const char *es = getenv("FA_STRIP_ROWS");
+    if (strip < br)
+        printf("           strips: a whole tile's qk and softmax run in %d-row strips (%d x %d scores, %s; L1d %s),\n"
+               "                   P V once over the tile%s\n", strip, strip, bc,
+               cli_bytes((size_t)strip * (size_t)bc * sizeof(float), l2, sizeof l2),
+               cli_bytes(info->l1d_bytes, l1, sizeof l1), es && *es ? "; FA_STRIP_ROWS set" : "");
+    else
+        printf("           strips: none (whole tiles)%s\n", es && *es ? "; FA_STRIP_ROWS set" : "");
     return 0;
 }
 
