@@ -570,6 +570,43 @@ static int piece_of(const fa_problem *p, int64_t b, int64_t back, int64_t npc, i
     return 1;
 }
 
+/*
+ * Pieces of one head a thread takes at a time in a packing pass's task loop:
+ * FA_TASK_CHUNK=N (unset or 0: one piece at a time, heads interleaved, last
+ * rows first). On many threads Q blocks are cut into pieces (fa_piece_rows)
+ * and each piece streams its head's whole packed K/V for few rows: at
+ * N = 1024, d = 128, 16 threads, a 64-row piece reads 1.1 MiB for 64 rows,
+ * from L3, because the next piece a thread takes belongs to another head.
+ * With N pieces of one head a grab (chunk_back deals them), a thread's first
+ * piece brings the head's K/V into its L2 and the others find it there.
+ * Measured on the 16-core device hosts (tools/device_task_chunk.sh: orders
+ * alternating call by call in one process, paired; docs/performance.md,
+ * "Eleventh session"), 8 pieces a grab over interleaved: on one host
+ * (105 MiB L3) non-causal N = 1024 d 128 1.35x, d 64 1.31x, N = 2048 d 64
+ * 1.17x; on another (300 MiB L3) 0.81-1.00 over three calls, where the
+ * interleaved control read 0.996-1.004; where K/V overflows L2 (N = 4096
+ * d 128, 4.3 MiB a head) 0.68 on both. Not robust, so not the default. Same
+ * bits in any order: tasks are independent.
+ */
+static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_chunk : 0; }
+
+/*
+ * The piece (counted from the end of the head's rows, piece_of's `back`) at
+ * position w of a head's pieces in chunk order: chunks are c consecutive
+ * positions, and the nch chunks of a head are dealt its pieces like cards,
+ * snaking (16 pieces, 2 chunks: 0 3 4 7 8 11 12 15 and 1 2 5 6 9 10 13 14), so
+ * under a causal mask, where a piece's work grows with its rows, the chunks'
+ * work is about equal. A bijection of [0, per_head); positions past the last
+ * whole chunk (a pinned c that does not divide per_head) stay in place.
+ */
+static int64_t chunk_back(int64_t w, int c, int64_t per_head)
+{
+    const int64_t nch = per_head / c;
+    if (w >= nch * c) return w;
+    const int64_t ci = w / c, pi = w % c;
+    return pi * nch + (pi % 2 ? nch - 1 - ci : ci);
+}
+
 static fa_status flash_forward_tiles(const fa_problem *p);
 
 fa_status fa_flash_forward(const fa_problem *p)
@@ -668,15 +705,20 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                 const int64_t heads_in_pass = npass * group;
                 const int piece = fa_piece_rows(heads_in_pass * nqb, nthreads, g.br, kern->row_block);
                 const int64_t npc = (g.br + piece - 1) / piece; /* pieces per Q block */
+                const int64_t per_head = nqb * npc;
+                const int chunk = task_chunk(p);
 #ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, chunk > 0 ? chunk : 1)
 #endif
-                for (int64_t t = 0; t < heads_in_pass * nqb * npc; t++) {
-                    /* row-major order, last rows first: the last (biggest causal) piece of
-                     * every head of the pass is handed out first, so no thread is left
-                     * with one big piece while the others wait at the next barrier */
-                    const int64_t back = t / heads_in_pass;
-                    const int64_t hp = t % heads_in_pass, sidx = hp / group, bhk = first + sidx;
+                for (int64_t t = 0; t < heads_in_pass * per_head; t++) {
+                    /* chunk 0: row-major order, last rows first: the last (biggest causal)
+                     * piece of every head of the pass is handed out first, so no thread is
+                     * left with one big piece while the others wait at the next barrier.
+                     * chunk N: head-major, a grab is N pieces of one head (task_chunk,
+                     * chunk_back) */
+                    const int64_t back = chunk > 0 ? chunk_back(t % per_head, chunk, per_head) : t / heads_in_pass;
+                    const int64_t hp = chunk > 0 ? t / per_head : t % heads_in_pass, sidx = hp / group,
+                                  bhk = first + sidx;
                     const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
                     const int64_t h = hk * group + hp % group;
                     int64_t i0, rows;

@@ -92,6 +92,7 @@ typedef struct fa_problem {
     size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
     int strip_rows;              /* flash.c's strips of whole tiles: -1 from L1d, 0 none, N rows (FA_STRIP_ROWS, fa_strip_test) */
+    int task_chunk;              /* flash.c's task order: 0 heads interleaved, N pieces of a head a grab (FA_TASK_CHUNK) */
     int bwd_one_pass;            /* backward.c: -1 its task rule decides, 0 two passes, 1 one pass */
     int amx;                     /* 1: FA_AMX=1, the flash forward may run bf16 products on AMX tiles (amx.h) */
     int decode_touch;            /* 1: the decoder goes through the cache in address order (decode.c, addr_plan) */
@@ -129,6 +130,9 @@ extern _Atomic long fa_tile_cut_stats[3];
  * than one strip. -1 (default): the environment decides. Not thread-safe.
  */
 extern int fa_strip_test;
+/* Task order hook (tools/ab_chunk.c): -1 (default) reads FA_TASK_CHUNK; N >= 0 pins flash.c's
+ * task_chunk, so one process can alternate the orders call by call. */
+extern int fa_task_chunk_test;
 
 /*
  * Tests only: while fa_count_test > 0, the float32 forward (src/flash.c) adds

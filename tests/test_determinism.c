@@ -8,7 +8,9 @@
  * With more threads than blocks, blocks are cut into pieces of rows (keys in
  * the backward's dK/dV pass; internal.h's fa_piece_rows): the same bits,
  * because every kernel computes each row on its own. 7 and 16 threads cut
- * these problems' blocks into several pieces each.
+ * these problems' blocks into several pieces each; and the task orders of
+ * FA_TASK_CHUNK (flash.c's task_chunk: N pieces of one head a grab) change
+ * which thread computes what, never one rounding.
  * The problems below have more tasks than threads, GQA groups, uneven tails,
  * causal and windowed masks, and both the shared-packing and per-tile paths.
  * The backward pass makes the same promise (no atomics; each gradient element
@@ -64,6 +66,8 @@ static void test_flash_is_bitwise_deterministic_across_thread_counts(void **stat
         {1, 257, 700, 2, 1, 16, 16, 0, -1, 0.0, 0, 0, "0"}, /* per-tile packing */
         /* 12 (batch, kv head) pairs, about two a packing pass: every slot reused by later passes */
         {3, 300, 600, 8, 4, 32, 32, 1, -1, 0.0, 0, 0, "450000"},
+        /* the same unmasked */
+        {3, 300, 600, 8, 4, 32, 32, 0, -1, 0.0, 0, 0, "450000"},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const dcase *c = &cases[ci];
@@ -78,15 +82,22 @@ static void test_flash_is_bitwise_deterministic_across_thread_counts(void **stat
         run_flash(c, &q, &k, &v, 1, &o1, &l1);
         assert_int_equal(tu_count_nan(&o1), 0);
         static const int threads[] = {2, 3, 7, 16, 1, 2}; /* 7, 16: Q blocks cut into pieces */
-        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
-            tu_tensor o, l;
-            run_flash(c, &q, &k, &v, threads[t], &o, &l);
-            if (memcmp(o.mem, o1.mem, o1.bytes) != 0 || memcmp(l.mem, l1.mem, l1.bytes) != 0)
-                fail_msg("case %zu: %d threads (run %zu) differs from 1 thread in the last bits", ci,
-                         threads[t], t);
-            tu_free(&o);
-            tu_free(&l);
+        /* task orders (flash.c's task_chunk, FA_TASK_CHUNK): interleaved, then 3 and 8 pieces
+         * of one head a grab — 3 divides no head's pieces here, 8 some */
+        static const int chunks[] = {0, 3, 8};
+        for (size_t x = 0; x < sizeof chunks / sizeof chunks[0]; x++) {
+            fa_task_chunk_test = chunks[x];
+            for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+                tu_tensor o, l;
+                run_flash(c, &q, &k, &v, threads[t], &o, &l);
+                if (memcmp(o.mem, o1.mem, o1.bytes) != 0 || memcmp(l.mem, l1.mem, l1.bytes) != 0)
+                    fail_msg("case %zu: %d threads (run %zu, task chunk %d) differs from 1 thread in the last bits",
+                             ci, threads[t], t, chunks[x]);
+                tu_free(&o);
+                tu_free(&l);
+            }
         }
+        fa_task_chunk_test = -1;
         tu_free(&o1); tu_free(&l1); tu_free(&q); tu_free(&k); tu_free(&v);
     }
 }

@@ -1,0 +1,110 @@
+/*
+ * ab_chunk.c — the flash forward under several task orders (src/flash.c, task_chunk),
+ * alternating call by call in ONE process: on a host whose speed moves between processes and
+ * minutes (the 16-core device host: +-15% between two runs of the same binary), settings
+ * timed side by side, call after call, share the same drift. Each round runs every setting
+ * in a fresh random order, each as an untimed call and then a timed one (so a timed call
+ * always follows its own setting's); prints each setting's median GFLOP/s and the median
+ * over rounds of its speed over the first setting's in the same round.
+ *
+ *   usage: ab_chunk N D H THREADS ROUNDS [--causal] -- SETTING...
+ *          SETTING: 0 heads interleaved (the default), N pieces of one head a grab
+ *          (FA_TASK_CHUNK=N); give one twice for a control (its pair reads ~1.000)
+ *   cc -std=c11 -O2 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc -Itools tools/ab_chunk.c \
+ *      build/libflashattn.a -fopenmp -lm -o /tmp/ab_chunk
+ * B = 1, BSHD float32, heads_k = H, inputs uniform in [-1, 1); FLOPs 4 N^2 d H (half causal).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ab_common.h"
+#include "flashattn.h"
+#include "problem.h" /* fa_task_chunk_test */
+
+#define MAX_SET 8
+
+static float *make(fa_tensor *t, int64_t n, int64_t h, int64_t d, uint64_t *rng)
+{
+    float *p = malloc(sizeof(float) * (size_t)(n * h * d));
+    if (!p) exit(2);
+    for (int64_t i = 0; i < n * h * d; i++) p[i] = ab_uniform(rng);
+    const int64_t shape[4] = {1, n, h, d};
+    if (fa_tensor_make(t, p, FA_F32, 4, shape, NULL) != FA_OK) exit(2);
+    return p;
+}
+
+static double median(double *x, int n)
+{
+    qsort(x, (size_t)n, sizeof *x, ab_cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 8) {
+        fprintf(stderr, "usage: ab_chunk N D H THREADS ROUNDS [--causal] -- SETTING...\n");
+        return 2;
+    }
+    const int64_t n = atoll(argv[1]), d = atoll(argv[2]), h = atoll(argv[3]);
+    const int threads = atoi(argv[4]), rounds = atoi(argv[5]);
+    fa_options opt = fa_options_default();
+    opt.num_threads = threads;
+    int a = 6, nset = 0, set[MAX_SET];
+    for (; a < argc && strcmp(argv[a], "--"); a++) {
+        if (!strcmp(argv[a], "--causal")) opt.causal = 1;
+        else return 2;
+    }
+    for (a++; a < argc && nset < MAX_SET; a++) set[nset++] = atoi(argv[a]);
+    if (n < 1 || d < 1 || h < 1 || threads < 1 || rounds < 1 || nset < 1) return 2;
+    if (fa_context_create(&opt.context, NULL, threads) != FA_OK) return 2;
+    uint64_t rng = 0x5eed1234abcdull;
+    fa_tensor q, k, v, o;
+    float *bufs[4] = {make(&q, n, h, d, &rng), make(&k, n, h, d, &rng), make(&v, n, h, d, &rng),
+                      make(&o, n, h, d, &rng)};
+    double *t = malloc(sizeof(double) * (size_t)rounds * nset), *x = malloc(sizeof(double) * (size_t)rounds);
+    if (!t || !x) return 2;
+    for (int s = 0; s < nset; s++) { /* one warm-up call each */
+        fa_task_chunk_test = set[s];
+        if (fa_forward(&q, &k, &v, &o, NULL, &opt) != FA_OK) {
+            fprintf(stderr, "ab_chunk: %s\n", fa_last_error());
+            return 1;
+        }
+    }
+    uint64_t shuffle = 0x9e3779b97f4a7c15ull;
+    for (int r = 0; r < rounds; r++) {
+        int order[MAX_SET];
+        for (int j = 0; j < nset; j++) order[j] = j;
+        for (int j = nset - 1; j > 0; j--) { /* a fresh random order every round */
+            shuffle = shuffle * 6364136223846793005ull + 1442695040888963407ull;
+            const int x = (int)((shuffle >> 33) % (uint64_t)(j + 1)), tmp = order[j];
+            order[j] = order[x];
+            order[x] = tmp;
+        }
+        for (int j = 0; j < nset; j++) {
+            const int s = order[j];
+            fa_task_chunk_test = set[s];
+            /* an untimed call of the same setting first: the timed call never follows
+             * another setting's (whose threads, caches and imbalance it would inherit) */
+            if (fa_forward(&q, &k, &v, &o, NULL, &opt) != FA_OK) return 1;
+            const double t0 = ab_now_s();
+            if (fa_forward(&q, &k, &v, &o, NULL, &opt) != FA_OK) return 1;
+            t[(size_t)r * nset + s] = ab_now_s() - t0;
+        }
+    }
+    const double flops = 4.0 * (double)n * (double)n * (double)d * (double)h * (opt.causal ? 0.5 : 1.0);
+    printf("N %lld d %lld H %lld threads %d %s rounds %d\n", (long long)n, (long long)d, (long long)h, threads,
+           opt.causal ? "causal" : "non-causal", rounds);
+    for (int s = 0; s < nset; s++) {
+        for (int r = 0; r < rounds; r++) x[r] = t[(size_t)r * nset + s];
+        const double med = median(x, rounds);
+        for (int r = 0; r < rounds; r++) x[r] = t[(size_t)r * nset] / t[(size_t)r * nset + s];
+        printf("  setting %3d  median %8.1f GFLOP/s  speed over setting %d, paired median %.3f\n", set[s],
+               flops / med / 1e9, set[0], median(x, rounds));
+    }
+    for (int i = 0; i < 4; i++) free(bufs[i]);
+    free(t);
+    free(x);
+    fa_context_destroy(opt.context);
+    return 0;
+}
