@@ -652,11 +652,16 @@ FA_API fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt,
  * a multiple of the kernel's register-block rows), then P V once over the
  * tile; Br means whole tiles (two row blocks would not fit L1d, or
  * FA_STRIP_ROWS=0). FA_STRIP_ROWS=N pins it. Strips never change a bit.
+ * The answer is for fa_block_sizes' Br; for a given seqlen_q the forward may
+ * use a smaller Br (blocks spread evenly over the rows), and a strip is never
+ * longer than the block it cuts. Since 0.6.
  *
  * @param d     Head dimension of Q and K.
  * @param d_v   Head dimension of V and O.
  * @param opt   Options (may be NULL): the blocks and the context's kernels.
  * @param rows  Receives the rows per strip (the Br of fa_block_sizes when whole).
+ * @return FA_OK; FA_ERR_NULL_ARG (rows NULL), FA_ERR_SHAPE (a head dim outside
+ *         1..FA_HEAD_DIM_MAX), or fa_block_sizes' errors.
  */
 FA_API fa_status fa_strip_rows(int64_t d, int64_t d_v, const fa_options *opt, int *rows);
 

@@ -62,6 +62,9 @@ fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt_in, int *
 fa_status fa_strip_rows(int64_t d, int64_t d_v, const fa_options *opt_in, int *rows)
 {
     if (!rows) return fa_fail(FA_ERR_NULL_ARG, "fa_strip_rows: null output");
+    if (d < 1 || d_v < 1 || d > FA_HEAD_DIM_MAX || d_v > FA_HEAD_DIM_MAX)
+        return fa_fail(FA_ERR_SHAPE, "fa_strip_rows: head dims must be in 1..%d (d=%lld, d_v=%lld)",
+                       FA_HEAD_DIM_MAX, DIM(d), DIM(d_v));
     int br, bc;
     fa_status st = fa_block_sizes(d, d_v, opt_in, &br, &bc);
     if (st != FA_OK) return st;

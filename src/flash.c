@@ -582,11 +582,15 @@ static int piece_of(const fa_problem *p, int64_t b, int64_t back, int64_t npc, i
  * Measured on the 16-core device hosts (tools/device_task_chunk.sh: orders
  * alternating call by call in one process, paired; docs/performance.md,
  * "Eleventh session"), 8 pieces a grab over interleaved: on one host
- * (105 MiB L3) non-causal N = 1024 d 128 1.35x, d 64 1.31x, N = 2048 d 64
- * 1.17x; on another (300 MiB L3) 0.81-1.00 over three calls, where the
- * interleaved control read 0.996-1.004; where K/V overflows L2 (N = 4096
- * d 128, 4.3 MiB a head) 0.68 on both. Not robust, so not the default. Same
- * bits in any order: tasks are independent.
+ * (105 MiB L3; consecutive pieces, before chunk_back) non-causal N = 1024
+ * d 128 1.35x, d 64 1.31x, N = 2048 d 64 1.17x; on another (300 MiB L3), two
+ * calls, 0.73-1.00, where the interleaved control read 0.996-1.004. Those rows
+ * give exactly one grab to each of the 16 threads, so one late vCPU holds up
+ * the call. A grab count that does not share out evenly costs directly: at
+ * N = 4096, d = 128 a pass of 3 heads has 144 pieces, 18 grabs of 8 for 16
+ * threads, two of which do two (0.68 measured, 0.63 predicted). Not robust,
+ * so not the default; N is taken as given. Same bits in any order: tasks are
+ * independent.
  */
 static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_chunk : 0; }
 
@@ -597,7 +601,9 @@ static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_
  * snaking (16 pieces, 2 chunks: 0 3 4 7 8 11 12 15 and 1 2 5 6 9 10 13 14), so
  * under a causal mask, where a piece's work grows with its rows, the chunks'
  * work is about equal. A bijection of [0, per_head); positions past the last
- * whole chunk (a pinned c that does not divide per_head) stay in place.
+ * whole chunk (a c that does not divide per_head) stay in place, and then an
+ * OpenMP grab of c consecutive tasks may span the end of one head and the start
+ * of the next.
  */
 static int64_t chunk_back(int64_t w, int c, int64_t per_head)
 {

@@ -19,7 +19,7 @@ ab=$out/ab_chunk
 cc -std=c11 -O2 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc -Itools tools/ab_chunk.c build/libflashattn.a \
     -fopenmp -lm -o "$ab" || exit 1
 export OMP_PROC_BIND=close OMP_PLACES=cores
-lscpu | sed -n '/Model name/p;/^L1d/p;/^L2/p;/^L3/p'
+lscpu | sed -n '/Model name/p;/^L1d/p;/^L2/p;/^L3/p' | tee "$out/task_chunk.log"
 rows=${ROWS:-'1024 128 300|
 1024 64 400|
 2048 128 80|
@@ -31,7 +31,7 @@ rows=${ROWS:-'1024 128 300|
 echo "$rows" | while IFS='|' read -r nd extra; do
     set -- $nd
     "$ab" "$1" "$2" 8 "$threads" "$3" $extra -- $settings
-done 2>&1 | tee "$out/task_chunk.log"
+done 2>&1 | tee -a "$out/task_chunk.log"
 python3 tools/torch_cpu_sdpa.py --n "${TORCH_N:-1024,2048,4096}" --d 64,128 --threads "$threads" --causal 0,1 \
-    --repeats 7 2>&1 | tail -13
+    --repeats 7 2>&1 | tail -13 | tee -a "$out/task_chunk.log"
 rm -f "$ab"

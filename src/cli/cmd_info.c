@@ -43,7 +43,7 @@ static int print_blocks(const fa_cpu_info *info, int64_t d)
     int br, bc;
     fa_status st = fa_block_sizes(d, d, NULL, &br, &bc);
     if (st != FA_OK) return cli_die_status(st);
-    char l2[32], l1[32];
+    char l2[32], l1[32], sbytes[32];
     long long m = (long long)(info->l2_bytes / sizeof(float));
     long long paper_bc = m / (4 * d);
     long long paper_br = paper_bc < d ? paper_bc : d;
@@ -64,7 +64,7 @@ static int print_blocks(const fa_cpu_info *info, int64_t d)
     if (strip < br)
         printf("           strips: a whole tile's qk and softmax run in %d-row strips (%d x %d scores, %s; L1d %s),\n"
                "                   P V once over the tile%s\n", strip, strip, bc,
-               cli_bytes((size_t)strip * (size_t)bc * sizeof(float), l2, sizeof l2),
+               cli_bytes((size_t)strip * (size_t)bc * sizeof(float), sbytes, sizeof sbytes),
                cli_bytes(info->l1d_bytes, l1, sizeof l1), es && *es ? "; FA_STRIP_ROWS set" : "");
     else
         printf("           strips: none (whole tiles)%s\n", es && *es ? "; FA_STRIP_ROWS set" : "");

@@ -92,7 +92,8 @@ INLINE __m512 exp_nonpos(__m512 x)
 {
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP_X_MIN), _CMP_NLE_UQ);
     const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(FA_EXP_LOG2E));
-    const __m512 n = _mm512_sub_ps(t, _mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); /* round(t), as exp2_nonpos */
+    /* round(t) as t - vreduceps(t), as exp2_nonpos does */
+    const __m512 n = _mm512_sub_ps(t, _mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_HI), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_LO), r);
     __m512 p = _mm512_set1_ps(FA_EXP_C6);
@@ -110,9 +111,13 @@ INLINE __m512 exp2_nonpos(__m512 x)
 {
     /* x >= -126 (or NaN): 2^x >= FLT_MIN; below, exactly +0 */
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP2_X_MIN), _CMP_NLT_UQ);
-    /* r = x - round(x) by vreducepss, then n = x - r: both exact (|r| <= 1/2, n an
-     * integer), so the same n and r as roundscale and a subtraction, one uop fewer
-     * (roundscale is two on Intel cores; measured: softmax 0.278 -> 0.262 ns a score) */
+    /* r = x - round(x) by vreduceps, then n = x - r: both exact (|r| <= 1/2, n an
+     * integer), one uop fewer than roundscale and a subtraction (roundscale is two on
+     * Intel cores; measured: softmax 0.278 -> 0.262 ns a score). The same n and r as
+     * those, except n = +0 where roundscale gave -0 (x in [-1/2, -0]) and r = 0 at
+     * -inf where x - roundscale(x) was NaN; neither reaches the result (scalef by +-0
+     * is the same, -inf lanes are masked to 0): every float's output bits are the
+     * same (hashed over all 2^32, docs/performance.md "Eleventh session"). */
     const __m512 r = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 n = _mm512_sub_ps(x, r);
     __m512 p = _mm512_set1_ps(FA_EXP2_C6);
@@ -157,8 +162,9 @@ static void vexp_avx512(int n, const float *x, float *y)
  * FMA round symmetrically, so x + x z P(z) is -(|x| + |x| z P(z)) for
  * negative x, the bits of computing on |x| and giving the sign back; only
  * x = -0 would come out +0 (the product term is +0 there), so the sign bit is
- * still taken from x, in one bit-select (vpternlogd) instead of abs, and and
- * or. A vector whose lanes are all small skips the rest. */
+ * still taken from x, in one bit-select (vpternlogd) — which leaves out the
+ * abs (GCC had already fused the old and + or into one vpternlogd). A vector
+ * whose lanes are all small skips the rest. */
 INLINE __m512 tanh_avx512(__m512 x)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
