@@ -57,7 +57,13 @@ int main(int argc, char **argv)
         if (!strcmp(argv[a], "--causal")) opt.causal = 1;
         else return 2;
     }
-    for (a++; a < argc && nset < MAX_SET; a++) set[nset++] = atoi(argv[a]);
+    for (a++; a < argc; a++) {
+        if (nset == MAX_SET || atoi(argv[a]) < 0 || atoi(argv[a]) > 1024) {
+            fprintf(stderr, "ab_chunk: at most %d settings, each in 0..1024 (FA_TASK_CHUNK's range)\n", MAX_SET);
+            return 2;
+        }
+        set[nset++] = atoi(argv[a]);
+    }
     if (n < 1 || d < 1 || h < 1 || threads < 1 || rounds < 1 || nset < 1) return 2;
     if (fa_context_create(&opt.context, NULL, threads) != FA_OK) return 2;
     uint64_t rng = 0x5eed1234abcdull;
