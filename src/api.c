@@ -43,37 +43,40 @@ fa_status fa_impl_from_name(const char *name, fa_impl *impl)
                    name);
 }
 
-fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt_in, int *block_q, int *block_k)
+/* The blocks (and the kernels and environment they follow) for head dims d, d_v:
+ * fa_block_sizes and fa_strip_rows; `who` names the caller in errors. */
+static fa_status resolve_blocks(const char *who, int64_t d, int64_t d_v, const fa_options *opt_in,
+                                const fa_kernels **kern, const fa_env **env, int *block_q, int *block_k)
 {
-    if (!block_q || !block_k) return fa_fail(FA_ERR_NULL_ARG, "fa_block_sizes: null output");
     if (d < 1 || d_v < 1 || d > FA_HEAD_DIM_MAX || d_v > FA_HEAD_DIM_MAX)
-        return fa_fail(FA_ERR_SHAPE, "fa_block_sizes: head dims must be in 1..%d (d=%lld, d_v=%lld)",
+        return fa_fail(FA_ERR_SHAPE, "%s: head dims must be in 1..%d (d=%lld, d_v=%lld)", who,
                        FA_HEAD_DIM_MAX, DIM(d), DIM(d_v));
     fa_options opt;
     fa_status st = fa_options_read(opt_in, &opt);
     if (st != FA_OK) return st;
-    if (!fa_env_get(&st)) return st;
-    const fa_kernels *kern = opt.context ? fa_context_kernels_(opt.context) : fa_kernels_get(&st);
-    if (!kern) return st;
+    if (!(*env = fa_env_get(&st))) return st;
+    *kern = opt.context ? fa_context_kernels_(opt.context) : fa_kernels_get(&st);
+    if (!*kern) return st;
     int pq, pk;
-    return fa_resolve_blocks(d, d_v, &opt, kern, block_q, block_k, &pq, &pk);
+    return fa_resolve_blocks(d, d_v, &opt, *kern, block_q, block_k, &pq, &pk);
+}
+
+fa_status fa_block_sizes(int64_t d, int64_t d_v, const fa_options *opt_in, int *block_q, int *block_k)
+{
+    if (!block_q || !block_k) return fa_fail(FA_ERR_NULL_ARG, "fa_block_sizes: null output");
+    const fa_kernels *kern;
+    const fa_env *env;
+    return resolve_blocks("fa_block_sizes", d, d_v, opt_in, &kern, &env, block_q, block_k);
 }
 
 fa_status fa_strip_rows(int64_t d, int64_t d_v, const fa_options *opt_in, int *rows)
 {
     if (!rows) return fa_fail(FA_ERR_NULL_ARG, "fa_strip_rows: null output");
-    if (d < 1 || d_v < 1 || d > FA_HEAD_DIM_MAX || d_v > FA_HEAD_DIM_MAX)
-        return fa_fail(FA_ERR_SHAPE, "fa_strip_rows: head dims must be in 1..%d (d=%lld, d_v=%lld)",
-                       FA_HEAD_DIM_MAX, DIM(d), DIM(d_v));
+    const fa_kernels *kern;
+    const fa_env *env;
     int br, bc;
-    fa_status st = fa_block_sizes(d, d_v, opt_in, &br, &bc);
+    fa_status st = resolve_blocks("fa_strip_rows", d, d_v, opt_in, &kern, &env, &br, &bc);
     if (st != FA_OK) return st;
-    const fa_env *env = fa_env_get(&st);
-    if (!env) return st;
-    fa_options opt;
-    if ((st = fa_options_read(opt_in, &opt)) != FA_OK) return st;
-    const fa_kernels *kern = opt.context ? fa_context_kernels_(opt.context) : fa_kernels_get(&st);
-    if (!kern) return st;
     *rows = fa_strip_rows_for(kern, env->strip_rows, br, bc);
     return FA_OK;
 }

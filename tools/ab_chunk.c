@@ -26,16 +26,6 @@
 
 #define MAX_SET 8
 
-static float *make(fa_tensor *t, int64_t n, int64_t h, int64_t d, uint64_t *rng)
-{
-    float *p = malloc(sizeof(float) * (size_t)(n * h * d));
-    if (!p) exit(2);
-    for (int64_t i = 0; i < n * h * d; i++) p[i] = ab_uniform(rng);
-    const int64_t shape[4] = {1, n, h, d};
-    if (fa_tensor_make(t, p, FA_F32, 4, shape, NULL) != FA_OK) exit(2);
-    return p;
-}
-
 static double median(double *x, int n)
 {
     qsort(x, (size_t)n, sizeof *x, ab_cmp_double);
@@ -68,8 +58,8 @@ int main(int argc, char **argv)
     if (fa_context_create(&opt.context, NULL, threads) != FA_OK) return 2;
     uint64_t rng = 0x5eed1234abcdull;
     fa_tensor q, k, v, o;
-    float *bufs[4] = {make(&q, n, h, d, &rng), make(&k, n, h, d, &rng), make(&v, n, h, d, &rng),
-                      make(&o, n, h, d, &rng)};
+    void *bufs[4] = {ab_make_tensor(&q, FA_F32, n, h, d, &rng), ab_make_tensor(&k, FA_F32, n, h, d, &rng),
+                     ab_make_tensor(&v, FA_F32, n, h, d, &rng), ab_make_tensor(&o, FA_F32, n, h, d, &rng)};
     double *t = malloc(sizeof(double) * (size_t)rounds * nset), *x = malloc(sizeof(double) * (size_t)rounds);
     if (!t || !x) return 2;
     for (int s = 0; s < nset; s++) { /* one warm-up call each */

@@ -22,22 +22,6 @@
 #include "flashattn.h"
 #include "ab_common.h"
 
-/* A [1][n][h][d] tensor of the dtype, random values. */
-static void *make(fa_tensor *t, fa_dtype dt, int64_t n, int64_t h, int64_t d, uint64_t *rng)
-{
-    const size_t count = (size_t)(n * h * d), es = dt == FA_F32 ? 4 : 2;
-    void *p = malloc(count * es);
-    if (!p) exit(2);
-    for (size_t i = 0; i < count; i++) {
-        const float x = ab_uniform(rng);
-        if (dt == FA_F32) ((float *)p)[i] = x;
-        else ((uint16_t *)p)[i] = dt == FA_BF16 ? ab_to_bf16(x) : ab_to_f16(x);
-    }
-    const int64_t shape[4] = {1, n, h, d};
-    if (fa_tensor_make(t, p, dt, 4, shape, NULL) != FA_OK) exit(2);
-    return p;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 6) {
@@ -76,14 +60,14 @@ int main(int argc, char **argv)
     uint64_t rng = 0x5eed1234abcdull;
     fa_tensor q, k, v, o, lse, dout, dq, dk, dv;
     void *bufs[9];
-    bufs[0] = make(&q, dt, n, h, d, &rng);
-    bufs[1] = make(&k, dt, n, h, d, &rng);
-    bufs[2] = make(&v, dt, n, h, d, &rng);
-    bufs[3] = make(&o, FA_F32, n, h, d, &rng);
-    bufs[4] = make(&dout, FA_F32, n, h, d, &rng);
-    bufs[5] = make(&dq, FA_F32, n, h, d, &rng);
-    bufs[6] = make(&dk, FA_F32, n, h, d, &rng);
-    bufs[7] = make(&dv, FA_F32, n, h, d, &rng);
+    bufs[0] = ab_make_tensor(&q, dt, n, h, d, &rng);
+    bufs[1] = ab_make_tensor(&k, dt, n, h, d, &rng);
+    bufs[2] = ab_make_tensor(&v, dt, n, h, d, &rng);
+    bufs[3] = ab_make_tensor(&o, FA_F32, n, h, d, &rng);
+    bufs[4] = ab_make_tensor(&dout, FA_F32, n, h, d, &rng);
+    bufs[5] = ab_make_tensor(&dq, FA_F32, n, h, d, &rng);
+    bufs[6] = ab_make_tensor(&dk, FA_F32, n, h, d, &rng);
+    bufs[7] = ab_make_tensor(&dv, FA_F32, n, h, d, &rng);
     float *l = malloc(sizeof(float) * (size_t)(h * n));
     const int64_t ls[3] = {1, h, n};
     if (!l || fa_tensor_make(&lse, l, FA_F32, 3, ls, NULL) != FA_OK) return 2;

@@ -178,20 +178,20 @@ INLINE __m512 tanh_avx512(__m512 x)
     /* |x| < FA_TANH_SMALL as z < FA_TANH_SMALL^2: z = fl(x^2) is monotone in |x| and
      * 0.625^2 = 0.390625 is exact, so the two tests agree on every float; NaN fails both */
     const __mmask16 is_small = _mm512_cmp_ps_mask(z, _mm512_set1_ps(FA_TANH_SMALL * FA_TANH_SMALL), _CMP_LT_OQ);
-    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
-    if (is_small == 0xffff) /* (x & sign) | (small & ~sign), as vpternlogd's 0xd8 */
-        return _mm512_castsi512_ps(
-            _mm512_ternarylogic_epi32(_mm512_castps_si512(small), _mm512_castps_si512(x), sign, 0xd8));
-    const __m512 ax = _mm512_abs_ps(x);
-    const __m512 c = _mm512_min_ps(_mm512_set1_ps(FA_TANH_X_ONE), ax); /* NaN stays NaN */
-    const __m512 e = exp_nonpos(_mm512_add_ps(c, c)); /* vscalefps: any n */
-    /* 2 / (e + 1) by vrcp14ps and one Newton step (2^-28 relative before
-     * rounding): a zmm vdivps costs more than the whole rest of tanh */
-    const __m512 den = _mm512_add_ps(e, one);
-    __m512 rc = _mm512_rcp14_ps(den);
-    rc = _mm512_mul_ps(rc, _mm512_fnmadd_ps(den, rc, _mm512_set1_ps(2.0f)));
-    const __m512 t = _mm512_mask_blend_ps(is_small, _mm512_sub_ps(one, _mm512_add_ps(rc, rc)), small);
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(t), _mm512_castps_si512(x), sign, 0xd8));
+    __m512 t = small;
+    if (is_small != 0xffff) { /* softcapped scores are mostly small: skip exp when all are */
+        const __m512 c = _mm512_min_ps(_mm512_set1_ps(FA_TANH_X_ONE), _mm512_abs_ps(x)); /* NaN stays NaN */
+        const __m512 e = exp_nonpos(_mm512_add_ps(c, c)); /* vscalefps: any n */
+        /* 2 / (e + 1) by vrcp14ps and one Newton step (2^-28 relative before
+         * rounding): a zmm vdivps costs more than the whole rest of tanh */
+        const __m512 den = _mm512_add_ps(e, one);
+        __m512 rc = _mm512_rcp14_ps(den);
+        rc = _mm512_mul_ps(rc, _mm512_fnmadd_ps(den, rc, _mm512_set1_ps(2.0f)));
+        t = _mm512_mask_blend_ps(is_small, _mm512_sub_ps(one, _mm512_add_ps(rc, rc)), small);
+    }
+    /* (x & sign) | (t & ~sign): vpternlogd's 0xd8 */
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(t), _mm512_castps_si512(x),
+                                                         _mm512_set1_epi32((int)0x80000000u), 0xd8));
 }
 
 /* (float)(slope * |rel|) for rel = base + step * lane, lanes 0..15, in
