@@ -98,7 +98,8 @@ static void env_read(void)
         env_int("FA_BLOCK_Q", 1, 0, &env.block_q) || env_int("FA_BLOCK_K", 1, 0, &env.block_k) ||
         env_size("FA_FLASH_SHARED_MAX", &env.pack_max, &env.has_pack_max) ||
         env_size("FA_L1D_BYTES", &env.l1d, NULL) || env_size("FA_L2_BYTES", &env.l2, NULL) ||
-        env_int("FA_STRIP_ROWS", 0, -1, &env.strip_rows) || env_int("FA_TASK_CHUNK", 0, 0, &env.task_chunk))
+        env_int("FA_STRIP_ROWS", 0, -1, &env.strip_rows) || env_int("FA_TASK_CHUNK", 0, 0, &env.task_chunk) ||
+        env_int("FA_TAIL_SPLIT", 0, -1, &env.tail_split))
         env_status = FA_ERR_OPTION;
 }
 

@@ -54,6 +54,7 @@ typedef struct fa_env {
     int decode_touch;      /* FA_DECODE_TOUCH: -1 not set (on for AMD CPUs), 0 off, 1 on (src/decode.c, addr_plan) */
     int strip_rows;        /* FA_STRIP_ROWS: -1 not set (from L1d), 0 whole tiles, N rows a strip (src/flash.c, strip_rows) */
     int task_chunk;        /* FA_TASK_CHUNK: 0 not set or heads interleaved, N pieces of one head a grab (src/flash.c) */
+    int tail_split;        /* FA_TAIL_SPLIT: -1 not set; 0/1 off; N: a pass's last tasks cut in N (src/flash.c) */
 } fa_env;
 
 /* The environment, parsed once (thread-safe). NULL when a variable is

@@ -595,6 +595,46 @@ static int piece_of(const fa_problem *p, int64_t b, int64_t back, int64_t npc, i
 static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_chunk : 0; }
 
 /*
+ * The tail of a pass's task loop (tail_split; FA_TAIL_SPLIT=N, default
+ * FA_TAIL_SPLIT_DEFAULT = 4, 0 or 1 to turn it off): the last tasks handed
+ * out — one a thread — are each cut into N pieces of at least 4 row blocks
+ * (fewer pieces when the task is too short for N). A dynamic loop ends when
+ * its last task does, and each thread's last task starts at a random moment,
+ * so the others wait about half a task at the pass's barrier. Measured with
+ * tools/phase_times.c (2 threads, N = 4096, d = 64, 4 passes of 2 heads): the
+ * wait was 8 ms of a 248 ms call with AVX2 (17 blocks of 252 rows a head,
+ * ~3.8 ms each), 0.7 ms with the tail in 4, the call 3% shorter; AVX-512
+ * 1.8 -> 0.7 ms (d 64), 5.1 -> 2.1 ms (d 128). Small pieces re-stream their
+ * head's K/V for fewer rows; at 16 threads (tools/ab_chunk.c --tail, device
+ * host) 4 pieces read 0.996-1.018 of whole tasks (docs/performance.md,
+ * "Twelfth session"). Only with the default task order (task_chunk 0), and
+ * not under a causal mask (below). Same bits: a row's arithmetic is the same
+ * in any piece.
+ */
+static int tail_split(const fa_problem *p)
+{
+    /* causal (a right bound, no left one): the loop hands out the biggest pieces first, its
+     * last ones are the first rows' few tiles, and the wait was already ~0.05 ms (N = 1024) */
+    if (p->window_right >= 0 && p->window_left < 0) return 1;
+    return p->task_chunk > 0 || p->tail_split < 2 ? 1 : p->tail_split;
+}
+
+/* Part s of `sub` of the rows [*i0, *i0 + *rows) of a task, in whole row blocks of at least
+ * 4 row blocks; 0 when part s is empty. */
+static int tail_part(int sub, int s, int rb, int64_t *i0, int64_t *rows)
+{
+    const int64_t unit = rb > 0 ? rb : 8;
+    int64_t part = (*rows + sub - 1) / sub;
+    part = (part + unit - 1) / unit * unit;
+    if (part < 4 * unit) part = 4 * unit;
+    const int64_t r0 = (int64_t)s * part;
+    if (r0 >= *rows) return 0;
+    *i0 += r0;
+    *rows = *rows - r0 < part ? *rows - r0 : part;
+    return 1;
+}
+
+/*
  * The piece (counted from the end of the head's rows, piece_of's `back`) at
  * position w of a head's pieces in chunk order: chunks are c consecutive
  * positions, and the nch chunks of a head are dealt its pieces like cards,
@@ -713,10 +753,15 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                 const int64_t npc = (g.br + piece - 1) / piece; /* pieces per Q block */
                 const int64_t per_head = nqb * npc;
                 const int chunk = task_chunk(p);
+                /* the last `tail` tasks (one a thread) in `sub` pieces each (tail_split) */
+                const int sub = tail_split(p);
+                const int64_t ntask = heads_in_pass * per_head;
+                const int64_t tail = sub > 1 ? (nthreads < ntask ? nthreads : ntask) : 0, lead = ntask - tail;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, chunk > 0 ? chunk : 1)
 #endif
-                for (int64_t t = 0; t < heads_in_pass * per_head; t++) {
+                for (int64_t u = 0; u < lead + tail * sub; u++) {
+                    const int64_t t = u < lead ? u : lead + (u - lead) / sub;
                     /* chunk 0: row-major order, last rows first: the last (biggest causal)
                      * piece of every head of the pass is handed out first, so no thread is
                      * left with one big piece while the others wait at the next barrier.
@@ -729,6 +774,7 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                     const int64_t h = hk * group + hp % group;
                     int64_t i0, rows;
                     if (!piece_of(p, b, back, npc, g.br, piece, &i0, &rows)) continue;
+                    if (u >= lead && !tail_part(sub, (int)((u - lead) % sub), kern->row_block, &i0, &rows)) continue;
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
                     fa_progress(p);

@@ -291,6 +291,7 @@ fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const 
 int fa_tile_cut_test = -1;
 int fa_strip_test = -1;
 int fa_task_chunk_test = -1;
+int fa_tail_split_test = -1;
 _Atomic long fa_tile_cut_stats[3];
 int fa_bwd_one_pass_test = -1;
 int fa_amx_test = -1;
@@ -1036,6 +1037,9 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
     p->tile_cut = fa_tile_cut_test >= 0 ? fa_tile_cut_test : env->tile_cut != 0;
     p->strip_rows = fa_strip_test >= 0 ? fa_strip_test : env->strip_rows;
     p->task_chunk = fa_task_chunk_test >= 0 ? fa_task_chunk_test : env->task_chunk;
+    p->tail_split = fa_tail_split_test >= 0 ? fa_tail_split_test
+                    : env->tail_split >= 0  ? env->tail_split
+                                            : FA_TAIL_SPLIT_DEFAULT;
     p->bwd_one_pass = fa_bwd_one_pass_test >= 0 ? fa_bwd_one_pass_test : env->bwd_one_pass;
     p->amx = fa_amx_test >= 0 ? fa_amx_test : env->amx == 1;
     p->decode_touch = fa_decode_touch_test >= 0 ? fa_decode_touch_test

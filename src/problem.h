@@ -93,6 +93,7 @@ typedef struct fa_problem {
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
     int strip_rows;              /* flash.c's strips of whole tiles: -1 from L1d, 0 none, N rows (FA_STRIP_ROWS, fa_strip_test) */
     int task_chunk;              /* flash.c's task order: 0 heads interleaved, N pieces of a head a grab (FA_TASK_CHUNK) */
+    int tail_split;              /* flash.c: a pass's last tasks (one a thread) cut into this many pieces (FA_TAIL_SPLIT) */
     int bwd_one_pass;            /* backward.c: -1 its task rule decides, 0 two passes, 1 one pass */
     int amx;                     /* 1: FA_AMX=1, the flash forward may run bf16 products on AMX tiles (amx.h) */
     int decode_touch;            /* 1: the decoder goes through the cache in address order (decode.c, addr_plan) */
@@ -133,6 +134,11 @@ extern int fa_strip_test;
 /* Task order hook (tools/ab_chunk.c): -1 (default) reads FA_TASK_CHUNK; N >= 0 pins flash.c's
  * task_chunk, so one process can alternate the orders call by call. */
 extern int fa_task_chunk_test;
+/* flash.c's tail_split when FA_TAIL_SPLIT is not set: a pass's last tasks in 4 pieces each */
+#define FA_TAIL_SPLIT_DEFAULT 4
+/* Tail split hook (tools/ab_chunk.c --tail): -1 (default) reads FA_TAIL_SPLIT; N >= 0 pins
+ * flash.c's tail_split (0 and 1: no cut). */
+extern int fa_tail_split_test;
 
 /*
  * Tests only: while fa_count_test > 0, the float32 forward (src/flash.c) adds

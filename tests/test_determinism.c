@@ -9,7 +9,8 @@
  * the backward's dK/dV pass; internal.h's fa_piece_rows): the same bits,
  * because every kernel computes each row on its own. 7 and 16 threads cut
  * these problems' blocks into several pieces each; and the task orders of
- * FA_TASK_CHUNK (flash.c's task_chunk: N pieces of one head a grab) change
+ * FA_TASK_CHUNK (flash.c's task_chunk: N pieces of one head a grab) and the
+ * cut of a pass's last tasks into pieces (FA_TAIL_SPLIT, tail_split) change
  * which thread computes what, never one rounding.
  * The problems below have more tasks than threads, GQA groups, uneven tails,
  * causal and windowed masks, and both the shared-packing and per-tile paths.
@@ -83,21 +84,25 @@ static void test_flash_is_bitwise_deterministic_across_thread_counts(void **stat
         assert_int_equal(tu_count_nan(&o1), 0);
         static const int threads[] = {2, 3, 7, 16, 1, 2}; /* 7, 16: Q blocks cut into pieces */
         /* task orders (flash.c's task_chunk, FA_TASK_CHUNK): interleaved, then 3 and 8 pieces
-         * of one head a grab — 3 divides no head's pieces here, 8 some */
-        static const int chunks[] = {0, 3, 8};
+         * of one head a grab — 3 divides no head's pieces here, 8 some; and with the
+         * interleaved order, a pass's last tasks whole (tail split 1), in 3 pieces, in 64
+         * (more than most tasks have row blocks, so some pieces are empty) and the default */
+        static const int chunks[] = {0, 3, 8, 0, 0, 0}, tails[] = {-1, -1, -1, 1, 3, 64};
         for (size_t x = 0; x < sizeof chunks / sizeof chunks[0]; x++) {
             fa_task_chunk_test = chunks[x];
+            fa_tail_split_test = tails[x];
             for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
                 tu_tensor o, l;
                 run_flash(c, &q, &k, &v, threads[t], &o, &l);
                 if (memcmp(o.mem, o1.mem, o1.bytes) != 0 || memcmp(l.mem, l1.mem, l1.bytes) != 0)
-                    fail_msg("case %zu: %d threads (run %zu, task chunk %d) differs from 1 thread in the last bits",
-                             ci, threads[t], t, chunks[x]);
+                    fail_msg("case %zu: %d threads (run %zu, task chunk %d, tail split %d) differs from 1 thread "
+                             "in the last bits", ci, threads[t], t, chunks[x], tails[x]);
                 tu_free(&o);
                 tu_free(&l);
             }
         }
         fa_task_chunk_test = -1;
+        fa_tail_split_test = -1;
         tu_free(&o1); tu_free(&l1); tu_free(&q); tu_free(&k); tu_free(&v);
     }
 }
@@ -203,11 +208,12 @@ static void test_flash_even_blocks_keep_the_bits(void **state)
     tu_free(&q); tu_free(&k); tu_free(&v);
 }
 
-/* Every test starts with the task-order hook unset (a failed test leaves it set). */
+/* Every test starts with the task-order hooks unset (a failed test leaves them set). */
 static int reset_hooks(void **state)
 {
     (void)state;
     fa_task_chunk_test = -1;
+    fa_tail_split_test = -1;
     return 0;
 }
 

@@ -156,6 +156,42 @@ static void test_task_chunk_env_does_not_move_the_bits(void **state)
     }
 }
 
+/*
+ * Ensure FA_TAIL_SPLIT (flash.c's tail_split: a pass's last tasks cut into N pieces) is read from
+ * the environment and never moves a bit — whole (0, 1), 2 and 1024 pieces, on the default
+ * and on 7 threads (Q blocks cut into pieces) — and that values outside 0..1024 or not a
+ * number are refused.
+ */
+static void test_tail_split_env_does_not_move_the_bits(void **state)
+{
+    (void)state;
+    static const char *const threads[] = {"", "OMP_NUM_THREADS=7"};
+    for (size_t t = 0; t < 2; t++) {
+        int br0, bc0;
+        char h0[17], env[128];
+        snprintf(env, sizeof env, "FA_BLOCK_Q=96 FA_BLOCK_K=80 %s", threads[t]);
+        run_child(env, &br0, &bc0, h0);
+        static const char *const chunks[] = {"FA_TAIL_SPLIT=0", "FA_TAIL_SPLIT=1", "FA_TAIL_SPLIT=2",
+                                             "FA_TAIL_SPLIT=1024"};
+        for (size_t x = 0; x < 4; x++) {
+            char h[17];
+            int br, bc;
+            snprintf(env, sizeof env, "FA_BLOCK_Q=96 FA_BLOCK_K=80 %s %s", threads[t], chunks[x]);
+            run_child(env, &br, &bc, h);
+            if (strcmp(h, h0) != 0) fail_msg("%s: hash %s, default %s", env, h, h0);
+        }
+    }
+    static const char *const bad[] = {"FA_TAIL_SPLIT=1025", "FA_TAIL_SPLIT=-1", "FA_TAIL_SPLIT=4x"};
+    for (size_t x = 0; x < 3; x++) {
+        char cmd[1024], line[256];
+        snprintf(cmd, sizeof cmd, "env FA_PINNED_CHILD=1 %s '%s' 2>/dev/null", bad[x], self);
+        FILE *f = popen(cmd, "r");
+        assert_non_null(f);
+        if (fgets(line, sizeof line, f)) fail_msg("%s was accepted: %s", bad[x], line);
+        assert_int_not_equal(pclose(f), 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -165,6 +201,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pinned_blocks_reproduce_bits_across_l2_sizes),
         cmocka_unit_test(test_strip_rows_do_not_move_the_bits),
         cmocka_unit_test(test_task_chunk_env_does_not_move_the_bits),
+        cmocka_unit_test(test_tail_split_env_does_not_move_the_bits),
     };
     return cmocka_run_group_tests_name("pinned_blocks", tests, NULL, NULL);
 }

@@ -7,9 +7,11 @@
  * always follows its own setting's); prints each setting's median GFLOP/s and the median
  * over rounds of its speed over the first setting's in the same round.
  *
- *   usage: ab_chunk N D H THREADS ROUNDS [--causal] -- SETTING...
+ *   usage: ab_chunk N D H THREADS ROUNDS [--causal] [--tail] -- SETTING...
  *          SETTING: 0 heads interleaved (the default), N pieces of one head a grab
  *          (FA_TASK_CHUNK=N); give one twice for a control (its pair reads ~1.000)
+ *          --tail: the settings are FA_TAIL_SPLIT's instead (0/1 the last tasks whole, N cut
+ *          into N pieces; flash.c, tail_split), the task order left at its default
  *   cc -std=c11 -O2 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc -Itools tools/ab_chunk.c \
  *      build/libflashattn.a -fopenmp -lm -o /tmp/ab_chunk
  * B = 1, BSHD float32, heads_k = H, inputs uniform in [-1, 1); FLOPs 4 N^2 d H (half causal).
@@ -22,9 +24,16 @@
 
 #include "ab_common.h"
 #include "flashattn.h"
-#include "problem.h" /* fa_task_chunk_test */
+#include "problem.h" /* fa_task_chunk_test, fa_tail_split_test */
 
 #define MAX_SET 8
+
+/* The setting under test: the task order's or the tail split's (the other at its default). */
+static void pin(int tail, int value)
+{
+    fa_task_chunk_test = tail ? -1 : value;
+    fa_tail_split_test = tail ? value : -1;
+}
 
 static double median(double *x, int n)
 {
@@ -35,21 +44,22 @@ static double median(double *x, int n)
 int main(int argc, char **argv)
 {
     if (argc < 8) {
-        fprintf(stderr, "usage: ab_chunk N D H THREADS ROUNDS [--causal] -- SETTING...\n");
+        fprintf(stderr, "usage: ab_chunk N D H THREADS ROUNDS [--causal] [--tail] -- SETTING...\n");
         return 2;
     }
     const int64_t n = atoll(argv[1]), d = atoll(argv[2]), h = atoll(argv[3]);
     const int threads = atoi(argv[4]), rounds = atoi(argv[5]);
     fa_options opt = fa_options_default();
     opt.num_threads = threads;
-    int a = 6, nset = 0, set[MAX_SET];
+    int a = 6, nset = 0, set[MAX_SET], tail = 0;
     for (; a < argc && strcmp(argv[a], "--"); a++) {
         if (!strcmp(argv[a], "--causal")) opt.causal = 1;
+        else if (!strcmp(argv[a], "--tail")) tail = 1;
         else return 2;
     }
     for (a++; a < argc; a++) {
         if (nset == MAX_SET || atoi(argv[a]) < 0 || atoi(argv[a]) > 1024) {
-            fprintf(stderr, "ab_chunk: at most %d settings, each in 0..1024 (FA_TASK_CHUNK's range)\n", MAX_SET);
+            fprintf(stderr, "ab_chunk: at most %d settings, each in 0..1024 (FA_TASK_CHUNK's and FA_TAIL_SPLIT's range)\n", MAX_SET);
             return 2;
         }
         set[nset++] = atoi(argv[a]);
@@ -63,7 +73,7 @@ int main(int argc, char **argv)
     double *t = malloc(sizeof(double) * (size_t)rounds * nset), *x = malloc(sizeof(double) * (size_t)rounds);
     if (!t || !x) return 2;
     for (int s = 0; s < nset; s++) { /* one warm-up call each */
-        fa_task_chunk_test = set[s];
+        pin(tail, set[s]);
         if (fa_forward(&q, &k, &v, &o, NULL, &opt) != FA_OK) {
             fprintf(stderr, "ab_chunk: %s\n", fa_last_error());
             return 1;
@@ -81,7 +91,7 @@ int main(int argc, char **argv)
         }
         for (int j = 0; j < nset; j++) {
             const int s = order[j];
-            fa_task_chunk_test = set[s];
+            pin(tail, set[s]);
             /* an untimed call of the same setting first: the timed call never follows
              * another setting's (whose threads, caches and imbalance it would inherit) */
             if (fa_forward(&q, &k, &v, &o, NULL, &opt) != FA_OK) return 1;
@@ -93,8 +103,9 @@ int main(int argc, char **argv)
     const double flops = 4.0 * (double)n * (double)n * (double)d * (double)h * (opt.causal ? 0.5 : 1.0);
     fa_cpu_info info;
     if (fa_get_cpu_info(&info) != FA_OK) return 1;
-    printf("N %lld d %lld H %lld threads %d %s rounds %d, ISA %s, L2 %zu KiB\n", (long long)n, (long long)d,
-           (long long)h, threads, opt.causal ? "causal" : "non-causal", rounds, info.isa, info.l2_bytes / 1024);
+    printf("N %lld d %lld H %lld threads %d %s rounds %d, ISA %s, L2 %zu KiB; settings: %s\n", (long long)n,
+           (long long)d, (long long)h, threads, opt.causal ? "causal" : "non-causal", rounds, info.isa,
+           info.l2_bytes / 1024, tail ? "FA_TAIL_SPLIT" : "FA_TASK_CHUNK");
     for (int s = 0; s < nset; s++) {
         for (int r = 0; r < rounds; r++) x[r] = t[(size_t)r * nset + s];
         const double med = median(x, rounds);
