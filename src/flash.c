@@ -597,19 +597,24 @@ static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_
 /*
  * The tail of a pass's task loop (tail_split; FA_TAIL_SPLIT=N, default
  * FA_TAIL_SPLIT_DEFAULT = 4, 0 or 1 to turn it off): the last tasks handed
- * out — one a thread — are each cut into N pieces of at least 4 row blocks
- * (fewer pieces when the task is too short for N). A dynamic loop ends when
- * its last task does, and each thread's last task starts at a random moment,
- * so the others wait about half a task at the pass's barrier. Measured with
- * tools/phase_times.c (2 threads, N = 4096, d = 64, 4 passes of 2 heads): the
- * wait was 8 ms of a 248 ms call with AVX2 (17 blocks of 252 rows a head,
- * ~3.8 ms each), 0.7 ms with the tail in 4, the call 3% shorter; AVX-512
- * 1.8 -> 0.7 ms (d 64), 5.1 -> 2.1 ms (d 128). Small pieces re-stream their
- * head's K/V for fewer rows; at 16 threads (tools/ab_chunk.c --tail, device
- * host) 4 pieces read 0.996-1.018 of whole tasks (docs/performance.md,
- * "Twelfth session"). Only with the default task order (task_chunk 0), and
- * not under a causal mask (below). Same bits: a row's arithmetic is the same
- * in any piece.
+ * out — as many as there are threads, on 2 threads or more — are each cut
+ * into N pieces of at least 4 row blocks (fewer when the task is too short
+ * for N). A dynamic loop ends when its last task does, and each thread's
+ * last task starts at a random moment, so the others wait about half a task
+ * at the pass's barrier. tools/phase_times.c, 2 threads, N = 4096, d = 64
+ * (4 passes of 2 heads): with AVX2 (17 blocks of 252 rows a head, ~3.8 ms
+ * each) the wait was ~8 ms a call of ~249 ms, ~0.9 ms with the tail in 4;
+ * AVX-512 1.8 -> 0.9 ms, at d = 128 2.3 -> 1.05 ms. The small pieces
+ * re-stream their head's K/V for fewer rows, which takes part of it back;
+ * paired call by call (tools/ab_chunk.c --tail) AVX2 gains a few percent and
+ * AVX-512 is within its controls (docs/performance.md, "Twelfth session").
+ * The tail is the last task indexes: where those are empty (a shorter
+ * sequence of a varlen batch, or pieces past a short last block when Q
+ * blocks are cut) the cut falls on nothing — speed only. Only with the
+ * default task order (task_chunk 0), and not under a causal mask without a
+ * left window (below; that skips bottom-right causal with seqlen_k >>
+ * seqlen_q too, whose rows cost about the same). Same bits: a row's
+ * arithmetic is the same in any piece.
  */
 static int tail_split(const fa_problem *p)
 {
@@ -753,10 +758,12 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                 const int64_t npc = (g.br + piece - 1) / piece; /* pieces per Q block */
                 const int64_t per_head = nqb * npc;
                 const int chunk = task_chunk(p);
-                /* the last `tail` tasks (one a thread) in `sub` pieces each (tail_split) */
+                /* the last `tail` tasks handed out (as many as threads) in `sub` pieces each (tail_split) */
                 const int sub = tail_split(p);
                 const int64_t ntask = heads_in_pass * per_head;
-                const int64_t tail = sub > 1 ? (nthreads < ntask ? nthreads : ntask) : 0, lead = ntask - tail;
+                /* (one thread has no one to wait for) */
+                const int64_t tail = sub > 1 && nthreads > 1 ? (nthreads < ntask ? nthreads : ntask) : 0;
+                const int64_t lead = ntask - tail;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, chunk > 0 ? chunk : 1)
 #endif
