@@ -608,9 +608,9 @@ static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_
  * re-stream their head's K/V for fewer rows, which takes part of it back;
  * paired call by call (tools/ab_chunk.c --tail) AVX2 gains a few percent and
  * AVX-512 is within its controls (docs/performance.md, "Twelfth session").
- * The tail is the last task indexes: where those are empty (a shorter
- * sequence of a varlen batch, or pieces past a short last block when Q
- * blocks are cut) the cut falls on nothing — speed only. Only with the
+ * Empty tasks (a shorter sequence of a varlen batch, pieces past a short
+ * last block when Q blocks are cut) come last in the order; the tail is
+ * counted in non-empty tasks, past them. Only with the
  * default task order (task_chunk 0), and not under a causal mask without a
  * left window (below; that skips bottom-right causal with seqlen_k >>
  * seqlen_q too, whose rows cost about the same). Same bits: a row's
@@ -758,12 +758,21 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                 const int64_t npc = (g.br + piece - 1) / piece; /* pieces per Q block */
                 const int64_t per_head = nqb * npc;
                 const int chunk = task_chunk(p);
-                /* the last `tail` tasks handed out (as many as threads) in `sub` pieces each (tail_split) */
+                /* the tasks from `lead` on — the last ones handed out, as many non-empty ones
+                 * as threads — in `sub` pieces each (tail_split; one thread has no one to wait
+                 * for). Empty tasks (a shorter sequence, pieces past a short last block) sit
+                 * at the end of the order and are passed over in the count. */
                 const int sub = tail_split(p);
                 const int64_t ntask = heads_in_pass * per_head;
-                /* (one thread has no one to wait for) */
-                const int64_t tail = sub > 1 && nthreads > 1 ? (nthreads < ntask ? nthreads : ntask) : 0;
-                const int64_t lead = ntask - tail;
+                int64_t lead = ntask;
+                if (sub > 1 && nthreads > 1)
+                    for (int k = 0; lead > 0 && k < nthreads;) {
+                        lead--;
+                        const int64_t hp = lead % heads_in_pass, bhk = first + hp / group;
+                        int64_t i0, rows;
+                        if (piece_of(p, bhk / p->heads_k, lead / heads_in_pass, npc, g.br, piece, &i0, &rows)) k++;
+                    }
+                const int64_t tail = ntask - lead;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, chunk > 0 ? chunk : 1)
 #endif

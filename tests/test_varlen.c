@@ -282,7 +282,10 @@ static void test_varlen_forward_matches_each_sequence_alone(void **state)
 /* Ensure Q blocks cut into pieces (16 threads, few blocks) under varlen still
  * write every row of every sequence, each with the bits of that sequence run
  * alone on one thread (whole blocks): pieces are counted from each sequence's
- * own end, and sequences end mid-block, are empty, or are one block. */
+ * own end, and sequences end mid-block, are empty, or are one block. Also with
+ * the last tasks of the pass cut into 3 and 64 pieces on 3 threads (flash.c's
+ * tail_split: the last non-empty tasks, past the empty ones of the shorter
+ * sequences). */
 static void test_varlen_pieces_cover_every_row(void **state)
 {
     (void)state;
@@ -293,14 +296,15 @@ static void test_varlen_pieces_cover_every_row(void **state)
     const int64_t os[3] = {g.total_q, c.H, c.dv}, ls[2] = {c.H, g.total_q};
     int64_t rows = 0;
     for (int64_t b = 0; b < c.batch; b++) rows += c.q_len[b];
-    for (int x = 0; x < 4; x++) {
-        const int causal = x & 1;
+    for (int x = 0; x < 6; x++) {
+        const int causal = x < 4 && (x & 1);
         const opt_case oc = {causal, -1, -1, 0.0, 0};
         fa_options opt = make_opt(&oc, &g, FA_IMPL_FLASH, 1);
         opt.block_q = 128; /* 6 blocks for 16 threads: pieces of a few row blocks */
         opt.block_k = 64;
-        opt.num_threads = 16;
-        if (x >= 2) opt.pack_max_bytes = 0; /* the per-tile loop, not the shared passes */
+        opt.num_threads = x < 4 ? 16 : 3;
+        if (x == 2 || x == 3) opt.pack_max_bytes = 0; /* the per-tile loop, not the shared passes */
+        fa_tail_split_test = x == 4 ? 3 : x == 5 ? 64 : -1;
         tu_tensor o = tu_alloc(FA_F32, 3, os), lse = tu_alloc(FA_F32, 2, ls);
         tu_tensor o2 = tu_alloc(FA_F32, 3, os), lse2 = tu_alloc(FA_F32, 2, ls);
         tu_poison(&o); tu_poison(&lse);
@@ -308,6 +312,7 @@ static void test_varlen_pieces_cover_every_row(void **state)
         fa_count_rows = 0;
         const fa_status st = fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt);
         fa_count_test = 0;
+        fa_tail_split_test = -1;
         if (st != FA_OK) fail_msg("varlen pieces forward: %s", fa_last_error());
         /* each row once: a piece handed out twice writes the same bits */
         if (fa_count_rows != rows * c.H)
