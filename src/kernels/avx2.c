@@ -128,28 +128,32 @@ static void vexp_avx2(int n, const float *x, float *y)
 /* transform: softcap, ALiBi, mask of one score line                         */
 /* ------------------------------------------------------------------------ */
 
-/* tanh(x), simd_exp.h's algorithm. exp_nonpos's reconstruction holds for
- * n + 127 in [1, 254]; here the argument 2|x| <= 20 gives n <= 29. */
-INLINE __m256 tanh_avx2(__m256 x)
+/* c tanh(u / c) (the softcap; c = 1: tanh(u)), simd_exp.h's algorithm for tanh with c
+ * folded into the small-|x| branch as avx512.c's cap_tanh_avx512 does: for x = |u| / c,
+ * c (x + x z P(z)) is taken as |u| + (|u| z) P(z) — one multiply fewer, u exact where
+ * c fl(|u| / c) is not; with c = 1 the old tanh bit for bit. exp_nonpos's reconstruction
+ * holds for n + 127 in [1, 254]; here the argument 2|x| <= 20 gives n <= 29. */
+INLINE __m256 cap_tanh_avx2(__m256 u, __m256 vcap, __m256 vinv)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    const __m256 ax = _mm256_andnot_ps(sign, x);
+    const __m256 au = _mm256_andnot_ps(sign, u);
+    const __m256 ax = _mm256_mul_ps(au, vinv);
     const __m256 z = _mm256_mul_ps(ax, ax);
     __m256 p = _mm256_set1_ps(FA_TANH_T4);
     p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(FA_TANH_T3));
     p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(FA_TANH_T2));
     p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(FA_TANH_T1));
     p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(FA_TANH_T0));
-    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(ax, z), p, ax);
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(au, z), p, au);
     const __m256 is_small = _mm256_cmp_ps(ax, _mm256_set1_ps(FA_TANH_SMALL), _CMP_LT_OQ);
     __m256 t = small;
     if (_mm256_movemask_ps(is_small) != 0xff) { /* softcapped scores are mostly small: skip exp when all are */
         const __m256 c = _mm256_min_ps(_mm256_set1_ps(FA_TANH_X_ONE), ax); /* NaN stays NaN */
         const __m256 e = exp_nonpos(_mm256_add_ps(c, c));
         const __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
-        t = _mm256_blendv_ps(large, small, is_small);
+        t = _mm256_blendv_ps(_mm256_mul_ps(vcap, large), small, is_small);
     }
-    return _mm256_or_ps(t, _mm256_and_ps(x, sign));
+    return _mm256_or_ps(t, _mm256_and_ps(u, sign));
 }
 
 /* (float)(slope * |rel|) for rel = base + step * lane, lanes 0..7, in double
@@ -177,7 +181,7 @@ static void transform_avx2(int n, int va, int vb, float *s, float cap, float inv
         const __m256i k = left >= 8 ? _mm256_set1_epi32(-1) : lanes_below(left);
         __m256 u = left >= 8 ? _mm256_loadu_ps(s + x) : _mm256_maskload_ps(s + x, k);
         if (softcap) {
-            u = _mm256_mul_ps(vcap, tanh_avx2(_mm256_mul_ps(u, vinv)));
+            u = cap_tanh_avx2(u, vcap, vinv);
             if (g) {
                 const __m256 th = _mm256_mul_ps(u, vinv);
                 const __m256 gv = _mm256_sub_ps(one, _mm256_mul_ps(th, th)); /* d/dt c tanh(t/c) */

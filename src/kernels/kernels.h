@@ -154,8 +154,10 @@ typedef struct fa_kernels {
      *                          the product in double as in scalar.c
      *                        s[x] = u
      * 0 <= va <= vb <= n; rel_step is +1 or -1. The SIMD tables use the tanh
-     * of simd_exp.h (within FA_TANH_MAX_ULP of tanhf); everything else is
-     * bit-identical to fa_transform_line_scalar, the spec.
+     * of simd_exp.h (within FA_TANH_MAX_ULP of tanhf), with cap folded into
+     * its small-|x| branch (u + (u z) P(z), z = (u * inv_cap)^2: one rounding
+     * fewer than cap * tanh(u * inv_cap)); everything else is bit-identical
+     * to fa_transform_line_scalar, the spec.
      */
     void (*transform)(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
                       int64_t rel0, int rel_step, float *g);

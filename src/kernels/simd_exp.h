@@ -110,7 +110,7 @@
  * tanh, built from the exp above (the softcap c * tanh(s / c) of the score
  * transform, kernels.h's `transform`). Odd, so computed on |x| and given x's
  * sign back (AVX-512 evaluates the small-|x| polynomial on x itself, which is
- * the same bits, and takes only the sign bit from x: avx512.c's tanh_avx512):
+ * the same bits, and takes only the sign bit from x: avx512.c's cap_tanh_avx512):
  *
  *   |x| <  FA_TANH_SMALL:  tanh(x) ~= x + x^3 (T0 + T1 z + T2 z^2 + T3 z^3 + T4 z^4),
  *                          z = x^2. 1 - 2/(e^2x + 1) would cancel here (it
@@ -130,6 +130,9 @@
  *
  *   The division 2 / (e + 1): vdivps on AVX2; on AVX-512 vrcp14ps and one
  *   Newton step (a zmm vdivps costs more than the rest of tanh together).
+ *   The SIMD transforms compute the softcap c tanh(u / c) with c folded into
+ *   the small branch: c (x + x z P(z)) as u + (u z) P(z), x = u / c, one
+ *   multiply fewer and u exact (c = 1 is the same tanh bit for bit).
  *   Softcapped arguments s / c are mostly below FA_TANH_SMALL (|s| < 18.75
  *   at c = 30), so a vector whose lanes are all small skips the exp path.
  *
