@@ -159,8 +159,9 @@ static void vexp_avx512(int n, const float *x, float *y)
 
 /* c tanh(u / c) (the softcap; c = 1: tanh(u)), simd_exp.h's algorithm for tanh (the same
  * steps as avx2.c's cap_tanh_avx2) with c folded into the small-|x| branch: for x = u / c,
- * c (x + x z P(z)) is taken as u + (u z) P(z), one multiply fewer per 16 scores than
- * c * tanh(x) (softcap N 1024 d 64: the transform was 10% of a call) and no less accurate:
+ * c (x + x z P(z)) is taken as u + (u z) P(z): on a vector whose lanes are all small (the
+ * path softcapped scores take) one multiply fewer than c * tanh(x) (softcap N 1024 d 64:
+ * the transform was 10% of a call), and no less accurate:
  * u is exact where c fl(u / c) is not, and z's rounding only reaches the correction term
  * (|z P(z)| < 0.13). With c = 1 it is the old tanh bit for bit (x = u). The polynomial is
  * odd and runs on u itself: fl(u z) and the FMA round symmetrically, so the result is

@@ -153,11 +153,13 @@ typedef struct fa_kernels {
      *                        ALiBi (slope != 0): u -= (float)(slope * |rel0 + rel_step * x|),
      *                          the product in double as in scalar.c
      *                        s[x] = u
-     * 0 <= va <= vb <= n; rel_step is +1 or -1. The SIMD tables use the tanh
-     * of simd_exp.h (within FA_TANH_MAX_ULP of tanhf), with cap folded into
-     * its small-|x| branch (u + (u z) P(z), z = (u * inv_cap)^2: one rounding
-     * fewer than cap * tanh(u * inv_cap)); everything else is bit-identical
-     * to fa_transform_line_scalar, the spec.
+     * 0 <= va <= vb <= n; rel_step is +1 or -1; with cap > 0, inv_cap must be
+     * 1 / cap rounded to float (the callers pass (float)softcap and
+     * (float)(1 / softcap)). The SIMD tables use the tanh of simd_exp.h
+     * (within FA_TANH_MAX_ULP of tanhf), with cap folded into its small-|x|
+     * branch (u + (u z) P(z), z = (u * inv_cap)^2, which takes cap as
+     * 1 / inv_cap: one rounding fewer than cap * tanh(u * inv_cap));
+     * everything else is bit-identical to fa_transform_line_scalar, the spec.
      */
     void (*transform)(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
                       int64_t rel0, int rel_step, float *g);

@@ -109,8 +109,10 @@
 /*
  * tanh, built from the exp above (the softcap c * tanh(s / c) of the score
  * transform, kernels.h's `transform`). Odd, so computed on |x| and given x's
- * sign back (AVX-512 evaluates the small-|x| polynomial on x itself, which is
- * the same bits, and takes only the sign bit from x: avx512.c's cap_tanh_avx512):
+ * sign back (AVX-512 evaluates the small-|x| polynomial on the signed
+ * argument itself, which is the same bits, and takes only the sign bit from
+ * it: avx512.c's cap_tanh_avx512, where the argument is the score u, c folded
+ * in as below):
  *
  *   |x| <  FA_TANH_SMALL:  tanh(x) ~= x + x^3 (T0 + T1 z + T2 z^2 + T3 z^3 + T4 z^4),
  *                          z = x^2. 1 - 2/(e^2x + 1) would cancel here (it
