@@ -658,6 +658,30 @@ static int64_t chunk_back(int64_t w, int c, int64_t per_head)
     return pi * nch + (pi % 2 ? nch - 1 - ci : ci);
 }
 
+/* A packing pass's tasks, in the order its loop hands them out. */
+typedef struct pass_order {
+    int64_t first, heads_in_pass, group, per_head, npc;
+    int chunk, br, piece;
+} pass_order;
+
+/*
+ * Task t of the pass: its pair slot, sequence, query head and rows (0: an empty
+ * piece). chunk 0: row-major order, last rows first: the last (biggest causal)
+ * piece of every head of the pass is handed out first, so no thread is left
+ * with one big piece while the others wait at the next barrier. chunk N:
+ * head-major, a grab is N pieces of one head (task_chunk, chunk_back).
+ */
+static int pass_task(const fa_problem *p, const pass_order *o, int64_t t, int64_t *sidx, int64_t *b, int64_t *h,
+                     int64_t *i0, int64_t *rows)
+{
+    const int64_t back = o->chunk > 0 ? chunk_back(t % o->per_head, o->chunk, o->per_head) : t / o->heads_in_pass;
+    const int64_t hp = o->chunk > 0 ? t / o->per_head : t % o->heads_in_pass, bhk = o->first + hp / o->group;
+    *sidx = hp / o->group;
+    *b = bhk / p->heads_k;
+    *h = (bhk % p->heads_k) * o->group + hp % o->group;
+    return piece_of(p, *b, back, o->npc, o->br, o->piece, i0, rows);
+}
+
 static fa_status flash_forward_tiles(const fa_problem *p);
 
 fa_status fa_flash_forward(const fa_problem *p)
@@ -764,13 +788,12 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                  * at the end of the order and are passed over in the count. */
                 const int sub = tail_split(p);
                 const int64_t ntask = heads_in_pass * per_head;
+                const pass_order ord = {first, heads_in_pass, group, per_head, npc, chunk, g.br, piece};
                 int64_t lead = ntask;
                 if (sub > 1 && nthreads > 1)
                     for (int k = 0; lead > 0 && k < nthreads;) {
-                        lead--;
-                        const int64_t hp = lead % heads_in_pass, bhk = first + hp / group;
-                        int64_t i0, rows;
-                        if (piece_of(p, bhk / p->heads_k, lead / heads_in_pass, npc, g.br, piece, &i0, &rows)) k++;
+                        int64_t sidx, b, h, i0, rows;
+                        if (pass_task(p, &ord, --lead, &sidx, &b, &h, &i0, &rows)) k++;
                     }
                 const int64_t tail = ntask - lead;
 #ifdef _OPENMP
@@ -778,18 +801,8 @@ static fa_status flash_forward_tiles(const fa_problem *p)
 #endif
                 for (int64_t u = 0; u < lead + tail * sub; u++) {
                     const int64_t t = u < lead ? u : lead + (u - lead) / sub;
-                    /* chunk 0: row-major order, last rows first: the last (biggest causal)
-                     * piece of every head of the pass is handed out first, so no thread is
-                     * left with one big piece while the others wait at the next barrier.
-                     * chunk N: head-major, a grab is N pieces of one head (task_chunk,
-                     * chunk_back) */
-                    const int64_t back = chunk > 0 ? chunk_back(t % per_head, chunk, per_head) : t / heads_in_pass;
-                    const int64_t hp = chunk > 0 ? t / per_head : t % heads_in_pass, sidx = hp / group,
-                                  bhk = first + sidx;
-                    const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
-                    const int64_t h = hk * group + hp % group;
-                    int64_t i0, rows;
-                    if (!piece_of(p, b, back, npc, g.br, piece, &i0, &rows)) continue;
+                    int64_t sidx, b, h, i0, rows;
+                    if (!pass_task(p, &ord, t, &sidx, &b, &h, &i0, &rows)) continue;
                     if (u >= lead && !tail_part(sub, (int)((u - lead) % sub), kern->row_block, &i0, &rows)) continue;
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);

@@ -122,6 +122,37 @@ static void test_strip_rows_do_not_move_the_bits(void **state)
 }
 
 /*
+ * A scheduling knob read from the environment: under `base` (blocks, and the mask choice)
+ * with each thread setting, every value in good[] gives the default's hash, and every value
+ * in bad[] is refused (no result, non-zero exit).
+ */
+static void expect_env_keeps_bits(const char *base, const char *const threads[2], const char *const *good, size_t ngood,
+                                  const char *const *bad, size_t nbad)
+{
+    for (size_t t = 0; t < 2; t++) {
+        int br0, bc0;
+        char h0[17], env[160];
+        snprintf(env, sizeof env, "%s %s", base, threads[t]);
+        run_child(env, &br0, &bc0, h0);
+        for (size_t x = 0; x < ngood; x++) {
+            char h[17];
+            int br, bc;
+            snprintf(env, sizeof env, "%s %s %s", base, threads[t], good[x]);
+            run_child(env, &br, &bc, h);
+            if (strcmp(h, h0) != 0) fail_msg("%s: hash %s, default %s", env, h, h0);
+        }
+    }
+    for (size_t x = 0; x < nbad; x++) {
+        char cmd[1024], line[256];
+        snprintf(cmd, sizeof cmd, "env FA_PINNED_CHILD=1 %s '%s' 2>/dev/null", bad[x], self);
+        FILE *f = popen(cmd, "r");
+        assert_non_null(f);
+        if (fgets(line, sizeof line, f)) fail_msg("%s was accepted: %s", bad[x], line);
+        assert_int_not_equal(pclose(f), 0);
+    }
+}
+
+/*
  * Ensure FA_TASK_CHUNK (flash.c's task order: N pieces of one head a grab) is read from
  * the environment and never moves a bit — 3 and 1024 pieces a grab, on the default and
  * on 7 threads (Q blocks cut into pieces) — and that values outside 0..1024 or not a
@@ -131,29 +162,9 @@ static void test_task_chunk_env_does_not_move_the_bits(void **state)
 {
     (void)state;
     static const char *const threads[] = {"", "OMP_NUM_THREADS=7"};
-    for (size_t t = 0; t < 2; t++) {
-        int br0, bc0;
-        char h0[17], env[128];
-        snprintf(env, sizeof env, "FA_BLOCK_Q=96 FA_BLOCK_K=80 %s", threads[t]);
-        run_child(env, &br0, &bc0, h0);
-        static const char *const chunks[] = {"FA_TASK_CHUNK=0", "FA_TASK_CHUNK=3", "FA_TASK_CHUNK=1024"};
-        for (size_t x = 0; x < 3; x++) {
-            char h[17];
-            int br, bc;
-            snprintf(env, sizeof env, "FA_BLOCK_Q=96 FA_BLOCK_K=80 %s %s", threads[t], chunks[x]);
-            run_child(env, &br, &bc, h);
-            if (strcmp(h, h0) != 0) fail_msg("%s: hash %s, default %s", env, h, h0);
-        }
-    }
+    static const char *const good[] = {"FA_TASK_CHUNK=0", "FA_TASK_CHUNK=3", "FA_TASK_CHUNK=1024"};
     static const char *const bad[] = {"FA_TASK_CHUNK=1025", "FA_TASK_CHUNK=-1", "FA_TASK_CHUNK=4x"};
-    for (size_t x = 0; x < 3; x++) {
-        char cmd[1024], line[256];
-        snprintf(cmd, sizeof cmd, "env FA_PINNED_CHILD=1 %s '%s' 2>/dev/null", bad[x], self);
-        FILE *f = popen(cmd, "r");
-        assert_non_null(f);
-        if (fgets(line, sizeof line, f)) fail_msg("%s was accepted: %s", bad[x], line);
-        assert_int_not_equal(pclose(f), 0);
-    }
+    expect_env_keeps_bits("FA_BLOCK_Q=96 FA_BLOCK_K=80", threads, good, 3, bad, 3);
 }
 
 /*
@@ -167,30 +178,9 @@ static void test_tail_split_env_does_not_move_the_bits(void **state)
 {
     (void)state;
     static const char *const threads[] = {"OMP_NUM_THREADS=2", "OMP_NUM_THREADS=7"};
-    for (size_t t = 0; t < 2; t++) {
-        int br0, bc0;
-        char h0[17], env[128];
-        snprintf(env, sizeof env, "FA_PINNED_PLAIN=1 FA_BLOCK_Q=96 FA_BLOCK_K=80 %s", threads[t]);
-        run_child(env, &br0, &bc0, h0);
-        static const char *const chunks[] = {"FA_TAIL_SPLIT=0", "FA_TAIL_SPLIT=1", "FA_TAIL_SPLIT=2",
-                                             "FA_TAIL_SPLIT=1024"};
-        for (size_t x = 0; x < 4; x++) {
-            char h[17];
-            int br, bc;
-            snprintf(env, sizeof env, "FA_PINNED_PLAIN=1 FA_BLOCK_Q=96 FA_BLOCK_K=80 %s %s", threads[t], chunks[x]);
-            run_child(env, &br, &bc, h);
-            if (strcmp(h, h0) != 0) fail_msg("%s: hash %s, default %s", env, h, h0);
-        }
-    }
+    static const char *const good[] = {"FA_TAIL_SPLIT=0", "FA_TAIL_SPLIT=1", "FA_TAIL_SPLIT=2", "FA_TAIL_SPLIT=1024"};
     static const char *const bad[] = {"FA_TAIL_SPLIT=1025", "FA_TAIL_SPLIT=-1", "FA_TAIL_SPLIT=4x"};
-    for (size_t x = 0; x < 3; x++) {
-        char cmd[1024], line[256];
-        snprintf(cmd, sizeof cmd, "env FA_PINNED_CHILD=1 %s '%s' 2>/dev/null", bad[x], self);
-        FILE *f = popen(cmd, "r");
-        assert_non_null(f);
-        if (fgets(line, sizeof line, f)) fail_msg("%s was accepted: %s", bad[x], line);
-        assert_int_not_equal(pclose(f), 0);
-    }
+    expect_env_keeps_bits("FA_PINNED_PLAIN=1 FA_BLOCK_Q=96 FA_BLOCK_K=80", threads, good, 4, bad, 3);
 }
 
 int main(int argc, char **argv)
