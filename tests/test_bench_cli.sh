@@ -109,8 +109,12 @@ for pss in ("fwd", "bwd"):
     m = re.search(r"^flash +%s +N=32 +d=16 +2 thr ([0-9.]+)x +of peak: ([0-9.]+)%% ([0-9.]+)%%$" % pss, out, re.M)
     if not m: errs.append(f"no {pss} scaling line"); continue
     g = {r["threads"]: float(r["gflops"]) for r in rows if r["pass"] == pss}
-    if abs(float(m.group(1)) - g["2"] / g["1"]) > 0.006 + 0.01 * g["2"] / g["1"]:
-        errs.append(f"{pss} scaling {m.group(1)} but the CSV says {g['2'] / g['1']:.3f}")
+    # the CSV rounds GFLOP/s to 0.01 and the line rounds the ratio to 0.01: at the sanitizer
+    # build's ~0.7 GFLOP/s that alone moves the ratio by ~1.5%, so the bound is the rounding's
+    lo = (g["2"] - 0.005) / (g["1"] + 0.005)
+    hi = (g["2"] + 0.005) / max(g["1"] - 0.005, 1e-9)
+    if not lo - 0.0051 <= float(m.group(1)) <= hi + 0.0051:
+        errs.append(f"{pss} scaling {m.group(1)} but the CSV says {lo:.3f}..{hi:.3f}")
     f = {r["threads"]: float(r["peak_fraction"]) for r in rows if r["pass"] == pss}
     if abs(float(m.group(2)) - 100 * f["1"]) > 0.06 or abs(float(m.group(3)) - 100 * f["2"]) > 0.06:
         errs.append(f"{pss} fractions {m.group(2)} {m.group(3)} but the CSV says {f}")
