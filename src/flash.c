@@ -316,9 +316,11 @@ static int group_cols(const fa_kernels *kern, const flash_scratch *sc, int r0, i
  * them; a row of the group that sees none of the tile has alpha = 1. A V
  * tile with Inf or NaN is never cut on the left (its per-row pv reads the
  * tile from column 0). With os_pf (the task's last tile: under a causal mask
- * the diagonal one), each group's O rows are asked for, for writing, once
- * its pv is done, so the task's final stores do not wait for the lines (BSHD
- * rows heads x d_v apart; 1-4% on causal N = 1024, docs/performance.md).
+ * the diagonal one), each group's O rows are asked for once its pv is done,
+ * so the task's final stores do not wait for the lines (BSHD rows heads x d_v
+ * apart; 1-4% on causal N = 1024, docs/performance.md). The hint says
+ * "write", but without -mprfchw in the flags GCC emits prefetcht1 for it:
+ * the lines come into L2 for reading, and the stores take them from there.
  */
 static void flash_tile_cut(const fa_problem *p, const fa_kernels *kern, const flash_dims *g,
                            flash_scratch *sc, int64_t b, int64_t h, int64_t i0, int br, int64_t j0, int bc,

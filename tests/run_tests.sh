@@ -3,10 +3,16 @@
 # line "N passed, N failed" and exit non-zero if anything failed.
 build=${1:-build}
 pass=0; fail=0; failed=""
+# Each suite's wall seconds go to $build/suite-times.txt (slowest first at the end), so CI's
+# 30 minutes can be budgeted from a log rather than guessed.
+times="$build/suite-times.txt"; : >"$times"
+t_start=$(date +%s)
+lap() { now=$(date +%s); echo "$((now - t_start)) $1" >>"$times"; t_start=$now; }
 for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
     echo "=== $(basename "$t")"
     if "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $(basename "$t")"; fi
+    lap "$(basename "$t")"
 done
 # The drivers under every ISA the CPU runs (the loop above used the one chosen at start-up).
 isas=$("$build"/flashattn info 2>/dev/null | sed -n 's/^supported: \(.*\) (FA_ISA.*/\1/p')
@@ -24,6 +30,7 @@ for isa in $isas; do
     for s in test_forward test_backward test_determinism test_robustness test_varlen test_geometry test_kvcache test_align test_decode test_sinks test_dropout; do
         echo "=== $s (FA_ISA=$isa)"
         if FA_ISA=$isa "$build/tests/$s"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $s/$isa"; fi
+        lap "$s/$isa"
     done
 done
 # Under the sanitizers (make sanitize sets FA_SANITIZED) the scripts that only
@@ -38,12 +45,17 @@ for t in tests/test_*.sh; do
     fi
     echo "=== $(basename "$t")"
     if sh "$t" "$build"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $(basename "$t")"; fi
+    lap "$(basename "$t")"
 done
 if ls tests/test_*.py >/dev/null 2>&1; then
     echo "=== pytest tests/"
     if FA_BUILD="$build" python3 -m pytest -q tests; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed pytest"; fi
+    lap pytest
 fi
 echo
+echo "slowest suites (seconds; all in $times):"
+sort -rn "$times" | head -8 | sed 's/^/  /'
+
 [ -n "$failed" ] && echo "failed suites:$failed"
 echo "suites: $pass passed, $fail failed"
 [ "$fail" = 0 ]
