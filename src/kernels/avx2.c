@@ -167,33 +167,50 @@ INLINE __m256 alibi_bias(double base, double step, __m256d slope)
     return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_mul_pd(slope, r1)), _mm256_cvtpd_ps(_mm256_mul_pd(slope, r0)));
 }
 
+/* Lanes [x, x + 8) of a line (k: those below vb; full: all 8) through the softcap, its
+ * derivative and ALiBi: the flags are constants, so each combination compiles to its own
+ * loop (avx512.c's transform_vec). */
+INLINE void transform_vec(const int CAP, const int GRAD, const int ALIBI, float *s, int x, __m256i k, int full,
+                          __m256 vcap, __m256 vinv, __m256d vslope, int64_t rel0, int rel_step, float *g)
+{
+    __m256 u = full ? _mm256_loadu_ps(s + x) : _mm256_maskload_ps(s + x, k);
+    if (CAP) {
+        u = cap_tanh_avx2(u, vcap, vinv);
+        if (GRAD) {
+            const __m256 th = _mm256_mul_ps(u, vinv);
+            const __m256 gv = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(th, th)); /* d/dt c tanh(t/c) */
+            if (full) _mm256_storeu_ps(g + x, gv);
+            else _mm256_maskstore_ps(g + x, k, gv);
+        }
+    }
+    if (ALIBI) u = _mm256_sub_ps(u, alibi_bias((double)(rel0 + (int64_t)rel_step * x), (double)rel_step, vslope));
+    if (full) _mm256_storeu_ps(s + x, u);
+    else _mm256_maskstore_ps(s + x, k, u);
+}
+
+INLINE void transform_loop(const int CAP, const int GRAD, const int ALIBI, int va, int vb, float *s, float cap,
+                           float inv_cap, double slope, int64_t rel0, int rel_step, float *g)
+{
+    const __m256 vcap = _mm256_set1_ps(cap), vinv = _mm256_set1_ps(inv_cap);
+    const __m256d vslope = _mm256_set1_pd(slope);
+    int x = va;
+    for (; x + 8 <= vb; x += 8) /* whole vectors: no mask, no masked access */
+        transform_vec(CAP, GRAD, ALIBI, s, x, _mm256_set1_epi32(-1), 1, vcap, vinv, vslope, rel0, rel_step, g);
+    if (x < vb)
+        transform_vec(CAP, GRAD, ALIBI, s, x, lanes_below(vb - x), 0, vcap, vinv, vslope, rel0, rel_step, g);
+}
+
 static void transform_avx2(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
                            int64_t rel0, int rel_step, float *g)
 {
     for (int x = 0; x < va; x++) s[x] = -INFINITY;
     for (int x = vb; x < n; x++) s[x] = -INFINITY;
-    const int softcap = cap > 0.0f;
-    if (!softcap && slope == 0.0) return;
-    const __m256 vcap = _mm256_set1_ps(cap), vinv = _mm256_set1_ps(inv_cap), one = _mm256_set1_ps(1.0f);
-    const __m256d vslope = _mm256_set1_pd(slope);
-    for (int x = va; x < vb; x += 8) {
-        const int left = vb - x;
-        const __m256i k = left >= 8 ? _mm256_set1_epi32(-1) : lanes_below(left);
-        __m256 u = left >= 8 ? _mm256_loadu_ps(s + x) : _mm256_maskload_ps(s + x, k);
-        if (softcap) {
-            u = cap_tanh_avx2(u, vcap, vinv);
-            if (g) {
-                const __m256 th = _mm256_mul_ps(u, vinv);
-                const __m256 gv = _mm256_sub_ps(one, _mm256_mul_ps(th, th)); /* d/dt c tanh(t/c) */
-                if (left >= 8) _mm256_storeu_ps(g + x, gv);
-                else _mm256_maskstore_ps(g + x, k, gv);
-            }
-        }
-        if (slope != 0.0)
-            u = _mm256_sub_ps(u, alibi_bias((double)(rel0 + (int64_t)rel_step * x), (double)rel_step, vslope));
-        if (left >= 8) _mm256_storeu_ps(s + x, u);
-        else _mm256_maskstore_ps(s + x, k, u);
-    }
+    const int softcap = cap > 0.0f, alibi = slope != 0.0;
+    if (softcap && !alibi && !g) transform_loop(1, 0, 0, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap && !alibi) transform_loop(1, 1, 0, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap && !g) transform_loop(1, 0, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap) transform_loop(1, 1, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (alibi) transform_loop(0, 0, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
 }
 
 /* ------------------------------------------------------------------------ */

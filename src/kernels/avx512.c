@@ -209,30 +209,50 @@ INLINE __m512 alibi_bias(double base, double step, __m512d slope)
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
+/* Lanes [x, x + 16) of a line (k: those below vb) through the softcap, its derivative and
+ * ALiBi: the flags are constants, so each combination compiles to its own loop. */
+INLINE void transform_vec(const int CAP, const int GRAD, const int ALIBI, float *s, int x, __mmask16 k, int full,
+                          __m512 vcap, __m512 vinv, __m512d vslope, int64_t rel0, int rel_step, float *g)
+{
+    __m512 u = full ? _mm512_loadu_ps(s + x) : _mm512_maskz_loadu_ps(k, s + x);
+    if (CAP) {
+        u = cap_tanh_avx512(u, vcap, vinv);
+        if (GRAD) {
+            const __m512 th = _mm512_mul_ps(u, vinv);
+            const __m512 dg = _mm512_sub_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(th, th)); /* d/dt c tanh(t/c) */
+            if (full) _mm512_storeu_ps(g + x, dg);
+            else _mm512_mask_storeu_ps(g + x, k, dg);
+        }
+    }
+    if (ALIBI) u = _mm512_sub_ps(u, alibi_bias((double)(rel0 + (int64_t)rel_step * x), (double)rel_step, vslope));
+    if (full) _mm512_storeu_ps(s + x, u);
+    else _mm512_mask_storeu_ps(s + x, k, u);
+}
+
+INLINE void transform_loop(const int CAP, const int GRAD, const int ALIBI, int va, int vb, float *s, float cap,
+                           float inv_cap, double slope, int64_t rel0, int rel_step, float *g)
+{
+    const __m512 vcap = _mm512_set1_ps(cap), vinv = _mm512_set1_ps(inv_cap);
+    const __m512d vslope = _mm512_set1_pd(slope);
+    int x = va;
+    for (; x + 16 <= vb; x += 16) /* whole vectors: no mask to build, no masked access */
+        transform_vec(CAP, GRAD, ALIBI, s, x, 0xffff, 1, vcap, vinv, vslope, rel0, rel_step, g);
+    if (x < vb)
+        transform_vec(CAP, GRAD, ALIBI, s, x, (__mmask16)((1u << (vb - x)) - 1u), 0, vcap, vinv, vslope, rel0,
+                      rel_step, g);
+}
+
 static void transform_avx512(int n, int va, int vb, float *s, float cap, float inv_cap, double slope,
                              int64_t rel0, int rel_step, float *g)
 {
     for (int x = 0; x < va; x++) s[x] = -INFINITY;
     for (int x = vb; x < n; x++) s[x] = -INFINITY;
-    const int softcap = cap > 0.0f;
-    if (!softcap && slope == 0.0) return;
-    const __m512 vcap = _mm512_set1_ps(cap), vinv = _mm512_set1_ps(inv_cap), one = _mm512_set1_ps(1.0f);
-    const __m512d vslope = _mm512_set1_pd(slope);
-    for (int x = va; x < vb; x += 16) {
-        const int left = vb - x;
-        const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-        __m512 u = _mm512_maskz_loadu_ps(k, s + x);
-        if (softcap) {
-            u = cap_tanh_avx512(u, vcap, vinv);
-            if (g) {
-                const __m512 th = _mm512_mul_ps(u, vinv);
-                _mm512_mask_storeu_ps(g + x, k, _mm512_sub_ps(one, _mm512_mul_ps(th, th))); /* d/dt c tanh(t/c) */
-            }
-        }
-        if (slope != 0.0)
-            u = _mm512_sub_ps(u, alibi_bias((double)(rel0 + (int64_t)rel_step * x), (double)rel_step, vslope));
-        _mm512_mask_storeu_ps(s + x, k, u);
-    }
+    const int softcap = cap > 0.0f, alibi = slope != 0.0;
+    if (softcap && !alibi && !g) transform_loop(1, 0, 0, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap && !alibi) transform_loop(1, 1, 0, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap && !g) transform_loop(1, 0, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap) transform_loop(1, 1, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (alibi) transform_loop(0, 0, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
 }
 
 /* ------------------------------------------------------------------------ */
