@@ -608,27 +608,60 @@ static void transpose_avx2(int bc, int d, const float *k, size_t ldk, float *kt,
 /* bwd_line: P = exp(s - L), dS = P (dP - D) [* g] on one backward line      */
 /* ------------------------------------------------------------------------ */
 
-static void bwd_line_avx2(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
-                          int per_elem, const float *g)
+/* The 8 lanes of a backward line at x, masked: k the lanes below n, `in` those of them in
+ * [va, vb) (the others get P = 0 and dS = 0 * (dP - D)). */
+INLINE void bwd_masked(const int PER, const int GRAD, int n, int va, int vb, int x, float *s, float *dp,
+                       const float *lse, const float *dd, const float *g)
 {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i lo = _mm256_set1_epi32(va - 1), hi = _mm256_set1_epi32(vb);
-    for (int x = 0; x < n; x += 8) {
-        const int left = n - x;
-        const __m256i k = left >= 8 ? _mm256_set1_epi32(-1) : lanes_below(left);
-        const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(x), lane);
-        const __m256 in = _mm256_castsi256_ps(
-            _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(idx, lo), _mm256_cmpgt_epi32(hi, idx)), k));
-        const __m256 L = per_elem ? _mm256_maskload_ps(lse + x, k) : _mm256_set1_ps(lse[0]);
-        const __m256 D = per_elem ? _mm256_maskload_ps(dd + x, k) : _mm256_set1_ps(dd[0]);
-        /* masked lanes: exp of 0 - 0, then zeroed (never exp(-inf - -inf) = NaN) */
-        const __m256 sx = _mm256_and_ps(_mm256_maskload_ps(s + x, k), in);
-        const __m256 p = _mm256_and_ps(exp_any(_mm256_sub_ps(sx, _mm256_and_ps(L, in))), in);
-        __m256 ds = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dp + x, k), D));
-        if (g) ds = _mm256_blendv_ps(ds, _mm256_mul_ps(ds, _mm256_maskload_ps(g + x, _mm256_castps_si256(in))), in);
-        _mm256_maskstore_ps(s + x, k, p);
-        _mm256_maskstore_ps(dp + x, k, ds);
-    }
+    const int left = n - x;
+    const __m256i k = left >= 8 ? _mm256_set1_epi32(-1) : lanes_below(left);
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(x), lane);
+    const __m256 in = _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(idx, lo), _mm256_cmpgt_epi32(hi, idx)), k));
+    const __m256 L = PER ? _mm256_maskload_ps(lse + x, k) : _mm256_set1_ps(lse[0]);
+    const __m256 D = PER ? _mm256_maskload_ps(dd + x, k) : _mm256_set1_ps(dd[0]);
+    /* masked lanes: exp of 0 - 0, then zeroed (never exp(-inf - -inf) = NaN) */
+    const __m256 sx = _mm256_and_ps(_mm256_maskload_ps(s + x, k), in);
+    const __m256 p = _mm256_and_ps(exp_any(_mm256_sub_ps(sx, _mm256_and_ps(L, in))), in);
+    __m256 ds = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dp + x, k), D));
+    if (GRAD) ds = _mm256_blendv_ps(ds, _mm256_mul_ps(ds, _mm256_maskload_ps(g + x, _mm256_castps_si256(in))), in);
+    _mm256_maskstore_ps(s + x, k, p);
+    _mm256_maskstore_ps(dp + x, k, ds);
+}
+
+/* The same for 8 lanes that all lie in [va, vb) and below n: no mask, the same bits. */
+INLINE void bwd_whole(const int PER, const int GRAD, int x, float *s, float *dp, const float *lse, const float *dd,
+                      const float *g)
+{
+    const __m256 L = PER ? _mm256_loadu_ps(lse + x) : _mm256_set1_ps(lse[0]);
+    const __m256 D = PER ? _mm256_loadu_ps(dd + x) : _mm256_set1_ps(dd[0]);
+    const __m256 p = exp_any(_mm256_sub_ps(_mm256_loadu_ps(s + x), L));
+    __m256 ds = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + x), D));
+    if (GRAD) ds = _mm256_mul_ps(ds, _mm256_loadu_ps(g + x));
+    _mm256_storeu_ps(s + x, p);
+    _mm256_storeu_ps(dp + x, ds);
+}
+
+/* One loop per (per_elem, g) pair (avx512.c's bwd_loop). */
+INLINE void bwd_loop(const int PER, const int GRAD, int n, int va, int vb, float *s, float *dp, const float *lse,
+                     const float *dd, const float *g)
+{
+    const int f0 = (va + 7) & ~7, f1 = (vb < n ? vb : n) & ~7;
+    int x = 0;
+    for (; x < n && !(x >= f0 && x + 8 <= f1); x += 8) bwd_masked(PER, GRAD, n, va, vb, x, s, dp, lse, dd, g);
+    for (; x + 8 <= f1; x += 8) bwd_whole(PER, GRAD, x, s, dp, lse, dd, g);
+    for (; x < n; x += 8) bwd_masked(PER, GRAD, n, va, vb, x, s, dp, lse, dd, g);
+}
+
+static void bwd_line_avx2(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                          int per_elem, const float *g)
+{
+    if (per_elem && g) bwd_loop(1, 1, n, va, vb, s, dp, lse, dd, g);
+    else if (per_elem) bwd_loop(1, 0, n, va, vb, s, dp, lse, dd, g);
+    else if (g) bwd_loop(0, 1, n, va, vb, s, dp, lse, dd, g);
+    else bwd_loop(0, 0, n, va, vb, s, dp, lse, dd, g);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -659,23 +659,57 @@ double fa_fma_fed_loop_avx512(long iters, float *sink)
 /* bwd_line: P = exp(s - L), dS = P (dP - D) [* g] on one backward line      */
 /* ------------------------------------------------------------------------ */
 
+/* The 16 lanes of a backward line at x, masked: k the lanes below n, `in` those of them in
+ * [va, vb) (the others get P = 0 and dS = 0 * (dP - D)). */
+INLINE void bwd_masked(const int PER, const int GRAD, int n, int va, int vb, int x, float *s, float *dp,
+                       const float *lse, const float *dd, const float *g)
+{
+    const int left = n - x;
+    const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    /* lanes x + t with va <= x + t < vb */
+    const int a = va - x > 0 ? (va - x < 16 ? va - x : 16) : 0, b = vb - x > 0 ? (vb - x < 16 ? vb - x : 16) : 0;
+    const __mmask16 in = (__mmask16)(k & (b > a ? (((1u << b) - 1u) & ~((1u << a) - 1u)) : 0u));
+    const __m512 L = PER ? _mm512_maskz_loadu_ps(in, lse + x) : _mm512_set1_ps(lse[0]);
+    const __m512 D = PER ? _mm512_maskz_loadu_ps(k, dd + x) : _mm512_set1_ps(dd[0]);
+    const __m512 p = _mm512_maskz_mov_ps(in, exp_any(_mm512_maskz_sub_ps(in, _mm512_maskz_loadu_ps(in, s + x), L)));
+    __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + x), D));
+    if (GRAD) ds = _mm512_mask_mul_ps(ds, in, ds, _mm512_maskz_loadu_ps(in, g + x));
+    _mm512_mask_storeu_ps(s + x, k, p);
+    _mm512_mask_storeu_ps(dp + x, k, ds);
+}
+
+/* The same for 16 lanes that all lie in [va, vb) and below n: no mask, the same bits. */
+INLINE void bwd_whole(const int PER, const int GRAD, int x, float *s, float *dp, const float *lse, const float *dd,
+                      const float *g)
+{
+    const __m512 L = PER ? _mm512_loadu_ps(lse + x) : _mm512_set1_ps(lse[0]);
+    const __m512 D = PER ? _mm512_loadu_ps(dd + x) : _mm512_set1_ps(dd[0]);
+    const __m512 p = exp_any(_mm512_sub_ps(_mm512_loadu_ps(s + x), L));
+    __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + x), D));
+    if (GRAD) ds = _mm512_mul_ps(ds, _mm512_loadu_ps(g + x));
+    _mm512_storeu_ps(s + x, p);
+    _mm512_storeu_ps(dp + x, ds);
+}
+
+/* One loop per (per_elem, g) pair (as transform_loop): the masked lanes before the first
+ * whole vector inside [va, vb), the whole ones, the masked ones after. */
+INLINE void bwd_loop(const int PER, const int GRAD, int n, int va, int vb, float *s, float *dp, const float *lse,
+                     const float *dd, const float *g)
+{
+    const int f0 = (va + 15) & ~15, f1 = (vb < n ? vb : n) & ~15;
+    int x = 0;
+    for (; x < n && !(x >= f0 && x + 16 <= f1); x += 16) bwd_masked(PER, GRAD, n, va, vb, x, s, dp, lse, dd, g);
+    for (; x + 16 <= f1; x += 16) bwd_whole(PER, GRAD, x, s, dp, lse, dd, g);
+    for (; x < n; x += 16) bwd_masked(PER, GRAD, n, va, vb, x, s, dp, lse, dd, g);
+}
+
 static void bwd_line_avx512(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
                             int per_elem, const float *g)
 {
-    for (int x = 0; x < n; x += 16) {
-        const int left = n - x;
-        const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-        /* lanes x + t with va <= x + t < vb */
-        const int a = va - x > 0 ? (va - x < 16 ? va - x : 16) : 0, b = vb - x > 0 ? (vb - x < 16 ? vb - x : 16) : 0;
-        const __mmask16 in = (__mmask16)(k & (b > a ? (((1u << b) - 1u) & ~((1u << a) - 1u)) : 0u));
-        const __m512 L = per_elem ? _mm512_maskz_loadu_ps(in, lse + x) : _mm512_set1_ps(lse[0]);
-        const __m512 D = per_elem ? _mm512_maskz_loadu_ps(k, dd + x) : _mm512_set1_ps(dd[0]);
-        const __m512 p = _mm512_maskz_mov_ps(in, exp_any(_mm512_maskz_sub_ps(in, _mm512_maskz_loadu_ps(in, s + x), L)));
-        __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dp + x), D));
-        if (g) ds = _mm512_mask_mul_ps(ds, in, ds, _mm512_maskz_loadu_ps(in, g + x));
-        _mm512_mask_storeu_ps(s + x, k, p);
-        _mm512_mask_storeu_ps(dp + x, k, ds);
-    }
+    if (per_elem && g) bwd_loop(1, 1, n, va, vb, s, dp, lse, dd, g);
+    else if (per_elem) bwd_loop(1, 0, n, va, vb, s, dp, lse, dd, g);
+    else if (g) bwd_loop(0, 1, n, va, vb, s, dp, lse, dd, g);
+    else bwd_loop(0, 0, n, va, vb, s, dp, lse, dd, g);
 }
 
 /* ------------------------------------------------------------------------ */
