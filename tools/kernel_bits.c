@@ -1,9 +1,10 @@
 /*
  * kernel_bits.c — a hash of one kernel table's output bits over EVERY float, for checking that
  * a kernel change keeps the bits: the `transform` line (softcap c = 1 and 30, with its
- * derivative line), `vexp`, and `softmax` over rows of 256 (consecutive float patterns, and
- * rows of -|x| after a 0 so that every exponent argument in (-inf, 0] is met). Build it against
- * two revisions' libraries and compare the printed hashes (about 90 s an ISA):
+ * derivative line), `vexp`, `softmax` over rows of 256 (consecutive float patterns, and
+ * rows of -|x| after a 0 so that every exponent argument in (-inf, 0] is met), and `bwd_line`
+ * in its four modes (every float as a score, masked lanes at both ends). Build it against
+ * two revisions' libraries and compare the printed hashes (about 3 minutes an ISA):
  *
  *   cc -std=c11 -O2 -Isrc -Iinclude tools/kernel_bits.c build/libflashattn.a -fopenmp -lm \
  *      -o /tmp/kernel_bits && /tmp/kernel_bits avx512
@@ -76,6 +77,27 @@ int main(int argc, char **argv)
             h = mix(mix(mix(mix(h, s, B), m, 16), l, 16), al, 16);
         }
         printf("%s softmax rows %d: %016llx\n", argv[1], pattern, (unsigned long long)h);
+    }
+    /* bwd_line: every float as a score, P = exp(s - L) and dS = P (dP - D) [* g] on lines of
+     * B with a masked prefix and suffix (visible [5, B - 3)), each (per_elem, g) mode; L, D,
+     * dP and g vary along the line in short cycles */
+    static float dp[B], dp0[B], lse[B], dd[B];
+    for (int i = 0; i < B; i++) {
+        dp0[i] = (float)(i % 7) - 3.0f;
+        lse[i] = (float)(i % 5) - 1.0f;
+        dd[i] = 0.25f * (float)(i % 3);
+        g[i] = 1.0f - (float)(i % 11) / 16.0f;
+    }
+    for (int mode = 0; mode < 4; mode++) {
+        const int per = mode & 1, wg = mode >> 1;
+        h = 1469598103934665603ull;
+        for (uint64_t u0 = 0; u0 < (1ull << 32); u0 += B) {
+            fill(s, u0);
+            memcpy(dp, dp0, sizeof dp);
+            k->bwd_line(B, 5, B - 3, s, dp, lse, dd, per, wg ? g : NULL);
+            h = mix(mix(h, s, B), dp, B);
+        }
+        printf("%s bwd_line per_elem %d g %d: %016llx\n", argv[1], per, wg, (unsigned long long)h);
     }
     return 0;
 }
