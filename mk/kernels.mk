@@ -1,7 +1,7 @@
 # mk/kernels.mk — the micro-kernel benchmark (issue 3).
 #
 #   make bench-kernels   single-thread GFLOP/s of qk and pv and ns/score of
-#                        softmax for every ISA this CPU runs, next to that
+#                        softmax and the softcap line for every ISA this CPU runs, next to that
 #                        ISA's measured FMA peak (tools/bench_kernels.c).
 #                        BENCH_KERNELS_ARGS="avx2" limits it to some ISAs.
 

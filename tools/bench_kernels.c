@@ -23,7 +23,8 @@
  *
  *   usage: bench_kernels [ISA ...]       (default: all available)
  *   FLOPs: qk 2*br*bc*d, pv 2*br*bc*dv (+ the br*dv rescale, not counted);
- *          softmax is reported as ns per score element.
+ *          softmax and the softcap line (cap 30, row by row: "cap") are reported as ns
+ *          per score element.
  */
 #include <math.h>
 #include <stdio.h>
@@ -84,7 +85,7 @@ static float *alloc_fill(size_t n, unsigned *seed, float lo, float hi)
     return p;
 }
 
-enum { QK, PV, PV_T, SOFTMAX };
+enum { QK, PV, PV_T, SOFTMAX, TRANSFORM };
 
 /* Leading dimensions as src/flash.c sets them (fa_ld_spread, kernels.h); FA_BK_PLAIN=1
  * keeps plain round-up-to-16, the rule before. */
@@ -111,9 +112,13 @@ static void time_kernel(const fa_kernels *k, int which, int br, int bc, int d, f
             case PV: k->pv(br, bc, d, s, (size_t)lds, v, (size_t)ldv, al, o, (size_t)d); break;
             /* P transposed, [bc][ld_of(br)], as the backward's single pass reads its tiles */
             case PV_T: k->pv_t(br, bc, d, s, (size_t)ld_of(br), v, (size_t)ldv, al, o, (size_t)d); break;
-            default:
+            case SOFTMAX:
                 for (int i = 0; i < br; i++) m[i] = 40.0f, l[i] = 1.0f;
                 k->softmax(br, bc, s, (size_t)lds, m, l, al);
+                break;
+            default: /* the softcap line, cap 30, row by row as fa_transform_tile calls it */
+                for (int i = 0; i < br; i++)
+                    k->transform(bc, 0, bc, s + (size_t)i * lds, 30.0f, 1.0f / 30.0f, 0.0, 0, 1, NULL);
                 break;
             }
         }
@@ -278,6 +283,9 @@ static void bench_isa(const char *isa)
         }
         time_kernel(k, SOFTMAX, br, bc, d, q, kt, s, v, o, m, l, al, &med, &mn, &mx);
         printf("%-7s %-8s %4d %4d %4s %9.3f %9.3f %9.3f  ns/score\n", isa, "softmax", br, bc, "-",
+               1e9 * med / ((double)br * bc), 1e9 * mx / ((double)br * bc), 1e9 * mn / ((double)br * bc));
+        time_kernel(k, TRANSFORM, br, bc, d, q, kt, s, v, o, m, l, al, &med, &mn, &mx);
+        printf("%-7s %-8s %4d %4d %4s %9.3f %9.3f %9.3f  ns/score (softcap 30)\n", isa, "cap", br, bc, "-",
                1e9 * med / ((double)br * bc), 1e9 * mx / ((double)br * bc), 1e9 * mn / ((double)br * bc));
         free(q); free(kt); free(s); free(v); free(o); free(m); free(l); free(al);
     }
