@@ -397,6 +397,163 @@ double fa_fma_loop_neon(long iters, float *sink)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Element lines: the transform (softcap, ALiBi, mask), bwd_line, widen      */
+/* ------------------------------------------------------------------------ */
+
+/* c tanh(u / c) (the softcap; c = 1: tanh(u)): avx2.c's cap_tanh_avx2 step for step
+ * (simd_exp.h's tanh with c folded into the small branch: |u| + (|u| z) P(z) for
+ * x = |u| / c below FA_TANH_SMALL, else c (1 - 2 / (e^{2x} + 1)) with x clamped to
+ * FA_TANH_X_ONE), the sign put back from u. exp_nonpos builds 2^n from the float's
+ * bits, which holds for n + 127 in [1, 254]; the argument 2x <= 20 gives n <= 29. */
+INLINE float32x4_t cap_tanh_neon(float32x4_t u, float32x4_t vcap, float32x4_t vinv)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    const float32x4_t au = vabsq_f32(u);
+    const float32x4_t ax = vmulq_f32(au, vinv);
+    const float32x4_t z = vmulq_f32(ax, ax);
+    float32x4_t p = vdupq_n_f32(FA_TANH_T4);
+    p = vfmaq_f32(vdupq_n_f32(FA_TANH_T3), p, z);
+    p = vfmaq_f32(vdupq_n_f32(FA_TANH_T2), p, z);
+    p = vfmaq_f32(vdupq_n_f32(FA_TANH_T1), p, z);
+    p = vfmaq_f32(vdupq_n_f32(FA_TANH_T0), p, z);
+    const float32x4_t small = vfmaq_f32(au, vmulq_f32(au, z), p);
+    const uint32x4_t is_small = vcltq_f32(ax, vdupq_n_f32(FA_TANH_SMALL)); /* NaN: not small */
+    float32x4_t t = small;
+    if (vminvq_u32(is_small) == 0) { /* softcapped scores are mostly small: skip exp when all are */
+        const float32x4_t c = vminq_f32(vdupq_n_f32(FA_TANH_X_ONE), ax); /* FMIN: NaN stays NaN */
+        const float32x4_t e = exp_nonpos(vaddq_f32(c, c));
+        const float32x4_t large = vsubq_f32(one, vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(e, one)));
+        t = vbslq_f32(is_small, small, vmulq_f32(vcap, large));
+    }
+    /* t >= 0 or NaN here: or in u's sign bit */
+    return vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t),
+                                           vandq_u32(vreinterpretq_u32_f32(u), vdupq_n_u32(0x80000000u))));
+}
+
+/* (float)(slope * |rel|) for rel = base + step * lane, lanes 0..3, in double as
+ * scalar.c does (exact for |rel| < 2^53). */
+INLINE float32x4_t alibi_bias(double base, double step, float64x2_t slope)
+{
+    const float64x2_t lane = {0.0, 1.0};
+    const float64x2_t r0 = vabsq_f64(vfmaq_f64(vdupq_n_f64(base), lane, vdupq_n_f64(step)));
+    const float64x2_t r1 = vabsq_f64(vfmaq_f64(vdupq_n_f64(base + 2.0 * step), lane, vdupq_n_f64(step)));
+    return vcombine_f32(vcvt_f32_f64(vmulq_f64(slope, r0)), vcvt_f32_f64(vmulq_f64(slope, r1)));
+}
+
+/* Lanes [x, x + k) of a line (k <= 4; 4: a whole vector, no copy) through the softcap,
+ * its derivative and ALiBi: the flags are constants, so each combination compiles to
+ * its own loop (avx512.c's transform_vec). */
+INLINE void transform_vec(const int CAP, const int GRAD, const int ALIBI, float *s, int x, int k, float32x4_t vcap,
+                          float32x4_t vinv, float64x2_t vslope, int64_t rel0, int rel_step, float *g)
+{
+    float32x4_t u = k == 4 ? vld1q_f32(s + x) : load_partial(s + x, k, 0.0f);
+    if (CAP) {
+        u = cap_tanh_neon(u, vcap, vinv);
+        if (GRAD) {
+            const float32x4_t th = vmulq_f32(u, vinv);
+            const float32x4_t dg = vsubq_f32(vdupq_n_f32(1.0f), vmulq_f32(th, th)); /* d/dt c tanh(t/c) */
+            if (k == 4) vst1q_f32(g + x, dg);
+            else store_partial(g + x, k, dg);
+        }
+    }
+    if (ALIBI) u = vsubq_f32(u, alibi_bias((double)(rel0 + (int64_t)rel_step * x), (double)rel_step, vslope));
+    if (k == 4) vst1q_f32(s + x, u);
+    else store_partial(s + x, k, u);
+}
+
+INLINE void transform_loop(const int CAP, const int GRAD, const int ALIBI, int va, int vb, float *s, float cap,
+                           float inv_cap, double slope, int64_t rel0, int rel_step, float *g)
+{
+    const float32x4_t vcap = vdupq_n_f32(cap), vinv = vdupq_n_f32(inv_cap);
+    const float64x2_t vslope = vdupq_n_f64(slope);
+    int x = va;
+    for (; x + 4 <= vb; x += 4) transform_vec(CAP, GRAD, ALIBI, s, x, 4, vcap, vinv, vslope, rel0, rel_step, g);
+    if (x < vb) transform_vec(CAP, GRAD, ALIBI, s, x, vb - x, vcap, vinv, vslope, rel0, rel_step, g);
+}
+
+static void transform_neon(int n, int va, int vb, float *s, float cap, float inv_cap, double slope, int64_t rel0,
+                           int rel_step, float *g)
+{
+    for (int x = 0; x < va; x++) s[x] = -INFINITY;
+    for (int x = vb; x < n; x++) s[x] = -INFINITY;
+    const int softcap = cap > 0.0f, alibi = slope != 0.0;
+    if (softcap && !alibi && !g) transform_loop(1, 0, 0, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap && !alibi) transform_loop(1, 1, 0, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap && !g) transform_loop(1, 0, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (softcap) transform_loop(1, 1, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+    else if (alibi) transform_loop(0, 0, 1, va, vb, s, cap, inv_cap, slope, rel0, rel_step, g);
+}
+
+/* Lanes [x, x + k) (k <= 4), all inside [va, vb): P = exp(s - L), dS = P (dP - D) (g). */
+INLINE void bwd_vec(const int PER, const int GRAD, int x, int k, float *s, float *dp, const float *lse,
+                    const float *dd, const float *g)
+{
+    const int w = k == 4;
+    const float32x4_t L = PER ? (w ? vld1q_f32(lse + x) : load_partial(lse + x, k, 0.0f)) : vdupq_n_f32(lse[0]);
+    const float32x4_t D = PER ? (w ? vld1q_f32(dd + x) : load_partial(dd + x, k, 0.0f)) : vdupq_n_f32(dd[0]);
+    const float32x4_t p = exp_any(vsubq_f32(w ? vld1q_f32(s + x) : load_partial(s + x, k, 0.0f), L));
+    float32x4_t ds = vmulq_f32(p, vsubq_f32(w ? vld1q_f32(dp + x) : load_partial(dp + x, k, 0.0f), D));
+    if (GRAD) ds = vmulq_f32(ds, w ? vld1q_f32(g + x) : load_partial(g + x, k, 0.0f));
+    if (w) {
+        vst1q_f32(s + x, p);
+        vst1q_f32(dp + x, ds);
+    } else {
+        store_partial(s + x, k, p);
+        store_partial(dp + x, k, ds);
+    }
+}
+
+/* Elements outside [va, vb): P = +0 and dS = 0 (dP - D), as the spec writes them. */
+INLINE void bwd_outside(const int PER, int x0, int x1, float *s, float *dp, const float *dd)
+{
+    for (int x = x0; x < x1; x++) {
+        s[x] = 0.0f;
+        dp[x] = 0.0f * (dp[x] - (PER ? dd[x] : dd[0]));
+    }
+}
+
+/* One loop per (per_elem, g) pair (avx512.c's bwd_loop): the visible elements in whole
+ * vectors from va and one partial vector, the rest outside. */
+INLINE void bwd_loop(const int PER, const int GRAD, int n, int va, int vb, float *s, float *dp, const float *lse,
+                     const float *dd, const float *g)
+{
+    const int a = va < 0 ? 0 : va > n ? n : va, b = vb > n ? n : vb < a ? a : vb;
+    bwd_outside(PER, 0, a, s, dp, dd);
+    int x = a;
+    for (; x + 4 <= b; x += 4) bwd_vec(PER, GRAD, x, 4, s, dp, lse, dd, g);
+    if (x < b) bwd_vec(PER, GRAD, x, b - x, s, dp, lse, dd, g);
+    bwd_outside(PER, b, n, s, dp, dd);
+}
+
+static void bwd_line_neon(int n, int va, int vb, float *s, float *dp, const float *lse, const float *dd,
+                          int per_elem, const float *g)
+{
+    if (per_elem && g) bwd_loop(1, 1, n, va, vb, s, dp, lse, dd, g);
+    else if (per_elem) bwd_loop(1, 0, n, va, vb, s, dp, lse, dd, g);
+    else if (g) bwd_loop(0, 1, n, va, vb, s, dp, lse, dd, g);
+    else bwd_loop(0, 0, n, va, vb, s, dp, lse, dd, g);
+}
+
+/* float16 (FCVTL) and bfloat16 (SHLL by 16) to float32, exact. */
+static void widen_neon(int n, const uint16_t *src, int bf16, float *dst)
+{
+    int i = 0;
+    if (bf16)
+        for (; i + 8 <= n; i += 8) {
+            const uint16x8_t h = vld1q_u16(src + i);
+            vst1q_f32(dst + i, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16)));
+            vst1q_f32(dst + i + 4, vreinterpretq_f32_u32(vshll_high_n_u16(h, 16)));
+        }
+    else
+        for (; i + 8 <= n; i += 8) {
+            const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(src + i));
+            vst1q_f32(dst + i, vcvt_f32_f16(vget_low_f16(h)));
+            vst1q_f32(dst + i + 4, vcvt_high_f32_f16(h));
+        }
+    if (i < n) fa_widen_scalar(n - i, src + i, bf16, dst + i);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Decoding: scores and P V straight from the cache rows                     */
 /* ------------------------------------------------------------------------ */
 
@@ -562,9 +719,9 @@ const fa_kernels fa_kernels_neon = {
     .cut_lead_fwd = cut_lead_fwd_neon,
     .vexp = vexp_neon,
     .transpose = transpose_neon,
-    .transform = fa_transform_line_scalar, /* no NEON tanh yet: the spec's loop */
-    .widen = fa_widen_scalar,
-    .bwd_line = fa_bwd_line_scalar,
+    .transform = transform_neon,
+    .widen = widen_neon,
+    .bwd_line = bwd_line_neon,
     .dec_qk = dec_qk_neon,
     .dec_pv = dec_pv_neon,
 };
