@@ -265,7 +265,8 @@ static inline fa_varlen fa_varlen_default(void)
  * 0 <= cache_leftpad[b] <= cache_seqlens[b]; cache_seqlens[b] + seqlen_new
  * within the cache (seqlen_cache, or max_pages * page_size);
  * 0 <= cache_batch_idx[b] < batch_cache; every block_table entry a sequence
- * uses in 0..num_pages-1; no cache row written by two sequences' appends.
+ * uses in 0..num_pages-1; no cache row written by two sequences' appends, nor
+ * appended to where a sequence (the same one included) reads its cache.
  * k_new and v_new have the caches' dtypes. block_table cannot be combined with
  * cache_batch_idx or cache_leftpad (as in FlashAttention). As for fa_varlen,
  * the index arrays are validated once and read again during the call (not
@@ -932,6 +933,24 @@ FA_API fa_status fa_check(const fa_tensor *q, const fa_tensor *k, const fa_tenso
 
 /** @brief Free the arrays a report owns and zero it. Safe on a zeroed report. */
 FA_API void fa_check_report_free(fa_check_report *report);
+
+/**
+ * @brief Validate q, k, v and the options as fa_forward() does, then require every
+ *        element the attention reads to be finite — fa_check()'s input rule, for a
+ *        caller that wants bad input refused before a forward pass (the CLI's `run`).
+ *
+ * What is read: the rows in use of a varlen batch (fa_varlen) or of a KV cache
+ * (fa_kvcache: the cache rows cache_leftpad[b] .. cache_seqlens[b] - 1 of each
+ * sequence, paged or not, and k_new/v_new), otherwise all of q, k and v. Rows no
+ * sequence reads may hold anything. (Added in 0.6.)
+ *
+ * @param q_name, k_name, v_name  Names in messages (e.g. the files); NULL: "q", "k", "v".
+ * @return FA_OK; an argument error as fa_forward() would give it; FA_ERR_NONFINITE naming
+ *         the tensor, the sequence (or batch) and the element.
+ */
+FA_API fa_status fa_check_inputs(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                                 const fa_options *attn, const char *q_name, const char *k_name,
+                                 const char *v_name);
 
 /**
  * @brief Write the human-readable report (what `flashattn check` prints).

@@ -353,9 +353,9 @@ static void eval_core_nosink(const dg_ctx *cx, dg_scratch *s, int64_t b, int64_t
         }
     }
     if (j1 <= j0 || m == -INFINITY) {
-        if (v->empty == DG_EMPTY_NAN) {
+        if (v->empty == DG_EMPTY_NAN || v->empty == DG_EMPTY_NAN_O) {
             for (int64_t c = 0; c < dv; c++) o[c] = NAN;
-            *lse = NAN;
+            *lse = v->empty == DG_EMPTY_NAN ? NAN : -INFINITY;
         } else if (v->empty == DG_EMPTY_MEAN_V) {
             int64_t n = 0;
             for (int64_t c = 0; c < dv; c++) o[c] = 0.0;
@@ -1133,16 +1133,19 @@ static void cand_empty(const dg_ctx *cx, dg_list *L)
     for (int64_t w = 0; w < cx->n && !any; w++) any = cx->lrf[w] == -INFINITY;
     if (!any) return;
     consider(L, "empty-row");
-    dg_variant vs[2];
+    dg_variant vs[3];
     vs[0] = dg_variant_reference(cx->p);
     vs[0].empty = DG_EMPTY_NAN;
     vs[1] = dg_variant_reference(cx->p);
     vs[1].empty = DG_EMPTY_MEAN_V;
+    vs[2] = dg_variant_reference(cx->p); /* a kernel that guards the LSE but not O */
+    vs[2].empty = DG_EMPTY_NAN_O;
     int best;
-    const double e = best_of(cx, vs, 2, &best);
+    const double e = best_of(cx, vs, 3, &best);
     add(L, "empty-row", e, (double)best,
-        best == 0 ? "rows with no visible key give NaN (0/0: no l == 0 guard)"
-                  : "rows with no visible key give mean(V) (a finite -inf sentinel: uniform weights)");
+        best == 0   ? "rows with no visible key give NaN (0/0: no l == 0 guard)"
+        : best == 1 ? "rows with no visible key give mean(V) (a finite -inf sentinel: uniform weights)"
+                    : "rows with no visible key give NaN in O (0/0: no l == 0 guard) while the LSE holds -inf");
 }
 
 static const int tiles[5] = {16, 32, 64, 128, 256};
@@ -2294,7 +2297,10 @@ size_t fa_diagnose_report_format(const fa_diagnose_report *r, char *buf, size_t 
     if (!r || r->struct_size < DIAG_REPORT_MIN_SIZE) return 0;
     if (r->n == 0) {
         if (!r->out_significant && !r->lse_significant)
-            put(&t, "diagnosis: none (the error is at the rounding level of the kernel's precision)\n");
+            put(&t, "diagnosis: none (the error is at the rounding level of the kernel's precision over the %lld "
+                    "sampled rows, so no known mistake is named; an error confined to a few elements, or to rows "
+                    "not sampled, shows in the check above, not here)\n",
+                (long long)r->rows_sampled);
         else
             put(&t, "diagnosis: none (no known mistake explains the error; considered: %s)\n",
                 r->n_considered ? r->considered : "nothing");

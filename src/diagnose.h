@@ -23,7 +23,8 @@ typedef enum dg_cap_mode {
 typedef enum dg_empty_mode {
     DG_EMPTY_ZERO = 0,   /* O = 0, LSE = -inf (the contract) */
     DG_EMPTY_NAN,        /* no l == 0 guard: 0/0 */
-    DG_EMPTY_MEAN_V      /* a finite -inf sentinel: uniform weights over every key */
+    DG_EMPTY_MEAN_V,     /* a finite -inf sentinel: uniform weights over every key */
+    DG_EMPTY_NAN_O       /* O = 0/0 (no l == 0 guard) while the LSE is guarded (-inf) */
 } dg_empty_mode;
 
 typedef enum dg_lse_mode {

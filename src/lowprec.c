@@ -18,6 +18,7 @@
 #include "internal.h"
 #include "lowprec.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -342,7 +343,25 @@ fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out)
 void fa_lp_round_p(int p_format, float *e, int64_t n, float sum)
 {
     if (p_format != FA_QF_E2M1) {
-        for (int64_t j = 0; j < n; j++) e[j] = (float)fa_lp_round(p_format, (double)(e[j] / sum));
+        /* The normalized P rounded after a power-of-two row scale 2^k that brings the row's
+         * largest P into [128, 256). Scaling by 2^k is exact and moves no P across a rounding
+         * boundary while P and P 2^k are both normal numbers of the format, so wherever
+         * FlashAttention-3's test baseline (P rounded as it is) keeps P normal this is that
+         * baseline bit for bit; the small P keep the format's relative precision instead of
+         * going subnormal and then to zero. Without it, once seqlen_k is about 1000 most of
+         * a row's P lies below e4m3's smallest subnormal (2^-9), the baseline's output is
+         * about 0, its error about max|ref|, and the rule 2 x that error passed an all-zero
+         * output. Real FP8 kernels scale P the same way (FA3: 256 exp(s - m)). */
+        float mx = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            const float pj = e[j] / sum;
+            if (pj > mx) mx = pj;
+        }
+        int ex = 0;
+        if (mx > 0.0f && isfinite(mx)) (void)frexp((double)mx, &ex);
+        const int k = mx > 0.0f && isfinite(mx) ? 8 - ex : 0; /* mx 2^k in [128, 256) */
+        const double up = ldexp(1.0, k), down = ldexp(1.0, -k);
+        for (int64_t j = 0; j < n; j++) e[j] = (float)(fa_lp_round(p_format, (double)(e[j] / sum) * up) * down);
         return;
     }
     const float span = 448.0f * 6.0f; /* P scaled so that a block scale max/6 fills e4m3's range */

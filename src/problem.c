@@ -576,6 +576,23 @@ static fa_status kvcache_geometry(const fa_kvcache *kv, const fa_tensor *k, cons
                 }
                 owner[phys] = b;
             }
+        /* ... and none into a row that a sequence reads (its own included: a page listed twice):
+         * the append happens before attention, so the reader would see the new key where its
+         * cache row was (fa_check gives each sequence its old cache and its own new keys) */
+        for (int64_t b = 0; b < B && st == FA_OK; b++) {
+            const int64_t pad = kv->cache_leftpad ? kv->cache_leftpad[b] : 0;
+            for (int64_t r = pad; r < kv->cache_seqlens[b]; r++) {
+                const int64_t phys = kv->block_table ? (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows
+                                     : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * rows + r;
+                if (owner[phys] < 0) continue;
+                const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
+                st = fa_fail(FA_ERR_INDEX, "%s%ssequence %lld would append into the cache row that sequence %lld reads "
+                             "as its key %lld (%s %lld, row %lld): check %s", VL_WHO(nm), DIM(owner[phys]), DIM(b),
+                             DIM(r), kv->block_table ? "page" : "cache", DIM(phys / rows), DIM(phys % rows),
+                             kv->block_table ? "block_table" : "cache_batch_idx");
+                break;
+            }
+        }
         fa_free(owner);
         if (st != FA_OK) return st;
     }

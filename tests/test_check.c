@@ -549,6 +549,45 @@ static void test_check_lse_accepts_either_infinity_for_empty_rows(void **state)
     free_problem(&p);
 }
 
+/*
+ * An LSE that leaves out one key of 4096 (the tail of a kernel's last key block dropped from
+ * the row sum) moves by about P of that key, ~1e-4..1e-3 here, where float32's own error is
+ * ~1e-6: it must fail, while the flash path's float32 LSE passes. (The old floor, 1e-4
+ * max(1, |LSE|), passed it.)
+ */
+static void test_check_lse_fails_when_one_key_is_left_out(void **state)
+{
+    (void)state;
+    problem p = make_problem(1, 16, 4096, 2, 2, 64, FA_F32, 1.0, 0);
+    fa_options opt = fa_options_default();
+    tu_tensor o = alloc_out(&p, FA_F32), lse = alloc_lse(&p), lse_miss = alloc_lse(&p);
+    tu_tensor o_miss = alloc_out(&p, FA_F32);
+    reference(&p, &o, &lse, &opt);
+    fa_check_options co = fa_check_options_default();
+    fa_check_report r = run_check(&p, &o, &lse, &opt, &co);
+    expect_verdict(&r, 1, "reference LSE");
+    fa_check_report_free(&r);
+
+    opt.impl = FA_IMPL_FLASH; /* the float32 path's own LSE */
+    assert_int_equal(fa_forward(&p.q.t, &p.k.t, &p.v.t, &o.t, &lse.t, &opt), FA_OK);
+    opt.impl = FA_IMPL_REFERENCE;
+    r = run_check(&p, &o, &lse, &opt, &co);
+    expect_verdict(&r, 1, "flash LSE");
+    fa_check_report_free(&r);
+
+    fa_tensor k1 = p.k.t, v1 = p.v.t; /* the first 4095 keys: the same storage, one row shorter */
+    k1.shape[1] = v1.shape[1] = p.Sk - 1;
+    assert_int_equal(fa_forward(&p.q.t, &k1, &v1, &o_miss.t, &lse_miss.t, &opt), FA_OK);
+    r = run_check(&p, &o, &lse_miss, &opt, &co);
+    expect_verdict(&r, 0, "LSE without the last key");
+    assert_true(r.out_pass);
+    assert_false(r.lse_pass);
+    assert_true(r.lse_n_fail > 0);
+    fa_check_report_free(&r);
+    tu_free(&o); tu_free(&o_miss); tu_free(&lse); tu_free(&lse_miss);
+    free_problem(&p);
+}
+
 /* Ensure FlashAttention-2's causal-ALiBi LSE (+ slope * (i + Sk - Sq)) is recognized. */
 static void test_check_lse_accepts_flash_attention_2_alibi_offset(void **state)
 {
@@ -764,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_check_sampled_rows_agree_with_full_check),
         cmocka_unit_test(test_check_sampled_rows_catch_top_left_causal),
         cmocka_unit_test(test_check_lse_accepts_either_infinity_for_empty_rows),
+        cmocka_unit_test(test_check_lse_fails_when_one_key_is_left_out),
         cmocka_unit_test(test_check_lse_accepts_flash_attention_2_alibi_offset),
         cmocka_unit_test(test_check_explicit_tolerance_replaces_the_rule),
         cmocka_unit_test(test_check_rejects_bad_arguments_naming_the_tensor),

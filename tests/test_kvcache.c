@@ -327,6 +327,14 @@ static void test_cache_refuses_bad_arguments(void **state)
     int32_t close_lens[B] = {10, 0, 11}; /* sequences 0 and 2 append rows 10..12 and 11..13 of cache 2 */
     kv.cache_seqlens = close_lens;
     expect_refusal(&g, &kv, &g.kc.t, &g.vc.t, FA_ERR_INDEX, "sequences 0 and 2 would both append");
+    /* sequence 0 appends rows 5..7 of cache 2, which sequence 2 reads (0..11): the append comes
+     * first, so forward and check would disagree on what sequence 2 sees */
+    int32_t read_lens[B] = {5, 0, 12};
+    kv.cache_seqlens = read_lens;
+    kv.cache_batch_idx_name = "idx.npy";
+    expect_refusal(&g, &kv, &g.kc.t, &g.vc.t, FA_ERR_INDEX,
+                   "idx.npy: sequence 0 would append into the cache row that sequence 2 reads as its key 5 (cache 2, row 5)");
+    kv.cache_batch_idx_name = NULL;
     kv.cache_seqlens = g.seqlens;
     kv.cache_batch_idx = NULL;
     kv.cache_leftpad = pad_bad;
@@ -343,6 +351,15 @@ static void test_cache_refuses_bad_arguments(void **state)
     expect_refusal(&g, &kv, &kp.t, &vp.t, FA_ERR_INDEX, "block_table[2][1] = 99 is outside the pages 0..5");
     table[7] = 0; /* sequence 2 appends rows 25..27 = page 0 rows 9..11, where sequence 0 appends rows 10..12 */
     expect_refusal(&g, &kv, &kp.t, &vp.t, FA_ERR_INDEX, "sequences 0 and 2 would both append");
+    /* one page twice in sequence 0's row: its keys 16.. land on page 4 again, and the append
+     * (keys 17..19 = page 4 rows 1..3) overwrites its own keys 1..3 */
+    int32_t table_self[B * 3] = {4, 4, 2, 3, 0, 5, 1, 0, 5}, lens_self[B] = {17, 0, 5};
+    kv.block_table = table_self;
+    kv.cache_seqlens = lens_self;
+    expect_refusal(&g, &kv, &kp.t, &vp.t, FA_ERR_INDEX,
+                   "sequence 0 would append into the cache row that sequence 0 reads as its key 1 (page 4, row 1)");
+    kv.block_table = table;
+    kv.cache_seqlens = g.seqlens;
     kv.cache_batch_idx = g.idx;
     expect_refusal(&g, &kv, &kp.t, &vp.t, FA_ERR_OPTION, "cannot be combined");
     kv.cache_batch_idx = NULL;

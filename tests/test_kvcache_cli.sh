@@ -179,5 +179,21 @@ expect_fail "a cache option without --cache-seqlens" "--block-table needs --cach
 expect_fail "check past the cache" "sl_past.npy: cache_seqlens[2]" \
     $fa check -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl_past.npy $NEW --out o.npy
 
+# ---- NaN in the cache: refused where a sequence reads it, ignored where none does ---
+python3 -c "
+import numpy as np
+k = np.load('kc.npy'); k[2, 7, 1, 3] = np.nan; np.save('kc_nan_used.npy', k)     # cache 2 row 7: sequence 0 (idx 2) reads 0..9
+k = np.load('kc.npy'); k[2, 30, 0, 0] = np.nan; np.save('kc_nan_unused.npy', k)  # row 30: past every sequence's rows
+np.save('idx_dup.npy', np.array([2, 0, 2], '<i4'))"
+expect_fail "run: NaN in a cache row a sequence reads" "kc_nan_used.npy: sequence 0, key 7, head 1, element 3 is NaN" \
+    $fa run -q q.npy -k kc_nan_used.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy -o o_bad.npy
+if $fa run -q q.npy -k kc_nan_unused.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy -o o_nan.npy \
+        >out.txt 2>err.txt && [ ! -s err.txt ]; then ok
+else bad "run with a NaN in an unused cache row: $(cat err.txt)"; fi
+# sequence 0 appends rows 10..12 of cache 2, which sequence 2 (also cache 2) reads as keys 10..12
+expect_fail "run: an append into rows another sequence reads" \
+    "idx_dup.npy: sequence 0 would append into the cache row that sequence 2 reads as its key 10 (cache 2, row 10)" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx_dup.npy $NEW -o o_bad.npy
+
 echo "test_kvcache_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

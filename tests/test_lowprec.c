@@ -11,6 +11,7 @@
  * Seeded random inputs (seed printed; FA_TEST_SEED replays).
  */
 #include "test_util.h"
+#include "tensor.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -323,13 +324,13 @@ static void dequant_into(const uint8_t *codes, int64_t S, int64_t H, const float
     assert_int_equal(fa_dequantize(&x, "x", &t->t), FA_OK);
 }
 
-/* e4m3 Q [1, 96, 4, 64], K/V [1, 300, 2, 64] from randn-like values, descales in [0.5, 2) */
-static lp_problem make_lp(uint64_t seed)
+/* e4m3 Q [1, 96, 4, 64], K/V [1, Sk, 2, 64] from randn-like values, descales in [0.5, 2) */
+static lp_problem make_lp_sk(uint64_t seed, int64_t Sk)
 {
     lp_problem p;
     memset(&p, 0, sizeof p);
     uint64_t rng = seed;
-    const int64_t Sq = 96, Sk = 300, H = 4, Hk = 2, D = 64;
+    const int64_t Sq = 96, H = 4, Hk = 2, D = 64;
     p.cq = malloc((size_t)(Sq * H * D));
     p.ck = malloc((size_t)(Sk * Hk * D));
     p.cv = malloc((size_t)(Sk * Hk * D));
@@ -350,6 +351,8 @@ static lp_problem make_lp(uint64_t seed)
     dequant_into(p.cv, Sk, Hk, p.dv, &p.v);
     return p;
 }
+
+static lp_problem make_lp(uint64_t seed) { return make_lp_sk(seed, 300); }
 
 static void free_lp(lp_problem *p)
 {
@@ -433,10 +436,54 @@ static void test_check_lowprec_rule_accepts_the_rounded_reference_and_rejects_a_
     free_lp(&p);
 }
 
+/*
+ * Long rows: with 4096 keys and small scores most normalized P lie below e4m3's smallest
+ * subnormal (2^-9). FlashAttention-3's test baseline rounds them to zero, its output is about
+ * 0 and 2 x its error about 2 max|ref|: taken literally the rule passed an all-zero, a negated
+ * and a half-the-keys output. The baseline's P keeps the format's relative precision (a
+ * power-of-two row scale), so its error stays small and those outputs fail; the rounded
+ * reference still passes, with and without a kernel model.
+ */
+static void test_check_lowprec_rule_is_not_vacuous_on_long_rows(void **state)
+{
+    (void)state;
+    lp_problem p = make_lp_sk(tu_seed() + 4099, 4096);
+    for (int64_t e = 0; e < 96 * 4 * 64; e++) /* small scores: nearly flat rows, P ~ 1/4096 */
+        p.cq[e] = (uint8_t)fa_qformat_encode(FA_QF_E4M3, fa_qformat_decode(FA_QF_E4M3, p.cq[e]) * 0.05);
+    dequant_into(p.cq, 96, 4, p.dq, &p.q);
+    fa_options opt = fa_options_default();
+    opt.impl = FA_IMPL_REFERENCE;
+    assert_int_equal(fa_forward(&p.q.t, &p.k.t, &p.v.t, &p.o.t, NULL, &opt), FA_OK);
+    for (int model = 0; model < FA_KERNEL_MODEL_COUNT; model++) {
+        fa_check_report r = run_check(&p, model);
+        assert_true(r.pass);
+        assert_true(r.emu_max_abs_err > 0.0 && r.emu_max_abs_err < 0.05 * r.max_abs_ref);
+        fa_check_report_free(&r);
+    }
+    const size_t n = (size_t)(96 * 4 * 64);
+    uint16_t *o = (uint16_t *)p.o.mem, *good = malloc(n * sizeof *good);
+    assert_non_null(good);
+    memcpy(good, o, n * sizeof *good);
+    for (int variant = 0; variant < 3; variant++) {
+        for (size_t e = 0; e < n; e++) {
+            const float x = fa_bf16_to_f32(good[e]);
+            o[e] = variant == 0 ? fa_f32_to_bf16(0.0f)              /* never written */
+                 : variant == 1 ? fa_f32_to_bf16(-x)                /* negated */
+                                : fa_f32_to_bf16(x * 0.5f);         /* half the mass */
+        }
+        fa_check_report r = run_check(&p, 0);
+        assert_false(r.pass);
+        fa_check_report_free(&r);
+    }
+    free(good);
+    free_lp(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables_match_the_format_definitions),
+        cmocka_unit_test(test_check_lowprec_rule_is_not_vacuous_on_long_rows),
         cmocka_unit_test(test_encoders_round_to_nearest_even_and_saturate),
         cmocka_unit_test(test_dequantize_every_scale_layout),
         cmocka_unit_test(test_dequantize_refuses_bad_codes_and_scales),

@@ -402,7 +402,8 @@ def test_bad_low_precision_input_gets_one_line_and_exit_2(fp8_problem):
     f_f32 = save(t / "q_f32.npy", p["q8"].astype(np.float32))
     base = ["check", "-q", f["q"], "-k", f["k"], "-v", f["v"], "--out", o]
     cases = [
-        (base + ["--qkv-format", "e4m3", "--descale-q", f_nan], "NaN"),
+        (base + ["--qkv-format", "e4m3", "--descale-q", f_nan], "dq_nan.npy): scale [0, 1] is NaN"),
+        (base + ["--qkv-format", "e4m3", "--descale-q", "1e39"], "not a finite float32 scale"),
         (base + ["--qkv-format", "e4m3", "--descale-q", f_shape], "should be [batch, heads_k]"),
         (["check", "-q", f_qnan, "-k", f["k"], "-v", f["v"], "--out", o, "--qkv-format", "e4m3"], "NaN"),
         (["check", "-q", f_f32, "-k", f["k"], "-v", f["v"], "--out", o, "--qkv-format", "e4m3"], "|u1"),

@@ -167,8 +167,8 @@ static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batc
     }
     double num;
     if (lp->descale[t] && parse_number(lp->descale[t], &num)) {
-        if (!isfinite(num)) {
-            cli_die("--descale-%s: %s is not a finite scale", tname[t], lp->descale[t]);
+        if (!isfinite(num) || !isfinite((float)num)) { /* 1e39 is finite, its fp32 is not */
+            cli_die("--descale-%s: %s is not a finite float32 scale", tname[t], lp->descale[t]);
             goto out;
         }
         x.scale_kind = FA_QSCALE_TENSOR;
@@ -198,6 +198,10 @@ static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batc
         x.global_scale = 1.0;
         if (lp->global[t]) {
             cli_parse_double("--global-scale", lp->global[t], &num);
+            if (isfinite(num) && !isfinite((float)num)) {
+                cli_die("--global-scale-%s: %s is not a finite float32 scale", tname[t], lp->global[t]);
+                goto out;
+            }
             x.global_scale = (double)(float)num;
         }
     }
@@ -220,7 +224,13 @@ static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batc
         fa_npy_free(arr);
         goto out;
     }
-    if ((st = fa_dequantize(&x, path, view)) != FA_OK) {
+    /* the scales' own file named beside the codes' in the library's messages (a NaN descale
+     * is the descale file's fault, not the codes') */
+    char who[1024];
+    const char *sfile = x.scale_kind == FA_QSCALE_HEAD ? lp->descale[t] : x.block_scale ? lp->scale[t] : NULL;
+    if (sfile) snprintf(who, sizeof who, "%s (scales %s)", path, sfile);
+    else snprintf(who, sizeof who, "%s", path);
+    if ((st = fa_dequantize(&x, who, view)) != FA_OK) {
         cli_die_status(st);
         fa_npy_free(arr);
         goto out;
