@@ -281,8 +281,12 @@ fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const 
     if (!env) return st;
     *pinned_q = *pinned_k = 0;
     block_rule(d, dv, kern->row_block, br, bc);
-    if (env->block_q) { *br = env->block_q; *pinned_q = 1; }
-    if (env->block_k) { *bc = env->block_k; *pinned_k = 1; }
+    /* FA_BLOCK_Q/K stand in for the L2 rule (what `info` prints to reproduce a machine's bits),
+     * so the passes that derive their own blocks from the rule's — the backward's cap at
+     * FA_BWD_BLOCK_MAX, decoding's key block, the even split of seqlen_q — still derive them;
+     * opt->block_q/k (--block-q/-k) fix every pass's blocks as given */
+    if (env->block_q) *br = env->block_q;
+    if (env->block_k) *bc = env->block_k;
     if (opt->block_q) { *br = opt->block_q; *pinned_q = 1; }
     if (opt->block_k) { *bc = opt->block_k; *pinned_k = 1; }
     return FA_OK;

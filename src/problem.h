@@ -88,7 +88,8 @@ typedef struct fa_problem {
     int rot_q_per_row;           /* 1: query row i at cache_seqlens[b] + i (causal or windowed); 0: all at cache_seqlens[b] */
     int num_threads;             /* resolved: >= 1 */
     int block_q, block_k;        /* flash blocks, the forward's (backward.c caps its own) */
-    int blocks_pinned_q, blocks_pinned_k; /* 1: the caller or FA_BLOCK_Q/K chose them */
+    int blocks_pinned_q, blocks_pinned_k; /* 1: the caller chose them (opt->block_q/k); FA_BLOCK_Q/K
+                                               * replace the L2 rule's and do not pin */
     size_t pack_max_bytes;       /* cap on shared packed panels; 0: pack per tile */
     int tile_cut;                /* 1: cut masked tiles to the columns each row block sees (flash.c) */
     int strip_rows;              /* flash.c's strips of whole tiles: -1 from L1d, 0 none, N rows (FA_STRIP_ROWS, fa_strip_test) */
@@ -239,7 +240,7 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
 
 /* The flash blocks for head dims d, dv (the one place they are decided): the
  * L2 rule for kernel table `kern`, then FA_BLOCK_Q/K, then opt->block_q/k;
- * *pinned_q/k say whether the rule was overridden. opt: a resolved (current
+ * *pinned_q/k say whether opt->block_q/k chose them (FA_BLOCK_Q/K do not pin). opt: a resolved (current
  * layout) fa_options. */
 fa_status fa_resolve_blocks(int64_t d, int64_t dv, const fa_options *opt, const struct fa_kernels *kern,
                             int *br, int *bc, int *pinned_q, int *pinned_k);

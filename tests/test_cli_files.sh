@@ -207,6 +207,11 @@ expect_fail "--scale 1e400" "too large" $RUN -o o.npy --scale 1e400
 expect_fail "-o ''" "-o: empty file name" $RUN -o ""
 expect_fail "--lse ''" "--lse: empty file name" $RUN -o o.npy --lse ""
 expect_fail "standard over its cap" "--standard-max-bytes" $RUN -o o.npy --impl standard --standard-max-bytes 16
+# a blank before the sign: strtoull read ' -5' as 2^64 - 5, which lifted the cap
+expect_fail "a blank and a sign before the cap" "expected a positive byte count" \
+    $RUN -o o.npy --impl standard --standard-max-bytes ' -5'
+expect_fail "a plus sign before the cap" "expected a positive byte count" \
+    $RUN -o o.npy --impl standard --standard-max-bytes '+16'
 if $RUN -o std.npy --impl standard --standard-max-bytes 1G >out.txt 2>err.txt; then ok
 else bad "--standard-max-bytes 1G: $(cat err.txt)"; fi
 expect_fail "--standard-max-bytes 0" "--standard-max-bytes" $RUN -o o.npy --standard-max-bytes 0

@@ -46,6 +46,17 @@ for src in "$(dirname "$0")"/../tutorials/[0-9][0-9]_*.c; do
     if "$t" $args $G --out "$out" >"$out/$name.log" 2>&1; then ok "$name runs and matches the reference"
     else bad "$name: exit $? ($(tail -1 "$out/$name.log"))"; fi
 done
+# malformed flags: exit 2 with a message, never a silent rounding or wrap (N 0.5 ran N = 0,
+# 3e9 wrapped negative, --d 4294967360 became 64 and 12abc 12), and step 14 below two key blocks
+for bad_args in "--n 0.5" "--n 3e9" "--n 12,abc" "--d 4294967360" "--d 12abc" "--reps 0" "--threads -1"; do
+    "$bin/02_naive_attention" $bad_args --no-sim $G --out "$out" >"$out/bad.log" 2>&1
+    rc=$?
+    if [ "$rc" = 2 ] && [ -s "$out/bad.log" ]; then ok "02 $bad_args refused"
+    else bad "02 $bad_args: exit $rc, expected 2 with a message"; fi
+done
+"$bin/14_validate_gpu" --n 64 $G --out "$out" >"$out/bad.log" 2>&1
+[ $? = 2 ] && grep -q "two key blocks" "$out/bad.log" && ok "14 --n 64 refused (one key block)" \
+    || bad "14 --n 64: $(tail -1 "$out/bad.log")"
 "$bin/07_flash2" --n 100,130 --causal --reps 1 $G --out "$out" >/dev/null 2>&1 \
     && ok "07 causal, N not a multiple of the block" || bad "07 --causal --n 100,130"
 # the extra run of steps 05-07 (by default at the N whose K and V fill twice the L2), small here

@@ -128,6 +128,10 @@ int main(int argc, char **argv)
     tut_parse_args(argc, argv, &a, "14_validate_gpu: is a bf16 kernel's output right? fa_check decides");
     const int n = a.n[0], h = 2, d = a.d;
     if (d > 512) { fprintf(stderr, "--d must be <= 512 here\n"); return 2; }
+    /* the kernel's key blocks are 64: with one block, or a sliver of a second, the missing
+     * rescale changes nothing (the row max is final after the first block), so that "bug"
+     * gives the right answer and fa_check rightly passes it */
+    if (n < 128) { fprintf(stderr, "--n must be >= 128 here: the rescale bug needs two key blocks of 64 to show\n"); return 2; }
     int causal = 1;   /* the off-by-one bug needs a mask; --causal is implied */
     tut_banner("Step 14: validating a GPU kernel's output (fa_check / flashattn check)", &a, NULL);
 

@@ -104,9 +104,11 @@ static inline int tut_parse_list(const char *s, size_t *vals, int max)
     while (*s && count < max) {
         char *end;
         double v = strtod(s, &end);
-        if (end == s || v <= 0) return -1;
+        /* whole numbers from 1 to 2^30 (after K / M): 0.5, 3e9 or 1e300 are refused, not rounded or wrapped */
+        if (end == s || !(v >= 1.0) || v != floor(v)) return -1;
         if (*end == 'K' || *end == 'k') { v *= 1024; end++; }
         else if (*end == 'M' || *end == 'm') { v *= 1024 * 1024; end++; }
+        if (v > (double)(1 << 30)) return -1;
         vals[count++] = (size_t)v;
         if (*end == ',') end++;
         else if (*end) return -1;
@@ -159,6 +161,20 @@ static inline void tut_usage(const char *prog, const char *about)
             about, prog);
 }
 
+/* An integer flag value in lo..hi, the whole string (atoi read "12abc" as 12 and wrapped
+ * 4294967360 to 64); exits 2 naming the flag otherwise. */
+static inline int tut_int(const char *flag, const char *v, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    const long x = strtol(v, &end, 10);
+    if (end == v || *end || errno == ERANGE || x < lo || x > hi) {
+        fprintf(stderr, "%s: expected an integer in %ld..%ld, got '%s'\n", flag, lo, hi, v);
+        exit(2);
+    }
+    return (int)x;
+}
+
 /* Parse the shared flags; the step sets its defaults in *a first. Exits 2 on bad usage. */
 static inline void tut_parse_args(int argc, char **argv, tut_args *a, const char *about)
 {
@@ -193,11 +209,11 @@ static inline void tut_parse_args(int argc, char **argv, tut_args *a, const char
             if (*end || b < 0 || b > 1 << 20) { fprintf(stderr, "--big: expected N in 0..%d, got '%s'\n", 1 << 20, v); exit(2); }
             a->big = (int)b;
         }
-        else if (!strcmp(f, "--d")) a->d = atoi(v);
-        else if (!strcmp(f, "--br")) a->br = atoi(v);
-        else if (!strcmp(f, "--bc")) a->bc = atoi(v);
-        else if (!strcmp(f, "--threads")) a->threads = atoi(v);
-        else if (!strcmp(f, "--reps")) a->reps = atoi(v);
+        else if (!strcmp(f, "--d")) a->d = tut_int(f, v, 1, 1 << 16);
+        else if (!strcmp(f, "--br")) a->br = tut_int(f, v, 0, 1 << 16);
+        else if (!strcmp(f, "--bc")) a->bc = tut_int(f, v, 0, 1 << 16);
+        else if (!strcmp(f, "--threads")) a->threads = tut_int(f, v, 0, 1 << 12);
+        else if (!strcmp(f, "--reps")) a->reps = tut_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--geometry")) a->geometry = v;
         else if (!strcmp(f, "--out")) a->out = v;
         else { fprintf(stderr, "%s: unknown flag %s\n", argv[0], f); tut_usage(argv[0], about); exit(2); }

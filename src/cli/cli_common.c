@@ -138,7 +138,8 @@ int cli_parse_bytes(const char *opt, const char *text, size_t *out)
         default: break;
         }
     }
-    if (end == text || *end != '\0' || errno == ERANGE || text[0] == '-' || v == 0 ||
+    /* a digit first: strtoull skips blanks and takes a sign, so ' -5' read as 2^64 - 5 */
+    if (end == text || *end != '\0' || errno == ERANGE || !(text[0] >= '0' && text[0] <= '9') || v == 0 ||
         v > (unsigned long long)(SIZE_MAX >> shift)) {
         cli_die("%s: expected a positive byte count (optionally with K, M, G or T, powers of 1024), got '%s'",
                 opt, text);

@@ -110,7 +110,8 @@ int cmd_info(int argc, char **argv)
     int br, bc;
     if (fa_block_sizes(128, 128, NULL, &br, &bc) != FA_OK) return cli_die_status(FA_ERR_OPTION);
     printf("bits     : identical for any thread count, for a given (ISA, Br, Bc); the blocks follow the\n"
-           "           detected L2, so another machine may differ. To reproduce these bits elsewhere (d=128):\n"
+           "           detected L2, so another machine may differ. To reproduce these bits elsewhere (d=128;\n"
+           "           forward, backward and decoding, which derive their own blocks from these):\n"
            "           FA_ISA=%s FA_BLOCK_Q=%d FA_BLOCK_K=%d\n", info.isa, br, bc);
     return CLI_EXIT_OK;
 }
