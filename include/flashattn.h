@@ -944,7 +944,13 @@ FA_API void fa_check_report_free(fa_check_report *report);
  * sequence, paged or not, and k_new/v_new), otherwise all of q, k and v. Rows no
  * sequence reads may hold anything. (Added in 0.6.)
  *
- * @param q_name, k_name, v_name  Names in messages (e.g. the files); NULL: "q", "k", "v".
+ * @param q       Query, as for fa_forward().
+ * @param k       Keys (or the K cache, with a fa_kvcache in @p attn).
+ * @param v       Values (or the V cache).
+ * @param attn    The attention options (varlen, kvcache, masks); NULL: defaults.
+ * @param q_name  Name of q in messages (e.g. its file); NULL: "q".
+ * @param k_name  Name of k in messages; NULL: "k".
+ * @param v_name  Name of v in messages; NULL: "v".
  * @return FA_OK; an argument error as fa_forward() would give it; FA_ERR_NONFINITE naming
  *         the tensor, the sequence (or batch) and the element.
  */
