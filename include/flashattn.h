@@ -285,6 +285,8 @@ typedef struct fa_kvcache {
     const char *cache_batch_idx_name; /**< Name of cache_batch_idx in messages; NULL: none. */
     const char *cache_leftpad_name;  /**< Name of cache_leftpad in messages; NULL: none. */
     const char *block_table_name;    /**< Name of block_table in messages; NULL: none. */
+    const char *k_new_name;          /**< Name of k_new in messages (e.g. its file); NULL: "k_new". (Added in 0.6.) */
+    const char *v_new_name;          /**< Name of v_new in messages; NULL: "v_new". (Added in 0.6.) */
 } fa_kvcache;
 
 /** @brief Set every field of `kv` to its default (no cache) and struct_size to `struct_size`. */
@@ -333,6 +335,8 @@ typedef struct fa_rotary {
     const fa_tensor *cos;  /**< `[seqlen_ro][rotary_dim / 2]`, f32 or f64. */
     const fa_tensor *sin;  /**< `[seqlen_ro][rotary_dim / 2]`, same shape. */
     int interleaved;       /**< Non-zero: GPT-J pairs (2i, 2i+1); 0: GPT-NeoX pairs (i, i + rotary_dim/2). */
+    const char *cos_name;  /**< Name of cos in messages (e.g. its file); NULL: "rotary cos". (Added in 0.6.) */
+    const char *sin_name;  /**< Name of sin in messages; NULL: "rotary sin". (Added in 0.6.) */
 } fa_rotary;
 
 /** @brief Set every field of @p r to its default (no tables, half-split) and struct_size to @p struct_size. */
@@ -1308,6 +1312,13 @@ typedef struct fa_backward_extra {
     fa_tensor *dsinks;   /**< NULL, or written: dLoss/dsinks `[heads]`, f32 or f64. Needs
                               fa_options::sinks. dsinks_h = -sum_{b,i} e^{sink_h - LSE_{b,h,i}} D_{b,h,i},
                               D = dO . O (docs/semantics.md). */
+    int emulate_dtype;   /**< 0 (default): off. FA_BF16 or FA_F16: instead of opt->impl's backward,
+                              compute a plain one in that precision as PyTorch's autograd runs
+                              FlashAttention's test reference (attention_ref(upcast=False,
+                              reorder_ops=True)): every product's output rounded to the dtype
+                              after a float32 sum, the softmax in float32 from the rounded scores
+                              — check-grad's baseline for bf16/f16 gradients. o, lse and dsinks
+                              are not used. (Added in 0.6.) */
 } fa_backward_extra;
 
 /** @brief Set every field of @p x to its default (no extra outputs) and

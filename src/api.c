@@ -202,12 +202,18 @@ fa_status fa_backward_ex(const fa_tensor *q, const fa_tensor *k, const fa_tensor
     fa_backward_extra extra;
     fa_backward_extra_init(&extra, sizeof extra);
     if (extra_in) { /* a versioned struct: read what the caller's layout holds */
-        static const size_t known[] = {sizeof(fa_backward_extra)};
-        fa_status est = fa_struct_size_check(extra_in, sizeof extra, known, 1, "fa_backward_extra",
+        /* the layout before emulate_dtype (0.5) too */
+        static const size_t known[] = {sizeof(fa_backward_extra), offsetof(fa_backward_extra, emulate_dtype)};
+        fa_status est = fa_struct_size_check(extra_in, sizeof extra, known, 2, "fa_backward_extra",
                                              "fa_backward_extra_init");
         if (est != FA_OK) return est;
         memcpy(&extra, extra_in, extra_in->struct_size < sizeof extra ? extra_in->struct_size : sizeof extra);
     }
+    const int emu = extra.emulate_dtype;
+    if (emu != 0 && emu != FA_BF16 && emu != FA_F16)
+        return fa_fail(FA_ERR_OPTION, "backward: emulate_dtype %d is not FA_BF16 or FA_F16 (0: off)", emu);
+    if (emu && extra.dsinks)
+        return fa_fail(FA_ERR_OPTION, "backward: the emulated backward (emulate_dtype) computes no dsinks");
     fa_problem p;
     fa_status st = fa_resolve(FA_PURPOSE_BACKWARD, q, k, v, o, lse, opt, NULL, &p);
     if (st != FA_OK) return st;
@@ -271,6 +277,12 @@ fa_status fa_backward_ex(const fa_tensor *q, const fa_tensor *k, const fa_tensor
     /* O and LSE: the caller's, or recomputed by this implementation's forward
      * pass (float64 for the reference, float32 for flash). */
     void *o_tmp = NULL, *lse_tmp = NULL;
+    if (emu) { /* self-contained: its own softmax, no O or LSE */
+        st = fa_emulated_backward(&p, (fa_dtype)emu, &dout4, &dq4, &dk4, &dv4);
+        fa_arena_end(p.arena);
+        if (st == FA_OK) fa_clear_error();
+        return st;
+    }
     if (!o || !lse) {
         const fa_dtype tdt = p.impl == FA_IMPL_REFERENCE ? FA_F64 : FA_F32;
         const size_t esz = fa_dtype_size(tdt);

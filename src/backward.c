@@ -229,6 +229,138 @@ fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, cons
 }
 
 /* ------------------------------------------------------------------------ */
+/* emulated: a plain backward in a low precision (check-grad's baseline)      */
+/* ------------------------------------------------------------------------ */
+
+/* x rounded to dt (bf16 or f16) and back */
+static inline float lp(fa_dtype dt, float x)
+{
+    return dt == FA_BF16 ? fa_bf16_to_f32(fa_f32_to_bf16(x)) : fa_f16_to_f32(fa_f32_to_f16(x));
+}
+
+/* Per-thread scratch of the emulation, in floats: K scaled [Sk][d], V [Sk][dv], the dK, dV
+ * accumulators, q_i, dO_i, dq_i, and one row of S (u: before ALiBi), P, P dropped and dP. */
+static size_t emulated_scratch_floats(const fa_problem *p)
+{
+    const size_t dsum = fa_add_sat((size_t)p->d, (size_t)p->dv);
+    return fa_add_sat(fa_mul_sat(fa_mul_sat(2, (size_t)p->seqlen_k), dsum),
+                      fa_add_sat(fa_mul_sat(2, dsum), fa_mul_sat(5, (size_t)p->seqlen_k)));
+}
+
+/*
+ * The attention backward as PyTorch's autograd runs FlashAttention's test reference in a low
+ * precision (flash-attn's attention_ref(upcast=False, reorder_ops=True), whose gradients its
+ * tests allow twice the error of): inputs in dt, K scaled first (k * scale, rounded), every
+ * product's output rounded to dt after a float32 sum — S = q . k_s, P = softmax(S) (computed
+ * in float32 from the rounded S), dP = dO . v, dS = P (dP - D) with D = sum_j dP_j P_j, dQ =
+ * dS k_s, dK = (dS^T q) scale, dV = P^T dO — and the softcap, ALiBi, mask, sinks and dropout
+ * as the reference applies them. One task per (batch, kv head), as the reference.
+ */
+static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_tensor *dout, const fa_tensor *dq,
+                                   const fa_tensor *dk, const fa_tensor *dv, int64_t b, int64_t hk, float *scratch)
+{
+    const fa_seq seq = fa_problem_seq(p, b);
+    const int64_t Sk = seq.k_len, d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
+    const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
+    float *kd = scratch, *vd = kd + (size_t)(Sk * d);
+    float *dk_acc = vd + (size_t)(Sk * dvd), *dv_acc = dk_acc + (size_t)(Sk * d);
+    float *qi = dv_acc + (size_t)(Sk * dvd), *doi = qi + d, *dqi = doi + dvd;
+    float *u = dqi + d, *sr = u + Sk, *pr = sr + Sk, *pd = pr + Sk, *dpr = pd + Sk;
+    const float scale = (float)p->scale, c = (float)p->softcap;
+    memset(dk_acc, 0, (size_t)(Sk * (d + dvd)) * sizeof(float));
+    for (int64_t j = 0; j < Sk; j++) {
+        for (int64_t x = 0; x < d; x++) kd[j * d + x] = lp(dt, lp(dt, (float)fa_rows_get(&ks, j, x)) * scale);
+        for (int64_t x = 0; x < dvd; x++) vd[j * dvd + x] = lp(dt, (float)fa_rows_get(&vs, j, x));
+    }
+    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+        const double slope = fa_alibi_slope(p, b, h);
+        const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h), dqs = fa_rows_q(dq, &seq, h);
+        const int sinked = p->sinks.data != NULL;
+        const float sink = sinked ? (float)fa_sink(p, h) : 0.0f;
+        for (int64_t i = 0; i < seq.q_len; i++) {
+            int64_t lo, hi;
+            fa_key_range(p, b, i, &lo, &hi);
+            for (int64_t x = 0; x < d; x++) qi[x] = lp(dt, (float)fa_rows_get(&qs, i, x));
+            for (int64_t x = 0; x < dvd; x++) doi[x] = lp(dt, (float)fa_rows_get(&dos, i, x));
+            for (int64_t x = 0; x < d; x++) dqi[x] = 0.0f;
+            if (lo < hi) {
+                float m = sinked ? sink : -INFINITY, l = 0.0f, D = 0.0f;
+                for (int64_t j = lo; j < hi; j++) {
+                    float dot = 0.0f;
+                    for (int64_t x = 0; x < d; x++) dot += qi[x] * kd[j * d + x];
+                    float t = lp(dt, dot);
+                    if (c > 0.0f) t = lp(dt, c * tanhf(t / c));
+                    u[j] = t;
+                    const int64_t rel = i + fa_diag_offset(p, b) - j;
+                    if (slope != 0.0) t = lp(dt, t - (float)(slope * (double)(rel < 0 ? -rel : rel)));
+                    sr[j] = t;
+                    if (t > m) m = t;
+                }
+                for (int64_t j = lo; j < hi; j++) l += expf(sr[j] - m);
+                if (sinked) l += expf(sink - m);
+                const uint8_t *keep = p->keep ? fa_keep_row(p, b, h, i) : NULL;
+                for (int64_t j = lo; j < hi; j++) {
+                    pr[j] = lp(dt, expf(sr[j] - m) / l);
+                    const float z = keep ? (keep[j * p->keep_stride[3]] ? (float)p->keep_scale : 0.0f) : 1.0f;
+                    pd[j] = keep ? lp(dt, pr[j] * z) : pr[j];
+                    float dot = 0.0f;
+                    for (int64_t x = 0; x < dvd; x++) dot += doi[x] * vd[j * dvd + x];
+                    dpr[j] = keep ? lp(dt, lp(dt, dot) * z) : lp(dt, dot);
+                    D += dpr[j] * pr[j];
+                }
+                for (int64_t j = lo; j < hi; j++) {
+                    float dS = lp(dt, pr[j] * (dpr[j] - D));
+                    if (c > 0.0f) dS = lp(dt, dS * (1.0f - (u[j] / c) * (u[j] / c)));
+                    for (int64_t x = 0; x < d; x++) {
+                        dqi[x] += dS * kd[j * d + x];
+                        dk_acc[j * d + x] += dS * qi[x];
+                    }
+                    for (int64_t x = 0; x < dvd; x++) dv_acc[j * dvd + x] += pd[j] * doi[x];
+                }
+            }
+            for (int64_t x = 0; x < d; x++) fa_rows_put(&dqs, i, x, (double)lp(dt, dqi[x]));
+        }
+    }
+    for (int64_t j = 0; j < Sk; j++) {
+        for (int64_t x = 0; x < d; x++) fa_rows_put(&dks, j, x, (double)lp(dt, lp(dt, dk_acc[j * d + x]) * scale));
+        for (int64_t x = 0; x < dvd; x++) fa_rows_put(&dvs, j, x, (double)lp(dt, dv_acc[j * dvd + x]));
+    }
+}
+
+fa_status fa_emulated_backward(const fa_problem *p, fa_dtype dt, const fa_tensor *dout, const fa_tensor *dq,
+                               const fa_tensor *dk, const fa_tensor *dv)
+{
+    const int64_t tasks = p->batch * p->heads_k;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(fa_threads_for(p, p->batch * p->heads_k))
+#endif
+    {
+        float *scratch = fa_scratch_alloc(p, fa_mul_sat(emulated_scratch_floats(p), sizeof(float)));
+        if (!scratch) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < tasks; t++) {
+            if (failed) continue;
+            emulated_backward_task(p, dt, dout, dq, dk, dv, t / p->heads_k, t % p->heads_k, scratch);
+        }
+        fa_scratch_free(p, scratch);
+    }
+    if (failed)
+        return fa_fail(FA_ERR_NOMEM, "emulated backward: could not allocate %zu bytes per thread",
+                       fa_mul_sat(emulated_scratch_floats(p), sizeof(float)));
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------------ */
 /* flash: two tiled passes                                                   */
 /* ------------------------------------------------------------------------ */
 

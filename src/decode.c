@@ -96,7 +96,7 @@
 /* Rows of one tile at most (query heads of a group x query rows). */
 #define DEC_MAX_ROWS 64
 
-/* Keys per block unless the caller pins block_k (FA_BLOCK_K, fa_options): the
+/* Keys per block unless the caller pins block_k (fa_options; FA_BLOCK_K does not pin): the
  * kernels read K/V in place, so the block only sets the scores tile (rows x
  * bc floats), the per-block overhead, how far ahead the prefetch asks and —
  * with several kv heads per task — how close in time the heads' stretches of

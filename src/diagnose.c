@@ -1145,7 +1145,7 @@ static void cand_empty(const dg_ctx *cx, dg_list *L)
     add(L, "empty-row", e, (double)best,
         best == 0   ? "rows with no visible key give NaN (0/0: no l == 0 guard)"
         : best == 1 ? "rows with no visible key give mean(V) (a finite -inf sentinel: uniform weights)"
-                    : "rows with no visible key give NaN in O (0/0: no l == 0 guard) while the LSE holds -inf");
+                    : "rows with no visible key give NaN in O (0/0: no l == 0 guard) while the LSE is guarded (infinite)");
 }
 
 static const int tiles[5] = {16, 32, 64, 128, 256};

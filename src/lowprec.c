@@ -345,9 +345,8 @@ void fa_lp_round_p(int p_format, float *e, int64_t n, float sum)
     if (p_format != FA_QF_E2M1) {
         /* The normalized P rounded after a power-of-two row scale 2^k that brings the row's
          * largest P into [128, 256). Scaling by 2^k is exact and moves no P across a rounding
-         * boundary while P and P 2^k are both normal numbers of the format, so wherever
-         * FlashAttention-3's test baseline (P rounded as it is) keeps P normal this is that
-         * baseline bit for bit; the small P keep the format's relative precision instead of
+         * boundary while P and P 2^k are both normal numbers of the format, so wherever P is
+         * normal this is the unscaled rounding bit for bit; the small P keep the format's relative precision instead of
          * going subnormal and then to zero. Without it, once seqlen_k is about 1000 most of
          * a row's P lies below e4m3's smallest subnormal (2^-9), the baseline's output is
          * about 0, its error about max|ref|, and the rule 2 x that error passed an all-zero

@@ -497,12 +497,18 @@ fa_kvcache fa_kvcache_default(void)
  * geometry and p->seqlen_k = the caches' row count): fills p's cache
  * geometry (fa_problem_seq reads it) and the longest key count.
  */
-static fa_status kvcache_geometry(const fa_kvcache *kv, const fa_tensor *k, const fa_tensor *v, const char *kn,
+static fa_status kvcache_geometry(const fa_kvcache *kv_in, const fa_tensor *k, const fa_tensor *v, const char *kn,
                                   const char *vn, fa_problem *p)
 {
-    static const size_t known[] = {sizeof(fa_kvcache)};
-    fa_status st = fa_struct_size_check(kv, sizeof *kv, known, 1, "fa_kvcache", "fa_kvcache_init");
+    /* the layout before k_new_name / v_new_name (0.5) is read into a full one, those at NULL */
+    static const size_t known[] = {sizeof(fa_kvcache), offsetof(fa_kvcache, k_new_name)};
+    fa_status st = fa_struct_size_check(kv_in, sizeof *kv_in, known, 2, "fa_kvcache", "fa_kvcache_init");
     if (st != FA_OK) return st;
+    fa_kvcache kl;
+    fa_kvcache_init(&kl, sizeof kl);
+    memcpy(&kl, kv_in, kv_in->struct_size < sizeof kl ? kv_in->struct_size : sizeof kl);
+    const fa_kvcache *kv = &kl;
+    const char *knn = kv->k_new_name ? kv->k_new_name : "k_new", *vnn = kv->v_new_name ? kv->v_new_name : "v_new";
     const int64_t B = p->batch, rows = k->shape[1]; /* rows of a cache, or of a page */
     if (!kv->cache_seqlens) return fa_fail(FA_ERR_NULL_ARG, "kvcache: cache_seqlens is NULL");
     if (kv->block_table && (kv->cache_batch_idx || kv->cache_leftpad))
@@ -519,14 +525,14 @@ static fa_status kvcache_geometry(const fa_kvcache *kv, const fa_tensor *k, cons
     if (kv->k_new) {
         const fa_tensor *kw = kv->k_new, *vw = kv->v_new;
         const int64_t ks[4] = {B, kw->rank == 4 ? kw->shape[1] : 0, p->heads_k, p->d};
-        if ((st = fa_check_tensor4(kw, "k_new", ks, "[batch, seqlen_new, heads_k, d]")) != FA_OK) return st;
+        if ((st = fa_check_tensor4(kw, knn, ks, "[batch, seqlen_new, heads_k, d]")) != FA_OK) return st;
         sn = kw->shape[1];
         const int64_t vs[4] = {B, sn, p->heads_k, p->dv};
-        if ((st = fa_check_tensor4(vw, "v_new", vs, "[batch, seqlen_new of k_new, heads_k, d_v]")) != FA_OK) return st;
+        if ((st = fa_check_tensor4(vw, vnn, vs, "[batch, seqlen_new of k_new, heads_k, d_v]")) != FA_OK) return st;
         if (kw->dtype != k->dtype || vw->dtype != v->dtype)
-            return fa_fail(FA_ERR_DTYPE, "kvcache: k_new/v_new must have the caches' dtypes (%s %s, caches %s %s)",
-                           fa_dtype_name(kw->dtype), fa_dtype_name(vw->dtype), fa_dtype_name(k->dtype),
-                           fa_dtype_name(v->dtype));
+            return fa_fail(FA_ERR_DTYPE, "%s: k_new/v_new must have the caches' dtypes (%s %s, caches %s %s)",
+                           kw->dtype != k->dtype ? knn : vnn, fa_dtype_name(kw->dtype), fa_dtype_name(vw->dtype),
+                           fa_dtype_name(k->dtype), fa_dtype_name(v->dtype));
     }
     const int64_t capacity = kv->block_table ? kv->max_pages * rows : rows;
     const int64_t pages = k->shape[0];
@@ -572,8 +578,9 @@ static fa_status kvcache_geometry(const fa_kvcache *kv, const fa_tensor *k, cons
                 const int64_t phys = kv->block_table ? (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows
                                      : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * rows + r;
                 if (owner[phys] >= 0) {
-                    st = fa_fail(FA_ERR_INDEX, "kvcache: sequences %lld and %lld would both append into one cache row "
-                                 "(%s %lld, row %lld): check %s",
+                    const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
+                    st = fa_fail(FA_ERR_INDEX, "%s%ssequences %lld and %lld would both append into one cache row "
+                                 "(%s %lld, row %lld): check %s", nm ? nm : "kvcache", ": ",
                                  DIM(owner[phys]), DIM(b), kv->block_table ? "page" : "cache", DIM(phys / rows),
                                  DIM(phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
                     break;
@@ -590,10 +597,10 @@ static fa_status kvcache_geometry(const fa_kvcache *kv, const fa_tensor *k, cons
                                      : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * rows + r;
                 if (owner[phys] < 0) continue;
                 const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
-                st = fa_fail(FA_ERR_INDEX, "%s%ssequence %lld would append into the cache row that sequence %lld reads "
-                             "as its key %lld (%s %lld, row %lld): check %s", VL_WHO(nm), DIM(owner[phys]), DIM(b),
-                             DIM(r), kv->block_table ? "page" : "cache", DIM(phys / rows), DIM(phys % rows),
-                             kv->block_table ? "block_table" : "cache_batch_idx");
+                st = fa_fail(FA_ERR_INDEX, "%s: sequence %lld would append into the cache row that sequence %lld reads "
+                             "as its key %lld (%s %lld, row %lld): check %s", nm ? nm : "kvcache", DIM(owner[phys]),
+                             DIM(b), DIM(r - pad), kv->block_table ? "page" : "cache", DIM(phys / rows),
+                             DIM(phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
                 break;
             }
         }
@@ -612,6 +619,8 @@ static fa_status kvcache_geometry(const fa_kvcache *kv, const fa_tensor *k, cons
         p->k_new = *kv->k_new;
         p->v_new = *kv->v_new;
     }
+    p->k_new_name = kv->k_new_name;
+    p->v_new_name = kv->v_new_name;
     return FA_OK;
 }
 
@@ -815,8 +824,9 @@ fa_rotary fa_rotary_default(void)
  * positions (causal or windowed). */
 static fa_status resolve_rotary(const fa_rotary *in, int per_row, fa_problem *p)
 {
-    static const size_t known[] = {sizeof(fa_rotary)};
-    fa_status st = fa_struct_size_check(in, sizeof *in, known, 1, "fa_rotary", "fa_rotary_init");
+    /* the layout before cos_name / sin_name (0.5) too: r below starts from the defaults */
+    static const size_t known[] = {sizeof(fa_rotary), offsetof(fa_rotary, cos_name)};
+    fa_status st = fa_struct_size_check(in, sizeof *in, known, 2, "fa_rotary", "fa_rotary_init");
     if (st != FA_OK) return st;
     fa_rotary r;
     fa_rotary_init(&r, sizeof r);
@@ -826,7 +836,7 @@ static fa_status resolve_rotary(const fa_rotary *in, int per_row, fa_problem *p)
                        "FlashAttention's flash_attn_with_kvcache: q and k_new are rotated at cache positions");
     if (!r.cos || !r.sin) return fa_fail(FA_ERR_NULL_ARG, "rotary: cos and sin are both required");
     const fa_tensor *t[2] = {r.cos, r.sin};
-    const char *tn[2] = {"rotary cos", "rotary sin"};
+    const char *tn[2] = {r.cos_name ? r.cos_name : "rotary cos", r.sin_name ? r.sin_name : "rotary sin"};
     for (int x = 0; x < 2; x++) {
         if (t[x]->dtype != FA_F32 && t[x]->dtype != FA_F64)
             return fa_fail(FA_ERR_DTYPE, "%s: dtype must be f32 or f64 (got %s)", tn[x], fa_dtype_name(t[x]->dtype));
@@ -840,8 +850,8 @@ static fa_status resolve_rotary(const fa_rotary *in, int per_row, fa_problem *p)
                        DIM(r.sin->shape[1]), DIM(r.cos->shape[0]), DIM(r.cos->shape[1]));
     const int64_t rd = 2 * r.cos->shape[1], seqlen_ro = r.cos->shape[0];
     if (rd < 2 || rd > p->d)
-        return fa_fail(FA_ERR_SHAPE, "rotary: rotary_dim = 2 x %lld = %lld must be in 2..d = %lld (cos/sin are "
-                       "[seqlen_ro, rotary_dim / 2])", DIM(r.cos->shape[1]), DIM(rd), DIM(p->d));
+        return fa_fail(FA_ERR_SHAPE, "%s: rotary_dim = 2 x %lld = %lld must be in 2..d = %lld (cos/sin are "
+                       "[seqlen_ro, rotary_dim / 2])", tn[0], DIM(r.cos->shape[1]), DIM(rd), DIM(p->d));
     int64_t need = 0; /* the largest position + 1 */
     int64_t at = 0;
     for (int64_t b = 0; b < p->batch; b++) {
@@ -850,8 +860,8 @@ static fa_status resolve_rotary(const fa_rotary *in, int per_row, fa_problem *p)
         if (last > need) { need = last; at = b; }
     }
     if (seqlen_ro < need)
-        return fa_fail(FA_ERR_SHAPE, "rotary: cos/sin have %lld positions, but sequence %lld needs position %lld "
-                       "(cache_seqlens[%lld] = %d, seqlen_new %lld, seqlen_q %lld%s)", DIM(seqlen_ro), DIM(at),
+        return fa_fail(FA_ERR_SHAPE, "%s: cos/sin have %lld positions, but sequence %lld needs position %lld "
+                       "(cache_seqlens[%lld] = %d, seqlen_new %lld, seqlen_q %lld%s)", tn[0], DIM(seqlen_ro), DIM(at),
                        DIM(need - 1), DIM(at), p->cache_seqlens[at], DIM(p->seqlen_new), DIM(p->seqlen_q),
                        per_row ? ", queries at their own positions (causal or windowed)" : "");
     for (int x = 0; x < 2; x++)

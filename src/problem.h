@@ -68,6 +68,7 @@ typedef struct fa_problem {
     int64_t max_pages, page_size;
     int64_t seqlen_new;             /* rows of k_new/v_new (0: none) */
     fa_tensor k_new, v_new;         /* k_new.data == NULL: nothing to read from them (appended, or none) */
+    const char *k_new_name, *v_new_name; /* their names in messages (fa_kvcache), NULL: "k_new", "v_new" */
     fa_tensor q, k, v, o;        /* copies of the caller's descriptors (o may be empty) */
     fa_tensor lse;               /* lse.data == NULL when not requested */
     fa_impl impl;

@@ -159,5 +159,33 @@ expect_usage "negative --atol" --atol -- -q qb.npy -k kb.npy -v vb.npy --out ob_
 expect_usage "zero --sample-rows" --sample-rows -- -q qb.npy -k kb.npy -v vb.npy --out ob_ref.npy --sample-rows 0
 "$fa" check --help >out.txt 2>&1 && grep -q "sample-rows" out.txt && ok || bad "check --help"
 
+# ---- the LSE of a kernel summing in FlashAttention-2's order ---------------------------
+# One decode row of 16384 keys whose last key is dominant (16.75 nats above the rest): FA2
+# visits key blocks of 128 last to first and adds each term straight into a thread's running
+# sum, which already holds ~1, so every small term (e^-16.75, under half an ulp) is lost — the
+# LSE is 2.2e-4 low, a correct kernel's. The rule's emulation sums in that order too and
+# accepts it; an LSE that leaves out one key of 4096 on a flat row still fails (test_check.c).
+python3 - <<'EOF' || bad "generating the FlashAttention-2-order LSE failed"
+import numpy as np
+N, d, BN = 16384, 64, 128
+q = np.zeros((1, 1, 1, d), np.float32); q[..., 0] = 1.0
+k = np.zeros((1, N, 1, d), np.float32); k[0, :, 0, 0] = 8.0; k[0, N - 1, 0, 0] = 24.75
+v = (np.round(np.random.default_rng(5).standard_normal((1, N, 1, d)) * 8) / 8).astype(np.float32)
+s = k[0, :, 0, 0].astype(np.float32)              # scale 1, q = e_0: the scores exactly
+m = np.float32(s.max())
+p = np.exp((s - m).astype(np.float32)).astype(np.float32)
+rs = np.zeros(4, np.float32)
+for nb in range(N // BN - 1, -1, -1):              # last block first
+    for j in range(nb * BN, nb * BN + BN):
+        rs[(j % 8) // 2] = np.float32(rs[(j % 8) // 2] + p[j])
+tot = np.float32(np.float32(rs[0] + rs[1]) + np.float32(rs[2] + rs[3]))
+o = ((p[:, None] * v[0, :, 0]).sum(0) / tot).astype(np.float32)
+for n, x in (("fq", q), ("fk", k), ("fv", v), ("fo", o.reshape(1, 1, 1, d)),
+             ("flse", np.array(m + np.log(tot), np.float32).reshape(1, 1, 1))):
+    np.save(f"{n}.npy", x)
+EOF
+expect 0 "an LSE summed in FlashAttention-2's order" -- -q fq.npy -k fk.npy -v fv.npy --out fo.npy --lse flse.npy \
+    --scale 1 --threads 1
+
 echo "test_check_cli.sh: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -246,6 +246,44 @@ for m in noD Dbf16; do
     else bad "check-grad passed a backward with its D term wrong ($m): exit $rc $(cat out.txt)"; fi
 done
 
+# ---- check-grad's bf16 rule against wrong gradients -----------------------------------
+# A fixed rtol (5e-2 max|G_ref| for bf16) alone passed dQ 4% off and dV rows never written;
+# the rule now caps it at twice the error of the same backward run plainly in bf16 (autograd's
+# rounding points, as FlashAttention's tests): correct gradients (float64, rounded to bf16)
+# pass, those two fail.
+python3 - <<'EOF' || bad "generating the bf16 rule case failed"
+import numpy as np
+from model import backward
+rng = np.random.default_rng(77)
+def bits(x):
+    x = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(np.uint16)   # round to nearest even
+def val(b):
+    return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+t = {n: bits(rng.standard_normal(s)) for n, s in (("q", (1, 128, 4, 64)), ("k", (1, 128, 2, 64)),
+                                                   ("v", (1, 128, 2, 64)), ("do", (1, 128, 4, 64)))}
+for n, b in t.items():
+    np.save(f"b16{n}.npy", b)
+g = backward(val(t["q"]), val(t["k"]), val(t["v"]), val(t["do"]))
+for n, x in zip("qkv", g):
+    np.save(f"rok_d{n}.npy", bits(x))
+np.save("rscale_dq.npy", bits(g[0] * 1.04))
+dv = g[2].copy(); dv[:, -8:] = 0
+np.save("rtail_dv.npy", bits(dv))
+EOF
+RIN="-q b16q.npy -k b16k.npy -v b16v.npy --dout b16do.npy"
+if $fa check-grad $RIN --dq rok_dq.npy --dk rok_dk.npy --dv rok_dv.npy >out.txt 2>err.txt &&
+   grep -q "^PASS" out.txt && grep -q "bf16 emulation" out.txt; then ok
+else bad "check-grad failed correct bf16 gradients: $(cat out.txt err.txt)"; fi
+$fa check-grad $RIN --dq rscale_dq.npy --dk rok_dk.npy --dv rok_dv.npy >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 1 ] && grep -q "^dQ FAIL" out.txt && grep -q "^dK ok" out.txt; then ok
+else bad "check-grad passed a bf16 dQ 4% off: exit $rc $(cat out.txt)"; fi
+$fa check-grad $RIN --dq rok_dq.npy --dk rok_dk.npy --dv rtail_dv.npy >out.txt 2>err.txt
+rc=$?
+if [ "$rc" = 1 ] && grep -q "^dV FAIL" out.txt; then ok
+else bad "check-grad passed a bf16 dV whose last 8 key rows were never written: exit $rc $(cat out.txt)"; fi
+
 # ---- bad input ---------------------------------------------------------------------
 expect_fail "dO wrong shape" "do_bad_shape.npy: shape [2, 16, 4, 7] should be" \
     $fa grad -q q.npy -k k.npy -v v.npy --dout do_bad_shape.npy $OUT

@@ -369,6 +369,18 @@ static void test_cache_refuses_bad_arguments(void **state)
     tu_fill(&kn16, &rng, -1, 1);
     kv.k_new = &kn16.t;
     expect_refusal(&g, &kv, &g.kc.t, &g.vc.t, FA_ERR_DTYPE, "the caches' dtypes");
+    {   /* a caller built against 0.5: its fa_kvcache ends before k_new_name, and the bytes
+         * after it (garbage here) must not be read — the message falls back to "k_new" */
+        fa_kvcache raw;
+        memset(&raw, 0xab, sizeof raw);
+        fa_kvcache old = kv;
+        old.struct_size = offsetof(fa_kvcache, k_new_name);
+        memcpy(&raw, &old, old.struct_size);
+        expect_refusal(&g, &raw, &g.kc.t, &g.vc.t, FA_ERR_DTYPE, "k_new: k_new/v_new must have the caches' dtypes");
+        kv.k_new_name = "kn16.npy";
+        expect_refusal(&g, &kv, &g.kc.t, &g.vc.t, FA_ERR_DTYPE, "kn16.npy: k_new/v_new must have the caches' dtypes");
+        kv.k_new_name = NULL;
+    }
     kv.k_new = &kn;
     /* a cache smaller than q's batch needs cache_batch_idx */
     fa_tensor small_k = g.kc.t, small_v = g.vc.t;
@@ -386,12 +398,51 @@ static void test_cache_refuses_bad_arguments(void **state)
     free_data(&g);
 }
 
+/*
+ * fa_check_inputs (what `run` calls before a forward over a cache): a NaN in cache rows no
+ * sequence reads is fine, one in a row a sequence reads is refused naming the cache, the
+ * sequence and the key (counted from the leftpad), one in a new key names k_new.
+ */
+static void test_check_inputs_refuses_only_what_is_read(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x1a7e;
+    kv_data g;
+    make_data(&g, &rng, 2, 3);
+    fa_tensor kn = rows_of(&g.kn, 3), vn = rows_of(&g.vn, 3);
+    fa_kvcache kv = fa_kvcache_default();
+    kv.cache_seqlens = g.seqlens; /* 10, 0, 25 */
+    kv.cache_batch_idx = g.idx;   /* 2, 0, 3 */
+    kv.cache_leftpad = g.pad;     /* 2, 0, 5 */
+    kv.k_new = &kn;
+    kv.v_new = &vn;
+    kv.k_new_name = "kn.npy";
+    fa_options opt = fa_options_default();
+    opt.kvcache = &kv;
+    assert_int_equal(fa_check_inputs(&g.q.t, &g.kc.t, &g.vc.t, &opt, NULL, "kc.npy", "vc.npy"), FA_OK);
+    float *kc = g.kc.t.data, *knd = g.kn.t.data;
+    const size_t row = (size_t)HK * D; /* floats per cache row */
+    kc[((size_t)2 * SC + 30) * row + 5] = NAN; /* cache 2 row 30: sequence 0 reads rows 2..9 only */
+    kc[((size_t)2 * SC + 1) * row + 5] = NAN;  /* row 1: below sequence 0's leftpad */
+    kc[((size_t)1 * SC + 0) * row + 5] = NAN;  /* cache 1: no sequence's */
+    assert_int_equal(fa_check_inputs(&g.q.t, &g.kc.t, &g.vc.t, &opt, NULL, "kc.npy", "vc.npy"), FA_OK);
+    kc[((size_t)3 * SC + 7) * row + D + 2] = INFINITY; /* cache 3 row 7, kv head 1: sequence 2's key 2 */
+    assert_int_equal(fa_check_inputs(&g.q.t, &g.kc.t, &g.vc.t, &opt, NULL, "kc.npy", "vc.npy"), FA_ERR_NONFINITE);
+    assert_non_null(strstr(fa_last_error(), "kc.npy: sequence 2, key 2, head 1, element 2 is Inf"));
+    kc[((size_t)3 * SC + 7) * row + D + 2] = 0.5f;
+    knd[((size_t)0 * g.kn.t.shape[1] + 1) * row + 3] = NAN; /* sequence 0's new key 1 */
+    assert_int_equal(fa_check_inputs(&g.q.t, &g.kc.t, &g.vc.t, &opt, NULL, "kc.npy", "vc.npy"), FA_ERR_NONFINITE);
+    assert_non_null(strstr(fa_last_error(), "kn.npy: batch 0, new key 1, head 0, element 3 is NaN"));
+    free_data(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cache_matches_each_sequence_alone),
         cmocka_unit_test(test_paged_cache_is_bit_identical_to_contiguous),
         cmocka_unit_test(test_cache_refuses_bad_arguments),
+        cmocka_unit_test(test_check_inputs_refuses_only_what_is_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

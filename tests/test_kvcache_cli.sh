@@ -195,5 +195,21 @@ expect_fail "run: an append into rows another sequence reads" \
     "idx_dup.npy: sequence 0 would append into the cache row that sequence 2 reads as its key 10 (cache 2, row 10)" \
     $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx_dup.npy $NEW -o o_bad.npy
 
+# ---- messages name the file: k_new / v_new and the rotary tables ----------------------
+python3 -c "
+import numpy as np
+np.save('kn64.npy', np.load('kn.npy').astype('<f8'))
+np.save('vn_short.npy', np.load('vn.npy')[:, :2].copy())
+np.save('cos_wide.npy', np.ones((64, 10), '<f4')); np.save('sin_wide.npy', np.zeros((64, 10), '<f4'))"
+expect_fail "k_new of another dtype names its file" "kn64.npy: k_new/v_new must have the caches' dtypes" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy --k-new kn64.npy \
+        --v-new vn.npy -o o_bad.npy
+expect_fail "v_new of another length names its file" "vn_short.npy: shape" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy --k-new kn.npy \
+        --v-new vn_short.npy -o o_bad.npy
+expect_fail "rotary wider than d names the cos file" "cos_wide.npy: rotary_dim = 2 x 10 = 20 must be in 2..d = 16" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy $NEW \
+        --rotary-cos cos_wide.npy --rotary-sin sin_wide.npy -o o_bad.npy
+
 echo "test_kvcache_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -302,7 +302,7 @@ static void test_bad_rotary_is_refused(void **state)
     short_cos.shape[0] = short_sin.shape[0] = 17;
     rot.cos = &short_cos;
     rot.sin = &short_sin;
-    expect_refused(&g, &opt, FA_ERR_SHAPE, "rotary: cos/sin have 17 positions, but sequence 2 needs position 17");
+    expect_refused(&g, &opt, FA_ERR_SHAPE, "rotary cos: cos/sin have 17 positions, but sequence 2 needs position 17");
     /* rotary_dim > d */
     const int64_t wide[2] = {RO, D / 2 + 1};
     tu_tensor wc = tu_alloc(FA_F64, 2, wide), ws = tu_alloc(FA_F64, 2, wide);

@@ -197,7 +197,7 @@ else bad "check with rotary of run's output: $(cat out.txt err.txt)"; fi
 $fa check $RC --rotary-cos cos.npy --rotary-sin sin.npy --out ro.npy >out.txt 2>err.txt
 rc=$?
 if [ "$rc" = 1 ] && grep -q FAIL out.txt; then ok; else bad "check with the other pairing: exit $rc"; fi
-expect_fail "tables too short" "rotary: cos/sin have 10 positions, but sequence 1 needs position 11" \
+expect_fail "tables too short" "cos_short.npy: cos/sin have 10 positions, but sequence 1 needs position 11" \
     $fa run $RC --rotary-cos cos_short.npy --rotary-sin sin_short.npy -o o_bad.npy
 expect_fail "rotary without a cache" "--rotary-cos needs a KV cache with new keys" \
     $fa run -q rq.npy -k rkn.npy -v rvn.npy --rotary-cos cos.npy --rotary-sin sin.npy -o o_bad.npy

@@ -54,6 +54,9 @@ for bad_args in "--n 0.5" "--n 3e9" "--n 12,abc" "--d 4294967360" "--d 12abc" "-
     if [ "$rc" = 2 ] && [ -s "$out/bad.log" ]; then ok "02 $bad_args refused"
     else bad "02 $bad_args: exit $rc, expected 2 with a message"; fi
 done
+"$bin/12_io_complexity" --M 1.25M --n 64 --no-sim $G --out "$out" >"$out/bad.log" 2>&1
+[ $? = 2 ] && grep -q "power-of-two number of sets" "$out/bad.log" && ok "12 --M 1.25M refused (the simulator's sets)" \
+    || bad "12 --M 1.25M: $(tail -1 "$out/bad.log")"
 "$bin/14_validate_gpu" --n 64 $G --out "$out" >"$out/bad.log" 2>&1
 [ $? = 2 ] && grep -q "two key blocks" "$out/bad.log" && ok "14 --n 64 refused (one key block)" \
     || bad "14 --n 64: $(tail -1 "$out/bad.log")"

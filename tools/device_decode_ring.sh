@@ -31,14 +31,12 @@ part build 30 make -j16 build/flashattn
 part info 5 "$fa" info
 pages=${PAGES:-0,16}
 dec="--seqlen-q 1 --n 32768 --d 128 --threads 2 --kv-dtype f32,bf16 --num-splits 1,0 --repeats 15"
-# BK_AB=N: each round also runs the same rows with FA_BLOCK_K=N (the decode block pinned), side by side
+# (BK_AB, which ran the rows again with FA_BLOCK_K=N to pin the decode block, is gone: since the
+# fourteenth session FA_BLOCK_K stands in for the L2 rule and decoding keeps its own key block;
+# tools/ab_decode.c sets fa_options.block_k for that comparison)
 for r in 1 2 3; do
     part "decode_r$r" 40 "$fa" bench $dec --heads 32 --heads-k 8 --page-size "$pages" --csv "$out/decode_r$r.csv"
-    [ -n "${BK_AB:-}" ] && part "decode_bk${BK_AB}_r$r" 40 env FA_BLOCK_K="$BK_AB" "$fa" bench $dec --heads 32 \
-        --heads-k 8 --page-size "$pages" --csv "$out/decode_bk${BK_AB}_r$r.csv"
     part "decode_mqa_r$r" 25 "$fa" bench $dec --heads 8 --heads-k 1 --csv "$out/decode_mqa_r$r.csv"
-    [ -n "${BK_AB:-}" ] && part "decode_mqa_bk${BK_AB}_r$r" 25 env FA_BLOCK_K="$BK_AB" "$fa" bench $dec --heads 8 \
-        --heads-k 1 --csv "$out/decode_mqa_bk${BK_AB}_r$r.csv"
 done
 [ "${WARM:-0}" = 1 ] && part decode_warm 30 "$fa" bench $dec --heads 32 --heads-k 8 --page-size 0,16 --warm-cache --csv "$out/decode_warm.csv"
 if [ -x build/flashattn-mpi ] && [ -d build/ompi-debs ]; then

@@ -160,6 +160,15 @@ int main(int argc, char **argv)
     tut_args a = {.n = {128, 256, 512}, .n_count = 3, .d = 32, .reps = 1, .m = {16384, 32768, 65536},
                   .m_count = 3, .vg_kernel = kf.name};
     tut_parse_args(argc, argv, &a, "12_io_complexity: slow-tier bytes against the IO-complexity bounds");
+    for (int mi = 0; mi < a.m_count; mi++) { /* the simulator needs a power-of-two number of sets */
+        cachesim_config cfg = fast_memory(a.m[mi]);
+        const char *err;
+        if (cachesim_config_check(&cfg, &err)) {
+            fprintf(stderr, "--M %zu: no cache of 1-16 ways of 64-byte lines has that size with a power-of-two number "
+                    "of sets (16K, 24K, 48K, 64K do)\n", a.m[mi]);
+            return 2;
+        }
+    }
     if (tut_kernel_mode(&a, &kf, a.br ? a.br : block_for(a.geo.l1.size_bytes, a.d), 0)) return 0;
     tut_banner("Step 12: IO complexity, measured against the bounds", &a, NULL);
     const int d = a.d;

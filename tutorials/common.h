@@ -104,11 +104,12 @@ static inline int tut_parse_list(const char *s, size_t *vals, int max)
     while (*s && count < max) {
         char *end;
         double v = strtod(s, &end);
-        /* whole numbers from 1 to 2^30 (after K / M): 0.5, 3e9 or 1e300 are refused, not rounded or wrapped */
-        if (end == s || !(v >= 1.0) || v != floor(v)) return -1;
+        if (end == s) return -1;
         if (*end == 'K' || *end == 'k') { v *= 1024; end++; }
         else if (*end == 'M' || *end == 'm') { v *= 1024 * 1024; end++; }
-        if (v > (double)(1 << 30)) return -1;
+        /* whole numbers from 1 to 2^30 once K / M are applied (1.25M is 1310720): 0.5, 3e9 or
+         * 1e300 are refused, not rounded or wrapped */
+        if (!(v >= 1.0) || v != floor(v) || v > (double)(1 << 30)) return -1;
         vals[count++] = (size_t)v;
         if (*end == ',') end++;
         else if (*end) return -1;

@@ -368,6 +368,8 @@ int cli_attn_load_kvcache(cli_attn *a, const cli_qkv *in)
     a->kvcache.cache_batch_idx_name = a->cache_idx_path;
     a->kvcache.cache_leftpad_name = a->leftpad_path;
     a->kvcache.block_table_name = a->block_table_path;
+    a->kvcache.k_new_name = a->k_new_path;
+    a->kvcache.v_new_name = a->v_new_path;
     a->opt.kvcache = &a->kvcache;
     return 0;
 fail:
@@ -870,6 +872,8 @@ static int load_rotary(cli_attn *a)
     a->rotary.cos = &a->rot_cos_t;
     a->rotary.sin = &a->rot_sin_t;
     a->rotary.interleaved = a->rotary_interleaved;
+    a->rotary.cos_name = a->rotary_cos_path;
+    a->rotary.sin_name = a->rotary_sin_path;
     a->opt.rotary = &a->rotary;
     return 0;
 }

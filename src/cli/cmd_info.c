@@ -23,7 +23,7 @@ static const char info_usage[] =
     "the flash block sizes for d = 64 and d = 128 with the rule that derives them.\n"
     "\n"
     "Environment: FA_ISA=scalar|avx2|avx512|neon forces a kernel; FA_L1D_BYTES / FA_L2_BYTES\n"
-    "override the detected caches; FA_BLOCK_Q / FA_BLOCK_K override the block sizes;\n"
+    "override the detected caches; FA_BLOCK_Q / FA_BLOCK_K replace the L2 rule's blocks;\n"
     "FA_STRIP_ROWS pins the rows per strip of a whole tile (0: whole tiles);\n"
     "OMP_NUM_THREADS sets the default thread count.\n";
 
@@ -107,11 +107,11 @@ int cmd_info(int argc, char **argv)
                "           the float32 path's bits; docs/performance.md, \"AMX tiles for bf16 inputs\")\n");
     else
         printf("amx      : not available here: %s\n", fa_amx_why_not());
-    int br, bc;
-    if (fa_block_sizes(128, 128, NULL, &br, &bc) != FA_OK) return cli_die_status(FA_ERR_OPTION);
+    /* the L2 size is the block rule's one machine input: pinning it (with the ISA) reproduces
+     * every d's blocks, and every pass derives its own from those */
     printf("bits     : identical for any thread count, for a given (ISA, Br, Bc); the blocks follow the\n"
-           "           detected L2, so another machine may differ. To reproduce these bits elsewhere (d=128;\n"
-           "           forward, backward and decoding, which derive their own blocks from these):\n"
-           "           FA_ISA=%s FA_BLOCK_Q=%d FA_BLOCK_K=%d\n", info.isa, br, bc);
+           "           detected L2, so another machine may differ. To reproduce these bits elsewhere (any d;\n"
+           "           forward, backward and decoding):\n"
+           "           FA_ISA=%s FA_L2_BYTES=%zu\n", info.isa, info.l2_bytes);
     return CLI_EXIT_OK;
 }
