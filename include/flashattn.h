@@ -1316,8 +1316,9 @@ typedef struct fa_backward_extra {
                               compute a plain one in that precision as PyTorch's autograd runs
                               FlashAttention's test reference (attention_ref(upcast=False,
                               reorder_ops=True)): every product's output rounded to the dtype
-                              after a float32 sum, the softmax in float32 from the rounded scores
-                              — check-grad's baseline for bf16/f16 gradients. o, lse and dsinks
+                              after a float32 sum, the softmax in float32 from the rounded scores,
+                              each query head's dK, dV rounded before a GQA group's sum —
+                              check-grad's baseline for bf16/f16 gradients. o, lse and dsinks
                               are not used. (Added in 0.6.) */
 } fa_backward_extra;
 

@@ -238,12 +238,13 @@ static inline float lp(fa_dtype dt, float x)
     return dt == FA_BF16 ? fa_bf16_to_f32(fa_f32_to_bf16(x)) : fa_f16_to_f32(fa_f32_to_f16(x));
 }
 
-/* Per-thread scratch of the emulation, in floats: K scaled [Sk][d], V [Sk][dv], the dK, dV
- * accumulators, q_i, dO_i, dq_i, and one row of S (u: before ALiBi), P, P dropped and dP. */
+/* Per-thread scratch of the emulation, in floats: K scaled [Sk][d], V [Sk][dv], the group's
+ * dK, dV sums and one head's accumulators, q_i, dO_i, dq_i, and one row of S (u: before
+ * ALiBi), P, P dropped and dP. */
 static size_t emulated_scratch_floats(const fa_problem *p)
 {
     const size_t dsum = fa_add_sat((size_t)p->d, (size_t)p->dv);
-    return fa_add_sat(fa_mul_sat(fa_mul_sat(2, (size_t)p->seqlen_k), dsum),
+    return fa_add_sat(fa_mul_sat(fa_mul_sat(3, (size_t)p->seqlen_k), dsum),
                       fa_add_sat(fa_mul_sat(2, dsum), fa_mul_sat(5, (size_t)p->seqlen_k)));
 }
 
@@ -254,7 +255,10 @@ static size_t emulated_scratch_floats(const fa_problem *p)
  * product's output rounded to dt after a float32 sum — S = q . k_s, P = softmax(S) (computed
  * in float32 from the rounded S), dP = dO . v, dS = P (dP - D) with D = sum_j dP_j P_j, dQ =
  * dS k_s, dK = (dS^T q) scale, dV = P^T dO — and the softcap, ALiBi, mask, sinks and dropout
- * as the reference applies them. One task per (batch, kv head), as the reference.
+ * as the reference applies them. Under GQA attention_ref repeats K and V per query head
+ * before scaling, so each head's dK (and its scale) and dV are rounded before the group's
+ * float32 sum is (as FlashAttention-2's mha_bwd sums bf16 per-head gradients). One task per
+ * (batch, kv head), as the reference.
  */
 static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_tensor *dout, const fa_tensor *dq,
                                    const fa_tensor *dk, const fa_tensor *dv, int64_t b, int64_t hk, float *scratch)
@@ -264,11 +268,12 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
     const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
     const fa_rows dks = fa_rows_k(dk, &seq, hk), dvs = fa_rows_k(dv, &seq, hk);
     float *kd = scratch, *vd = kd + (size_t)(Sk * d);
-    float *dk_acc = vd + (size_t)(Sk * dvd), *dv_acc = dk_acc + (size_t)(Sk * d);
+    float *dk_sum = vd + (size_t)(Sk * dvd), *dv_sum = dk_sum + (size_t)(Sk * d); /* over the group */
+    float *dk_acc = dv_sum + (size_t)(Sk * dvd), *dv_acc = dk_acc + (size_t)(Sk * d); /* one head's */
     float *qi = dv_acc + (size_t)(Sk * dvd), *doi = qi + d, *dqi = doi + dvd;
     float *u = dqi + d, *sr = u + Sk, *pr = sr + Sk, *pd = pr + Sk, *dpr = pd + Sk;
     const float scale = (float)p->scale, c = (float)p->softcap;
-    memset(dk_acc, 0, (size_t)(Sk * (d + dvd)) * sizeof(float));
+    memset(dk_sum, 0, (size_t)(Sk * (d + dvd)) * sizeof(float));
     for (int64_t j = 0; j < Sk; j++) {
         for (int64_t x = 0; x < d; x++) kd[j * d + x] = lp(dt, lp(dt, (float)fa_rows_get(&ks, j, x)) * scale);
         for (int64_t x = 0; x < dvd; x++) vd[j * dvd + x] = lp(dt, (float)fa_rows_get(&vs, j, x));
@@ -277,6 +282,7 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
         const double slope = fa_alibi_slope(p, b, h);
         const fa_rows qs = fa_rows_q(&p->q, &seq, h), dos = fa_rows_q(dout, &seq, h), dqs = fa_rows_q(dq, &seq, h);
         const int sinked = p->sinks.data != NULL;
+        memset(dk_acc, 0, (size_t)(Sk * (d + dvd)) * sizeof(float));
         const float sink = sinked ? (float)fa_sink(p, h) : 0.0f;
         for (int64_t i = 0; i < seq.q_len; i++) {
             int64_t lo, hi;
@@ -321,10 +327,14 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
             }
             for (int64_t x = 0; x < d; x++) fa_rows_put(&dqs, i, x, (double)lp(dt, dqi[x]));
         }
+        for (int64_t j = 0; j < Sk; j++) { /* this head's gradients, rounded, into the group's sums */
+            for (int64_t x = 0; x < d; x++) dk_sum[j * d + x] += lp(dt, lp(dt, dk_acc[j * d + x]) * scale);
+            for (int64_t x = 0; x < dvd; x++) dv_sum[j * dvd + x] += lp(dt, dv_acc[j * dvd + x]);
+        }
     }
     for (int64_t j = 0; j < Sk; j++) {
-        for (int64_t x = 0; x < d; x++) fa_rows_put(&dks, j, x, (double)lp(dt, lp(dt, dk_acc[j * d + x]) * scale));
-        for (int64_t x = 0; x < dvd; x++) fa_rows_put(&dvs, j, x, (double)lp(dt, dv_acc[j * dvd + x]));
+        for (int64_t x = 0; x < d; x++) fa_rows_put(&dks, j, x, (double)lp(dt, dk_sum[j * d + x]));
+        for (int64_t x = 0; x < dvd; x++) fa_rows_put(&dvs, j, x, (double)lp(dt, dv_sum[j * dvd + x]));
     }
 }
 

@@ -799,8 +799,12 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
         const double emu = empty ? 0.0 : (double)round_to(dt, s->of[c]);
         const double test = fa_rows_get(&os, i, c);
         /* the same with the row sum in FlashAttention-2's order (lf2, above): O = acc / l moves
-         * with l, by up to ~N u / 2 where the dominant key comes last; the larger error counts */
-        const double emu2 = empty || cx->pfmt || !(lf2 > 0.0f) ? emu : (double)round_to(dt, s->of[c] * (lf / lf2));
+         * with l, by up to ~N u / 2 where the dominant key comes last; the larger error counts
+         * (bf16 / f16 outputs: a float32 O with that error would let half the keys go missing
+         * on such a row — a review's case — and no FA2 kernel writes one) */
+        const double emu2 = empty || cx->pfmt || !(lf2 > 0.0f) || (dt != FA_BF16 && dt != FA_F16)
+                                ? emu /* FA2 writes O in bf16 / f16 only: a float32 O keeps the strict order */
+                                : (double)round_to(dt, s->of[c] * (lf / lf2));
         const double e_emu = fabs(emu - ref) > fabs(emu2 - ref) ? fabs(emu - ref) : fabs(emu2 - ref);
         const double mod = cx->model ? s->om[c] : emu; /* what the row factor of a sound kernel looks like */
         if (cx->model && fabs(mod - ref) > ps->model_max) ps->model_max = fabs(mod - ref);

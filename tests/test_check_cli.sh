@@ -163,8 +163,10 @@ expect_usage "zero --sample-rows" --sample-rows -- -q qb.npy -k kb.npy -v vb.npy
 # One decode row of 16384 keys whose last key is dominant (16.75 nats above the rest): FA2
 # visits key blocks of 128 last to first and adds each term straight into a thread's running
 # sum, which already holds ~1, so every small term (e^-16.75, under half an ulp) is lost — the
-# LSE is 2.2e-4 low, a correct kernel's. The rule's emulation sums in that order too and
-# accepts it; an LSE that leaves out one key of 4096 on a flat row still fails (test_check.c).
+# LSE is 2.2e-4 low, a correct kernel's (O, in bf16, hides it). The rule's emulation sums in
+# that order too and accepts it; an LSE that leaves out one key of 4096 on a flat row still
+# fails (test_check.c), and a float32 O keeps the strict order: O and LSE from only the last
+# half of the keys fail.
 python3 - <<'EOF' || bad "generating the FlashAttention-2-order LSE failed"
 import numpy as np
 N, d, BN = 16384, 64, 128
@@ -180,12 +182,25 @@ for nb in range(N // BN - 1, -1, -1):              # last block first
         rs[(j % 8) // 2] = np.float32(rs[(j % 8) // 2] + p[j])
 tot = np.float32(np.float32(rs[0] + rs[1]) + np.float32(rs[2] + rs[3]))
 o = ((p[:, None] * v[0, :, 0]).sum(0) / tot).astype(np.float32)
+ob = o.view(np.uint32).astype(np.uint64)                      # FA2 writes O in bf16 (RNE)
+o = ((ob + 0x7FFF + ((ob >> 16) & 1)) >> 16).astype(np.uint16)
 for n, x in (("fq", q), ("fk", k), ("fv", v), ("fo", o.reshape(1, 1, 1, d)),
              ("flse", np.array(m + np.log(tot), np.float32).reshape(1, 1, 1))):
     np.save(f"{n}.npy", x)
 EOF
 expect 0 "an LSE summed in FlashAttention-2's order" -- -q fq.npy -k fk.npy -v fv.npy --out fo.npy --lse flse.npy \
     --scale 1 --threads 1
+python3 - <<'EOF' || bad "generating the half-the-keys output failed"
+import numpy as np
+k, v = np.load("fk.npy"), np.load("fv.npy")
+s = k[0, :, 0, 0].astype(np.float64)
+h = s[8192:]                                       # a window bug: only the last 8192 keys
+p = np.exp(h - h.max())
+np.save("ho.npy", ((p[:, None] * v[0, 8192:, 0]).sum(0) / p.sum()).astype(np.float32).reshape(1, 1, 1, -1))
+np.save("hlse.npy", np.array(h.max() + np.log(p.sum()), np.float32).reshape(1, 1, 1))
+EOF
+expect 1 "float32 O and LSE from half the keys (the FA2-order row)" -- -q fq.npy -k fk.npy -v fv.npy --out ho.npy \
+    --lse hlse.npy --scale 1 --threads 1
 
 echo "test_check_cli.sh: $pass passed, $fail failed"
 [ "$fail" = 0 ]

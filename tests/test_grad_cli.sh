@@ -271,6 +271,44 @@ np.save("rscale_dq.npy", bits(g[0] * 1.04))
 dv = g[2].copy(); dv[:, -8:] = 0
 np.save("rtail_dv.npy", bits(dv))
 EOF
+# GQA, 2 query heads a kv head, q = 0 (P = 1/256 exactly) and the heads' dO nearly opposite:
+# a FlashAttention-style bf16 kernel rounds each head's dV before the group's sum (mha_bwd),
+# as attention_ref's autograd does; the emulation must too, or its error is ~0 while the
+# kernel's is half an ulp of each head's part (a review's false alarm)
+python3 - <<'EOF' || bad "generating the GQA bf16 case failed"
+import numpy as np
+f = np.float32
+def bf16(x):
+    u = np.asarray(x, f).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7fff + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(f)
+def bits(x):
+    return (bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+rng = np.random.default_rng(5)
+S, d = 256, 64
+q = np.zeros((1, S, 2, d), f)
+k, v = bf16(rng.standard_normal((1, S, 1, d))), bf16(rng.standard_normal((1, S, 1, d)))
+base = rng.standard_normal((1, S, 1, d))
+do = bf16(np.concatenate([base, -base + 0.3 * rng.standard_normal((1, S, 1, d))], axis=2))
+for n, x in (("gq", q), ("gk", k), ("gv", v), ("gdo", do)):
+    np.save(n + "16.npy", bits(x))
+sc = f(1 / np.sqrt(d))
+dq, dk, dv = np.zeros_like(q), np.zeros((1, S, 1, d), f), np.zeros((1, S, 1, d), f)
+for h in range(2):
+    Q, K, V, DO = q[0, :, h], k[0, :, 0], v[0, :, 0], do[0, :, h]
+    S_ = (Q @ K.T) * sc
+    E = np.exp(S_ - S_.max(1, keepdims=True))
+    P = (E / E.sum(1, keepdims=True)).astype(f)
+    D = (DO * bf16(P @ V)).sum(1, keepdims=True)
+    dS = bf16(P * (DO @ V.T - D))
+    dq[0, :, h] = (dS @ K) * sc
+    dk[0, :, 0] += bf16((dS.T @ Q) * sc)              # each head's part in bf16, then the sum
+    dv[0, :, 0] += bf16(bf16(P).T @ DO)
+for n, x in zip("qkv", (dq, dk, dv)):
+    np.save(f"gfa_d{n}.npy", bits(x))
+EOF
+if $fa check-grad -q gq16.npy -k gk16.npy -v gv16.npy --dout gdo16.npy --dq gfa_dq.npy --dk gfa_dk.npy \
+   --dv gfa_dv.npy >out.txt 2>err.txt && grep -q "^PASS" out.txt; then ok
+else bad "check-grad failed a FlashAttention-style GQA bf16 backward (per-head rounding): $(cat out.txt err.txt)"; fi
 RIN="-q b16q.npy -k b16k.npy -v b16v.npy --dout b16do.npy"
 if $fa check-grad $RIN --dq rok_dq.npy --dk rok_dk.npy --dv rok_dv.npy >out.txt 2>err.txt &&
    grep -q "^PASS" out.txt && grep -q "bf16 emulation" out.txt; then ok
