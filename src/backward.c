@@ -196,8 +196,18 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
     }
 }
 
-fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
-                                const fa_tensor *dk, const fa_tensor *dv)
+/* The outputs of a backward and, for the emulation, its dtype. */
+typedef struct bwd_args {
+    const fa_tensor *dout, *dq, *dk, *dv;
+    fa_dtype dt;
+} bwd_args;
+
+typedef void (*kv_head_task)(const fa_problem *p, const bwd_args *a, int64_t b, int64_t hk, void *scratch);
+
+/* One task per (batch, kv head), each thread with `bytes` of scratch (the reference and the
+ * emulation: a task owns its kv head's dK, dV and its query heads' dQ, so no atomics). */
+static fa_status kv_head_tasks(const fa_problem *p, size_t bytes, const char *what, kv_head_task task,
+                               const bwd_args *a)
 {
     const int64_t tasks = p->batch * p->heads_k;
     int failed = 0;
@@ -205,7 +215,7 @@ fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, cons
 #pragma omp parallel num_threads(fa_threads_for(p, p->batch * p->heads_k))
 #endif
     {
-        double *scratch = fa_scratch_alloc(p, fa_mul_sat(reference_scratch_doubles(p), sizeof(double)));
+        void *scratch = fa_scratch_alloc(p, bytes);
         if (!scratch) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -218,25 +228,29 @@ fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, cons
 #endif
         for (int64_t t = 0; t < tasks; t++) {
             if (failed) continue;
-            reference_backward_task(p, dout, dq, dk, dv, t / p->heads_k, t % p->heads_k, scratch);
+            task(p, a, t / p->heads_k, t % p->heads_k, scratch);
         }
         fa_scratch_free(p, scratch);
     }
-    if (failed)
-        return fa_fail(FA_ERR_NOMEM, "reference backward: could not allocate %zu bytes per thread",
-                       fa_mul_sat(reference_scratch_doubles(p), sizeof(double)));
+    if (failed) return fa_fail(FA_ERR_NOMEM, "%s backward: could not allocate %zu bytes per thread", what, bytes);
     return FA_OK;
+}
+
+static void reference_task(const fa_problem *p, const bwd_args *a, int64_t b, int64_t hk, void *scratch)
+{
+    reference_backward_task(p, a->dout, a->dq, a->dk, a->dv, b, hk, scratch);
+}
+
+fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
+                                const fa_tensor *dk, const fa_tensor *dv)
+{
+    const bwd_args a = {dout, dq, dk, dv, FA_F64};
+    return kv_head_tasks(p, fa_mul_sat(reference_scratch_doubles(p), sizeof(double)), "reference", reference_task, &a);
 }
 
 /* ------------------------------------------------------------------------ */
 /* emulated: a plain backward in a low precision (check-grad's baseline)      */
 /* ------------------------------------------------------------------------ */
-
-/* x rounded to dt (bf16 or f16) and back */
-static inline float lp(fa_dtype dt, float x)
-{
-    return dt == FA_BF16 ? fa_bf16_to_f32(fa_f32_to_bf16(x)) : fa_f16_to_f32(fa_f32_to_f16(x));
-}
 
 /* Per-thread scratch of the emulation, in floats: K scaled [Sk][d], V [Sk][dv], the group's
  * dK, dV sums and one head's accumulators, q_i, dO_i, dq_i, and one row of S (u: before
@@ -275,8 +289,8 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
     const float scale = (float)p->scale, c = (float)p->softcap;
     memset(dk_sum, 0, (size_t)(Sk * (d + dvd)) * sizeof(float));
     for (int64_t j = 0; j < Sk; j++) {
-        for (int64_t x = 0; x < d; x++) kd[j * d + x] = lp(dt, lp(dt, (float)fa_rows_get(&ks, j, x)) * scale);
-        for (int64_t x = 0; x < dvd; x++) vd[j * dvd + x] = lp(dt, (float)fa_rows_get(&vs, j, x));
+        for (int64_t x = 0; x < d; x++) kd[j * d + x] = fa_round_to(dt, fa_round_to(dt, (float)fa_rows_get(&ks, j, x)) * scale);
+        for (int64_t x = 0; x < dvd; x++) vd[j * dvd + x] = fa_round_to(dt, (float)fa_rows_get(&vs, j, x));
     }
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
         const double slope = fa_alibi_slope(p, b, h);
@@ -287,19 +301,19 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
         for (int64_t i = 0; i < seq.q_len; i++) {
             int64_t lo, hi;
             fa_key_range(p, b, i, &lo, &hi);
-            for (int64_t x = 0; x < d; x++) qi[x] = lp(dt, (float)fa_rows_get(&qs, i, x));
-            for (int64_t x = 0; x < dvd; x++) doi[x] = lp(dt, (float)fa_rows_get(&dos, i, x));
+            for (int64_t x = 0; x < d; x++) qi[x] = fa_round_to(dt, (float)fa_rows_get(&qs, i, x));
+            for (int64_t x = 0; x < dvd; x++) doi[x] = fa_round_to(dt, (float)fa_rows_get(&dos, i, x));
             for (int64_t x = 0; x < d; x++) dqi[x] = 0.0f;
             if (lo < hi) {
                 float m = sinked ? sink : -INFINITY, l = 0.0f, D = 0.0f;
                 for (int64_t j = lo; j < hi; j++) {
                     float dot = 0.0f;
                     for (int64_t x = 0; x < d; x++) dot += qi[x] * kd[j * d + x];
-                    float t = lp(dt, dot);
-                    if (c > 0.0f) t = lp(dt, c * tanhf(t / c));
+                    float t = fa_round_to(dt, dot);
+                    if (c > 0.0f) t = fa_round_to(dt, c * tanhf(t / c));
                     u[j] = t;
                     const int64_t rel = i + fa_diag_offset(p, b) - j;
-                    if (slope != 0.0) t = lp(dt, t - (float)(slope * (double)(rel < 0 ? -rel : rel)));
+                    if (slope != 0.0) t = fa_round_to(dt, t - (float)(slope * (double)(rel < 0 ? -rel : rel)));
                     sr[j] = t;
                     if (t > m) m = t;
                 }
@@ -307,17 +321,17 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
                 if (sinked) l += expf(sink - m);
                 const uint8_t *keep = p->keep ? fa_keep_row(p, b, h, i) : NULL;
                 for (int64_t j = lo; j < hi; j++) {
-                    pr[j] = lp(dt, expf(sr[j] - m) / l);
+                    pr[j] = fa_round_to(dt, expf(sr[j] - m) / l);
                     const float z = keep ? (keep[j * p->keep_stride[3]] ? (float)p->keep_scale : 0.0f) : 1.0f;
-                    pd[j] = keep ? lp(dt, pr[j] * z) : pr[j];
+                    pd[j] = keep ? fa_round_to(dt, pr[j] * z) : pr[j];
                     float dot = 0.0f;
                     for (int64_t x = 0; x < dvd; x++) dot += doi[x] * vd[j * dvd + x];
-                    dpr[j] = keep ? lp(dt, lp(dt, dot) * z) : lp(dt, dot);
+                    dpr[j] = keep ? fa_round_to(dt, fa_round_to(dt, dot) * z) : fa_round_to(dt, dot);
                     D += dpr[j] * pr[j];
                 }
                 for (int64_t j = lo; j < hi; j++) {
-                    float dS = lp(dt, pr[j] * (dpr[j] - D));
-                    if (c > 0.0f) dS = lp(dt, dS * (1.0f - (u[j] / c) * (u[j] / c)));
+                    float dS = fa_round_to(dt, pr[j] * (dpr[j] - D));
+                    if (c > 0.0f) dS = fa_round_to(dt, dS * (1.0f - (u[j] / c) * (u[j] / c)));
                     for (int64_t x = 0; x < d; x++) {
                         dqi[x] += dS * kd[j * d + x];
                         dk_acc[j * d + x] += dS * qi[x];
@@ -325,49 +339,29 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
                     for (int64_t x = 0; x < dvd; x++) dv_acc[j * dvd + x] += pd[j] * doi[x];
                 }
             }
-            for (int64_t x = 0; x < d; x++) fa_rows_put(&dqs, i, x, (double)lp(dt, dqi[x]));
+            for (int64_t x = 0; x < d; x++) fa_rows_put(&dqs, i, x, (double)fa_round_to(dt, dqi[x]));
         }
         for (int64_t j = 0; j < Sk; j++) { /* this head's gradients, rounded, into the group's sums */
-            for (int64_t x = 0; x < d; x++) dk_sum[j * d + x] += lp(dt, lp(dt, dk_acc[j * d + x]) * scale);
-            for (int64_t x = 0; x < dvd; x++) dv_sum[j * dvd + x] += lp(dt, dv_acc[j * dvd + x]);
+            for (int64_t x = 0; x < d; x++) dk_sum[j * d + x] += fa_round_to(dt, fa_round_to(dt, dk_acc[j * d + x]) * scale);
+            for (int64_t x = 0; x < dvd; x++) dv_sum[j * dvd + x] += fa_round_to(dt, dv_acc[j * dvd + x]);
         }
     }
     for (int64_t j = 0; j < Sk; j++) {
-        for (int64_t x = 0; x < d; x++) fa_rows_put(&dks, j, x, (double)lp(dt, dk_sum[j * d + x]));
-        for (int64_t x = 0; x < dvd; x++) fa_rows_put(&dvs, j, x, (double)lp(dt, dv_sum[j * dvd + x]));
+        for (int64_t x = 0; x < d; x++) fa_rows_put(&dks, j, x, (double)fa_round_to(dt, dk_sum[j * d + x]));
+        for (int64_t x = 0; x < dvd; x++) fa_rows_put(&dvs, j, x, (double)fa_round_to(dt, dv_sum[j * dvd + x]));
     }
+}
+
+static void emulated_task(const fa_problem *p, const bwd_args *a, int64_t b, int64_t hk, void *scratch)
+{
+    emulated_backward_task(p, a->dt, a->dout, a->dq, a->dk, a->dv, b, hk, scratch);
 }
 
 fa_status fa_emulated_backward(const fa_problem *p, fa_dtype dt, const fa_tensor *dout, const fa_tensor *dq,
                                const fa_tensor *dk, const fa_tensor *dv)
 {
-    const int64_t tasks = p->batch * p->heads_k;
-    int failed = 0;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(fa_threads_for(p, p->batch * p->heads_k))
-#endif
-    {
-        float *scratch = fa_scratch_alloc(p, fa_mul_sat(emulated_scratch_floats(p), sizeof(float)));
-        if (!scratch) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp barrier
-#pragma omp for schedule(dynamic, 1)
-#endif
-        for (int64_t t = 0; t < tasks; t++) {
-            if (failed) continue;
-            emulated_backward_task(p, dt, dout, dq, dk, dv, t / p->heads_k, t % p->heads_k, scratch);
-        }
-        fa_scratch_free(p, scratch);
-    }
-    if (failed)
-        return fa_fail(FA_ERR_NOMEM, "emulated backward: could not allocate %zu bytes per thread",
-                       fa_mul_sat(emulated_scratch_floats(p), sizeof(float)));
-    return FA_OK;
+    const bwd_args a = {dout, dq, dk, dv, dt};
+    return kv_head_tasks(p, fa_mul_sat(emulated_scratch_floats(p), sizeof(float)), "emulated", emulated_task, &a);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -492,6 +492,14 @@ fa_kvcache fa_kvcache_default(void)
     return c;
 }
 
+/* The row of all the caches' rows (page * page_size + row, or cache * seqlen_cache + row) that
+ * holds sequence b's logical key row r. */
+static int64_t cache_row(const fa_kvcache *kv, int64_t rows, int64_t b, int64_t r)
+{
+    if (kv->block_table) return (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows;
+    return (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * rows + r;
+}
+
 /*
  * The KV cache's arguments, checked against the caches k, v (p holds q's
  * geometry and p->seqlen_k = the caches' row count): fills p's cache
@@ -575,8 +583,7 @@ static fa_status kvcache_geometry(const fa_kvcache *kv_in, const fa_tensor *k, c
         for (int64_t x = 0; x < nrows; x++) owner[x] = -1;
         for (int64_t b = 0; b < B && st == FA_OK; b++)
             for (int64_t r = kv->cache_seqlens[b]; r < kv->cache_seqlens[b] + sn; r++) {
-                const int64_t phys = kv->block_table ? (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows
-                                     : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * rows + r;
+                const int64_t phys = cache_row(kv, rows, b, r);
                 if (owner[phys] >= 0) {
                     const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
                     st = fa_fail(FA_ERR_INDEX, "%s%ssequences %lld and %lld would both append into one cache row "
@@ -593,8 +600,7 @@ static fa_status kvcache_geometry(const fa_kvcache *kv_in, const fa_tensor *k, c
         for (int64_t b = 0; b < B && st == FA_OK; b++) {
             const int64_t pad = kv->cache_leftpad ? kv->cache_leftpad[b] : 0;
             for (int64_t r = pad; r < kv->cache_seqlens[b]; r++) {
-                const int64_t phys = kv->block_table ? (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows
-                                     : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * rows + r;
+                const int64_t phys = cache_row(kv, rows, b, r);
                 if (owner[phys] < 0) continue;
                 const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
                 st = fa_fail(FA_ERR_INDEX, "%s: sequence %lld would append into the cache row that sequence %lld reads "

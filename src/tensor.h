@@ -90,6 +90,17 @@ static inline uint16_t fa_f32_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
+/* A float32 value rounded to dt and back (identity for f32 and f64): the emulations of
+ * fa_check (validate.c) and of a low-precision backward (backward.c). */
+static inline float fa_round_to(fa_dtype dt, float x)
+{
+    switch (dt) {
+    case FA_BF16: return fa_bf16_to_f32(fa_f32_to_bf16(x));
+    case FA_F16: return fa_f16_to_f32(fa_f32_to_f16(x));
+    default: return x;
+    }
+}
+
 /* Load element at offset `off` (elements) of a tensor as double / float. */
 static inline double fa_load_f64(const fa_tensor *t, int64_t off)
 {

@@ -88,16 +88,6 @@ static double atol_unit(fa_dtype dt)
     return a > 0x1p-18 ? a : 0x1p-18;
 }
 
-/* Round a float32 value to `dt` and back (identity for f32). */
-static inline float round_to(fa_dtype dt, float x)
-{
-    switch (dt) {
-    case FA_BF16: return fa_bf16_to_f32(fa_f32_to_bf16(x));
-    case FA_F16: return fa_f16_to_f32(fa_f32_to_f16(x));
-    default: return x;
-    }
-}
-
 /*
  * Does converting a `src` element to float32 and rounding to `dt` change it?
  * No when every value of src is exactly representable in dt (bf16 -> f32,
@@ -139,7 +129,7 @@ static int needs_rounding(fa_dtype src, fa_dtype dt)
 static void emu_row(const double *src, int64_t n, fa_dtype dt, int round, float *dst)
 {
     if (round)
-        for (int64_t c = 0; c < n; c++) dst[c] = round_to(dt, (float)src[c]);
+        for (int64_t c = 0; c < n; c++) dst[c] = fa_round_to(dt, (float)src[c]);
     else
         for (int64_t c = 0; c < n; c++) dst[c] = (float)src[c];
 }
@@ -239,7 +229,7 @@ static fa_status require_emulable(const fa_tensor *t, const char *name, fa_dtype
             for (int64_t c = 0; c < t->shape[2]; c++)
                 for (int64_t e = 0; e < t->shape[3]; e++) {
                     const double x = fa_load_f64(t, fa_off4(t, a, b, c, e));
-                    if (isfinite(round_to(dt, (float)x))) continue;
+                    if (isfinite(fa_round_to(dt, (float)x))) continue;
                     return fa_fail(FA_ERR_NONFINITE,
                                    "%s: element [%lld,%lld,%lld,%lld] = %g overflows %s (largest finite %s): "
                                    "the %s emulation of the default rule would be inf/NaN; check with an "
@@ -267,7 +257,7 @@ static fa_status require_kv_rows(const fa_problem *p, const char *kname, const c
                 for (int64_t j = 0; j < s.k_len; j++)
                     for (int64_t c = 0; c < r.width; c++) {
                         const double x = fa_rows_get(&r, j, c);
-                        const int bad = dt == FA_DTYPE_COUNT ? !isfinite(x) : !isfinite(round_to(dt, (float)x));
+                        const int bad = dt == FA_DTYPE_COUNT ? !isfinite(x) : !isfinite(fa_round_to(dt, (float)x));
                         if (!bad) continue;
                         if (dt == FA_DTYPE_COUNT && r.tail && j >= r.tail_from) {
                             const char *nn = vside ? p->v_new_name : p->k_new_name; /* a new key, not appended yet */
@@ -310,7 +300,7 @@ static fa_status require_varlen_rows(const fa_problem *p, const char *qname, con
                 for (int64_t i = 0; i < len; i++)
                     for (int64_t c = 0; c < r.width; c++) {
                         const double x = fa_rows_get(&r, i, c);
-                        const int bad = dt == FA_DTYPE_COUNT ? !isfinite(x) : !isfinite(round_to(dt, (float)x));
+                        const int bad = dt == FA_DTYPE_COUNT ? !isfinite(x) : !isfinite(fa_round_to(dt, (float)x));
                         if (!bad) continue;
                         if (dt == FA_DTYPE_COUNT)
                             return fa_fail(FA_ERR_NONFINITE, "%s: element [%lld,%lld,%lld] (sequence %lld) is %s; "
@@ -547,7 +537,7 @@ static int load_kv_row(const fa_rows *src, int64_t j, fa_dtype dt, int round, ro
         fa_gather_f32(t, off, inc, n, s->xe);
     }
     if (round) {
-        for (int64_t c = 0; c < n; c++) s->xf[c] = round_to(dt, s->xe[c]);
+        for (int64_t c = 0; c < n; c++) s->xf[c] = fa_round_to(dt, s->xe[c]);
         *emu = s->xf;
     } else {
         *emu = s->xe;
@@ -742,7 +732,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     for (int64_t j = lo; j < hi; j++) {
         const float *xf;
         double pd = s->sd[j];
-        float pf = cx->pfmt ? s->sf[j] : round_to(dt, s->sf[j] / lf);
+        float pf = cx->pfmt ? s->sf[j] : fa_round_to(dt, s->sf[j] / lf);
         if (keep) { /* dropout: P o Z / (1 - p) (the sums above are undropped) */
             if (!keep[j * p->keep_stride[3]]) continue;
             pd *= p->keep_scale;
@@ -796,7 +786,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     int row_finite = 1;
     for (int64_t c = 0; c < dv; c++) {
         const double ref = empty ? 0.0 : s->od[c] / ld;
-        const double emu = empty ? 0.0 : (double)round_to(dt, s->of[c]);
+        const double emu = empty ? 0.0 : (double)fa_round_to(dt, s->of[c]);
         const double test = fa_rows_get(&os, i, c);
         /* the same with the row sum in FlashAttention-2's order (lf2, above): O = acc / l moves
          * with l, by up to ~N u / 2 where the dominant key comes last; the larger error counts
@@ -804,7 +794,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
          * on such a row — a review's case — and no FA2 kernel writes one) */
         const double emu2 = empty || cx->pfmt || !(lf2 > 0.0f) || (dt != FA_BF16 && dt != FA_F16)
                                 ? emu /* FA2 writes O in bf16 / f16 only: a float32 O keeps the strict order */
-                                : (double)round_to(dt, s->of[c] * (lf / lf2));
+                                : (double)fa_round_to(dt, s->of[c] * (lf / lf2));
         const double e_emu = fabs(emu - ref) > fabs(emu2 - ref) ? fabs(emu - ref) : fabs(emu2 - ref);
         const double mod = cx->model ? s->om[c] : emu; /* what the row factor of a sound kernel looks like */
         if (cx->model && fabs(mod - ref) > ps->model_max) ps->model_max = fabs(mod - ref);
