@@ -18,6 +18,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -283,6 +284,31 @@ static void test_flash_backward_matches_reference_with_dropout(void **state)
     free_data(&g);
 }
 
+/* Ensure check-grad's bf16/f16 baseline (the emulated backward) applies the keep-mask and its
+ * 1/(1-p): within the dtype's noise of the reference with dropout, far closer to it than without. */
+static void test_emulated_backward_takes_dropout(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x6e;
+    data g;
+    make_data(&g, &rng, FA_F64);
+    for (size_t oi = 0; oi < sizeof OPTS / sizeof OPTS[0]; oi++) {
+        const fa_options ro = make_opt(&OPTS[oi], &g, FA_IMPL_REFERENCE);
+        fa_options nodrop = ro;
+        nodrop.dropout = NULL;
+        tu_grads r, off;
+        backward(&g, &ro, &r);
+        backward(&g, &nodrop, &off);
+        char what[64];
+        snprintf(what, sizeof what, "dropout, options %zu", oi);
+        tu_expect_emulated(&g.q, &g.k, &g.v, &g.dout, &ro, FA_BF16, &r, &off, 0x1p-4, what);
+        tu_expect_emulated(&g.q, &g.k, &g.v, &g.dout, &ro, FA_F16, &r, &off, 0x1p-7, what);
+        tu_free_grads(&r);
+        tu_free_grads(&off);
+    }
+    free_data(&g);
+}
+
 /* Ensure a varlen batch takes a [batch, heads, max_q, max_k] mask: each sequence equals itself alone. */
 static void test_dropout_with_varlen(void **state)
 {
@@ -494,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_strided_mask_is_the_same_mask),
         cmocka_unit_test(test_reference_backward_matches_finite_differences),
         cmocka_unit_test(test_flash_backward_matches_reference_with_dropout),
+        cmocka_unit_test(test_emulated_backward_takes_dropout),
         cmocka_unit_test(test_dropout_with_varlen),
         cmocka_unit_test(test_check_judges_dropout),
         cmocka_unit_test(test_inf_in_dropped_v_is_the_same_everywhere),

@@ -20,6 +20,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -257,6 +258,31 @@ static void test_flash_backward_matches_reference_with_sinks(void **state)
     free_data(&g);
 }
 
+/* Ensure check-grad's bf16/f16 baseline (the emulated backward) applies the sinks: it is within the
+ * dtype's noise of the reference with sinks, and far closer to it than the reference without. */
+static void test_emulated_backward_takes_sinks(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x5e;
+    data g;
+    make_data(&g, &rng, FA_F64);
+    for (size_t oi = 0; oi < sizeof OPTS / sizeof OPTS[0]; oi++) {
+        const fa_options ro = make_opt(&OPTS[oi], &g, FA_IMPL_REFERENCE);
+        fa_options nosink = ro;
+        nosink.sinks = NULL;
+        tu_grads r, off;
+        backward(&g, &ro, &r);
+        backward(&g, &nosink, &off);
+        char what[64];
+        snprintf(what, sizeof what, "sinks, options %zu", oi);
+        tu_expect_emulated(&g.q, &g.k, &g.v, &g.dout, &ro, FA_BF16, &r, &off, 0x1p-4, what);
+        tu_expect_emulated(&g.q, &g.k, &g.v, &g.dout, &ro, FA_F16, &r, &off, 0x1p-7, what);
+        tu_free_grads(&r);
+        tu_free_grads(&off);
+    }
+    free_data(&g);
+}
+
 /* Ensure varlen batches and KV caches take sinks: flash equals the reference. */
 static void test_sinks_combine_with_varlen_and_kvcache(void **state)
 {
@@ -418,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_forward_matches_dense_model_with_sinks),
         cmocka_unit_test(test_reference_backward_matches_finite_differences),
         cmocka_unit_test(test_flash_backward_matches_reference_with_sinks),
+        cmocka_unit_test(test_emulated_backward_takes_sinks),
         cmocka_unit_test(test_sinks_combine_with_varlen_and_kvcache),
         cmocka_unit_test(test_check_judges_sinks),
         cmocka_unit_test(test_bad_sinks_are_refused),

@@ -192,6 +192,41 @@ void tu_backward(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, con
         fail_msg("backward (%s): %s", fa_impl_name(opt->impl), fa_last_error());
 }
 
+/* max |x| of a float64 tensor allocated by tu_alloc (contiguous) */
+static double max_abs_f64(const tu_tensor *t)
+{
+    const int64_t n = fa_tensor_numel(&t->t);
+    double m = 0.0;
+    for (int64_t x = 0; x < n; x++) m = fmax(m, fabs(((const double *)t->mem)[x]));
+    return m;
+}
+
+void tu_expect_emulated(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, const tu_tensor *dout,
+                        const fa_options *opt, fa_dtype dt, const tu_grads *ref, const tu_grads *off, double rel,
+                        const char *what)
+{
+    tu_tensor g[3] = {tu_alloc(FA_F64, q->t.rank, q->t.shape), tu_alloc(FA_F64, k->t.rank, k->t.shape),
+                      tu_alloc(FA_F64, v->t.rank, v->t.shape)};
+    for (int x = 0; x < 3; x++) tu_poison(&g[x]);
+    fa_backward_extra ex;
+    fa_backward_extra_init(&ex, sizeof ex);
+    ex.emulate_dtype = dt;
+    if (fa_backward_ex(&q->t, &k->t, &v->t, NULL, NULL, &dout->t, &g[0].t, &g[1].t, &g[2].t, opt, &ex) != FA_OK)
+        fail_msg("%s: emulated %s backward: %s", what, fa_dtype_name(dt), fa_last_error());
+    const tu_tensor *r[3] = {&ref->dq, &ref->dk, &ref->dv}, *o[3] = {&off->dq, &off->dk, &off->dv};
+    static const char *const name[3] = {"dq", "dk", "dv"};
+    for (int x = 0; x < 3; x++) {
+        int64_t where = -1, w2 = -1;
+        const double mx = max_abs_f64(r[x]);
+        const double e = tu_max_abs_diff(&g[x], r[x], &where) / mx, eo = tu_max_abs_diff(o[x], r[x], &w2) / mx;
+        if (!(mx > 0.0) || !(e > 0.0) || !(e <= rel) || !(e < 0.5 * eo))
+            fail_msg("%s: emulated %s %s: error %.3g of max|ref| %.3g (at %lld): want 0 < error <= %.3g and "
+                     "< half the %.3g the reference without the feature is off",
+                     what, fa_dtype_name(dt), name[x], e, mx, (long long)where, rel, eo);
+    }
+    for (int x = 0; x < 3; x++) tu_free(&g[x]);
+}
+
 void tu_free_grads(tu_grads *gr)
 {
     tu_free(&gr->dq);

@@ -71,6 +71,18 @@ void tu_backward(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, con
                  const fa_options *opt, tu_grads *gr);
 void tu_free_grads(tu_grads *gr);
 
+/*
+ * check-grad's baseline, the backward run plainly in `dt` (fa_backward_extra.emulate_dtype =
+ * FA_BF16 or FA_F16), on the problem: for each of dq, dk, dv its max error against `ref` (the
+ * float64 reference's gradients under `opt`), relative to max|ref|, must be above 0 (it really
+ * rounds), at most `rel` (the dtype's noise), and below half the relative difference of `off`
+ * (the reference without the feature under test) — so an emulation that ignored the feature
+ * fails. Returns nothing; fails the test naming `what`.
+ */
+void tu_expect_emulated(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, const tu_tensor *dout,
+                        const fa_options *opt, fa_dtype dt, const tu_grads *ref, const tu_grads *off, double rel,
+                        const char *what);
+
 /* A scalar loss of the problem `ctx` under `opt` (e.g. sum O * dO of the float64 reference). */
 typedef double (*tu_loss_fn)(const void *ctx, const fa_options *opt);
 

@@ -9,9 +9,9 @@
  *   - each sequence's O and LSE rows (and dQ, dK, dV rows) are bit for bit
  *     what the same implementation gives that sequence alone as a uniform
  *     batch of one (whose correctness the other suites establish), for
- *     every implementation, masks aligned per sequence, zero-length
- *     sequences included; the reference also matches a plain dense float64
- *     model written here;
+ *     every implementation (and check-grad's emulated bf16/f16 backward),
+ *     masks aligned per sequence, zero-length sequences included; the
+ *     reference also matches a plain dense float64 model written here;
  *   - rows no sequence owns get O = 0, LSE = -inf, and zero gradients;
  *   - fa_check accepts the flash output and pinpoints a wrong element by
  *     (sequence, row within the sequence);
@@ -154,15 +154,37 @@ static fa_options seq_opt(const fa_options *opt, const opt_case *oc, const vl_da
     return o;
 }
 
-static void expect_same(const tu_tensor *a, const tu_tensor *b, const char *what, const char *cname, fa_impl impl,
-                        size_t oi)
+static void expect_same_named(const tu_tensor *a, const tu_tensor *b, const char *what, const char *cname,
+                              const char *impl, size_t oi)
 {
     if (a->bytes != b->bytes || memcmp(a->mem, b->mem, a->bytes) != 0) {
         int64_t where = -1;
         const double e = tu_max_abs_diff(a, b, &where);
         fail_msg("%s, %s, options %zu: varlen %s differs from the per-sequence run (max diff %g at flat %lld)",
-                 cname, fa_impl_name(impl), oi, what, e, (long long)where);
+                 cname, impl, oi, what, e, (long long)where);
     }
+}
+
+static void expect_same(const tu_tensor *a, const tu_tensor *b, const char *what, const char *cname, fa_impl impl,
+                        size_t oi)
+{
+    expect_same_named(a, b, what, cname, fa_impl_name(impl), oi);
+}
+
+/* Backwards the varlen test runs: the reference, flash, and check-grad's emulated bf16 and f16
+ * baselines (fa_backward_extra.emulate_dtype; o and lse unused). */
+#define BWD_KINDS 4
+static const char *const BWD_NAME[BWD_KINDS] = {"reference", "flash", "emulated bf16", "emulated f16"};
+
+static fa_status run_backward(int kind, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                              const fa_tensor *o, const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
+                              fa_tensor *dk, fa_tensor *dv, const fa_options *opt)
+{
+    if (kind < 2) return fa_backward(q, k, v, o, lse, dout, dq, dk, dv, opt);
+    fa_backward_extra ex;
+    fa_backward_extra_init(&ex, sizeof ex);
+    ex.emulate_dtype = kind == 2 ? FA_BF16 : FA_F16;
+    return fa_backward_ex(q, k, v, o, lse, dout, dq, dk, dv, opt, &ex);
 }
 
 /* A plain dense float64 model of row i, head h of sequence b (no library code). */
@@ -357,9 +379,10 @@ static void test_varlen_backward_matches_each_sequence_alone(void **state)
         const int64_t qs[3] = {g.total_q, c->H, c->d}, ks[3] = {g.total_k, c->Hk, c->d};
         const int64_t vs[3] = {g.total_k, c->Hk, c->dv};
         for (size_t oi = 0; oi < sizeof OPTS / sizeof OPTS[0]; oi++) {
-            for (int impl = 0; impl < 2; impl++) {
+            for (int kind = 0; kind < BWD_KINDS; kind++) {
                 for (int given = 0; given < 2; given++) {
-                    const fa_options opt = make_opt(&OPTS[oi], &g, (fa_impl)impl, 1);
+                    const fa_impl impl = kind == 1 ? FA_IMPL_FLASH : FA_IMPL_REFERENCE;
+                    const fa_options opt = make_opt(&OPTS[oi], &g, impl, 1);
                     tu_tensor o = tu_alloc(FA_F32, 3, os), lse = tu_alloc(FA_F32, 2, ls);
                     if (fa_forward(&g.q.t, &g.k.t, &g.v.t, &o.t, &lse.t, &opt) != FA_OK)
                         fail_msg("%s: forward: %s", c->name, fa_last_error());
@@ -373,9 +396,9 @@ static void test_varlen_backward_matches_each_sequence_alone(void **state)
                     memset(dq[1].mem, 0, dq[1].bytes); /* unowned rows: zero gradients */
                     memset(dk[1].mem, 0, dk[1].bytes);
                     memset(dv[1].mem, 0, dv[1].bytes);
-                    if (fa_backward(&g.q.t, &g.k.t, &g.v.t, given ? &o.t : NULL, given ? &lse.t : NULL, &g.dout.t,
-                                    &dq[0].t, &dk[0].t, &dv[0].t, &opt) != FA_OK)
-                        fail_msg("%s: varlen %s backward: %s", c->name, fa_impl_name((fa_impl)impl), fa_last_error());
+                    if (run_backward(kind, &g.q.t, &g.k.t, &g.v.t, given ? &o.t : NULL, given ? &lse.t : NULL,
+                                     &g.dout.t, &dq[0].t, &dk[0].t, &dv[0].t, &opt) != FA_OK)
+                        fail_msg("%s: varlen %s backward: %s", c->name, BWD_NAME[kind], fa_last_error());
                     for (int64_t b = 0; b < c->batch; b++) {
                         fa_tensor slope_row;
                         const fa_options so = seq_opt(&opt, &OPTS[oi], &g, b, &slope_row);
@@ -385,13 +408,13 @@ static void test_varlen_backward_matches_each_sequence_alone(void **state)
                         fa_tensor lv = lse_view(&lse.t, q0, nq), dov = rows_view(&g.dout.t, q0, nq);
                         fa_tensor dqv = rows_view(&dq[1].t, q0, nq), dkv = rows_view(&dk[1].t, k0, nk);
                         fa_tensor dvv = rows_view(&dv[1].t, k0, nk);
-                        if (fa_backward(&qv, &kv, &vv, given ? &ov : NULL, given ? &lv : NULL, &dov, &dqv, &dkv, &dvv,
-                                        &so) != FA_OK)
+                        if (run_backward(kind, &qv, &kv, &vv, given ? &ov : NULL, given ? &lv : NULL, &dov, &dqv,
+                                         &dkv, &dvv, &so) != FA_OK)
                             fail_msg("%s seq %lld: backward: %s", c->name, (long long)b, fa_last_error());
                     }
-                    expect_same(&dq[0], &dq[1], "dQ", c->name, (fa_impl)impl, oi);
-                    expect_same(&dk[0], &dk[1], "dK", c->name, (fa_impl)impl, oi);
-                    expect_same(&dv[0], &dv[1], "dV", c->name, (fa_impl)impl, oi);
+                    expect_same_named(&dq[0], &dq[1], "dQ", c->name, BWD_NAME[kind], oi);
+                    expect_same_named(&dk[0], &dk[1], "dK", c->name, BWD_NAME[kind], oi);
+                    expect_same_named(&dv[0], &dv[1], "dV", c->name, BWD_NAME[kind], oi);
                     for (int x = 0; x < 2; x++) { tu_free(&dq[x]); tu_free(&dk[x]); tu_free(&dv[x]); }
                     tu_free(&o); tu_free(&lse);
                 }
