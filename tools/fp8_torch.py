@@ -4,7 +4,7 @@
     python3 tools/fp8_torch.py --out DIR [--batch B --heads H --heads-k HK --seqlen N --d D]
                                [--causal] [--descale per-head|per-tensor] [--seed S]
                                [--saturate-p] [--backend torch|numpy] [--device cuda|cpu]
-                               [--cudnn]
+                               [--cudnn] [--fast-accum]
 
 FlashAttention-3's forward data path, one (batch, head) at a time:
   1. Q, K, V drawn in float32 (q std 2, k std 2, v std 1), quantized to float8_e4m3fn with
@@ -16,7 +16,10 @@ FlashAttention-3's forward data path, one (batch, head) at a time:
      e4m3 keeps its resolution), l = the row sum of the unrounded P~;
   4. P~ quantized to e4m3 (satfinite), O = (P8 V8) descale_v / l by torch._scaled_mm;
      bf16 out.
-With --saturate-p the exponent offset is 12 instead of 8 and P~ is clamped at 448 when it
+With --fast-accum both products pass use_fast_accum=True to torch._scaled_mm: the tensor cores'
+FP8 accumulation without cuBLAS's periodic promotion to float32 (about 14 bits of accumulator
+kept on Hopper, DeepSeek-V3's report), as a kernel that accumulates in its WGMMA registers over
+the whole row (FA-3) does. With --saturate-p the exponent offset is 12 instead of 8 and P~ is clamped at 448 when it
 is converted (a satfinite conversion), while l keeps the unclamped values: the
 FlashAttention-4 bug fixed in its PR 2717.
 
@@ -148,14 +151,17 @@ def run_torch(q, k, v, dq, dk, dv, a):
         """x8 @ y8 with descales sx, sy, float32 out: torch._scaled_mm on the GPU's FP8 tensor cores."""
         if dev.type == "cuda":
             try:
-                r = torch._scaled_mm(x8, y8_colmajor, scale_a=sx, scale_b=sy, out_dtype=torch.float32)
-                if "torch._scaled_mm (float32 out)" not in how:
-                    how.append("torch._scaled_mm (float32 out)")
+                r = torch._scaled_mm(x8, y8_colmajor, scale_a=sx, scale_b=sy, out_dtype=torch.float32,
+                                     use_fast_accum=a.fast_accum)
+                tag = "torch._scaled_mm (float32 out, use_fast_accum=%s)" % a.fast_accum
+                if tag not in how:
+                    how.append(tag)
                 return r
             except RuntimeError as e:  # a PyTorch without float32 output for FP8 GEMMs
                 if not any(x.startswith("torch._scaled_mm (bf16") for x in how):
                     how.append("torch._scaled_mm (bf16 out: float32 out refused: %s)" % str(e).splitlines()[0][:120])
-                return torch._scaled_mm(x8, y8_colmajor, scale_a=sx, scale_b=sy, out_dtype=torch.bfloat16).float()
+                return torch._scaled_mm(x8, y8_colmajor, scale_a=sx, scale_b=sy, out_dtype=torch.bfloat16,
+                                        use_fast_accum=a.fast_accum).float()
         if "float32 matmul (cpu)" not in how:
             how.append("float32 matmul (cpu)")
         return (x8.float() @ y8_colmajor.float()) * (sx * sy)
@@ -216,6 +222,7 @@ def main(argv=None):
     ap.add_argument("--backend", choices=("torch", "numpy"), default="torch")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--fast-accum", action="store_true")
     a = ap.parse_args(argv)
     B, N, H, HK, D = a.batch, a.seqlen, a.heads, a.heads_k, a.d
     if min(B, N, H, HK, D) < 1 or H % HK:
@@ -237,7 +244,7 @@ def main(argv=None):
         for name, x in dict(q=q8, k=k8, v=v8, dq=dq, dk=dk, dv=dv, o=bf16_bits(o), o_f32=o).items():
             np.save(os.path.join(out, f"{name}.npy"), np.ascontiguousarray(x))
         lines = [f"shape B={B} N={N} H={H} HK={HK} d={D} causal={int(a.causal)} descale={a.descale} "
-                 f"seed={a.seed} saturate_p={int(sat)}", f"ran: {how}"]
+                 f"seed={a.seed} saturate_p={int(sat)} fast_accum={int(a.fast_accum)}", f"ran: {how}"]
         if a.cudnn and not sat:
             lines.append(probe_cudnn(q8, k8, v8, a, out) if a.backend == "torch" else "cudnn fp8 sdpa: not probed (numpy)")
         with open(os.path.join(out, "meta.txt"), "w") as f:
