@@ -21,6 +21,9 @@
  *                 6: head by head, asking (prefetch LOCALITY) for the next block in address
  *                    order spread evenly: a few lines before every row read
  *                 7: as 6, but a head's share asked at once, before its K rows and its V rows
+ *                 8: address order in STREAMS (environment, default 4) interleaved parts of
+ *                    the keys: BLOCK keys of part 0, of part 1, ... then the next BLOCK of
+ *                    each (2 x STREAMS sequential streams, K and V, for the L2 streamer)
  *                 (environment GRAN=G, order 6: ask every G rows, G times as many lines)
  *     BLOCK       keys per block (default 32); FMAS: 16-lane FMAs per line read, in groups
  *                 of 8 (default 0; 16 is about the bf16 kernels' arithmetic per line)
@@ -128,9 +131,9 @@ int main(int argc, char **argv)
     fmas = argc > 4 ? atoi(argv[4]) : 0;
     const int loc = argc > 5 ? atoi(argv[5]) : 3;
     if (getenv("GRAN")) gran = atoi(getenv("GRAN")); /* order 6: ask every GRAN rows */
-    if ((esz != 2 && esz != 4) || order < 0 || order > 7 || loc < 1 || loc > 3 || bc < 1 || bc > 4096 || fmas < 0 ||
+    if ((esz != 2 && esz != 4) || order < 0 || order > 8 || loc < 1 || loc > 3 || bc < 1 || bc > 4096 || fmas < 0 ||
         fmas > 256) {
-        fprintf(stderr, "decode_pattern: ELEM_BYTES 2|4, ORDER 0..7, BLOCK 1..4096, FMAS 0..256, LOCALITY 1..3\n");
+        fprintf(stderr, "decode_pattern: ELEM_BYTES 2|4, ORDER 0..8, BLOCK 1..4096, FMAS 0..256, LOCALITY 1..3\n");
         return 2;
     }
     const size_t rowb = (size_t)D * (size_t)esz, keyb = rowb * H, total = keyb * (size_t)N;
@@ -147,7 +150,15 @@ int main(int argc, char **argv)
     for (int pass = 0; pass < 5; pass++) {
         for (size_t i = 0; i < evb; i += 64) sink += (uint64_t)E[i];
         const double t0 = now();
-        if (order == 2) {
+        if (order == 8) {
+            const long ns = getenv("STREAMS") ? atol(getenv("STREAMS")) : 4, part = (N + ns - 1) / ns;
+            for (long t0 = 0; t0 < part; t0 += bc)
+                for (long sidx = 0; sidx < ns; sidx++)
+                    for (long j = sidx * part + t0; j < sidx * part + t0 + bc && j < (sidx + 1) * part && j < N; j++) {
+                        use_row(K + (size_t)j * keyb, keyb);
+                        use_row(V + (size_t)j * keyb, keyb);
+                    }
+        } else if (order == 2) {
             for (long j = 0; j < N; j++) {
                 use_row(K + (size_t)j * keyb, keyb);
                 use_row(V + (size_t)j * keyb, keyb);
