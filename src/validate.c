@@ -266,14 +266,21 @@ static fa_status require_kv_rows(const fa_problem *p, const char *kname, const c
                                            DIM(r.tail_batch), DIM(j - r.tail_from), DIM(hk), DIM(c),
                                            isnan(x) ? "NaN" : "Inf");
                         }
+                        /* where the key lies in the cache's file: [cache batch, row] or [page, slot] */
+                        const int64_t row = s.k_start + j;
+                        const int64_t f0 = s.k_pages ? (int64_t)s.k_pages[row / s.k_page_size] : s.k_batch;
+                        const int64_t f1 = s.k_pages ? row % s.k_page_size : row;
                         if (dt == FA_DTYPE_COUNT)
-                            return fa_fail(FA_ERR_NONFINITE, "%s: sequence %lld, key %lld, head %lld, element %lld is "
-                                           "%s; inputs must be finite", vside ? vname : kname, DIM(b), DIM(j), DIM(hk),
-                                           DIM(c), isnan(x) ? "NaN" : "Inf");
-                        return fa_fail(FA_ERR_NONFINITE, "%s: sequence %lld, key %lld, head %lld, element %lld = %g "
-                                       "overflows %s: the %s emulation of the default rule would be inf/NaN; check "
-                                       "with an explicit atol/rtol or a wider dtype", vside ? vname : kname, DIM(b),
-                                       DIM(j), DIM(hk), DIM(c), x, fa_dtype_name(dt), fa_dtype_name(dt));
+                            return fa_fail(FA_ERR_NONFINITE, "%s: sequence %lld, key %lld, head %lld, element %lld "
+                                           "(element [%lld,%lld,%lld,%lld] of the %s) is %s; inputs must be finite",
+                                           vside ? vname : kname, DIM(b), DIM(j), DIM(hk), DIM(c), DIM(f0), DIM(f1),
+                                           DIM(hk), DIM(c), s.k_pages ? "pages" : "cache", isnan(x) ? "NaN" : "Inf");
+                        return fa_fail(FA_ERR_NONFINITE, "%s: sequence %lld, key %lld, head %lld, element %lld "
+                                       "(element [%lld,%lld,%lld,%lld] of the %s) = %g overflows %s: the %s emulation "
+                                       "of the default rule would be inf/NaN; check with an explicit atol/rtol or a "
+                                       "wider dtype", vside ? vname : kname, DIM(b), DIM(j), DIM(hk), DIM(c), DIM(f0),
+                                       DIM(f1), DIM(hk), DIM(c), s.k_pages ? "pages" : "cache", x, fa_dtype_name(dt),
+                                       fa_dtype_name(dt));
                     }
             }
     }

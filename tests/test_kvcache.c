@@ -428,7 +428,7 @@ static void test_check_inputs_refuses_only_what_is_read(void **state)
     assert_int_equal(fa_check_inputs(&g.q.t, &g.kc.t, &g.vc.t, &opt, NULL, "kc.npy", "vc.npy"), FA_OK);
     kc[((size_t)3 * SC + 7) * row + D + 2] = INFINITY; /* cache 3 row 7, kv head 1: sequence 2's key 2 */
     assert_int_equal(fa_check_inputs(&g.q.t, &g.kc.t, &g.vc.t, &opt, NULL, "kc.npy", "vc.npy"), FA_ERR_NONFINITE);
-    assert_non_null(strstr(fa_last_error(), "kc.npy: sequence 2, key 2, head 1, element 2 is Inf"));
+    assert_non_null(strstr(fa_last_error(), "kc.npy: sequence 2, key 2, head 1, element 2 (element [3,7,1,2] of the cache) is Inf"));
     kc[((size_t)3 * SC + 7) * row + D + 2] = 0.5f;
     knd[((size_t)0 * g.kn.t.shape[1] + 1) * row + 3] = NAN; /* sequence 0's new key 1 */
     assert_int_equal(fa_check_inputs(&g.q.t, &g.kc.t, &g.vc.t, &opt, NULL, "kc.npy", "vc.npy"), FA_ERR_NONFINITE);

@@ -185,8 +185,16 @@ import numpy as np
 k = np.load('kc.npy'); k[2, 7, 1, 3] = np.nan; np.save('kc_nan_used.npy', k)     # cache 2 row 7: sequence 0 (idx 2) reads 0..9
 k = np.load('kc.npy'); k[2, 30, 0, 0] = np.nan; np.save('kc_nan_unused.npy', k)  # row 30: past every sequence's rows
 np.save('idx_dup.npy', np.array([2, 0, 2], '<i4'))"
-expect_fail "run: NaN in a cache row a sequence reads" "kc_nan_used.npy: sequence 0, key 7, head 1, element 3 is NaN" \
+expect_fail "run: NaN in a cache row a sequence reads" "kc_nan_used.npy: sequence 0, key 7, head 1, element 3 (element [2,7,1,3] of the cache) is NaN" \
     $fa run -q q.npy -k kc_nan_used.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy -o o_bad.npy
+# the same in pages: sequence 2's key 8 is row 8 of its cache, slot 2 of page table[2, 2]
+python3 -c "
+import numpy as np
+k = np.load('vp.npy'); t = np.load('table.npy'); k[t[2, 2], 2, 0, 1] = np.inf; np.save('vp_inf.npy', k)
+print(t[2, 2])" >page.txt
+expect_fail "run: Inf in a page a sequence reads, named by page and slot" \
+    "vp_inf.npy: sequence 2, key 8, head 0, element 1 (element [$(cat page.txt),2,0,1] of the pages) is Inf" \
+    $fa run -q q.npy -k kp.npy -v vp_inf.npy --cache-seqlens sl.npy --block-table table.npy -o o_bad.npy
 if $fa run -q q.npy -k kc_nan_unused.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy -o o_nan.npy \
         >out.txt 2>err.txt && [ ! -s err.txt ]; then ok
 else bad "run with a NaN in an unused cache row: $(cat err.txt)"; fi
