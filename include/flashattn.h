@@ -125,6 +125,12 @@ typedef enum fa_dtype {
 /** @brief Largest head dimension (d and d_v) accepted; larger gives FA_ERR_SHAPE. */
 #define FA_HEAD_DIM_MAX 4096
 
+/** @brief Most OpenMP threads a call (or a context, or fa_check / fa_diagnose) may ask for;
+ *  more gives FA_ERR_OPTION. (An OpenMP runtime that cannot create a thread ends the
+ *  process instead of failing the call, so absurd counts are refused first; the result's
+ *  bits never depend on the thread count.) */
+#define FA_MAX_THREADS 4096
+
 /**
  * @name Accepted ranges of the score parameters
  * The flash and standard paths compute scores in float32, so every path
@@ -416,7 +422,7 @@ typedef struct fa_options {
     double softcap;           /**< > 0 enables s = softcap * tanh(s / softcap) (in [FA_SOFTCAP_MIN, FA_SOFTCAP_MAX]); 0 disables. */
     const fa_tensor *alibi_slopes; /**< NULL, or float32/float64 finite slopes `[heads]` or `[batch][heads]`; |slope| x (max(Sq, Sk) - 1) <= FA_ALIBI_BIAS_MAX. */
     fa_impl impl;             /**< Which implementation runs. */
-    int num_threads;          /**< OpenMP threads; 0 uses the OpenMP default. */
+    int num_threads;          /**< OpenMP threads (at most FA_MAX_THREADS); 0 uses the OpenMP default. */
     int block_q;              /**< Flash row block Br; 0 derives it from the cache sizes. */
     int block_k;              /**< Flash column block Bc; 0 derives it from the cache sizes. */
     size_t standard_max_bytes;/**< Cap on the standard path's S/P scratch; 0 = default (1 GiB). */
@@ -1318,8 +1324,10 @@ typedef struct fa_backward_extra {
                               reorder_ops=True)): every product's output rounded to the dtype
                               after a float32 sum, the softmax in float32 from the rounded scores,
                               each query head's dK, dV rounded before a GQA group's sum —
-                              check-grad's baseline for bf16/f16 gradients. o, lse and dsinks
-                              are not used. (Added in 0.6.) */
+                              check-grad's baseline for bf16/f16 gradients; dsinks, when asked
+                              for, as autograd gives a sink column with no value row (each
+                              row's dS = P_sink (0 - D) rounded, summed in float32, rounded).
+                              o and lse are not used. (Added in 0.6.) */
 } fa_backward_extra;
 
 /** @brief Set every field of @p x to its default (no extra outputs) and

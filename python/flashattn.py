@@ -35,6 +35,8 @@ bfloat16 is either an ``ml_dtypes.bfloat16`` array or bit patterns in a
 **uint16** array (kept for compatibility); other integer arrays, int16
 included, are refused rather than read as bits (``bf16_bits=True`` also reads
 int16 arrays as bf16 bit patterns, ``bf16_bits=False`` refuses uint16 too).
+The same rule holds for the side inputs (alibi_slopes, sinks, rotary_cos and
+rotary_sin), which are otherwise taken by value (Python ints and lists too).
 
     import numpy as np, flashattn
     o, lse = flashattn.attention(q, k, v, causal=True, return_lse=True)
@@ -532,27 +534,23 @@ def _torch_result(arr, code, device):
     return t.to(device) if str(device) != "cpu" else t
 
 
-def _alibi_array(slopes):
-    """ALiBi slopes as float32/float64 values (the library takes no other type);
-    a torch tensor of any float type, bf16 included, is converted by value."""
-    if _is_torch(slopes):
+def _values(x, name, bf16_bits=None):
+    """A side input (ALiBi slopes, sinks, rotary tables) as float32/float64 values, the only
+    types the library takes for them: a torch tensor of any float type by value; uint16
+    (int16 with bf16_bits=True) as bf16 bit patterns, by the rule q, k and v follow
+    (bf16_bits=False refuses uint16); other numbers (Python ints, float16, ...) by value."""
+    if _is_torch(x):
         import torch
-        slopes = slopes.detach().to("cpu", torch.float64)
-    a = _as_array(slopes, "alibi_slopes")
-    if a.dtype not in (np.float32, np.float64):
-        a = a.astype(np.float64)
-    return a
-
-
-def _sinks_array(sinks):
-    """Attention sinks [heads] as float32/float64 values (a torch tensor is converted by value)."""
-    if _is_torch(sinks):
-        import torch
-        sinks = sinks.detach().to("cpu", torch.float64)
-    a = _as_array(sinks, "sinks")
-    if a.dtype not in (np.float32, np.float64):
-        a = a.astype(np.float64)
-    return a
+        x = x.detach().to("cpu", torch.float64)
+    a = _as_array(x, name)
+    if a.dtype in (np.float32, np.float64):
+        return a
+    if a.dtype in (np.uint16, np.int16):
+        _fa_dtype(a, name, bf16_bits)  # refuses what is not to be read as bf16 bits
+        return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if a.dtype.kind not in "iuf" and a.dtype.name != "bfloat16":
+        raise TypeError(f"{name}: unsupported dtype {a.dtype}: give float values")
+    return a.astype(np.float64)
 
 
 def _dropout(p, mask, keep):
@@ -588,7 +586,7 @@ def _dropout(p, mask, keep):
     return d
 
 
-def _rotary(cos, sin, interleaved, keep):
+def _rotary(cos, sin, interleaved, keep, bf16_bits=None):
     """A _Rotary from the cos/sin tables [seqlen_ro, rotary_dim / 2], or None."""
     if cos is None and sin is None:
         return None
@@ -596,12 +594,7 @@ def _rotary(cos, sin, interleaved, keep):
         raise ValueError("rotary_cos and rotary_sin go together")
     tabs = []
     for x, name in ((cos, "rotary_cos"), (sin, "rotary_sin")):
-        if _is_torch(x):
-            import torch
-            x = x.detach().to("cpu", torch.float64)
-        a = _as_array(x, name)
-        if a.dtype not in (np.float32, np.float64):
-            a = a.astype(np.float64)
+        a = _values(x, name, bf16_bits)
         t = _tensor(a, name)
         keep += [a, t]
         tabs.append(t)
@@ -616,7 +609,7 @@ def _rotary(cos, sin, interleaved, keep):
 
 
 def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align="bottom-right",
-             sinks=None, dropout_p=0.0, dropout_mask=None):
+             sinks=None, dropout_p=0.0, dropout_mask=None, bf16_bits=None):
     """fa_options from the keyword arguments, every value checked first."""
     scale = _scale_arg(scale)
     if align not in _ALIGNS:
@@ -646,12 +639,12 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     opt.num_threads = num_threads
     opt.align = _ALIGNS[align]
     if alibi_slopes is not None:
-        a = _alibi_array(alibi_slopes)
+        a = _values(alibi_slopes, "alibi_slopes", bf16_bits)
         ta = _tensor(a, "alibi_slopes")
         keep += [a, ta]
         opt.alibi_slopes = ctypes.pointer(ta)
     if sinks is not None:
-        a = _sinks_array(sinks)
+        a = _values(sinks, "sinks", bf16_bits)
         ts = _tensor(a, "sinks")
         keep += [a, ts]
         opt.sinks = ctypes.addressof(ts)
@@ -705,11 +698,13 @@ def _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep):
     return vl
 
 
-def _kvcache(q, k_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep):
-    """A fa_kvcache from the cache arguments (values checked by the library)."""
+def _kvcache(q, k_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep,
+             new_names=("k", "v")):
+    """A fa_kvcache from the cache arguments (values checked by the library); new_names are
+    the caller's names of the new keys and values."""
     batch = q.shape[0]
-    if isinstance(cache_seqlens, (int, np.integer)):
-        cache_seqlens = np.full(batch, int(cache_seqlens), np.int32)
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, (bool, np.bool_)):
+        cache_seqlens = np.full(batch, _int_arg(cache_seqlens, "cache_seqlens", 0, _INT_MAX), np.int32)
     kv = _KVCache()
     library().fa_kvcache_init(ctypes.byref(kv), ctypes.sizeof(_KVCache))
     i32p = ctypes.POINTER(ctypes.c_int32)
@@ -730,15 +725,30 @@ def _kvcache(q, k_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, bl
         kv.max_pages = bt.shape[1]
         keep.append(bt)
     if (k is None) != (v is None):
-        raise ValueError("k and v (the new keys and values) go together")
+        raise ValueError(f"{new_names[0]} and {new_names[1]} (the new keys and values) go together")
     if k is not None:
-        kn, vn = _as_array(k, "k"), _as_array(v, "v")
-        tkn, tvn = _tensor(kn, "k", bf16_bits), _tensor(vn, "v", bf16_bits)
+        kn, vn = _as_array(k, new_names[0]), _as_array(v, new_names[1])
+        tkn, tvn = _tensor(kn, new_names[0], bf16_bits), _tensor(vn, new_names[1], bf16_bits)
         keep += [kn, vn, tkn, tvn]
         kv.k_new = ctypes.pointer(tkn)
         kv.v_new = ctypes.pointer(tvn)
     keep.append(kv)
     return kv
+
+
+def _cache_for_check(arrs, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits,
+                     keep):
+    """check()'s and diagnose()'s KV cache: None without cache_seqlens, when no other cache
+    argument may be given either (they would be ignored, and a kernel judged without them)."""
+    if cache_seqlens is None:
+        given = [n for n, x in (("k_new", k_new), ("v_new", v_new), ("cache_batch_idx", cache_batch_idx),
+                                ("cache_leftpad", cache_leftpad), ("block_table", block_table)) if x is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} cache_seqlens (the KV "
+                             "cache's lengths)")
+        return None
+    return _kvcache(arrs[0], arrs[1], k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                    bf16_bits, keep, ("k_new", "v_new"))
 
 
 def _torch_device(*xs):
@@ -798,7 +808,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     code = _dtype_code(out_dtype, "out_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks,
-                   dropout_p, dropout_mask)
+                   dropout_p, dropout_mask, bf16_bits)
     opt.num_splits = _num_splits(num_splits)
     if vl is not None:
         if q.ndim != 3 or v.ndim != 3:
@@ -854,19 +864,24 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     q = _as_array(q, "q")
     if k is not None:
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if not isinstance(c, np.ndarray) or not c.flags.writeable or _as_array(c, name) is not c:
-                raise ValueError(f"{name} must be a writable numpy array in native byte order (the new "
-                                 "keys are appended into it in place)")
+            if not isinstance(c, np.ndarray) or not c.flags.writeable:
+                raise ValueError(f"{name} must be a writable numpy array (the new keys are appended into "
+                                 "it in place)")
+            if not np.may_share_memory(_as_array(c, name), c):
+                raise ValueError(f"{name} must be in native byte order with non-negative strides that are "
+                                 "multiples of its item size (the new keys are appended into it in place; "
+                                 "a converted copy would not be the caller's cache)")
     kc, vc = _as_array(k_cache, "k_cache"), _as_array(v_cache, "v_cache")
     tq, tk, tv = (_tensor(a, n, bf16_bits) for a, n in ((q, "q"), (kc, "k_cache"), (vc, "v_cache")))
     if q.ndim != 4 or kc.ndim != 4 or vc.ndim != 4:
         raise ValueError("q and the caches must be rank 4")
     kv = _kvcache(q, kc, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep)
     code = _dtype_code(out_dtype, "out_dtype")
-    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks)
+    opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks,
+                   bf16_bits=bf16_bits)
     opt.kvcache = ctypes.addressof(kv)
     opt.num_splits = _num_splits(num_splits)
-    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep)
+    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep, bf16_bits)
     if rot is not None:
         opt.rotary = ctypes.addressof(rot)
     B, Sq, H = q.shape[:3]
@@ -922,7 +937,7 @@ def grad(q, k, v, dout, *, out=None, lse=None, causal=False, window=None, softca
         to, tl = _tensor(out, "out", bf16_bits), _tensor(lse, "lse", bf16_bits)
     code = _dtype_code(grad_dtype, "grad_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks,
-                   dropout_p, dropout_mask)
+                   dropout_p, dropout_mask, bf16_bits)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)
     (dq, tdq), (dk, tdk), (dv, tdv) = (_output(x.shape, code) for x in (q, k, v))
@@ -1028,15 +1043,15 @@ def check(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, sca
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
     opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align, sinks,
-                   dropout_p, dropout_mask)
+                   dropout_p, dropout_mask, bf16_bits)
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)
-    if cache_seqlens is not None:
-        kv = _kvcache(arrs[0], arrs[1], k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad,
-                      block_table, bf16_bits, keep)
+    kv = _cache_for_check(arrs, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                          bf16_bits, keep)
+    if kv is not None:
         opt.kvcache = ctypes.addressof(kv)
-    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep)
+    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep, bf16_bits)
     if rot is not None:
         opt.rotary = ctypes.addressof(rot)
     co = _CheckOptions()
@@ -1214,15 +1229,15 @@ def diagnose(q, k, v, out, lse=None, *, causal=False, window=None, softcap=0.0, 
         keep.append(lse_a)
         tl = _tensor(lse_a, "lse", bf16_bits)
     opt = _options(causal, window, softcap, scale, alibi_slopes, "reference", num_threads, keep, align,
-                   sinks=sinks, dropout_p=dropout_p, dropout_mask=dropout_mask)
+                   sinks=sinks, dropout_p=dropout_p, dropout_mask=dropout_mask, bf16_bits=bf16_bits)
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     if vl is not None:
         opt.varlen = ctypes.addressof(vl)
-    if cache_seqlens is not None:
-        kv = _kvcache(arrs[0], arrs[1], k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad,
-                      block_table, bf16_bits, keep)
+    kv = _cache_for_check(arrs, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                          bf16_bits, keep)
+    if kv is not None:
         opt.kvcache = ctypes.addressof(kv)
-    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep)
+    rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep, bf16_bits)
     if rot is not None:
         opt.rotary = ctypes.addressof(rot)
     do = _DiagnoseOptions()

@@ -212,8 +212,6 @@ fa_status fa_backward_ex(const fa_tensor *q, const fa_tensor *k, const fa_tensor
     const int emu = extra.emulate_dtype;
     if (emu != 0 && emu != FA_BF16 && emu != FA_F16)
         return fa_fail(FA_ERR_OPTION, "backward: emulate_dtype %d is not FA_BF16 or FA_F16 (0: off)", emu);
-    if (emu && extra.dsinks)
-        return fa_fail(FA_ERR_OPTION, "backward: the emulated backward (emulate_dtype) computes no dsinks");
     fa_problem p;
     fa_status st = fa_resolve(FA_PURPOSE_BACKWARD, q, k, v, o, lse, opt, NULL, &p);
     if (st != FA_OK) return st;
@@ -278,7 +276,7 @@ fa_status fa_backward_ex(const fa_tensor *q, const fa_tensor *k, const fa_tensor
      * pass (float64 for the reference, float32 for flash). */
     void *o_tmp = NULL, *lse_tmp = NULL;
     if (emu) { /* self-contained: its own softmax, no O or LSE */
-        st = fa_emulated_backward(&p, (fa_dtype)emu, &dout4, &dq4, &dk4, &dv4);
+        st = fa_emulated_backward(&p, (fa_dtype)emu, &dout4, &dq4, &dk4, &dv4, dsinks);
         fa_arena_end(p.arena);
         if (st == FA_OK) fa_clear_error();
         return st;

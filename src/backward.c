@@ -196,10 +196,12 @@ static void reference_backward_task(const fa_problem *p, const fa_tensor *dout, 
     }
 }
 
-/* The outputs of a backward and, for the emulation, its dtype. */
+/* The outputs of a backward and, for the emulation, its dtype and the sinks' gradient per
+ * (batch, head) (NULL: not asked for; each slot is one task's: a (batch, kv head)'s heads). */
 typedef struct bwd_args {
     const fa_tensor *dout, *dq, *dk, *dv;
     fa_dtype dt;
+    float *dsink_part;
 } bwd_args;
 
 typedef void (*kv_head_task)(const fa_problem *p, const bwd_args *a, int64_t b, int64_t hk, void *scratch);
@@ -244,7 +246,7 @@ static void reference_task(const fa_problem *p, const bwd_args *a, int64_t b, in
 fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
                                 const fa_tensor *dk, const fa_tensor *dv)
 {
-    const bwd_args a = {dout, dq, dk, dv, FA_F64};
+    const bwd_args a = {dout, dq, dk, dv, FA_F64, NULL};
     return kv_head_tasks(p, fa_mul_sat(reference_scratch_doubles(p), sizeof(double)), "reference", reference_task, &a);
 }
 
@@ -271,11 +273,14 @@ static size_t emulated_scratch_floats(const fa_problem *p)
  * dS k_s, dK = (dS^T q) scale, dV = P^T dO — and the softcap, ALiBi, mask, sinks and dropout
  * as the reference applies them. Under GQA attention_ref repeats K and V per query head
  * before scaling, so each head's dK (and its scale) and dV are rounded before the group's
- * float32 sum is (as FlashAttention-2's mha_bwd sums bf16 per-head gradients). One task per
- * (batch, kv head), as the reference.
+ * float32 sum is (as FlashAttention-2's mha_bwd sums bf16 per-head gradients). The sinks: a
+ * sink is one more score column with no value row, so its dS is P_sink (0 - D), rounded, and
+ * its gradient the float32 sum of those over the rows (into dsink_part[b][h]; the caller sums
+ * over b and rounds). One task per (batch, kv head), as the reference.
  */
 static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_tensor *dout, const fa_tensor *dq,
-                                   const fa_tensor *dk, const fa_tensor *dv, int64_t b, int64_t hk, float *scratch)
+                                   const fa_tensor *dk, const fa_tensor *dv, float *dsink_part, int64_t b, int64_t hk,
+                                   float *scratch)
 {
     const fa_seq seq = fa_problem_seq(p, b);
     const int64_t Sk = seq.k_len, d = p->d, dvd = p->dv, group = p->heads / p->heads_k;
@@ -329,6 +334,8 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
                     dpr[j] = keep ? fa_round_to(dt, fa_round_to(dt, dot) * z) : fa_round_to(dt, dot);
                     D += dpr[j] * pr[j];
                 }
+                if (sinked && dsink_part)
+                    dsink_part[b * p->heads + h] += fa_round_to(dt, -fa_round_to(dt, expf(sink - m) / l) * D);
                 for (int64_t j = lo; j < hi; j++) {
                     float dS = fa_round_to(dt, pr[j] * (dpr[j] - D));
                     if (c > 0.0f) dS = fa_round_to(dt, dS * (1.0f - (u[j] / c) * (u[j] / c)));
@@ -354,14 +361,28 @@ static void emulated_backward_task(const fa_problem *p, fa_dtype dt, const fa_te
 
 static void emulated_task(const fa_problem *p, const bwd_args *a, int64_t b, int64_t hk, void *scratch)
 {
-    emulated_backward_task(p, a->dt, a->dout, a->dq, a->dk, a->dv, b, hk, scratch);
+    emulated_backward_task(p, a->dt, a->dout, a->dq, a->dk, a->dv, a->dsink_part, b, hk, scratch);
 }
 
 fa_status fa_emulated_backward(const fa_problem *p, fa_dtype dt, const fa_tensor *dout, const fa_tensor *dq,
-                               const fa_tensor *dk, const fa_tensor *dv)
+                               const fa_tensor *dk, const fa_tensor *dv, const fa_tensor *dsinks)
 {
-    const bwd_args a = {dout, dq, dk, dv, dt};
-    return kv_head_tasks(p, fa_mul_sat(emulated_scratch_floats(p), sizeof(float)), "emulated", emulated_task, &a);
+    float *part = NULL;
+    if (dsinks) {
+        part = fa_calloc(fa_mul_sat(fa_mul_sat((size_t)p->batch, (size_t)p->heads), sizeof(float)));
+        if (!part) return fa_fail(FA_ERR_NOMEM, "emulated backward: no memory for the sinks' gradient");
+    }
+    const bwd_args a = {dout, dq, dk, dv, dt, part};
+    fa_status st = kv_head_tasks(p, fa_mul_sat(emulated_scratch_floats(p), sizeof(float)), "emulated", emulated_task,
+                                 &a);
+    if (st == FA_OK && dsinks)
+        for (int64_t h = 0; h < p->heads; h++) { /* autograd's sum over the broadcast: float32, then rounded */
+            float s = 0.0f;
+            for (int64_t b = 0; b < p->batch; b++) s += part[b * p->heads + h];
+            fa_store_f64(dsinks, h * dsinks->stride[0], (double)fa_round_to(dt, s));
+        }
+    fa_free(part);
+    return st;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -32,8 +32,9 @@ fa_status fa_context_create(fa_context **out, const char *isa, int num_threads)
 {
     if (!out) return fa_fail(FA_ERR_NULL_ARG, "fa_context_create: ctx is NULL");
     *out = NULL;
-    if (num_threads < 0)
-        return fa_fail(FA_ERR_OPTION, "fa_context_create: num_threads must be >= 0 (got %d)", num_threads);
+    if (num_threads < 0 || num_threads > FA_MAX_THREADS)
+        return fa_fail(FA_ERR_OPTION, "fa_context_create: num_threads must be in [0, %d] (got %d)", FA_MAX_THREADS,
+                       num_threads);
     const fa_kernels *kern;
     fa_status st = FA_OK;
     if (isa && *isa) {

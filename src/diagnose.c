@@ -2245,8 +2245,9 @@ fa_status fa_diagnose(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v
     }
     if (o.sample_rows < 0)
         return fa_fail(FA_ERR_OPTION, "fa_diagnose: sample_rows must be >= 0 (got %lld)", (long long)o.sample_rows);
-    if (o.num_threads < 0)
-        return fa_fail(FA_ERR_OPTION, "fa_diagnose: num_threads must be >= 0 (got %d)", o.num_threads);
+    if (o.num_threads < 0 || o.num_threads > FA_MAX_THREADS)
+        return fa_fail(FA_ERR_OPTION, "fa_diagnose: num_threads must be in [0, %d] (got %d)", FA_MAX_THREADS,
+                       o.num_threads);
     if (!(o.min_explained >= 0.0 && o.min_explained <= 1.0))
         return fa_fail(FA_ERR_OPTION, "fa_diagnose: min_explained must be in [0, 1] (got %g)", o.min_explained);
     if (o.qkv_format < FA_QF_NONE || o.qkv_format >= FA_QF_E8M0)

@@ -137,9 +137,10 @@ fa_status fa_flash_forward_for_backward(const fa_problem *p);
  * dk, dv are checked against it by fa_backward. */
 fa_status fa_reference_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
                                 const fa_tensor *dk, const fa_tensor *dv);
-/* A plain backward in bf16 or f16 (autograd's rounding points; backward.c): check-grad's baseline. */
+/* A plain backward in bf16 or f16 (autograd's rounding points; backward.c): check-grad's baseline.
+ * dsinks: NULL, or the sinks' gradient [heads] (p->sinks set), written. */
 fa_status fa_emulated_backward(const fa_problem *p, fa_dtype dt, const fa_tensor *dout, const fa_tensor *dq,
-                               const fa_tensor *dk, const fa_tensor *dv);
+                               const fa_tensor *dk, const fa_tensor *dv, const fa_tensor *dsinks);
 fa_status fa_flash_backward(const fa_problem *p, const fa_tensor *dout, const fa_tensor *dq,
                             const fa_tensor *dk, const fa_tensor *dv);
 

@@ -1053,8 +1053,8 @@ fa_status fa_resolve(fa_purpose purpose, const fa_tensor *q, const fa_tensor *k,
         return fa_fail(FA_ERR_IMPL, "unknown implementation %d", (int)opt.impl);
     p->impl = opt.impl;
     p->context = opt.context;
-    if (opt.num_threads < 0)
-        return fa_fail(FA_ERR_OPTION, "num_threads must be >= 0 (got %d)", opt.num_threads);
+    if (opt.num_threads < 0 || opt.num_threads > FA_MAX_THREADS)
+        return fa_fail(FA_ERR_OPTION, "num_threads must be in [0, %d] (got %d)", FA_MAX_THREADS, opt.num_threads);
     const int ctx_threads = opt.context ? fa_context_threads_(opt.context) : 0;
     p->num_threads = opt.num_threads > 0 ? opt.num_threads : ctx_threads > 0 ? ctx_threads : fa_default_threads();
     p->standard_max_bytes = opt.standard_max_bytes ? opt.standard_max_bytes : FA_STANDARD_DEFAULT_MAX_BYTES;

@@ -381,8 +381,9 @@ static fa_status check_setup(const fa_tensor *q, const fa_tensor *k, const fa_te
                        "check without a kernel model", p->sinks.data ? "attention sinks" : "dropout");
     if (co->sample_rows < 0)
         return fa_fail(FA_ERR_OPTION, "check: sample_rows must be >= 0 (got %lld)", DIM(co->sample_rows));
-    if (co->num_threads < 0)
-        return fa_fail(FA_ERR_OPTION, "check: num_threads must be >= 0 (got %d)", co->num_threads);
+    if (co->num_threads < 0 || co->num_threads > FA_MAX_THREADS)
+        return fa_fail(FA_ERR_OPTION, "check: num_threads must be in [0, %d] (got %d)", FA_MAX_THREADS,
+                       co->num_threads);
 
     if ((st = inputs_finite(p, nm)) != FA_OK) return st;
     if (co->num_threads > 0) p->num_threads = co->num_threads;

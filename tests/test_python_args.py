@@ -198,3 +198,100 @@ def test_bf16_bits_flag_reads_int16_and_can_refuse_uint16(qkv):
         fa.attention(qb, kb, vb, bf16_bits=False)
     rep = fa.check(qb.view(np.int16), kb, vb, ref_numpy.float_to_bf16_bits(want), bf16_bits=True)
     assert rep.passed and rep.dtype == "bf16"
+
+
+# ---- side inputs: the bf16-bits rule, by value otherwise ------------------------------
+
+def test_side_inputs_follow_the_bf16_bits_rule(qkv):
+    """uint16 ALiBi slopes, sinks and rotary tables were read as integers (16256.0 for a bf16 1.0)."""
+    q, k, v = qkv
+    vals = np.array([0.3, -0.7, 0.45, 1.2], np.float32)
+    bits = ref_numpy.float_to_bf16_bits(vals)
+    exact = ref_numpy.bf16_bits_to_float64(bits)  # the values the bits stand for
+    for name in ("alibi_slopes", "sinks"):
+        want = fa.attention(q, k, v, impl="reference", **{name: exact})
+        np.testing.assert_array_equal(fa.attention(q, k, v, impl="reference", **{name: bits}), want)
+        np.testing.assert_array_equal(
+            fa.attention(q, k, v, impl="reference", bf16_bits=True, **{name: bits.view(np.int16)}), want)
+        with pytest.raises(TypeError, match=f"{name}: uint16 array refused"):
+            fa.attention(q, k, v, bf16_bits=False, **{name: bits})
+        with pytest.raises(TypeError, match=f"{name}: int16 array refused"):
+            fa.attention(q, k, v, **{name: bits.view(np.int16)})
+        # a Python list of numbers is taken by value, ints included
+        np.testing.assert_array_equal(fa.attention(q, k, v, impl="reference", **{name: [1, 0, 2, 1]}),
+                                      fa.attention(q, k, v, impl="reference",
+                                                   **{name: np.array([1.0, 0.0, 2.0, 1.0])}))
+    # rotary tables through the KV cache
+    rng = np.random.default_rng(7)
+    kc = rng.standard_normal((2, 24, 2, 16)).astype(np.float32)
+    vc = rng.standard_normal((2, 24, 2, 8)).astype(np.float32)
+    ang = rng.uniform(0, 3, (24, 4))
+    cb, sb = ref_numpy.float_to_bf16_bits(np.cos(ang)), ref_numpy.float_to_bf16_bits(np.sin(ang))
+    kn = rng.standard_normal((2, 2, 2, 16)).astype(np.float32)
+    vn = rng.standard_normal((2, 2, 2, 8)).astype(np.float32)
+    caches = [(kc.copy(), vc.copy()) for _ in range(2)]  # each call appends into its own
+    want = fa.attention_with_kvcache(q[:, :3], *caches[0], kn, vn, cache_seqlens=[20, 9], impl="reference",
+                                     rotary_cos=ref_numpy.bf16_bits_to_float64(cb),
+                                     rotary_sin=ref_numpy.bf16_bits_to_float64(sb))
+    got = fa.attention_with_kvcache(q[:, :3], *caches[1], kn, vn, cache_seqlens=[20, 9], impl="reference",
+                                    rotary_cos=cb, rotary_sin=sb)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(caches[0][0], caches[1][0])  # the same rotated keys appended
+
+
+# ---- the KV cache's arguments ----------------------------------------------------------
+
+def test_cache_arguments_without_cache_seqlens_are_refused_not_ignored(qkv):
+    """check() ignored k_new/v_new (and the other cache arguments) without cache_seqlens: a kernel
+    that skipped the new keys PASSED."""
+    rng = np.random.default_rng(3)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    q, kc, vc, kn, vn = f(2, 1, 4, 8), f(2, 10, 2, 8), f(2, 10, 2, 8), f(2, 2, 2, 8), f(2, 2, 2, 8)
+    wrong = fa.attention(q, kc, vc)  # the whole cache, no new keys
+    for call in (fa.check, fa.diagnose):
+        for kw in (dict(k_new=kn, v_new=vn), dict(block_table=[[0], [1]]), dict(cache_batch_idx=[1, 0]),
+                   dict(cache_leftpad=[0, 1])):
+            with pytest.raises(ValueError, match="need.* cache_seqlens"):
+                call(q, kc, vc, wrong, **kw)
+    with pytest.raises(ValueError, match="k_new and v_new"):
+        fa.check(q, kc, vc, wrong, cache_seqlens=[3, 4], k_new=kn)
+    assert not fa.check(q, kc, vc, wrong, cache_seqlens=[3, 4], k_new=kn, v_new=vn).passed
+
+
+def test_scalar_cache_seqlens_is_range_checked():
+    q = np.zeros((1, 1, 2, 8), np.float32)
+    kn = np.ones((1, 1, 2, 8), np.float32)
+    kc, vc = np.zeros((1, 16, 2, 8), np.float32), np.zeros((1, 16, 2, 8), np.float32)
+    for bad in (2 ** 32 + 3, -1):
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            fa.attention_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=bad)
+    assert not kc.any()  # nothing appended
+
+
+def test_a_memmap_cache_takes_the_append_in_place(tmp_path):
+    """np.memmap caches were refused as 'not writable numpy arrays'."""
+    rng = np.random.default_rng(5)
+    kc = np.lib.format.open_memmap(tmp_path / "kc.npy", mode="w+", dtype=np.float32, shape=(1, 16, 2, 8))
+    vc = np.lib.format.open_memmap(tmp_path / "vc.npy", mode="w+", dtype=np.float32, shape=(1, 16, 2, 8))
+    kc[:] = rng.standard_normal(kc.shape)
+    vc[:] = rng.standard_normal(vc.shape)
+    kn, vn = rng.standard_normal((2, 1, 1, 2, 8)).astype(np.float32)
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    plain_k, plain_v = np.array(kc), np.array(vc)
+    o = fa.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=3, impl="reference")
+    np.testing.assert_array_equal(kc[0, 3], kn[0, 0])
+    np.testing.assert_array_equal(vc[0, 3], vn[0, 0])
+    o2 = fa.attention_with_kvcache(q, plain_k, plain_v, kn, vn, cache_seqlens=3, impl="reference")
+    np.testing.assert_array_equal(o, o2)
+    rev = np.zeros((1, 16, 2, 8), np.float32)[:, ::-1]
+    with pytest.raises(ValueError, match="non-negative strides"):
+        fa.attention_with_kvcache(q, rev, vc, kn, vn, cache_seqlens=3)
+
+
+def test_thread_counts_past_the_library_limit_are_refused(qkv):
+    """An OpenMP runtime that cannot create a thread ends the process: the library refuses first."""
+    q, k, v = qkv
+    with pytest.raises(fa.FlashAttnError, match="num_threads"):
+        fa.attention(q, k, v, num_threads=4097)  # FA_MAX_THREADS + 1
+    with pytest.raises(fa.FlashAttnError, match="num_threads"):
+        fa.check(q, k, v, model(q, k, v), num_threads=4097)

@@ -108,5 +108,9 @@ def test_kvcache_bad_arguments_raise():
         fa.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=[1, 2, 38])
     with pytest.raises(fa.FlashAttnError, match=r"block_table\[0\]\[0\] = 7 is outside the pages"):
         fa.attention_with_kvcache(q, kc, vc, cache_seqlens=[1, 2, 3], block_table=[[7], [0], [1]])
-    with pytest.raises(ValueError, match="writable numpy array"):
+    with pytest.raises(ValueError, match="k_cache must be .*non-negative strides"):
         fa.attention_with_kvcache(q, kc[:, ::-1], vc, kn, vn, cache_seqlens=[1, 2, 3])
+    ro = vc.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="v_cache must be a writable numpy array"):
+        fa.attention_with_kvcache(q, kc, ro, kn, vn, cache_seqlens=[1, 2, 3])

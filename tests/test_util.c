@@ -208,11 +208,23 @@ void tu_expect_emulated(const tu_tensor *q, const tu_tensor *k, const tu_tensor 
     tu_tensor g[3] = {tu_alloc(FA_F64, q->t.rank, q->t.shape), tu_alloc(FA_F64, k->t.rank, k->t.shape),
                       tu_alloc(FA_F64, v->t.rank, v->t.shape)};
     for (int x = 0; x < 3; x++) tu_poison(&g[x]);
+    const int64_t heads[1] = {q->t.shape[2]};
+    tu_tensor gs = tu_alloc(FA_F64, 1, heads);
+    tu_poison(&gs);
     fa_backward_extra ex;
     fa_backward_extra_init(&ex, sizeof ex);
     ex.emulate_dtype = dt;
+    ex.dsinks = opt->sinks ? &gs.t : NULL;
     if (fa_backward_ex(&q->t, &k->t, &v->t, NULL, NULL, &dout->t, &g[0].t, &g[1].t, &g[2].t, opt, &ex) != FA_OK)
         fail_msg("%s: emulated %s backward: %s", what, fa_dtype_name(dt), fa_last_error());
+    if (opt->sinks) { /* the sinks' gradient: within the noise too (ref->dsinks is the reference's) */
+        int64_t where = -1;
+        const double mx = max_abs_f64(&ref->dsinks), e = tu_max_abs_diff(&gs, &ref->dsinks, &where) / mx;
+        if (!(mx > 0.0) || !(e > 0.0) || !(e <= rel))
+            fail_msg("%s: emulated %s dsinks: error %.3g of max|ref| %.3g (at %lld): want 0 < error <= %.3g", what,
+                     fa_dtype_name(dt), e, mx, (long long)where, rel);
+    }
+    tu_free(&gs);
     const tu_tensor *r[3] = {&ref->dq, &ref->dk, &ref->dv}, *o[3] = {&off->dq, &off->dk, &off->dv};
     static const char *const name[3] = {"dq", "dk", "dv"};
     for (int x = 0; x < 3; x++) {

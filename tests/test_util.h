@@ -77,7 +77,8 @@ void tu_free_grads(tu_grads *gr);
  * float64 reference's gradients under `opt`), relative to max|ref|, must be above 0 (it really
  * rounds), at most `rel` (the dtype's noise), and below half the relative difference of `off`
  * (the reference without the feature under test) — so an emulation that ignored the feature
- * fails. Returns nothing; fails the test naming `what`.
+ * fails. With sinks, its dsinks too (0 < error <= rel against ref->dsinks). Fails the test
+ * naming `what`.
  */
 void tu_expect_emulated(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, const tu_tensor *dout,
                         const fa_options *opt, fa_dtype dt, const tu_grads *ref, const tu_grads *off, double rel,

@@ -513,7 +513,7 @@ int cli_parse_exec_option(int argc, char **argv, int *i, cli_attn *a)
         return 1;
     }
     if ((r = cli_opt_value(argc, argv, i, "--threads", &val)) != 0) {
-        if (r < 0 || cli_parse_int("--threads", val, 1, 4096, &n) != 0) return -1;
+        if (r < 0 || cli_parse_int("--threads", val, 1, FA_MAX_THREADS, &n) != 0) return -1;
         a->opt.num_threads = (int)n;
         return 1;
     }

@@ -1416,7 +1416,7 @@ static int bench_main(int argc, char **argv)
             if (r < 0 || cli_parse_int("--heads-k", val, 1, 1000000, &x)) return 2;
             cfg.heads_k = x;
         } else if ((r = cli_opt_value(argc, argv, &i, "--threads", &val)) != 0) {
-            if (r < 0 || (nt = parse_list("--threads", val, 1, 4096, ts)) < 0) return 2;
+            if (r < 0 || (nt = parse_list("--threads", val, 1, FA_MAX_THREADS, ts)) < 0) return 2;
             for (int a = 0; a < nt; a++)
                 for (int b2 = a + 1; b2 < nt; b2++)
                     if (ts[a] == ts[b2]) {

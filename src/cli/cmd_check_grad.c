@@ -8,12 +8,18 @@
  *        1 mismatch, 2 bad usage or bad input.
  *
  * The rule is stated in full: a gradient G passes iff
- *     max |G_test - G_ref| <= atol + rtol * max |G_ref| + 3 * e32
+ *     max |G_test - G_ref| <= a * max|G_ref| + min(rtol * max |G_ref|, 2 * e_lp) + 3 * e32
  * over all its elements (NaN or Inf in G_test always fails), with the float64
  * reference backward (fa_backward, FA_IMPL_REFERENCE, O and LSE recomputed in
  * float64) as G_ref. Defaults by the precision the tested kernel ran in
  * (--dtype, else the lowest precision among the three tested files):
- *     f32: rtol 1e-4    f16: rtol 1e-2    bf16: rtol 5e-2    atol 1e-6 always
+ *     f32: rtol 1e-4, a 2^-18    f16: rtol 1e-2, a 2^-12    bf16: rtol 5e-2, a 2^-9
+ * a is the forward check's floor (half a unit roundoff of the dtype): relative, so
+ * the rule does not loosen when every gradient is small (a fixed atol of 1e-6
+ * passed all-zero gradients once dO was ~1e-7), and it keeps a correct kernel
+ * off by a fraction of an ulp from failing where e_lp happens to be tiny. e_lp
+ * (bf16, f16) is the error of the same backward run plainly in that dtype
+ * (below); for f32 the min is the rtol term alone. dsinks is judged alike.
  * The rtol term is a normwise bound relative to the largest gradient, as in the
  * FlashAttention backward tests' spirit: low-precision kernels round P, dS and
  * the operands to the dtype (unit roundoff 2^-11 f16, 2^-8 bf16), and errors of
@@ -37,7 +43,9 @@
  * float32 roundoff of max|G| and changes nothing; at large logits it is larger, and so
  * is every float32 kernel's error. e32 comes from this library's own backward, so this
  * rule cannot judge that backward (tests/test_backward.c compares it with the float64
- * reference). --atol/--rtol replace the whole rule by atol + rtol * max|G_ref| (no e32).
+ * reference). e_lp: fa_backward_extra.emulate_dtype, PyTorch autograd's rounding points
+ * (FlashAttention's tests allow twice its error). --atol/--rtol replace the whole rule by
+ * atol + rtol * max|G_ref| (atol 1e-6 unless given; no e32, no e_lp).
  */
 #include "cli.h"
 
@@ -59,11 +67,13 @@ static const char check_grad_usage[] =
     "  --dsinks FILE          with --sinks: the tested gradient of the sinks [heads], judged by the same rule\n"
     "  --dtype T              precision the tested kernel ran in (default: lowest among the tested files)\n"
     "  --atol A  --rtol R     replace the default rule by max|G_test - G_ref| <= A + R * max|G_ref|\n"
-    "                         (either one given; the other keeps its default)\n"
+    "                         (either one given; the other keeps its default: A 1e-6, R as below)\n"
     "  --threads T            OpenMP threads (default: all cores)\n"
     "\n"
-    "Default rule: G passes iff max|G_test - G_ref| <= atol + rtol * max|G_ref| + 3 * e32, with\n"
-    "atol = 1e-6, rtol = 1e-4 f32, 1e-2 f16, 5e-2 bf16, and e32 the max error of this library's\n"
+    "Default rule: G passes iff max|G_test - G_ref| <= a*max|G_ref| + min(rtol*max|G_ref|, 2*e_lp)\n"
+    "+ 3 * e32, with a = 2^-18 f32, 2^-12 f16, 2^-9 bf16; rtol = 1e-4 f32, 1e-2 f16, 5e-2 bf16;\n"
+    "e_lp (bf16, f16; none for f32) the max error of the same backward run plainly in that dtype\n"
+    "(PyTorch autograd's rounding points, as FlashAttention's tests); e32 the max error of this library's\n"
     "float32 flash backward on the same inputs (the largest over four summation orders: key\n"
     "blocks of its choice, 16 and 32, and its scalar kernels; for bf16/f16, given O stored in that\n"
     "dtype, from which FlashAttention computes D = dO.O): what the arithmetic gets wrong here, large\n"
@@ -99,8 +109,9 @@ typedef struct grad_cmp {
  * not judged, as `check` skips them: the library leaves them zero, another
  * implementation may leave them as they were.
  */
-static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol, double rtol, double rel_cap,
-                        double extra, const unsigned char *owned, int64_t row_elems, int64_t *n_judged)
+static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol, double atol_rel, double rtol,
+                        double rel_cap, double extra, const unsigned char *owned, int64_t row_elems,
+                        int64_t *n_judged)
 {
     grad_cmp c = {0.0, 0.0, 0.0, 0, -1};
     const int64_t n = fa_tensor_numel(ref);
@@ -109,7 +120,7 @@ static grad_cmp compare(const fa_tensor *test, const fa_tensor *ref, double atol
     for (int64_t x = 0; x < n; x++)
         if ((!owned || owned[x / row_elems]) && fabs(r[x]) > c.max_ref) c.max_ref = fabs(r[x]);
     const double rel = rtol * c.max_ref;
-    c.bound = atol + (rel < rel_cap ? rel : rel_cap) + extra;
+    c.bound = atol + atol_rel * c.max_ref + (rel < rel_cap ? rel : rel_cap) + extra;
     for (int64_t x = 0; x < n; x++) {
         if (owned && !owned[x / row_elems]) continue;
         ++*n_judged;
@@ -286,6 +297,9 @@ static int check_grad_main(int argc, char **argv)
             if (precision_rank(test[x].dtype) < precision_rank(dtype)) dtype = test[x].dtype;
     }
     if (rtol < 0) rtol = dtype == FA_BF16 ? 5e-2 : dtype == FA_F16 ? 1e-2 : 1e-4;
+    /* the default rule's atol, relative to max|G_ref| as the forward check's: half the unit roundoff
+     * of bf16 and f16, 2^-18 for f32 (a fixed 1e-6 passed all-zero gradients once dO was ~1e-7) */
+    const double atol_rel = dtype == FA_BF16 ? 0x1p-9 : dtype == FA_F16 ? 0x1p-12 : 0x1p-18;
 
     double t0 = cli_now();
     fa_status st = fa_backward_ex(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &ref_t[0], &ref_t[1], &ref_t[2],
@@ -311,7 +325,7 @@ static int check_grad_main(int argc, char **argv)
     const int use_e32 = !atol_text && !rtol_text;
     double e32[4] = {0.0, 0.0, 0.0, 0.0};
     /* the low-precision emulation's error (bf16/f16, default rule) and the cap it puts on rtol's term */
-    double lp_err[3] = {0.0, 0.0, 0.0}, lp_cap[3] = {INFINITY, INFINITY, INFINITY}, lp_secs = 0.0;
+    double lp_err[4] = {0.0, 0.0, 0.0, 0.0}, lp_cap[4] = {INFINITY, INFINITY, INFINITY, INFINITY}, lp_secs = 0.0;
     const char *lp_note = NULL;
     const char *e32_note = NULL; /* why e32 is 0 when the rule wants it */
     if (use_e32) {
@@ -414,6 +428,7 @@ static int check_grad_main(int argc, char **argv)
             fa_backward_extra eextra;
             fa_backward_extra_init(&eextra, sizeof eextra);
             eextra.emulate_dtype = dtype;
+            eextra.dsinks = ds_path ? &ds_base_t : NULL; /* the sinks' gradient too, so dsinks gets the cap */
             const double e0 = cli_now();
             if (fa_backward_ex(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &base_t[0], &base_t[1], &base_t[2],
                                &attn.opt, &eextra) != FA_OK) {
@@ -423,32 +438,35 @@ static int check_grad_main(int argc, char **argv)
                     lp_err[x] = base_error(base_mem[x], ref_mem[x], fa_tensor_numel(&ref_t[x]), own[x], row_elems[x]);
                     if (!isfinite(lp_err[x])) lp_note = "the emulated backward overflowed";
                 }
+                if (ds_path && !isfinite(lp_err[3] = base_error(ds_base, ds_ref, in.heads, NULL, 1)))
+                    lp_note = "the emulated backward overflowed";
             }
             lp_secs = cli_now() - e0;
             if (!lp_note)
-                for (int x = 0; x < 3; x++) lp_cap[x] = 2.0 * lp_err[x];
+                for (int x = 0; x < 4; x++) lp_cap[x] = 2.0 * lp_err[x];
         }
     }
 
     printf("flashattn check-grad: %s, %s, %s against the float64 reference backward (%.2f s)\n", paths[0],
            paths[1], paths[2], secs);
     if (use_e32) {
-        printf("rule: max|G_test - G_ref| <= atol + rtol * max|G_ref| + 3 * e32, atol %.3g, rtol %.3g (%s); "
+        printf("rule: max|G_test - G_ref| <= a * max|G_ref| + rtol * max|G_ref| + 3 * e32, a %.3g, rtol %.3g (%s); "
                "e32 = this library's float32 flash backward's max error on these inputs, the largest over "
                "four summation orders (SIMD kernels, key blocks of its choice, 16 and 32; scalar kernels)%s\n",
-               atol, rtol, fa_dtype_name(dtype),
+               atol_rel, rtol, fa_dtype_name(dtype),
                dtype == FA_F32 ? "" : ", given O stored in the tested dtype as its forward would");
         printf("e32 measured in %.2f s; it is this library's own backward's error, so check-grad does not judge "
                "that backward itself (tests/test_backward.c compares it with the reference)\n", base_secs);
-        if (e32_note) printf("e32: not used (%s): the rule is atol + rtol * max|G_ref| alone\n", e32_note);
+        if (e32_note) printf("e32: not used (%s): the rule is (a + rtol) * max|G_ref| alone\n", e32_note);
         if (dtype == FA_BF16 || dtype == FA_F16) {
             if (lp_note)
                 printf("%s emulation: not used (%s): rtol's term is not capped\n", fa_dtype_name(dtype), lp_note);
             else
                 printf("%s emulation (%.2f s): rtol * max|G_ref| capped at 2 * the error of the same backward run "
                        "plainly in %s (PyTorch autograd's rounding points, as FlashAttention's tests): dq %.3e, "
-                       "dk %.3e, dv %.3e\n", fa_dtype_name(dtype), lp_secs, fa_dtype_name(dtype), lp_err[0],
-                       lp_err[1], lp_err[2]);
+                       "dk %.3e, dv %.3e%s", fa_dtype_name(dtype), lp_secs, fa_dtype_name(dtype), lp_err[0],
+                       lp_err[1], lp_err[2], ds_path ? "" : "\n");
+            if (!lp_note && ds_path) printf(", dsinks %.3e\n", lp_err[3]);
         }
     } else {
         printf("rule: max|G_test - G_ref| <= atol + rtol * max|G_ref|, atol %.3g, rtol %.3g (given)\n", atol, rtol);
@@ -456,7 +474,8 @@ static int check_grad_main(int argc, char **argv)
     int all_pass = 1;
     for (int x = 0; x < 3; x++) {
         int64_t judged = 0;
-        grad_cmp c = compare(&test_t[x], &ref_t[x], atol, rtol, lp_cap[x], 3.0 * e32[x], own[x], row_elems[x], &judged);
+        grad_cmp c = compare(&test_t[x], &ref_t[x], use_e32 ? 0.0 : atol, use_e32 ? atol_rel : 0.0, rtol, lp_cap[x],
+                             3.0 * e32[x], own[x], row_elems[x], &judged);
         const int pass = c.n_fail == 0 && c.max_err <= c.bound;
         all_pass &= pass;
         printf("%s %-4s max abs err %.3e  bound %.3e  max|ref| %.3e", names[x], pass ? "ok" : "FAIL", c.max_err,
@@ -482,7 +501,8 @@ static int check_grad_main(int argc, char **argv)
     }
     if (ds_path) {
         int64_t judged = 0;
-        grad_cmp c = compare(&ds_t, &ds_ref_t, atol, rtol, INFINITY, 3.0 * e32[3], NULL, 1, &judged);
+        grad_cmp c = compare(&ds_t, &ds_ref_t, use_e32 ? 0.0 : atol, use_e32 ? atol_rel : 0.0, rtol, lp_cap[3],
+                             3.0 * e32[3], NULL, 1, &judged);
         const int pass = c.n_fail == 0 && c.max_err <= c.bound;
         all_pass &= pass;
         printf("dsinks %-4s max abs err %.3e  bound %.3e  max|ref| %.3e", pass ? "ok" : "FAIL", c.max_err, c.bound,
