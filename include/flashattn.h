@@ -771,7 +771,7 @@ typedef struct fa_check_options {
     double rtol;         /**< Relative tolerance of the explicit rule (>= 0). */
     int64_t sample_rows; /**< K > 0: check K random query rows per (batch, head); 0: all rows. */
     uint64_t seed;       /**< Seed of the row sampler. */
-    int num_threads;     /**< OpenMP threads; 0 uses the OpenMP default. */
+    int num_threads;     /**< OpenMP threads (at most FA_MAX_THREADS); 0 uses the OpenMP default. */
     /* Names used in error messages (e.g. file names); NULL selects the default. */
     const char *q_name;   /**< Name of q in messages (default "q"). */
     const char *k_name;   /**< Name of k in messages (default "k"). */
@@ -1173,7 +1173,7 @@ typedef struct fa_diagnose_options {
     fa_dtype dtype;       /**< Precision the kernel ran in (sets the rounding floor); FA_CHECK_DTYPE_AUTO (default). */
     int64_t sample_rows;  /**< Rows per (batch, head); 0: every row. Row 0 and the last row are always among them. */
     uint64_t seed;        /**< Seed of the row sampler. */
-    int num_threads;      /**< OpenMP threads; 0: the OpenMP default. */
+    int num_threads;      /**< OpenMP threads (at most FA_MAX_THREADS); 0: the OpenMP default. */
     double min_explained; /**< List candidates explaining at least this fraction (default 0.8). */
     int qkv_format;       /**< The ::fa_qformat Q, K, V were read in (passed dequantized), FA_QF_NONE (default)
                                when not low precision: sets the rounding floor from P's format and makes

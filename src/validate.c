@@ -259,12 +259,19 @@ static fa_status require_kv_rows(const fa_problem *p, const char *kname, const c
                         const double x = fa_rows_get(&r, j, c);
                         const int bad = dt == FA_DTYPE_COUNT ? !isfinite(x) : !isfinite(fa_round_to(dt, (float)x));
                         if (!bad) continue;
-                        if (dt == FA_DTYPE_COUNT && r.tail && j >= r.tail_from) {
-                            const char *nn = vside ? p->v_new_name : p->k_new_name; /* a new key, not appended yet */
-                            return fa_fail(FA_ERR_NONFINITE, "%s: batch %lld, new key %lld, head %lld, element %lld is "
-                                           "%s; inputs must be finite", nn ? nn : vside ? "v_new" : "k_new",
-                                           DIM(r.tail_batch), DIM(j - r.tail_from), DIM(hk), DIM(c),
-                                           isnan(x) ? "NaN" : "Inf");
+                        if (r.tail && j >= r.tail_from) { /* a new key, not appended yet: k_new/v_new's */
+                            const char *nn = vside ? p->v_new_name : p->k_new_name;
+                            if (dt == FA_DTYPE_COUNT)
+                                return fa_fail(FA_ERR_NONFINITE, "%s: batch %lld, new key %lld, head %lld, element "
+                                               "%lld is %s; inputs must be finite", nn ? nn : vside ? "v_new" : "k_new",
+                                               DIM(r.tail_batch), DIM(j - r.tail_from), DIM(hk), DIM(c),
+                                               isnan(x) ? "NaN" : "Inf");
+                            return fa_fail(FA_ERR_NONFINITE, "%s: batch %lld, new key %lld, head %lld, element %lld "
+                                           "= %g overflows %s: the %s emulation of the default rule would be "
+                                           "inf/NaN; check with an explicit atol/rtol or a wider dtype",
+                                           nn ? nn : vside ? "v_new" : "k_new", DIM(r.tail_batch),
+                                           DIM(j - r.tail_from), DIM(hk), DIM(c), x, fa_dtype_name(dt),
+                                           fa_dtype_name(dt));
                         }
                         /* where the key lies in the cache's file: [cache batch, row] or [page, slot] */
                         const int64_t row = s.k_start + j;

@@ -163,6 +163,20 @@ if $fa check -q q.npy -k kp.npy -v vp.npy --cache-seqlens sl.npy $NEW --block-ta
     --out op.npy >out.txt 2>err.txt && grep -q "PASS" out.txt; then ok
 else bad "check with a paged cache: exit $? $(cat out.txt err.txt)"; fi
 
+# --dtype f16: a value that overflows f16 is refused where a sequence reads it (a new key is named
+# by its own file), and ignored in a cache row no sequence reads (cache 1: idx is 2, 0, 3)
+python3 -c "
+import numpy as np
+k = np.load('kn.npy'); k[1, 1, 0, 2] = 70000; np.save('kn_big.npy', k)
+k = np.load('kc.npy'); k[1, 11, 1, 3] = 70000; np.save('kc_big_unused.npy', k)"
+expect_fail "check --dtype f16: a new key past f16's range" \
+    "kn_big.npy: batch 1, new key 1, head 0, element 2 = 70000 overflows f16" \
+    $fa check -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --k-new kn_big.npy --v-new vn.npy \
+    --cache-batch-idx idx.npy --cache-leftpad pad.npy --causal --out o.npy --dtype f16
+if $fa check -q q.npy -k kc_big_unused.npy -v vc.npy --cache-seqlens sl.npy $NEW --cache-batch-idx idx.npy \
+    --cache-leftpad pad.npy --causal --out o.npy --dtype f16 >out.txt 2>err.txt && grep -q "PASS" out.txt; then ok
+else bad "check --dtype f16 refused a cache row no sequence reads: exit $? $(cat out.txt err.txt)"; fi
+
 # ---- bad input ----------------------------------------------------------------------
 expect_fail "past the cache" "sl_past.npy: cache_seqlens[2] + seqlen_new = 38 + 3 is past the cache" \
     $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl_past.npy $NEW -o o_bad.npy --k-cache-out kc_bad.npy

@@ -203,6 +203,11 @@ static void test_option_when_an_option_is_out_of_range(void **state)
     opt = fa_options_default();
     opt.num_threads = FA_MAX_THREADS + 1; /* an OpenMP runtime would end the process, not fail */
     expect_status(forward_with(f, &opt), FA_ERR_OPTION, "num_threads", f);
+    {
+        double g = 1.0;
+        assert_int_equal(fa_measure_fma_peak("scalar", FA_MAX_THREADS + 1, 0.0, &g), FA_ERR_OPTION);
+        assert_non_null(strstr(fa_last_error(), "threads must be in [0, 4096]"));
+    }
     opt = fa_options_default();
     opt.block_q = 100000;
     expect_status(forward_with(f, &opt), FA_ERR_OPTION, "block_q", f);

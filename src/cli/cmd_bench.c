@@ -27,8 +27,8 @@
  * five N^2 d matrix products instead of two), halved when causal. Its check is
  * dQ of the last CHECK_ROWS query rows against the float64 reference backward
  * of those rows alone (dQ of a row depends only on that row of Q and dO, and
- * slicing the last rows keeps the mask alignment), under check-grad's f32 rule
- * max|err| <= 1e-6 + 1e-4 max|ref|.
+ * slicing the last rows keeps the mask alignment), under bench's own rule
+ * max|err| <= 1e-6 + 1e-4 max|ref| (check-grad's explicit --atol/--rtol form at its f32 defaults).
  *
  * Sanity first: every option is range-checked (threads as for run/check),
  * lists are at most MAX_LIST long and never cut, and before any work the
@@ -448,7 +448,7 @@ static double check_rows(const fa_tensor *q, const fa_tensor *k, const fa_tensor
 /*
  * dQ of the last CHECK_ROWS rows of every (batch, head) against the float64
  * reference backward of those rows alone (Q and dO sliced; K, V whole).
- * Returns max|err| / (1e-6 + 1e-4 max|ref|): <= 1 passes (check-grad's f32 rule).
+ * Returns max|err| / (1e-6 + 1e-4 max|ref|): <= 1 passes (bench's rule; see the top of this file).
  */
 static double check_bwd_rows(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, const bwd_io *io,
                              const bench_cfg *cfg)

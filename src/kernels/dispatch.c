@@ -186,8 +186,9 @@ fa_status fa_measure_fma_peak(const char *isa, int threads, double seconds, doub
     *gflops = 0.0;
     if (!fa_kernels_by_name(isa))
         return fa_fail(FA_ERR_ISA, "fa_measure_fma_peak: ISA '%s' is unknown, not built, or not supported by this CPU", isa);
-    if (threads < 0 || !(seconds >= 0.0) || seconds > 60.0)
-        return fa_fail(FA_ERR_OPTION, "fa_measure_fma_peak: threads must be >= 0 and seconds in 0..60");
+    if (threads < 0 || threads > FA_MAX_THREADS || !(seconds >= 0.0) || seconds > 60.0)
+        return fa_fail(FA_ERR_OPTION, "fa_measure_fma_peak: threads must be in [0, %d] and seconds in 0..60",
+                       FA_MAX_THREADS);
 #ifdef _OPENMP
     if (threads == 0) threads = omp_get_max_threads();
 #else
