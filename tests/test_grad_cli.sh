@@ -323,6 +323,24 @@ if [ "$rc" = 1 ] && grep -q "^dV FAIL" out.txt; then ok
 else bad "check-grad passed a bf16 dV whose last 8 key rows were never written: exit $rc $(cat out.txt)"; fi
 
 # ---- the default rule's floor is relative, and dsinks gets the bf16 cap -----------------
+# expect_mismatch DESC GRAD CMD...: check-grad exits 1 with GRAD (dQ, dK, dV, dsinks) failing
+expect_mismatch() {
+    desc=$1; which=$2; shift 2
+    "$@" >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" = 1 ] && grep -q "^$which FAIL" out.txt; then ok
+    else bad "$desc: exit $rc $(cat out.txt err.txt)"; fi
+}
+cat >lowp_bits.py <<'EOF2'
+import numpy as np
+def bits(x):
+    """float -> bf16 bit patterns ('<u2'), round to nearest even"""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+def r(x):
+    """float -> float32 holding the bf16 value"""
+    return (bits(x).astype(np.uint32) << 16).view(np.float32)
+EOF2
 # A fixed atol of 1e-6 passed all-zero gradients once dO was ~1e-7 (a loss averaged over many
 # elements), and a dV 15% off at dO ~1e-6; the floor is now a * max|G_ref|. Correct gradients
 # at that scale still pass.
@@ -337,10 +355,8 @@ np.save("sdo_1e6.npy", (1e-6 * g).astype("<f4"))
 np.save("szero.npy", np.zeros((2, 48, 2, 16), "<f4"))
 EOF2
 SIN="-q sq_in.npy -k sk_in.npy -v sv_in.npy --causal"
-$fa check-grad $SIN --dout sdo_tiny.npy --dq szero.npy --dk szero.npy --dv szero.npy >out.txt 2>err.txt
-rc=$?
-if [ "$rc" = 1 ] && grep -q "^dV FAIL" out.txt; then ok
-else bad "check-grad passed all-zero gradients at dO ~2e-7: exit $rc $(cat out.txt err.txt)"; fi
+expect_mismatch "check-grad passed all-zero gradients at dO ~2e-7" dV \
+    $fa check-grad $SIN --dout sdo_tiny.npy --dq szero.npy --dk szero.npy --dv szero.npy
 $fa grad $SIN --dout sdo_1e6.npy --impl reference --dtype-out f64 --dq s64q.npy --dk s64k.npy --dv s64v.npy \
     >/dev/null 2>err.txt || bad "grad reference at dO 1e-6: $(cat err.txt)"
 python3 -c "
@@ -349,10 +365,8 @@ for n in 'qkv': np.save(f's32{n}.npy', np.load(f's64{n}.npy').astype('<f4'))
 np.save('s32v_x115.npy', (1.15 * np.load('s64v.npy')).astype('<f4'))"
 if $fa check-grad $SIN --dout sdo_1e6.npy --dq s32q.npy --dk s32k.npy --dv s32v.npy >out.txt 2>&1; then ok
 else bad "check-grad failed correct float32 gradients at dO ~1e-6: $(cat out.txt)"; fi
-$fa check-grad $SIN --dout sdo_1e6.npy --dq s32q.npy --dk s32k.npy --dv s32v_x115.npy >out.txt 2>err.txt
-rc=$?
-if [ "$rc" = 1 ] && grep -q "^dV FAIL" out.txt; then ok
-else bad "check-grad passed a dV 15% off at dO ~1e-6: exit $rc $(cat out.txt err.txt)"; fi
+expect_mismatch "check-grad passed a dV 15% off at dO ~1e-6" dV \
+    $fa check-grad $SIN --dout sdo_1e6.npy --dq s32q.npy --dk s32k.npy --dv s32v_x115.npy
 
 # f16 gradients in f16's subnormal range (below 6.1e-5; dO ~1e-6): the exact gradients rounded to
 # f16 failed when 2 * e_lp was capped at rtol * max|G_ref| (plain f16 arithmetic errs by percents
@@ -373,19 +387,15 @@ import numpy as np
 for n in 'qkv': np.save(f'h16{n}.npy', np.load(f'h64{n}.npy').astype('<f2'))"
 if $fa check-grad $HIN --dq h16q.npy --dk h16k.npy --dv h16v.npy >out.txt 2>&1; then ok
 else bad "check-grad failed the exact gradients rounded to f16 at dO ~1e-6: $(cat out.txt)"; fi
-$fa check-grad $HIN --dq hzero.npy --dk hzero.npy --dv hzero.npy >out.txt 2>err.txt
-rc=$?
-if [ "$rc" = 1 ] && grep -q "^dQ FAIL" out.txt; then ok
-else bad "check-grad passed all-zero f16 gradients at dO ~1e-6: exit $rc $(cat out.txt err.txt)"; fi
+expect_mismatch "check-grad passed all-zero f16 gradients at dO ~1e-6" dQ \
+    $fa check-grad $HIN --dq hzero.npy --dk hzero.npy --dv hzero.npy
 
 # bf16 with sinks: dsinks 4% off (or its sink probability taken against the keys' LSE alone,
 # 3.7% off) passed the uncapped rtol 5e-2; the emulation now gives dsinks its cap too.
 python3 - <<'EOF2' || bad "generating the bf16 sinks case failed"
 import numpy as np
+from lowp_bits import bits
 rng = np.random.default_rng()
-def bits(x):
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 # V and dO positive, so every row's D = dO . O > 0 and dsinks = -sum P_sink D does not cancel
 # (with signed ones it sometimes did, and 4% of a cancelled dsinks is inside the bf16 noise)
 for n, pos in (("bq", 0), ("bk", 0), ("bv", 1), ("bdo", 1)):
@@ -398,18 +408,13 @@ $fa grad $BIN --impl reference --dtype-out f64 --dq b64q.npy --dk b64k.npy --dv 
     >/dev/null 2>err.txt || bad "grad reference with sinks: $(cat err.txt)"
 python3 -c "
 import numpy as np
-def bits(x):
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+from lowp_bits import bits
 for n in 'qkv': np.save(f'b16{n}.npy', bits(np.load(f'b64{n}.npy')))
 s = np.load('b64s.npy'); np.save('b32s.npy', s.astype('<f4')); np.save('b32s_x104.npy', (1.04 * s).astype('<f4'))"
 BG="--dq b16q.npy --dk b16k.npy --dv b16v.npy"
 if $fa check-grad $BIN $BG --dsinks b32s.npy >out.txt 2>&1 && grep -q "dsinks [0-9.e+-]*$" out.txt; then ok
 else bad "check-grad failed correct bf16 gradients with sinks (or printed no emulated dsinks): $(cat out.txt)"; fi
-$fa check-grad $BIN $BG --dsinks b32s_x104.npy >out.txt 2>err.txt
-rc=$?
-if [ "$rc" = 1 ] && grep -q "^dsinks FAIL" out.txt; then ok
-else bad "check-grad passed a bf16 run's dsinks 4% off: exit $rc $(cat out.txt err.txt)"; fi
+expect_mismatch "check-grad passed a bf16 run's dsinks 4% off" dsinks $fa check-grad $BIN $BG --dsinks b32s_x104.npy
 
 # A FlashAttention-2-style bf16 backward (O stored in bf16, D = dO . O; P and dS rounded to bf16
 # for their products) on tiny problems: off by under one bf16 ulp where the emulation happened
@@ -418,12 +423,8 @@ else bad "check-grad passed a bf16 run's dsinks 4% off: exit $rc $(cat out.txt e
 cat >fa2_small.py <<'EOF2'
 import sys
 import numpy as np
+from lowp_bits import bits, r
 f = np.float32
-def r(x):
-    u = np.asarray(x, f).view(np.uint32).astype(np.uint64)
-    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(f)
-def bits(x):
-    return (r(x).view(np.uint32) >> 16).astype(np.uint16)
 seed, Sq, Sk, d = (int(x) for x in sys.argv[1:5])
 rng = np.random.default_rng(seed if seed >= 0 else None)
 q, k, v, do = (r(rng.standard_normal((1, n, 1, d))) for n in (Sq, Sk, Sk, Sq))
