@@ -270,15 +270,9 @@ static void test_emulated_backward_takes_sinks(void **state)
         const fa_options ro = make_opt(&OPTS[oi], &g, FA_IMPL_REFERENCE);
         fa_options nosink = ro;
         nosink.sinks = NULL;
-        tu_grads r, off;
-        backward(&g, &ro, &r);
-        backward(&g, &nosink, &off);
         char what[64];
         snprintf(what, sizeof what, "sinks, options %zu", oi);
-        tu_expect_emulated(&g.q, &g.k, &g.v, &g.dout, &ro, FA_BF16, &r, &off, 0x1p-4, what);
-        tu_expect_emulated(&g.q, &g.k, &g.v, &g.dout, &ro, FA_F16, &r, &off, 0x1p-7, what);
-        tu_free_grads(&r);
-        tu_free_grads(&off);
+        tu_expect_emulated_feature(&g.q, &g.k, &g.v, &g.dout, &ro, &nosink, what);
     }
     free_data(&g);
 }

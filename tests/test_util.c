@@ -239,6 +239,18 @@ void tu_expect_emulated(const tu_tensor *q, const tu_tensor *k, const tu_tensor 
     for (int x = 0; x < 3; x++) tu_free(&g[x]);
 }
 
+void tu_expect_emulated_feature(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, const tu_tensor *dout,
+                                const fa_options *with, const fa_options *without, const char *what)
+{
+    tu_grads r, off;
+    tu_backward(q, k, v, dout, with, &r);
+    tu_backward(q, k, v, dout, without, &off);
+    tu_expect_emulated(q, k, v, dout, with, FA_BF16, &r, &off, 0x1p-4, what);
+    tu_expect_emulated(q, k, v, dout, with, FA_F16, &r, &off, 0x1p-7, what);
+    tu_free_grads(&r);
+    tu_free_grads(&off);
+}
+
 void tu_free_grads(tu_grads *gr)
 {
     tu_free(&gr->dq);

@@ -84,6 +84,11 @@ void tu_expect_emulated(const tu_tensor *q, const tu_tensor *k, const tu_tensor 
                         const fa_options *opt, fa_dtype dt, const tu_grads *ref, const tu_grads *off, double rel,
                         const char *what);
 
+/* tu_expect_emulated in bf16 (rel 2^-4) and f16 (rel 2^-7) against the reference's gradients
+ * under `with`, `without` the feature under test (both float64 reference runs made here). */
+void tu_expect_emulated_feature(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v, const tu_tensor *dout,
+                                const fa_options *with, const fa_options *without, const char *what);
+
 /* A scalar loss of the problem `ctx` under `opt` (e.g. sum O * dO of the float64 reference). */
 typedef double (*tu_loss_fn)(const void *ctx, const fa_options *opt);
 
