@@ -10,12 +10,15 @@
  *   GB/s of K/V (each byte once) and an FNV-1a hash of O. Every value is a bf16 value
  *   widened, so the three dtypes hold the same numbers and must print the same hash (the
  *   decode path's promise that a half cache gives the float32 cache's bits).
+ *   AB_HUGE=1 puts Q, K and V on 2 MiB-aligned buffers with madvise(MADV_HUGEPAGE) (a caller
+ *   that asks for transparent huge pages for its cache; build with -D_DEFAULT_SOURCE).
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 #include "flashattn.h"
 #include "ab_common.h"
@@ -24,8 +27,15 @@
 static void *make(fa_tensor *t, fa_dtype dt, int64_t n, int64_t h, int64_t d, uint64_t *rng)
 {
     const size_t count = (size_t)(n * h * d), es = dt == FA_F32 ? 4 : 2;
-    void *p = aligned_alloc(64, (count * es + 63) / 64 * 64);
+    const int huge = getenv("AB_HUGE") && atoi(getenv("AB_HUGE")) > 0;
+    const size_t align = huge ? (size_t)2 << 20 : 64, bytes = (count * es + align - 1) / align * align;
+    void *p = aligned_alloc(align, bytes);
     if (!p) exit(2);
+#ifdef MADV_HUGEPAGE
+    if (huge && madvise(p, bytes, MADV_HUGEPAGE) != 0) fprintf(stderr, "ab_decode: madvise(MADV_HUGEPAGE) failed\n");
+#else
+    if (huge) fprintf(stderr, "ab_decode: no MADV_HUGEPAGE here (build with -D_DEFAULT_SOURCE)\n");
+#endif
     for (size_t i = 0; i < count; i++) {
         const float v = ab_bf16_value(ab_to_bf16(ab_uniform(rng)));
         if (dt == FA_F32) {

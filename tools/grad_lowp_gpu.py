@@ -10,6 +10,9 @@ with the last 8 key rows of dV zeroed (a tail tile never written). Prints one li
 (case, build): verdict, then each gradient's max error / bound.
 
     python3 tools/grad_lowp_gpu.py --old OLD/build/flashattn --new build/flashattn
+    python3 tools/grad_lowp_gpu.py --old build/flashattn --new build/flashattn --shapes 2 --dtypes fp16
+
+(the same build given twice is judged once; --shapes/--dtypes pick a part of the grid.)
 """
 
 import argparse
@@ -68,13 +71,19 @@ def main():
     ap.add_argument("--old", required=True)
     ap.add_argument("--new", required=True)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--shapes", default="0,1,2", help="which of the three shapes to run (indices, comma-separated)")
+    ap.add_argument("--dtypes", default="bf16,fp16")
     a = ap.parse_args()
     root = a.dir or tempfile.mkdtemp(prefix="grad_lowp_")
     shapes = [(2, 8, 512, 64, False), (2, 8, 1024, 128, True), (1, 16, 2048, 64, True)]
+    shapes = [shapes[int(i)] for i in a.shapes.split(",")]
+    builds = (("old", a.old), ("new", a.new)) if os.path.realpath(a.old) != os.path.realpath(a.new) else (("new", a.new),)
     bad = 0
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     for (B, H, S, D, causal) in shapes:
         for dt_name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+            if dt_name not in a.dtypes.split(","):
+                continue
             g = torch.Generator(device="cuda").manual_seed(B * 1000 + S + D)
             q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=dt, generator=g) for _ in range(4))
             d = os.path.join(root, f"b{B}h{H}s{S}d{D}c{int(causal)}{dt_name}")
@@ -102,7 +111,7 @@ def main():
                     save_bshd(f"{d}/dv_{be}_tail.npy", gv2)
                     cases += [(f"{be}_scale", 1), (f"{be}_tail", 1)]
             for tag, expect_fail in cases:
-                for build, exe in (("old", a.old), ("new", a.new)):
+                for build, exe in builds:
                     verdict, figs = judge(exe, d, tag, causal)
                     ok = verdict == ("FAIL" if expect_fail else "PASS")
                     if build == "new" and not ok:
