@@ -128,7 +128,8 @@ typedef enum fa_dtype {
 /** @brief Most OpenMP threads a call (or a context, or fa_check / fa_diagnose) may ask for;
  *  more gives FA_ERR_OPTION. (An OpenMP runtime that cannot create a thread ends the
  *  process instead of failing the call, so absurd counts are refused first; the result's
- *  bits never depend on the thread count.) */
+ *  bits never depend on the thread count.) A thread count of 0 takes the OpenMP default
+ *  (OMP_NUM_THREADS), capped at this. */
 #define FA_MAX_THREADS 4096
 
 /**
@@ -422,7 +423,7 @@ typedef struct fa_options {
     double softcap;           /**< > 0 enables s = softcap * tanh(s / softcap) (in [FA_SOFTCAP_MIN, FA_SOFTCAP_MAX]); 0 disables. */
     const fa_tensor *alibi_slopes; /**< NULL, or float32/float64 finite slopes `[heads]` or `[batch][heads]`; |slope| x (max(Sq, Sk) - 1) <= FA_ALIBI_BIAS_MAX. */
     fa_impl impl;             /**< Which implementation runs. */
-    int num_threads;          /**< OpenMP threads (at most FA_MAX_THREADS); 0 uses the OpenMP default. */
+    int num_threads;          /**< OpenMP threads (at most FA_MAX_THREADS); 0 uses the OpenMP default (OMP_NUM_THREADS), capped at FA_MAX_THREADS. */
     int block_q;              /**< Flash row block Br; 0 derives it from the cache sizes. */
     int block_k;              /**< Flash column block Bc; 0 derives it from the cache sizes. */
     size_t standard_max_bytes;/**< Cap on the standard path's S/P scratch; 0 = default (1 GiB). */
@@ -771,7 +772,7 @@ typedef struct fa_check_options {
     double rtol;         /**< Relative tolerance of the explicit rule (>= 0). */
     int64_t sample_rows; /**< K > 0: check K random query rows per (batch, head); 0: all rows. */
     uint64_t seed;       /**< Seed of the row sampler. */
-    int num_threads;     /**< OpenMP threads (at most FA_MAX_THREADS); 0 uses the OpenMP default. */
+    int num_threads;     /**< OpenMP threads (at most FA_MAX_THREADS); 0 uses the OpenMP default (OMP_NUM_THREADS), capped at FA_MAX_THREADS. */
     /* Names used in error messages (e.g. file names); NULL selects the default. */
     const char *q_name;   /**< Name of q in messages (default "q"). */
     const char *k_name;   /**< Name of k in messages (default "k"). */

@@ -117,7 +117,10 @@ const fa_env *fa_env_get(fa_status *status)
 int fa_default_threads(void)
 {
 #ifdef _OPENMP
-    return omp_get_max_threads();
+    /* OMP_NUM_THREADS may ask for more than the library takes (FA_MAX_THREADS: libgomp ends the
+     * process when it cannot create a thread); the default is capped like an explicit count */
+    const int n = omp_get_max_threads();
+    return n > FA_MAX_THREADS ? FA_MAX_THREADS : n;
 #else
     return 1;
 #endif

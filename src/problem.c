@@ -852,8 +852,9 @@ static fa_status resolve_rotary(const fa_rotary *in, int per_row, fa_problem *p)
         if (!t[x]->data) return fa_fail(FA_ERR_NULL_ARG, "%s: data pointer is NULL", tn[x]);
     }
     if (r.sin->shape[0] != r.cos->shape[0] || r.sin->shape[1] != r.cos->shape[1])
-        return fa_fail(FA_ERR_SHAPE, "rotary sin: shape [%lld,%lld] differs from cos [%lld,%lld]", DIM(r.sin->shape[0]),
-                       DIM(r.sin->shape[1]), DIM(r.cos->shape[0]), DIM(r.cos->shape[1]));
+        return fa_fail(FA_ERR_SHAPE, "%s: shape [%lld,%lld] differs from %s [%lld,%lld]; rotary cos and sin must have "
+                       "the same shape", tn[1], DIM(r.sin->shape[0]), DIM(r.sin->shape[1]), tn[0], DIM(r.cos->shape[0]),
+                       DIM(r.cos->shape[1]));
     const int64_t rd = 2 * r.cos->shape[1], seqlen_ro = r.cos->shape[0];
     if (rd < 2 || rd > p->d)
         return fa_fail(FA_ERR_SHAPE, "%s: rotary_dim = 2 x %lld = %lld must be in 2..d = %lld (cos/sin are "

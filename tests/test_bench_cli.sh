@@ -36,7 +36,8 @@ expect_fail() {
         bad "$desc: stderr lacks '$needle': $(cat err.txt)"
     else ok; fi
 }
-TINY="--impl flash --n 32 --d 16 --heads 1 --threads 1 --repeats 1"
+TINY0="--impl flash --n 32 --d 16 --heads 1" # without --threads and --repeats, for the cases that give them
+TINY="$TINY0 --threads 1 --repeats 1"
 
 expect_fail "--n and --d of 2^32" "--n" --n 4294967296 --d 4294967296 --impl flash --threads 1
 expect_fail "memory beyond MemAvailable" "MemAvailable" --impl standard --n 2000000000 --d 1 --heads 1 --threads 1
@@ -45,8 +46,8 @@ expect_fail "time beyond --max-seconds" "need at least" --impl flash --n 1000000
 # the reference's float64 loops are timed at their own measured rate, not at the FMA peak
 # (N=4096, d=64, one head: 8.6 GFLOP, seconds at ~1 GFLOP/s, milliseconds at the peak)
 expect_fail "reference time beyond --max-seconds" "reference's measured" --impl reference --n 4096 --d 64 --heads 1 --repeats 1 --warmup 0 --no-check --max-seconds 0.5
-expect_fail "--threads 1000000" "--threads" $TINY --threads 1000000
-expect_fail "--repeats 1000" "--repeats" $TINY --repeats 1000
+expect_fail "--threads 1000000" "--threads" $TINY0 --repeats 1 --threads 1000000
+expect_fail "--repeats 1000" "--repeats" $TINY0 --threads 1 --repeats 1000
 expect_fail "--warmup 1000000" "--warmup" $TINY --warmup 1000000
 expect_fail "--impl ''" "--impl" --impl "" --n 32 --d 16
 expect_fail "--impl flash," "--impl" --impl flash, --n 32 --d 16
@@ -58,6 +59,12 @@ expect_fail "17 values of --n" "at most 16" --impl flash --n 1,2,3,4,5,6,7,8,9,1
 expect_fail "--n 0" "--n" --impl flash --n 0 --d 16
 expect_fail "--csv ''" "--csv: empty file name" $TINY --csv ""
 expect_fail "unknown option" "unknown option '--bogus'" $TINY --bogus
+
+# OMP_NUM_THREADS above FA_MAX_THREADS: the default is capped at 4096, as an explicit count is
+# refused above it (it was a late "num_threads must be in [0, 4096]" after the table's header)
+if OMP_NUM_THREADS=5000 timeout 120 "$fa" bench --impl flash --n 32 --d 16 --heads 1 --repeats 1 --warmup 0 --csv omp.csv >out.txt 2>err.txt &&
+        grep -q "4096 threads" out.txt && [ "$(wc -l <omp.csv)" = 2 ]; then ok
+else bad "bench with OMP_NUM_THREADS=5000: exit $? $(cat out.txt err.txt)"; fi
 
 # ---- --opt=value, fwd and bwd rows, the CSV ------------------------------------------
 if timeout 120 "$fa" bench --impl=flash --pass=fwd,bwd --n=32,48 --d=16 --heads=2 --threads=1 --repeats=1 \
@@ -86,10 +93,10 @@ if errs: sys.exit(print("; ".join(errs)) or 1)
 EOF
 
 # ---- a thread list: every row at each count back to back, a peak each, the scaling lines ----
-expect_fail "--threads 1,0" "--threads" $TINY --threads 1,0
-expect_fail "--threads 1, (empty entry)" "--threads" $TINY --threads 1,
+expect_fail "--threads 1,0" "--threads" $TINY0 --repeats 1 --threads 1,0
+expect_fail "--threads 1, (empty entry)" "--threads" $TINY0 --repeats 1 --threads 1,
 expect_fail "--threads list with decode rows" "one --threads" --seqlen-q 1 --n 64 --d 16 --heads 2 --threads 1,2
-expect_fail "--threads 2,1,2 (a count twice)" "listed twice" $TINY --threads 2,1,2
+expect_fail "--threads 2,1,2 (a count twice)" "listed twice" $TINY0 --repeats 1 --threads 2,1,2
 if timeout 120 "$fa" bench --impl flash --pass fwd,bwd --n 32 --d 16 --heads 2 --threads 1,2 --repeats 1 \
         --warmup 0 --csv t.csv >out.txt 2>err.txt; then ok
 else bad "bench --threads 1,2: exit $? $(cat err.txt)"; fi

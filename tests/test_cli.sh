@@ -137,6 +137,19 @@ expect_fail "bad window" "--window" $RUN --window 3
 expect_fail "bad softcap" "--softcap" $RUN --softcap -1
 expect_fail "bad scale" "--scale" $RUN --scale nan
 expect_fail "bad threads" "--threads" $RUN --threads 0
+# numbers: a digit (or '-') first, decimal; options given once; a value is not an option
+expect_fail "threads with a leading blank" "--threads: expected an integer" $RUN --threads ' 2'
+expect_fail "threads with a plus sign" "--threads: expected an integer" $RUN --threads +2
+expect_fail "scale with a leading blank" "--scale: expected a finite number" $RUN --scale ' 0.5'
+expect_fail "seed in hex" "--seed: expected a non-negative decimal integer" \
+    $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --sample-rows 2 --seed 0x10
+expect_fail "seed negative after a blank" "--seed: expected a non-negative decimal integer" \
+    $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --sample-rows 2 --seed ' -1'
+expect_fail "-q given twice" "-q given twice (arguments 1 and 3)" $fa run -q q.npy -q k.npy -k k.npy -v v.npy -o o.npy
+expect_fail "-o given twice" "-o given twice" $fa run -q q.npy -k k.npy -v v.npy -o o.npy -o=lse.npy
+expect_fail "an option as a file name" "-o needs a value, got the option '--causal'" \
+    $fa run -q q.npy -k k.npy -v v.npy -o --causal
+[ -e ./--causal ] && bad "-o --causal wrote a file named --causal"
 expect_fail "bad impl" "--impl: unknown implementation 'fast'" $RUN --impl fast
 expect_fail "bad dtype-out" "--dtype-out" $RUN --dtype-out f8
 expect_fail "output dir missing" "nodir/o.npy: cannot write there" $fa run -q q.npy -k k.npy -v v.npy -o nodir/o.npy

@@ -186,7 +186,7 @@ expect_fail "grad --dv is --dout" "is the input --dout do.npy" $GRAD --dq g.npy 
 if $GRAD --dq g.npy --dk gk.npy --dv gv.npy >out.txt 2>err.txt; then ok; else bad "grad with distinct files: $(cat err.txt)"; fi
 
 # ---- 17.8: inputs that never end -------------------------------------------------------
-expect_fail "-q /dev/zero" "/dev/zero: not a .npy file" sh -c "$LIMIT_AS; timeout 60 $RUN -q /dev/zero -o o.npy"
+expect_fail "-q /dev/zero" "/dev/zero: not a .npy file" sh -c "$LIMIT_AS; timeout 60 $fa run -q /dev/zero -k k.npy -v v.npy -o o.npy"
 expect_fail "a valid file followed by /dev/zero on a pipe" "trailing data" \
     sh -c "$LIMIT_AS; cat q.npy /dev/zero 2>/dev/null | timeout 60 $fa run -q /dev/stdin -k k.npy -v v.npy -o o.npy"
 if cat q.npy | $fa run -q /dev/stdin -k k.npy -v v.npy -o piped.npy >out.txt 2>err.txt && same_bytes piped.npy ref.npy

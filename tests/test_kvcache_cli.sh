@@ -222,7 +222,8 @@ python3 -c "
 import numpy as np
 np.save('kn64.npy', np.load('kn.npy').astype('<f8'))
 np.save('vn_short.npy', np.load('vn.npy')[:, :2].copy())
-np.save('cos_wide.npy', np.ones((64, 10), '<f4')); np.save('sin_wide.npy', np.zeros((64, 10), '<f4'))"
+np.save('cos_wide.npy', np.ones((64, 10), '<f4')); np.save('sin_wide.npy', np.zeros((64, 10), '<f4'))
+np.save('cos_4.npy', np.ones((64, 4), '<f4')); np.save('sin_3.npy', np.zeros((64, 3), '<f4'))"
 expect_fail "k_new of another dtype names its file" "kn64.npy: k_new/v_new must have the caches' dtypes" \
     $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy --k-new kn64.npy \
         --v-new vn.npy -o o_bad.npy
@@ -232,6 +233,11 @@ expect_fail "v_new of another length names its file" "vn_short.npy: shape" \
 expect_fail "rotary wider than d names the cos file" "cos_wide.npy: rotary_dim = 2 x 10 = 20 must be in 2..d = 16" \
     $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy $NEW \
         --rotary-cos cos_wide.npy --rotary-sin sin_wide.npy -o o_bad.npy
+
+expect_fail "cos and sin of different shapes name both files" \
+    "sin_3.npy: shape [64,3] differs from cos_4.npy [64,4]" \
+    $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --cache-batch-idx idx.npy $NEW \
+        --rotary-cos cos_4.npy --rotary-sin sin_3.npy -o o_bad.npy
 
 echo "test_kvcache_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

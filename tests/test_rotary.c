@@ -312,7 +312,7 @@ static void test_bad_rotary_is_refused(void **state)
     expect_refused(&g, &opt, FA_ERR_SHAPE, "rotary_dim = 2 x 9 = 18 must be in 2..d = 16");
     /* cos and sin of different shapes; a NaN in the table */
     rot.cos = &g.cos.t;
-    expect_refused(&g, &opt, FA_ERR_SHAPE, "rotary sin: shape [40,9] differs from cos [40,8]");
+    expect_refused(&g, &opt, FA_ERR_SHAPE, "rotary sin: shape [40,9] differs from rotary cos [40,8]");
     rot.sin = &g.sin.t;
     ((double *)g.sin.mem)[3 * (D / 2) + 1] = NAN;
     expect_refused(&g, &opt, FA_ERR_NONFINITE, "rotary sin: element [3,1] is not finite");

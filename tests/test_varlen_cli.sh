@@ -14,6 +14,9 @@
 #   - `grad` matches varlen_backward within 1e-5 of max|G|, and `check-grad`
 #     passes grad's output, also with junk in rows no sequence owns, and fails
 #     a wrong owned element, named [row, head, col];
+#   - NaN/Inf in rows no sequence reads are no error in run, check, grad and check-grad
+#     (O and the gradients bit for bit those of clean inputs); in a row a sequence reads
+#     they exit 2 naming the file, [row, head, col] and the sequence;
 #   - bad index files (decreasing, not starting at 0, past the end, seqused_k
 #     too large, float instead of int32, mismatched lengths, a missing
 #     --cu-seqlens-k, rank-4 Q) exit 2 with ONE line naming the file (and the
@@ -185,6 +188,39 @@ expect_fail "grad with a bad index file" "cq_dec.npy: cu_seqlens_q[3]" \
     $fa grad $IN --cu-seqlens-q cq_dec.npy --cu-seqlens-k ck.npy --dout do.npy --dq o_bad.npy --dk gk2.npy --dv gv2.npy
 expect_fail "check with a bad index file" "ck_past.npy: cu_seqlens_k[5]" \
     $fa check $IN --cu-seqlens-q cq.npy --cu-seqlens-k ck_past.npy --out o___causal_.npy
+
+# ---- non-finite values: only the rows sequences read must be finite (docs/semantics.md) ----
+# q rows 25, 26 and k row 39 belong to no sequence; with used.npy key 11 (sequence 1 reads 9, 10)
+# and keys 31..38 (sequence 4 reads 20..30) are never read. Row 6 of q is sequence 2's.
+python3 -c "
+import numpy as np
+q = np.load('q.npy'); q[25:] = np.nan; np.save('q_junk.npy', q)
+k = np.load('k.npy'); k[39] = np.nan; k[11] = np.inf; k[31:39, 1] = np.nan; np.save('k_junk.npy', k)
+q = np.load('q.npy'); q[6, 1, 3] = np.nan; np.save('q_nan.npy', q)
+k = np.load('k.npy'); k[30, 0, 5] = -np.inf; np.save('k_inf.npy', k)"
+JUNK="-q q_junk.npy -k k_junk.npy -v v.npy $VL --seqused-k used.npy --causal"
+if $fa run $JUNK -o o_junk.npy >out.txt 2>err.txt && $fa run $IN $VL --seqused-k used.npy --causal -o o_clean.npy \
+    >out.txt 2>err.txt && python3 -c "
+import numpy as np, sys
+a, b = np.load('o_junk.npy'), np.load('o_clean.npy')
+sys.exit(0 if np.array_equal(a[:25], b[:25]) else 1)"; then ok
+else bad "run with NaN/Inf only in rows no sequence reads: $(cat err.txt)"; fi
+if $fa check $JUNK --out o_clean.npy >out.txt 2>err.txt && grep -q PASS out.txt; then ok
+else bad "check with NaN/Inf only in unread rows: exit $? $(cat out.txt err.txt)"; fi
+if $fa grad $JUNK --dout do.npy --dq jq.npy --dk jk.npy --dv jv.npy >out.txt 2>err.txt &&
+   $fa check-grad $JUNK --dout do.npy --dq gq.npy --dk gk.npy --dv gv.npy >out.txt 2>err.txt && grep -q PASS out.txt &&
+   cmp -s jq.npy gq.npy; then ok
+else bad "grad/check-grad with NaN/Inf only in unread rows: $(cat out.txt err.txt)"; fi
+expect_fail "run, NaN in a row a sequence reads" "q_nan.npy: element [6,1,3] (sequence 2) is NaN" \
+    $fa run -q q_nan.npy -k k.npy -v v.npy $VL --causal -o o_bad.npy
+expect_fail "run, -Inf in a key a sequence reads" "k_inf.npy: element [30,0,5] (sequence 4) is Inf" \
+    $fa run -q q.npy -k k_inf.npy -v v.npy $VL --seqused-k used.npy --causal -o o_bad.npy
+expect_fail "check, NaN in a row a sequence reads" "q_nan.npy: element [6,1,3] (sequence 2) is NaN" \
+    $fa check -q q_nan.npy -k k.npy -v v.npy $VL --causal --out o___causal_.npy
+expect_fail "grad, NaN in a row a sequence reads" "q_nan.npy: element [6,1,3] (sequence 2) is NaN" \
+    $fa grad -q q_nan.npy -k k.npy -v v.npy $VL --causal --dout do.npy --dq o_bad.npy --dk gk3.npy --dv gv3.npy
+expect_fail "check-grad, NaN in a row a sequence reads" "q_nan.npy: element [6,1,3] (sequence 2) is NaN" \
+    $fa check-grad -q q_nan.npy -k k.npy -v v.npy $VL --causal --dout do.npy --dq gq.npy --dk gk.npy --dv gv.npy
 
 # every sequence empty: nothing is compared, and check says so (a PASS alone would mislead)
 python3 -c "import numpy as np; np.save('cq_empty.npy', np.zeros(6, '<i4'))"

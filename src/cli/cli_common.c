@@ -10,6 +10,7 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
@@ -71,18 +72,36 @@ int cli_is_help(const char *arg)
     return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
 }
 
+/* Whether arg is the option `name`, as "name" or "name=value". */
+static int is_opt(const char *arg, const char *name, size_t n)
+{
+    return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
 int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value)
 {
     const char *arg = argv[*i];
     size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0) return 0;
+    if (!is_opt(arg, name, n)) return 0;
+    /* the same option earlier: refused, not silently replaced (`-o a.npy -o b.npy` wrote only
+     * b.npy; `-q q.npy -q k.npy` read k.npy as Q) */
+    for (int j = 1; j < *i; j++)
+        if (is_opt(argv[j], name, n)) {
+            cli_die("%s given twice (arguments %d and %d); give each option once", name, j, *i);
+            return -1;
+        }
     if (arg[n] == '=') {
         *value = arg + n + 1;
         return 1;
     }
-    if (arg[n] != '\0') return 0;
     if (*i + 1 >= argc) {
         cli_die("%s needs a value", name);
+        return -1;
+    }
+    /* `-o --causal` took the flag as the output's file name */
+    if (strncmp(argv[*i + 1], "--", 2) == 0) {
+        cli_die("%s needs a value, got the option '%s' (a file whose name starts with -- can be given as ./%s)",
+                name, argv[*i + 1], argv[*i + 1]);
         return -1;
     }
     *value = argv[++*i];
@@ -94,7 +113,9 @@ int cli_parse_int(const char *opt, const char *text, long long lo, long long hi,
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (end == text || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+    /* a digit or '-' first: strtoll also skips blanks and takes '+' */
+    const int lead = (text[0] >= '0' && text[0] <= '9') || text[0] == '-';
+    if (end == text || *end != '\0' || errno == ERANGE || !lead || v < lo || v > hi) {
         cli_die("%s: expected an integer in %lld..%lld, got '%s'", opt, lo, hi, text);
         return -1;
     }
@@ -107,7 +128,7 @@ int cli_parse_double(const char *opt, const char *text, double *out)
     char *end;
     errno = 0;
     double v = strtod(text, &end);
-    if (end == text || *end != '\0' || isnan(v) || (isinf(v) && errno != ERANGE)) {
+    if (end == text || *end != '\0' || isnan(v) || (isinf(v) && errno != ERANGE) || isspace((unsigned char)text[0])) {
         cli_die("%s: expected a finite number, got '%s'", opt, text);
         return -1;
     }
@@ -694,8 +715,10 @@ void cli_qkv_free(cli_qkv *in)
     fa_npy_free(&in->v);
 }
 
-/* mode: 0 uniform, 1 packed (varlen), 2 KV cache (k, v are caches or pages: any
- * batch, and rows the sequences do not use may hold anything) */
+/* mode: 0 uniform, 1 packed (varlen: rows no sequence reads may hold anything), 2 KV cache
+ * (k, v are caches or pages: any batch, and rows the sequences do not use may hold anything).
+ * Where rows may hold anything the caller tests the rows in use (fa_check_inputs, or fa_check
+ * itself). */
 static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const char *v_path, int mode)
 {
     const int packed = mode == 1, cache = mode == 2;
@@ -704,9 +727,9 @@ static int load_qkv(cli_qkv *in, const char *q_path, const char *k_path, const c
     in->k_path = k_path;
     in->v_path = v_path;
     in->packed = packed;
-    if (packed ? (cli_load_array(q_path, 3, 1, "Q [total_q, heads, d] (varlen)", &in->q, &in->q_t) ||
-                  cli_load_array(k_path, 3, 1, "K [total_k, heads_k, d] (varlen)", &in->k, &in->k_t) ||
-                  cli_load_array(v_path, 3, 1, "V [total_k, heads_k, d_v] (varlen)", &in->v, &in->v_t))
+    if (packed ? (cli_load_array(q_path, 3, 0, "Q [total_q, heads, d] (varlen)", &in->q, &in->q_t) ||
+                  cli_load_array(k_path, 3, 0, "K [total_k, heads_k, d] (varlen)", &in->k, &in->k_t) ||
+                  cli_load_array(v_path, 3, 0, "V [total_k, heads_k, d_v] (varlen)", &in->v, &in->v_t))
                : (cli_load_array(q_path, 4, 1, "Q [batch, seqlen_q, heads, d]", &in->q, &in->q_t) ||
                   cli_load_array(k_path, 4, !cache, cache ? "K cache [batch_cache, seqlen_cache, heads_k, d]"
                                  : "K [batch, seqlen_k, heads_k, d]", &in->k, &in->k_t) ||

@@ -146,7 +146,9 @@ static int parse_list(const char *opt, const char *s, long long lo, long long hi
         char *end;
         errno = 0;
         long long v = strtoll(item, &end, 10);
-        if (*end || errno == ERANGE || v < lo || v > hi) {
+        /* a digit or '-' first: strtoll also skips blanks and takes '+' */
+        const int lead = (item[0] >= '0' && item[0] <= '9') || item[0] == '-';
+        if (*end || errno == ERANGE || !lead || v < lo || v > hi) {
             cli_die("bench: %s: expected integers in %lld..%lld, got '%s'", opt, lo, hi, item);
             return -1;
         }
@@ -290,6 +292,7 @@ typedef struct bench_cfg {
     const char *isa;
     double peak;
     fa_outfile *csv;
+    int *csv_rows; /* rows written to it: with none and an error, the old file stays as it was */
     int show_threads; /* a thread list was given: rows print their thread count */
     fa_context *ctx; /* flash rows: one context per row (bench_one, decode_one), as a caller's loop keeps one */
 } bench_cfg;
@@ -666,6 +669,8 @@ static int bench_one(const char *impl, int bwd, int64_t n, int64_t d, const benc
         if (fa_outfile_write(cfg->csv, row, (size_t)len) != FA_OK) {
             cli_die_npy(FA_ERR_IO);
             rc = 2;
+        } else {
+            (*cfg->csv_rows)++;
         }
     }
 out:
@@ -1084,6 +1089,8 @@ static int decode_bench_one(const char *impl, int64_t n, int64_t d, fa_dtype kvd
         if (fa_outfile_write(cfg->csv, row, (size_t)len) != FA_OK) {
             cli_die_npy(FA_ERR_IO);
             rc = 2;
+        } else {
+            (*cfg->csv_rows)++;
         }
     }
 out:
@@ -1285,6 +1292,7 @@ static int decode_main(const char *const *names, int nimpl, const int *do_pass, 
     }
 
     fa_outfile csv;
+    int csv_rows = 0;
     if (csv_path) {
         cli_cleanup_on_signals();
         if (fa_outfile_open(&csv, csv_path) != FA_OK) {
@@ -1292,6 +1300,7 @@ static int decode_main(const char *const *names, int nimpl, const int *do_pass, 
             return cli_die_npy(FA_ERR_IO);
         }
         cfg->csv = &csv;
+        cfg->csv_rows = &csv_rows;
         if (fa_outfile_write(&csv, csv_header, sizeof csv_header - 1) != FA_OK) {
             fa_outfile_abort(&csv);
             free(dc->evict);
@@ -1318,8 +1327,10 @@ static int decode_main(const char *const *names, int nimpl, const int *do_pass, 
                                                      (int)dc->splits[sp], cfg, dc, &rng);
                             if (r > rc) rc = r;
                         }
-    if (cfg->csv) {
-        if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_npy(FA_ERR_IO);
+    if (cfg->csv) { /* rows measured are kept even if another configuration failed; none and a failure:
+                     * the old file stays */
+        if (rc != 0 && csv_rows == 0) fa_outfile_abort(&csv);
+        else if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_npy(FA_ERR_IO);
         fa_outfile_free(&csv);
     }
     free(dc->evict);
@@ -1554,10 +1565,12 @@ static int bench_main(int argc, char **argv)
     }
 
     fa_outfile csv;
+    int csv_rows = 0;
     if (csv_path) {
         cli_cleanup_on_signals();
         if (fa_outfile_open(&csv, csv_path) != FA_OK) return cli_die_npy(FA_ERR_IO);
         cfg.csv = &csv;
+        cfg.csv_rows = &csv_rows;
         if (fa_outfile_write(&csv, csv_header, sizeof csv_header - 1) != FA_OK) {
             fa_outfile_abort(&csv);
             return cli_die_npy(FA_ERR_IO);
@@ -1643,9 +1656,11 @@ static int bench_main(int argc, char **argv)
                         printf("\n");
                     }
     }
-    /* the rows measured are facts even if another configuration failed: keep them */
+    /* the rows measured are facts even if another configuration failed: keep them (none and a
+     * failure: the old file stays as it was) */
     if (cfg.csv) {
-        if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_npy(FA_ERR_IO);
+        if (rc != 0 && csv_rows == 0) fa_outfile_abort(&csv);
+        else if (fa_outfile_commit(&csv) != FA_OK) rc = cli_die_npy(FA_ERR_IO);
         fa_outfile_free(&csv);
     }
     return rc;

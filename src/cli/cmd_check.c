@@ -75,9 +75,10 @@ static int parse_seed(const char *text, uint64_t *out)
 {
     char *end;
     errno = 0;
-    unsigned long long v = strtoull(text, &end, 0);
-    if (end == text || *end != '\0' || errno == ERANGE || text[0] == '-') {
-        cli_die("--seed: expected a non-negative integer, got '%s'", text);
+    unsigned long long v = strtoull(text, &end, 10);
+    /* decimal digits only: strtoull skips blanks and takes a sign (' -1' read as 2^64 - 1) */
+    if (end == text || *end != '\0' || errno == ERANGE || !(text[0] >= '0' && text[0] <= '9')) {
+        cli_die("--seed: expected a non-negative decimal integer, got '%s'", text);
         return -1;
     }
     *out = (uint64_t)v;

@@ -127,9 +127,10 @@ static int run_main(int argc, char **argv)
         goto done;
     }
 
-    /* a KV cache's rows were loaded without the finiteness test (rows no sequence uses may
-     * hold anything): the rows the attention reads must be finite, as everywhere else */
-    if (attn.cache_seqlens_path && (st = fa_check_inputs(&in.q_t, &in.k_t, &in.v_t, &attn.opt, q_path, k_path,
+    /* a KV cache's rows and a varlen batch's packed rows were loaded without the finiteness
+     * test (rows no sequence uses may hold anything): the rows the attention reads must be
+     * finite, as everywhere else */
+    if ((attn.cache_seqlens_path || in.packed) && (st = fa_check_inputs(&in.q_t, &in.k_t, &in.v_t, &attn.opt, q_path, k_path,
                                                          v_path)) != FA_OK) {
         cli_die_status(st);
         goto done;

@@ -190,7 +190,7 @@ fa_status fa_measure_fma_peak(const char *isa, int threads, double seconds, doub
         return fa_fail(FA_ERR_OPTION, "fa_measure_fma_peak: threads must be in [0, %d] and seconds in 0..60",
                        FA_MAX_THREADS);
 #ifdef _OPENMP
-    if (threads == 0) threads = omp_get_max_threads();
+    if (threads == 0) threads = omp_get_max_threads() > FA_MAX_THREADS ? FA_MAX_THREADS : omp_get_max_threads();
 #else
     threads = 1;
 #endif
