@@ -147,6 +147,8 @@ expect_fail "seed negative after a blank" "--seed: expected a non-negative decim
     $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --sample-rows 2 --seed ' -1'
 expect_fail "-q given twice" "-q given twice (arguments 1 and 3)" $fa run -q q.npy -q k.npy -k k.npy -v v.npy -o o.npy
 expect_fail "-o given twice" "-o given twice" $fa run -q q.npy -k k.npy -v v.npy -o o.npy -o=lse.npy
+expect_fail "check's --out and -o both given" "-o given twice (as --out and -o)" \
+    $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy -o o_ref.npy
 expect_fail "an option as a file name" "-o needs a value, got the option '--causal'" \
     $fa run -q q.npy -k k.npy -v v.npy -o --causal
 [ -e ./--causal ] && bad "-o --causal wrote a file named --causal"

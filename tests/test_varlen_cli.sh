@@ -14,7 +14,7 @@
 #   - `grad` matches varlen_backward within 1e-5 of max|G|, and `check-grad`
 #     passes grad's output, also with junk in rows no sequence owns, and fails
 #     a wrong owned element, named [row, head, col];
-#   - NaN/Inf in rows no sequence reads are no error in run, check, grad and check-grad
+#   - NaN/Inf in rows no sequence reads (q, k, v, dO) are no error in run, check, grad and check-grad
 #     (O and the gradients bit for bit those of clean inputs); in a row a sequence reads
 #     they exit 2 naming the file, [row, head, col] and the sequence;
 #   - bad index files (decreasing, not starting at 0, past the end, seqused_k
@@ -197,7 +197,9 @@ import numpy as np
 q = np.load('q.npy'); q[25:] = np.nan; np.save('q_junk.npy', q)
 k = np.load('k.npy'); k[39] = np.nan; k[11] = np.inf; k[31:39, 1] = np.nan; np.save('k_junk.npy', k)
 q = np.load('q.npy'); q[6, 1, 3] = np.nan; np.save('q_nan.npy', q)
-k = np.load('k.npy'); k[30, 0, 5] = -np.inf; np.save('k_inf.npy', k)"
+k = np.load('k.npy'); k[30, 0, 5] = -np.inf; np.save('k_inf.npy', k)
+g = np.load('do.npy'); g[25:] = np.nan; np.save('do_junk.npy', g)
+g = np.load('do.npy'); g[19, 2, 1] = np.inf; np.save('do_inf.npy', g)"
 JUNK="-q q_junk.npy -k k_junk.npy -v v.npy $VL --seqused-k used.npy --causal"
 if $fa run $JUNK -o o_junk.npy >out.txt 2>err.txt && $fa run $IN $VL --seqused-k used.npy --causal -o o_clean.npy \
     >out.txt 2>err.txt && python3 -c "
@@ -207,8 +209,8 @@ sys.exit(0 if np.array_equal(a[:25], b[:25]) else 1)"; then ok
 else bad "run with NaN/Inf only in rows no sequence reads: $(cat err.txt)"; fi
 if $fa check $JUNK --out o_clean.npy >out.txt 2>err.txt && grep -q PASS out.txt; then ok
 else bad "check with NaN/Inf only in unread rows: exit $? $(cat out.txt err.txt)"; fi
-if $fa grad $JUNK --dout do.npy --dq jq.npy --dk jk.npy --dv jv.npy >out.txt 2>err.txt &&
-   $fa check-grad $JUNK --dout do.npy --dq gq.npy --dk gk.npy --dv gv.npy >out.txt 2>err.txt && grep -q PASS out.txt &&
+if $fa grad $JUNK --dout do_junk.npy --dq jq.npy --dk jk.npy --dv jv.npy >out.txt 2>err.txt &&
+   $fa check-grad $JUNK --dout do_junk.npy --dq gq.npy --dk gk.npy --dv gv.npy >out.txt 2>err.txt && grep -q PASS out.txt &&
    cmp -s jq.npy gq.npy; then ok
 else bad "grad/check-grad with NaN/Inf only in unread rows: $(cat out.txt err.txt)"; fi
 expect_fail "run, NaN in a row a sequence reads" "q_nan.npy: element [6,1,3] (sequence 2) is NaN" \
@@ -219,6 +221,10 @@ expect_fail "check, NaN in a row a sequence reads" "q_nan.npy: element [6,1,3] (
     $fa check -q q_nan.npy -k k.npy -v v.npy $VL --causal --out o___causal_.npy
 expect_fail "grad, NaN in a row a sequence reads" "q_nan.npy: element [6,1,3] (sequence 2) is NaN" \
     $fa grad -q q_nan.npy -k k.npy -v v.npy $VL --causal --dout do.npy --dq o_bad.npy --dk gk3.npy --dv gv3.npy
+expect_fail "grad, Inf in a dO row a sequence owns" "do_inf.npy: element [19,2,1] (sequence 3) is Inf" \
+    $fa grad $IN $VL --causal --dout do_inf.npy --dq o_bad.npy --dk gk3.npy --dv gv3.npy
+expect_fail "check-grad, Inf in a dO row a sequence owns" "do_inf.npy: element [19,2,1] (sequence 3) is Inf" \
+    $fa check-grad $IN $VL --causal --dout do_inf.npy --dq gq.npy --dk gk.npy --dv gv.npy
 expect_fail "check-grad, NaN in a row a sequence reads" "q_nan.npy: element [6,1,3] (sequence 2) is NaN" \
     $fa check-grad -q q_nan.npy -k k.npy -v v.npy $VL --causal --dout do.npy --dq gq.npy --dk gk.npy --dv gv.npy
 

@@ -349,6 +349,12 @@ double cli_element(const void *data, fa_dtype t, int64_t x);
 
 /* Count the NaN/Inf among n elements (-inf allowed if allow_neg_inf: an LSE's
  * empty rows) and, if any, print one warning line naming `path`; returns the count. */
+/* Every element of the rows sequences own finite, in a varlen [total_q, heads, x] array (dO):
+ * else one line naming the file, [row, head, col] and the sequence; returns CLI_EXIT_USAGE. */
+int cli_varlen_rows_finite(const char *path, const fa_npy *arr, const fa_varlen *vl);
+/* cli_opt_value for an option with two spellings (`--out` / `-o`) into one variable that starts
+ * NULL: a second value under either spelling is refused. */
+int cli_opt_value_alias(int argc, char **argv, int *i, const char *name, const char *alias, const char **value);
 int64_t cli_warn_nonfinite(const char *path, const void *data, fa_dtype t, int64_t n, int allow_neg_inf);
 
 /* "(0, 3, 1, 7)": the multi-index of flat element `flat` of arr into buf[size]; returns buf. */

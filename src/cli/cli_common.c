@@ -67,6 +67,17 @@ int cli_unknown_option(const char *cmd, const char *arg)
 /* Option parsing                                                            */
 /* ------------------------------------------------------------------------ */
 
+int cli_opt_value_alias(int argc, char **argv, int *i, const char *name, const char *alias, const char **value)
+{
+    const char *was = *value;
+    const int r = cli_opt_value(argc, argv, i, name, value);
+    if (r == 1 && was) {
+        cli_die("%s given twice (as %s and %s); give it once", name, alias, name);
+        return -1;
+    }
+    return r;
+}
+
 int cli_is_help(const char *arg)
 {
     return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
@@ -622,6 +633,22 @@ int64_t cli_warn_nonfinite(const char *path, const void *data, fa_dtype t, int64
                 path, (long long)bad, (long long)n, (long long)first,
                 t == FA_F16 ? "; float16 holds at most 65504, --dtype-out f32 does not overflow" : "");
     return bad;
+}
+
+int cli_varlen_rows_finite(const char *path, const fa_npy *arr, const fa_varlen *vl)
+{
+    if (!vl || !vl->cu_seqlens_q || arr->rank != 3) return 0;
+    const int64_t h = arr->shape[1], w = arr->shape[2];
+    for (int64_t b = 0; b < vl->batch; b++)
+        for (int64_t r = vl->cu_seqlens_q[b]; r < vl->cu_seqlens_q[b + 1] && r < arr->shape[0]; r++)
+            for (int64_t x = r * h * w; x < (r + 1) * h * w; x++) {
+                const double e = cli_element(arr->data, arr->dtype, x);
+                if (isfinite(e)) continue;
+                const int64_t c = x % w, hh = x / w % h;
+                return cli_die("%s: element [%lld,%lld,%lld] (sequence %lld) is %s; inputs must be finite", path,
+                               (long long)r, (long long)hh, (long long)c, (long long)b, isnan(e) ? "NaN" : "Inf");
+            }
+    return 0;
 }
 
 int cli_load_array(const char *path, int want_rank, int require_finite, const char *role,

@@ -183,8 +183,8 @@ static int check_main(int argc, char **argv)
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--out", &o_path)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "-o", &o_path)) != 0 ||
+            (r = cli_opt_value_alias(argc, argv, &i, "--out", "-o", &o_path)) != 0 ||
+            (r = cli_opt_value_alias(argc, argv, &i, "-o", "--out", &o_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--lse", &lse_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--dtype", &dtype_text)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--atol", &atol_text)) != 0 ||

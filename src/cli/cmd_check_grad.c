@@ -253,7 +253,8 @@ static int check_grad_main(int argc, char **argv)
     const char *const *dims = skip ? dims3 : dims4;
     char ws[96];
     if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_alibi(&attn, &in)) goto done;
-    if (cli_load_array(do_path, 4 - skip, 1, skip ? "dO [total_q, heads, d_v]" : "dO [batch, seqlen_q, heads, d_v]",
+    /* varlen: rows of dO no sequence owns may hold anything (cli_varlen_rows_finite below) */
+    if (cli_load_array(do_path, 4 - skip, !skip, skip ? "dO [total_q, heads, d_v]" : "dO [batch, seqlen_q, heads, d_v]",
                        &do_arr, &do_t))
         goto done;
     const int64_t do_want[4] = {in.batch, in.seqlen_q, in.heads, in.dv};
@@ -264,6 +265,7 @@ static int check_grad_main(int argc, char **argv)
                 cli_shape(4 - skip, do_want + skip, ws, sizeof ws), q_path, v_path);
         goto done;
     }
+    if (skip && cli_varlen_rows_finite(do_path, &do_arr, attn.opt.varlen)) goto done;
     for (int x = 0; x < 3; x++) {
         /* NaN/Inf in a tested gradient are findings, not bad input */
         if (cli_load_array(paths[x], 4 - skip, 0, dims[x], &test[x], &test_t[x])) goto done;

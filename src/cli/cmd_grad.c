@@ -46,10 +46,10 @@ static const char grad_usage[] =
     "Exit status: 0 ok; 2 bad usage or bad input (one line on stderr naming the file; no output written).\n";
 
 /* Load dO and check it against Q and V. Returns 0 or prints and returns 2. */
-static int load_dout(const char *path, const cli_qkv *in, fa_npy *arr, fa_tensor *t)
+static int load_dout(const char *path, const cli_qkv *in, const fa_varlen *vl, fa_npy *arr, fa_tensor *t)
 {
-    const int skip = cli_skip(in); /* varlen: [total_q, heads, d_v] */
-    if (cli_load_array(path, 4 - skip, 1, skip ? "dO [total_q, heads, d_v] (varlen)" : "dO [batch, seqlen_q, heads, d_v]",
+    const int skip = cli_skip(in); /* varlen: [total_q, heads, d_v]; rows no sequence owns may hold anything */
+    if (cli_load_array(path, 4 - skip, !skip, skip ? "dO [total_q, heads, d_v] (varlen)" : "dO [batch, seqlen_q, heads, d_v]",
                        arr, t))
         return CLI_EXIT_USAGE;
     const int64_t want[4] = {in->batch, in->seqlen_q, in->heads, in->dv};
@@ -58,6 +58,10 @@ static int load_dout(const char *path, const cli_qkv *in, fa_npy *arr, fa_tensor
         cli_die("%s: shape %s should be %s = %s (from %s and %s)", path, cli_shape(4 - skip, arr->shape, sh, sizeof sh),
                 skip ? "[total_q, heads, d_v]" : "[batch, seqlen_q, heads, d_v]",
                 cli_shape(4 - skip, want + skip, ws, sizeof ws), in->q_path, in->v_path);
+        fa_npy_free(arr);
+        return CLI_EXIT_USAGE;
+    }
+    if (skip && cli_varlen_rows_finite(path, arr, vl)) {
         fa_npy_free(arr);
         return CLI_EXIT_USAGE;
     }
@@ -116,7 +120,7 @@ static int grad_main(int argc, char **argv)
     memset(&do_arr, 0, sizeof do_arr);
     void *mem[4] = {NULL, NULL, NULL, NULL}; /* dq, dk, dv, dsinks */
     int rc = CLI_EXIT_USAGE;
-    if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_alibi(&attn, &in) || load_dout(do_path, &in, &do_arr, &do_t))
+    if (cli_attn_load_varlen(&attn, &in) || cli_attn_load_alibi(&attn, &in) || load_dout(do_path, &in, attn.opt.varlen, &do_arr, &do_t))
         goto done;
 
     /* dQ [B][Sq][H][d], dK [B][Sk][Hk][d], dV [B][Sk][Hk][dv], all in out_dtype (varlen: without the batch of 1) */

@@ -410,8 +410,8 @@ int mpi_check_main(int argc, char **argv, const char *usage)
             (r = cli_opt_value(argc, argv, &i, "-q", &q_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-k", &k_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "-v", &v_path)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--out", &t_path)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "-o", &t_path)) != 0 ||
+            (r = cli_opt_value_alias(argc, argv, &i, "--out", "-o", &t_path)) != 0 ||
+            (r = cli_opt_value_alias(argc, argv, &i, "-o", "--out", &t_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--lse", &lse_path)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--dtype", &dt_text)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--atol", &atol_text)) != 0 ||
