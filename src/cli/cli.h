@@ -349,6 +349,10 @@ double cli_element(const void *data, fa_dtype t, int64_t x);
 
 /* Count the NaN/Inf among n elements (-inf allowed if allow_neg_inf: an LSE's
  * empty rows) and, if any, print one warning line naming `path`; returns the count. */
+/* After cli_load_inputs and the options: a varlen batch's packed Q/K/V and a KV cache were loaded
+ * without the whole-file finiteness test (rows no sequence reads may hold anything), so the rows in
+ * use are tested here (fa_check_inputs); one line and CLI_EXIT_USAGE when one is not finite. */
+int cli_inputs_in_use_finite(const cli_qkv *in, const cli_attn *a);
 /* Every element of the rows sequences own finite, in a varlen [total_q, heads, x] array (dO):
  * else one line naming the file, [row, head, col] and the sequence; returns CLI_EXIT_USAGE. */
 int cli_varlen_rows_finite(const char *path, const fa_npy *arr, const fa_varlen *vl);

@@ -831,6 +831,13 @@ int cli_load_qkv_packed(cli_qkv *in, const char *q_path, const char *k_path, con
     return load_qkv(in, q_path, k_path, v_path, 1);
 }
 
+int cli_inputs_in_use_finite(const cli_qkv *in, const cli_attn *a)
+{
+    if (!in->packed && !a->cache_seqlens_path) return 0; /* loaded with the whole-file test */
+    const fa_status st = fa_check_inputs(&in->q_t, &in->k_t, &in->v_t, &a->opt, in->q_path, in->k_path, in->v_path);
+    return st == FA_OK ? 0 : cli_die_status(st);
+}
+
 int cli_load_inputs(cli_qkv *in, const cli_attn *a, const char *q_path, const char *k_path, const char *v_path)
 {
     memset(in, 0, sizeof *in);

@@ -311,16 +311,10 @@ static int check_grad_main(int argc, char **argv)
      * of bf16 and f16, 2^-18 for f32 (a fixed 1e-6 passed all-zero gradients once dO was ~1e-7) */
     const double atol_rel = dtype == FA_BF16 ? 0x1p-9 : dtype == FA_F16 ? 0x1p-12 : 0x1p-18;
 
-    /* a varlen batch's packed rows were loaded without the finiteness test (rows no sequence
-     * reads may hold anything): the rows in use must be finite */
-    fa_status st;
-    if (in.packed && (st = fa_check_inputs(&in.q_t, &in.k_t, &in.v_t, &attn.opt, q_path, k_path, v_path)) != FA_OK) {
-        cli_die_status(st);
-        goto done;
-    }
+    if (cli_inputs_in_use_finite(&in, &attn)) goto done; /* varlen: the rows sequences read */
     double t0 = cli_now();
-    st = fa_backward_ex(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &ref_t[0], &ref_t[1], &ref_t[2],
-                        &attn.opt, &extra);
+    fa_status st = fa_backward_ex(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &ref_t[0], &ref_t[1], &ref_t[2],
+                                  &attn.opt, &extra);
     double secs = cli_now() - t0;
     if (st != FA_OK) {
         cli_die_status(st);

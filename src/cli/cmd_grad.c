@@ -159,16 +159,10 @@ static int grad_main(int argc, char **argv)
         extra.dsinks = &ds_t;
     }
 
-    /* a varlen batch's packed rows were loaded without the finiteness test (rows no sequence
-     * reads may hold anything): the rows in use must be finite */
-    fa_status st;
-    if (in.packed && (st = fa_check_inputs(&in.q_t, &in.k_t, &in.v_t, &attn.opt, q_path, k_path, v_path)) != FA_OK) {
-        cli_die_status(st);
-        goto done;
-    }
+    if (cli_inputs_in_use_finite(&in, &attn)) goto done; /* varlen: the rows sequences read */
     double t0 = cli_now();
-    st = fa_backward_ex(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &grads[0], &grads[1], &grads[2],
-                        &attn.opt, &extra);
+    fa_status st = fa_backward_ex(&in.q_t, &in.k_t, &in.v_t, NULL, NULL, &do_t, &grads[0], &grads[1], &grads[2],
+                                  &attn.opt, &extra);
     double secs = cli_now() - t0;
     if (st != FA_OK) {
         cli_die_status(st);

@@ -127,14 +127,7 @@ static int run_main(int argc, char **argv)
         goto done;
     }
 
-    /* a KV cache's rows and a varlen batch's packed rows were loaded without the finiteness
-     * test (rows no sequence uses may hold anything): the rows the attention reads must be
-     * finite, as everywhere else */
-    if ((attn.cache_seqlens_path || in.packed) && (st = fa_check_inputs(&in.q_t, &in.k_t, &in.v_t, &attn.opt, q_path, k_path,
-                                                         v_path)) != FA_OK) {
-        cli_die_status(st);
-        goto done;
-    }
+    if (cli_inputs_in_use_finite(&in, &attn)) goto done; /* varlen / KV cache: the rows read */
     const long amx0 = fa_amx_calls();
     double t0 = cli_now();
     st = fa_forward(&in.q_t, &in.k_t, &in.v_t, &o, lse_path ? &lse : NULL, &attn.opt);
