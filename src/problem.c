@@ -519,9 +519,13 @@ static fa_status kvcache_geometry(const fa_kvcache *kv_in, const fa_tensor *k, c
     const char *knn = kv->k_new_name ? kv->k_new_name : "k_new", *vnn = kv->v_new_name ? kv->v_new_name : "v_new";
     const int64_t B = p->batch, rows = k->shape[1]; /* rows of a cache, or of a page */
     if (!kv->cache_seqlens) return fa_fail(FA_ERR_NULL_ARG, "kvcache: cache_seqlens is NULL");
-    if (kv->block_table && (kv->cache_batch_idx || kv->cache_leftpad))
-        return fa_fail(FA_ERR_OPTION, "kvcache: block_table (paged) cannot be combined with cache_batch_idx or "
-                       "cache_leftpad");
+    if (kv->block_table && (kv->cache_batch_idx || kv->cache_leftpad)) {
+        const char *other = kv->cache_batch_idx ? "cache_batch_idx" : "cache_leftpad";
+        const char *oname = kv->cache_batch_idx ? kv->cache_batch_idx_name : kv->cache_leftpad_name;
+        return fa_fail(FA_ERR_OPTION, "kvcache: block_table%s%s%s (paged) cannot be combined with %s%s%s%s",
+                       kv->block_table_name ? " (" : "", kv->block_table_name ? kv->block_table_name : "",
+                       kv->block_table_name ? ")" : "", other, oname ? " (" : "", oname ? oname : "", oname ? ")" : "");
+    }
     if (kv->block_table && (kv->max_pages < 1 || kv->max_pages > INT32_MAX))
         return fa_fail(FA_ERR_OPTION, "kvcache: max_pages must be in 1..%d with a block_table (got %lld)", INT32_MAX,
                        DIM(kv->max_pages));

@@ -211,7 +211,8 @@ if env $dec_env timeout 120 "$fa" bench --seqlen-q 1 --n 100 --d 16 --heads 2 --
 then ok; else bad "bench --warm-cache: exit $? $(cat err.txt) $(head -6 out.txt)"; fi
 
 # ---- --dtype: half-precision Q, K, V (and dO), checked against the reference ----------------
-expect_fail "--dtype f64" "--dtype" $TINY --dtype f64
+expect_fail "--dtype f64" "bench: --dtype: expected f32, f16 or bf16, got 'f64'" $TINY --dtype f64
+expect_fail "--dtype empty" "bench: --dtype: expected f32, f16 or bf16, got ''" $TINY --dtype ''
 expect_fail "--dtype f8" "--dtype" $TINY --dtype f8
 for dt in f16 bf16; do
     if timeout 120 "$fa" bench --impl flash,standard --pass fwd,bwd --n 40 --d 24 --heads 2 --threads 1 --repeats 1 \

@@ -162,6 +162,8 @@ expect_fail "lse names a directory" "lse_dir.npy: is a directory" \
     $fa run -q q.npy -k k.npy -v v.npy -o o.npy --lse lse_dir.npy
 expect_fail "same output twice" "same file" $fa run -q q.npy -k k.npy -v v.npy -o o.npy --lse o.npy
 expect_fail "unknown command" "unknown command 'frobnicate'" $fa frobnicate
+expect_fail "--version with an argument" "--version takes no arguments, got 'x'" $fa --version x
+if $fa --version >out.txt 2>err.txt && grep -q "^flashattn [0-9]" out.txt; then ok; else bad "--version: $(cat err.txt)"; fi
 expect_fail "unknown top-level flag" "unknown option '--frob'" $fa --frob
 expect_fail "info extra arg" "unknown option '--x'" $fa info --x
 expect_fail "demo bad flag" "unknown option '--m'" $fa demo --m 3

@@ -190,6 +190,10 @@ expect_fail "--k-new without --v-new" "--k-new needs --v-new" \
     $fa run -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl.npy --k-new kn.npy -o o_bad.npy
 expect_fail "a cache option without --cache-seqlens" "--block-table needs --cache-seqlens" \
     $fa run -q q.npy -k kp.npy -v vp.npy --block-table table.npy -o o_bad.npy
+expect_fail "paged with a leftpad" "block_table (table.npy) (paged) cannot be combined with cache_leftpad (pad.npy)" \
+    $fa run -q q.npy -k kp.npy -v vp.npy --cache-seqlens sl.npy --block-table table.npy --cache-leftpad pad.npy -o o_bad.npy
+expect_fail "paged with a cache_batch_idx" "cannot be combined with cache_batch_idx (idx.npy)" \
+    $fa run -q q.npy -k kp.npy -v vp.npy --cache-seqlens sl.npy --block-table table.npy --cache-batch-idx idx.npy -o o_bad.npy
 expect_fail "check past the cache" "sl_past.npy: cache_seqlens[2]" \
     $fa check -q q.npy -k kc.npy -v vc.npy --cache-seqlens sl_past.npy $NEW --out o.npy
 

@@ -65,6 +65,7 @@ int main(int argc, char **argv)
         return CLI_EXIT_OK;
     }
     if (strcmp(name, "--version") == 0 || strcmp(name, "version") == 0) {
+        if (argc > 2) return cli_die("%s takes no arguments, got '%s'", name, argv[2]);
         printf("flashattn %s\n", fa_version());
         return CLI_EXIT_OK;
     }
