@@ -450,9 +450,10 @@ typedef struct fa_options {
                                    (results are bit-identical for a fixed count, whatever the thread
                                    count). Used by FA_IMPL_FLASH when seqlen_q <= 16 (its decode path,
                                    which also packs a GQA group's query heads into one tile); clamped
-                                   to the key blocks and to 128. The heuristic splits only when batch x
-                                   heads_k (x row chunks) is below 16 tasks, into enough splits to make
-                                   16; it does not look at the thread count, so its bits do not either. */
+                                   to the key blocks and to 128. The heuristic splits only when heads_k
+                                   (x row chunks) is below 16 tasks, into enough splits to make 16; it
+                                   looks at neither the batch nor the thread count, so a sequence's bits
+                                   depend on neither. */
     void (*progress)(void *arg); /**< NULL, or a function the call runs now and then, after a task, on
                                    the thread that made the call (OpenMP thread 0 of the call's team),
                                    while the call's other threads go on computing: a way to drive the
@@ -1090,7 +1091,7 @@ typedef struct fa_qtensor {
     const uint8_t *block_scale; /**< NVFP4: e4m3 codes (>= 0); MXFP4: e8m0 codes. */
     int64_t block_scale_shape[4]; /**< Shape of block_scale. */
     int scale_axis;             /**< 3 (head dim; also 0 means 3) or 1 (tokens). */
-    double global_scale;        /**< NVFP4: the fp32 per-tensor scale (0 means 1). */
+    double global_scale;        /**< NVFP4: the fp32 per-tensor scale (0 means 1; negative refused). */
 } fa_qtensor;
 
 /** @brief Block length of a block-scale kind: 16 (NVFP4), 32 (MXFP4), else 0. */

@@ -364,6 +364,8 @@ def _window_side(value, name):
     """None or -1: unbounded; otherwise a number of keys >= 0 (the CLI's rule)."""
     if value is None:
         return -1
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer or None, got {value!r}")
     try:
         v = operator.index(value)
     except TypeError:
@@ -375,7 +377,20 @@ def _window_side(value, name):
     return v
 
 
+def _bool_arg(value, name):
+    """True/False (or numpy bools, or the integers 0 and 1); a string such as "False" is
+    refused, not read as true."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def _float_arg(value, name):
+    # float() would take "30" and True: a number is asked for
+    if isinstance(value, (str, bytes, bool, np.bool_)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -603,7 +618,7 @@ def _rotary(cos, sin, interleaved, keep, bf16_bits=None):
     lib.fa_rotary_init(ctypes.byref(r), ctypes.sizeof(_Rotary))
     r.cos = ctypes.pointer(tabs[0])
     r.sin = ctypes.pointer(tabs[1])
-    r.interleaved = int(bool(interleaved))
+    r.interleaved = int(_bool_arg(interleaved, "rotary_interleaved"))
     keep.append(r)
     return r
 
@@ -631,7 +646,7 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     opt = _Options()
     lib.fa_options_init(ctypes.byref(opt), ctypes.sizeof(_Options))
     opt.scale = scale
-    opt.causal = int(bool(causal))
+    opt.causal = int(_bool_arg(causal, "causal"))
     opt.window_left = wl
     opt.window_right = wr
     opt.softcap = softcap
@@ -867,7 +882,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
             if not isinstance(c, np.ndarray) or not c.flags.writeable:
                 raise ValueError(f"{name} must be a writable numpy array (the new keys are appended into "
                                  "it in place)")
-            if not np.may_share_memory(_as_array(c, name), c):
+            # (a cache of no elements has no memory to share: nothing is appended into it)
+            if c.size > 0 and not np.may_share_memory(_as_array(c, name), c):
                 raise ValueError(f"{name} must be in native byte order with non-negative strides that are "
                                  "multiples of its item size (the new keys are appended into it in place; "
                                  "a converted copy would not be the caller's cache)")
@@ -1129,6 +1145,13 @@ def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_form
     keep = [c]
     if descale is not None and block_scales is not None:
         raise ValueError("give descale or block_scales, not both")
+    if block_scales is None:  # what only block scales use must not be given (and then ignored) without them
+        if global_scale is not None:
+            raise ValueError("global_scale goes with NVFP4 block_scales (scale_format='nvfp4')")
+        if scale_format is not None:
+            raise ValueError(f"scale_format {scale_format!r} needs block_scales")
+        if along != "d":
+            raise ValueError(f"along={along!r} needs block_scales")
     if descale is not None:
         if np.ndim(descale) == 0:
             x.scale_kind = 1
@@ -1157,7 +1180,13 @@ def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_form
         if along not in ("d", "tokens"):
             raise ValueError(f"along must be 'd' or 'tokens', got {along!r}")
         x.scale_axis = 3 if along == "d" else 1
-        x.global_scale = float(np.float32(1.0 if global_scale is None else global_scale))
+        if global_scale is not None and scale_format == "mxfp4":
+            raise ValueError("global_scale: MXFP4 has no global scale")
+        g = np.float32(1.0 if global_scale is None else global_scale)
+        if not (np.isfinite(g) and g > 0):  # the C struct reads 0 as "not given" (1)
+            raise ValueError(f"global_scale must be a finite float32 > 0, got {global_scale!r} "
+                             f"(as float32: {g!r})")
+        x.global_scale = float(g)
     out = np.empty(shape, dtype=np.float64)
     t = _tensor(out, "out")
     st = lib.fa_dequantize(ctypes.byref(x), b"codes", ctypes.byref(t))

@@ -137,6 +137,7 @@ fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
     }
     /* KV cache: append the new keys in place (the caches must not overlap them) */
     void *rot_mem = NULL; /* rotary: the rotated q and k_new (serve.c) */
+    void *undo = NULL;    /* the cache rows the append overwrote, put back if the call fails */
     if (p.cache_seqlens && p.k_new.data) {
         const fa_tensor *nk[] = {&p.k_new, &p.v_new, q, v};
         const char *nn[] = {"k_new", "v_new", "q", "v cache"};
@@ -145,32 +146,31 @@ fa_status fa_forward(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
             return st;
         /* rotary: q and k_new rotated first, so the rotated keys are appended */
         if ((st = fa_rotary_apply(&p, &rot_mem)) != FA_OK) return st;
-        if ((st = fa_kvcache_append(&p)) != FA_OK) {
+        if ((st = fa_kvcache_append(&p, &undo)) != FA_OK) {
             fa_free(rot_mem);
             return st;
         }
     }
     /* varlen: the rows no sequence owns get O = 0, LSE = -inf */
-    if ((st = fa_fill_unowned_rows(&p, &p.o, 0, 0.0)) != FA_OK ||
-        (st = fa_fill_unowned_lse(&p, p.lse.data ? &p.lse : NULL, -INFINITY)) != FA_OK) {
-        fa_free(rot_mem);
+    if ((st = fa_fill_unowned_rows(&p, &p.o, 0, 0.0)) == FA_OK &&
+        (st = fa_fill_unowned_lse(&p, p.lse.data ? &p.lse : NULL, -INFINITY)) == FA_OK &&
+        p.batch > 0 && p.seqlen_q > 0) {
+        p.arena = fa_arena_begin(p.context);
+        switch (p.impl) {
+        case FA_IMPL_REFERENCE: st = fa_reference_forward(&p); break;
+        case FA_IMPL_STANDARD: st = fa_standard_forward(&p); break;
+        default: st = fa_flash_forward(&p); break;
+        }
+        fa_arena_end(p.arena);
+    }
+    fa_free(rot_mem);
+    if (st != FA_OK) { /* a call that fails leaves the caches as they were (the error stays set) */
+        fa_kvcache_restore(&p, undo);
         return st;
     }
-    if (p.batch == 0 || p.seqlen_q == 0) {
-        fa_free(rot_mem);
-        fa_clear_error();
-        return FA_OK;
-    }
-    p.arena = fa_arena_begin(p.context);
-    switch (p.impl) {
-    case FA_IMPL_REFERENCE: st = fa_reference_forward(&p); break;
-    case FA_IMPL_STANDARD: st = fa_standard_forward(&p); break;
-    default: st = fa_flash_forward(&p); break;
-    }
-    fa_arena_end(p.arena);
-    fa_free(rot_mem);
-    if (st == FA_OK) fa_clear_error();
-    return st;
+    fa_free(undo);
+    fa_clear_error();
+    return FA_OK;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -831,8 +831,8 @@ static void combine_row(const fa_problem *p, const dec_dims *g, const dec_partia
     float m = -INFINITY;
     int nan = 0;
     for (int s = 0; s < g->splits; s++) {
-        const float ms = part->ml[2 * (at0 + (size_t)s)];
-        if (isnan(ms)) nan = 1;
+        const float ms = part->ml[2 * (at0 + (size_t)s)], ls = part->ml[2 * (at0 + (size_t)s) + 1];
+        if (isnan(ms) || (ms == -INFINITY && isnan(ls))) nan = 1; /* l NaN: a NaN score the max skipped */
         else if (ms > m) m = ms;
     }
     if (nan) m = NAN;

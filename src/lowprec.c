@@ -280,6 +280,8 @@ fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out)
             if (x->global_scale != 0.0) global = x->global_scale;
             if (!isfinite(global))
                 return fa_fail(FA_ERR_NONFINITE, "%s: the global scale is %g; scales must be finite", nm, global);
+            if (global < 0.0) /* block scales must not be negative either */
+                return fa_fail(FA_ERR_OPTION, "%s: the global scale is %g; it must be > 0 (0 means 1)", nm, global);
         }
         const int64_t nb = bshape[0] * bshape[1] * bshape[2] * bshape[3];
         for (int64_t e = 0; e < nb; e++) {
@@ -307,7 +309,8 @@ fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out)
             const int64_t i3 = e % D, i2 = (e / D) % H, i1 = (e / D / H) % S, i0 = e / D / H / S;
             if (x->format == FA_QF_E2M1)
                 return fa_fail(FA_ERR_FORMAT, "%s: element [%lld,%lld,%lld,%lld] has byte 0x%02x, not an e2m1 "
-                               "code (0x00..0x0f; two per byte needs --fp4-packed)",
+                               "code (0x00..0x0f; two codes a byte are read as packed: fa_qtensor.packed, "
+                               "the CLI's --fp4-packed, Python's packed=True)",
                                nm, DIM(i0), DIM(i1), DIM(i2), DIM(i3), c);
             return fa_fail(FA_ERR_NONFINITE, "%s: element [%lld,%lld,%lld,%lld] is code 0x%02x = %s in %s; "
                            "inputs must be finite", nm, DIM(i0), DIM(i1), DIM(i2), DIM(i3), c,

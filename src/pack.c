@@ -108,13 +108,34 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
         for (int r = n; r < pad; r++) dst[(size_t)c * ld + (size_t)r] = 0.0f;
 }
 
+int fa_row_inputs_finite(const fa_problem *p, const fa_seq *seq, int64_t h, int64_t i)
+{
+    const fa_rows qs = fa_rows_q(&p->q, seq, h), ks = fa_rows_kv(p, seq, fa_kv_head(p, h), 0);
+    for (int64_t c = 0; c < p->d; c++)
+        if (!isfinite(fa_rows_get(&qs, i, c))) return 0;
+    int64_t lo, hi;
+    fa_key_range_in(p, seq, i, &lo, &hi);
+    for (int64_t j = lo; j < hi; j++)
+        for (int64_t c = 0; c < p->d; c++)
+            if (!isfinite(fa_rows_get(&ks, j, c))) return 0;
+    return 1;
+}
+
 void fa_finish_row(const fa_problem *p, const fa_rows *os, const fa_seq *seq, int64_t h, int64_t i, int empty,
                    float m, float l, const float *orow)
 {
     const int64_t dv = p->dv;
     if (!empty && m == -INFINITY) {
-        l = NAN;
-        m = NAN;
+        /* every visible score -inf: -inf logits from infinite inputs are reported like an
+         * empty row, as the reference does (docs/semantics.md, section 8); finite inputs
+         * whose float32 scores all overflowed, or a NaN score the max skipped (l NaN,
+         * kernels.h), make the row NaN */
+        if (l == 0.0f && !fa_row_inputs_finite(p, seq, h, i)) {
+            empty = 1;
+        } else {
+            l = NAN;
+            m = NAN;
+        }
     }
     float inv = empty ? 0.0f : 1.0f / l;
     /* the log only where the LSE is asked for (a sink's finish computes its own): ~1% of a

@@ -184,12 +184,20 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
  * for it, LSE = m + ln l (mask.h's fa_sink_finish when the head has a sink,
  * which joins the denominator only). `empty` — the row sees no key — is
  * decided by the caller from the row's key range, never from m: an empty row
- * stores O = 0 and LSE = -inf, while a row that sees keys but whose running
- * max stayed -inf (NaN scores, or float32 scores that all overflowed to -inf)
- * cannot be computed in float32 and stores NaN. flash.c and decode.c finish
- * their rows here, so both write the same bits from the same (m, l, O).
+ * stores O = 0 and LSE = -inf. A row that sees keys but whose running max
+ * stayed -inf is reported like an empty row when its visible logits were -inf
+ * for real (l = 0 and its inputs hold an infinity, fa_row_inputs_finite), as
+ * the reference does; otherwise — a NaN score (l NaN, kernels.h), or finite
+ * inputs whose float32 scores all overflowed to -inf, which float32 cannot
+ * compute — it stores NaN. flash.c and decode.c finish their rows here, so
+ * both write the same bits from the same (m, l, O).
  */
 void fa_finish_row(const fa_problem *p, const fa_rows *os, const fa_seq *seq, int64_t h, int64_t i, int empty,
                    float m, float l, const float *orow);
+
+/* Whether query row i of (sequence seq, head h) and every key row it sees hold
+ * finite values only (the rare rows whose scores all came out -inf: a scan of
+ * (keys + 1) x d elements). */
+int fa_row_inputs_finite(const fa_problem *p, const fa_seq *seq, int64_t h, int64_t i);
 
 #endif /* FA_PACK_H */

@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -494,6 +495,26 @@ fa_kvcache fa_kvcache_default(void)
 
 /* The row of all the caches' rows (page * page_size + row, or cache * seqlen_cache + row) that
  * holds sequence b's logical key row r. */
+/* An appended cache row: its physical row (cache_row), sequence and row in the sequence. */
+typedef struct append_row {
+    int64_t phys, b, r;
+} append_row;
+
+/* By physical row, then sequence, then row (a total order: qsort's result is unique). */
+static int append_row_cmp(const void *x, const void *y)
+{
+    const append_row *a = x, *b = y;
+    if (a->phys != b->phys) return a->phys < b->phys ? -1 : 1;
+    if (a->b != b->b) return a->b < b->b ? -1 : 1;
+    return (a->r > b->r) - (a->r < b->r);
+}
+
+static int append_row_cmp_phys(const void *x, const void *y)
+{
+    const append_row *a = x, *b = y;
+    return (a->phys > b->phys) - (a->phys < b->phys);
+}
+
 static int64_t cache_row(const fa_kvcache *kv, int64_t rows, int64_t b, int64_t r)
 {
     if (kv->block_table) return (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows;
@@ -580,41 +601,60 @@ static fa_status kvcache_geometry(const fa_kvcache *kv_in, const fa_tensor *k, c
         if (n - pad + sn > max_k) max_k = n - pad + sn;
     }
     if (sn > 0) {
-        /* the append writes each cache row once: no two sequences may write one row */
-        const int64_t nrows = pages * rows;
-        int64_t *owner = fa_malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof(int64_t));
-        if (!owner) return fa_fail(FA_ERR_NOMEM, "kvcache: out of memory");
-        for (int64_t x = 0; x < nrows; x++) owner[x] = -1;
-        for (int64_t b = 0; b < B && st == FA_OK; b++)
-            for (int64_t r = kv->cache_seqlens[b]; r < kv->cache_seqlens[b] + sn; r++) {
-                const int64_t phys = cache_row(kv, rows, b, r);
-                if (owner[phys] >= 0) {
-                    const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
-                    st = fa_fail(FA_ERR_INDEX, "%s%ssequences %lld and %lld would both append into one cache row "
-                                 "(%s %lld, row %lld): check %s", nm ? nm : "kvcache", ": ",
-                                 DIM(owner[phys]), DIM(b), kv->block_table ? "page" : "cache", DIM(phys / rows),
-                                 DIM(phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
-                    break;
-                }
-                owner[phys] = b;
+        /* the append writes each cache row once: no two sequences may write one row. The
+         * appended rows (B x seqlen_new of them, not the whole cache or page pool) sorted by
+         * physical row; a group of equal rows is a conflict, and the one reported is the
+         * first the append would meet (sequence, then row, ascending) */
+        const size_t na = (size_t)(B * sn);
+        append_row *ap = fa_malloc((na > 0 ? na : 1) * sizeof *ap);
+        if (!ap) return fa_fail(FA_ERR_NOMEM, "kvcache: out of memory");
+        size_t x = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t r = kv->cache_seqlens[b]; r < kv->cache_seqlens[b] + sn; r++, x++) {
+                ap[x].phys = cache_row(kv, rows, b, r);
+                ap[x].b = b;
+                ap[x].r = r;
             }
+        qsort(ap, na, sizeof *ap, append_row_cmp);
+        /* in a group of one row's writers (sorted by sequence, then row: the append's own
+         * order) the first writes it and the second is a conflict; the conflict reported is
+         * the one the append would meet first */
+        const append_row *hit = NULL, *first = NULL;
+        for (size_t g = 0; g < na;) {
+            size_t e = g + 1;
+            while (e < na && ap[e].phys == ap[g].phys) e++;
+            if (e - g > 1 && (!hit || ap[g + 1].b < hit->b || (ap[g + 1].b == hit->b && ap[g + 1].r < hit->r))) {
+                hit = &ap[g + 1];
+                first = &ap[g];
+            }
+            g = e;
+        }
+        if (hit) {
+            const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
+            st = fa_fail(FA_ERR_INDEX, "%s%ssequences %lld and %lld would both append into one cache row "
+                         "(%s %lld, row %lld): check %s", nm ? nm : "kvcache", ": ",
+                         DIM(first->b), DIM(hit->b), kv->block_table ? "page" : "cache", DIM(hit->phys / rows),
+                         DIM(hit->phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
+        }
         /* ... and none into a row that a sequence reads (its own included: a page listed twice):
          * the append happens before attention, so the reader would see the new key where its
          * cache row was (fa_check gives each sequence its old cache and its own new keys) */
         for (int64_t b = 0; b < B && st == FA_OK; b++) {
             const int64_t pad = kv->cache_leftpad ? kv->cache_leftpad[b] : 0;
             for (int64_t r = pad; r < kv->cache_seqlens[b]; r++) {
-                const int64_t phys = cache_row(kv, rows, b, r);
-                if (owner[phys] < 0) continue;
+                const append_row key = {cache_row(kv, rows, b, r), -1, 0};
+                const append_row *w = bsearch(&key, ap, na, sizeof *ap, append_row_cmp_phys);
+                if (!w) continue;
+                while (w > ap && w[-1].phys == key.phys) w--; /* the row's first writer */
                 const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
                 st = fa_fail(FA_ERR_INDEX, "%s: sequence %lld would append into the cache row that sequence %lld reads "
-                             "as its key %lld (%s %lld, row %lld): check %s", nm ? nm : "kvcache", DIM(owner[phys]),
-                             DIM(b), DIM(r - pad), kv->block_table ? "page" : "cache", DIM(phys / rows),
-                             DIM(phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
+                             "as its key %lld (%s %lld, row %lld): check %s", nm ? nm : "kvcache", DIM(w->b),
+                             DIM(b), DIM(r - pad), kv->block_table ? "page" : "cache", DIM(key.phys / rows),
+                             DIM(key.phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
                 break;
             }
         }
-        fa_free(owner);
+        fa_free(ap);
         if (st != FA_OK) return st;
     }
     p->seqlen_k = max_k;
@@ -634,30 +674,71 @@ static fa_status kvcache_geometry(const fa_kvcache *kv_in, const fa_tensor *k, c
     return FA_OK;
 }
 
-fa_status fa_kvcache_append(fa_problem *p)
+/* What kvcache_rows walks the appended cache rows for. */
+enum kv_walk { KV_COUNT, KV_APPEND, KV_SAVE, KV_RESTORE };
+
+/*
+ * Walk the cache rows the append writes — per sequence b, kv head, K then V,
+ * rows k_new_from .. + seqlen_new, element by element — and count their bytes
+ * (KV_COUNT), write k_new/v_new into them (KV_APPEND), or copy them to buf
+ * (KV_SAVE) or back from it (KV_RESTORE), buf packing the same elements in
+ * that order. Returns the bytes walked.
+ */
+static size_t kvcache_rows(const fa_problem *p, enum kv_walk what, char *buf)
 {
-    if (!p->cache_seqlens || !p->k_new.data) return FA_OK;
+    size_t at = 0;
     for (int64_t b = 0; b < p->batch; b++) {
         const fa_seq s = fa_problem_seq(p, b);
         for (int64_t hk = 0; hk < p->heads_k; hk++)
             for (int vside = 0; vside < 2; vside++) {
                 fa_rows dst = fa_rows_kv(p, &s, hk, vside);
-                dst.tail = NULL; /* write into the cache itself */
-                const fa_rows src = fa_rows_at(vside ? &p->v_new : &p->k_new, b, 0, hk);
+                dst.tail = NULL; /* the cache itself */
+                const fa_rows src = what == KV_APPEND ? fa_rows_at(vside ? &p->v_new : &p->k_new, b, 0, hk) : dst;
                 for (int64_t t = 0; t < p->seqlen_new; t++) {
-                    int64_t so, dof;
-                    const fa_tensor *st = fa_rows_src(&src, t, &so), *dt = fa_rows_src(&dst, s.k_new_from + t, &dof);
+                    int64_t so = 0, dof;
+                    const fa_tensor *dt = fa_rows_src(&dst, s.k_new_from + t, &dof);
+                    const fa_tensor *st = what == KV_APPEND ? fa_rows_src(&src, t, &so) : dt;
                     const size_t esz = fa_dtype_size(dt->dtype);
-                    for (int64_t c = 0; c < src.width; c++) /* same dtype: copy the bits */
-                        memcpy((char *)dt->data + (size_t)(dof + c * dt->stride[3]) * esz,
-                               (const char *)st->data + (size_t)(so + c * st->stride[3]) * esz, esz);
+                    if (what == KV_COUNT) {
+                        at += (size_t)dst.width * esz;
+                        continue;
+                    }
+                    for (int64_t c = 0; c < dst.width; c++, at += esz) { /* same dtype: copy the bits */
+                        char *cell = (char *)dt->data + (size_t)(dof + c * dt->stride[3]) * esz;
+                        if (what == KV_APPEND) memcpy(cell, (const char *)st->data + (size_t)(so + c * st->stride[3]) * esz, esz);
+                        else if (what == KV_SAVE) memcpy(buf + at, cell, esz);
+                        else memcpy(cell, buf + at, esz);
+                    }
                 }
             }
     }
+    return at;
+}
+
+fa_status fa_kvcache_append(fa_problem *p, void **undo)
+{
+    if (undo) *undo = NULL;
+    if (!p->cache_seqlens || !p->k_new.data) return FA_OK;
+    const size_t bytes = undo ? kvcache_rows(p, KV_COUNT, NULL) : 0;
+    if (bytes > 0) { /* the rows about to be overwritten, so that a later failure can put them back */
+        char *save = fa_malloc(bytes);
+        if (!save)
+            return fa_fail(FA_ERR_NOMEM, "kvcache: could not allocate %zu bytes to keep the cache rows the append "
+                           "overwrites (nothing appended)", bytes);
+        kvcache_rows(p, KV_SAVE, save);
+        *undo = save;
+    }
+    kvcache_rows(p, KV_APPEND, NULL);
     /* from now on the new keys are read where they were written */
     memset(&p->k_new, 0, sizeof p->k_new);
     memset(&p->v_new, 0, sizeof p->v_new);
     return FA_OK;
+}
+
+void fa_kvcache_restore(const fa_problem *p, void *undo)
+{
+    if (undo) kvcache_rows(p, KV_RESTORE, undo);
+    fa_free(undo);
 }
 
 fa_status fa_check_rows_tensor(const fa_problem *p, const fa_tensor *t, const char *name, int kside,
@@ -735,8 +816,9 @@ static fa_status resolve_sinks(const fa_tensor *t, fa_problem *p)
     for (int64_t h = 0; h < p->heads; h++) {
         const double x = fa_load_f64(t, h * t->stride[0]);
         if (!isfinite(x) || fabs(x) > FA_SCALE_MAX)
-            return fa_fail(FA_ERR_NONFINITE, "sinks: element [%lld] is %g; sinks must be finite and within "
-                           "the float32 range (|sink| <= %g)", DIM(h), x, FA_SCALE_MAX);
+            return fa_fail(FA_ERR_NONFINITE, "sinks: element [%lld] is %.17g, %s; sinks must be finite and "
+                           "within the float32 range (|sink| <= %.9g)", DIM(h), x,
+                           isfinite(x) ? "outside the float32 range" : "not finite", FA_SCALE_MAX);
     }
     p->sinks = *t;
     return FA_OK;

@@ -282,8 +282,16 @@ fa_status fa_fill_unowned_lse(const fa_problem *p, const fa_tensor *lse, double 
 
 /* KV cache: write k_new/v_new into the caches at cache_seqlens[b] (in place,
  * through the same row accessor as the reads, so pages are honoured), then
- * clear p->k_new/v_new so that the new keys are read from the cache. */
-fa_status fa_kvcache_append(fa_problem *p);
+ * clear p->k_new/v_new so that the new keys are read from the cache. With
+ * undo, the rows it overwrites are kept first in *undo (NULL when nothing is
+ * appended; FA_ERR_NOMEM, nothing written, when they cannot be), for
+ * fa_kvcache_restore. */
+fa_status fa_kvcache_append(fa_problem *p, void **undo);
+
+/* Put back the cache rows that fa_kvcache_append kept in undo (the call failed
+ * after the append: a failed call leaves the caches as they were), then free
+ * undo. NULL: nothing to do. */
+void fa_kvcache_restore(const fa_problem *p, void *undo);
 
 /* Refuse an output that overlaps another tensor the call reads or writes,
  * or that has a zero stride on a dimension longer than 1 (FA_ERR_STRIDE). */

@@ -149,11 +149,14 @@ fa_status fa_standard_forward(const fa_problem *p)
                 fa_transform_tile(p, b, i0, br, 0, (int)Sk, slope, lo, hi, sblk, ldk);
                 kern->softmax(br, (int)Sk, sblk, ldk, rowm + i0, rowl + i0, alpha);
                 if (p->keep) fa_dropout_tile(p, b, h, i0, br, 0, (int)Sk, sblk, ldk); /* P o Z / (1-p) */
-                /* empty is decided from the key range only: a row that sees keys but
-                 * whose max stayed -inf (NaN scores, or float32 scores that all
-                 * overflowed to -inf) cannot be computed in float32 and is NaN */
+                /* a row that sees keys but whose max stayed -inf: like an empty row when
+                 * infinite inputs gave -inf logits (as in the reference), else NaN — a NaN
+                 * score the max skipped (l NaN, kernels.h), or finite inputs whose float32
+                 * scores all overflowed to -inf (the rule of fa_finish_row) */
                 for (int r = 0; r < br; r++)
-                    if (lo[r] < hi[r] && rowm[i0 + r] == -INFINITY) rowm[i0 + r] = rowl[i0 + r] = NAN;
+                    if (lo[r] < hi[r] && rowm[i0 + r] == -INFINITY &&
+                        (rowl[i0 + r] != 0.0f || fa_row_inputs_finite(p, &seq, h, i0 + r)))
+                        rowm[i0 + r] = rowl[i0 + r] = NAN;
             }
 
             /* 3. O = P V / l, one row block per kernel call */

@@ -217,6 +217,7 @@ enum kc_mask {
     KC_EXTREME,       /* very negative (-1e30, -200) and large (+80..+88) scores */
     KC_NAN,           /* a few NaN scores among finite ones (Inf or NaN in Q or K) */
     KC_OFFSET,        /* each row offset by a large logit (1e4 .. FLT_MAX, both signs), then [-20, 0] */
+    KC_NAN_MASKED,    /* -inf everywhere, and one NaN in every other row (its max stays -inf) */
     KC_MASK_COUNT
 };
 
@@ -233,6 +234,7 @@ static void kc_fill_scores(float *s, size_t lds, int br, int bc, int kind, uint6
                 if (i % 3 == 1) x = -INFINITY;
                 break;
             case KC_ALL_MASKED: x = -INFINITY; break;
+            case KC_NAN_MASKED: x = i % 2 == 0 && j == (i * 7) % bc ? NAN : -INFINITY; break;
             case KC_NAN:
                 if (kc_next(rng) % 16 == 0) x = NAN;
                 break;
@@ -347,6 +349,19 @@ static int kc_softmax_rules(const fa_kernels *k, int bc, char *msg, size_t cap)
     if (al[1] != 1.0f || l[1] != 2.0f || m[1] != 3.0f)
         kc_fail(msg, cap, &nf, "%s softmax bc=%d: all-masked later tile gave alpha %g l %g m %g",
                 k->name, bc, al[1], l[1], m[1]);
+    /* a NaN score in a row with nothing else visible: the max skips it, so l = NaN carries it
+     * (P = 0, alpha = 1, m = -inf); then a finite tile: m finite, alpha = 0, l stays NaN */
+    for (size_t j = 0; j < 2 * lds; j++) s.p[j] = -INFINITY;
+    s.p[bc - 1] = NAN;
+    m[0] = -INFINITY, l[0] = 0.0f;
+    k->softmax(1, bc, s.p, lds, m, l, al);
+    if (al[0] != 1.0f || !isnan(l[0]) || m[0] != -INFINITY || s.p[bc - 1] != 0.0f)
+        kc_fail(msg, cap, &nf, "%s softmax bc=%d: a NaN among -inf gave alpha %g l %g m %g P %g (want 1, NaN, -inf, 0)",
+                k->name, bc, al[0], l[0], m[0], s.p[bc - 1]);
+    for (int j = 0; j < bc; j++) s.p[j] = (float)(j % 5);
+    k->softmax(1, bc, s.p, lds, m, l, al);
+    if (!isnan(l[0]) || !(m[0] >= 0.0f))
+        kc_fail(msg, cap, &nf, "%s softmax bc=%d: the NaN of an earlier tile was lost: l %g m %g", k->name, bc, l[0], m[0]);
     kc_free(&s);
     return nf;
 }
@@ -363,6 +378,7 @@ static int kc_check_softmax(const fa_kernels *k, const fa_kernels *ref, uint64_t
         {KC_FINITE, KC_NAN, KC_PARTIAL},        /* a NaN score: NaN where the spec has it, m unaffected */
         {KC_OFFSET, KC_OFFSET, KC_PARTIAL},     /* large logits: log2e m's split, the 2^100 fallback */
         {KC_FINITE, KC_OFFSET, KC_FINITE},      /* the max jumps to a large logit and stays */
+        {KC_NAN_MASKED, KC_ALL_MASKED, KC_FINITE}, /* a NaN the max skips: l = NaN, and it sticks */
     };
     int nf = 0;
     uint64_t rng = seed;

@@ -301,6 +301,43 @@ static void expect_refusal(kv_data *g, const fa_kvcache *kv, const fa_tensor *kc
     tu_free(&o);
 }
 
+/* Ensure a call that fails after the append (here the standard path's memory cap) leaves the
+ * caches as they were — with cache_batch_idx and cache_leftpad too — and that the same call
+ * under the default cap appends. */
+static void test_failed_call_leaves_the_caches(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0xca11;
+    kv_data g;
+    make_data(&g, &rng, 2, 3);
+    for (int variant = 0; variant < 2; variant++) {
+        tu_tensor kc = tu_alloc4(FA_F32, BC, SC, HK, D, 0), vc = tu_alloc4(FA_F32, BC, SC, HK, DV, 0);
+        memcpy(kc.mem, g.kc.mem, kc.bytes);
+        memcpy(vc.mem, g.vc.mem, vc.bytes);
+        fa_tensor kn = rows_of(&g.kn, 3), vn = rows_of(&g.vn, 3);
+        fa_kvcache kv = fa_kvcache_default();
+        kv.cache_seqlens = g.seqlens;
+        kv.cache_batch_idx = variant ? g.idx : NULL;
+        kv.cache_leftpad = variant ? g.pad : NULL;
+        kv.k_new = &kn;
+        kv.v_new = &vn;
+        fa_options opt = make_opt(&OPTS[1], &g, FA_IMPL_STANDARD);
+        opt.kvcache = &kv;
+        opt.standard_max_bytes = 64; /* S and P of one head need more: refused after the append */
+        tu_tensor o = tu_alloc4(FA_F32, B, g.sq, H, DV, 0);
+        const fa_status st = fa_forward(&g.q.t, &kc.t, &vc.t, &o.t, NULL, &opt);
+        if (st != FA_ERR_TOO_LARGE) fail_msg("variant %d: expected FA_ERR_TOO_LARGE, got %d: %s", variant, (int)st, fa_last_error());
+        expect_same(kc.mem, g.kc.mem, kc.bytes, "k cache after a failed call");
+        expect_same(vc.mem, g.vc.mem, vc.bytes, "v cache after a failed call");
+        opt.standard_max_bytes = 0;
+        if (fa_forward(&g.q.t, &kc.t, &vc.t, &o.t, NULL, &opt) != FA_OK) fail_msg("variant %d: %s", variant, fa_last_error());
+        if (memcmp(kc.mem, g.kc.mem, kc.bytes) == 0 || memcmp(vc.mem, g.vc.mem, vc.bytes) == 0)
+            fail_msg("variant %d: the call that succeeded appended nothing", variant);
+        tu_free(&kc); tu_free(&vc); tu_free(&o);
+    }
+    free_data(&g);
+}
+
 /* Ensure bad caches and index arrays are refused with a message naming the array and the index. */
 static void test_cache_refuses_bad_arguments(void **state)
 {
@@ -358,6 +395,30 @@ static void test_cache_refuses_bad_arguments(void **state)
     kv.cache_seqlens = lens_self;
     expect_refusal(&g, &kv, &kp.t, &vp.t, FA_ERR_INDEX,
                    "sequence 0 would append into the cache row that sequence 0 reads as its key 1 (page 4, row 1)");
+    /* pages of one row: sequence 0's new keys 2 and 3 both on page 2 (it would append twice into one row) */
+    {
+        tu_tensor kp1 = tu_alloc4(FA_F32, 16, 1, HK, D, 0), vp1 = tu_alloc4(FA_F32, 16, 1, HK, DV, 0);
+        int32_t table1[B * 5] = {0, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, lens1[B] = {2, 0, 2};
+        kv.block_table = table1;
+        kv.max_pages = 5;
+        kv.cache_seqlens = lens1;
+        expect_refusal(&g, &kv, &kp1.t, &vp1.t, FA_ERR_INDEX, "sequences 0 and 0 would both append into one cache row (page 2, row 0)");
+        /* a pool of 2^18 pages of one row: the check's memory follows the appended rows, not the pool */
+        table1[3] = 3;
+        table1[4] = 1 << 17;
+        tu_tensor kbig = tu_alloc4(FA_F32, 1 << 18, 1, HK, D, 0), vbig = tu_alloc4(FA_F32, 1 << 18, 1, HK, DV, 0);
+        tu_tensor o = tu_alloc4(FA_F32, B, g.sq, H, DV, 0);
+        fa_options opt = fa_options_default();
+        opt.kvcache = &kv;
+        fa_alloc_stats st;
+        fa_alloc_stats_reset();
+        if (fa_forward(&g.q.t, &kbig.t, &vbig.t, &o.t, NULL, &opt) != FA_OK) fail_msg("a big pool: %s", fa_last_error());
+        fa_alloc_stats_get(&st);
+        if (st.peak_bytes > ((size_t)1 << 20)) /* one int64 per pool row would be 2 MiB */
+            fail_msg("a call on a pool of 2^18 one-row pages allocated %zu bytes at its peak", st.peak_bytes);
+        kv.max_pages = 3;
+        tu_free(&kp1); tu_free(&vp1); tu_free(&kbig); tu_free(&vbig); tu_free(&o);
+    }
     kv.block_table = table;
     kv.cache_seqlens = g.seqlens;
     kv.cache_batch_idx = g.idx;
@@ -442,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_cache_matches_each_sequence_alone),
         cmocka_unit_test(test_paged_cache_is_bit_identical_to_contiguous),
         cmocka_unit_test(test_cache_refuses_bad_arguments),
+        cmocka_unit_test(test_failed_call_leaves_the_caches),
         cmocka_unit_test(test_check_inputs_refuses_only_what_is_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

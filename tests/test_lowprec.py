@@ -469,6 +469,19 @@ def test_python_dequantize_and_check_report_the_metrics(fp8_problem):
     got = flashattn.dequantize(pack(c4), "e2m1", packed=True, block_scales=s8, scale_format="nvfp4",
                                global_scale=g, along="tokens")
     assert np.array_equal(got, nvfp4_decode(c4, s8, np.float32(g), 1))
+    # scale arguments that would be ignored, or read as something else, are refused
+    args = dict(packed=True, block_scales=s8, scale_format="nvfp4", along="tokens")
+    for bad_g in (0.0, 1e-50, -1.0, float("inf"), float("nan")):  # 0 (and 1e-50 -> 0) would read as 1
+        with pytest.raises(ValueError, match="global_scale must be a finite float32 > 0"):
+            flashattn.dequantize(pack(c4), "e2m1", global_scale=bad_g, **args)
+    with pytest.raises(ValueError, match="MXFP4 has no global scale"):
+        flashattn.dequantize(pack(c4), "e2m1", **dict(args, scale_format="mxfp4"), global_scale=2.0)
+    with pytest.raises(ValueError, match="global_scale goes with NVFP4 block_scales"):
+        flashattn.dequantize(p["q8"], "e4m3", descale=p["dq"], global_scale=2.0)
+    with pytest.raises(ValueError, match="scale_format 'nvfp4' needs block_scales"):
+        flashattn.dequantize(p["q8"], "e4m3", descale=p["dq"], scale_format="nvfp4")
+    with pytest.raises(ValueError, match="along='tokens' needs block_scales"):
+        flashattn.dequantize(p["q8"], "e4m3", along="tokens")
 
 
 @pytest.mark.parametrize("fmt,name,p_fmt", [(E5M2, "e5m2", E5M2), (INT8, "int8", E4M3)])

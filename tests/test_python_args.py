@@ -295,3 +295,22 @@ def test_thread_counts_past_the_library_limit_are_refused(qkv):
         fa.attention(q, k, v, num_threads=4097)  # FA_MAX_THREADS + 1
     with pytest.raises(fa.FlashAttnError, match="num_threads"):
         fa.check(q, k, v, model(q, k, v), num_threads=4097)
+
+
+@pytest.mark.parametrize("kwargs", [dict(causal="False"), dict(causal="yes"), dict(causal=2), dict(causal=None),
+                                    dict(softcap="30"), dict(scale="0.5"), dict(softcap=True),
+                                    dict(window=(True, False))])
+def test_strings_and_bools_are_refused_where_they_would_be_misread(qkv, kwargs):
+    """causal="False" turned causal masking on (bool of a non-empty string), softcap="30"
+    and scale="0.5" went through float(), window=(True, False) became (1, 0)."""
+    q, k, v = qkv
+    with pytest.raises(TypeError, match="must be"):
+        fa.attention(q, k, v, **kwargs)
+
+
+def test_bool_like_values_are_taken(qkv):
+    q, k, v = qkv
+    want = model(q, k, v, causal=True)
+    for c in (True, np.bool_(True), 1, np.int64(1)):
+        assert np.abs(fa.attention(q, k, v, causal=c) - want).max() < 1e-5
+    assert np.abs(fa.attention(q, k, v, causal=np.bool_(False)) - model(q, k, v)).max() < 1e-5

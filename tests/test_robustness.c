@@ -316,6 +316,108 @@ static void test_nonfinite_query_is_confined_to_its_row(void **state)
     }
 }
 
+/*
+ * Ensure a row that sees keys whose logits are all -inf is reported like an empty row by
+ * every implementation (O = 0, LSE = -inf; with a sink, LSE = the sink), as the reference
+ * does (docs/semantics.md, section 8), while a row with a NaN or +inf logit is NaN in all.
+ * k[.][j][0][0] = -inf for every key; q[..][0] > 0 gives -inf logits (head 0), < 0 +inf
+ * (head 1); head 2 sees a NaN in key 5 on top of the -inf. Sq = 1 (the decoder, split over
+ * the keys) and Sq = 40 (tiles, standard); with and without a sink.
+ */
+static void test_all_minus_inf_row_is_empty(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x4a9;
+    for (int sq_case = 0; sq_case < 2; sq_case++)
+        for (int sinked = 0; sinked < 2; sinked++) {
+            const int64_t Sq = sq_case ? 40 : 1, Sk = 300, H = 3;
+            problem p = problem_alloc(1, Sq, Sk, H, 1, 16, 8);
+            tu_fill(&p.q, &rng, -1, 1);
+            tu_fill(&p.k, &rng, -1, 1);
+            tu_fill(&p.v, &rng, -1, 1);
+            for (int64_t j = 0; j < Sk; j++) *at4(&p.k, 0, j, 0, 0) = -INFINITY;
+            for (int64_t i = 0; i < Sq; i++) {
+                *at4(&p.q, 0, i, 0, 0) = 0.5f + (float)(i % 3);
+                *at4(&p.q, 0, i, 1, 0) = -0.5f;
+                *at4(&p.q, 0, i, 2, 0) = 0.25f;
+                *at4(&p.q, 0, i, 2, 1) = NAN; /* head 2: NaN logits */
+            }
+            const int64_t sshape[1] = {H};
+            tu_tensor sk = tu_alloc(FA_F32, 1, sshape);
+            const float sink_val[3] = {0.5f, -1.25f, 2.0f};
+            memcpy(sk.mem, sink_val, sizeof sink_val);
+            fa_options opt = fa_options_default();
+            opt.sinks = sinked ? &sk.t : NULL;
+            opt.num_splits = 3; /* the decoder's split-KV combine too */
+            for (int m = 0; m < 3; m++) {
+                tu_tensor o, l;
+                run(&p, opt, all_impls[m], &o, &l);
+                for (int64_t i = 0; i < Sq; i++) {
+                    const int64_t li0[3] = {0, 0, i}, li1[3] = {0, 1, i}, li2[3] = {0, 2, i};
+                    const double want0 = sinked ? (double)sink_val[0] : -INFINITY;
+                    if (tu_get(&l, li0) != want0)
+                        fail_msg("%s Sq %lld sink %d: row %lld of all -inf logits has LSE %g, want %g",
+                                 fa_impl_name(all_impls[m]), (long long)Sq, sinked, (long long)i, tu_get(&l, li0), want0);
+                    for (int64_t c = 0; c < p.dv; c++) {
+                        const int64_t o0[4] = {0, i, 0, c}, o1[4] = {0, i, 1, c}, o2[4] = {0, i, 2, c};
+                        if (tu_get(&o, o0) != 0.0)
+                            fail_msg("%s Sq %lld sink %d: row %lld of all -inf logits has O[%lld] = %g, want 0",
+                                     fa_impl_name(all_impls[m]), (long long)Sq, sinked, (long long)i, (long long)c,
+                                     tu_get(&o, o0));
+                        if (!isnan(tu_get(&o, o1)) || !isnan(tu_get(&o, o2)))
+                            fail_msg("%s Sq %lld sink %d: row %lld with +inf / NaN logits: O %g / %g, want NaN",
+                                     fa_impl_name(all_impls[m]), (long long)Sq, sinked, (long long)i, tu_get(&o, o1),
+                                     tu_get(&o, o2));
+                    }
+                    if (!isnan(tu_get(&l, li1)) || !isnan(tu_get(&l, li2)))
+                        fail_msg("%s Sq %lld sink %d: row %lld with +inf / NaN logits: LSE %g / %g, want NaN",
+                                 fa_impl_name(all_impls[m]), (long long)Sq, sinked, (long long)i, tu_get(&l, li1),
+                                 tu_get(&l, li2));
+                }
+                tu_free(&o); tu_free(&l);
+            }
+            tu_free(&sk);
+            problem_free(&p);
+        }
+}
+
+/* Ensure a NaN confined to the keys of one decode split (every other score of that split
+ * -inf) still makes the row NaN: the max skips NaN, so the split's l carries it (it was
+ * lost: the split reported m = -inf, l = 0, and the combine passed over it). */
+static void test_nan_in_one_split_reaches_the_row(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x4aa;
+    const int64_t Sk = 600;
+    problem p = problem_alloc(1, 1, Sk, 2, 1, 16, 8);
+    tu_fill(&p.q, &rng, -1, 1);
+    tu_fill(&p.k, &rng, -1, 1);
+    tu_fill(&p.v, &rng, -1, 1);
+    *at4(&p.q, 0, 0, 0, 0) = 1.0f;
+    *at4(&p.q, 0, 0, 1, 0) = 1.0f;
+    for (int64_t j = 300; j < Sk; j++) { /* the last half: -inf logits, one NaN among them */
+        *at4(&p.k, 0, j, 0, 0) = -INFINITY;
+        if (j == 500) *at4(&p.k, 0, j, 0, 1) = NAN;
+    }
+    for (int splits = 1; splits <= 4; splits++) {
+        fa_options opt = fa_options_default();
+        opt.num_splits = splits;
+        opt.block_k = 100; /* the decoder's key blocks: with 2-4 splits the last split is keys 300.. or 400.. */
+        for (int m = 0; m < 3; m++) {
+            tu_tensor o, l;
+            run(&p, opt, all_impls[m], &o, &l);
+            for (int64_t h = 0; h < 2; h++) {
+                const int64_t li[3] = {0, h, 0}, oi[4] = {0, 0, h, 0};
+                if (!isnan(tu_get(&l, li)) || !isnan(tu_get(&o, oi)))
+                    fail_msg("%s, %d splits: head %lld sees a NaN logit among -inf ones: LSE %g, O %g, want NaN",
+                             fa_impl_name(all_impls[m]), splits, (long long)h, tu_get(&l, li), tu_get(&o, oi));
+            }
+            tu_free(&o); tu_free(&l);
+        }
+    }
+    problem_free(&p);
+}
+
 /* Ensure an infinite key is confined to the rows that see it, like a NaN. */
 static void test_infinite_key_is_confined_to_rows_that_see_it(void **state)
 {
@@ -622,6 +724,8 @@ int main(void)
         cmocka_unit_test(test_nan_key_is_confined_to_rows_that_see_it),
         cmocka_unit_test(test_nan_value_is_confined_to_rows_that_see_it),
         cmocka_unit_test(test_nonfinite_query_is_confined_to_its_row),
+        cmocka_unit_test(test_all_minus_inf_row_is_empty),
+        cmocka_unit_test(test_nan_in_one_split_reaches_the_row),
         cmocka_unit_test(test_infinite_key_is_confined_to_rows_that_see_it),
         cmocka_unit_test(test_empty_rows_are_zero_with_minus_infinite_lse),
         cmocka_unit_test(test_row_whose_scores_all_overflow_is_nan_not_empty),

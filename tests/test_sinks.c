@@ -409,6 +409,16 @@ static void test_bad_sinks_are_refused(void **state)
     ((float *)g.sinks.mem)[2] = INFINITY;
     expect_refused(&g, &opt, FA_ERR_NONFINITE, "sinks: element [2] is inf");
     ((float *)g.sinks.mem)[2] = 0.5f;
+    { /* a finite float64 sink past FLT_MAX: said so, with digits that show it is past */
+        const int64_t s4[1] = {H};
+        tu_tensor big = tu_alloc(FA_F64, 1, s4);
+        tu_fill(&big, &rng, 0, 1);
+        ((double *)big.mem)[1] = 3.4028235e38;
+        opt.sinks = &big.t;
+        expect_refused(&g, &opt, FA_ERR_NONFINITE, "sinks: element [1] is 3.4028234999999999e+38, outside the float32 range");
+        opt.sinks = &g.sinks.t;
+        tu_free(&big);
+    }
     /* dsinks without sinks; dsinks of the wrong shape */
     tu_tensor dq = tu_alloc4(FA_F32, B, SQ, H, D, 0), dk = tu_alloc4(FA_F32, B, SK, HK, D, 0),
               dv = tu_alloc4(FA_F32, B, SK, HK, DV, 0);

@@ -105,6 +105,9 @@ int cli_lowprec_validate(cli_lowprec *lp, const cli_attn *attn)
         if (lp->global[t]) {
             double g;
             if (cli_parse_double("--global-scale", lp->global[t], &g) != 0) return 2;
+            /* 0 in fa_qtensor means "not given" (1): a zero scale, a bug upstream, would pass as 1 */
+            if (!((float)g > 0.0f) || !isfinite((float)g))
+                return cli_die("--global-scale-%s: %s is not a finite float32 scale > 0", tname[t], lp->global[t]);
         }
         if (lp->descale[t] && !lp->descale[t][0])
             return cli_die("--descale-%s: empty value", tname[t]);

@@ -362,9 +362,16 @@ static void softmax_avx2(int br, int bc, float *s, size_t lds, float *m, float *
         for (int r = 0; r < g; r++) {
             const int i = i0 + r;
             float *row = s + (size_t)i * lds;
-            if (mnew[r] == -INFINITY) { /* nothing visible yet: P = 0, keep O, l and m */
-                for (int j = 0; j < nfull; j += 8) _mm256_storeu_ps(row + j, _mm256_setzero_ps());
+            if (mnew[r] == -INFINITY) { /* nothing visible yet: P = 0, keep O, l and m (l = NaN for a NaN score) */
+                int nan = 0;
+                for (int j = 0; j < nfull; j += 8) {
+                    const __m256 x = _mm256_loadu_ps(row + j);
+                    nan |= _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+                    _mm256_storeu_ps(row + j, _mm256_setzero_ps());
+                }
+                for (int j = nfull; j < nfull + ntail; j++) nan |= row[j] != row[j];
                 if (ntail) _mm256_maskstore_ps(row + nfull, tail, _mm256_setzero_ps());
+                if (nan) l[i] = NAN; /* the max skipped it; NaN sticks (kernels.h) */
                 continue;
             }
             const __m256 vm = _mm256_set1_ps(mnew[r]);

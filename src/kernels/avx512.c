@@ -424,9 +424,19 @@ static void softmax_avx512(int br, int bc, float *s, size_t lds, float *m, float
         for (int r = 0; r < g; r++) {
             const int i = i0 + r;
             float *row = s + (size_t)i * lds;
-            if (mnew[r] == -INFINITY) { /* nothing visible yet: P = 0, keep O, l and m */
-                for (int j = 0; j < nfull; j += 16) _mm512_storeu_ps(row + j, _mm512_setzero_ps());
-                if (tail) _mm512_mask_storeu_ps(row + nfull, tail, _mm512_setzero_ps());
+            if (mnew[r] == -INFINITY) { /* nothing visible yet: P = 0, keep O, l and m (l = NaN for a NaN score) */
+                __mmask16 nan = 0;
+                for (int j = 0; j < nfull; j += 16) {
+                    const __m512 x = _mm512_loadu_ps(row + j);
+                    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+                    _mm512_storeu_ps(row + j, _mm512_setzero_ps());
+                }
+                if (tail) {
+                    const __m512 x = _mm512_maskz_loadu_ps(tail, row + nfull);
+                    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+                    _mm512_mask_storeu_ps(row + nfull, tail, _mm512_setzero_ps());
+                }
+                if (nan) l[i] = NAN; /* the max skipped it; NaN sticks (kernels.h) */
                 continue;
             }
             const __m512 sum = fabsf(mnew[r]) < 0x1p100f ? softmax_row(1, row, nfull, tail, mnew[r])

@@ -20,7 +20,12 @@
  *   O_i : [br][ldo]   float32 accumulator, ldo >= dv
  *
  * Masked scores arrive as -INFINITY. A row whose running max is still -inf
- * (nothing visible yet) must keep alpha = 1, P = 0, l unchanged — never NaN.
+ * (nothing visible yet) must keep alpha = 1, P = 0, m = -inf and l unchanged,
+ * except that a NaN score there sets l = NaN: the max skips NaN, so that is
+ * where it would otherwise be lost (a finite max later gives l = 0 * NaN +
+ * sum = NaN: it sticks). The finish tells the two apart: m = -inf with l = 0
+ * is a row whose visible scores were all -inf, reported like an empty row;
+ * with l NaN it is NaN (fa_finish_row).
  *
  * `src/kernels/scalar.c` is the specification; every ISA file implements the
  * same functions and must match it within the bound stated in its tests.

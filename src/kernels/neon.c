@@ -197,8 +197,13 @@ static void softmax_neon(int br, int bc, float *s, size_t lds, float *m, float *
         if (j < nfull) mx0 = vmaxnmq_f32(mx0, vld1q_f32(row + j));
         const float mnew = vmaxnmvq_f32(vmaxnmq_f32(mx0, mx1));
 
-        if (mnew == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
-            for (j = 0; j < bc; j++) row[j] = 0.0f;
+        if (mnew == -INFINITY) { /* nothing visible yet: P = 0, keep O and l (l = NaN for a NaN score) */
+            int nan = 0;
+            for (j = 0; j < bc; j++) {
+                nan |= row[j] != row[j];
+                row[j] = 0.0f;
+            }
+            if (nan) l[i] = NAN; /* the max skipped it; NaN sticks (kernels.h) */
             alpha[i] = 1.0f;
             continue;
         }

@@ -38,8 +38,13 @@ static void softmax_scalar(int br, int bc, float *s, size_t lds, float *m, float
         float *row = s + (size_t)i * lds;
         float mx = m[i];
         for (int j = 0; j < bc; j++) mx = row[j] > mx ? row[j] : mx;
-        if (mx == -INFINITY) { /* nothing visible yet: P = 0, keep O and l */
-            for (int j = 0; j < bc; j++) row[j] = 0.0f;
+        if (mx == -INFINITY) { /* nothing visible yet: P = 0, keep O and l (l = NaN for a NaN score) */
+            int nan = 0;
+            for (int j = 0; j < bc; j++) {
+                nan |= row[j] != row[j];
+                row[j] = 0.0f;
+            }
+            if (nan) l[i] = NAN; /* the max skipped it; NaN sticks (kernels.h) */
             alpha[i] = 1.0f;
             continue;
         }
