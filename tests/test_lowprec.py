@@ -414,6 +414,9 @@ def test_bad_low_precision_input_gets_one_line_and_exit_2(fp8_problem):
         (base + ["--qkv-format", "e4m3", "--kernel-model", "sage9"], "--kernel-model"),
         (base + ["--kernel-model", "fa3"], "--qkv-format"),
         (base + ["--qkv-format", "e4m3", "--cache-seqlens", f["dq"]], "not supported"),
+    ] + [  # a zero global scale would be read as "not given" (1); 1e-50 is 0 in float32
+        (base + ["--qkv-format", "e2m1", "--scale-q", f["q"], "--scale-format", "nvfp4", "--global-scale-q", g],
+         f"--global-scale-q: {g} is not a finite float32 scale > 0") for g in ("0", "1e-50", "-2")
     ]
     for args, needle in cases:
         r = run(args)
