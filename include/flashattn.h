@@ -262,7 +262,10 @@ static inline fa_varlen fa_varlen_default(void)
  * cache_batch_idx[b] (default b), then its seqlen_new new keys k_new[b]
  * (v_new[b]), which fa_forward appends IN PLACE at rows cache_seqlens[b] ..
  * cache_seqlens[b] + seqlen_new - 1 of the cache (fa_check reads them from
- * k_new/v_new and writes nothing). Masks, ALiBi and the bottom-right alignment
+ * k_new/v_new and writes nothing). A call that fails after the append puts
+ * the rows it overwrote back (it keeps a copy of them first: memory of the
+ * size of k_new and v_new, FA_ERR_NOMEM with nothing appended when that copy
+ * cannot be made), so a failed call leaves the caches as they were. Masks, ALiBi and the bottom-right alignment
  * use n_b keys (key positions counted from cache_leftpad[b]). Paged: logical
  * key row r of sequence b is row r % page_size of page
  * block_table[b][r / page_size]; results are bit-identical to the same cache

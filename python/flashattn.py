@@ -378,8 +378,12 @@ def _window_side(value, name):
 
 
 def _bool_arg(value, name):
-    """True/False (or numpy bools, or the integers 0 and 1); a string such as "False" is
-    refused, not read as true."""
+    """True/False (numpy bools and 0-d arrays of them, the integers 0 and 1; None is False);
+    a string such as "False" is refused, not read as true."""
+    if value is None:
+        return False
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, np.integer)) and value in (0, 1):
@@ -389,7 +393,10 @@ def _bool_arg(value, name):
 
 def _float_arg(value, name):
     # float() would take "30" and True: a number is asked for
-    if isinstance(value, (str, bytes, bool, np.bool_)):
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (str, bytes, bool, np.bool_)) or (isinstance(value, np.generic)
+                                                          and value.dtype.kind not in "iuf"):
         raise TypeError(f"{name} must be a number, got {value!r}")
     try:
         return float(value)
@@ -815,6 +822,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     num_splits: split-KV of the decoding path (seqlen_q <= 16): 0 heuristic,
     1 none, n splits (the bits are identical for a fixed n at any thread count).
     """
+    return_lse = _bool_arg(return_lse, "return_lse")
     lib = library()
     keep = []
     device = _torch_device(q, k, v)
@@ -873,6 +881,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     False pairs (i, i + rotary_dim / 2); dims past rotary_dim are untouched.
     num_splits: as in attention() (split-KV: 0 heuristic, 1 none, n splits).
     """
+    return_lse = _bool_arg(return_lse, "return_lse")
     lib = library()
     keep = []
     device = _torch_device(q)
@@ -1136,6 +1145,7 @@ def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_form
     x = _QTensor()
     x.codes = c.ctypes.data
     x.format = QFORMATS[qkv_format]
+    packed = _bool_arg(packed, "packed")
     x.packed = 1 if packed else 0
     shape = list(c.shape)
     if packed:
@@ -1155,7 +1165,7 @@ def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_form
     if descale is not None:
         if np.ndim(descale) == 0:
             x.scale_kind = 1
-            x.scale = float(np.float32(descale))
+            x.scale = float(np.float32(_float_arg(descale, "descale")))
         else:
             ds = np.ascontiguousarray(descale, dtype=np.float32)
             if ds.ndim != 2:
@@ -1182,7 +1192,7 @@ def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_form
         x.scale_axis = 3 if along == "d" else 1
         if global_scale is not None and scale_format == "mxfp4":
             raise ValueError("global_scale: MXFP4 has no global scale")
-        g = np.float32(1.0 if global_scale is None else global_scale)
+        g = np.float32(1.0 if global_scale is None else _float_arg(global_scale, "global_scale"))
         if not (np.isfinite(g) and g > 0):  # the C struct reads 0 as "not given" (1)
             raise ValueError(f"global_scale must be a finite float32 > 0, got {global_scale!r} "
                              f"(as float32: {g!r})")

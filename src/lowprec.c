@@ -280,8 +280,11 @@ fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out)
             if (x->global_scale != 0.0) global = x->global_scale;
             if (!isfinite(global))
                 return fa_fail(FA_ERR_NONFINITE, "%s: the global scale is %g; scales must be finite", nm, global);
-            if (global < 0.0) /* block scales must not be negative either */
-                return fa_fail(FA_ERR_OPTION, "%s: the global scale is %g; it must be > 0 (0 means 1)", nm, global);
+            /* an fp32 scale > 0 (block scales must not be negative either); -0.0, or a value
+             * float32 rounds to 0 or infinity, would not mean what the caller meant */
+            if (signbit(x->global_scale) || !((float)global > 0.0f) || !isfinite((float)global))
+                return fa_fail(FA_ERR_OPTION, "%s: the global scale is %.9g; it must be a finite float32 > 0 "
+                               "(0 means 1)", nm, x->global_scale);
         }
         const int64_t nb = bshape[0] * bshape[1] * bshape[2] * bshape[3];
         for (int64_t e = 0; e < nb; e++) {

@@ -108,16 +108,23 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
         for (int r = n; r < pad; r++) dst[(size_t)c * ld + (size_t)r] = 0.0f;
 }
 
-int fa_row_inputs_finite(const fa_problem *p, const fa_seq *seq, int64_t h, int64_t i)
+/* Whether row j of s holds a non-finite element (stops at the first). */
+static int row_has_nonfinite(const fa_rows *s, int64_t j, int64_t width)
 {
-    const fa_rows qs = fa_rows_q(&p->q, seq, h), ks = fa_rows_kv(p, seq, fa_kv_head(p, h), 0);
-    for (int64_t c = 0; c < p->d; c++)
-        if (!isfinite(fa_rows_get(&qs, i, c))) return 0;
+    for (int64_t c = 0; c < width; c++)
+        if (!isfinite(fa_rows_get(s, j, c))) return 1;
+    return 0;
+}
+
+int fa_row_minus_inf_is_real(const fa_problem *p, const fa_seq *seq, int64_t h, int64_t i)
+{
+    const fa_rows qs = fa_rows_q(&p->q, seq, h);
+    if (row_has_nonfinite(&qs, i, p->d)) return 1; /* every score involves the infinity */
+    const fa_rows ks = fa_rows_kv(p, seq, fa_kv_head(p, h), 0);
     int64_t lo, hi;
     fa_key_range_in(p, seq, i, &lo, &hi);
-    for (int64_t j = lo; j < hi; j++)
-        for (int64_t c = 0; c < p->d; c++)
-            if (!isfinite(fa_rows_get(&ks, j, c))) return 0;
+    for (int64_t j = lo; j < hi; j++) /* a finite key: its -inf score is float32 overflow */
+        if (!row_has_nonfinite(&ks, j, p->d)) return 0;
     return 1;
 }
 
@@ -127,10 +134,10 @@ void fa_finish_row(const fa_problem *p, const fa_rows *os, const fa_seq *seq, in
     const int64_t dv = p->dv;
     if (!empty && m == -INFINITY) {
         /* every visible score -inf: -inf logits from infinite inputs are reported like an
-         * empty row, as the reference does (docs/semantics.md, section 8); finite inputs
-         * whose float32 scores all overflowed, or a NaN score the max skipped (l NaN,
-         * kernels.h), make the row NaN */
-        if (l == 0.0f && !fa_row_inputs_finite(p, seq, h, i)) {
+         * empty row, as the reference does (docs/semantics.md, section 8); a finite key whose
+         * float32 score overflowed, or a NaN score the max skipped (l NaN, kernels.h), makes
+         * the row NaN */
+        if (l == 0.0f && fa_row_minus_inf_is_real(p, seq, h, i)) {
             empty = 1;
         } else {
             l = NAN;

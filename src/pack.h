@@ -186,18 +186,19 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
  * decided by the caller from the row's key range, never from m: an empty row
  * stores O = 0 and LSE = -inf. A row that sees keys but whose running max
  * stayed -inf is reported like an empty row when its visible logits were -inf
- * for real (l = 0 and its inputs hold an infinity, fa_row_inputs_finite), as
- * the reference does; otherwise — a NaN score (l NaN, kernels.h), or finite
- * inputs whose float32 scores all overflowed to -inf, which float32 cannot
- * compute — it stores NaN. flash.c and decode.c finish their rows here, so
+ * for real (l = 0 and fa_row_minus_inf_is_real), as the reference does;
+ * otherwise — a NaN score (l NaN, kernels.h), or a finite key whose float32
+ * score overflowed to -inf, which float32 cannot compute — it stores NaN. flash.c and decode.c finish their rows here, so
  * both write the same bits from the same (m, l, O).
  */
 void fa_finish_row(const fa_problem *p, const fa_rows *os, const fa_seq *seq, int64_t h, int64_t i, int empty,
                    float m, float l, const float *orow);
 
-/* Whether query row i of (sequence seq, head h) and every key row it sees hold
- * finite values only (the rare rows whose scores all came out -inf: a scan of
- * (keys + 1) x d elements). */
-int fa_row_inputs_finite(const fa_problem *p, const fa_seq *seq, int64_t h, int64_t i);
+/* For query row i of (sequence seq, head h), whose visible float32 scores all
+ * came out -inf: whether they are -inf for real — its q row holds an infinity
+ * (or NaN), or every key row it sees does — rather than float32 overflow of a
+ * finite q . k. Only such rows ask; the scan stops at the first finite key
+ * (or q's first non-finite element). */
+int fa_row_minus_inf_is_real(const fa_problem *p, const fa_seq *seq, int64_t h, int64_t i);
 
 #endif /* FA_PACK_H */

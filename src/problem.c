@@ -509,10 +509,16 @@ static int append_row_cmp(const void *x, const void *y)
     return (a->r > b->r) - (a->r < b->r);
 }
 
-static int append_row_cmp_phys(const void *x, const void *y)
+/* The first of the n rows sorted by append_row_cmp whose phys is >= phys (NULL: none). */
+static const append_row *append_lower_bound(const append_row *a, size_t n, int64_t phys)
 {
-    const append_row *a = x, *b = y;
-    return (a->phys > b->phys) - (a->phys < b->phys);
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (a[mid].phys < phys) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n ? &a[lo] : NULL;
 }
 
 static int64_t cache_row(const fa_kvcache *kv, int64_t rows, int64_t b, int64_t r)
@@ -600,13 +606,15 @@ static fa_status kvcache_geometry(const fa_kvcache *kv_in, const fa_tensor *k, c
         }
         if (n - pad + sn > max_k) max_k = n - pad + sn;
     }
-    if (sn > 0) {
+    /* Without block_table or cache_batch_idx sequence b appends to and reads cache b alone,
+     * its appended rows after the ones it reads: nothing to check. */
+    if (sn > 0 && (kv->block_table || kv->cache_batch_idx)) {
         /* the append writes each cache row once: no two sequences may write one row. The
          * appended rows (B x seqlen_new of them, not the whole cache or page pool) sorted by
          * physical row; a group of equal rows is a conflict, and the one reported is the
          * first the append would meet (sequence, then row, ascending) */
-        const size_t na = (size_t)(B * sn);
-        append_row *ap = fa_malloc((na > 0 ? na : 1) * sizeof *ap);
+        const size_t na = fa_mul_sat((size_t)B, (size_t)sn);
+        append_row *ap = fa_malloc(fa_mul_sat(na > 0 ? na : 1, sizeof *ap));
         if (!ap) return fa_fail(FA_ERR_NOMEM, "kvcache: out of memory");
         size_t x = 0;
         for (int64_t b = 0; b < B; b++)
@@ -641,17 +649,23 @@ static fa_status kvcache_geometry(const fa_kvcache *kv_in, const fa_tensor *k, c
          * cache row was (fa_check gives each sequence its old cache and its own new keys) */
         for (int64_t b = 0; b < B && st == FA_OK; b++) {
             const int64_t pad = kv->cache_leftpad ? kv->cache_leftpad[b] : 0;
-            for (int64_t r = pad; r < kv->cache_seqlens[b]; r++) {
-                const append_row key = {cache_row(kv, rows, b, r), -1, 0};
-                const append_row *w = bsearch(&key, ap, na, sizeof *ap, append_row_cmp_phys);
-                if (!w) continue;
-                while (w > ap && w[-1].phys == key.phys) w--; /* the row's first writer */
-                const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
-                st = fa_fail(FA_ERR_INDEX, "%s: sequence %lld would append into the cache row that sequence %lld reads "
-                             "as its key %lld (%s %lld, row %lld): check %s", nm ? nm : "kvcache", DIM(w->b),
-                             DIM(b), DIM(r - pad), kv->block_table ? "page" : "cache", DIM(key.phys / rows),
-                             DIM(key.phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
-                break;
+            /* the rows it reads in runs of consecutive physical rows (a page, or its cache),
+             * each looked up once: the first appended row at or after the run's start */
+            for (int64_t r = pad; r < kv->cache_seqlens[b];) {
+                const int64_t r1 = kv->block_table && (r / rows + 1) * rows < kv->cache_seqlens[b]
+                                       ? (r / rows + 1) * rows : kv->cache_seqlens[b];
+                const int64_t ph0 = cache_row(kv, rows, b, r);
+                const append_row *w = append_lower_bound(ap, na, ph0);
+                if (w && w->phys < ph0 + (r1 - r)) { /* w: the row's first writer */
+                    const int64_t rr = r + (w->phys - ph0);
+                    const char *nm = kv->block_table ? kv->block_table_name : kv->cache_batch_idx_name;
+                    st = fa_fail(FA_ERR_INDEX, "%s: sequence %lld would append into the cache row that sequence %lld "
+                                 "reads as its key %lld (%s %lld, row %lld): check %s", nm ? nm : "kvcache", DIM(w->b),
+                                 DIM(b), DIM(rr - pad), kv->block_table ? "page" : "cache", DIM(w->phys / rows),
+                                 DIM(w->phys % rows), kv->block_table ? "block_table" : "cache_batch_idx");
+                    break;
+                }
+                r = r1;
             }
         }
         fa_free(ap);

@@ -150,12 +150,12 @@ fa_status fa_standard_forward(const fa_problem *p)
                 kern->softmax(br, (int)Sk, sblk, ldk, rowm + i0, rowl + i0, alpha);
                 if (p->keep) fa_dropout_tile(p, b, h, i0, br, 0, (int)Sk, sblk, ldk); /* P o Z / (1-p) */
                 /* a row that sees keys but whose max stayed -inf: like an empty row when
-                 * infinite inputs gave -inf logits (as in the reference), else NaN — a NaN
-                 * score the max skipped (l NaN, kernels.h), or finite inputs whose float32
-                 * scores all overflowed to -inf (the rule of fa_finish_row) */
+                 * infinite inputs gave every -inf logit (as in the reference), else NaN — a
+                 * NaN score the max skipped (l NaN, kernels.h), or a finite key whose float32
+                 * score overflowed to -inf (the rule of fa_finish_row) */
                 for (int r = 0; r < br; r++)
                     if (lo[r] < hi[r] && rowm[i0 + r] == -INFINITY &&
-                        (rowl[i0 + r] != 0.0f || fa_row_inputs_finite(p, &seq, h, i0 + r)))
+                        (rowl[i0 + r] != 0.0f || !fa_row_minus_inf_is_real(p, &seq, h, i0 + r)))
                         rowm[i0 + r] = rowl[i0 + r] = NAN;
             }
 

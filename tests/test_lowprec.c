@@ -285,9 +285,14 @@ static void test_dequantize_refuses_bad_codes_and_scales(void **state)
     bs[3] = 0x38;
     x.global_scale = INFINITY;
     assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_NONFINITE);
-    x.global_scale = -0.5; /* 0 means 1 (a zeroed struct); a negative scale is refused */
-    assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);
-    assert_non_null(strstr(fa_last_error(), "it must be > 0"));
+    /* 0 means 1 (a zeroed struct); a negative scale, -0.0, and values float32 rounds to 0 or
+     * infinity are refused */
+    const double bad_global[4] = {-0.5, -0.0, 1e-50, 1e300};
+    for (int t = 0; t < 4; t++) {
+        x.global_scale = bad_global[t];
+        assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);
+        assert_non_null(strstr(fa_last_error(), "it must be a finite float32 > 0"));
+    }
     x.global_scale = 1.0;
     x.scale_kind = 42;
     assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);

@@ -485,6 +485,13 @@ def test_python_dequantize_and_check_report_the_metrics(fp8_problem):
         flashattn.dequantize(p["q8"], "e4m3", descale=p["dq"], scale_format="nvfp4")
     with pytest.raises(ValueError, match="along='tokens' needs block_scales"):
         flashattn.dequantize(p["q8"], "e4m3", along="tokens")
+    with pytest.raises(TypeError, match="packed must be True or False"):
+        flashattn.dequantize(pack(c4), "e2m1", **dict(args, packed="False"))
+    for bad in ("2", True, np.array("2")):  # float() would take them
+        with pytest.raises(TypeError, match="descale must be a number"):
+            flashattn.dequantize(p["q8"], "e4m3", descale=bad)
+        with pytest.raises(TypeError, match="global_scale must be a number"):
+            flashattn.dequantize(pack(c4), "e2m1", global_scale=bad, **args)
 
 
 @pytest.mark.parametrize("fmt,name,p_fmt", [(E5M2, "e5m2", E5M2), (INT8, "int8", E4M3)])

@@ -297,7 +297,7 @@ def test_thread_counts_past_the_library_limit_are_refused(qkv):
         fa.check(q, k, v, model(q, k, v), num_threads=4097)
 
 
-@pytest.mark.parametrize("kwargs", [dict(causal="False"), dict(causal="yes"), dict(causal=2), dict(causal=None),
+@pytest.mark.parametrize("kwargs", [dict(causal="False"), dict(causal="yes"), dict(causal=2),
                                     dict(softcap="30"), dict(scale="0.5"), dict(softcap=True),
                                     dict(window=(True, False))])
 def test_strings_and_bools_are_refused_where_they_would_be_misread(qkv, kwargs):
@@ -311,6 +311,17 @@ def test_strings_and_bools_are_refused_where_they_would_be_misread(qkv, kwargs):
 def test_bool_like_values_are_taken(qkv):
     q, k, v = qkv
     want = model(q, k, v, causal=True)
-    for c in (True, np.bool_(True), 1, np.int64(1)):
+    for c in (True, np.bool_(True), 1, np.int64(1), np.array(True)):
         assert np.abs(fa.attention(q, k, v, causal=c) - want).max() < 1e-5
-    assert np.abs(fa.attention(q, k, v, causal=np.bool_(False)) - model(q, k, v)).max() < 1e-5
+    for c in (np.bool_(False), None, np.array(0)):
+        assert np.abs(fa.attention(q, k, v, causal=c) - model(q, k, v)).max() < 1e-5
+
+
+def test_return_lse_and_0d_string_arrays_are_not_misread(qkv):
+    """return_lse="False" returned the (O, LSE) tuple; np.array("30") went through float()."""
+    q, k, v = qkv
+    for bad in (dict(return_lse="False"), dict(softcap=np.array("30")), dict(scale=np.array("0.5"))):
+        with pytest.raises(TypeError, match="must be"):
+            fa.attention(q, k, v, **bad)
+    assert isinstance(fa.attention(q, k, v, return_lse=np.bool_(True)), tuple)
+    assert np.abs(fa.attention(q, k, v, softcap=np.array(30.0)) - fa.attention(q, k, v, softcap=30.0)).max() == 0

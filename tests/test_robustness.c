@@ -381,6 +381,40 @@ static void test_all_minus_inf_row_is_empty(void **state)
         }
 }
 
+/* Ensure one infinite key does not make a row empty-like when another key it sees is finite
+ * and its float32 score only overflowed: q = (1e20, 1), k0 = (-1e20, 0) (score -1e40, -inf in
+ * float32), k1 = (0, -inf): NaN in flash (decode and tiles) and standard, not O = 0 (the
+ * reference gives O = v0). */
+static void test_overflow_beside_an_infinite_key_stays_nan(void **state)
+{
+    (void)state;
+    uint64_t rng = tu_seed() ^ 0x4ab;
+    for (int64_t Sq = 1; Sq <= 2; Sq++) {
+        problem p = problem_alloc(1, Sq, 2, 1, 1, 2, 2);
+        tu_fill(&p.v, &rng, -1, 1);
+        for (int64_t i = 0; i < Sq; i++) {
+            *at4(&p.q, 0, i, 0, 0) = 1e20f;
+            *at4(&p.q, 0, i, 0, 1) = 1.0f;
+        }
+        *at4(&p.k, 0, 0, 0, 0) = -1e20f;
+        *at4(&p.k, 0, 0, 0, 1) = 0.0f;
+        *at4(&p.k, 0, 1, 0, 0) = 0.0f;
+        *at4(&p.k, 0, 1, 0, 1) = -INFINITY;
+        fa_options opt = fa_options_default();
+        opt.scale = 1.0;
+        for (int m = 1; m < 3; m++) {
+            tu_tensor o, l;
+            run(&p, opt, all_impls[m], &o, &l);
+            const int64_t li[3] = {0, 0, 0}, oi[4] = {0, 0, 0, 0};
+            if (!isnan(tu_get(&l, li)) || !isnan(tu_get(&o, oi)))
+                fail_msg("%s Sq %lld: an overflowed finite key beside an infinite one gave LSE %g, O %g, want NaN",
+                         fa_impl_name(all_impls[m]), (long long)Sq, tu_get(&l, li), tu_get(&o, oi));
+            tu_free(&o); tu_free(&l);
+        }
+        problem_free(&p);
+    }
+}
+
 /* Ensure a NaN confined to the keys of one decode split (every other score of that split
  * -inf) still makes the row NaN: the max skips NaN, so the split's l carries it (it was
  * lost: the split reported m = -inf, l = 0, and the combine passed over it). */
@@ -725,6 +759,7 @@ int main(void)
         cmocka_unit_test(test_nan_value_is_confined_to_rows_that_see_it),
         cmocka_unit_test(test_nonfinite_query_is_confined_to_its_row),
         cmocka_unit_test(test_all_minus_inf_row_is_empty),
+        cmocka_unit_test(test_overflow_beside_an_infinite_key_stays_nan),
         cmocka_unit_test(test_nan_in_one_split_reaches_the_row),
         cmocka_unit_test(test_infinite_key_is_confined_to_rows_that_see_it),
         cmocka_unit_test(test_empty_rows_are_zero_with_minus_infinite_lse),

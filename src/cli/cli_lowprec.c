@@ -104,7 +104,9 @@ int cli_lowprec_validate(cli_lowprec *lp, const cli_attn *attn)
             return cli_die("--global-scale-%s needs --scale-%s (NVFP4 block scales)", tname[t], tname[t]);
         if (lp->global[t]) {
             double g;
-            if (cli_parse_double("--global-scale", lp->global[t], &g) != 0) return 2;
+            char gname[24];
+            snprintf(gname, sizeof gname, "--global-scale-%s", tname[t]);
+            if (cli_parse_double(gname, lp->global[t], &g) != 0) return 2;
             /* 0 in fa_qtensor means "not given" (1): a zero scale, a bug upstream, would pass as 1 */
             if (!((float)g > 0.0f) || !isfinite((float)g))
                 return cli_die("--global-scale-%s: %s is not a finite float32 scale > 0", tname[t], lp->global[t]);
