@@ -377,10 +377,10 @@ def _window_side(value, name):
     return v
 
 
-def _bool_arg(value, name):
-    """True/False (numpy bools and 0-d arrays of them, the integers 0 and 1; None is False);
-    a string such as "False" is refused, not read as true."""
-    if value is None:
+def _bool_arg(value, name, none_is_false=True):
+    """True/False (numpy bools and 0-d arrays of them, the integers 0 and 1; None is False
+    where False is the default); a string such as "False" is refused, not read as true."""
+    if value is None and none_is_false:
         return False
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
@@ -625,7 +625,7 @@ def _rotary(cos, sin, interleaved, keep, bf16_bits=None):
     lib.fa_rotary_init(ctypes.byref(r), ctypes.sizeof(_Rotary))
     r.cos = ctypes.pointer(tabs[0])
     r.sin = ctypes.pointer(tabs[1])
-    r.interleaved = int(_bool_arg(interleaved, "rotary_interleaved"))
+    r.interleaved = int(_bool_arg(interleaved, "rotary_interleaved", none_is_false=False))
     keep.append(r)
     return r
 

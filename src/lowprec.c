@@ -277,12 +277,14 @@ fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out)
                                nm, kind_name(kind), s1, s2, DIM(blk), axis == 3 ? "head dim" : "tokens");
             }
         if (kind == FA_QSCALE_NVFP4) {
-            if (x->global_scale != 0.0) global = x->global_scale;
-            if (!isfinite(global))
-                return fa_fail(FA_ERR_NONFINITE, "%s: the global scale is %g; scales must be finite", nm, global);
-            /* an fp32 scale > 0 (block scales must not be negative either); -0.0, or a value
-             * float32 rounds to 0 or infinity, would not mean what the caller meant */
-            if (signbit(x->global_scale) || !((float)global > 0.0f) || !isfinite((float)global))
+            if (!isfinite(x->global_scale))
+                return fa_fail(FA_ERR_NONFINITE, "%s: the global scale is %g; scales must be finite", nm,
+                               x->global_scale);
+            /* an fp32 scale > 0 (block scales must not be negative either), used as its float32
+             * value as the CLI and Python do; -0.0, or a value float32 rounds to 0 or infinity,
+             * would not mean what the caller meant */
+            if (x->global_scale != 0.0) global = (double)(float)x->global_scale;
+            if (signbit(x->global_scale) || !(global > 0.0) || !isfinite(global))
                 return fa_fail(FA_ERR_OPTION, "%s: the global scale is %.9g; it must be a finite float32 > 0 "
                                "(0 means 1)", nm, x->global_scale);
         }

@@ -204,6 +204,16 @@ static void test_dequantize_every_scale_layout(void **state)
         const double sc = fa_qformat_decode(FA_QF_E4M3, bss[((1 * 3 + s / 16) * H + 2) * D + 9]);
         assert_true(tu_get(&out, idx) == fa_qformat_decode(FA_QF_E2M1, fp4[((1 * S + s) * H + 2) * D + 9]) * sc * 0.25);
     }
+    /* a global scale that is not a float32 value is used as its float32 value (the CLI and Python
+     * round it so too): 0.1 -> 0.100000001 */
+    x.global_scale = 0.1;
+    assert_int_equal(fa_dequantize(&x, "v", &out.t), FA_OK);
+    {
+        const int64_t idx[4] = {1, 5, 2, 9};
+        const double sc = fa_qformat_decode(FA_QF_E4M3, bss[((1 * 3 + 0) * H + 2) * D + 9]);
+        assert_true(tu_get(&out, idx) == fa_qformat_decode(FA_QF_E2M1, fp4[((1 * S + 5) * H + 2) * D + 9]) * sc * (double)0.1f);
+    }
+    x.global_scale = 0.25;
     /* MXFP4: e8m0 per 32 along d */
     uint8_t *e8 = malloc((size_t)(B * S * H * 2));
     for (int64_t e = 0; e < B * S * H * 2; e++) e8[e] = (uint8_t)(120 + tu_next(&rng) % 16);

@@ -325,3 +325,15 @@ def test_return_lse_and_0d_string_arrays_are_not_misread(qkv):
             fa.attention(q, k, v, **bad)
     assert isinstance(fa.attention(q, k, v, return_lse=np.bool_(True)), tuple)
     assert np.abs(fa.attention(q, k, v, softcap=np.array(30.0)) - fa.attention(q, k, v, softcap=30.0)).max() == 0
+
+
+def test_rotary_interleaved_none_is_refused_not_read_as_the_other_pairing():
+    """None is False only where False is the default: rotary_interleaved's is True."""
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    kc = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
+    vc = kc.copy()
+    cos = np.ones((8, 2), np.float32)
+    with pytest.raises(TypeError, match="rotary_interleaved must be True or False"):
+        fa.attention_with_kvcache(q, kc, vc, cache_seqlens=2, rotary_cos=cos, rotary_sin=0 * cos,
+                                  rotary_interleaved=None)
