@@ -188,8 +188,9 @@ void fa_pack_transposed(const fa_kernels *kern, const fa_rows *s, int64_t row0, 
  * stayed -inf is reported like an empty row when its visible logits were -inf
  * for real (l = 0 and fa_row_minus_inf_is_real), as the reference does;
  * otherwise — a NaN score (l NaN, kernels.h), or a finite key whose float32
- * score overflowed to -inf, which float32 cannot compute — it stores NaN. flash.c and decode.c finish their rows here, so
- * both write the same bits from the same (m, l, O).
+ * score overflowed to -inf, which float32 cannot compute — it stores NaN.
+ * flash.c and decode.c finish their rows here, so both write the same bits
+ * from the same (m, l, O).
  */
 void fa_finish_row(const fa_problem *p, const fa_rows *os, const fa_seq *seq, int64_t h, int64_t i, int empty,
                    float m, float l, const float *orow);

@@ -493,8 +493,6 @@ fa_kvcache fa_kvcache_default(void)
     return c;
 }
 
-/* The row of all the caches' rows (page * page_size + row, or cache * seqlen_cache + row) that
- * holds sequence b's logical key row r. */
 /* An appended cache row: its physical row (cache_row), sequence and row in the sequence. */
 typedef struct append_row {
     int64_t phys, b, r;
@@ -521,6 +519,8 @@ static const append_row *append_lower_bound(const append_row *a, size_t n, int64
     return lo < n ? &a[lo] : NULL;
 }
 
+/* The row of all the caches' rows (page * page_size + row, or cache * seqlen_cache + row) that
+ * holds sequence b's logical key row r. */
 static int64_t cache_row(const fa_kvcache *kv, int64_t rows, int64_t b, int64_t r)
 {
     if (kv->block_table) return (int64_t)kv->block_table[b * kv->max_pages + r / rows] * rows + r % rows;
