@@ -1088,13 +1088,14 @@ typedef struct fa_qtensor {
     int packed;                 /**< e2m1 only: two codes per byte, the first in the low nibble. */
     int64_t shape[4];           /**< Logical shape (elements, not bytes). */
     int scale_kind;             /**< An ::fa_qscale_kind. */
-    double scale;               /**< FA_QSCALE_TENSOR: the scale. */
+    double scale;               /**< FA_QSCALE_TENSOR: the scale (must be 0 with any other kind). */
     const float *head_scale;    /**< FA_QSCALE_HEAD: `[batch][scale_heads]` float32. */
     int64_t scale_heads;        /**< FA_QSCALE_HEAD: heads of head_scale; must divide shape[2]. */
     const uint8_t *block_scale; /**< NVFP4: e4m3 codes (>= 0); MXFP4: e8m0 codes. */
     int64_t block_scale_shape[4]; /**< Shape of block_scale. */
     int scale_axis;             /**< 3 (head dim; also 0 means 3) or 1 (tokens). */
-    double global_scale;        /**< NVFP4: the fp32 per-tensor scale (0 means 1; negative refused). */
+    double global_scale;        /**< NVFP4: the fp32 per-tensor scale (0 means 1; negative refused;
+                                     must be 0 with any other kind). */
 } fa_qtensor;
 
 /** @brief Block length of a block-scale kind: 16 (NVFP4), 32 (MXFP4), else 0. */
@@ -1107,7 +1108,9 @@ FA_API int64_t fa_qscale_block(int scale_kind);
  * Refused with one message naming @p name (e.g. the file): an unknown format
  * or scale kind, a code that is NaN or infinite (inputs must be finite) or no
  * e2m1 code, scales of the wrong shape, a NaN or infinite scale, a negative
- * NVFP4 block scale, an odd dim for packed e2m1. Nothing is written on error.
+ * NVFP4 block scale, an odd dim for packed e2m1, a fa_qtensor::scale or
+ * fa_qtensor::global_scale given with a scale kind that does not use it. Nothing
+ * is written on error.
  */
 FA_API fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out);
 

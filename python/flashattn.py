@@ -631,7 +631,7 @@ def _rotary(cos, sin, interleaved, keep, bf16_bits=None):
 
 
 def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align="bottom-right",
-             sinks=None, dropout_p=0.0, dropout_mask=None, bf16_bits=None):
+             sinks=None, dropout_p=0.0, dropout_mask=None, bf16_bits=None, standard_max_bytes=None):
     """fa_options from the keyword arguments, every value checked first."""
     scale = _scale_arg(scale)
     if align not in _ALIGNS:
@@ -660,6 +660,8 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     opt.impl = _IMPLS[impl]
     opt.num_threads = num_threads
     opt.align = _ALIGNS[align]
+    if standard_max_bytes is not None:  # None: the library's default cap (1 GiB)
+        opt.standard_max_bytes = _int_arg(standard_max_bytes, "standard_max_bytes", 1, 2 ** 63 - 1)
     if alibi_slopes is not None:
         a = _values(alibi_slopes, "alibi_slopes", bf16_bits)
         ta = _tensor(a, "alibi_slopes")
@@ -796,7 +798,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
               alibi_slopes=None, impl="flash", return_lse=False, out_dtype=np.float32,
               num_threads=0, bf16_bits=None, align="bottom-right", cu_seqlens_q=None,
               cu_seqlens_k=None, seqused_k=None, sinks=None, dropout_p=0.0, dropout_mask=None,
-              num_splits=0):
+              num_splits=0, standard_max_bytes=None):
     """Exact attention forward: O = softmax(mask(scale * Q K^T)) V.
 
     q, k, v: numpy arrays or torch tensors (any device; copied to the host).
@@ -821,6 +823,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     k_len]): O = (P * Z / (1 - p)) V, the LSE undropped.
     num_splits: split-KV of the decoding path (seqlen_q <= 16): 0 heuristic,
     1 none, n splits (the bits are identical for a fixed n at any thread count).
+    standard_max_bytes: impl="standard" only: the cap on its score matrix in
+    bytes (None: the library's 1 GiB); a problem above it raises FlashAttnError.
     """
     return_lse = _bool_arg(return_lse, "return_lse")
     lib = library()
@@ -831,7 +835,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     vl = _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, keep)
     code = _dtype_code(out_dtype, "out_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks,
-                   dropout_p, dropout_mask, bf16_bits)
+                   dropout_p, dropout_mask, bf16_bits, standard_max_bytes)
     opt.num_splits = _num_splits(num_splits)
     if vl is not None:
         if q.ndim != 3 or v.ndim != 3:

@@ -241,6 +241,17 @@ fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out)
     double global = 1.0;
     int64_t bshape[4] = {0, 0, 0, 0};
 
+    /* a scale of another kind would be ignored, and the values silently not what the caller
+     * meant: refused (0, the zeroed struct's value, means "not given") */
+    if (kind >= FA_QSCALE_NONE && kind < FA_QSCALE_COUNT) {
+        if (kind != FA_QSCALE_TENSOR && x->scale != 0.0)
+            return fa_fail(FA_ERR_OPTION, "%s: a per-tensor scale (%g) is given but the scale kind is %s; "
+                           "it applies only to FA_QSCALE_TENSOR", nm, x->scale, kind_name(kind));
+        if (kind != FA_QSCALE_NVFP4 && x->global_scale != 0.0)
+            return fa_fail(FA_ERR_OPTION, "%s: a global scale (%g) is given but the scale kind is %s; "
+                           "it applies only to NVFP4 block scales", nm, x->global_scale, kind_name(kind));
+    }
+
     switch (kind) {
     case FA_QSCALE_NONE: break;
     case FA_QSCALE_TENSOR:

@@ -147,6 +147,12 @@ expect_fail "seed negative after a blank" "--seed: expected a non-negative decim
     $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --sample-rows 2 --seed ' -1'
 expect_fail "-q given twice" "-q given twice (arguments 1 and 3)" $fa run -q q.npy -q k.npy -k k.npy -v v.npy -o o.npy
 expect_fail "-o given twice" "-o given twice" $fa run -q q.npy -k k.npy -v v.npy -o o.npy -o=lse.npy
+# a value that reads like an option (a file named -k) is a value, not an earlier -k
+cp q.npy ./-k
+expect_ok "a file named -k as -q's value" $fa run -q -k -k k.npy -v v.npy -o o.npy
+expect_fail "-k given twice after a value -k" "-k given twice (arguments 3 and 9)" \
+    $fa run -q -k -k k.npy -v v.npy -o o.npy -k k.npy
+rm -f ./-k o.npy
 expect_fail "check's --out and -o both given" "-o given twice (as --out and -o)" \
     $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy -o o_ref.npy
 expect_fail "an option as a file name" "-o needs a value, got the option '--causal'" \

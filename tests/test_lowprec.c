@@ -278,6 +278,15 @@ static void test_dequantize_refuses_bad_codes_and_scales(void **state)
     x.scale_kind = FA_QSCALE_TENSOR;
     x.scale = NAN;
     assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_NONFINITE);
+    x.scale = 0.5;
+    x.global_scale = 0.5; /* a global scale is NVFP4's: refused with a per-tensor scale, not ignored */
+    assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "applies only to NVFP4"));
+    x.global_scale = 0.0;
+    x.scale_kind = FA_QSCALE_HEAD; /* and a per-tensor scale with per-head ones */
+    assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "applies only to FA_QSCALE_TENSOR"));
+    x.scale = 0.0;
 
     uint8_t bs[1 * 4 * 2 * 2];
     memset(bs, 0x38, sizeof bs);
@@ -306,6 +315,17 @@ static void test_dequantize_refuses_bad_codes_and_scales(void **state)
     x.global_scale = 1.0;
     x.scale_kind = 42;
     assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);
+    x.scale_kind = FA_QSCALE_MXFP4; /* MXFP4 has no global scale: refused, not ignored */
+    x.block_scale_shape[3] = 1;
+    assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "a global scale (1) is given but the scale kind is mxfp4"));
+    x.global_scale = 0.0;
+    x.scale = 2.0;
+    x.scale_kind = FA_QSCALE_NVFP4; /* nor a per-tensor scale beside block scales */
+    x.block_scale_shape[3] = 2;
+    assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);
+    assert_non_null(strstr(fa_last_error(), "a per-tensor scale (2) is given but the scale kind is nvfp4"));
+    x.scale = 0.0;
     x.scale_kind = FA_QSCALE_NONE;
     x.format = FA_QF_E8M0; /* a scale format, not an element format */
     assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);

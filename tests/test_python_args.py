@@ -337,3 +337,17 @@ def test_rotary_interleaved_none_is_refused_not_read_as_the_other_pairing():
     with pytest.raises(TypeError, match="rotary_interleaved must be True or False"):
         fa.attention_with_kvcache(q, kc, vc, cache_seqlens=2, rotary_cos=cos, rotary_sin=0 * cos,
                                   rotary_interleaved=None)
+
+
+def test_standard_max_bytes_caps_the_standard_path(qkv):
+    """The standard path's score-matrix cap is reachable from Python (its error names it)."""
+    q, k, v = qkv
+    want = model(q, k, v)
+    assert np.abs(fa.attention(q, k, v, impl="standard") - want).max() < 1e-5
+    with pytest.raises(fa.FlashAttnError, match="standard_max_bytes"):
+        fa.attention(q, k, v, impl="standard", standard_max_bytes=64)
+    big = fa.attention(q, k, v, impl="standard", standard_max_bytes=1 << 20)
+    assert np.abs(big - want).max() < 1e-5
+    for bad, err in ((0, ValueError), (-1, ValueError), (1.5, TypeError), ("4096", TypeError)):
+        with pytest.raises(err, match="standard_max_bytes"):
+            fa.attention(q, k, v, impl="standard", standard_max_bytes=bad)

@@ -89,6 +89,29 @@ static int is_opt(const char *arg, const char *name, size_t n)
     return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
+/* Which arguments of the command line being parsed were taken as an option's value, so that
+ * the repeat scan below does not read the value "-k" of `-q -k` as an earlier -k. The CLI
+ * parses one argv, left to right; a new argv starts afresh. */
+static char **value_argv;
+static unsigned char *value_at;
+static int value_argc;
+
+static void mark_value(int argc, char **argv, int idx)
+{
+    if (argv != value_argv || argc != value_argc) {
+        free(value_at);
+        value_at = calloc((size_t)argc + 1, 1);
+        value_argv = argv;
+        value_argc = argc;
+    }
+    if (value_at && idx < argc) value_at[idx] = 1;
+}
+
+static int taken_as_value(int argc, char **argv, int idx)
+{
+    return argv == value_argv && argc == value_argc && value_at && value_at[idx];
+}
+
 int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value)
 {
     const char *arg = argv[*i];
@@ -97,7 +120,7 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
     /* the same option earlier: refused, not silently replaced (`-o a.npy -o b.npy` wrote only
      * b.npy; `-q q.npy -q k.npy` read k.npy as Q) */
     for (int j = 1; j < *i; j++)
-        if (is_opt(argv[j], name, n)) {
+        if (!taken_as_value(argc, argv, j) && is_opt(argv[j], name, n)) {
             cli_die("%s given twice (arguments %d and %d); give each option once", name, j, *i);
             return -1;
         }
@@ -116,6 +139,7 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
         return -1;
     }
     *value = argv[++*i];
+    mark_value(argc, argv, *i);
     return 1;
 }
 
