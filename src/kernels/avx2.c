@@ -91,6 +91,45 @@ INLINE __m256 exp_nonpos(__m256 x)
     return _mm256_and_ps(_mm256_mul_ps(p, scale), keep);
 }
 
+/*
+ * exp_nonpos of four vectors, step by step across the four: the same operations on
+ * every lane (the same bits), emitted interleaved. The exp is a chain of ~12 dependent
+ * operations; written one vector after the other, a core that splits 256-bit
+ * operations in two (Zen 1) ran out of scheduler entries before it reached the next
+ * vector's chain and waited on each (softmax at 3.1 cycles a score there).
+ */
+INLINE void exp_nonpos_x4(__m256 *x)
+{
+    __m256 keep[4], t[4], n[4], r[4], p[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) keep[v] = _mm256_cmp_ps(x[v], _mm256_set1_ps(FA_EXP_X_MIN), _CMP_NLE_UQ);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) t[v] = _mm256_fmadd_ps(x[v], _mm256_set1_ps(FA_EXP_LOG2E), _mm256_set1_ps(SHIFTER));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) n[v] = _mm256_sub_ps(t[v], _mm256_set1_ps(SHIFTER));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) r[v] = _mm256_fnmadd_ps(n[v], _mm256_set1_ps(FA_EXP_LN2_HI), x[v]);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) r[v] = _mm256_fnmadd_ps(n[v], _mm256_set1_ps(FA_EXP_LN2_LO), r[v]);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) p[v] = _mm256_fmadd_ps(_mm256_set1_ps(FA_EXP_C6), r[v], _mm256_set1_ps(FA_EXP_C5));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) p[v] = _mm256_fmadd_ps(p[v], r[v], _mm256_set1_ps(FA_EXP_C4));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) p[v] = _mm256_fmadd_ps(p[v], r[v], _mm256_set1_ps(FA_EXP_C3));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) p[v] = _mm256_fmadd_ps(p[v], r[v], _mm256_set1_ps(FA_EXP_C2));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) p[v] = _mm256_fmadd_ps(p[v], r[v], _mm256_set1_ps(1.0f));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) p[v] = _mm256_fmadd_ps(p[v], r[v], _mm256_set1_ps(1.0f));
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) {
+        const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t[v]), 23));
+        x[v] = _mm256_and_ps(_mm256_mul_ps(p[v], scale), keep[v]);
+    }
+}
+
 /* exp(x) for any x: n in [-126, 128], 2^n split in two factors. */
 INLINE __m256 exp_any(__m256 x)
 {
@@ -377,6 +416,18 @@ static void softmax_avx2(int br, int bc, float *s, size_t lds, float *m, float *
             const __m256 vm = _mm256_set1_ps(mnew[r]);
             __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
             int j = 0;
+            /* four vectors a step, their exps interleaved (exp_nonpos_x4); the sums take the
+             * vectors in the same order as two a step did */
+            for (; j + 32 <= nfull; j += 32) {
+                __m256 pv[4];
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) pv[v] = _mm256_sub_ps(_mm256_loadu_ps(row + j + 8 * v), vm);
+                exp_nonpos_x4(pv);
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) _mm256_storeu_ps(row + j + 8 * v, pv[v]);
+                sum0 = _mm256_add_ps(_mm256_add_ps(sum0, pv[0]), pv[2]);
+                sum1 = _mm256_add_ps(_mm256_add_ps(sum1, pv[1]), pv[3]);
+            }
             for (; j + 16 <= nfull; j += 16) {
                 const __m256 p0 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
                 const __m256 p1 = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(row + j + 8), vm));
@@ -777,21 +828,25 @@ INLINE __m256 dec_load(const void *row, int c, int k, const int fmt)
 
 /*
  * Lane t of the result = the sum of the 8 lanes of a[t], one fixed tree for
- * every t: (x0 + x2) + (x1 + x3) in each 128-bit half, then low + high half
- * (every level combines its inputs alike: the bits do not depend on t).
+ * every t: h = low half + high half (4 lanes), then (h0 + h2) + (h1 + h3)
+ * (every level combines its inputs alike: the bits do not depend on t). The
+ * halves are added first with 128-bit instructions: on a core that splits
+ * 256-bit operations (Zen 1) the 256-bit shuffles of a whole-vector tree
+ * (vperm2f128: 8 micro-ops there) cost a third of dec_qk's time.
  */
+INLINE __m128 reduce4x4(const __m128 *h)
+{
+    const __m128 x01 = _mm_add_ps(_mm_unpacklo_ps(h[0], h[1]), _mm_unpackhi_ps(h[0], h[1])); /* h0:0+2 h1:0+2 h0:1+3 h1:1+3 */
+    const __m128 x23 = _mm_add_ps(_mm_unpacklo_ps(h[2], h[3]), _mm_unpackhi_ps(h[2], h[3]));
+    return _mm_add_ps(_mm_movelh_ps(x01, x23), _mm_movehl_ps(x23, x01));
+}
+
 INLINE __m256 reduce8(const __m256 *a)
 {
-    __m256 b[4], c[2];
-#pragma GCC unroll 4
-    for (int t = 0; t < 4; t++)
-        b[t] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * t], a[2 * t + 1]), _mm256_unpackhi_ps(a[2 * t], a[2 * t + 1]));
-#pragma GCC unroll 2
-    for (int t = 0; t < 2; t++) {
-        const __m256d x = _mm256_castps_pd(b[2 * t]), y = _mm256_castps_pd(b[2 * t + 1]);
-        c[t] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-    }
-    return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20), _mm256_permute2f128_ps(c[0], c[1], 0x31));
+    __m128 h[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) h[t] = _mm_add_ps(_mm256_castps256_ps128(a[t]), _mm256_extractf128_ps(a[t], 1));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(reduce4x4(h)), reduce4x4(h + 4), 1);
 }
 
 /*
@@ -808,12 +863,31 @@ INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, cons
     const void *kr[8];
 #pragma GCC unroll 8
     for (int jj = 0; jj < KEYS; jj++) kr[jj] = rows[jj < nj ? jj : nj - 1];
-    for (int c = 0; c < d; c += 8) {
+    /* whole 8-element chunks, then the tail (d % 8) as the last step of every chain: the
+     * order of the sums is the same as one loop with the tail test inside, which GCC
+     * compiled into a branch and a spill per chunk (Zen 1: qk at 1.6x pv's time for the
+     * same FMAs) */
+    int c = 0;
+    for (; c + 8 <= d; c += 8) {
+        __m256 qv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            qv[r] = _mm256_loadu_ps(q + (size_t)r * ldq + c);
+            /* in a register: folded into each key's FMA, GCC loads it KEYS times */
+            __asm__("" : "+x"(qv[r]));
+        }
+#pragma GCC unroll 8
+        for (int jj = 0; jj < KEYS; jj++) {
+            const __m256 kv = dec_load(kr[jj], c, 8, fmt);
+#pragma GCC unroll 4
+            for (int r = 0; r < ROWS; r++) acc[r * KEYS + jj] = _mm256_fmadd_ps(qv[r], kv, acc[r * KEYS + jj]);
+        }
+    }
+    if (c < d) {
         const int k = d - c;
         __m256 qv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < ROWS; r++)
-            qv[r] = k >= 8 ? _mm256_loadu_ps(q + (size_t)r * ldq + c) : _mm256_maskload_ps(q + (size_t)r * ldq + c, lanes_below(k));
+        for (int r = 0; r < ROWS; r++) qv[r] = _mm256_maskload_ps(q + (size_t)r * ldq + c, lanes_below(k));
 #pragma GCC unroll 8
         for (int jj = 0; jj < KEYS; jj++) {
             const __m256 kv = dec_load(kr[jj], c, k, fmt);
@@ -821,8 +895,24 @@ INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, cons
             for (int r = 0; r < ROWS; r++) acc[r * KEYS + jj] = _mm256_fmadd_ps(qv[r], kv, acc[r * KEYS + jj]);
         }
     }
+    const __m256 sv = _mm256_mul_ps(_mm256_set1_ps(scale), reduce8(acc));
+    if (nj == KEYS && ROWS * KEYS == 8) { /* a whole block: each row's keys straight from the register */
+        const __m128 lo = _mm256_castps256_ps128(sv), hi = _mm256_extractf128_ps(sv, 1);
+        if (KEYS == 8) {
+            _mm256_storeu_ps(s, sv);
+        } else if (KEYS == 4) {
+            _mm_storeu_ps(s, lo);
+            _mm_storeu_ps(s + lds, hi);
+        } else if (KEYS == 2) {
+            _mm_storel_pi((__m64 *)(void *)s, lo);
+            _mm_storeh_pi((__m64 *)(void *)(s + lds), lo);
+            _mm_storel_pi((__m64 *)(void *)(s + 2 * lds), hi);
+            _mm_storeh_pi((__m64 *)(void *)(s + 3 * lds), hi);
+        }
+        return;
+    }
     float out[8];
-    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), reduce8(acc)));
+    _mm256_storeu_ps(out, sv);
 #pragma GCC unroll 4
     for (int r = 0; r < ROWS; r++)
         for (int jj = 0; jj < nj; jj++) s[(size_t)r * lds + jj] = out[r * KEYS + jj];
