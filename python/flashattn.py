@@ -661,7 +661,10 @@ def _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, ke
     opt.num_threads = num_threads
     opt.align = _ALIGNS[align]
     if standard_max_bytes is not None:  # None: the library's default cap (1 GiB)
-        opt.standard_max_bytes = _int_arg(standard_max_bytes, "standard_max_bytes", 1, 2 ** 63 - 1)
+        if isinstance(standard_max_bytes, (bool, np.bool_)):
+            raise TypeError("standard_max_bytes must be an integer number of bytes, not a bool")
+        opt.standard_max_bytes = _int_arg(standard_max_bytes, "standard_max_bytes", 1,
+                                          2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1)
     if alibi_slopes is not None:
         a = _values(alibi_slopes, "alibi_slopes", bf16_bits)
         ta = _tensor(a, "alibi_slopes")
@@ -865,7 +868,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                            scale=None, alibi_slopes=None, impl="flash", return_lse=False,
                            out_dtype=np.float32, num_threads=0, bf16_bits=None, align="bottom-right",
                            sinks=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
-                           num_splits=0):
+                           num_splits=0, standard_max_bytes=None):
     """Attention against a KV cache, as FlashAttention's flash_attn_with_kvcache.
 
     q [batch, seqlen_q, heads, d]; k_cache/v_cache [batch_cache, seqlen_cache,
@@ -883,7 +886,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     cache_seqlens[b] + i when causal or windowed, else at cache_seqlens[b];
     rotary_interleaved=True (FlashAttention's default here) pairs (2i, 2i+1),
     False pairs (i, i + rotary_dim / 2); dims past rotary_dim are untouched.
-    num_splits: as in attention() (split-KV: 0 heuristic, 1 none, n splits).
+    num_splits, standard_max_bytes: as in attention() (split-KV: 0 heuristic, 1
+    none, n splits; the standard path's cap on its score matrix).
     """
     return_lse = _bool_arg(return_lse, "return_lse")
     lib = library()
@@ -907,7 +911,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     kv = _kvcache(q, kc, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, bf16_bits, keep)
     code = _dtype_code(out_dtype, "out_dtype")
     opt = _options(causal, window, softcap, scale, alibi_slopes, impl, num_threads, keep, align, sinks,
-                   bf16_bits=bf16_bits)
+                   bf16_bits=bf16_bits, standard_max_bytes=standard_max_bytes)
     opt.kvcache = ctypes.addressof(kv)
     opt.num_splits = _num_splits(num_splits)
     rot = _rotary(rotary_cos, rotary_sin, rotary_interleaved, keep, bf16_bits)
@@ -1169,7 +1173,12 @@ def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_form
     if descale is not None:
         if np.ndim(descale) == 0:
             x.scale_kind = 1
-            x.scale = float(np.float32(_float_arg(descale, "descale")))
+            d = _float_arg(descale, "descale")
+            with np.errstate(over="ignore"):
+                f = np.float32(d)
+            if math.isfinite(d) and not np.isfinite(f):  # 1e39 is finite, its float32 is not
+                raise ValueError(f"descale {d!r} is not a finite float32 scale")
+            x.scale = float(f)
         else:
             ds = np.ascontiguousarray(descale, dtype=np.float32)
             if ds.ndim != 2:
@@ -1196,11 +1205,12 @@ def dequantize(codes, qkv_format, *, descale=None, block_scales=None, scale_form
         x.scale_axis = 3 if along == "d" else 1
         if global_scale is not None and scale_format == "mxfp4":
             raise ValueError("global_scale: MXFP4 has no global scale")
-        g = np.float32(1.0 if global_scale is None else _float_arg(global_scale, "global_scale"))
-        if not (np.isfinite(g) and g > 0):  # the C struct reads 0 as "not given" (1)
-            raise ValueError(f"global_scale must be a finite float32 > 0, got {global_scale!r} "
-                             f"(as float32: {g!r})")
-        x.global_scale = float(g)
+        if scale_format == "nvfp4":  # MXFP4 has no global scale: the struct's 0 (given one, the library refuses)
+            g = np.float32(1.0 if global_scale is None else _float_arg(global_scale, "global_scale"))
+            if not (np.isfinite(g) and g > 0):  # the C struct reads 0 as "not given" (1)
+                raise ValueError(f"global_scale must be a finite float32 > 0, got {global_scale!r} "
+                                 f"(as float32: {g!r})")
+            x.global_scale = float(g)
     out = np.empty(shape, dtype=np.float64)
     t = _tensor(out, "out")
     st = lib.fa_dequantize(ctypes.byref(x), b"codes", ctypes.byref(t))

@@ -83,13 +83,13 @@ fa_status fa_standard_forward(const fa_problem *p)
         if (p->batch > 1 && (p->seq || p->cu_seqlens_q || p->cache_seqlens))
             return fa_fail(FA_ERR_TOO_LARGE,
                            "standard: S and P need %zu bytes per head (sequence %lld: seqlen_q %lld x seqlen_k "
-                           "%lld), above the cap of %zu bytes (standard_max_bytes); use the flash path or "
-                           "raise the cap",
+                           "%lld), above the cap of %zu bytes; use the flash path or raise the cap "
+                           "(standard_max_bytes)",
                            s_bytes, (long long)at, (long long)big.q_len, (long long)big.k_len,
                            p->standard_max_bytes);
         return fa_fail(FA_ERR_TOO_LARGE,
                        "standard: S and P need %zu bytes per head (seqlen_q %lld x seqlen_k %lld), "
-                       "above the cap of %zu bytes (standard_max_bytes); use the flash path or raise the cap",
+                       "above the cap of %zu bytes; use the flash path or raise the cap (standard_max_bytes)",
                        s_bytes, (long long)big.q_len, (long long)big.k_len, p->standard_max_bytes);
     }
 

@@ -206,7 +206,8 @@ expect_fail "--scale 1e-400" "too small" $RUN -o o.npy --scale 1e-400
 expect_fail "--scale 1e400" "too large" $RUN -o o.npy --scale 1e400
 expect_fail "-o ''" "-o: empty file name" $RUN -o ""
 expect_fail "--lse ''" "--lse: empty file name" $RUN -o o.npy --lse ""
-expect_fail "standard over its cap" "--standard-max-bytes" $RUN -o o.npy --impl standard --standard-max-bytes 16
+expect_fail "standard over its cap" "raise the cap (--standard-max-bytes N)" $RUN -o o.npy --impl standard --standard-max-bytes 16
+grep -q "standard_max_bytes" err.txt && bad "the CLI names the API field standard_max_bytes: $(cat err.txt)"
 # a blank before the sign: strtoull read ' -5' as 2^64 - 5, which lifted the cap
 expect_fail "a blank and a sign before the cap" "expected a positive byte count" \
     $RUN -o o.npy --impl standard --standard-max-bytes ' -5'

@@ -209,6 +209,47 @@ static void test_float_loader_refuses_integer_files(void **state)
     }
 }
 
+/* A -q/-k parse as the commands do it: 0, or -1 on a refusal. */
+static int parse_qk(int argc, char **argv, const char **q, const char **k)
+{
+    *q = *k = NULL;
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if ((r = cli_opt_value(argc, argv, &i, "-q", q)) < 0) return -1;
+        if (r) continue;
+        if ((r = cli_opt_value(argc, argv, &i, "-k", k)) < 0) return -1;
+    }
+    return 0;
+}
+
+/* cli_opt_value's repeat scan: an argument an earlier option took as its value (a file
+ * named -k) is not an earlier -k, a real repeat is refused, and nothing depends on the
+ * command line parsed before in the same argv array (the fuzzer reuses one). */
+static void test_repeat_scan_walks_the_values(void **state)
+{
+    (void)state;
+    char *argv[6];
+    const char *q, *k;
+    char *const value_like[6] = {"run", "-q", "-k", "-k", "k.npy", NULL};
+    memcpy(argv, value_like, sizeof argv);
+    assert_int_equal(parse_qk(5, argv, &q, &k), 0);
+    assert_string_equal(q, "-k");
+    assert_string_equal(k, "k.npy");
+    char *const first[6] = {"run", "-q", "a", "-k", "b", "c"};
+    char *const repeat[6] = {"run", "x", "-k", "y", "-k", "z"};
+    memcpy(argv, first, sizeof argv);
+    capture_begin();
+    assert_int_equal(parse_qk(6, argv, &q, &k), 0);
+    free(capture_end());
+    memcpy(argv, repeat, sizeof argv); /* the same array, refilled */
+    capture_begin();
+    assert_int_equal(parse_qk(6, argv, &q, &k), -1);
+    char *text = capture_end();
+    const char *const needles[] = {"-k given twice (arguments 2 and 4)", NULL};
+    assert_one_line_with(text, needles);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +260,7 @@ int main(void)
         cmocka_unit_test(test_index_refuses_big_endian_uint8_and_missing_files),
         cmocka_unit_test(test_codes_load_and_refuse),
         cmocka_unit_test(test_float_loader_refuses_integer_files),
+        cmocka_unit_test(test_repeat_scan_walks_the_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -472,6 +472,25 @@ def test_python_dequantize_and_check_report_the_metrics(fp8_problem):
     got = flashattn.dequantize(pack(c4), "e2m1", packed=True, block_scales=s8, scale_format="nvfp4",
                                global_scale=g, along="tokens")
     assert np.array_equal(got, nvfp4_decode(c4, s8, np.float32(g), 1))
+    # MXFP4 (e8m0 scales, one per 32 elements, no global scale) in Python and through the CLI
+    e8 = rng.integers(120, 134, size=(1, 20, 2, 1)).astype(np.uint8)
+    c4m = rng.integers(0, 16, size=(1, 20, 2, 32)).astype(np.uint8)
+    e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    want_mx = e2m1[c4m] * np.ldexp(1.0, e8.astype(np.int64) - 127)
+    got = flashattn.dequantize(pack(c4m), "e2m1", packed=True, block_scales=e8, scale_format="mxfp4")
+    assert np.array_equal(got, want_mx)
+    if os.path.exists(CLI):
+        t = p["tmp"]
+        fq, fs = save(t / "mx_q.npy", c4m), save(t / "mx_s.npy", e8)
+        fv_s = save(t / "mx_vs.npy", rng.integers(120, 134, size=(1, 1, 2, 32)).astype(np.uint8))
+        o_mx = t / "mx_o.npy"
+        r = run(["run", "--impl", "reference", "-q", fq, "-k", fq, "-v", fq, "-o", o_mx, "--qkv-format", "e2m1",
+                 "--scale-format", "mxfp4", "--scale-q", fs, "--scale-k", fs, "--scale-v", fv_s])
+        assert r.returncode == 0, r.stderr
+        vals = e2m1[c4m]
+        vv = vals * np.ldexp(1.0, np.load(fv_s).astype(np.int64) - 127)  # V's scales along tokens
+        want_o, _ = ref_numpy.attention_forward(want_mx, want_mx, vv)
+        assert np.max(np.abs(np.load(o_mx) - want_o)) <= 1e-6 * np.max(np.abs(want_o))
     # scale arguments that would be ignored, or read as something else, are refused
     args = dict(packed=True, block_scales=s8, scale_format="nvfp4", along="tokens")
     for bad_g in (0.0, 1e-50, -1.0, float("inf"), float("nan")):  # 0 (and 1e-50 -> 0) would read as 1
@@ -487,6 +506,8 @@ def test_python_dequantize_and_check_report_the_metrics(fp8_problem):
         flashattn.dequantize(p["q8"], "e4m3", along="tokens")
     with pytest.raises(TypeError, match="packed must be True or False"):
         flashattn.dequantize(pack(c4), "e2m1", **dict(args, packed="False"))
+    with pytest.raises(ValueError, match="not a finite float32 scale"):  # as the CLI says it
+        flashattn.dequantize(p["q8"], "e4m3", descale=1e39)
     for bad in ("2", True, np.array("2")):  # float() would take them
         with pytest.raises(TypeError, match="descale must be a number"):
             flashattn.dequantize(p["q8"], "e4m3", descale=bad)

@@ -348,6 +348,19 @@ def test_standard_max_bytes_caps_the_standard_path(qkv):
         fa.attention(q, k, v, impl="standard", standard_max_bytes=64)
     big = fa.attention(q, k, v, impl="standard", standard_max_bytes=1 << 20)
     assert np.abs(big - want).max() < 1e-5
-    for bad, err in ((0, ValueError), (-1, ValueError), (1.5, TypeError), ("4096", TypeError)):
+    for bad, err in ((0, ValueError), (-1, ValueError), (1.5, TypeError), ("4096", TypeError), (True, TypeError),
+                     (2 ** 64, ValueError)):
         with pytest.raises(err, match="standard_max_bytes"):
             fa.attention(q, k, v, impl="standard", standard_max_bytes=bad)
+
+
+def test_standard_max_bytes_reaches_the_kvcache_call():
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
+    kc = rng.standard_normal((1, 40, 1, 8)).astype(np.float32)
+    vc = rng.standard_normal((1, 40, 1, 8)).astype(np.float32)
+    want = fa.attention_with_kvcache(q, kc, vc, cache_seqlens=30, impl="reference")
+    got = fa.attention_with_kvcache(q, kc, vc, cache_seqlens=30, impl="standard", standard_max_bytes=1 << 16)
+    assert np.abs(got - want).max() < 1e-5
+    with pytest.raises(fa.FlashAttnError, match="standard_max_bytes"):
+        fa.attention_with_kvcache(q, kc, vc, cache_seqlens=30, impl="standard", standard_max_bytes=16)

@@ -45,8 +45,13 @@ int cli_die(const char *fmt, ...)
 int cli_die_status(fa_status st)
 {
     const char *msg = fa_last_error();
-    if (st == FA_ERR_TOO_LARGE) /* the standard path's cap: say which option raises it */
-        return cli_die("%s (--standard-max-bytes N)", msg && *msg ? msg : fa_status_string(st));
+    if (st == FA_ERR_TOO_LARGE) { /* the standard path's cap: say which option raises it */
+        static const char field[] = " (standard_max_bytes)"; /* the API's name: the CLI's instead */
+        const char *text = msg && *msg ? msg : fa_status_string(st);
+        const size_t n = strlen(text), f = sizeof field - 1;
+        const int cut = n >= f && strcmp(text + n - f, field) == 0;
+        return cli_die("%.*s (--standard-max-bytes N)", (int)(cut ? n - f : n), text);
+    }
     return cli_die("%s", msg && *msg ? msg : fa_status_string(st));
 }
 
@@ -89,27 +94,27 @@ static int is_opt(const char *arg, const char *name, size_t n)
     return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
-/* Which arguments of the command line being parsed were taken as an option's value, so that
- * the repeat scan below does not read the value "-k" of `-q -k` as an earlier -k. The CLI
- * parses one argv, left to right; a new argv starts afresh. */
-static char **value_argv;
-static unsigned char *value_at;
-static int value_argc;
+/* The names of the options seen taking a value (`name value` or `name=value`), so that the
+ * repeat scan below can walk the earlier arguments as the parse did and not read the value
+ * "-k" of `-q -k` as an earlier -k. Names, not positions: nothing here depends on which
+ * command line was parsed before (the fuzzer reuses one argv array). */
+static char value_names[256][40]; /* copies: a caller's name need not outlive the call */
+static int value_names_n;
 
-static void mark_value(int argc, char **argv, int idx)
+static void note_value_name(const char *name)
 {
-    if (argv != value_argv || argc != value_argc) {
-        free(value_at);
-        value_at = calloc((size_t)argc + 1, 1);
-        value_argv = argv;
-        value_argc = argc;
-    }
-    if (value_at && idx < argc) value_at[idx] = 1;
+    for (int x = 0; x < value_names_n; x++)
+        if (strcmp(value_names[x], name) == 0) return;
+    if (value_names_n < (int)(sizeof value_names / sizeof value_names[0]) && strlen(name) < sizeof value_names[0])
+        strcpy(value_names[value_names_n++], name);
 }
 
-static int taken_as_value(int argc, char **argv, int idx)
+/* Whether arg is one of those options with its value in the next argument. */
+static int takes_next_as_value(const char *arg)
 {
-    return argv == value_argv && argc == value_argc && value_at && value_at[idx];
+    for (int x = 0; x < value_names_n; x++)
+        if (strcmp(value_names[x], arg) == 0) return 1;
+    return 0;
 }
 
 int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value)
@@ -117,13 +122,17 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
     const char *arg = argv[*i];
     size_t n = strlen(name);
     if (!is_opt(arg, name, n)) return 0;
+    note_value_name(name);
     /* the same option earlier: refused, not silently replaced (`-o a.npy -o b.npy` wrote only
-     * b.npy; `-q q.npy -q k.npy` read k.npy as Q) */
-    for (int j = 1; j < *i; j++)
-        if (!taken_as_value(argc, argv, j) && is_opt(argv[j], name, n)) {
+     * b.npy; `-q q.npy -q k.npy` read k.npy as Q); an argument that an option before it took
+     * as its value is skipped, as the parse did */
+    for (int j = 1; j < *i; j++) {
+        if (is_opt(argv[j], name, n)) {
             cli_die("%s given twice (arguments %d and %d); give each option once", name, j, *i);
             return -1;
         }
+        if (takes_next_as_value(argv[j])) j++;
+    }
     if (arg[n] == '=') {
         *value = arg + n + 1;
         return 1;
@@ -139,7 +148,6 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
         return -1;
     }
     *value = argv[++*i];
-    mark_value(argc, argv, *i);
     return 1;
 }
 

@@ -200,7 +200,7 @@ static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batc
         x.block_scale = bs.data;
         for (int a = 0; a < 4; a++) x.block_scale_shape[a] = bs.shape[a];
         x.scale_axis = (t == 2 && !(lp->v_scale_along && !strcmp(lp->v_scale_along, "d"))) ? 1 : 3;
-        x.global_scale = 1.0;
+        x.global_scale = x.scale_kind == FA_QSCALE_NVFP4 ? 1.0 : 0.0; /* MXFP4 has none: 0, or it is refused */
         if (lp->global[t]) {
             cli_parse_double("--global-scale", lp->global[t], &num);
             if (isfinite(num) && !isfinite((float)num)) {

@@ -871,11 +871,7 @@ INLINE void dqk_block(const int ROWS, const int KEYS, const int fmt, int d, cons
     for (; c + 8 <= d; c += 8) {
         __m256 qv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < ROWS; r++) {
-            qv[r] = _mm256_loadu_ps(q + (size_t)r * ldq + c);
-            /* in a register: folded into each key's FMA, GCC loads it KEYS times */
-            __asm__("" : "+x"(qv[r]));
-        }
+        for (int r = 0; r < ROWS; r++) qv[r] = _mm256_loadu_ps(q + (size_t)r * ldq + c);
 #pragma GCC unroll 8
         for (int jj = 0; jj < KEYS; jj++) {
             const __m256 kv = dec_load(kr[jj], c, 8, fmt);
