@@ -402,6 +402,8 @@ def _float_arg(value, name):
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a number, got {value!r}") from None
+    except OverflowError:  # an int past the doubles (10**400)
+        raise ValueError(f"{name} = {value!r} is out of range (beyond every double)") from None
 
 
 def _scale_arg(scale):

@@ -364,3 +364,11 @@ def test_standard_max_bytes_reaches_the_kvcache_call():
     assert np.abs(got - want).max() < 1e-5
     with pytest.raises(fa.FlashAttnError, match="standard_max_bytes"):
         fa.attention_with_kvcache(q, kc, vc, cache_seqlens=30, impl="standard", standard_max_bytes=16)
+
+
+def test_integers_beyond_every_double_are_refused_as_values(qkv):
+    """float(10**400) raises OverflowError: a ValueError naming the argument instead."""
+    q, k, v = qkv
+    for kwargs in ({"softcap": 10 ** 400}, {"scale": 10 ** 400}):
+        with pytest.raises(ValueError, match="out of range"):
+            fa.attention(q, k, v, **kwargs)
