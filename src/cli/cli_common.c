@@ -45,14 +45,14 @@ int cli_die(const char *fmt, ...)
 int cli_die_status(fa_status st)
 {
     const char *msg = fa_last_error();
-    if (st == FA_ERR_TOO_LARGE) { /* the standard path's cap: say which option raises it */
-        static const char field[] = " (standard_max_bytes)"; /* the API's name: the CLI's instead */
-        const char *text = msg && *msg ? msg : fa_status_string(st);
-        const size_t n = strlen(text), f = sizeof field - 1;
-        const int cut = n >= f && strcmp(text + n - f, field) == 0;
-        return cli_die("%.*s (--standard-max-bytes N)", (int)(cut ? n - f : n), text);
-    }
-    return cli_die("%s", msg && *msg ? msg : fa_status_string(st));
+    const char *text = msg && *msg ? msg : fa_status_string(st);
+    /* the standard path's cap (its message ends with the API's field): the CLI's option instead;
+     * other FA_ERR_TOO_LARGE refusals (SIZE_MAX, INT_MAX) are not the cap's */
+    static const char field[] = " (standard_max_bytes)";
+    const size_t n = strlen(text), f = sizeof field - 1;
+    if (st == FA_ERR_TOO_LARGE && n >= f && strcmp(text + n - f, field) == 0)
+        return cli_die("%.*s (--standard-max-bytes N)", (int)(n - f), text);
+    return cli_die("%s", text);
 }
 
 int cli_die_npy(fa_status st)
