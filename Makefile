@@ -47,9 +47,14 @@ ifneq ($(wildcard src/kernels/avx2.c),)
 KERNEL_SRCS += src/kernels/avx2.c
 CFLAGS      += -DFA_HAVE_AVX2
 endif
+# NO_AVX512=1 leaves the AVX-512 (and AMX) tables out: the sanitizer and fuzz builds do so
+# on a CPU that cannot run them (mk/reliability.mk), where clang-14 with ASan+UBSan spent
+# ~5 minutes compiling avx512.c alone (Zen 1) for code no test there can execute
 ifneq ($(wildcard src/kernels/avx512.c),)
+ifneq ($(NO_AVX512),1)
 KERNEL_SRCS += src/kernels/avx512.c src/kernels/avx512_transpose.c
 CFLAGS      += -DFA_HAVE_AVX512
+endif
 endif
 endif
 ifeq ($(ARCH),aarch64)
@@ -67,7 +72,7 @@ $(BUILD)/src/kernels/avx512_transpose.o: ISAFLAGS = $(AVX512FLAGS)
 # Built where the compiler knows the AMX and AVX512-BF16 intrinsics (GCC 11+,
 # clang 12+); elsewhere src/amx.c says "not here" and the tile code is left out.
 AMXFLAGS = $(AVX512FLAGS) -mavx512bf16 -mamx-tile -mamx-bf16
-ifeq ($(ARCH),x86_64)
+ifeq ($(ARCH)$(NO_AVX512),x86_64)
 HAVE_AMX := $(shell printf '\043include <immintrin.h>\nint main(void){_tile_release();return 0;}' | \
               $(CC) $(AMXFLAGS) -x c - -o /dev/null >/dev/null 2>&1 && echo 1)
 endif
