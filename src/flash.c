@@ -59,6 +59,7 @@
 #include "internal.h"
 
 #include <assert.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -504,6 +505,9 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     return slot;
 }
 
+/* Bytes of the two sets of pack_sync counters after the slots (per_pass > 0). */
+static size_t sync_bytes(int64_t per_pass) { return fa_mul_sat(2 * (size_t)per_pass, sizeof(_Atomic int64_t)); }
+
 /* Slot s of the shared packing (see flash_packed). */
 static flash_packed packed_slot(char *base, size_t slot_bytes, int64_t s, const fa_problem *p,
                                 const flash_dims *g)
@@ -535,7 +539,7 @@ size_t fa_flash_workspace(const fa_problem *p)
     /* per thread that gets a task: the parallel region's own clamp */
     const size_t threads = (size_t)region_threads(p, &g);
     const size_t own = fa_add_sat(fa_mul_sat(threads, fa_mul_sat(scratch_floats(p, &g), sizeof(float))),
-                                  fa_mul_sat((size_t)per_pass, slot));
+                                  per_pass > 0 ? fa_add_sat(fa_mul_sat((size_t)per_pass, slot), sync_bytes(per_pass)) : 0);
     /* FA_AMX=1: the AMX path's buffers, or this path's when it hands over (amx.h) */
     const size_t amx = fa_amx_applies(p) ? fa_amx_workspace(p) : 0;
     return amx > own ? amx : own;
@@ -684,6 +688,84 @@ static int pass_task(const fa_problem *p, const pass_order *o, int64_t t, int64_
     return piece_of(p, *b, back, o->npc, o->br, o->piece, i0, rows);
 }
 
+/* Pack unit u of a packing pass: K^T and V of key block u % nkb of the pass's pair
+ * slot u / nkb (a block past a shorter sequence's end is left alone). */
+static void pack_unit(const fa_problem *p, const fa_kernels *kern, const flash_dims *g, char *shared,
+                      size_t slot, int64_t first, int64_t nkb, int64_t u)
+{
+    const int64_t sidx = u / nkb, kb = u % nkb, bhk = first + sidx;
+    const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
+    const flash_packed kv = packed_slot(shared, slot, sidx, p, g);
+    const fa_seq seq = fa_problem_seq(p, b);
+    const int64_t j0 = kb * g->bc;
+    if (j0 >= seq.k_len) return; /* a sequence shorter than the longest */
+    const int bc = (int)(seq.k_len - j0 < g->bc ? seq.k_len - j0 : g->bc);
+    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
+    fa_pack_transposed(kern, &ks, j0, bc, kv.kt + (size_t)kb * (size_t)p->d * g->ldk, g->ldk);
+    kv.v_bad[kb] = (unsigned char)fa_pack_rows(&vs, j0, bc, kv.v + (size_t)j0 * g->ldv, g->ldv, 1);
+}
+
+/*
+ * The packing overlapped with the tasks (pack_overlap). A pass's pack units
+ * (slot-major) are claimed from one counter, next, and each slot counts its
+ * units done in ready[slot]; the tasks are handed out slot by slot. Before a
+ * task of slot s computes, its thread packs one more unit if the units of
+ * slots up to s + 1 are not all claimed yet, so the next slot's packing runs
+ * beside this slot's arithmetic; then, while slot s is not complete, it packs
+ * unclaimed units of slots up to s, or waits for the ones in flight (a unit is
+ * claimed only by a thread that packs it at once, so the wait ends). Two sets
+ * of counters alternate by pass: set (pass + 1) % 2, last used by the previous
+ * pass, is cleared by thread 0 during this one, after the previous pass's
+ * closing barrier and before this pass's.
+ */
+typedef struct pack_sync {
+    _Atomic int64_t next;  /* pack units claimed so far */
+    _Atomic int64_t *ready; /* [per_pass]: units of each slot packed */
+} pack_sync;
+
+typedef struct pack_pass {
+    const fa_problem *p;
+    const fa_kernels *kern;
+    const flash_dims *g;
+    char *shared;
+    size_t slot;
+    int64_t first, nkb, units;
+    pack_sync *sync;
+} pack_pass;
+
+/* Claim and pack one unit below `limit`; 0 when none was left there. */
+static int pack_one_below(const pack_pass *pp, int64_t limit)
+{
+    if (limit > pp->units) limit = pp->units;
+    if (atomic_load_explicit(&pp->sync->next, memory_order_relaxed) >= limit) return 0;
+    const int64_t u = atomic_fetch_add_explicit(&pp->sync->next, 1, memory_order_relaxed);
+    if (u >= pp->units) return 0;
+    pack_unit(pp->p, pp->kern, pp->g, pp->shared, pp->slot, pp->first, pp->nkb, u);
+    atomic_fetch_add_explicit(&pp->sync->ready[u / pp->nkb], 1, memory_order_release);
+    return 1;
+}
+
+/* Before a task of slot s: one unit of the next slot ahead, then slot s whole. */
+static void pack_await(const pack_pass *pp, int64_t s)
+{
+    pack_one_below(pp, (s + 2) * pp->nkb);
+    for (unsigned spins = 0; atomic_load_explicit(&pp->sync->ready[s], memory_order_acquire) < pp->nkb;)
+        if (!pack_one_below(pp, (s + 1) * pp->nkb) && ++spins % 64 == 0) sched_yield();
+}
+
+/*
+ * Whether a pass packs beside its tasks (pack_sync): on 2 threads or more,
+ * with the default task order, and not under a causal mask without a left
+ * window, whose order (biggest pieces first, heads interleaved) balances the
+ * pass's end and would wait for every slot at once.
+ */
+static int pack_overlap(const fa_problem *p, int nthreads)
+{
+    if (nthreads < 2 || p->task_chunk > 0) return 0;
+    if (p->window_right >= 0 && p->window_left < 0) return 0;
+    return 1;
+}
+
 static fa_status flash_forward_tiles(const fa_problem *p);
 
 fa_status fa_flash_forward(const fa_problem *p)
@@ -721,18 +803,33 @@ static fa_status flash_forward_tiles(const fa_problem *p)
      *    pairs per pass as fit — then run every Q block of every query head
      *    that reads them against the packed copy. Packing is O(Sk*d) instead
      *    of O(Sq*Sk*d/Br), and the packed tiles are contiguous, so hardware
-     *    prefetchers stream them.
+     *    prefetchers stream them. On 2 threads or more (pack_overlap) a pass
+     *    does not pack first and compute after: its tasks go slot by slot and
+     *    each packs a unit of the next slot before it computes (pack_sync),
+     *    so the packing's memory reads run beside other threads' arithmetic.
+     *    On the 16-core device host the separate phase took 17% of an
+     *    N = 1024 call and did not speed up past 4 threads (~20 GB/s); the
+     *    overlap ran those calls 1.10-1.11x faster (docs/performance.md,
+     *    "Nineteenth session"). Same bits: a unit's packing is the same
+     *    whoever does it, and a task starts only once its slot is whole.
      *  - per tile (long sequences): each task packs each tile it visits into
      *    its own scratch, so memory stays O(threads x block) at any length.
      */
     int64_t per_pass;
     const size_t slot = shared_plan(p, &g, &per_pass);
     char *shared = NULL;
+    pack_sync sync[2];
     if (per_pass > 0) {
-        shared = fa_scratch_alloc(p, (size_t)per_pass * slot);
+        shared = fa_scratch_alloc(p, (size_t)per_pass * slot + sync_bytes(per_pass));
         if (!shared)
             return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes for packed K/V",
-                           (size_t)per_pass * slot);
+                           (size_t)per_pass * slot + sync_bytes(per_pass));
+        _Atomic int64_t *cnt = (_Atomic int64_t *)(shared + (size_t)per_pass * slot);
+        for (int k = 0; k < 2; k++) {
+            atomic_init(&sync[k].next, 0);
+            sync[k].ready = cnt + (size_t)k * (size_t)per_pass;
+            for (int64_t s = 0; s < per_pass; s++) atomic_init(&sync[k].ready[s], 0);
+        }
     }
 
 #ifdef _OPENMP
@@ -760,30 +857,34 @@ static fa_status flash_forward_tiles(const fa_problem *p)
             /* passes of at most per_pass pairs, their sizes differing by one at most
              * (16 pairs, 3 a pass: 3 3 3 3 2 2, not 3 3 3 3 3 1) */
             const int64_t nbhk = p->batch * p->heads_k, passes = (nbhk + per_pass - 1) / per_pass;
+            const int overlap = pack_overlap(p, nthreads);
             for (int64_t pass = 0; pass < passes && !failed; pass++) {
                 const int64_t first = pass * nbhk / passes, npass = (pass + 1) * nbhk / passes - first;
-                /* pack K^T and V of `npass` (batch, kv head) pairs, all threads together */
+                pack_sync *ps = &sync[pass % 2];
+                const pack_pass pp = {p, kern, &g, shared, slot, first, nkb, npass * nkb, ps};
+                if (overlap) {
+#ifdef _OPENMP
+                    if (pass > 0 && omp_get_thread_num() == 0) { /* the previous pass's set, for the next */
+                        pack_sync *old = &sync[(pass + 1) % 2];
+                        atomic_store_explicit(&old->next, 0, memory_order_relaxed);
+                        for (int64_t s = 0; s < per_pass; s++)
+                            atomic_store_explicit(&old->ready[s], 0, memory_order_relaxed);
+                    }
+#endif
+                } else {
+                    /* pack K^T and V of `npass` (batch, kv head) pairs, all threads together */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-                for (int64_t u = 0; u < npass * nkb; u++) {
-                    const int64_t sidx = u / nkb, kb = u % nkb, bhk = first + sidx;
-                    const int64_t b = bhk / p->heads_k, hk = bhk % p->heads_k;
-                    const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
-                    const fa_seq seq = fa_problem_seq(p, b);
-                    const int64_t j0 = kb * g.bc;
-                    if (j0 >= seq.k_len) continue; /* a sequence shorter than the longest */
-                    const int bc = (int)(seq.k_len - j0 < g.bc ? seq.k_len - j0 : g.bc);
-                    const fa_rows ks = fa_rows_kv(p, &seq, hk, 0), vs = fa_rows_kv(p, &seq, hk, 1);
-                    fa_pack_transposed(kern, &ks, j0, bc, kv.kt + (size_t)kb * (size_t)p->d * g.ldk, g.ldk);
-                    kv.v_bad[kb] = (unsigned char)fa_pack_rows(&vs, j0, bc, kv.v + (size_t)j0 * g.ldv, g.ldv, 1);
+                    for (int64_t u = 0; u < npass * nkb; u++) pack_unit(p, kern, &g, shared, slot, first, nkb, u);
                 }
                 /* then every Q block (or piece of one) of every query head that reads them */
                 const int64_t heads_in_pass = npass * group;
                 const int piece = fa_piece_rows(heads_in_pass * nqb, nthreads, g.br, kern->row_block);
                 const int64_t npc = (g.br + piece - 1) / piece; /* pieces per Q block */
                 const int64_t per_head = nqb * npc;
-                const int chunk = task_chunk(p);
+                /* overlapped: slot by slot (pass_task's chunk 1), so a slot's packing can run ahead */
+                const int chunk = overlap ? 1 : task_chunk(p);
                 /* the tasks from `lead` on — the last ones handed out, as many non-empty ones
                  * as threads — in `sub` pieces each (tail_split; one thread has no one to wait
                  * for). Empty tasks (a shorter sequence, pieces past a short last block) sit
@@ -806,6 +907,7 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                     int64_t sidx, b, h, i0, rows;
                     if (!pass_task(p, &ord, t, &sidx, &b, &h, &i0, &rows)) continue;
                     if (u >= lead && !tail_part(sub, (int)((u - lead) % sub), kern->row_block, &i0, &rows)) continue;
+                    if (overlap) pack_await(&pp, sidx);
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
                     fa_progress(p);
