@@ -62,6 +62,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "amx.h"
 #include "decode.h"
@@ -505,8 +506,13 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     return slot;
 }
 
-/* Bytes of the two sets of pack_sync counters after the slots (per_pass > 0). */
-static size_t sync_bytes(int64_t per_pass) { return fa_mul_sat(2 * (size_t)per_pass, sizeof(_Atomic int64_t)); }
+/* Bytes of the two sets of pack_sync counters after the slots (per_pass > 0): each set's
+ * claim counter on a cache line of its own, then its done counts, to a whole line. */
+static size_t sync_set_bytes(int64_t per_pass)
+{
+    return 64 + ((fa_mul_sat((size_t)per_pass, sizeof(_Atomic int64_t)) + 63) & ~(size_t)63);
+}
+static size_t sync_bytes(int64_t per_pass) { return fa_mul_sat(2, sync_set_bytes(per_pass)); }
 
 /* Slot s of the shared packing (see flash_packed). */
 static flash_packed packed_slot(char *base, size_t slot_bytes, int64_t s, const fa_problem *p,
@@ -578,8 +584,9 @@ static int piece_of(const fa_problem *p, int64_t b, int64_t back, int64_t npc, i
 
 /*
  * Pieces of one head a thread takes at a time in a packing pass's task loop:
- * FA_TASK_CHUNK=N (unset or 0: one piece at a time, heads interleaved, last
- * rows first). On many threads Q blocks are cut into pieces (fa_piece_rows)
+ * FA_TASK_CHUNK=N (unset or 0: one piece at a time, last rows first — slot by
+ * slot where the packing overlaps the tasks (pack_overlap), else heads
+ * interleaved; a chunk turns the overlap off). On many threads Q blocks are cut into pieces (fa_piece_rows)
  * and each piece streams its head's whole packed K/V for few rows: at
  * N = 1024, d = 128, 16 threads, a 64-row piece reads 1.1 MiB for 64 rows,
  * from L3, because the next piece a thread takes belongs to another head.
@@ -595,8 +602,9 @@ static int piece_of(const fa_problem *p, int64_t b, int64_t back, int64_t npc, i
  * the call. A grab count that does not share out evenly costs directly: at
  * N = 4096, d = 128 a pass of 3 heads has 144 pieces, 18 grabs of 8 for 16
  * threads, two of which do two (0.68 measured, 0.63 predicted). Not robust,
- * so not the default; N is taken as given. Same bits in any order: tasks are
- * independent.
+ * so not the default; N is taken as given. (Those figures are against the
+ * interleaved order the default had before pack_overlap.) Same bits in any
+ * order: tasks are independent.
  */
 static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_chunk : 0; }
 
@@ -615,18 +623,25 @@ static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_
  * paired call by call (tools/ab_chunk.c --tail) AVX2 gains a few percent and
  * AVX-512 is within its controls (docs/performance.md, "Twelfth session").
  * Empty tasks (a shorter sequence of a varlen batch, pieces past a short
- * last block when Q blocks are cut) come last in the order; the tail is
- * counted in non-empty tasks, past them. Only with the
- * default task order (task_chunk 0), and not under a causal mask without a
- * left window (below; that skips bottom-right causal with seqlen_k >>
+ * last block when Q blocks are cut) are passed over wherever the order puts
+ * them; the tail is counted in non-empty tasks. Only with the
+ * default task order (task_chunk 0), and not under a mask that is causal in
+ * effect (causal_like, below; that skips bottom-right causal with seqlen_k >>
  * seqlen_q too, whose rows cost about the same). Same bits: a row's
  * arithmetic is the same in any piece.
  */
+/* Causal in effect: a right bound and no left one that cuts (none, or at least as many keys as
+ * the longest sequence has), so a row's work grows with its index. */
+static int causal_like(const fa_problem *p)
+{
+    return p->window_right >= 0 && (p->window_left < 0 || p->window_left >= p->seqlen_k);
+}
+
 static int tail_split(const fa_problem *p)
 {
-    /* causal (a right bound, no left one): the loop hands out the biggest pieces first, its
-     * last ones are the first rows' few tiles, and the wait was already ~0.05 ms (N = 1024) */
-    if (p->window_right >= 0 && p->window_left < 0) return 1;
+    /* causal: the loop hands out the biggest pieces first, its last ones are the first
+     * rows' few tiles, and the wait was already ~0.05 ms (N = 1024) */
+    if (causal_like(p)) return 1;
     return p->task_chunk > 0 || p->tail_split < 2 ? 1 : p->tail_split;
 }
 
@@ -719,7 +734,7 @@ static void pack_unit(const fa_problem *p, const fa_kernels *kern, const flash_d
  * closing barrier and before this pass's.
  */
 typedef struct pack_sync {
-    _Atomic int64_t next;  /* pack units claimed so far */
+    _Atomic int64_t *next;  /* pack units claimed so far (a line of its own) */
     _Atomic int64_t *ready; /* [per_pass]: units of each slot packed */
 } pack_sync;
 
@@ -730,27 +745,51 @@ typedef struct pack_pass {
     char *shared;
     size_t slot;
     int64_t first, nkb, units;
-    pack_sync *sync;
+    int ahead; /* units a task packs for the next slot: nkb over the tasks of a slot, rounded up */
+    const pack_sync *sync;
 } pack_pass;
 
-/* Claim and pack one unit below `limit`; 0 when none was left there. */
+/* Claim the next unit if it lies below `limit` and pack it; 0 when none is left there. */
 static int pack_one_below(const pack_pass *pp, int64_t limit)
 {
     if (limit > pp->units) limit = pp->units;
-    if (atomic_load_explicit(&pp->sync->next, memory_order_relaxed) >= limit) return 0;
-    const int64_t u = atomic_fetch_add_explicit(&pp->sync->next, 1, memory_order_relaxed);
-    if (u >= pp->units) return 0;
+    int64_t u = atomic_load_explicit(pp->sync->next, memory_order_relaxed);
+    for (;;) {
+        if (u >= limit) return 0;
+        if (atomic_compare_exchange_weak_explicit(pp->sync->next, &u, u + 1, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            break;
+    }
     pack_unit(pp->p, pp->kern, pp->g, pp->shared, pp->slot, pp->first, pp->nkb, u);
     atomic_fetch_add_explicit(&pp->sync->ready[u / pp->nkb], 1, memory_order_release);
     return 1;
 }
 
-/* Before a task of slot s: one unit of the next slot ahead, then slot s whole. */
+/* A waiting thread's pause: the CPU's spin hint, every 64th time the scheduler's turn, and
+ * past 4096 short sleeps, so that threads beyond the cores leave them to the packers. */
+static void wait_pause(unsigned spins)
+{
+    if (spins % 64) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    } else if (spins < 4096) {
+        sched_yield();
+    } else {
+        const struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* Before a task of slot s: its share of the next slot's units, then slot s whole. */
 static void pack_await(const pack_pass *pp, int64_t s)
 {
-    pack_one_below(pp, (s + 2) * pp->nkb);
-    for (unsigned spins = 0; atomic_load_explicit(&pp->sync->ready[s], memory_order_acquire) < pp->nkb;)
-        if (!pack_one_below(pp, (s + 1) * pp->nkb) && ++spins % 64 == 0) sched_yield();
+    for (int k = 0; k < pp->ahead && pack_one_below(pp, (s + 2) * pp->nkb); k++) {
+    }
+    for (unsigned spins = 1; atomic_load_explicit(&pp->sync->ready[s], memory_order_acquire) < pp->nkb; spins++)
+        if (!pack_one_below(pp, (s + 1) * pp->nkb)) wait_pause(spins);
 }
 
 /*
@@ -761,9 +800,7 @@ static void pack_await(const pack_pass *pp, int64_t s)
  */
 static int pack_overlap(const fa_problem *p, int nthreads)
 {
-    if (nthreads < 2 || p->task_chunk > 0) return 0;
-    if (p->window_right >= 0 && p->window_left < 0) return 0;
-    return 1;
+    return nthreads >= 2 && p->task_chunk <= 0 && !causal_like(p);
 }
 
 static fa_status flash_forward_tiles(const fa_problem *p);
@@ -809,25 +846,33 @@ static fa_status flash_forward_tiles(const fa_problem *p)
      *    so the packing's memory reads run beside other threads' arithmetic.
      *    On the 16-core device host the separate phase took 17% of an
      *    N = 1024 call and did not speed up past 4 threads (~20 GB/s); the
-     *    overlap ran those calls 1.10-1.11x faster (docs/performance.md,
-     *    "Nineteenth session"). Same bits: a unit's packing is the same
-     *    whoever does it, and a task starts only once its slot is whole.
+     *    overlap ran those calls 1.08-1.15x faster at 16 threads, 1.07x at
+     *    8, 1.01-1.02x at 2 and 4, while the slot-by-slot order alone (a
+     *    packing phase first) ran them 0.93-0.97x (docs/performance.md,
+     *    "Nineteenth session"). Not under a causal mask: there the order
+     *    alone cost 4-13% on 2-8 threads, more than the overlap gave back
+     *    below 16. Same bits: a unit's packing is the same whoever does
+     *    it, and a task starts only once its slot is whole. (The counters'
+     *    relaxed claims and release/acquire counts are ordered across
+     *    passes by the task loop's closing barrier, a full fence in libgomp
+     *    and libomp.)
      *  - per tile (long sequences): each task packs each tile it visits into
      *    its own scratch, so memory stays O(threads x block) at any length.
      */
     int64_t per_pass;
     const size_t slot = shared_plan(p, &g, &per_pass);
     char *shared = NULL;
-    pack_sync sync[2];
+    pack_sync sync[2] = {{NULL, NULL}, {NULL, NULL}};
     if (per_pass > 0) {
         shared = fa_scratch_alloc(p, (size_t)per_pass * slot + sync_bytes(per_pass));
         if (!shared)
             return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes for packed K/V",
                            (size_t)per_pass * slot + sync_bytes(per_pass));
-        _Atomic int64_t *cnt = (_Atomic int64_t *)(shared + (size_t)per_pass * slot);
         for (int k = 0; k < 2; k++) {
-            atomic_init(&sync[k].next, 0);
-            sync[k].ready = cnt + (size_t)k * (size_t)per_pass;
+            char *set = shared + (size_t)per_pass * slot + (size_t)k * sync_set_bytes(per_pass);
+            sync[k].next = (_Atomic int64_t *)set;
+            sync[k].ready = (_Atomic int64_t *)(set + 64);
+            atomic_init(sync[k].next, 0);
             for (int64_t s = 0; s < per_pass; s++) atomic_init(&sync[k].ready[s], 0);
         }
     }
@@ -860,13 +905,11 @@ static fa_status flash_forward_tiles(const fa_problem *p)
             const int overlap = pack_overlap(p, nthreads);
             for (int64_t pass = 0; pass < passes && !failed; pass++) {
                 const int64_t first = pass * nbhk / passes, npass = (pass + 1) * nbhk / passes - first;
-                pack_sync *ps = &sync[pass % 2];
-                const pack_pass pp = {p, kern, &g, shared, slot, first, nkb, npass * nkb, ps};
                 if (overlap) {
 #ifdef _OPENMP
                     if (pass > 0 && omp_get_thread_num() == 0) { /* the previous pass's set, for the next */
-                        pack_sync *old = &sync[(pass + 1) % 2];
-                        atomic_store_explicit(&old->next, 0, memory_order_relaxed);
+                        const pack_sync *old = &sync[(pass + 1) % 2];
+                        atomic_store_explicit(old->next, 0, memory_order_relaxed);
                         for (int64_t s = 0; s < per_pass; s++)
                             atomic_store_explicit(&old->ready[s], 0, memory_order_relaxed);
                     }
@@ -883,12 +926,16 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                 const int piece = fa_piece_rows(heads_in_pass * nqb, nthreads, g.br, kern->row_block);
                 const int64_t npc = (g.br + piece - 1) / piece; /* pieces per Q block */
                 const int64_t per_head = nqb * npc;
-                /* overlapped: slot by slot (pass_task's chunk 1), so a slot's packing can run ahead */
+                /* overlapped: slot by slot (pass_task's chunk 1), so a slot's packing can run ahead;
+                 * each task packs its share of the next slot's units (nkb over a slot's tasks) */
                 const int chunk = overlap ? 1 : task_chunk(p);
+                const int64_t per_slot = group * per_head > 0 ? group * per_head : 1;
+                const pack_pass pp = {p, kern, &g, shared, slot, first, nkb, npass * nkb,
+                                      (int)((nkb + per_slot - 1) / per_slot), &sync[pass % 2]};
                 /* the tasks from `lead` on — the last ones handed out, as many non-empty ones
                  * as threads — in `sub` pieces each (tail_split; one thread has no one to wait
-                 * for). Empty tasks (a shorter sequence, pieces past a short last block) sit
-                 * at the end of the order and are passed over in the count. */
+                 * for). Empty tasks (a shorter sequence, pieces past a short last block) are
+                 * passed over in the count, wherever the order puts them. */
                 const int sub = tail_split(p);
                 const int64_t ntask = heads_in_pass * per_head;
                 const pass_order ord = {first, heads_in_pass, group, per_head, npc, chunk, g.br, piece};
