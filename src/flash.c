@@ -761,6 +761,7 @@ static int pack_one_below(const pack_pass *pp, int64_t limit)
             break;
     }
     pack_unit(pp->p, pp->kern, pp->g, pp->shared, pp->slot, pp->first, pp->nkb, u);
+    if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_overlap_units, 1, memory_order_relaxed); /* tests */
     atomic_fetch_add_explicit(&pp->sync->ready[u / pp->nkb], 1, memory_order_release);
     return 1;
 }

@@ -303,7 +303,7 @@ int fa_amx_test = -1;
 int fa_decode_touch_test = -1;
 _Atomic long fa_count_addr_blocks, fa_count_touched, fa_count_asked, fa_count_ask_bad;
 int fa_count_test;
-_Atomic long fa_count_rows, fa_count_packed;
+_Atomic long fa_count_rows, fa_count_packed, fa_count_overlap_units;
 
 static const char *nm(const char *name, const char *fallback) { return name && *name ? name : fallback; }
 

@@ -147,10 +147,12 @@ extern int fa_tail_split_test;
  * the query rows of every task it runs to fa_count_rows (a piece handed out
  * twice would write the same bits, invisible in the output), and the AMX
  * forward (src/kernels/amx.c) adds every key block it packs to
- * fa_count_packed. Reset by the test; relaxed atomic adds.
+ * fa_count_packed, and the packing beside the tasks (src/flash.c,
+ * pack_overlap) every unit it packs to fa_count_overlap_units. Reset by the
+ * test; relaxed atomic adds.
  */
 extern int fa_count_test;
-extern _Atomic long fa_count_rows, fa_count_packed;
+extern _Atomic long fa_count_rows, fa_count_packed, fa_count_overlap_units;
 
 /*
  * Tests only: >= 0 overrides FA_DECODE_TOUCH (and the AMD default) for the

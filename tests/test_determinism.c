@@ -21,10 +21,11 @@
  */
 #include "test_util.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "problem.h" /* fa_bwd_one_pass_test */
+#include "problem.h" /* fa_bwd_one_pass_test, fa_count_overlap_units */
 
 typedef struct dcase {
     int64_t B, Sq, Sk, H, Hk, d, dv;
@@ -93,10 +94,21 @@ static void test_flash_is_bitwise_deterministic_across_thread_counts(void **stat
             fa_tail_split_test = tails[x];
             for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
                 tu_tensor o, l;
+                fa_count_test = 1;
+                atomic_store(&fa_count_overlap_units, 0);
                 run_flash(c, &q, &k, &v, threads[t], &o, &l);
+                fa_count_test = 0;
                 if (memcmp(o.mem, o1.mem, o1.bytes) != 0 || memcmp(l.mem, l1.mem, l1.bytes) != 0)
                     fail_msg("case %zu: %d threads (run %zu, task chunk %d, tail split %d) differs from 1 thread "
                              "in the last bits", ci, threads[t], t, chunks[x], tails[x]);
+                /* the packing ran beside the tasks (flash.c, pack_overlap) exactly where it should:
+                 * 2+ threads, the default order, no causal mask without a left window, packed K/V */
+                const long units = atomic_load(&fa_count_overlap_units);
+                const int overlap = threads[t] >= 2 && chunks[x] == 0 && (!c->causal || c->wl >= 0) &&
+                                    !(c->shared_max && !strcmp(c->shared_max, "0"));
+                if (overlap ? units == 0 : units != 0)
+                    fail_msg("case %zu, %d threads, task chunk %d: %ld pack units beside the tasks, expected %s",
+                             ci, threads[t], chunks[x], units, overlap ? "some" : "none");
                 tu_free(&o);
                 tu_free(&l);
             }
