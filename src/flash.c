@@ -586,8 +586,8 @@ static int piece_of(const fa_problem *p, int64_t b, int64_t back, int64_t npc, i
  * Pieces of one head a thread takes at a time in a packing pass's task loop:
  * FA_TASK_CHUNK=N (unset or 0: one piece at a time, last rows first — slot by
  * slot where the packing overlaps the tasks (pack_overlap), else heads
- * interleaved; a chunk turns the overlap off). On many threads Q blocks are cut into pieces (fa_piece_rows)
- * and each piece streams its head's whole packed K/V for few rows: at
+ * interleaved; a chunk turns the overlap off). On many threads Q blocks are
+ * cut into pieces (fa_piece_rows) and each piece streams its head's whole packed K/V for few rows: at
  * N = 1024, d = 128, 16 threads, a 64-row piece reads 1.1 MiB for 64 rows,
  * from L3, because the next piece a thread takes belongs to another head.
  * With N pieces of one head a grab (chunk_back deals them), a thread's first
@@ -724,9 +724,9 @@ static void pack_unit(const fa_problem *p, const fa_kernels *kern, const flash_d
  * The packing overlapped with the tasks (pack_overlap). A pass's pack units
  * (slot-major) are claimed from one counter, next, and each slot counts its
  * units done in ready[slot]; the tasks are handed out slot by slot. Before a
- * task of slot s computes, its thread packs one more unit if the units of
- * slots up to s + 1 are not all claimed yet, so the next slot's packing runs
- * beside this slot's arithmetic; then, while slot s is not complete, it packs
+ * task of slot s computes, its thread packs its share (pack_pass.ahead) of
+ * the units of slots up to s + 1 still unclaimed, so the next slot's packing
+ * runs beside this slot's arithmetic; then, while slot s is not complete, it packs
  * unclaimed units of slots up to s, or waits for the ones in flight (a unit is
  * claimed only by a thread that packs it at once, so the wait ends). Two sets
  * of counters alternate by pass: set (pass + 1) % 2, last used by the previous
@@ -784,6 +784,13 @@ static void wait_pause(unsigned spins)
     }
 }
 
+/* Zero a set of counters (before the region, and for the pass after next). */
+static void pack_sync_reset(const pack_sync *ps, int64_t per_pass)
+{
+    atomic_store_explicit(ps->next, 0, memory_order_relaxed);
+    for (int64_t s = 0; s < per_pass; s++) atomic_store_explicit(&ps->ready[s], 0, memory_order_relaxed);
+}
+
 /* Before a task of slot s: its share of the next slot's units, then slot s whole. */
 static void pack_await(const pack_pass *pp, int64_t s)
 {
@@ -795,9 +802,10 @@ static void pack_await(const pack_pass *pp, int64_t s)
 
 /*
  * Whether a pass packs beside its tasks (pack_sync): on 2 threads or more,
- * with the default task order, and not under a causal mask without a left
- * window, whose order (biggest pieces first, heads interleaved) balances the
- * pass's end and would wait for every slot at once.
+ * with the default task order, and not under a mask that is causal in effect
+ * (causal_like): there the slot-by-slot order cost 4-13% against the heads
+ * interleaved on 2-8 threads, more than the overlap gave back below 16
+ * (docs/performance.md, "Nineteenth session").
  */
 static int pack_overlap(const fa_problem *p, int nthreads)
 {
@@ -843,7 +851,7 @@ static fa_status flash_forward_tiles(const fa_problem *p)
      *    of O(Sq*Sk*d/Br), and the packed tiles are contiguous, so hardware
      *    prefetchers stream them. On 2 threads or more (pack_overlap) a pass
      *    does not pack first and compute after: its tasks go slot by slot and
-     *    each packs a unit of the next slot before it computes (pack_sync),
+     *    each packs its share of the next slot before it computes (pack_sync),
      *    so the packing's memory reads run beside other threads' arithmetic.
      *    On the 16-core device host the separate phase took 17% of an
      *    N = 1024 call and did not speed up past 4 threads (~20 GB/s); the
@@ -873,8 +881,7 @@ static fa_status flash_forward_tiles(const fa_problem *p)
             char *set = shared + (size_t)per_pass * slot + (size_t)k * sync_set_bytes(per_pass);
             sync[k].next = (_Atomic int64_t *)set;
             sync[k].ready = (_Atomic int64_t *)(set + 64);
-            atomic_init(sync[k].next, 0);
-            for (int64_t s = 0; s < per_pass; s++) atomic_init(&sync[k].ready[s], 0);
+            pack_sync_reset(&sync[k], per_pass);
         }
     }
 
@@ -908,12 +915,8 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                 const int64_t first = pass * nbhk / passes, npass = (pass + 1) * nbhk / passes - first;
                 if (overlap) {
 #ifdef _OPENMP
-                    if (pass > 0 && omp_get_thread_num() == 0) { /* the previous pass's set, for the next */
-                        const pack_sync *old = &sync[(pass + 1) % 2];
-                        atomic_store_explicit(old->next, 0, memory_order_relaxed);
-                        for (int64_t s = 0; s < per_pass; s++)
-                            atomic_store_explicit(&old->ready[s], 0, memory_order_relaxed);
-                    }
+                    if (pass > 0 && omp_get_thread_num() == 0) /* the previous pass's set, for the next */
+                        pack_sync_reset(&sync[(pass + 1) % 2], per_pass);
 #endif
                 } else {
                     /* pack K^T and V of `npass` (batch, kv head) pairs, all threads together */
