@@ -90,9 +90,15 @@ HAVE_BLAS := $(shell printf 'void cblas_sgemm(void);int main(void){cblas_sgemm()
 ifeq ($(NO_BLAS),1)
 HAVE_BLAS :=
 endif
+# The CLI does not link it: `bench --impl blas` opens it by its soname (dlopen) when asked.
+# A linked OpenBLAS runs its constructor in every command, a thread pool whose threads each
+# allocate a 128 MiB buffer, and under an address-space limit (ulimit -v) they retry that
+# allocation forever: `flashattn --version` never exited (cmd_bench.c, blas_open).
 ifeq ($(HAVE_BLAS),1)
-CLI_CFLAGS = -DFA_HAVE_BLAS
-CLI_LIBS   = -lopenblas
+BLAS_SONAME := $(shell objdump -p "$$($(CC) -print-file-name=libopenblas.so)" 2>/dev/null | \
+                 sed -n 's/^ *SONAME *\([^ ]*\).*/\1/p')
+CLI_CFLAGS = -DFA_HAVE_BLAS -DFA_BLAS_SONAME='"$(or $(BLAS_SONAME),libopenblas.so)"'
+CLI_LIBS   = -ldl
 endif
 
 LIB_SRCS = $(filter-out $(wildcard src/kernels/*.c), $(wildcard src/*.c)) $(KERNEL_SRCS)

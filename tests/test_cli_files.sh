@@ -242,5 +242,23 @@ else
     else bad "check that cannot create its threads: exit $rc (1 would read as a mismatch): $(cat err.txt)"; fi
 fi
 
+# ---- a small address-space limit: every command still exits ----------------------------
+# A CLI that linked OpenBLAS (for bench --impl blas) ran its constructor in every command:
+# a thread pool whose threads each allocate 128 MiB, retried forever under `ulimit -v
+# 150000`, so even --version never exited. bench now opens OpenBLAS when a row asks for it.
+if [ -n "${FA_SANITIZED:-}" ]; then
+    echo "test_cli_files.sh: (sanitized build: the address-space limit cases need ulimit -v; skipped)"
+else
+    if ldd "$fa" 2>/dev/null | grep -qi openblas; then bad "the CLI is linked against OpenBLAS (bench opens it itself)"
+    else ok; fi
+    sh -c "ulimit -v 150000; timeout 30 $fa --version" >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" = 0 ]; then ok; else bad "--version under ulimit -v 150000: exit $rc (124: it hung) $(cat err.txt)"; fi
+    sh -c "ulimit -v 150000; timeout 30 $RUN -o o_lim.npy --lse l_lim.npy" >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" = 0 ] && same_bytes o_lim.npy ref.npy && same_bytes l_lim.npy ref_lse.npy; then ok
+    else bad "run under ulimit -v 150000: exit $rc (124: it hung), or not the reference bytes: $(cat err.txt)"; fi
+fi
+
 echo "test_cli_files.sh: $pass passed, $fail failed"
 [ "$fail" = 0 ]

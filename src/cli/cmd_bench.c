@@ -62,7 +62,7 @@
 #endif
 
 #ifdef FA_HAVE_BLAS
-#include <cblas.h>
+#include <dlfcn.h>
 #endif
 
 #define CHECK_ROWS 8
@@ -302,6 +302,37 @@ static double run_flops(int bwd, double n, double d, const struct bench_cfg *cfg
 /* ---- standard attention on BLAS ------------------------------------------- */
 
 #ifdef FA_HAVE_BLAS
+/*
+ * OpenBLAS, opened by its soname (FA_BLAS_SONAME, from the build's -lopenblas) when a
+ * bench row asks for it, not linked: a linked OpenBLAS runs its constructor in every
+ * command, starting a thread pool whose threads each allocate a 128 MiB buffer, and
+ * under an address-space limit (ulimit -v 150000) those threads retry the allocation
+ * forever, so that even `flashattn --version` never exited. Only cblas_sgemm and
+ * openblas_set_num_threads are used; the CBLAS enums are ints of fixed value.
+ */
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 }; /* CblasRowMajor, CblasNoTrans, CblasTrans */
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                         float *, int);
+static sgemm_fn blas_sgemm;
+static void (*blas_threads)(int);
+
+/* Open OpenBLAS once. Returns 0, or 2 (with `report`, after printing why it cannot be). */
+static int blas_open(int report)
+{
+    if (blas_sgemm) return 0;
+    void *lib = dlopen(FA_BLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return report ? cli_die("bench: impl 'blas': cannot load %s (%s)", FA_BLAS_SONAME, dlerror()) : 2;
+    void *f = dlsym(lib, "cblas_sgemm"), *t = dlsym(lib, "openblas_set_num_threads");
+    if (!f) {
+        dlclose(lib);
+        return report ? cli_die("bench: impl 'blas': %s has no cblas_sgemm", FA_BLAS_SONAME) : 2;
+    }
+    /* object to function pointer through memcpy: POSIX dlsym's own idiom, no ISO C cast */
+    memcpy(&blas_sgemm, &f, sizeof f);
+    if (t) memcpy(&blas_threads, &t, sizeof t);
+    return 0;
+}
+
 /* q, k, v, o float32 BSHD contiguous. Returns 0, or -1 if out of memory. */
 static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, fa_tensor *o,
                           const bench_cfg *cfg)
@@ -321,7 +352,7 @@ static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tenso
             const float *kh = (const float *)k->data + (b * Sk * Hk + h / group) * d;
             const float *vh = (const float *)v->data + (b * Sk * Hk + h / group) * dv;
             float *oh = (float *)o->data + (b * Sq * H + h) * dv;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Sq, (int)Sk, (int)d, scale, qh,
+            blas_sgemm(ROW_MAJOR, NO_TRANS, TRANS, (int)Sq, (int)Sk, (int)d, scale, qh,
                         (int)(H * d), kh, (int)(Hk * d), 0.0f, S, (int)Sk);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -342,7 +373,7 @@ static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tenso
                 const float inv = l > 0.0f ? 1.0f / l : 0.0f;
                 for (int64_t j = 0; j < Sk; j++) row[j] *= inv;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Sq, (int)dv, (int)Sk, 1.0f, S,
+            blas_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)Sq, (int)dv, (int)Sk, 1.0f, S,
                         (int)Sk, vh, (int)(Hk * dv), 0.0f, oh, (int)(H * dv));
         }
     }
@@ -1461,7 +1492,7 @@ static int bench_main(int argc, char **argv)
     if (!impls && dc.on) impls = "flash";
     if (!impls) {
 #ifdef FA_HAVE_BLAS
-        impls = "flash,standard,blas";
+        impls = blas_open(0) == 0 ? "flash,standard,blas" : "flash,standard"; /* a removed library: left out */
 #else
         impls = "flash,standard";
 #endif
@@ -1476,6 +1507,8 @@ static int bench_main(int argc, char **argv)
         if (strcmp(names[c], "blas") == 0) {
 #ifndef FA_HAVE_BLAS
             return cli_die("bench: impl 'blas' is not built (install libopenblas-dev and rebuild)");
+#else
+            if (blas_open(1) != 0) return 2;
 #endif
         } else if (fa_impl_from_name(names[c], &dummy) != FA_OK) {
             return cli_die("bench: --impl: %s", fa_last_error());
@@ -1634,7 +1667,7 @@ static int bench_main(int argc, char **argv)
                         cfg.threads = (int)ts[t];
                         cfg.peak = peaks[t];
 #ifdef FA_HAVE_BLAS
-                        openblas_set_num_threads(cfg.threads);
+                        if (blas_threads) blas_threads(cfg.threads);
 #endif
                         rng = row_rng;
                         int r = bench_one(names[c], p, ns[b], ds[a], &cfg, &rng, &rate[a][b][p][c][t]);
