@@ -140,7 +140,21 @@ expect_fail "bad threads" "--threads" $RUN --threads 0
 # numbers: a digit (or '-') first, decimal; options given once; a value is not an option
 expect_fail "threads with a leading blank" "--threads: expected an integer" $RUN --threads ' 2'
 expect_fail "threads with a plus sign" "--threads: expected an integer" $RUN --threads +2
-expect_fail "scale with a leading blank" "--scale: expected a finite number" $RUN --scale ' 0.5'
+expect_fail "scale with a leading blank" "--scale: expected a decimal number" $RUN --scale ' 0.5'
+expect_fail "scale with a plus sign" "--scale: expected a decimal number" $RUN --scale +1
+expect_fail "scale without a leading digit" "--scale: expected a decimal number" $RUN --scale .5
+expect_fail "negative scale without a leading digit" "--scale: expected a decimal number" $RUN --scale -.5
+expect_fail "scale in hex" "--scale: expected a decimal number" $RUN --scale 0x1p-2
+expect_fail "softcap with a plus sign" "--softcap: expected a decimal number" $RUN --softcap +1
+expect_fail "atol in hex" "--atol: expected a decimal number" \
+    $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --atol 0x1p-10
+expect_ok "scale -0.25 and 1e-3 forms" $RUN --scale -0.25 --softcap 1e-3
+expect_fail "--causal given twice" "--causal given twice" $RUN --causal --causal
+expect_fail "--diagnose given twice" "--diagnose given twice" \
+    $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --diagnose --diagnose
+expect_fail "bench --no-check given twice" "--no-check given twice" $fa bench --n 16 --d 8 --no-check --no-check
+expect_fail "demo --causal given twice" "--causal given twice" $fa demo --causal --causal
+expect_fail "bench --impl unknown lists blas" "expected flash, reference, standard or blas" $fa bench --impl foo
 expect_fail "seed in hex" "--seed: expected a non-negative decimal integer" \
     $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --sample-rows 2 --seed 0x10
 expect_fail "seed negative after a blank" "--seed: expected a non-negative decimal integer" \

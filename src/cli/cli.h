@@ -97,6 +97,13 @@ int cli_is_help(const char *arg);
  */
 int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
 
+/*
+ * Flag `name` (an option without a value): 1 when argv[i] is it, 0 when argv[i]
+ * is another argument, -1 (after printing) when it was given before — each
+ * option once, as for options with a value (`--causal --causal` is refused).
+ */
+int cli_opt_flag(char **argv, int i, const char *name);
+
 /* Parse a whole decimal integer in [lo, hi] / a finite double (subnormals
  * accepted; overflow and underflow to 0 refused as too large / too small);
  * on error print "flashattn: OPT: ..." and return -1, else 0. */

@@ -151,6 +151,19 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
     return 1;
 }
 
+int cli_opt_flag(char **argv, int i, const char *name)
+{
+    if (strcmp(argv[i], name) != 0) return 0;
+    for (int j = 1; j < i; j++) { /* as cli_opt_value: an option's value is not an option */
+        if (strcmp(argv[j], name) == 0) {
+            cli_die("%s given twice (arguments %d and %d); give each option once", name, j, i);
+            return -1;
+        }
+        if (takes_next_as_value(argv[j])) j++;
+    }
+    return 1;
+}
+
 int cli_parse_int(const char *opt, const char *text, long long lo, long long hi, long long *out)
 {
     char *end;
@@ -171,7 +184,15 @@ int cli_parse_double(const char *opt, const char *text, double *out)
     char *end;
     errno = 0;
     double v = strtod(text, &end);
-    if (end == text || *end != '\0' || isnan(v) || (isinf(v) && errno != ERANGE) || isspace((unsigned char)text[0])) {
+    /* decimal, a digit or '-' and a digit first (docs/cli.md): strtod also takes a blank,
+     * '+', ".5" and hexadecimal "0x1p-2", which the integer options refuse */
+    const char *digits = text[0] == '-' ? text + 1 : text;
+    const int decimal = digits[0] >= '0' && digits[0] <= '9' && !strpbrk(text, "xX");
+    if (!decimal) {
+        cli_die("%s: expected a decimal number (a digit or '-' first; no '+', '.5' or hex), got '%s'", opt, text);
+        return -1;
+    }
+    if (end == text || *end != '\0' || isnan(v) || (isinf(v) && errno != ERANGE)) {
         cli_die("%s: expected a finite number, got '%s'", opt, text);
         return -1;
     }
@@ -317,9 +338,9 @@ int cli_parse_kvcache_option(int argc, char **argv, int *i, cli_attn *a)
         (r = cli_opt_value(argc, argv, i, "--rotary-cos", &a->rotary_cos_path)) != 0 ||
         (r = cli_opt_value(argc, argv, i, "--rotary-sin", &a->rotary_sin_path)) != 0)
         return r < 0 ? -1 : 1;
-    if (strcmp(argv[*i], "--rotary-interleaved") == 0) {
+    if ((r = cli_opt_flag(argv, *i, "--rotary-interleaved")) != 0) {
         a->rotary_interleaved = 1;
-        return 1;
+        return r;
     }
     return 0;
 }
@@ -487,9 +508,9 @@ int cli_parse_mask_option(int argc, char **argv, int *i, cli_attn *a)
 {
     const char *val;
     int r;
-    if (strcmp(argv[*i], "--causal") == 0) {
+    if ((r = cli_opt_flag(argv, *i, "--causal")) != 0) {
         a->opt.causal = 1;
-        return 1;
+        return r;
     }
     if ((r = cli_opt_value(argc, argv, i, "--window", &val)) != 0) {
         if (r < 0) return -1;

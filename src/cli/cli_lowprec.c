@@ -42,14 +42,14 @@ void cli_lowprec_init(cli_lowprec *lp)
 
 int cli_lowprec_parse(int argc, char **argv, int *i, cli_lowprec *lp)
 {
-    if (!strcmp(argv[*i], "--fp4-packed")) {
+    int r;
+    if ((r = cli_opt_flag(argv, *i, "--fp4-packed")) != 0) {
         lp->packed = 1;
-        return 1;
+        return r;
     }
     static const char *const descale[3] = {"--descale-q", "--descale-k", "--descale-v"};
     static const char *const scale[3] = {"--scale-q", "--scale-k", "--scale-v"};
     static const char *const global[3] = {"--global-scale-q", "--global-scale-k", "--global-scale-v"};
-    int r;
     if ((r = cli_opt_value(argc, argv, i, "--qkv-format", &lp->format_text)) != 0) return r;
     if ((r = cli_opt_value(argc, argv, i, "--scale-format", &lp->scale_format)) != 0) return r;
     if ((r = cli_opt_value(argc, argv, i, "--v-scale-along", &lp->v_scale_along)) != 0) return r;
@@ -69,11 +69,14 @@ int cli_lowprec_active(const cli_lowprec *lp)
     return 0;
 }
 
-/* A whole number (per-tensor scale)? */
+/* A whole number (per-tensor scale)? Decimal, as every number of the CLI (docs/cli.md): a
+ * digit or '-' and a digit first, no hex; anything else names a file. */
 static int parse_number(const char *text, double *out)
 {
     char *end;
     errno = 0;
+    const char *digits = text[0] == '-' ? text + 1 : text;
+    if (!(digits[0] >= '0' && digits[0] <= '9') || strpbrk(text, "xX")) return 0;
     double v = strtod(text, &end);
     if (end == text || *end != '\0') return 0;
     *out = v;

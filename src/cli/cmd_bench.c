@@ -1407,11 +1407,14 @@ static int bench_main(int argc, char **argv)
             fputs(bench_usage, stdout);
             return 0;
         }
-        if (strcmp(argv[i], "--causal") == 0) {
+        if ((r = cli_opt_flag(argv, i, "--causal")) != 0) {
+            if (r < 0) return 2;
             cfg.causal = 1;
-        } else if (strcmp(argv[i], "--no-check") == 0) {
+        } else if ((r = cli_opt_flag(argv, i, "--no-check")) != 0) {
+            if (r < 0) return 2;
             cfg.check = 0;
-        } else if (strcmp(argv[i], "--warm-cache") == 0) {
+        } else if ((r = cli_opt_flag(argv, i, "--warm-cache")) != 0) {
+            if (r < 0) return 2;
             dc.warm = 1;
             decode_opts = 1;
         } else if (strncmp(argv[i], "--window", 8) == 0 || strncmp(argv[i], "--softcap", 9) == 0) {
@@ -1511,7 +1514,8 @@ static int bench_main(int argc, char **argv)
             if (blas_open(1) != 0) return 2;
 #endif
         } else if (fa_impl_from_name(names[c], &dummy) != FA_OK) {
-            return cli_die("bench: --impl: %s", fa_last_error());
+            return cli_die("bench: --impl: unknown implementation '%s' (expected flash, reference, standard or "
+                           "blas)", names[c]);
         }
     }
     int npass = split_names("--pass", passes, plist, sizeof plist, pass_names, 2);

@@ -23,7 +23,7 @@
 static const char check_usage[] =
     "usage: flashattn check -q Q.npy -k K.npy -v V.npy --out O_TEST.npy [--lse LSE_TEST.npy]\n"
     "                       [MASK OPTIONS] [--dtype f32|f16|bf16] [--atol A --rtol R]\n"
-    "                       [--sample-rows K] [--seed S] [--threads T] [--diagnose]\n"
+    "                       [--sample-rows K] [--seed S] [--threads T] [--num-splits N] [--diagnose]\n"
     "                       [--qkv-format e4m3|e5m2|e2m1|int8 [SCALES] [--kernel-model fa3|sage]]\n"
     "\n"
     "Compares a tested attention output against the float64 reference computed from the\n"
@@ -44,6 +44,10 @@ static const char check_usage[] =
     "  --sample-rows K    check K random query rows per (batch, head) exactly: O(K * seqlen_k * d)\n"
     "  --seed S           seed of the row sampler (default 0)\n"
     "  --threads T        OpenMP threads (default: all cores)\n"
+    "  --num-splits N     the tested kernel's split-KV count (0..65536), so run's options can\n"
+    "                     be given as they are: checked, not used — the reference is the\n"
+    "                     exact, unsplit attention whatever the kernel's splits (a wrong merge\n"
+    "                     of splits is what --diagnose names split-combine)\n"
     "  --kernel-model M   with --qkv-format: also emulate kernel M's data path (fa3: P scaled by\n"
     "                     256 and rounded, row sums unrounded, key blocks last to first; sage:\n"
     "                     SageAttention's P*448 in e4m3, or for e2m1 P*2688 in e2m1 under e4m3\n"
@@ -157,7 +161,7 @@ static int check_main(int argc, char **argv)
 {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *o_path = NULL, *lse_path = NULL;
     const char *dtype_text = NULL, *atol_text = NULL, *rtol_text = NULL, *rows_text = NULL;
-    const char *seed_text = NULL, *threads_text = NULL;
+    const char *seed_text = NULL, *threads_text = NULL, *splits_text = NULL;
     const char *model_text = NULL;
     int diagnose = 0;
     cli_attn attn;
@@ -171,7 +175,8 @@ static int check_main(int argc, char **argv)
             printf(check_usage, cli_mask_help, cli_varlen_help, cli_kvcache_help, cli_lowprec_help);
             return CLI_EXIT_OK;
         }
-        if (strcmp(argv[i], "--diagnose") == 0) {
+        if ((r = cli_opt_flag(argv, i, "--diagnose")) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
             diagnose = 1;
             continue;
         }
@@ -191,7 +196,8 @@ static int check_main(int argc, char **argv)
             (r = cli_opt_value(argc, argv, &i, "--rtol", &rtol_text)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--sample-rows", &rows_text)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--seed", &seed_text)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--threads", &threads_text)) != 0) {
+            (r = cli_opt_value(argc, argv, &i, "--threads", &threads_text)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--num-splits", &splits_text)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             continue;
         }
@@ -223,6 +229,7 @@ static int check_main(int argc, char **argv)
         co.sample_rows = n;
     }
     if (seed_text && parse_seed(seed_text, &co.seed) != 0) return CLI_EXIT_USAGE;
+    if (splits_text && cli_parse_int("--num-splits", splits_text, 0, 65536, &n) != 0) return CLI_EXIT_USAGE;
     if (threads_text) {
         if (cli_parse_int("--threads", threads_text, 1, 4096, &n) != 0) return CLI_EXIT_USAGE;
         co.num_threads = (int)n;

@@ -188,11 +188,13 @@ static int parse_demo_args(int argc, char **argv, demo_problem *p)
             fputs(demo_usage, stdout);
             return -2;
         }
-        if (strcmp(argv[i], "--causal") == 0) {
+        if ((r = cli_opt_flag(argv, i, "--causal")) != 0) {
+            if (r < 0) return -1;
             p->causal = 1;
             continue;
         }
-        if (strcmp(argv[i], "--no-causal") == 0) {
+        if ((r = cli_opt_flag(argv, i, "--no-causal")) != 0) {
+            if (r < 0) return -1;
             p->causal = 0;
             continue;
         }

@@ -87,7 +87,7 @@ int cmd_info(int argc, char **argv)
     printf("flashattn %s\n", FA_VERSION);
     printf("ISA      : %s (%d float32 lanes; chosen at run time, FA_ISA forces one)\n", info.isa,
            info.simd_width);
-    printf("threads  : %d (OpenMP default; --threads or OMP_NUM_THREADS changes it)\n", info.max_threads);
+    printf("threads  : %d (OpenMP default; the commands' --threads or OMP_NUM_THREADS changes it)\n", info.max_threads);
     printf("caches   : L1d %s, L2 %s, L3 %s, line %zu B (from %s)\n",
            cli_bytes(info.l1d_bytes, b1, sizeof b1), cli_bytes(info.l2_bytes, b2, sizeof b2),
            info.l3_bytes ? cli_bytes(info.l3_bytes, b3, sizeof b3) : "unknown", info.line_bytes,
