@@ -154,6 +154,7 @@ expect_fail "--diagnose given twice" "--diagnose given twice" \
     $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --diagnose --diagnose
 expect_fail "bench --no-check given twice" "--no-check given twice" $fa bench --n 16 --d 8 --no-check --no-check
 expect_fail "demo --causal given twice" "--causal given twice" $fa demo --causal --causal
+expect_fail "demo --causal and --no-causal" "--causal and --no-causal: give one of them" $fa demo --causal --no-causal
 expect_fail "bench --impl unknown lists blas" "expected flash, reference, standard or blas" $fa bench --impl foo
 expect_fail "seed in hex" "--seed: expected a non-negative decimal integer" \
     $fa check -q q.npy -k k.npy -v v.npy --out o_ref.npy --sample-rows 2 --seed 0x10

@@ -404,6 +404,10 @@ def test_bad_low_precision_input_gets_one_line_and_exit_2(fp8_problem):
     cases = [
         (base + ["--qkv-format", "e4m3", "--descale-q", f_nan], "dq_nan.npy): scale [0, 1] is NaN"),
         (base + ["--qkv-format", "e4m3", "--descale-q", "1e39"], "not a finite float32 scale"),
+    ] + [  # a non-zero number that reads as 0, or rounds to 0 in float32, is not a zero scale
+        (base + ["--qkv-format", "e4m3", "--descale-v", x], f"--descale-v: {x} is too small")
+        for x in ("1e-400", "1e-50", "-1e-320")
+    ] + [
         (base + ["--qkv-format", "e4m3", "--descale-q", f_shape], "should be [batch, heads_k]"),
         (["check", "-q", f_qnan, "-k", f["k"], "-v", f["v"], "--out", o, "--qkv-format", "e4m3"], "NaN"),
         (["check", "-q", f_f32, "-k", f["k"], "-v", f["v"], "--out", o, "--qkv-format", "e4m3"], "|u1"),

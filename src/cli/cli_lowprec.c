@@ -179,6 +179,15 @@ static int load_one(int t, const char *path, const cli_lowprec *lp, int64_t batc
             cli_die("--descale-%s: %s is not a finite float32 scale", tname[t], lp->descale[t]);
             goto out;
         }
+        /* a non-zero text that reads as 0 (1e-400), or rounds to 0 in float32 (1e-50): refused,
+         * as --softcap's "too small", not taken as a zero scale */
+        int nonzero = 0; /* a digit 1-9 before any exponent */
+        for (const char *c = lp->descale[t]; *c && *c != 'e' && *c != 'E'; c++) nonzero |= *c >= '1' && *c <= '9';
+        if ((float)num == 0.0f && nonzero) {
+            cli_die("--descale-%s: %s is too small: it rounds to 0 in float32 (the smallest float32 is about 1.4e-45)",
+                    tname[t], lp->descale[t]);
+            goto out;
+        }
         x.scale_kind = FA_QSCALE_TENSOR;
         x.scale = (double)(float)num; /* an fp32 scale, as kernels take it */
     } else if (lp->descale[t]) {

@@ -316,10 +316,52 @@ typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int
 static sgemm_fn blas_sgemm;
 static void (*blas_threads)(int);
 
-/* Open OpenBLAS once. Returns 0, or 2 (with `report`, after printing why it cannot be). */
-static int blas_open(int report)
+/*
+ * Whether OpenBLAS's buffers fit the address space that `ulimit -v` leaves: it takes 128 MiB
+ * (its x86-64 BUFFER_SIZE) for each of its threads — as many as CPUs when it is opened, up to
+ * `threads` when a row sets them — and where the limit leaves less it retries the allocation
+ * forever (a loop in its blas_memory_alloc), so bench would hang instead of failing. 1 when
+ * they fit or there is no limit; *room_mib what is left.
+ */
+static int blas_fits(int threads, size_t *need_mib, size_t *room_mib)
+{
+    struct rlimit rl;
+    *need_mib = *room_mib = 0;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 1;
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r"); /* the first field: the address space in use, in pages */
+    if (f) {
+        if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+        fclose(f);
+    }
+    const size_t used = (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    /* its threads' buffers and one more (measured: 2 CPUs, 2 threads ran in 385 MiB, hung in 285) */
+    const size_t n = (size_t)(threads > cpus ? threads : cpus) + 1;
+    *need_mib = n * 128;
+    *room_mib = rl.rlim_cur > used ? (size_t)((rl.rlim_cur - used) >> 20) : 0;
+    return *room_mib >= *need_mib;
+}
+
+/* Whether blas rows of up to `threads` threads can run here (blas_fits). Returns 0, or 2
+ * (with `report`, after printing why not). */
+static int blas_room(int report, int threads)
+{
+    size_t need, room;
+    if (blas_fits(threads, &need, &room)) return 0;
+    return report ? cli_die("bench: impl 'blas': OpenBLAS takes 128 MiB of address space a thread (~%zu MiB "
+                            "here) and the limit (ulimit -v) leaves %zu MiB; raise the limit or leave blas out",
+                            need, room)
+                  : 2;
+}
+
+/* Open OpenBLAS once, for rows of up to `threads` threads: only once a blas row is sure to
+ * run (its thread pool starts here, and under a tight limit would hold the exit). Returns 0,
+ * or 2 (with `report`, after printing why it cannot be). */
+static int blas_open(int report, int threads)
 {
     if (blas_sgemm) return 0;
+    if (blas_room(report, threads) != 0) return 2;
     void *lib = dlopen(FA_BLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (!lib) return report ? cli_die("bench: impl 'blas': cannot load %s (%s)", FA_BLAS_SONAME, dlerror()) : 2;
     void *f = dlsym(lib, "cblas_sgemm"), *t = dlsym(lib, "openblas_set_num_threads");
@@ -1493,9 +1535,16 @@ static int bench_main(int argc, char **argv)
         return cli_die("bench: --heads %lld is not a multiple of --heads-k %lld", (long long)cfg.heads,
                        (long long)cfg.heads_k);
     if (!impls && dc.on) impls = "flash";
+#ifdef FA_HAVE_BLAS
+    int most_threads = 1;
+    for (int t = 0; t < nt; t++)
+        if (ts[t] > most_threads) most_threads = (int)ts[t];
+#endif
+    const int impls_given = impls != NULL;
     if (!impls) {
 #ifdef FA_HAVE_BLAS
-        impls = blas_open(0) == 0 ? "flash,standard,blas" : "flash,standard"; /* a removed library: left out */
+        /* an address-space limit OpenBLAS cannot run under: left out (a removed library: below) */
+        impls = blas_room(0, most_threads) == 0 ? "flash,standard,blas" : "flash,standard";
 #else
         impls = "flash,standard";
 #endif
@@ -1511,7 +1560,7 @@ static int bench_main(int argc, char **argv)
 #ifndef FA_HAVE_BLAS
             return cli_die("bench: impl 'blas' is not built (install libopenblas-dev and rebuild)");
 #else
-            if (blas_open(1) != 0) return 2;
+            if (blas_room(1, most_threads) != 0) return 2;
 #endif
         } else if (fa_impl_from_name(names[c], &dummy) != FA_OK) {
             return cli_die("bench: --impl: unknown implementation '%s' (expected flash, reference, standard or "
@@ -1602,6 +1651,20 @@ static int bench_main(int argc, char **argv)
                            secs, seconds_at_peak_flops, cfg.peak, nt > 1 ? " and the other thread counts'" : "",
                            max_seconds);
     }
+
+#ifdef FA_HAVE_BLAS
+    /* OpenBLAS opened now that every refusal is behind, and only when a blas row will run
+     * (float32 forward rows); a library removed since the build drops blas from the default list */
+    for (int c = 0; c < nimpl; c++) {
+        if (strcmp(names[c], "blas") != 0 || cfg.dtype != FA_F32 || !do_pass[0]) continue;
+        if (blas_open(impls_given, most_threads) == 0) continue;
+        if (impls_given) return 2;
+        for (int x = c; x + 1 < nimpl; x++) names[x] = names[x + 1];
+        nimpl--, c--;
+    }
+#else
+    (void)impls_given;
+#endif
 
     fa_outfile csv;
     int csv_rows = 0;

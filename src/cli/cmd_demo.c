@@ -180,6 +180,7 @@ static void run_impl(const demo_problem *p, fa_impl impl, float *o_mem, demo_res
 
 static int parse_demo_args(int argc, char **argv, demo_problem *p)
 {
+    const char *mask_flag = NULL; /* --causal or --no-causal, once given */
     for (int i = 1; i < argc; i++) {
         const char *val;
         long long n;
@@ -188,14 +189,14 @@ static int parse_demo_args(int argc, char **argv, demo_problem *p)
             fputs(demo_usage, stdout);
             return -2;
         }
-        if ((r = cli_opt_flag(argv, i, "--causal")) != 0) {
+        if ((r = cli_opt_flag(argv, i, "--causal")) != 0 || (r = cli_opt_flag(argv, i, "--no-causal")) != 0) {
             if (r < 0) return -1;
-            p->causal = 1;
-            continue;
-        }
-        if ((r = cli_opt_flag(argv, i, "--no-causal")) != 0) {
-            if (r < 0) return -1;
-            p->causal = 0;
+            if (mask_flag) { /* opposite flags: refused, not resolved to the last (docs/cli.md) */
+                cli_die("%s and %s: give one of them", mask_flag, argv[i]);
+                return -1;
+            }
+            mask_flag = argv[i];
+            p->causal = strcmp(argv[i], "--causal") == 0;
             continue;
         }
         if ((r = cli_opt_value(argc, argv, &i, "--n", &val)) != 0) {
