@@ -375,7 +375,39 @@ static int blas_open(int report, int threads)
     return 0;
 }
 
-/* q, k, v, o float32 BSHD contiguous. Returns 0, or -1 if out of memory. */
+/* Rows [i0, i1) of one head's scores S [Sq][Sk] into P in place: softcap, the mask
+ * (bottom-right, as the library), softmax with 1/l applied to P (standard attention). */
+static void blas_softmax_rows(float *S, int64_t i0, int64_t i1, int64_t Sq, int64_t Sk, int64_t wl, int64_t wr,
+                              float cap)
+{
+    for (int64_t i = i0; i < i1; i++) {
+        float *row = S + i * Sk;
+        const int64_t diag = i + Sk - Sq;
+        const int64_t lo = wl >= 0 && diag - wl > 0 ? diag - wl : 0;
+        const int64_t hi = wr >= 0 && diag + wr + 1 < Sk ? diag + wr + 1 : Sk;
+        float m = -INFINITY, l = 0.0f;
+        if (cap > 0.0f)
+            for (int64_t j = lo; j < hi; j++) row[j] = cap * tanhf(row[j] / cap);
+        for (int64_t j = lo; j < hi; j++) m = row[j] > m ? row[j] : m;
+        for (int64_t j = 0; j < Sk; j++) {
+            row[j] = (j >= lo && j < hi && m != -INFINITY) ? expf(row[j] - m) : 0.0f;
+            l += row[j];
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int64_t j = 0; j < Sk; j++) row[j] *= inv;
+    }
+}
+
+/*
+ * Standard attention on OpenBLAS: per head S = scale Q K^T (sgemm), P = softmax(S) in place,
+ * O = P V (sgemm). q, k, v, o float32 BSHD contiguous. With at least as many heads (batch x
+ * heads) as threads, each OpenMP thread takes whole heads with OpenBLAS on one thread — one
+ * thread pool in play; alternating OpenBLAS's threaded sgemm with an OpenMP softmax left each
+ * pool's threads spinning while the other's worked, which on 2 cores cost this baseline ~20%
+ * (median 117-134 ms against 96-106 with OMP_WAIT_POLICY=passive at N 1024, d 64, 8 heads).
+ * With fewer heads than threads, sgemm is OpenBLAS's threaded one and the rows of the softmax
+ * are split with OpenMP. Returns 0, or -1 if out of memory.
+ */
 static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, fa_tensor *o,
                           const bench_cfg *cfg)
 {
@@ -386,38 +418,37 @@ static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tenso
     const int64_t Sk = k->shape[1], Hk = k->shape[2], dv = v->shape[3];
     const int64_t group = H / Hk;
     const float scale = 1.0f / sqrtf((float)d);
-    float *S = malloc((size_t)Sq * (size_t)Sk * sizeof(float)); /* [Sq][Sk] */
+    const int by_head = B * H >= threads;
+    const int team = by_head ? threads : 1;
+    if (blas_threads) blas_threads(by_head ? 1 : threads);
+    float *S = malloc((size_t)team * (size_t)Sq * (size_t)Sk * sizeof(float)); /* [team][Sq][Sk] */
     if (!S) return -1;
-    for (int64_t b = 0; b < B; b++) {
-        for (int64_t h = 0; h < H; h++) {
-            const float *qh = (const float *)q->data + (b * Sq * H + h) * d;
-            const float *kh = (const float *)k->data + (b * Sk * Hk + h / group) * d;
-            const float *vh = (const float *)v->data + (b * Sk * Hk + h / group) * dv;
-            float *oh = (float *)o->data + (b * Sq * H + h) * dv;
-            blas_sgemm(ROW_MAJOR, NO_TRANS, TRANS, (int)Sq, (int)Sk, (int)d, scale, qh,
-                        (int)(H * d), kh, (int)(Hk * d), 0.0f, S, (int)Sk);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
+#endif
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        const int64_t b = bh / H, h = bh % H;
+#ifdef _OPENMP
+        float *St = S + (size_t)omp_get_thread_num() * (size_t)Sq * (size_t)Sk;
+#else
+        float *St = S;
+#endif
+        const float *qh = (const float *)q->data + (b * Sq * H + h) * d;
+        const float *kh = (const float *)k->data + (b * Sk * Hk + h / group) * d;
+        const float *vh = (const float *)v->data + (b * Sk * Hk + h / group) * dv;
+        float *oh = (float *)o->data + (b * Sq * H + h) * dv;
+        blas_sgemm(ROW_MAJOR, NO_TRANS, TRANS, (int)Sq, (int)Sk, (int)d, scale, qh, (int)(H * d), kh,
+                   (int)(Hk * d), 0.0f, St, (int)Sk);
+        if (by_head) {
+            blas_softmax_rows(St, 0, Sq, Sq, Sk, wl, wr, cap);
+        } else {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
-            for (int64_t i = 0; i < Sq; i++) {
-                float *row = S + i * Sk;
-                const int64_t diag = i + Sk - Sq; /* bottom-right, as the library */
-                const int64_t lo = wl >= 0 && diag - wl > 0 ? diag - wl : 0;
-                const int64_t hi = wr >= 0 && diag + wr + 1 < Sk ? diag + wr + 1 : Sk;
-                float m = -INFINITY, l = 0.0f;
-                if (cap > 0.0f)
-                    for (int64_t j = lo; j < hi; j++) row[j] = cap * tanhf(row[j] / cap);
-                for (int64_t j = lo; j < hi; j++) m = row[j] > m ? row[j] : m;
-                for (int64_t j = 0; j < Sk; j++) {
-                    row[j] = (j >= lo && j < hi && m != -INFINITY) ? expf(row[j] - m) : 0.0f;
-                    l += row[j];
-                }
-                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-                for (int64_t j = 0; j < Sk; j++) row[j] *= inv;
-            }
-            blas_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)Sq, (int)dv, (int)Sk, 1.0f, S,
-                        (int)Sk, vh, (int)(Hk * dv), 0.0f, oh, (int)(H * dv));
+            for (int64_t i = 0; i < Sq; i++) blas_softmax_rows(St, i, i + 1, Sq, Sk, wl, wr, cap);
         }
+        blas_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)Sq, (int)dv, (int)Sk, 1.0f, St, (int)Sk, vh, (int)(Hk * dv),
+                   0.0f, oh, (int)(H * dv));
     }
     free(S);
     return 0;
@@ -1220,8 +1251,10 @@ static double estimate_bytes(const char *impl, int bwd, double n, double d, cons
     } else if (cfg->check) {
         bytes += 8.0 * B * r * H * d;                        /* reference rows */
     }
-    if (strcmp(impl, "standard") == 0 || strcmp(impl, "blas") == 0)
+    if (strcmp(impl, "standard") == 0)
         bytes += 4.0 * n * (n + 16);                          /* the N x N scores S (and P in place) */
+    if (strcmp(impl, "blas") == 0)                           /* one S a thread when the heads are split */
+        bytes += 4.0 * n * (n + 16) * (B * H >= cfg->threads ? cfg->threads : 1);
     bytes += (double)cfg->threads * (2 << 20);               /* per-thread scratch allowance */
     return bytes;
 }
@@ -1734,7 +1767,6 @@ static int bench_main(int argc, char **argv)
                         cfg.threads = (int)ts[t];
                         cfg.peak = peaks[t];
 #ifdef FA_HAVE_BLAS
-                        if (blas_threads) blas_threads(cfg.threads);
 #endif
                         rng = row_rng;
                         int r = bench_one(names[c], p, ns[b], ds[a], &cfg, &rng, &rate[a][b][p][c][t]);
