@@ -95,9 +95,15 @@ endif
 # allocate a 128 MiB buffer, and under an address-space limit (ulimit -v) they retry that
 # allocation forever: `flashattn --version` never exited (cmd_bench.c, blas_open).
 ifeq ($(HAVE_BLAS),1)
-BLAS_SONAME := $(shell objdump -p "$$($(CC) -print-file-name=libopenblas.so)" 2>/dev/null | \
-                 sed -n 's/^ *SONAME *\([^ ]*\).*/\1/p')
-CLI_CFLAGS = -DFA_HAVE_BLAS -DFA_BLAS_SONAME='"$(or $(BLAS_SONAME),libopenblas.so)"'
+BLAS_SONAME := $(shell readelf -d "$$($(CC) -print-file-name=libopenblas.so)" 2>/dev/null | \
+                 sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p' | head -1)
+ifeq ($(BLAS_SONAME),)
+$(warning make: -lopenblas links but no shared libopenblas with a soname was found (readelf -d): bench --impl blas is left out)
+HAVE_BLAS :=
+endif
+endif
+ifeq ($(HAVE_BLAS),1)
+CLI_CFLAGS = -DFA_HAVE_BLAS -DFA_BLAS_SONAME='"$(BLAS_SONAME)"'
 CLI_LIBS   = -ldl
 endif
 
@@ -123,7 +129,7 @@ $(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/kernels/*.h src/cli/*.h)
 
 # The CLI's objects depend on what was found (OpenBLAS or not): a stamp file
 # that changes when CLI_CFLAGS does, so a rebuild never links a stale object.
-CLI_STAMP = $(BUILD)/cli-config.$(if $(CLI_CFLAGS),blas,noblas)
+CLI_STAMP = $(BUILD)/cli-config.$(if $(CLI_CFLAGS),blas-$(BLAS_SONAME),noblas)
 $(CLI_STAMP):
 	@mkdir -p $(dir $@)
 	@rm -f $(BUILD)/cli-config.*

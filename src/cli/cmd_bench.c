@@ -295,6 +295,7 @@ typedef struct bench_cfg {
     int *csv_rows; /* rows written to it: with none and an error, the old file stays as it was */
     int show_threads; /* a thread list was given: rows print their thread count */
     fa_context *ctx; /* flash rows: one context per row (bench_one, decode_one), as a caller's loop keeps one */
+    int most_threads; /* the largest of the --threads list (blas's S buffers) */
 } bench_cfg;
 
 static double run_flops(int bwd, double n, double d, const struct bench_cfg *cfg);
@@ -315,42 +316,56 @@ typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int
                          float *, int);
 static sgemm_fn blas_sgemm;
 static void (*blas_threads)(int);
+static int blas_parallel; /* openblas_get_parallel(): 0 a serial build (no concurrent calls), 1 pthreads, 2 OpenMP */
 
-/*
- * Whether OpenBLAS's buffers fit the address space that `ulimit -v` leaves: it takes 128 MiB
- * (its x86-64 BUFFER_SIZE) for each of its threads — as many as CPUs when it is opened, up to
- * `threads` when a row sets them — and where the limit leaves less it retries the allocation
- * forever (a loop in its blas_memory_alloc), so bench would hang instead of failing. 1 when
- * they fit or there is no limit; *room_mib what is left.
- */
-static int blas_fits(int threads, size_t *need_mib, size_t *room_mib)
+/* A /proc/self/statm field (1: the address space in use, 6: data and stack), in bytes. */
+static size_t statm_bytes(int field)
 {
-    struct rlimit rl;
-    *need_mib = *room_mib = 0;
-    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 1;
-    unsigned long pages = 0;
-    FILE *f = fopen("/proc/self/statm", "r"); /* the first field: the address space in use, in pages */
+    unsigned long v[7] = {0, 0, 0, 0, 0, 0, 0};
+    FILE *f = fopen("/proc/self/statm", "r");
     if (f) {
-        if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+        if (fscanf(f, "%lu %lu %lu %lu %lu %lu %lu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]) != 7)
+            v[field - 1] = 0;
         fclose(f);
     }
-    const size_t used = (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+    return (size_t)v[field - 1] * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/*
+ * Whether OpenBLAS and the largest blas row fit what `ulimit -v` (RLIMIT_AS) and `ulimit -d`
+ * (RLIMIT_DATA, which counts private mappings since Linux 4.7) leave. OpenBLAS takes 128 MiB
+ * (its x86-64 BUFFER_SIZE) for each thread of its pool (CPUs - 1 when it is opened, up to
+ * `threads` - 1 when a row sets more) and for each thread that calls sgemm (up to `threads`
+ * in blas_attention), and where the limit leaves less it retries the allocation forever (a
+ * loop in its blas_memory_alloc), so bench would hang instead of failing. row_bytes: the
+ * largest blas row's own memory (estimate_bytes). 1 when all fit or there is no limit.
+ */
+static int blas_fits(int threads, double row_bytes, size_t *need_mib, size_t *room_mib)
+{
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    /* its threads' buffers and one more (measured: 2 CPUs, 2 threads ran in 385 MiB, hung in 285) */
-    const size_t n = (size_t)(threads > cpus ? threads : cpus) + 1;
-    *need_mib = n * 128;
-    *room_mib = rl.rlim_cur > used ? (size_t)((rl.rlim_cur - used) >> 20) : 0;
+    const size_t pool = (size_t)(threads > cpus ? threads : cpus), buffers = pool - 1 + (size_t)threads + 1;
+    *need_mib = buffers * 128 + (size_t)(row_bytes / 1048576.0);
+    *room_mib = SIZE_MAX;
+    static const int res[2] = {RLIMIT_AS, RLIMIT_DATA}, field[2] = {1, 6};
+    for (int k = 0; k < 2; k++) {
+        struct rlimit rl;
+        if (getrlimit(res[k], &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
+        const size_t used = statm_bytes(field[k]);
+        const size_t room = rl.rlim_cur > used ? (size_t)((rl.rlim_cur - used) >> 20) : 0;
+        if (room < *room_mib) *room_mib = room;
+    }
     return *room_mib >= *need_mib;
 }
 
 /* Whether blas rows of up to `threads` threads can run here (blas_fits). Returns 0, or 2
  * (with `report`, after printing why not). */
-static int blas_room(int report, int threads)
+static int blas_room(int report, int threads, double row_bytes)
 {
     size_t need, room;
-    if (blas_fits(threads, &need, &room)) return 0;
-    return report ? cli_die("bench: impl 'blas': OpenBLAS takes 128 MiB of address space a thread (~%zu MiB "
-                            "here) and the limit (ulimit -v) leaves %zu MiB; raise the limit or leave blas out",
+    if (blas_fits(threads, row_bytes, &need, &room)) return 0;
+    return report ? cli_die("bench: impl 'blas': OpenBLAS takes 128 MiB of address space for each of its threads "
+                            "and callers (~%zu MiB here with the largest row) and the limits (ulimit -v / -d) "
+                            "leave %zu MiB; raise them or leave blas out",
                             need, room)
                   : 2;
 }
@@ -358,20 +373,33 @@ static int blas_room(int report, int threads)
 /* Open OpenBLAS once, for rows of up to `threads` threads: only once a blas row is sure to
  * run (its thread pool starts here, and under a tight limit would hold the exit). Returns 0,
  * or 2 (with `report`, after printing why it cannot be). */
-static int blas_open(int report, int threads)
+static int blas_open(int report, int threads, double row_bytes)
 {
     if (blas_sgemm) return 0;
-    if (blas_room(report, threads) != 0) return 2;
+    if (blas_room(report, threads, row_bytes) != 0) return 2;
     void *lib = dlopen(FA_BLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (!lib) return report ? cli_die("bench: impl 'blas': cannot load %s (%s)", FA_BLAS_SONAME, dlerror()) : 2;
     void *f = dlsym(lib, "cblas_sgemm"), *t = dlsym(lib, "openblas_set_num_threads");
-    if (!f) {
+    void *par = dlsym(lib, "openblas_get_parallel"), *conf = dlsym(lib, "openblas_get_config");
+    const char *why = !f ? "has no cblas_sgemm" : NULL;
+    if (!why && conf) { /* the prototype above takes int: a 64-bit-integer build would misread it */
+        char *(*config)(void);
+        memcpy(&config, &conf, sizeof conf);
+        const char *c = config();
+        if (c && strstr(c, "USE64BITINT")) why = "is built with 64-bit integers (INTERFACE64); bench calls it with int";
+    }
+    if (why) {
         dlclose(lib);
-        return report ? cli_die("bench: impl 'blas': %s has no cblas_sgemm", FA_BLAS_SONAME) : 2;
+        return report ? cli_die("bench: impl 'blas': %s %s", FA_BLAS_SONAME, why) : 2;
     }
     /* object to function pointer through memcpy: POSIX dlsym's own idiom, no ISO C cast */
     memcpy(&blas_sgemm, &f, sizeof f);
     if (t) memcpy(&blas_threads, &t, sizeof t);
+    if (par) {
+        int (*get_parallel)(void);
+        memcpy(&get_parallel, &par, sizeof par);
+        blas_parallel = get_parallel();
+    }
     return 0;
 }
 
@@ -398,58 +426,88 @@ static void blas_softmax_rows(float *S, int64_t i0, int64_t i1, int64_t Sq, int6
     }
 }
 
+/* One head of standard attention: S = scale Q K^T, P = softmax(S) in place (its rows split over
+ * `rows_threads` OpenMP threads when > 1), O = P V. */
+static void blas_head(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, fa_tensor *o, const bench_cfg *cfg,
+                      int64_t bh, float *S, int rows_threads)
+{
+    const int64_t wl = cfg->window_left, wr = cfg->causal ? 0 : cfg->window_right;
+    const float cap = (float)cfg->softcap;
+    const int64_t Sq = q->shape[1], H = q->shape[2], d = q->shape[3];
+    const int64_t Sk = k->shape[1], Hk = k->shape[2], dv = v->shape[3];
+    const int64_t b = bh / H, h = bh % H, group = H / Hk;
+    const float *qh = (const float *)q->data + (b * Sq * H + h) * d;
+    const float *kh = (const float *)k->data + (b * Sk * Hk + h / group) * d;
+    const float *vh = (const float *)v->data + (b * Sk * Hk + h / group) * dv;
+    float *oh = (float *)o->data + (b * Sq * H + h) * dv;
+    blas_sgemm(ROW_MAJOR, NO_TRANS, TRANS, (int)Sq, (int)Sk, (int)d, 1.0f / sqrtf((float)d), qh, (int)(H * d), kh,
+               (int)(Hk * d), 0.0f, S, (int)Sk);
+    if (rows_threads > 1) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(rows_threads) schedule(static)
+#endif
+        for (int64_t i = 0; i < Sq; i++) blas_softmax_rows(S, i, i + 1, Sq, Sk, wl, wr, cap);
+    } else {
+        blas_softmax_rows(S, 0, Sq, Sq, Sk, wl, wr, cap);
+    }
+    blas_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)Sq, (int)dv, (int)Sk, 1.0f, S, (int)Sk, vh, (int)(Hk * dv), 0.0f,
+               oh, (int)(H * dv));
+}
+
+/* Whether blas_attention gives each OpenMP thread whole heads (sgemm on one thread): OpenBLAS
+ * must take concurrent calls (a threaded build) and let its threads be set, and the heads must
+ * split evenly enough (a multiple of the threads, or at least 4 a thread). */
+static int blas_by_head(int64_t heads, int threads)
+{
+#ifdef _OPENMP
+    return threads > 1 && blas_threads && blas_parallel != 0 && heads >= threads &&
+           (heads % threads == 0 || heads >= 4 * (int64_t)threads);
+#else
+    (void)heads, (void)threads;
+    return 0;
+#endif
+}
+
 /*
- * Standard attention on OpenBLAS: per head S = scale Q K^T (sgemm), P = softmax(S) in place,
- * O = P V (sgemm). q, k, v, o float32 BSHD contiguous. With at least as many heads (batch x
- * heads) as threads, each OpenMP thread takes whole heads with OpenBLAS on one thread — one
- * thread pool in play; alternating OpenBLAS's threaded sgemm with an OpenMP softmax left each
- * pool's threads spinning while the other's worked, which on 2 cores cost this baseline ~20%
- * (median 117-134 ms against 96-106 with OMP_WAIT_POLICY=passive at N 1024, d 64, 8 heads).
- * With fewer heads than threads, sgemm is OpenBLAS's threaded one and the rows of the softmax
- * are split with OpenMP. Returns 0, or -1 if out of memory.
+ * Standard attention on OpenBLAS, per head: S = scale Q K^T (sgemm), P = softmax(S) in place,
+ * O = P V (sgemm); q, k, v, o float32 BSHD contiguous. Where blas_by_head, each OpenMP thread
+ * takes whole heads with OpenBLAS on one thread — one thread pool in play. Otherwise sgemm is
+ * OpenBLAS's threaded one and the softmax rows are split with OpenMP, one head after another:
+ * those two pools alternate, each one's threads spinning while the other's work, which on 2
+ * cores made this baseline 1.1-2.1x slower when it was the only scheme (docs/performance.md,
+ * "Twentieth session"). The softmax is scalar libm (expf, tanhf), not the library's SIMD
+ * kernel: the figures are an upper bound on flash's lead. Returns 0, or -1 if out of memory.
  */
 static int blas_attention(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, fa_tensor *o,
                           const bench_cfg *cfg)
 {
     const int threads = cfg->threads;
-    const int64_t wl = cfg->window_left, wr = cfg->causal ? 0 : cfg->window_right;
-    const float cap = (float)cfg->softcap;
-    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], d = q->shape[3];
-    const int64_t Sk = k->shape[1], Hk = k->shape[2], dv = v->shape[3];
-    const int64_t group = H / Hk;
-    const float scale = 1.0f / sqrtf((float)d);
-    const int by_head = B * H >= threads;
-    const int team = by_head ? threads : 1;
-    if (blas_threads) blas_threads(by_head ? 1 : threads);
+    const int64_t heads = q->shape[0] * q->shape[2], Sq = q->shape[1], Sk = k->shape[1];
+    const int by_head = blas_by_head(heads, threads), team = by_head ? threads : 1;
     float *S = malloc((size_t)team * (size_t)Sq * (size_t)Sk * sizeof(float)); /* [team][Sq][Sk] */
     if (!S) return -1;
 #ifdef _OPENMP
+    const int omp_default = omp_get_max_threads(); /* an OpenMP build of OpenBLAS sets it with its own */
+#endif
+    if (blas_threads) blas_threads(by_head ? 1 : threads);
+    if (by_head) {
+#ifdef _OPENMP
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1)
 #endif
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        const int64_t b = bh / H, h = bh % H;
+        for (int64_t bh = 0; bh < heads; bh++) {
 #ifdef _OPENMP
-        float *St = S + (size_t)omp_get_thread_num() * (size_t)Sq * (size_t)Sk;
+            float *St = S + (size_t)omp_get_thread_num() * (size_t)Sq * (size_t)Sk;
 #else
-        float *St = S;
+            float *St = S;
 #endif
-        const float *qh = (const float *)q->data + (b * Sq * H + h) * d;
-        const float *kh = (const float *)k->data + (b * Sk * Hk + h / group) * d;
-        const float *vh = (const float *)v->data + (b * Sk * Hk + h / group) * dv;
-        float *oh = (float *)o->data + (b * Sq * H + h) * dv;
-        blas_sgemm(ROW_MAJOR, NO_TRANS, TRANS, (int)Sq, (int)Sk, (int)d, scale, qh, (int)(H * d), kh,
-                   (int)(Hk * d), 0.0f, St, (int)Sk);
-        if (by_head) {
-            blas_softmax_rows(St, 0, Sq, Sq, Sk, wl, wr, cap);
-        } else {
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static)
-#endif
-            for (int64_t i = 0; i < Sq; i++) blas_softmax_rows(St, i, i + 1, Sq, Sk, wl, wr, cap);
+            blas_head(q, k, v, o, cfg, bh, St, 1);
         }
-        blas_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)Sq, (int)dv, (int)Sk, 1.0f, St, (int)Sk, vh, (int)(Hk * dv),
-                   0.0f, oh, (int)(H * dv));
+    } else {
+        for (int64_t bh = 0; bh < heads; bh++) blas_head(q, k, v, o, cfg, bh, S, threads);
     }
+#ifdef _OPENMP
+    omp_set_num_threads(omp_default);
+#endif
     free(S);
     return 0;
 }
@@ -1254,7 +1312,7 @@ static double estimate_bytes(const char *impl, int bwd, double n, double d, cons
     if (strcmp(impl, "standard") == 0)
         bytes += 4.0 * n * (n + 16);                          /* the N x N scores S (and P in place) */
     if (strcmp(impl, "blas") == 0)                           /* one S a thread when the heads are split */
-        bytes += 4.0 * n * (n + 16) * (B * H >= cfg->threads ? cfg->threads : 1);
+        bytes += 4.0 * n * (n + 16) * (cfg->most_threads > 1 ? cfg->most_threads : 1);
     bytes += (double)cfg->threads * (2 << 20);               /* per-thread scratch allowance */
     return bytes;
 }
@@ -1576,8 +1634,7 @@ static int bench_main(int argc, char **argv)
     const int impls_given = impls != NULL;
     if (!impls) {
 #ifdef FA_HAVE_BLAS
-        /* an address-space limit OpenBLAS cannot run under: left out (a removed library: below) */
-        impls = blas_room(0, most_threads) == 0 ? "flash,standard,blas" : "flash,standard";
+        impls = "flash,standard,blas"; /* left out below where it cannot run (limits, a removed library) */
 #else
         impls = "flash,standard";
 #endif
@@ -1592,8 +1649,6 @@ static int bench_main(int argc, char **argv)
         if (strcmp(names[c], "blas") == 0) {
 #ifndef FA_HAVE_BLAS
             return cli_die("bench: impl 'blas' is not built (install libopenblas-dev and rebuild)");
-#else
-            if (blas_room(1, most_threads) != 0) return 2;
 #endif
         } else if (fa_impl_from_name(names[c], &dummy) != FA_OK) {
             return cli_die("bench: --impl: unknown implementation '%s' (expected flash, reference, standard or "
@@ -1622,7 +1677,10 @@ static int bench_main(int argc, char **argv)
 
     /* memory: every configuration must fit in what the system has available */
     const double avail = mem_available();
-    double seconds_at_peak_flops = 0.0;
+    double seconds_at_peak_flops = 0.0, blas_row_bytes = 0.0;
+#ifdef FA_HAVE_BLAS
+    cfg.most_threads = most_threads;
+#endif
     char b1[32], b2[32];
     for (int a = 0; a < nd; a++)
         for (int b = 0; b < nn; b++)
@@ -1630,6 +1688,8 @@ static int bench_main(int argc, char **argv)
                 for (int p = 0; p < 2; p++) {
                     if (!do_pass[p] || (p == 1 && !has_backward(names[c]))) continue;
                     double need = estimate_bytes(names[c], p, (double)ns[b], (double)ds[a], &cfg);
+                    if (strcmp(names[c], "blas") == 0 && p == 0 && cfg.dtype == FA_F32 && need > blas_row_bytes)
+                        blas_row_bytes = need;
                     if (avail > 0 && need > avail)
                         return cli_die("bench: %s %s N=%lld d=%lld needs about %s (Q, K, V, O%s%s), more than the "
                                        "%s available (MemAvailable); use smaller --n, --d, --batch or --heads",
@@ -1690,7 +1750,7 @@ static int bench_main(int argc, char **argv)
      * (float32 forward rows); a library removed since the build drops blas from the default list */
     for (int c = 0; c < nimpl; c++) {
         if (strcmp(names[c], "blas") != 0 || cfg.dtype != FA_F32 || !do_pass[0]) continue;
-        if (blas_open(impls_given, most_threads) == 0) continue;
+        if (blas_open(impls_given, most_threads, blas_row_bytes) == 0) continue;
         if (impls_given) return 2;
         for (int x = c; x + 1 < nimpl; x++) names[x] = names[x + 1];
         nimpl--, c--;
