@@ -104,6 +104,10 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name, const char **
  */
 int cli_opt_flag(char **argv, int i, const char *name);
 
+/* Whether text is written as the CLI's numbers are (docs/cli.md): a digit, or '-' and a
+ * digit, first, and no hexadecimal 'x' — what strtol/strtod alone would not refuse. */
+int cli_is_decimal(const char *text);
+
 /* Parse a whole decimal integer in [lo, hi] / a finite double (subnormals
  * accepted; overflow and underflow to 0 refused as too large / too small);
  * on error print "flashattn: OPT: ..." and return -1, else 0. */

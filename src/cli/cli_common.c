@@ -164,14 +164,19 @@ int cli_opt_flag(char **argv, int i, const char *name)
     return 1;
 }
 
+int cli_is_decimal(const char *text)
+{
+    const char *digits = text[0] == '-' ? text + 1 : text;
+    return digits[0] >= '0' && digits[0] <= '9' && !strpbrk(text, "xX");
+}
+
 int cli_parse_int(const char *opt, const char *text, long long lo, long long hi, long long *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    /* a digit or '-' first: strtoll also skips blanks and takes '+' */
-    const int lead = (text[0] >= '0' && text[0] <= '9') || text[0] == '-';
-    if (end == text || *end != '\0' || errno == ERANGE || !lead || v < lo || v > hi) {
+    /* strtoll also skips blanks and takes '+' */
+    if (end == text || *end != '\0' || errno == ERANGE || !cli_is_decimal(text) || v < lo || v > hi) {
         cli_die("%s: expected an integer in %lld..%lld, got '%s'", opt, lo, hi, text);
         return -1;
     }
@@ -184,11 +189,8 @@ int cli_parse_double(const char *opt, const char *text, double *out)
     char *end;
     errno = 0;
     double v = strtod(text, &end);
-    /* decimal, a digit or '-' and a digit first (docs/cli.md): strtod also takes a blank,
-     * '+', ".5" and hexadecimal "0x1p-2", which the integer options refuse */
-    const char *digits = text[0] == '-' ? text + 1 : text;
-    const int decimal = digits[0] >= '0' && digits[0] <= '9' && !strpbrk(text, "xX");
-    if (!decimal) {
+    /* strtod also takes a blank, '+', ".5" and hexadecimal "0x1p-2" */
+    if (!cli_is_decimal(text)) {
         cli_die("%s: expected a decimal number (a digit or '-' first; no '+', '.5' or hex), got '%s'", opt, text);
         return -1;
     }

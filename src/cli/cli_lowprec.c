@@ -75,8 +75,7 @@ static int parse_number(const char *text, double *out)
 {
     char *end;
     errno = 0;
-    const char *digits = text[0] == '-' ? text + 1 : text;
-    if (!(digits[0] >= '0' && digits[0] <= '9') || strpbrk(text, "xX")) return 0;
+    if (!cli_is_decimal(text)) return 0;
     double v = strtod(text, &end);
     if (end == text || *end != '\0') return 0;
     *out = v;

@@ -321,14 +321,12 @@ static int blas_parallel; /* openblas_get_parallel(): 0 a serial build (no concu
 /* A /proc/self/statm field (1: the address space in use, 6: data and stack), in bytes. */
 static size_t statm_bytes(int field)
 {
-    unsigned long v[7] = {0, 0, 0, 0, 0, 0, 0};
+    unsigned long v[7];
     FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%lu %lu %lu %lu %lu %lu %lu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]) != 7)
-            v[field - 1] = 0;
-        fclose(f);
-    }
-    return (size_t)v[field - 1] * (size_t)sysconf(_SC_PAGESIZE);
+    if (!f) return 0;
+    const int got = fscanf(f, "%lu %lu %lu %lu %lu %lu %lu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]);
+    fclose(f);
+    return got == 7 ? (size_t)v[field - 1] * (size_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
 /*
@@ -1826,8 +1824,6 @@ static int bench_main(int argc, char **argv)
                     for (int t = 0; t < nt; t++) {
                         cfg.threads = (int)ts[t];
                         cfg.peak = peaks[t];
-#ifdef FA_HAVE_BLAS
-#endif
                         rng = row_rng;
                         int r = bench_one(names[c], p, ns[b], ds[a], &cfg, &rng, &rate[a][b][p][c][t]);
                         if (r > rc) rc = r;
