@@ -8,8 +8,53 @@ pass=0; fail=0; failed=""
 times="$build/suite-times.txt"; : >"$times"
 t_start=$(date +%s)
 lap() { now=$(date +%s); echo "$((now - t_start)) $1" >>"$times"; t_start=$now; }
+# Under the sanitizers (make sanitize sets FA_SANITIZED) the scripts that only
+# build, install or package another copy of the project add build time and no
+# sanitizer coverage of the library: they run in the plain `make test`.
+san_skip="test_install.sh test_python_install.sh test_plots.sh test_probes.sh test_tsan.sh test_neon.sh test_mpi.sh test_mpi_cli.sh"
+san_skipped() { [ -n "${FA_SANITIZED:-}" ] && case " $san_skip " in *" $1 "*) true ;; *) false ;; esac; }
+
+# A second lane, on a machine with 2 or more CPUs: the suites in $beside run one after
+# another in the background while the loops below run the rest (CI's 30 minutes on a
+# 2-core machine: the four took ~225 of `make test`'s ~420 s there, and test_memory
+# and test_tutorials.sh ~145 of the sanitized suite's). They were picked because they
+# share nothing with the others: their own trees or temporary directories
+# (test_neon.sh builds in $build/neon, test_python_install.sh in temporary ones),
+# nothing timed, no Open MPI (its ranks spin while they wait, and the MPI suites stay
+# in the main lane). Their output is printed after the main lane's.
+# FA_TEST_LANES=1 runs everything in one lane, in the old order.
+beside=""
+ncpu=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+if [ "${FA_TEST_LANES:-2}" != 1 ] && [ "$ncpu" -ge 2 ] 2>/dev/null; then
+    for name in test_neon.sh test_python_install.sh test_tutorials.sh test_memory; do
+        san_skipped "$name" || beside="$beside $name"
+    done
+fi
+is_beside() { case " $beside " in *" $1 "*) true ;; *) false ;; esac; }
+lane=$build/lane2
+rm -rf "$lane"
+if [ -n "$beside" ]; then
+    mkdir -p "$lane"
+    (
+        for name in $beside; do
+            s=$(date +%s)
+            case $name in
+                *.sh) sh "tests/$name" "$build" >"$lane/$name.log" 2>&1 ;;
+                *) if [ -x "$build/tests/$name" ]; then "$build/tests/$name" >"$lane/$name.log" 2>&1
+                   else echo "$name skip 0" >>"$lane/status"; continue; fi ;;
+            esac
+            rc=$?
+            echo "$name $rc $(($(date +%s) - s))" >>"$lane/status"
+        done
+        echo done >>"$lane/status"
+    ) &
+    lane_pid=$!
+    echo "(beside the loops below, in a second lane: $beside)"
+fi
+
 for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
+    is_beside "$(basename "$t")" && continue
     echo "=== $(basename "$t")"
     if "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $(basename "$t")"; fi
     lap "$(basename "$t")"
@@ -33,13 +78,10 @@ for isa in $isas; do
         lap "$s/$isa"
     done
 done
-# Under the sanitizers (make sanitize sets FA_SANITIZED) the scripts that only
-# build, install or package another copy of the project add build time and no
-# sanitizer coverage of the library: they run in the plain `make test`.
-san_skip="test_install.sh test_python_install.sh test_plots.sh test_probes.sh test_tsan.sh test_neon.sh test_mpi.sh test_mpi_cli.sh"
 for t in tests/test_*.sh; do
     [ -f "$t" ] || continue
-    if [ -n "${FA_SANITIZED:-}" ] && echo " $san_skip " | grep -q " $(basename "$t") "; then
+    is_beside "$(basename "$t")" && continue
+    if san_skipped "$(basename "$t")"; then
         echo "=== $(basename "$t"): skipped under the sanitizers (runs in make test)"
         continue
     fi
@@ -51,6 +93,22 @@ if ls tests/test_*.py >/dev/null 2>&1; then
     echo "=== pytest tests/"
     if FA_BUILD="$build" python3 -m pytest -q tests; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed pytest"; fi
     lap pytest
+fi
+if [ -n "$beside" ]; then
+    wait "$lane_pid"
+    for name in $beside; do
+        line=$(grep "^$name " "$lane/status" 2>/dev/null)
+        [ "$(echo "$line" | cut -d' ' -f2)" = skip ] && continue
+        echo "=== $name (ran in the second lane)"
+        cat "$lane/$name.log" 2>/dev/null
+        if [ -n "$line" ] && [ "$(echo "$line" | cut -d' ' -f2)" = 0 ]; then
+            pass=$((pass+1))
+        else
+            fail=$((fail+1)); failed="$failed $name"
+        fi
+        [ -n "$line" ] && echo "$(echo "$line" | cut -d' ' -f3) $name (second lane)" >>"$times"
+    done
+    grep -qx done "$lane/status" 2>/dev/null || { fail=$((fail+1)); failed="$failed second-lane"; }
 fi
 echo
 echo "slowest suites (seconds; all in $times):"
