@@ -29,8 +29,9 @@
  *                 of 8 (default 0; 16 is about the bf16 kernels' arithmetic per line)
  *   Prints GB/s (K and V bytes once over the best of 5 cold passes; a 1 GiB read before
  *   each pass, not timed, evicts the caches).
- *   AVX-512 only (the figures came from an AVX-512 core):
+ *   AVX-512 (the first figures came from an AVX-512 core) or AVX2 (two 8-lane halves a line):
  *   build: cc -O2 -mavx512f -mfma tools/decode_pattern.c -o decode_pattern
+ *          cc -O2 -mavx2 -mfma tools/decode_pattern.c -o decode_pattern
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -51,14 +52,22 @@ static double now(void)
 enum { H = 8, D = 128 };
 static const long N = 32768;
 
+#ifdef __AVX512F__
 static __m512i acc;
 static __m512 f[8];
+#else
+static __m256i acc;
+static __m256 f[8];
+#endif
 static int fmas;
 
 /* Read one row (bytes long, 64-byte aligned): XOR every line into acc, and do `fmas` FMAs
- * per line on it into 8 independent accumulators (held in registers for the row). */
+ * per line on it into 8 independent accumulators (held in registers for the row). AVX2:
+ * a line is two 8-lane halves, and each 16-lane FMA of FMAS is two 8-lane ones, so the
+ * arithmetic per line is the same count of float32 multiply-adds. */
 static void use_row(const char *row, size_t bytes)
 {
+#ifdef __AVX512F__
     const __m512 m = _mm512_set1_ps(0.9999f);
     __m512i x_acc = acc;
     __m512 f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3], f4 = f[4], f5 = f[5], f6 = f[6], f7 = f[7];
@@ -73,6 +82,27 @@ static void use_row(const char *row, size_t bytes)
             f6 = _mm512_fmadd_ps(w, m, f6); f7 = _mm512_fmadd_ps(w, m, f7);
         }
     }
+#else
+    const __m256 m = _mm256_set1_ps(0.9999f);
+    __m256i x_acc = acc;
+    __m256 f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3], f4 = f[4], f5 = f[5], f6 = f[6], f7 = f[7];
+    for (size_t b = 0; b < bytes; b += 64) {
+        const __m256i v0 = _mm256_load_si256((const __m256i *)(const void *)(row + b));
+        const __m256i v1 = _mm256_load_si256((const __m256i *)(const void *)(row + b + 32));
+        x_acc = _mm256_xor_si256(x_acc, _mm256_xor_si256(v0, v1));
+        const __m256 w0 = _mm256_castsi256_ps(v0), w1 = _mm256_castsi256_ps(v1);
+        for (int k = 0; k < fmas; k += 8) {
+            f0 = _mm256_fmadd_ps(w0, m, f0); f1 = _mm256_fmadd_ps(w0, m, f1);
+            f2 = _mm256_fmadd_ps(w0, m, f2); f3 = _mm256_fmadd_ps(w0, m, f3);
+            f4 = _mm256_fmadd_ps(w0, m, f4); f5 = _mm256_fmadd_ps(w0, m, f5);
+            f6 = _mm256_fmadd_ps(w0, m, f6); f7 = _mm256_fmadd_ps(w0, m, f7);
+            f0 = _mm256_fmadd_ps(w1, m, f0); f1 = _mm256_fmadd_ps(w1, m, f1);
+            f2 = _mm256_fmadd_ps(w1, m, f2); f3 = _mm256_fmadd_ps(w1, m, f3);
+            f4 = _mm256_fmadd_ps(w1, m, f4); f5 = _mm256_fmadd_ps(w1, m, f5);
+            f6 = _mm256_fmadd_ps(w1, m, f6); f7 = _mm256_fmadd_ps(w1, m, f7);
+        }
+    }
+#endif
     acc = x_acc;
     f[0] = f0; f[1] = f1; f[2] = f2; f[3] = f3; f[4] = f4; f[5] = f5; f[6] = f6; f[7] = f7;
 }
@@ -144,7 +174,11 @@ int main(int argc, char **argv)
     memset(K, 1, total);
     memset(V, 2, total);
     memset(E, 3, evb);
+#ifdef __AVX512F__
     for (int k = 0; k < 8; k++) f[k] = _mm512_set1_ps((float)(k + 1)); /* far from subnormal sums */
+#else
+    for (int k = 0; k < 8; k++) f[k] = _mm256_set1_ps((float)(k + 1));
+#endif
     double best = 1e30;
     volatile uint64_t sink = 0;
     for (int pass = 0; pass < 5; pass++) {
@@ -210,9 +244,21 @@ int main(int argc, char **argv)
         const double t = now() - t0;
         if (t < best) best = t;
     }
+#ifdef __AVX512F__
     __m512 t = f[0];
     for (int k = 1; k < 8; k++) t = _mm512_add_ps(t, f[k]);
     const double s = (double)_mm512_reduce_add_ps(t) + (double)_mm512_reduce_add_epi64(acc);
+#else
+    __m256 t = f[0];
+    for (int k = 1; k < 8; k++) t = _mm256_add_ps(t, f[k]);
+    float tl[8];
+    long long al[4];
+    _mm256_storeu_ps(tl, t);
+    _mm256_storeu_si256((__m256i *)(void *)al, acc);
+    double s = 0.0;
+    for (int k = 0; k < 8; k++) s += (double)tl[k];
+    for (int k = 0; k < 4; k++) s += (double)al[k];
+#endif
     printf("elem %d B, order %d, block %d, %d FMAs/line: %.2f GB/s (checksum %g)\n", esz, order, bc, fmas,
            2.0 * (double)total / best / 1e9, s + (double)(sink & 1));
     free(K);
