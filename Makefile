@@ -30,7 +30,7 @@ override NO_OMP := 1
 endif
 endif
 ifeq ($(NO_OMP),1)
-OMPFLAGS =
+OMPFLAGS = -Wno-unknown-pragmas # the omp pragmas are meant to be ignored then (one thread)
 else
 OMPFLAGS = -fopenmp
 endif

@@ -626,6 +626,7 @@ static int residuals(const dg_ctx *cx, const dg_variant *v, const int64_t *rows,
     if (!per) return -1;
     int bad = 0;
     const int nt = (int)(nrows < cx->nt ? (nrows > 0 ? nrows : 1) : cx->nt);
+    (void)nt; /* read only by the pragma: unused without OpenMP (NO_OMP=1) */
 #pragma omp parallel num_threads(nt) reduction(+ : bad)
     {
         dg_scratch s;
@@ -2024,6 +2025,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
             const dg_variant ref = dg_variant_reference(p);
             int bad = 0;
             const int nt = (int)(cx.n < cx.nt ? cx.n : cx.nt);
+            (void)nt; /* read only by the pragma */
 #pragma omp parallel num_threads(nt) reduction(+ : bad)
             {
                 double *q = malloc((size_t)p->d * sizeof *q), *x = malloc((size_t)p->d * sizeof *x);
@@ -2058,6 +2060,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         int bad = 0;
         const dg_variant ref = dg_variant_reference(p);
         const int nt = (int)(cx.n < cx.nt ? cx.n : cx.nt);
+        (void)nt; /* read only by the pragma */
 #pragma omp parallel num_threads(nt) reduction(+ : bad)
         {
             dg_scratch s;

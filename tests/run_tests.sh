@@ -24,7 +24,7 @@ san_skipped() { [ -n "${FA_SANITIZED:-}" ] && case " $san_skip " in *" $1 "*) tr
 # in the main lane). Their output is printed after the main lane's.
 # FA_TEST_LANES=1 runs everything in one lane, in the old order.
 beside=""
-ncpu=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+ncpu=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1) # nproc: the CPUs this process may use
 if [ "${FA_TEST_LANES:-2}" != 1 ] && [ "$ncpu" -ge 2 ] 2>/dev/null; then
     for name in test_neon.sh test_python_install.sh test_tutorials.sh test_memory; do
         san_skipped "$name" || beside="$beside $name"
