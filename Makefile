@@ -30,13 +30,14 @@ override NO_OMP := 1
 endif
 endif
 ifeq ($(NO_OMP),1)
-OMPFLAGS = -Wno-unknown-pragmas # the omp pragmas are meant to be ignored then (one thread)
+OMPFLAGS =
+NOOMP_WARN = -Wno-unknown-pragmas # the omp pragmas are meant to be ignored then (one thread)
 else
 OMPFLAGS = -fopenmp
 endif
 
 CFLAGS  ?=
-CFLAGS  += $(CSTD) $(WARN) $(OPT) $(OMPFLAGS) -fPIC -Iinclude -Isrc
+CFLAGS  += $(CSTD) $(WARN) $(NOOMP_WARN) $(OPT) $(OMPFLAGS) -fPIC -Iinclude -Isrc
 LDLIBS  += -lm
 LDFLAGS += $(OMPFLAGS)
 
@@ -194,7 +195,7 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(wildcard tests/*.h) $(BUILD)/libfl
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT) $(TEST_OBJS) $(BUILD)/libflashattn.a $(LDFLAGS) -lcmocka $(LDLIBS)
 
 test: check-deps
-	@$(MAKE) --no-print-directory $(TEST_BINS)
+	@$(MAKE) --no-print-directory $(TEST_BINS) all
 	@sh tests/run_tests.sh $(BUILD)
 
 bench: $(BUILD)/flashattn

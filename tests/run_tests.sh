@@ -1,7 +1,32 @@
 #!/bin/sh
 # Run every CMocka suite in $1/tests and the script tests; print one summary
 # line "N passed, N failed" and exit non-zero if anything failed.
+# Internal: `run_tests.sh --lane BUILD LANE_DIR MAIN_PID SUITE...` is the second lane (below):
+# it runs the suites one after another, one line each in LANE_DIR/status, and starts no
+# more once the main run (MAIN_PID) is gone.
+if [ "${1:-}" = --lane ]; then
+    build=$2 lane=$3 main=$4
+    shift 4
+    echo $$ >"$lane/pid" # its process group when started by setsid
+    for name in "$@"; do
+        kill -0 "$main" 2>/dev/null || break
+        s=$(date +%s)
+        case $name in
+            *.sh) sh "tests/$name" "$build" >"$lane/$name.log" 2>&1 ;;
+            *) if [ -x "$build/tests/$name" ]; then "$build/tests/$name" >"$lane/$name.log" 2>&1
+               else echo "$name skip 0" >>"$lane/status"; continue; fi ;;
+        esac
+        rc=$?
+        echo "$name $rc $(($(date +%s) - s))" >>"$lane/status"
+    done
+    echo done >>"$lane/status"
+    exit 0
+fi
 build=${1:-build}
+# From any directory: the build directory made absolute, then the repository root.
+case $build in /*) ;; *) build=$(pwd)/$build ;; esac
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+cd "$(dirname "$self")/.." || exit 2
 pass=0; fail=0; failed=""
 # Each suite's wall seconds go to $build/suite-times.txt (slowest first at the end), so CI's
 # 30 minutes can be budgeted from a log rather than guessed.
@@ -19,36 +44,38 @@ san_skipped() { [ -n "${FA_SANITIZED:-}" ] && case " $san_skip " in *" $1 "*) tr
 # 2-core machine: the four took ~225 of `make test`'s ~420 s there, and test_memory
 # and test_tutorials.sh ~145 of the sanitized suite's). They were picked because they
 # share nothing with the others: their own trees or temporary directories
-# (test_neon.sh builds in $build/neon, test_python_install.sh in temporary ones),
+# (test_neon.sh builds in $build/neon, test_python_install.sh in temporary ones; the
+# `test` target builds `all` first, so its editable install's make has nothing to link),
 # nothing timed, no Open MPI (its ranks spin while they wait, and the MPI suites stay
-# in the main lane). Their output is printed after the main lane's.
-# FA_TEST_LANES=1 runs everything in one lane, in the old order.
+# in the main lane). Their output is printed after the main lane's. The lane runs in a
+# process group of its own (setsid), which an interrupt or kill of this run stops too.
+# FA_TEST_LANES=1 (or 0) runs everything in one lane, in the old order.
 beside=""
-ncpu=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1) # nproc: the CPUs this process may use
-if [ "${FA_TEST_LANES:-2}" != 1 ] && [ "$ncpu" -ge 2 ] 2>/dev/null; then
+# nproc counts the CPUs this process may use (its affinity), but follows OMP_NUM_THREADS
+ncpu=$(OMP_NUM_THREADS= OMP_THREAD_LIMIT= nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+case ${FA_TEST_LANES:-2} in 0 | 1) ncpu=1 ;; esac
+if [ "$ncpu" -ge 2 ] 2>/dev/null; then
     for name in test_neon.sh test_python_install.sh test_tutorials.sh test_memory; do
-        san_skipped "$name" || beside="$beside $name"
+        san_skipped "$name" || beside="${beside:+$beside }$name"
     done
 fi
 is_beside() { case " $beside " in *" $1 "*) true ;; *) false ;; esac; }
-lane=$build/lane2
-rm -rf "$lane"
+rm -rf "$build"/lane2 "$build"/lane2.*
+lane=$build/lane2.$$ # this run's own: a lane left over from a killed run writes elsewhere
 if [ -n "$beside" ]; then
     mkdir -p "$lane"
-    (
-        for name in $beside; do
-            s=$(date +%s)
-            case $name in
-                *.sh) sh "tests/$name" "$build" >"$lane/$name.log" 2>&1 ;;
-                *) if [ -x "$build/tests/$name" ]; then "$build/tests/$name" >"$lane/$name.log" 2>&1
-                   else echo "$name skip 0" >>"$lane/status"; continue; fi ;;
-            esac
-            rc=$?
-            echo "$name $rc $(($(date +%s) - s))" >>"$lane/status"
-        done
-        echo done >>"$lane/status"
-    ) &
+    if setsid -w true 2>/dev/null; then # -w: wait, should setsid have to fork
+        setsid -w sh "$self" --lane "$build" "$lane" $$ $beside &
+    else
+        sh "$self" --lane "$build" "$lane" $$ $beside &
+    fi
     lane_pid=$!
+    stop_lane() {
+        lp=$(cat "$lane/pid" 2>/dev/null)
+        [ -n "$lp" ] && kill -TERM "-$lp" 2>/dev/null # its group (dash takes no "--" here)
+        kill -TERM "$lane_pid" 2>/dev/null
+    }
+    trap 'trap - INT TERM HUP; stop_lane; exit 130' INT TERM HUP
     echo "(beside the loops below, in a second lane: $beside)"
 fi
 
@@ -95,12 +122,15 @@ if ls tests/test_*.py >/dev/null 2>&1; then
     lap pytest
 fi
 if [ -n "$beside" ]; then
+    echo "=== waiting for the second lane ($beside)"
     wait "$lane_pid"
+    trap - INT TERM HUP
     for name in $beside; do
         line=$(grep "^$name " "$lane/status" 2>/dev/null)
         [ "$(echo "$line" | cut -d' ' -f2)" = skip ] && continue
         echo "=== $name (ran in the second lane)"
         cat "$lane/$name.log" 2>/dev/null
+        [ -n "$line" ] || echo "$name: no result (the second lane did not finish it)"
         if [ -n "$line" ] && [ "$(echo "$line" | cut -d' ' -f2)" = 0 ]; then
             pass=$((pass+1))
         else
