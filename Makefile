@@ -194,8 +194,12 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(wildcard tests/*.h) $(BUILD)/libfl
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT) $(TEST_OBJS) $(BUILD)/libflashattn.a $(LDFLAGS) -lcmocka $(LDLIBS)
 
+# The shared library first: two suites that may run at once (test_install.sh's make install,
+# test_python_install.sh's editable install) would otherwise both link it on a fresh tree.
+# The sanitizer suite makes none (its Python tests skip): mk/reliability.mk passes TEST_SO=.
+TEST_SO ?= $(BUILD)/libflashattn.so
 test: check-deps
-	@$(MAKE) --no-print-directory $(TEST_BINS) all
+	@$(MAKE) --no-print-directory $(TEST_BINS) $(TEST_SO)
 	@sh tests/run_tests.sh $(BUILD)
 
 bench: $(BUILD)/flashattn

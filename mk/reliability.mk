@@ -69,7 +69,7 @@ sanitize: sanitize-asan sanitize-valgrind
 sanitize-asan:
 	CFLAGS="$(SAN_FLAGS)" LDFLAGS="$(SAN_FLAGS)" $(SAN_ENV) \
 	    $(MAKE) --no-print-directory BUILD=$(SAN_BUILD) CC=clang NO_OMP=$(SAN_NO_OMP) NO_BLAS=1 \
-	    NO_AVX512=$(SAN_NO_AVX512) test
+	    NO_AVX512=$(SAN_NO_AVX512) TEST_SO= test
 
 sanitize-valgrind:
 	@$(MAKE) --no-print-directory BUILD=$(VG_BUILD) $(VG_BUILD)/flashattn

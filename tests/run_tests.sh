@@ -45,7 +45,7 @@ san_skipped() { [ -n "${FA_SANITIZED:-}" ] && case " $san_skip " in *" $1 "*) tr
 # and test_tutorials.sh ~145 of the sanitized suite's). They were picked because they
 # share nothing with the others: their own trees or temporary directories
 # (test_neon.sh builds in $build/neon, test_python_install.sh in temporary ones; the
-# `test` target builds `all` first, so its editable install's make has nothing to link),
+# `test` target links the shared library first, so its editable install has nothing to link),
 # nothing timed, no Open MPI (its ranks spin while they wait, and the MPI suites stay
 # in the main lane). Their output is printed after the main lane's. The lane runs in a
 # process group of its own (setsid), which an interrupt or kill of this run stops too.
