@@ -625,9 +625,7 @@ static int residuals(const dg_ctx *cx, const dg_variant *v, const int64_t *rows,
     double *per = malloc((size_t)(nrows > 0 ? nrows : 1) * 2 * sizeof *per); /* row x: [2x] O, [2x+1] LSE */
     if (!per) return -1;
     int bad = 0;
-    const int nt = (int)(nrows < cx->nt ? (nrows > 0 ? nrows : 1) : cx->nt);
-    (void)nt; /* read only by the pragma: unused without OpenMP (NO_OMP=1) */
-#pragma omp parallel num_threads(nt) reduction(+ : bad)
+#pragma omp parallel num_threads((int)(nrows < cx->nt ? (nrows > 0 ? nrows : 1) : cx->nt)) reduction(+ : bad)
     {
         dg_scratch s;
         double *o = malloc((size_t)dv * sizeof *o);
@@ -2024,9 +2022,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
         if (cx.dots) {
             const dg_variant ref = dg_variant_reference(p);
             int bad = 0;
-            const int nt = (int)(cx.n < cx.nt ? cx.n : cx.nt);
-            (void)nt; /* read only by the pragma */
-#pragma omp parallel num_threads(nt) reduction(+ : bad)
+#pragma omp parallel num_threads((int)(cx.n < cx.nt ? cx.n : cx.nt)) reduction(+ : bad)
             {
                 double *q = malloc((size_t)p->d * sizeof *q), *x = malloc((size_t)p->d * sizeof *x);
                 if (!q || !x) bad++;
@@ -2059,9 +2055,7 @@ static fa_status run(const fa_problem *p, const fa_tensor *lse, const fa_diagnos
     {
         int bad = 0;
         const dg_variant ref = dg_variant_reference(p);
-        const int nt = (int)(cx.n < cx.nt ? cx.n : cx.nt);
-        (void)nt; /* read only by the pragma */
-#pragma omp parallel num_threads(nt) reduction(+ : bad)
+#pragma omp parallel num_threads((int)(cx.n < cx.nt ? cx.n : cx.nt)) reduction(+ : bad)
         {
             dg_scratch s;
             if (!scratch_alloc(&s, p)) bad++;

@@ -126,17 +126,19 @@ if [ -n "$beside" ]; then
     wait "$lane_pid"
     trap - INT TERM HUP
     for name in $beside; do
-        line=$(grep "^$name " "$lane/status" 2>/dev/null)
-        [ "$(echo "$line" | cut -d' ' -f2)" = skip ] && continue
+        line=$(grep "^$name " "$lane/status" 2>/dev/null) # "NAME RC SECONDS"
+        rc=${line#* } secs=${line##* }
+        rc=${rc%% *}
+        [ "$rc" = skip ] && continue
         echo "=== $name (ran in the second lane)"
         cat "$lane/$name.log" 2>/dev/null
-        [ -n "$line" ] || echo "$name: no result (the second lane did not finish it)"
-        if [ -n "$line" ] && [ "$(echo "$line" | cut -d' ' -f2)" = 0 ]; then
-            pass=$((pass+1))
-        else
+        if [ -z "$line" ]; then
+            echo "$name: no result (the second lane did not finish it)"
             fail=$((fail+1)); failed="$failed $name"
+            continue
         fi
-        [ -n "$line" ] && echo "$(echo "$line" | cut -d' ' -f3) $name (second lane)" >>"$times"
+        if [ "$rc" = 0 ]; then pass=$((pass+1)); else fail=$((fail+1)); failed="$failed $name"; fi
+        echo "$secs $name (second lane)" >>"$times"
     done
     grep -qx done "$lane/status" 2>/dev/null || { fail=$((fail+1)); failed="$failed second-lane"; }
 fi
