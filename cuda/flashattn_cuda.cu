@@ -472,7 +472,7 @@ static int check_forward(host_problem &hp, const harness_opts *o, long long samp
         fputs(buf.data(), stdout);
     }
     if (summary)
-        snprintf(summary, summary_n, "ratio %.3g%s lse_err %.2g", rep.ratio,
+        snprintf(summary, summary_n, "ratio %.3g row %.3g%s lse_err %.2g", rep.ratio, rep.row_ratio,
                  rep.sample_rows ? " sampled" : " all-rows", rep.lse_max_abs_err);
     fa_check_report_free(&rep);
     return pass;

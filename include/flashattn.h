@@ -61,11 +61,11 @@ extern "C" {
 /** @brief Major version: changes when the ABI breaks. */
 #define FA_VERSION_MAJOR 0
 /** @brief Minor version: new functions or fields, compatible. */
-#define FA_VERSION_MINOR 6
+#define FA_VERSION_MINOR 7
 /** @brief Patch version: fixes only. */
 #define FA_VERSION_PATCH 0
 /** @brief Library version string, "MAJOR.MINOR.PATCH". */
-#define FA_VERSION "0.6.0"
+#define FA_VERSION "0.7.0"
 /** @brief The version as one comparable number: MAJOR*10000 + MINOR*100 + PATCH. */
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -894,6 +894,17 @@ typedef struct fa_check_report {
     double score_allow_max;    /**< Emulation rules: the largest per-element score-rounding allowance (an
                                     element passes iff its error <= max(bound, its allowance); see
                                     docs/validation.md); 0 under an explicit atol/rtol. */
+
+    /* Appended in 0.7: the row rule of the bf16 / f16 emulation rules. */
+    int row_rule;              /**< 1: the row rule applied (the emulation rule for bf16 or f16): each checked
+                                    row's L2 error must be at most max(ROW_K * the emulation's L2 error on that
+                                    row + a * |ref row|_2, the row's L2 score-rounding allowance), a the
+                                    rule's atol unit (docs/validation.md, "The row rule"). */
+    int64_t row_n_fail;        /**< Rows over the row rule (they fail the check even when no element does). */
+    double row_ratio;          /**< Largest row L2 error over its row bound (<= 1 passes; 0 when no rule). */
+    int64_t row_worst_batch;   /**< The row of row_ratio: batch (-1 if none). */
+    int64_t row_worst_row;     /**< The row of row_ratio: query row. */
+    int64_t row_worst_head;    /**< The row of row_ratio: head. */
 } fa_check_report;
 
 /** @brief Set the first @p struct_size bytes of @p opt to the default check
@@ -1109,8 +1120,9 @@ FA_API int64_t fa_qscale_block(int scale_kind);
  * or scale kind, a code that is NaN or infinite (inputs must be finite) or no
  * e2m1 code, scales of the wrong shape, a NaN or infinite scale, a negative
  * NVFP4 block scale, an odd dim for packed e2m1, a fa_qtensor::scale or
- * fa_qtensor::global_scale given with a scale kind that does not use it. Nothing
- * is written on error.
+ * fa_qtensor::global_scale given with a scale kind that does not use it, and for
+ * a float32 @p out a value (code times scales) beyond float32's range (FLT_MAX;
+ * a float64 @p out holds it). Nothing is written on error.
  */
 FA_API fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out);
 

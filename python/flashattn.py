@@ -168,6 +168,8 @@ _REPORT_FIELDS = [
     ("model_max_abs_err", _D), ("model_bound", _D), ("model_n_fail", _i64),
     ("row_scale_test", _D), ("row_scale_model", _D), ("p_mismatch", ctypes.c_int),
     ("row_scale_explained", _D), ("score_allow_max", _D),
+    ("row_rule", ctypes.c_int), ("row_n_fail", _i64), ("row_ratio", _D),
+    ("row_worst_batch", _i64), ("row_worst_row", _i64), ("row_worst_head", _i64),
 ]
 
 # low-precision formats (fa_qformat) and kernel models (fa_kernel_model)
@@ -1015,6 +1017,7 @@ class CheckReport:
         self.qkv_format = names.get(rep.qkv_format, str(rep.qkv_format))
         self.p_format = names.get(rep.p_format, str(rep.p_format))
         self.p_mismatch = bool(rep.p_mismatch)
+        self.row_rule = bool(rep.row_rule)
         self.fail_rows = [dict(batch=r.batch, row=r.row, head=r.head, n_fail=r.n_fail,
                                worst_col=r.worst_col, max_abs_err=r.max_abs_err)
                           for r in rep.fail_rows[:rep.n_fail_rows]]

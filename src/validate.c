@@ -101,6 +101,34 @@ static int needs_rounding(fa_dtype src, fa_dtype dt)
 }
 
 /*
+ * The row rule (bf16 / f16 emulation rules). The element rule's bound is one number for the
+ * whole problem, set by the rows with the largest errors: in a causal, windowed or varlen
+ * problem the short rows (|O| ~ |v|) set it, and a long row (|O| ~ |v| / sqrt(keys)) can then
+ * lose keys, or see a few keys it must not, and stay under it (a window of 2000 keys instead of
+ * a causal mask at 2048 passed with errors 44x a correct kernel's on the rows it changed). So
+ * each checked row is also held to its own emulation: its L2 error at most FA_CHECK_ROW_K x
+ * the emulation's L2 error on that row + a |ref row|_2 (a: the rule's atol unit), or the L2
+ * norm of the row's score-rounding allowances where that is larger. Over d_v elements an L2
+ * norm is a steady statistic where a row's max is not; a low-precision output's error is
+ * mostly its own final rounding, which a correct kernel shares with the emulation. Not for
+ * float32 outputs: their error is accumulation noise, in which one correct kernel's row can
+ * be several times another's, and the element rule's bound is already ~4e-6 relative there.
+ * Margin measured on correct kernels: docs/validation.md, "The row rule".
+ */
+#ifndef FA_CHECK_ROW_K /* a build may set it to measure the margin */
+#define FA_CHECK_ROW_K 2.0
+#endif
+
+/* The row rule's factor for rows of dv elements: FA_CHECK_ROW_K from 64 elements on, and
+ * sqrt(64 / dv) times that for shorter rows, as an L2 norm over fewer elements spreads more
+ * (under a flat factor correct kernels' worst rows reached at most 0.61 of the bound at d_v
+ * 32-256, 0.73 at 16 and 1.21 at 8: docs/validation.md). */
+static double fa_check_row_k(int64_t dv)
+{
+    return dv >= 64 ? FA_CHECK_ROW_K : FA_CHECK_ROW_K * sqrt(64.0 / (double)(dv > 0 ? dv : 1));
+}
+
+/*
  * The score-rounding allowance (emulation rules). At logits of 10^2 .. 10^4 a float32
  * kernel's output error is its scores' own rounding, and how that lands on the worst element
  * differs from the emulation's by a random factor that the rule's 2x does not cover (the
@@ -521,6 +549,9 @@ typedef struct row_result {
     double lse_emu2;    /* the same, its row sum in FlashAttention-2's order */
     double lse_test;    /* tested LSE (NAN if none given) */
     double lse_offset;  /* FlashAttention-2's causal-ALiBi offset slope*(i+Sk-Sq), else 0 */
+    /* the row rule's sums over the row's d_v elements (verdict_out): squared tested error (+inf when
+     * an element is not finite), squared emulation error, squared reference, squared allowance */
+    double row_err2, row_emu2, row_ref2, row_allow2;
 } row_result;
 
 /*
@@ -797,7 +828,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
     float *absref = cx->absref + w * dv;
     float *allow = cx->allow + w * dv;
     const int allow_on = !empty && !keep && ld > 0.0; /* none under dropout, which it does not model */
-    double row_tr = 0.0, row_rr = 0.0, row_mr = 0.0, row_tt = 0.0, row_ee = 0.0;
+    double row_tr = 0.0, row_rr = 0.0, row_mr = 0.0, row_tt = 0.0, row_ee = 0.0, row_emu2 = 0.0, row_allow2 = 0.0;
     int row_finite = 1;
     for (int64_t c = 0; c < dv; c++) {
         const double ref = empty ? 0.0 : s->od[c] / ld;
@@ -829,6 +860,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
         }
         if (e_emu > ps->emu_max) ps->emu_max = e_emu;
         ps->emu_sum += e_emu;
+        row_emu2 += e_emu * e_emu;
         if (fabs(ref) > ps->max_abs_ref) ps->max_abs_ref = fabs(ref);
         double e;
         if (isfinite(test)) {
@@ -844,6 +876,7 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
         /* sum_j (P_j sigma_j)^2 (v_jc - O_c)^2, expanded; P normalized by 1/ld^2 */
         const double ss = allow_on ? (s->ov2[c] - 2.0 * ref * s->ov2[dv + c] + ref * ref * wsum) / (ld * ld) : 0.0;
         allow[c] = (float)(FA_CHECK_SCORE_K * sqrt(ss > 0.0 ? ss : 0.0));
+        row_allow2 += (double)allow[c] * (double)allow[c];
         /* Items are visited in increasing order per thread; ties keep the first. */
         if (e > ps->worst_err) {
             ps->worst_err = e;
@@ -854,6 +887,10 @@ static void check_row(const check_ctx *cx, int64_t w, row_scratch *s, pass1_stat
             ps->worst_emu = emu;
         }
     }
+    rr->row_err2 = row_finite ? row_ee : INFINITY;
+    rr->row_emu2 = row_emu2;
+    rr->row_ref2 = row_rr;
+    rr->row_allow2 = row_allow2;
     if (row_finite) {
         const double res = row_rr > 0.0 ? row_tt - row_tr * row_tr / row_rr : row_tt;
         ps->row_res += res > 0.0 ? res : 0.0;
@@ -973,6 +1010,7 @@ static void verdict_out(const check_ctx *cx, const fa_check_options *co, fa_chec
     const fa_problem *p = cx->p;
     const int64_t dv = p->dv;
     const double floor = 1e-3 * r->max_abs_ref;
+    const double row_k = fa_check_row_k(dv);
     double sum_rel = 0.0;
     int64_t n_rel = 0;
     for (int64_t w = 0; w < items; w++) {
@@ -1008,10 +1046,25 @@ static void verdict_out(const check_ctx *cx, const fa_check_options *co, fa_chec
             r->rows_failed++;
             note_fail_row(r, &row);
         }
+        if (r->row_rule) { /* the row rule (FA_CHECK_ROW_K); a non-finite row has failed above */
+            const row_result *rr = &cx->rr[w];
+            if (!isfinite(rr->row_err2)) continue;
+            const double e_row = sqrt(rr->row_err2);
+            double b_row = row_k * sqrt(rr->row_emu2) + atol_unit(r->dtype) * sqrt(rr->row_ref2);
+            if (sqrt(rr->row_allow2) > b_row) b_row = sqrt(rr->row_allow2);
+            const double ratio = b_row > 0.0 ? e_row / b_row : (e_row > 0.0 ? INFINITY : 0.0);
+            if (ratio > 1.0) r->row_n_fail++;
+            if (ratio > r->row_ratio) {
+                r->row_ratio = ratio;
+                r->row_worst_batch = b;
+                r->row_worst_row = row.row;
+                r->row_worst_head = h;
+            }
+        }
     }
     r->mean_rel_err = n_rel ? sum_rel / (double)n_rel : 0.0;
     r->fail_fraction = r->elements_checked ? (double)r->n_fail / (double)r->elements_checked : 0.0;
-    r->out_pass = r->n_fail == 0 && r->n_nonfinite == 0;
+    r->out_pass = r->n_fail == 0 && r->n_nonfinite == 0 && r->row_n_fail == 0;
 }
 
 /*
@@ -1042,7 +1095,11 @@ static void verdict_lse(const check_ctx *cx, const fa_check_options *co, fa_chec
         if (e2 > err_fa2) err_fa2 = e2;
         if (rr->lse_offset != 0.0) have_offset = 1;
     }
-    const int fa2 = have_offset && p->window_right == 0 && err_fa2 < err_doc;
+    /* FA2's kernel takes the +slope*j form only on its causal path: right 0 and no left bound once
+     * it has set a left window covering every key to -1 (mha_fwd); a sliding window (L, 0) runs its
+     * local path, the docstring's -slope*|i + Sk - Sq - j|, whose LSE has no offset */
+    const int fa2_causal = p->window_right == 0 && (p->window_left < 0 || p->window_left >= p->seqlen_k);
+    const int fa2 = have_offset && fa2_causal && err_fa2 < err_doc;
     r->lse_fa2_alibi_offset = fa2;
     r->lse_emu_max_abs_err = emu_max;
     /* 2 x the emulation's own error, plus a floor for the summation orders and
@@ -1167,6 +1224,7 @@ static fa_status check_resolved(const fa_tensor *q, const fa_tensor *k, const fa
     r->lse_checked = lse != NULL;
     r->worst_batch = r->worst_row = r->worst_head = r->worst_col = -1;
     r->lse_worst_batch = r->lse_worst_head = r->lse_worst_row = -1;
+    r->row_worst_batch = r->row_worst_row = r->row_worst_head = -1;
     r->n_heads = p.heads;
     r->head_fail = fa_calloc((size_t)p.heads * sizeof(int64_t));
     r->head_max_abs_err = fa_calloc((size_t)p.heads * sizeof(double));
@@ -1344,6 +1402,7 @@ static fa_status check_resolved(const fa_tensor *q, const fa_tensor *k, const fa
     }
 
     /* Pass 2. */
+    r->row_rule = !co.use_tolerance && !cx.pfmt && (dt == FA_BF16 || dt == FA_F16);
     verdict_out(&cx, &co, r, items);
     if (cx.model) r->model_n_fail = r->n_fail;
     r->lse_pass = 1;
@@ -1492,6 +1551,11 @@ size_t fa_check_report_format(const fa_check_report *report, char *buf, size_t s
                 "test %.8g  ref %.8g  emulated %.8g  |err| %.6g\n",
             DIM(r->worst_batch), DIM(r->worst_row), DIM(r->worst_head), DIM(r->worst_col),
             r->worst_test, r->worst_ref, r->worst_emu, r->max_abs_err);
+    if (r->row_rule && r->row_worst_batch >= 0)
+        put(&t, "row rule: %lld of %lld rows over it (each row's L2 error <= %.3g * the emulation's on that row "
+                "+ atol unit * |ref row|); worst (batch, row, head) = (%lld, %lld, %lld) at %.3g of its bound\n",
+            DIM(r->row_n_fail), DIM(r->rows_checked), fa_check_row_k(r->dv), DIM(r->row_worst_batch),
+            DIM(r->row_worst_row), DIM(r->row_worst_head), r->row_ratio);
     put(&t, "out of tolerance: %lld of %lld elements (%.4g%%) in %lld rows\n", DIM(r->n_fail),
         DIM(r->elements_checked), 100.0 * r->fail_fraction, DIM(r->rows_failed));
     if (r->n_nonfinite)

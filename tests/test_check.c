@@ -588,6 +588,67 @@ static void test_check_lse_fails_when_one_key_is_left_out(void **state)
     free_problem(&p);
 }
 
+/*
+ * Ensure the row rule catches what the element rule's one bound misses: a causal kernel that
+ * applies a window of 250 keys (rows past 250 lose 1..5 of their ~250 keys). The short rows'
+ * large |O| set the element bound; the long rows are each held to their own emulation. A
+ * correct bf16 output stays under every row's bound; float32 and explicit rules have no row rule.
+ */
+static void test_check_row_rule_catches_keys_lost_on_long_rows(void **state)
+{
+    (void)state;
+    problem p = make_problem(1, 256, 256, 2, 1, 32, FA_BF16, 3.0, 0);
+    fa_options opt = fa_options_default();
+    opt.causal = 1;
+    tu_tensor good = alloc_out(&p, FA_BF16), bad = alloc_out(&p, FA_BF16);
+    reference(&p, &good, NULL, &opt);
+    fa_options win = opt;
+    win.window_left = 250;
+    win.window_right = 0;
+    reference(&p, &bad, NULL, &win);
+    fa_check_options co = fa_check_options_default();
+
+    fa_check_report r = run_check(&p, &good, NULL, &opt, &co);
+    expect_verdict(&r, 1, "correct causal bf16 output");
+    assert_true(r.row_rule);
+    assert_int_equal(r.row_n_fail, 0);
+    assert_true(r.row_ratio > 0.0 && r.row_ratio < 1.0);
+    fa_check_report_free(&r);
+
+    r = run_check(&p, &bad, NULL, &opt, &co);
+    expect_verdict(&r, 0, "a window of 250 instead of causal");
+    assert_true(r.row_n_fail >= 1 && r.row_n_fail <= 2 * 5); /* rows 251..255 of 2 heads */
+    assert_true(r.row_worst_row > 250);
+    assert_true(r.row_ratio > 4.0);
+    char text[8192];
+    fa_check_report_format(&r, text, sizeof text);
+    assert_non_null(strstr(text, "row rule: "));
+    fa_check_report_free(&r);
+
+    co.use_tolerance = 1; /* explicit tolerances: no row rule */
+    co.atol = 1.0;
+    r = run_check(&p, &bad, NULL, &opt, &co);
+    assert_false(r.row_rule);
+    expect_verdict(&r, 1, "explicit atol 1");
+    fa_check_report_free(&r);
+    tu_free(&good);
+    tu_free(&bad);
+    free_problem(&p);
+
+    /* float32: no row rule (accumulation noise; the element bound is ~4e-6 relative there) */
+    problem p32 = make_problem(1, 64, 64, 1, 1, 32, FA_F32, 3.0, 0);
+    tu_tensor o32 = alloc_out(&p32, FA_F32);
+    reference(&p32, &o32, NULL, &opt);
+    co = fa_check_options_default();
+    r = run_check(&p32, &o32, NULL, &opt, &co);
+    expect_verdict(&r, 1, "float32 reference");
+    assert_false(r.row_rule);
+    assert_int_equal(r.row_worst_batch, -1);
+    fa_check_report_free(&r);
+    tu_free(&o32);
+    free_problem(&p32);
+}
+
 /* Ensure FlashAttention-2's causal-ALiBi LSE (+ slope * (i + Sk - Sq)) is recognized. */
 static void test_check_lse_accepts_flash_attention_2_alibi_offset(void **state)
 {
@@ -619,6 +680,23 @@ static void test_check_lse_accepts_flash_attention_2_alibi_offset(void **state)
     r = run_check(&p, &o, &lse, &opt, &co);
     expect_verdict(&r, 0, "wrong LSE offset");
     fa_check_report_free(&r);
+
+    /* FA2 takes the offset form only on its causal path: a left window that covers every key
+     * (>= Sk: FA2 sets it to -1) stays causal there; a sliding window (10, 0) runs its local
+     * path, with no offset, so the same shifted LSE is wrong there (a per-row bias bug) */
+    for (int wl = 0; wl < 2; wl++) {
+        opt.window_left = wl ? 40 : 10; /* Sk = 40 */
+        opt.window_right = 0;
+        reference(&p, &o, &lse, &opt);
+        for (int64_t b = 0; b < p.B; b++)
+            for (int64_t h = 0; h < p.H; h++)
+                for (int64_t i = 0; i < p.Sq; i++)
+                    l[(b * p.H + h) * p.Sq + i] += slopes_mem[b * 2 + h] * (float)(i + p.Sk - p.Sq);
+        r = run_check(&p, &o, &lse, &opt, &co);
+        expect_verdict(&r, wl, wl ? "FA2 ALiBi LSE, window covering every key" : "offset LSE under a sliding window");
+        assert_int_equal(r.lse_fa2_alibi_offset, wl);
+        fa_check_report_free(&r);
+    }
     tu_free(&o);
     tu_free(&lse);
     free_problem(&p);
@@ -805,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_check_lse_accepts_either_infinity_for_empty_rows),
         cmocka_unit_test(test_check_lse_fails_when_one_key_is_left_out),
         cmocka_unit_test(test_check_lse_accepts_flash_attention_2_alibi_offset),
+        cmocka_unit_test(test_check_row_rule_catches_keys_lost_on_long_rows),
         cmocka_unit_test(test_check_explicit_tolerance_replaces_the_rule),
         cmocka_unit_test(test_check_rejects_bad_arguments_naming_the_tensor),
         cmocka_unit_test(test_check_refuses_inputs_beyond_the_emulated_range),

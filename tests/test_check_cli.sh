@@ -93,6 +93,7 @@ o5 = o.astype("<f4").copy(); o5[0, 2, 1, 5] = np.nan; np.save("o_nan.npy", o5)
 for n, a in (("qv", q), ("kv", k), ("vv", v)):
     np.save(n + ".npy", a.astype("<f4"))
 np.save("ov_ref.npy", bf16_value(bf16_bits(o)))
+np.save("ov_row32.npy", o2.astype("<f4"))                   # float32 values, one row off: no hint
 # f16 problem
 qh = (rng.standard_normal((2, 16, 2, 16))).astype("<f2")
 kh = (rng.standard_normal((2, 20, 2, 16))).astype("<f2")
@@ -141,6 +142,12 @@ grep -q "NON-FINITE: 1 tested elements" out.txt || bad "NaN not reported"
 expect 1 "wrong LSE" -- -q qb.npy -k kb.npy -v vb.npy --out ob_ref.npy --lse lse_bad.npy --causal
 grep -q "lse worst (batch, head, row) = (0, 1, 7)" out.txt || bad "LSE worst row not reported"
 expect 1 "tight explicit atol" -- -q qb.npy -k kb.npy -v vb.npy --out ob_ref.npy --causal --atol 1e-6
+# a bf16 output saved as float32, float32 inputs, no --dtype: float32's rule fails it, and says why
+expect 1 "bf16 values as float32 without --dtype" -- -q qv.npy -k kv.npy -v vv.npy --out ov_ref.npy --causal
+grep -q "rule: f32 emulation" out.txt || bad "float32 files should get the f32 rule"
+grep -q "^hint: every value of ov_ref.npy is a bf16 value.*--dtype bf16" out.txt || bad "no bf16 hint: $(grep hint out.txt)"
+expect 1 "float32 values one row off" -- -q qv.npy -k kv.npy -v vv.npy --out ov_row32.npy --causal
+grep -q "^hint:" out.txt && bad "a hint for an output that is not bf16-valued"
 
 # ---- bad usage or input: exit 2, one line naming the file ------------------------
 expect_usage "tested output shape disagrees" o_short.npy -- -q qb.npy -k kb.npy -v vb.npy --out o_short.npy

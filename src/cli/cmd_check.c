@@ -124,6 +124,33 @@ static int check_emulation_range(const fa_check_options *co, const cli_qkv *in, 
     return 0;
 }
 
+/*
+ * The narrowest of bf16 and f16 that holds every value of the tested output exactly, or
+ * FA_F32 when neither does (or fewer than 64 values are nonzero: too few to tell). A bf16 or
+ * f16 kernel's output saved as float32 (numpy has no bfloat16: `.float().numpy()`) makes the
+ * default rule float32's, which fails a correct kernel by orders of magnitude.
+ */
+static fa_dtype narrow_output_dtype(const fa_npy *o)
+{
+    int64_t nonzero = 0;
+    int bf16 = 1, f16 = 1;
+    for (int64_t x = 0; x < o->numel && (bf16 || f16); x++) {
+        const double v = cli_element(o->data, o->dtype, x);
+        if (v == 0.0 || !isfinite(v)) continue;
+        nonzero++;
+        int e;
+        const double m = frexp(fabs(v), &e); /* |v| = m 2^e, m in [0.5, 1) */
+        /* bf16: 8 significant bits, float32's exponent range */
+        if (bf16 && (ldexp(m, 8) != floor(ldexp(m, 8)) || fabs(v) > 0x1.fep127 || e < -125)) bf16 = 0;
+        /* f16: 11 significant bits down to 2^-14, then multiples of 2^-24; at most 65504 */
+        if (f16 && (fabs(v) > 65504.0 || (e - 1 >= -14 ? ldexp(m, 11) != floor(ldexp(m, 11))
+                                                      : ldexp(fabs(v), 24) != floor(ldexp(fabs(v), 24)))))
+            f16 = 0;
+    }
+    if (nonzero < 64) return FA_F32;
+    return bf16 ? FA_BF16 : f16 ? FA_F16 : FA_F32;
+}
+
 /* `--diagnose`: fa_diagnose on the same rows budget (per head of each sequence),
  * printed after the check report (attention sinks and dropout included: sink-missing,
  * dropout-mask; rotary: rotary-pairing, rotary-offset). Returns 0, or prints one line and
@@ -326,6 +353,15 @@ static int check_main(int argc, char **argv)
     printf("time: load %.2f s, check %.2f s (%d threads)\n", t_load, t_check,
            co.num_threads > 0 ? co.num_threads : info.max_threads);
     free(text);
+    if (!rep.pass && !dtype_text && !co.use_tolerance && !lp.format && rep.dtype == FA_F32 &&
+        o_arr.dtype != FA_BF16 && o_arr.dtype != FA_F16) {
+        const fa_dtype narrow = narrow_output_dtype(&o_arr);
+        if (narrow != FA_F32)
+            printf("hint: every value of %s is %s %s value, but the rule applied is float32's (no file is "
+                   "bf16 or f16): if the kernel computed in %s, check with --dtype %s\n",
+                   o_path, narrow == FA_F16 ? "an" : "a", fa_dtype_name(narrow), fa_dtype_name(narrow),
+                   fa_dtype_name(narrow));
+    }
     if (rep.rows_checked == 0)
         fprintf(stderr, "flashattn: warning: no output row was compared (every sequence is empty); "
                         "the verdict says nothing about the kernel\n");

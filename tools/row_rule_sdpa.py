@@ -1,0 +1,101 @@
+"""tools/row_rule_sdpa.py — `check`'s row rule (docs/validation.md, "The row rule") against real
+GPU kernels: PyTorch's scaled_dot_product_attention backends (flash = FlashAttention-2's
+kernels, efficient, cudnn, math) in bf16 and f16 on a grid of shapes, each output checked by
+flashattn.check (the library's fa_check) with the dtype rule. Prints one line per run — the
+element rule's ratio, the worst row's fraction of its row bound, the verdict — and, per backend,
+the largest row fraction of the correct outputs. Then two wrong outputs that the row rule is
+for: a window of W - 6 keys where a causal mask was meant, on a real kernel.
+
+    FA_BUILD=build python3 tools/row_rule_sdpa.py [--quick]
+
+Needs torch with CUDA and build/libflashattn.so. Exit status 1 when a correct output fails or a
+wrong one passes.
+"""
+
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import flashattn as fa  # noqa: E402
+
+try:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:  # pragma: no cover
+    sys.exit("row_rule_sdpa.py: torch.nn.attention.sdpa_kernel is needed (torch >= 2.3)")
+
+BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+# (batch, heads, heads_k, seqlen_q, seqlen_k, d, causal, q scale): causal only where Sq == Sk
+# (SDPA's is_causal is aligned top-left; FlashAttention's bottom-right: the same there)
+SHAPES = [(2, 4, 4, 256, 256, 64, False, 1.0), (1, 8, 8, 1024, 1024, 128, True, 1.0),
+          (1, 4, 4, 2048, 2048, 64, True, 3.0), (2, 2, 2, 300, 700, 128, False, 3.0),
+          (1, 8, 8, 1, 4096, 128, False, 1.0), (3, 2, 2, 65, 65, 32, True, 1.0),
+          (1, 4, 4, 512, 512, 16, False, 1.0), (1, 4, 4, 512, 512, 256, True, 1.0),
+          (1, 2, 2, 4096, 4096, 64, True, 1.0)]
+QUICK = SHAPES[:4]
+
+
+def run(backend, dt, shape, seed, mask=None):
+    b, h, hk, sq, sk, d, causal, qs = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (qs * torch.randn(b, h, sq, d, device="cuda", generator=g)).to(dt)
+    k = torch.randn(b, hk, sk, d, device="cuda", generator=g).to(dt)
+    v = torch.randn(b, hk, sk, d, device="cuda", generator=g).to(dt)
+    with sdpa_kernel([BACKENDS[backend]]):
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+    torch.cuda.synchronize()
+    # SDPA's [B, H, S, d] -> FlashAttention's [B, S, H, d]
+    return [x.transpose(1, 2).contiguous() for x in (q, k, v, o)]
+
+
+def main():
+    quick = "--quick" in sys.argv
+    bad = 0
+    worst = {}
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    print(f"{'backend':9} {'dtype':5} {'B':>2} {'H':>2} {'Sq':>5} {'Sk':>5} {'d':>4} {'causal':6} {'qs':>4}"
+          f" {'ratio':>7} {'row':>6} {'rows over':>9} verdict")
+    for backend in BACKENDS:
+        for dn, dt in DTYPES.items():
+            for n, shape in enumerate(QUICK if quick else SHAPES):
+                try:
+                    q, k, v, o = run(backend, dt, shape, 1000 + n)
+                except RuntimeError as e:  # a backend without this shape or dtype here
+                    print(f"{backend:9} {dn:5} {shape}: not run ({str(e).splitlines()[0][:80]})")
+                    continue
+                r = fa.check(q, k, v, o, causal=shape[6], dtype=dn)
+                b, h, hk, sq, sk, d, causal, qs = shape
+                print(f"{backend:9} {dn:5} {b:2} {h:2} {sq:5} {sk:5} {d:4} {str(causal):6} {qs:4}"
+                      f" {r.ratio:7.3g} {r.row_ratio:6.3g} {r.row_n_fail:9} {'PASS' if r else 'FAIL'}")
+                worst[backend] = max(worst.get(backend, 0.0), r.row_ratio)
+                if not r:
+                    bad += 1
+                    print(r.text)
+    print("largest row fraction of the correct outputs: " +
+          ", ".join(f"{b} {w:.3g}" for b, w in worst.items()))
+    # wrong outputs: a window of W keys where causal was meant (rows past W lose keys)
+    for dn, dt in DTYPES.items():
+        sq = 2048
+        w = sq - 6
+        i = torch.arange(sq, device="cuda")[:, None]
+        j = torch.arange(sq, device="cuda")[None, :]
+        mask = (j <= i) & (j >= i - w)
+        q, k, v, o = run("efficient", dt, (1, 4, 4, sq, sq, 64, True, 1.0), 7, mask=mask)
+        r = fa.check(q, k, v, o, causal=True, dtype=dn)
+        elements_pass = r.n_fail == 0 and r.n_nonfinite == 0
+        print(f"wrong ({dn}): window ({w}, 0) for causal, Sq = Sk = {sq}: ratio {r.ratio:.3g}, elements over "
+              f"{r.n_fail}, rows over the row rule {r.row_n_fail} (worst {r.row_ratio:.3g} of its bound): "
+              f"{'PASS' if r else 'FAIL'}{' (the element rule alone would pass it)' if elements_pass else ''}")
+        if r:
+            bad += 1
+    print(f"row_rule_sdpa: {bad} unexpected verdicts")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
