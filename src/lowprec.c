@@ -18,6 +18,8 @@
 #include "internal.h"
 #include "lowprec.h"
 
+#include <float.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -333,24 +335,37 @@ fa_status fa_dequantize(const fa_qtensor *x, const char *name, fa_tensor *out)
                            isnan(table[c]) ? "NaN" : "Inf", fa_qformat_name(x->format));
         }
     }
+    /* pass 0 checks that every value fits a float32 output (a code times its scales can pass
+     * FLT_MAX: e4m3's 448 under a scale of 1e38), pass 1 writes: nothing is written on refusal */
     const int64_t group = kind == FA_QSCALE_HEAD ? H / x->scale_heads : 1;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t s = 0; s < S; s++)
-            for (int64_t h = 0; h < H; h++) {
-                double hs = 1.0;
-                if (kind == FA_QSCALE_TENSOR) hs = x->scale;
-                if (kind == FA_QSCALE_HEAD) hs = (double)x->head_scale[b * x->scale_heads + h / group];
-                const int64_t base = ((b * S + s) * H + h) * D;
-                for (int64_t c = 0; c < D; c++) {
-                    double v = table[code_at(x, base + c)] * hs;
-                    if (blk) {
-                        const int64_t s2 = axis == 1 ? s / blk : s, c2 = axis == 3 ? c / blk : c;
-                        const unsigned sc = x->block_scale[((b * bshape[1] + s2) * bshape[2] + h) * bshape[3] + c2];
-                        v *= fa_qformat_decode(kind == FA_QSCALE_NVFP4 ? FA_QF_E4M3 : FA_QF_E8M0, sc) * global;
+    for (int pass = out->dtype == FA_F32 ? 0 : 1; pass < 2; pass++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t h = 0; h < H; h++) {
+                    double hs = 1.0;
+                    if (kind == FA_QSCALE_TENSOR) hs = x->scale;
+                    if (kind == FA_QSCALE_HEAD) hs = (double)x->head_scale[b * x->scale_heads + h / group];
+                    const int64_t base = ((b * S + s) * H + h) * D;
+                    for (int64_t c = 0; c < D; c++) {
+                        const unsigned code = code_at(x, base + c);
+                        double v = table[code] * hs;
+                        if (blk) {
+                            const int64_t s2 = axis == 1 ? s / blk : s, c2 = axis == 3 ? c / blk : c;
+                            const unsigned sc =
+                                x->block_scale[((b * bshape[1] + s2) * bshape[2] + h) * bshape[3] + c2];
+                            v *= fa_qformat_decode(kind == FA_QSCALE_NVFP4 ? FA_QF_E4M3 : FA_QF_E8M0, sc) * global;
+                        }
+                        if (pass == 1) {
+                            fa_store_f64(out, fa_off4(out, b, s, h, c), v);
+                        } else if (!(fabs(v) <= (double)FLT_MAX)) {
+                            return fa_fail(FA_ERR_NONFINITE,
+                                           "%s: element [%lld,%lld,%lld,%lld] (code 0x%02x = %g in %s) dequantizes "
+                                           "to %g with its scales, beyond float32 (3.4e38); inputs must be finite",
+                                           nm, DIM(b), DIM(s), DIM(h), DIM(c), code, table[code],
+                                           fa_qformat_name(x->format), v);
+                        }
                     }
-                    fa_store_f64(out, fa_off4(out, b, s, h, c), v);
                 }
-            }
     fa_clear_error();
     return FA_OK;
 }

@@ -447,7 +447,8 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, 
     (masks aligned to its key count). The caches are not modified.
     rotary_cos/sin: q and k_new are rotated first (apply_rotary), new key t at
     cache_seqlens[b] + t, query i at cache_seqlens[b] + i when causal or windowed
-    (opts causal / window), else at cache_seqlens[b].
+    (opts causal / window; a window side of at least the cache's row capacity counts as
+    none, as in FlashAttention-2), else at cache_seqlens[b].
     """
     q = np.asarray(q, dtype=np.float64)
     kc = np.asarray(k_cache, dtype=np.float64)
@@ -469,8 +470,11 @@ def kvcache_forward(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, 
         qb = q[b:b + 1]
         knb = None if k_new is None else np.asarray(k_new[b], dtype=np.float64)
         if rotary_cos is not None:
+            # FlashAttention-2's rule: causal or local, a window side counting only below the
+            # cache's row capacity (mha_fwd_kvcache treats a wider one as unbounded)
             w = opts.get("window", (-1, -1))
-            per_row = opts.get("causal", False) or w[0] >= 0 or w[1] >= 0
+            cap = np.asarray(block_table).shape[1] * kc.shape[1] if block_table is not None else kc.shape[1]
+            per_row = opts.get("causal", False) or 0 <= w[0] < cap or 0 <= w[1] < cap
             sq = q.shape[1]
             qpos = n + (np.arange(sq) if per_row else np.zeros(sq, dtype=np.int64))
             qb = apply_rotary(q[b], rotary_cos, rotary_sin, qpos, rotary_interleaved)[None]

@@ -278,6 +278,20 @@ static void test_dequantize_refuses_bad_codes_and_scales(void **state)
     x.scale_kind = FA_QSCALE_TENSOR;
     x.scale = NAN;
     assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_NONFINITE);
+    /* a code times its scale beyond float32: refused for a float32 output (nothing written), kept
+     * for a float64 one, which holds it */
+    codes[93] = 0x7e; /* 448 */
+    x.scale = 1e38;
+    tu_poison(&out);
+    assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_NONFINITE);
+    assert_non_null(strstr(fa_last_error(), "beyond float32"));
+    assert_non_null(strstr(fa_last_error(), "[0,1,0,29]")); /* 93 = ((0*4 + 1)*2 + 0)*32 + 29 */
+    assert_int_equal(tu_count_nan(&out), B * S * H * D);
+    tu_tensor out64 = tu_alloc4(FA_F64, B, S, H, D, 0);
+    assert_int_equal(fa_dequantize(&x, "q", &out64.t), FA_OK);
+    assert_true(((const double *)out64.t.data)[93] == 448.0 * 1e38);
+    tu_free(&out64);
+    codes[93] = 0x38;
     x.scale = 0.5;
     x.global_scale = 0.5; /* a global scale is NVFP4's: refused with a per-tensor scale, not ignored */
     assert_int_equal(fa_dequantize(&x, "q", &out.t), FA_ERR_OPTION);
