@@ -153,7 +153,7 @@ $(error Makefile: could not read FA_VERSION_MAJOR/MINOR/PATCH from include/flash
 endif
 # The soname names the ABI. While MAJOR is 0 every MINOR may break it (0.2 ->
 # 0.3 changed the fa_options layout: a 0.2 program must not load a 0.3 library
-# under the same name), so it is libflashattn.so.0.MINOR (libflashattn.so.0.6);
+# under the same name), so it is libflashattn.so.0.MINOR (libflashattn.so.0.7);
 # from 1.0 on it is libflashattn.so.MAJOR.
 SOVERSION     := $(if $(filter 0,$(VERSION_MAJOR)),$(VERSION_MAJOR).$(VERSION_MINOR),$(VERSION_MAJOR))
 SONAME        := libflashattn.so.$(SOVERSION)
