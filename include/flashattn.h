@@ -891,15 +891,17 @@ typedef struct fa_check_report {
                                     model (P saturated, or row sums not from the P used in P.V, or a wrong
                                     V descale), and that scaling explains at least 80% of the squared error. */
     double row_scale_explained;/**< Fraction of the squared error that a per-row factor (test ~ a * ref) explains. */
-    double score_allow_max;    /**< Emulation rules: the largest per-element score-rounding allowance (an
-                                    element passes iff its error <= max(bound, its allowance); see
-                                    docs/validation.md); 0 under an explicit atol/rtol. */
+    double score_allow_max;    /**< Emulation rules: the largest per-element allowance — score rounding, and
+                                    since 0.7 for bf16 / f16 P's and O's rounding (an element passes iff its
+                                    error <= max(bound, its allowance); see docs/validation.md); 0 under an
+                                    explicit atol/rtol. */
 
     /* Appended in 0.7: the row rule of the bf16 / f16 emulation rules. */
     int row_rule;              /**< 1: the row rule applied (the emulation rule for bf16 or f16): each checked
-                                    row's L2 error must be at most max(ROW_K * the emulation's L2 error on that
-                                    row + a * |ref row|_2, the row's L2 score-rounding allowance), a the
-                                    rule's atol unit (docs/validation.md, "The row rule"). */
+                                    row's L2 error must be at most max(K * the emulation's L2 error on that row,
+                                    3 u sqrt(sum_j P_j^2 |v_j|^2)) + a * |ref row|_2, or the L2 norm of the
+                                    row's allowances where larger; K = 2 sqrt(max(1, 64 / d_v)), u the dtype's
+                                    unit roundoff, a the rule's atol unit (docs/validation.md, "The row rule"). */
     int64_t row_n_fail;        /**< Rows over the row rule (they fail the check even when no element does). */
     double row_ratio;          /**< Largest row L2 error over its row bound (<= 1 passes; 0 when no rule). */
     int64_t row_worst_batch;   /**< The row of row_ratio: batch (-1 if none). */

@@ -649,6 +649,69 @@ static void test_check_row_rule_catches_keys_lost_on_long_rows(void **state)
     free_problem(&p32);
 }
 
+static float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* to nearest, ties to even (finite x) */
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/*
+ * Ensure a correct bf16 kernel passes when one channel of V is 100x the others (LLMs' V have
+ * such). The kernel below rounds P as FlashAttention does, exp(s - max) before the division
+ * by the row sum, where the emulation rounds the divided P: independent draws of P's
+ * rounding error, and with one dominant channel a row's error is that one channel's, so the
+ * emulation's draw on a row can be small by chance. Without the P-rounding floor and
+ * allowance (FA_CHECK_ROW_P) this failed 81 of 1024 rows at up to 5x their bound (a review's
+ * case; a single decode row failed the element rule too).
+ */
+static void test_check_row_rule_passes_an_outlier_channel_in_v(void **state)
+{
+    (void)state;
+    const int64_t S = 256, H = 2, d = 64;
+    problem p = make_problem(1, S, S, H, 1, d, FA_F32, 3.0, 0);
+    float *q = p.q.t.data, *k = p.k.t.data, *v = p.v.t.data;
+    for (int64_t x = 0; x < S * H * d; x++) q[x] = round_bf16(q[x]);
+    for (int64_t x = 0; x < S * d; x++) {
+        k[x] = round_bf16(k[x]);
+        v[x] = round_bf16(x % d == 5 ? 100.0f * v[x] : v[x]);
+    }
+    tu_tensor o = alloc_out(&p, FA_F32);
+    float *out = o.t.data, sc[256], acc[64];
+    for (int64_t i = 0; i < S; i++) /* causal, Sq = Sk */
+        for (int64_t h = 0; h < H; h++) {
+            const float *qi = q + (i * H + h) * d;
+            float m = -INFINITY, l = 0.0f;
+            for (int64_t j = 0; j <= i; j++) {
+                float dot = 0.0f;
+                for (int64_t c = 0; c < d; c++) dot += qi[c] * k[j * d + c];
+                sc[j] = dot * (float)(1.0 / sqrt((double)d));
+                if (sc[j] > m) m = sc[j];
+            }
+            for (int64_t c = 0; c < d; c++) acc[c] = 0.0f;
+            for (int64_t j = 0; j <= i; j++) {
+                const float pj = expf(sc[j] - m);
+                l += pj;
+                const float pr = round_bf16(pj);
+                for (int64_t c = 0; c < d; c++) acc[c] += pr * v[j * d + c];
+            }
+            for (int64_t c = 0; c < d; c++) out[(i * H + h) * d + c] = round_bf16(acc[c] / l);
+        }
+    fa_options opt = fa_options_default();
+    opt.causal = 1;
+    fa_check_options co = fa_check_options_default();
+    co.dtype = FA_BF16;
+    fa_check_report r = run_check(&p, &o, NULL, &opt, &co);
+    expect_verdict(&r, 1, "a correct bf16 kernel, V with an outlier channel");
+    assert_true(r.row_rule);
+    assert_true(r.row_ratio < 1.0);
+    fa_check_report_free(&r);
+    tu_free(&o);
+    free_problem(&p);
+}
+
 /* Ensure FlashAttention-2's causal-ALiBi LSE (+ slope * (i + Sk - Sq)) is recognized. */
 static void test_check_lse_accepts_flash_attention_2_alibi_offset(void **state)
 {
@@ -884,6 +947,7 @@ int main(void)
         cmocka_unit_test(test_check_lse_fails_when_one_key_is_left_out),
         cmocka_unit_test(test_check_lse_accepts_flash_attention_2_alibi_offset),
         cmocka_unit_test(test_check_row_rule_catches_keys_lost_on_long_rows),
+        cmocka_unit_test(test_check_row_rule_passes_an_outlier_channel_in_v),
         cmocka_unit_test(test_check_explicit_tolerance_replaces_the_rule),
         cmocka_unit_test(test_check_rejects_bad_arguments_naming_the_tensor),
         cmocka_unit_test(test_check_refuses_inputs_beyond_the_emulated_range),

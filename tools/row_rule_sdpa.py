@@ -45,7 +45,9 @@ def run(backend, dt, shape, seed, mask=None):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = (qs * torch.randn(b, h, sq, d, device="cuda", generator=g)).to(dt)
     k = torch.randn(b, hk, sk, d, device="cuda", generator=g).to(dt)
-    v = torch.randn(b, hk, sk, d, device="cuda", generator=g).to(dt)
+    v = torch.randn(b, hk, sk, d, device="cuda", generator=g)
+    v[..., 0] *= float(os.environ.get("ROW_RULE_V_OUTLIER", "1"))  # an outlier channel of V
+    v = v.to(dt)
     with sdpa_kernel([BACKENDS[backend]]):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
     torch.cuda.synchronize()

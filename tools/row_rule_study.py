@@ -8,7 +8,8 @@
   split     split-KV: 2-5 splits each an fa2 partial, merged by their LSEs in float32.
 
 Each random configuration (dtype, d 8..256, lengths 1..1500, causal or not, GQA, logit scale
-0.3..10, block 64 or 128) is checked by flashattn.check; the script prints the largest
+0.3..10, block 64 or 128; V normal, with one channel 10-300x, one key 1000x, or its second half
+the negated first) is checked by flashattn.check; the script prints the largest
 fraction of its row bound that any row reached, by d_v and over all.
 
     FA_BUILD=build python3 tools/row_rule_study.py [SEED [TRIALS]]
@@ -115,10 +116,18 @@ def main():
         model = str(rng.choice(["fa2", "fa2-exp2", "plain", "split"]))
         q = rnd(qs * rng.standard_normal((1, sq, h, d)))
         k = rnd(rng.standard_normal((1, sk, hk, d)))
-        v = rnd(rng.standard_normal((1, sk, hk, d)))
+        vraw = rng.standard_normal((1, sk, hk, d))
+        shape_v = str(rng.choice(["normal", "outlier channel", "outlier key", "cancelling"]))
+        if shape_v == "outlier channel":  # one channel 10-300x the others (LLMs' V and O have such)
+            vraw[..., int(rng.integers(d))] *= float(rng.choice([10, 30, 100, 300]))
+        elif shape_v == "outlier key":  # one key's V 1000x (a BOS-like token)
+            vraw[:, int(rng.integers(sk))] *= 1000.0
+        elif shape_v == "cancelling" and sk >= 2:  # second half of the keys' V the negated first half
+            vraw[:, sk - sk // 2:] = -vraw[:, :sk // 2]
+        v = rnd(vraw)
         o = kernel(model, q, k, v, rnd, causal, block, int(rng.integers(2, 6)))
         r = fa.check(q, k, v, o, causal=causal, dtype=dn)
-        tag = f"{model} {dn} d={d} Sq={sq} Sk={sk} H={h}/{hk} causal={causal} q*{qs} block={block}"
+        tag = f"{model} {dn} d={d} Sq={sq} Sk={sk} H={h}/{hk} causal={causal} q*{qs} block={block} V {shape_v}"
         by_d[d] = max(by_d.get(d, 0.0), r.row_ratio)
         if r.row_ratio > worst[0]:
             worst = (r.row_ratio, tag)
