@@ -4,8 +4,8 @@
 #                      into build-san/ (any report aborts: -fno-sanitize-recover=all),
 #                      then a valgrind memcheck run of the CLI on small inputs
 #                      (zero errors, zero leaks of any kind).
-#   make fuzz          libFuzzer harnesses in tests/fuzz/, each run for FUZZ_SECONDS
-#                      (default 60) from the seed corpus in tests/fuzz/corpus/<name>/;
+#   make fuzz          libFuzzer harnesses in tests/fuzz/, all at once (CI's minutes), each run
+#                      for FUZZ_SECONDS (default 60) from the seed corpus in tests/fuzz/corpus/<name>/;
 #                      executions and coverage are summarized in build-fuzz/fuzz-summary.txt.
 #   make fuzz-build    only build the harnesses.
 #   make fuzz-coverage after `make fuzz`: line/region coverage of each harness's target
@@ -107,16 +107,23 @@ fuzz: fuzz-build
 	@rm -f $(FUZZ_BUILD)/fuzz-summary.txt
 	@for f in $(FUZZERS); do \
 	    name=$${f#fuzz_}; mkdir -p $(FUZZ_BUILD)/corpus/$$name $(FUZZ_BUILD)/artifacts; \
-	    echo "=== $$f for $(FUZZ_SECONDS) s"; \
-	    ./$(FUZZ_BUILD)/$$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	    echo "=== $$f for $(FUZZ_SECONDS) s (the harnesses side by side)"; \
+	    rm -f $(FUZZ_BUILD)/$$f.rc; \
+	    { ./$(FUZZ_BUILD)/$$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
 	        -print_final_stats=1 -detect_leaks=1 -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$f- \
 	        $(FUZZ_BUILD)/corpus/$$name tests/fuzz/corpus/$$name >$(FUZZ_BUILD)/$$f.log 2>&1; \
-	    rc=$$?; \
+	      echo $$? >$(FUZZ_BUILD)/$$f.rc; } & \
+	done; \
+	wait; \
+	fail=0; \
+	for f in $(FUZZERS); do \
+	    rc=$$(cat $(FUZZ_BUILD)/$$f.rc 2>/dev/null || echo none); \
 	    execs=$$(grep -o 'stat::number_of_executed_units: *[0-9]*' $(FUZZ_BUILD)/$$f.log | grep -o '[0-9]*$$'); \
 	    cov=$$(grep -E '^#[0-9]+' $(FUZZ_BUILD)/$$f.log | tail -1 | grep -o 'cov: [0-9]* ft: [0-9]*'); \
 	    echo "$$f: exit $$rc, $$execs executions, $$cov" | tee -a $(FUZZ_BUILD)/fuzz-summary.txt; \
-	    if [ $$rc != 0 ]; then tail -40 $(FUZZ_BUILD)/$$f.log; exit 1; fi; \
-	done
+	    if [ "$$rc" != 0 ]; then tail -40 $(FUZZ_BUILD)/$$f.log; fail=1; fi; \
+	done; \
+	exit $$fail
 
 # ---- coverage reached by the fuzz corpora ------------------------------------------
 # `make fuzz-coverage` (after `make fuzz`): rebuild each harness with clang's source-based
