@@ -107,8 +107,8 @@ static int needs_rounding(fa_dtype src, fa_dtype dt)
  * lose keys, or see a few keys it must not, and stay under it (a window of 2000 keys instead of
  * a causal mask at 2048 passed with errors 44x a correct kernel's on the rows it changed). So
  * each checked row is also held to its own emulation: its L2 error at most FA_CHECK_ROW_K x
- * the emulation's L2 error on that row + a |ref row|_2 (a: the rule's atol unit), or the L2
- * norm of the row's score-rounding allowances where that is larger. Over d_v elements an L2
+ * the emulation's L2 error on that row (or the floor below) + a |ref row|_2 (a: the rule's atol
+ * unit), or the L2 norm of the row's elements' allowances where that is larger. Over d_v elements an L2
  * norm is a steady statistic where a row's max is not; a low-precision output's error is
  * mostly its own final rounding, which a correct kernel shares with the emulation. Not for
  * float32 outputs: their error is accumulation noise, in which one correct kernel's row can

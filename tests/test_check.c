@@ -649,15 +649,6 @@ static void test_check_row_rule_catches_keys_lost_on_long_rows(void **state)
     free_problem(&p32);
 }
 
-static float round_bf16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* to nearest, ties to even (finite x) */
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 /*
  * Ensure a correct bf16 kernel passes when one channel of V is 100x the others (LLMs' V have
  * such). The kernel below rounds P as FlashAttention does, exp(s - max) before the division
@@ -673,10 +664,10 @@ static void test_check_row_rule_passes_an_outlier_channel_in_v(void **state)
     const int64_t S = 256, H = 2, d = 64;
     problem p = make_problem(1, S, S, H, 1, d, FA_F32, 3.0, 0);
     float *q = p.q.t.data, *k = p.k.t.data, *v = p.v.t.data;
-    for (int64_t x = 0; x < S * H * d; x++) q[x] = round_bf16(q[x]);
+    for (int64_t x = 0; x < S * H * d; x++) q[x] = round_dt(FA_BF16, q[x]);
     for (int64_t x = 0; x < S * d; x++) {
-        k[x] = round_bf16(k[x]);
-        v[x] = round_bf16(x % d == 5 ? 100.0f * v[x] : v[x]);
+        k[x] = round_dt(FA_BF16, k[x]);
+        v[x] = round_dt(FA_BF16, x % d == 5 ? 100.0f * v[x] : v[x]);
     }
     tu_tensor o = alloc_out(&p, FA_F32);
     float *out = o.t.data, sc[256], acc[64];
@@ -694,10 +685,10 @@ static void test_check_row_rule_passes_an_outlier_channel_in_v(void **state)
             for (int64_t j = 0; j <= i; j++) {
                 const float pj = expf(sc[j] - m);
                 l += pj;
-                const float pr = round_bf16(pj);
+                const float pr = round_dt(FA_BF16, pj);
                 for (int64_t c = 0; c < d; c++) acc[c] += pr * v[j * d + c];
             }
-            for (int64_t c = 0; c < d; c++) out[(i * H + h) * d + c] = round_bf16(acc[c] / l);
+            for (int64_t c = 0; c < d; c++) out[(i * H + h) * d + c] = round_dt(FA_BF16, acc[c] / l);
         }
     fa_options opt = fa_options_default();
     opt.causal = 1;
