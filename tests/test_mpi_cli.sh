@@ -5,9 +5,13 @@
 #   2-4 ranks: flashattn check / check-grad (single process, float64) accept the outputs;
 #   --impl reference distributed equals flashattn run --impl reference (float64, ~1e-15);
 #   the same command twice: the same bytes;
-#   check over the ranks: a good output passes (0), a perturbed one fails (1);
+#   check over the ranks: a good output passes (0), a perturbed one fails (1); bf16: a correct
+#   FlashAttention-2-style kernel (tools/row_rule_study.py's model) passes with an outlier channel
+#   in V, and one whose last causal rows lose their first keys fails the row rule alone, as in
+#   flashattn check;
 #   bad input: exit 2 on every rank, exactly one "flashattn" line, no output file.
-. "$(dirname "$0")/cli_test_lib.sh"
+root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/tests/cli_test_lib.sh"
 cli_test_setup test_mpi_cli "${1:-build}"
 if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
     echo "test_mpi_cli: SKIPPED: Open MPI is not installed (apt-get install libopenmpi-dev openmpi-bin)"; exit 0
@@ -72,6 +76,35 @@ mr 3 check -q q.npy -k k.npy -v v.npy --out o_bad.npy --causal >check.txt 2>/dev
 rc=$?
 if [ $rc = 1 ] && grep -q "FAIL" check.txt && grep -q "1 out of tolerance" check.txt; then ok; else
     bad "flashattn-mpi check on a perturbed output: exit $rc (want 1)"; cat check.txt; fi
+
+# bf16 over the ranks: the P-rounding allowance and the row rule (fresh random inputs each run)
+python3 - "$root/tools" <<'PY'
+import os, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import row_rule_study as rr
+r = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+q = rr.round_bf16(1.5 * r.standard_normal((1, 1024, 4, 64)))
+k = rr.round_bf16(r.standard_normal((1, 1024, 2, 64)))
+v = r.standard_normal((1, 1024, 2, 64))
+v[..., 5] *= 100  # an outlier channel: P's rounding then dominates the row errors
+v = rr.round_bf16(v)
+for name, x in (("qb", q), ("kb", k), ("vb", v)):
+    rr.save(name + ".npy", x, "bf16")
+rr.save("ob.npy", rr.kernel("fa2", q, k, v, rr.round_bf16, True, 128, 1), "bf16")
+PY
+if mr 2 check -q qb.npy -k kb.npy -v vb.npy --out ob.npy --causal >check.txt && grep -q "^  row rule: 0 of 4096 rows" check.txt
+then ok; else bad "flashattn-mpi check rejects a correct bf16 FA2-style output (or no row rule line)"; cat check.txt; fi
+"$fa" run -q qb.npy -k kb.npy -v vb.npy -o ow.npy --window 1020,0 --dtype-out bf16 >/dev/null
+"$fa" check -q qb.npy -k kb.npy -v vb.npy --out ow.npy --causal >check1.txt
+rc1=$?
+mr 2 check -q qb.npy -k kb.npy -v vb.npy --out ow.npy --causal >check.txt 2>/dev/null
+rc=$?
+# (the element rule alone passed it before the row rule: rows 1021-1023 lose 1-3 of ~1000 keys)
+if [ $rc = 1 ] && [ $rc1 = 1 ] && grep -q "^  row rule: [1-9][0-9]* of 4096 rows over it" check.txt &&
+    grep -q "^row rule: [1-9][0-9]* of 4096 rows over it" check1.txt; then ok
+else bad "a window of 1020 keys for a causal mask at 1024: flashattn-mpi check exit $rc, flashattn check $rc1 (want 1, 1, rows over the row rule in both)"
+    cat check.txt check1.txt; fi
 
 # bad input: exit 2 on every rank, one message, nothing written
 refuse() { # refuse NP WHAT ARGS...

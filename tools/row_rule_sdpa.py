@@ -8,11 +8,17 @@ for: a window of W - 6 keys where a causal mask was meant, on a real kernel.
 
     FA_BUILD=build python3 tools/row_rule_sdpa.py [--quick]
 
+With FA_MPI_NP=P each output is judged by `mpirun -np P build/flashattn-mpi check` instead
+(tools/row_rule_study.py's check_mpi: FA_MPIRUN, FA_MPI_THREADS), on the grid's shapes whose
+lengths split over the ranks plus longer ones (8192 and 16384 keys), and the wrong output's
+window is checked at 8192.
+
 Needs torch with CUDA and build/libflashattn.so. Exit status 1 when a correct output fails or a
 wrong one passes.
 """
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -38,6 +44,36 @@ SHAPES = [(2, 4, 4, 256, 256, 64, False, 1.0), (1, 8, 8, 1024, 1024, 128, True, 
           (1, 4, 4, 512, 512, 16, False, 1.0), (1, 4, 4, 512, 512, 256, True, 1.0),
           (1, 2, 2, 4096, 4096, 64, True, 1.0)]
 QUICK = SHAPES[:4]
+LONG = [(1, 4, 4, 8192, 8192, 128, True, 1.0), (1, 4, 2, 16384, 16384, 64, True, 1.0),
+        (1, 4, 4, 8192, 8192, 64, False, 3.0)]
+MPI = int(os.environ.get("FA_MPI_NP", "0"))
+if MPI:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import row_rule_study  # noqa: E402
+
+
+class MpiVerdict:
+    """What flashattn-mpi check said, shaped like the fields of fa.check's report used here."""
+
+    def __init__(self, q, k, v, o, causal, dn):
+        f = [x.float().cpu().numpy() for x in (q, k, v, o)]
+        ok, self.row_ratio, self.text = row_rule_study.check_mpi(MPI, *f, causal, dn, dn)
+        m = re.search(r"row rule: (\d+) of", self.text)
+        self.row_n_fail = int(m.group(1)) if m else -1
+        m = re.search(r"; (\d+) out of tolerance", self.text)
+        self.n_fail = int(m.group(1)) if m else -1
+        self.n_nonfinite = 0
+        m = re.search(r"max \|test - ref\| ([0-9.e+-]+),", self.text)
+        mb = re.search(r"bound ([0-9.e+-]+)", self.text)
+        self.ratio = float(m.group(1)) / float(mb.group(1)) if m and mb else float("nan")
+        self.ok = ok
+
+    def __bool__(self):
+        return self.ok
+
+
+def judge(q, k, v, o, causal, dn):
+    return MpiVerdict(q, k, v, o, causal, dn) if MPI else fa.check(q, k, v, o, causal=causal, dtype=dn)
 
 
 def run(backend, dt, shape, seed, mask=None):
@@ -64,13 +100,16 @@ def main():
           f" {'ratio':>7} {'row':>6} {'rows over':>9} verdict")
     for backend in BACKENDS:
         for dn, dt in DTYPES.items():
-            for n, shape in enumerate(QUICK if quick else SHAPES):
+            shapes = QUICK if quick else SHAPES
+            if MPI:  # lengths the ring splits (2P chunks under causal), then the long ones
+                shapes = [x for x in shapes if x[3] % (2 * MPI) == 0 and x[4] % (2 * MPI) == 0] + LONG
+            for n, shape in enumerate(shapes):
                 try:
                     q, k, v, o = run(backend, dt, shape, 1000 + n)
                 except RuntimeError as e:  # a backend without this shape or dtype here
                     print(f"{backend:9} {dn:5} {shape}: not run ({str(e).splitlines()[0][:80]})")
                     continue
-                r = fa.check(q, k, v, o, causal=shape[6], dtype=dn)
+                r = judge(q, k, v, o, shape[6], dn)
                 b, h, hk, sq, sk, d, causal, qs = shape
                 print(f"{backend:9} {dn:5} {b:2} {h:2} {sq:5} {sk:5} {d:4} {str(causal):6} {qs:4}"
                       f" {r.ratio:7.3g} {r.row_ratio:6.3g} {r.row_n_fail:9} {'PASS' if r else 'FAIL'}")
@@ -82,13 +121,13 @@ def main():
           ", ".join(f"{b} {w:.3g}" for b, w in worst.items()))
     # wrong outputs: a window of W keys where causal was meant (rows past W lose keys)
     for dn, dt in DTYPES.items():
-        sq = 2048
+        sq = 8192 if MPI else 2048
         w = sq - 6
         i = torch.arange(sq, device="cuda")[:, None]
         j = torch.arange(sq, device="cuda")[None, :]
         mask = (j <= i) & (j >= i - w)
         q, k, v, o = run("efficient", dt, (1, 4, 4, sq, sq, 64, True, 1.0), 7, mask=mask)
-        r = fa.check(q, k, v, o, causal=True, dtype=dn)
+        r = judge(q, k, v, o, True, dn)
         elements_pass = r.n_fail == 0 and r.n_nonfinite == 0
         print(f"wrong ({dn}): window ({w}, 0) for causal, Sq = Sk = {sq}: ratio {r.ratio:.3g}, elements over "
               f"{r.n_fail}, rows over the row rule {r.row_n_fail} (worst {r.row_ratio:.3g} of its bound): "

@@ -14,11 +14,20 @@ fraction of its row bound that any row reached, by d_v and over all.
 
     FA_BUILD=build python3 tools/row_rule_study.py [SEED [TRIALS]]
 
+With FA_MPI_NP=P the same models are judged by `mpirun -np P build/flashattn-mpi check`
+instead (its baseline has no P rounding: the row rule leans on its P floor there); lengths are
+then multiples of 2P, and half the trials give the kernel float32 inputs that it rounds itself
+(`--dtype` names its precision). FA_MPIRUN overrides the launcher ("mpirun --oversubscribe"),
+FA_MPI_THREADS the threads a rank (1).
+
 Every verdict must be PASS (exit status 1 otherwise).
 """
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -97,10 +106,37 @@ def kernel(model, q, k, v, rnd, causal, block, splits):
     return out
 
 
+def save(path, x, dn):
+    """x as a .npy of dtype dn: bf16 as <u2 bit patterns, f16 as <f2, else <f4."""
+    x = np.ascontiguousarray(x, np.float32)
+    if dn == "bf16":
+        np.save(path, (round_bf16(x).view(np.uint32) >> 16).astype("<u2"))
+    elif dn == "f16":
+        np.save(path, x.astype("<f2"))
+    else:
+        np.save(path, x.astype("<f4"))
+
+
+def check_mpi(np_, q, k, v, o, causal, dn, in_dn):
+    """(passed, worst row ratio, report) from flashattn-mpi check over np_ ranks."""
+    build = os.environ.get("FA_BUILD", "build")
+    with tempfile.TemporaryDirectory() as t:
+        for name, x, xd in (("q", q, in_dn), ("k", k, in_dn), ("v", v, in_dn), ("o", o, dn)):
+            save(os.path.join(t, name + ".npy"), x, xd)
+        cmd = os.environ.get("FA_MPIRUN", "mpirun --oversubscribe").split() + [
+            "-np", str(np_), os.path.join(build, "flashattn-mpi"), "check", "--threads",
+            os.environ.get("FA_MPI_THREADS", "1"), "--dtype", dn,
+            "-q", f"{t}/q.npy", "-k", f"{t}/k.npy", "-v", f"{t}/v.npy", "--out", f"{t}/o.npy"]
+        r = subprocess.run(cmd + (["--causal"] if causal else []), capture_output=True, text=True)
+    m = re.search(r"at ([0-9.e+-]+|inf) of its bound", r.stdout)
+    return r.returncode == 0, float(m.group(1)) if m else float("inf"), r.stdout + r.stderr
+
+
 def main():
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     trials = int(sys.argv[2]) if len(sys.argv) > 2 else 40
     rng = np.random.default_rng(seed)
+    mpi = int(os.environ.get("FA_MPI_NP", "0"))
     by_d, worst, bad = {}, (0.0, ""), 0
     for _ in range(trials):
         dn = str(rng.choice(["bf16", "f16"]))
@@ -114,8 +150,12 @@ def main():
         qs = float(rng.choice([0.3, 1.0, 3.0, 10.0]))
         block = int(rng.choice([64, 128]))
         model = str(rng.choice(["fa2", "fa2-exp2", "plain", "split"]))
-        q = rnd(qs * rng.standard_normal((1, sq, h, d)))
-        k = rnd(rng.standard_normal((1, sk, hk, d)))
+        if mpi:  # lengths the ring splits in 2P chunks
+            sq, sk = [max(2 * mpi, (x + 2 * mpi - 1) // (2 * mpi) * 2 * mpi) for x in (sq, sk)]
+        in_dn = str(rng.choice([dn, "f32"])) if mpi else dn
+        qraw = qs * rng.standard_normal((1, sq, h, d))
+        kraw = rng.standard_normal((1, sk, hk, d))
+        q, k = rnd(qraw), rnd(kraw)
         vraw = rng.standard_normal((1, sk, hk, d))
         shape_v = str(rng.choice(["normal", "outlier channel", "outlier key", "cancelling"]))
         if shape_v == "outlier channel":  # one channel 10-300x the others (LLMs' V and O have such)
@@ -126,14 +166,21 @@ def main():
             vraw[:, sk - sk // 2:] = -vraw[:, :sk // 2]
         v = rnd(vraw)
         o = kernel(model, q, k, v, rnd, causal, block, int(rng.integers(2, 6)))
-        r = fa.check(q, k, v, o, causal=causal, dtype=dn)
         tag = f"{model} {dn} d={d} Sq={sq} Sk={sk} H={h}/{hk} causal={causal} q*{qs} block={block} V {shape_v}"
-        by_d[d] = max(by_d.get(d, 0.0), r.row_ratio)
-        if r.row_ratio > worst[0]:
-            worst = (r.row_ratio, tag)
-        if not r:
+        if mpi:
+            tag += f" inputs {in_dn}"
+            f32in = in_dn == "f32"
+            ok, ratio, text = check_mpi(mpi, qraw if f32in else q, kraw if f32in else k, vraw if f32in else v,
+                                        o, causal, dn, in_dn)
+        else:
+            r = fa.check(q, k, v, o, causal=causal, dtype=dn)
+            ok, ratio, text = bool(r), r.row_ratio, r.text
+        by_d[d] = max(by_d.get(d, 0.0), ratio)
+        if ratio > worst[0]:
+            worst = (ratio, tag)
+        if not ok:
             bad += 1
-            print(f"FAIL {tag}\n{r.text}")
+            print(f"FAIL {tag}\n{text}")
     print("largest row fraction by d_v: " + ", ".join(f"{d}: {x:.3g}" for d, x in sorted(by_d.items())))
     print(f"largest over all: {worst[0]:.3g} ({worst[1]}); {bad} of {trials} correct outputs failed")
     return 1 if bad else 0

@@ -57,9 +57,29 @@ int mpi_cmd_bench(int argc, char **argv);
 
 /* check (cmd_mpi.c parses and loads, cmd_mpi_check.c judges) */
 int mpi_check_main(int argc, char **argv, const char *usage);
-int mpi_check_judge(const fa_tensor *test, const fa_tensor *test_lse, const double *ref, const double *ref_lse,
-                    const float *fl, const float *fl_lse, int64_t n_o, int64_t n_l, fa_dtype dt, int use_tol,
-                    double atol, double rtol, int64_t rows_total, int64_t elems_total);
+/* What the judge reads: this rank's rows of the test, the float64 reference, the float32
+ * baseline (and sum_j P_j^2 v_jc^2 per element for the bf16/f16 rules, or NULL). */
+typedef struct mpi_check_in {
+    const fa_tensor *test, *test_lse;     /* test_lse: NULL when none */
+    const double *ref, *ref_lse, *pv2;    /* pv2: NULL = no P-rounding allowance, no row rule */
+    const float *fl, *fl_lse;
+    int64_t batch, cq, heads, dv, seqlen_q; /* cq: this rank's query rows; seqlen_q: global */
+    fa_ring_layout layout;
+    fa_dtype dt;
+    int use_tol;
+    double atol, rtol;
+    int64_t rows_total, elems_total;
+    const char *row_rule_off; /* bf16/f16 without pv2: why (printed) */
+} mpi_check_in;
+int mpi_check_judge(const mpi_check_in *in);
+/* A bf16/f16 kernel's view of an input shard: `out` = `in` when it already has dtype dt, else
+ * a float32 copy (*buf, to free) rounded to dt. 0, or -1 out of memory. */
+int mpi_check_round_input(const fa_tensor *in, fa_dtype dt, float **buf, fa_tensor *out);
+/* sum_j P_ij^2 v_jc^2 for every element of this rank's rows (pv2, [B][cq][H][dv], float64),
+ * from a second float64 ring pass with every score doubled over V^2; ref_lse: the reference's
+ * LSE [B][H][cq]. Collective; 0, or 2 on every rank (rank 0 printed why). */
+int mpi_check_p2(fa_ring_layout layout, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                 const fa_options *ref_opt, const double *ref_lse, double *pv2);
 int mpi_check_dtype_default(const mpi_dims *d, fa_dtype *dt);
 
 #endif /* FA_CLI_MPI_H */

@@ -452,8 +452,13 @@ int mpi_check_main(int argc, char **argv, const char *usage)
     const mpi_dims *d = &j.dm;
     if (!dt_text) mpi_check_dtype_default(d, &dt);
     const int64_t n_o = numel4(d->batch, j.cq, d->heads, d->dv), n_l = d->batch * d->heads * j.cq;
+    const int use_tol = atol_text != NULL || rtol_text != NULL;
+    const int lowp = !use_tol && (dt == FA_BF16 || dt == FA_F16); /* the bf16/f16 rules */
     double *ref = malloc((size_t)(n_o + 1) * sizeof(double)), *ref_l = malloc((size_t)(n_l + 1) * sizeof(double));
     float *fl = malloc((size_t)(n_o + 1) * sizeof(float)), *fl_l = malloc((size_t)(n_l + 1) * sizeof(float));
+    double *pv2 = lowp ? malloc((size_t)(n_o + 1) * sizeof(double)) : NULL;
+    float *qr = NULL, *kr = NULL, *vr = NULL; /* the inputs rounded to dt for the baseline, where wider */
+    fa_tensor qb = j.qt, kb = j.kt, vb = j.vt;
     const int64_t os[4] = {d->batch, j.cq, d->heads, d->dv}, ls[3] = {d->batch, d->heads, j.cq};
     fa_tensor rt, rlt, ft, flt;
     fa_tensor_make(&rt, ref, FA_F64, 4, os, NULL);
@@ -464,30 +469,44 @@ int mpi_check_main(int argc, char **argv, const char *usage)
     ro.impl = FA_IMPL_REFERENCE;
     fo.impl = FA_IMPL_FLASH;
     fa_ring_stats rs, fs;
-    fa_status st = (ref && ref_l && fl && fl_l) ? FA_OK : FA_ERR_NOMEM;
-    int ok = st == FA_OK, all_ok;
+    int ok = ref && ref_l && fl && fl_l && (!lowp || pv2), all_ok;
+    if (ok && lowp)
+        ok = !mpi_check_round_input(&j.qt, dt, &qr, &qb) && !mpi_check_round_input(&j.kt, dt, &kr, &kb) &&
+             !mpi_check_round_input(&j.vt, dt, &vr, &vb);
+    fa_status st = ok ? FA_OK : FA_ERR_NOMEM;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all_ok) {
         if (mpi_rank == 0) cli_die("check: out of memory for the reference on a rank");
         rc = CLI_EXIT_USAGE;
         goto done;
     }
+    /* the P^2 pass doubles every score: out of range only for absurd scales or caps */
+    const double scale = ro.scale != 0.0 ? ro.scale : 1.0 / sqrt((double)d->d);
+    const char *row_off = NULL;
+    if (lowp && (fabs(2.0 * scale) > FA_SCALE_MAX || 2.0 * ro.softcap > FA_SOFTCAP_MAX)) {
+        row_off = "the scale or softcap doubled is out of range, so sum_j P_j^2 |v_j|^2 cannot be computed";
+        free(pv2);
+        pv2 = NULL;
+    }
     const double t0 = MPI_Wtime();
     if ((st = fa_ring_forward(MPI_COMM_WORLD, j.layout, &j.qt, &j.kt, &j.vt, &rt, &rlt, &ro, &rs)) != FA_OK ||
-        (st = fa_ring_forward(MPI_COMM_WORLD, j.layout, &j.qt, &j.kt, &j.vt, &ft, &flt, &fo, &fs)) != FA_OK) {
+        (st = fa_ring_forward(MPI_COMM_WORLD, j.layout, &qb, &kb, &vb, &ft, &flt, &fo, &fs)) != FA_OK) {
         rc = mpi_die_ring(st);
         goto done;
     }
+    if (pv2 && (rc = mpi_check_p2(j.layout, &j.qt, &j.kt, &j.vt, &ro, ref_l, pv2)) != 0) goto done;
     const double secs = MPI_Wtime() - t0;
-    rc = mpi_check_judge(&j.xt, lse_path ? &j.xlt : NULL, ref, ref_l, fl, fl_l, n_o, n_l, dt,
-                         atol_text != NULL || rtol_text != NULL, atol, rtol, d->batch * d->heads * d->seqlen_q,
-                         numel4(d->batch, d->seqlen_q, d->heads, d->dv));
+    const mpi_check_in ci = {&j.xt, lse_path ? &j.xlt : NULL, ref, ref_l, pv2, fl, fl_l,
+                             d->batch, j.cq, d->heads, d->dv, d->seqlen_q, j.layout, dt, use_tol, atol, rtol,
+                             d->batch * d->heads * d->seqlen_q, numel4(d->batch, d->seqlen_q, d->heads, d->dv),
+                             row_off};
+    rc = mpi_check_judge(&ci);
     if (mpi_rank == 0)
-        printf("  reference (float64) and baseline over %d ranks, layout %s: %.1f ms\n", mpi_size,
-               fa_ring_layout_name(j.layout), secs * 1e3);
+        printf("  reference (float64%s) and baseline over %d ranks, layout %s: %.1f ms\n",
+               pv2 ? ", with the P^2 pass" : "", mpi_size, fa_ring_layout_name(j.layout), secs * 1e3);
     if (j.ring.stats) mpi_print_stats("check (reference)", &rs);
 done:
-    free(ref), free(ref_l), free(fl), free(fl_l);
+    free(ref), free(ref_l), free(fl), free(fl_l), free(pv2), free(qr), free(kr), free(vr);
     job_free(&j);
     return rc;
 }

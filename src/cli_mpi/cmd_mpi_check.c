@@ -6,10 +6,19 @@
  * The rule: with --atol/--rtol, |test - ref| <= atol + rtol |ref| everywhere.
  * Otherwise FlashAttention's form, 2 x a baseline's max error plus an absolute
  * floor a * max|ref| (a = 2^-9 bf16, 2^-12 f16, 2^-18 f32), where the baseline
- * is the float32 ring's output rounded to the tested dtype. flashattn check's
- * baseline also rounds the inputs and P (a low-precision emulation); that one
- * is not distributed, so this default is stricter for bf16/f16 kernels: pass
- * --atol/--rtol there, or use flashattn check on one machine.
+ * is the float32 ring's output rounded to the tested dtype — for bf16/f16, on
+ * the inputs rounded to that dtype, as a kernel of that precision sees them.
+ * For bf16/f16 the rest of flashattn check's emulation rule comes too
+ * (validate.c, docs/validation.md "The row rule"), with P's rounding — which
+ * the float32 baseline does not do — added to the baseline's error rather than
+ * taken as the larger (flashattn check's emulation rounds P, so there the two
+ * are one draw): each element may pass up to |its baseline error| +
+ * 3u sqrt(sum_j P_j^2 v_jc^2) + u |ref_c|, and each row's L2 error must be within
+ * K x the baseline's on that row + 3u sqrt(sum_j P_j^2 |v_j|^2) + a |ref row|
+ * (K = 2 sqrt(max(1, 64/d_v))), so that a long row that lost keys cannot hide
+ * under a bound the short rows set. sum_j P_j^2 v_jc^2 comes from a
+ * second float64 ring pass: attention with every score doubled (scale and
+ * softcap x2) over V^2 gives exp(LSE2 - 2 LSE) O2 = it, exactly.
  * NaN or Inf in the tested output always fails.
  */
 #include "cli_mpi.h"
@@ -57,20 +66,92 @@ static const char check_usage[] =
     "  --atol A --rtol R  the rule |test - ref| <= A + R*|ref| (either one given; the other is 0)\n"
     "\n"
     "Default rule: max|test - ref| <= 2 x the max error of a baseline + a * max|ref| (a = 2^-9\n"
-    "bf16, 2^-12 f16, 2^-18 f32); the baseline is the float32 ring's output rounded to the dtype.\n"
-    "(flashattn check's baseline also rounds inputs and P; for bf16/f16 kernels this default is\n"
-    "stricter: give --atol/--rtol, or run flashattn check on one machine.) Not here: --sample-rows,\n"
-    "--seed, --diagnose, --qkv-format, --kernel-model.\n"
+    "bf16, 2^-12 f16, 2^-18 f32); the baseline is the float32 ring's output rounded to the dtype\n"
+    "(bf16/f16: on the inputs rounded to it). For bf16/f16 also, as in flashattn check, P's\n"
+    "rounding (which that baseline does not do) is allowed for: an element may pass up to its\n"
+    "baseline error + 3u sqrt(sum_j P_j^2 v_jc^2) + u |ref|, and each row's L2 error must be\n"
+    "within K x the baseline's on that row + 3u sqrt(sum_j P_j^2 |v_j|^2) + a |ref row| (the row\n"
+    "rule, K = 2 sqrt(max(1, 64/d_v))); the sums come from a second float64 pass over the ring.\n"
+    "(flashattn check's baseline rounds P itself and has an allowance for the scores' rounding.)\n"
+    "Not here: --sample-rows, --seed, --diagnose, --qkv-format, --kernel-model.\n"
     "\n%s\n%s\n%s"
     "Exit status: 0 within tolerance; 1 mismatch; 2 bad usage or bad input (every rank).\n";
 
 int mpi_cmd_check(int argc, char **argv) { return mpi_check_main(argc, argv, check_usage); }
 
-/* Judging, after the ring: per-rank maxima reduced over the ranks. */
-int mpi_check_judge(const fa_tensor *test, const fa_tensor *test_lse, const double *ref, const double *ref_lse,
-                    const float *fl, const float *fl_lse, int64_t n_o, int64_t n_l, fa_dtype dt, int use_tol,
-                    double atol, double rtol, int64_t rows_total, int64_t elems_total)
+/* The dtype's unit roundoff (2^-8 bf16, 2^-11 f16, 2^-24 f32), as validate.c's. */
+static double unit_roundoff(fa_dtype dt) { return dt == FA_BF16 ? 0x1p-8 : dt == FA_F16 ? 0x1p-11 : 0x1p-24; }
+
+/* The row rule's factor for rows of dv elements (validate.c's fa_check_row_k). */
+static double row_k(int64_t dv) { return dv >= 64 ? 2.0 : 2.0 * sqrt(64.0 / (double)(dv > 0 ? dv : 1)); }
+
+int mpi_check_round_input(const fa_tensor *in, fa_dtype dt, float **buf, fa_tensor *out)
 {
+    *buf = NULL;
+    *out = *in;
+    if (in->dtype == dt) return 0;
+    const int64_t n = fa_tensor_numel(in);
+    float *x = malloc((size_t)n * sizeof(float) + 1);
+    if (!x) return -1;
+    for (int64_t i = 0; i < n; i++) x[i] = (float)round_to(cli_element(in->data, in->dtype, i), dt);
+    fa_tensor_make(out, x, FA_F32, in->rank, in->shape, NULL);
+    *buf = x;
+    return 0;
+}
+
+int mpi_check_p2(fa_ring_layout layout, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                 const fa_options *ref_opt, const double *ref_lse, double *pv2)
+{
+    const int64_t B = q->shape[0], cq = q->shape[1], H = q->shape[2], d = q->shape[3], dv = v->shape[3];
+    const int64_t nv = fa_tensor_numel(v), n_l = B * H * cq;
+    fa_options o = *ref_opt;
+    o.scale = 2.0 * (o.scale != 0.0 ? o.scale : 1.0 / sqrt((double)d)); /* every score doubled, exactly */
+    o.softcap = 2.0 * o.softcap; /* 2c tanh(2 s / 2c) = 2 (c tanh(s / c)) */
+    double *v2 = malloc((size_t)nv * sizeof(double) + 1), *l2 = malloc((size_t)n_l * sizeof(double) + 1);
+    fa_status st = FA_ERR_NOMEM;
+    int ok = v2 && l2, all_ok;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all_ok) {
+        for (int64_t i = 0; i < nv; i++) {
+            const double x = cli_element(v->data, v->dtype, i);
+            v2[i] = x * x;
+        }
+        fa_tensor v2t, o2t, l2t;
+        const int64_t os[4] = {B, cq, H, dv}, ls[3] = {B, H, cq};
+        fa_tensor_make(&v2t, v2, FA_F64, 4, v->shape, NULL);
+        fa_tensor_make(&o2t, pv2, FA_F64, 4, os, NULL);
+        fa_tensor_make(&l2t, l2, FA_F64, 3, ls, NULL);
+        st = fa_ring_forward(MPI_COMM_WORLD, layout, q, k, &v2t, &o2t, &l2t, &o, NULL);
+    }
+    int rc = 0;
+    if (!all_ok)
+        rc = mpi_rank == 0 ? cli_die("check: out of memory for the P^2 pass (V^2 and its LSE) on a rank")
+                           : CLI_EXIT_USAGE;
+    else if (st != FA_OK)
+        rc = mpi_die_ring(st);
+    if (st == FA_OK) /* O2 [b][i][h][c] scaled in place by exp(LSE2 - 2 LSE) of its row */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < cq; i++)
+                for (int64_t h = 0; h < H; h++) {
+                    const int64_t r = (b * H + h) * cq + i;
+                    const double w = isfinite(ref_lse[r]) && isfinite(l2[r]) ? exp(l2[r] - 2.0 * ref_lse[r]) : 0.0;
+                    double *x = pv2 + ((b * cq + i) * H + h) * dv;
+                    for (int64_t c = 0; c < dv; c++) x[c] = w > 0.0 ? w * x[c] : 0.0;
+                }
+    free(v2);
+    free(l2);
+    return rc;
+}
+
+/* Judging, after the ring: per-rank maxima reduced over the ranks. */
+int mpi_check_judge(const mpi_check_in *in)
+{
+    const fa_tensor *test = in->test, *test_lse = in->test_lse;
+    const double *ref = in->ref, *ref_lse = in->ref_lse, *pv2 = in->pv2;
+    const float *fl = in->fl, *fl_lse = in->fl_lse;
+    const fa_dtype dt = in->dt;
+    const int use_tol = in->use_tol;
+    const int64_t dv = in->dv, n_o = in->batch * in->cq * in->heads * dv, n_l = in->batch * in->heads * in->cq;
     /* pass 1: maxima */
     double loc[5] = {0, 0, 0, 0, 0}; /* max|ref|, max err baseline, max|lse_ref|, max lse err of flash, n non-finite */
     for (int64_t i = 0; i < n_o; i++) {
@@ -87,19 +168,58 @@ int mpi_check_judge(const fa_tensor *test, const fa_tensor *test_lse, const doub
     double glob[5];
     MPI_Allreduce(loc, glob, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     const double a = dt == FA_BF16 ? 0x1p-9 : dt == FA_F16 ? 0x1p-12 : 0x1p-18;
-    const double bound = use_tol ? atol : 2 * glob[1] + a * glob[0];
+    const double bound = use_tol ? in->atol : 2 * glob[1] + a * glob[0];
     const double lse_bound = 2 * glob[3] + 0x1p-18 * glob[2];
-    /* pass 2: errors and failures */
-    double e2[3] = {0, 0, 0}; /* max err, sum err, max lse err */
-    long long f2[2] = {0, 0}; /* failing elements, failing lse rows */
-    for (int64_t i = 0; i < n_o; i++) {
-        const double t = cli_element(test->data, test->dtype, i), r = ref[i];
-        double e = fabs(t - r);
-        if (!isfinite(t)) e = INFINITY;
-        if (!(e <= e2[0])) e2[0] = e;
-        if (isfinite(e)) e2[1] += e;
-        const double lim = use_tol ? atol + rtol * fabs(r) : bound;
-        if (!(e <= lim)) f2[0]++;
+    const double u = unit_roundoff(dt), kr = row_k(dv);
+    const int rows_on = !use_tol && pv2 != NULL;
+    /* pass 2: errors and failures, element by element and row by row */
+    double e2[4] = {0, 0, 0, 0}; /* max err, sum err, max lse err, largest allowance over the bound */
+    long long f2[3] = {0, 0, 0}; /* failing elements, failing lse rows, rows over the row rule */
+    double worst[4] = {-1, -1, -1, -1}; /* the row rule's worst row: ratio, batch, global row, head */
+    for (int64_t row = 0; row < n_o / (dv > 0 ? dv : 1); row++) {
+        double ee = 0, bb = 0, rr = 0, pp = 0, aa = 0;
+        int finite = 1;
+        for (int64_t c = 0; c < dv; c++) {
+            const int64_t i = row * dv + c;
+            const double t = cli_element(in->test->data, test->dtype, i), r = ref[i];
+            double e = fabs(t - r);
+            if (!isfinite(t)) {
+                e = INFINITY;
+                finite = 0;
+            }
+            if (!(e <= e2[0])) e2[0] = e;
+            if (isfinite(e)) e2[1] += e;
+            double lim = use_tol ? in->atol + in->rtol * fabs(r) : bound;
+            const double bse = round_to(fl[i], dt) - r;
+            if (rows_on) { /* the baseline's error (shared: the inputs' rounding), P's rounding, O's */
+                /* (a V past ~1e154 overflows V^2: no allowance there rather than an infinite one) */
+                const double pv = isfinite(pv2[i]) && pv2[i] > 0.0 ? pv2[i] : 0.0;
+                const double al = fabs(bse) + 3.0 * u * sqrt(pv) + u * fabs(r);
+                if (al > bound && al > e2[3]) e2[3] = al;
+                if (al > lim) lim = al;
+                aa += al * al;
+                pp += pv;
+            }
+            if (!(e <= lim)) f2[0]++;
+            if (finite) ee += e * e;
+            bb += bse * bse;
+            rr += r * r;
+        }
+        if (!rows_on || !finite) continue; /* a non-finite row has failed element by element */
+        /* K x the baseline's error (what the kernel shares with it: the inputs' rounding, and a draw of
+         * O's) plus the P floor: the baseline does not round P, so the kernel's P-rounding error adds
+         * to the shared part (flashattn check, whose emulation rounds P, takes the larger of the two) */
+        double b_row = kr * sqrt(bb) + 3.0 * u * sqrt(pp) + a * sqrt(rr);
+        if (sqrt(aa) > b_row) b_row = sqrt(aa);
+        const double e_row = sqrt(ee), ratio = b_row > 0.0 ? e_row / b_row : (e_row > 0.0 ? INFINITY : 0.0);
+        if (ratio > 1.0) f2[2]++;
+        if (ratio > worst[0]) { /* row = (b cq + i) H + h */
+            const int64_t h = row % in->heads, bi = row / in->heads, i = bi % in->cq, b = bi / in->cq;
+            worst[0] = ratio;
+            worst[1] = (double)b;
+            worst[2] = (double)fa_ring_global_row(in->seqlen_q, mpi_size, mpi_rank, in->layout, i);
+            worst[3] = (double)h;
+        }
     }
     for (int64_t i = 0; test_lse && i < n_l; i++) {
         const double t = cli_element(test_lse->data, test_lse->dtype, i), r = ref_lse[i];
@@ -109,31 +229,57 @@ int mpi_check_judge(const fa_tensor *test, const fa_tensor *test_lse, const doub
         if (!(e <= e2[2])) e2[2] = e;
         if (!(e <= lse_bound)) f2[1]++;
     }
-    double g2[3];
-    long long gf[2];
+    double g2[4];
+    long long gf[3];
     MPI_Reduce(e2, g2, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(e2 + 1, g2 + 1, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
-    MPI_Reduce(e2 + 2, g2 + 2, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    MPI_Reduce(f2, gf, 2, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Reduce(e2 + 2, g2 + 2, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(f2, gf, 3, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+    double *all_worst = mpi_rank == 0 ? malloc((size_t)mpi_size * 4 * sizeof(double)) : NULL;
+    MPI_Gather(worst, 4, MPI_DOUBLE, all_worst, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     int rc = 0;
     if (mpi_rank == 0) {
-        const int pass = gf[0] == 0 && gf[1] == 0;
-        printf("check over %d ranks: %s\n", mpi_size, pass ? "PASS" : "FAIL");
+        const int pass = gf[0] == 0 && gf[1] == 0 && gf[2] == 0;
+        if (!pass && gf[0] == 0 && gf[1] == 0)
+            printf("check over %d ranks: FAIL (the row rule: %lld rows; no element over the bound)\n", mpi_size, gf[2]);
+        else
+            printf("check over %d ranks: %s\n", mpi_size, pass ? "PASS" : "FAIL");
         printf("  rule: %s (dtype %s)\n",
                use_tol ? "|test - ref| <= atol + rtol |ref|" : "max|test - ref| <= 2 x baseline + a max|ref|",
                fa_dtype_name(dt));
         if (use_tol)
-            printf("  atol %.3e  rtol %.3e\n", atol, rtol);
+            printf("  atol %.3e  rtol %.3e\n", in->atol, in->rtol);
         else
-            printf("  baseline (float32 ring rounded to %s) max error %.3e; a max|ref| %.3e; bound %.3e\n",
-                   fa_dtype_name(dt), glob[1], a * glob[0], bound);
+            printf("  baseline (float32 ring%s%s, output rounded to %s) max error %.3e; a max|ref| %.3e; bound %.3e\n",
+                   dt == FA_BF16 || dt == FA_F16 ? " on inputs rounded to " : "",
+                   dt == FA_BF16 || dt == FA_F16 ? fa_dtype_name(dt) : "", fa_dtype_name(dt), glob[1], a * glob[0],
+                   bound);
+        if (rows_on && g2[3] > 0)
+            printf("  rounding allowance: an element may pass above the bound up to its own allowance, its "
+                   "baseline error + 3u sqrt(sum_j P_j^2 v_jc^2) + u |ref| (largest %.3e)\n",
+                   g2[3]);
         printf("  output: max |test - ref| %.3e, mean %.3e over %lld elements (%lld rows); %lld out of tolerance\n",
-               g2[0], elems_total ? g2[1] / (double)elems_total : 0.0, (long long)elems_total, (long long)rows_total,
-               gf[0]);
+               g2[0], in->elems_total ? g2[1] / (double)in->elems_total : 0.0, (long long)in->elems_total,
+               (long long)in->rows_total, gf[0]);
+        if (rows_on) {
+            int wr = 0;
+            for (int r = 1; all_worst && r < mpi_size; r++)
+                if (all_worst[4 * r] > all_worst[4 * wr]) wr = r;
+            printf("  row rule: %lld of %lld rows over it (each row's L2 error <= %.3g x the baseline's on that "
+                   "row + 3 u sqrt(sum_j P_j^2 |v_j|^2) + a |ref row|)",
+                   gf[2], (long long)in->rows_total, kr);
+            if (all_worst && all_worst[4 * wr] >= 0)
+                printf("; worst (batch, row, head) = (%.0f, %.0f, %.0f) at %.3g of its bound", all_worst[4 * wr + 1],
+                       all_worst[4 * wr + 2], all_worst[4 * wr + 3], all_worst[4 * wr]);
+            printf("\n");
+        } else if (!use_tol && in->row_rule_off) {
+            printf("  row rule: not applied (%s)\n", in->row_rule_off);
+        }
         if (test_lse)
             printf("  lse: max |test - ref| %.3e (bound %.3e); %lld rows out of tolerance\n", g2[2], lse_bound, gf[1]);
         rc = pass ? CLI_EXIT_OK : CLI_EXIT_MISMATCH;
     }
+    free(all_worst);
     return mpi_share_rc(rc);
 }
 
