@@ -139,6 +139,37 @@ for bad in 1 0; do
     if [ $rc != 0 ] && [ $rc != 124 ] && [ ! -e out.npy ] && [ "$(grep -c '^flashattn' err.txt)" = 1 ]; then ok
     else bad "MPMD, bad option on rank $bad: exit $rc (124 = hung), $(grep -c '^flashattn' err.txt) message lines"; fi
 done
+# the default rule's baseline must exist (hostile review): inputs the dtype cannot hold, and a
+# float32 baseline whose sums overflow, are refused (they gave an infinite bound: garbage passed)
+python3 - <<'PY'
+import numpy as np
+r = np.random.default_rng(5)
+v = r.standard_normal((2, 96, 2, 24)).astype(np.float32)
+v[1, 7, 0, 3] = 1e5  # beyond f16's 65504
+np.save("v_f16big.npy", v)
+np.save("g.npy", (100 * r.standard_normal((2, 48, 4, 24))).astype(np.float32))
+np.save("q5.npy", (0.1 * r.standard_normal((1, 64, 1, 16))).astype(np.float32))
+np.save("k5.npy", r.standard_normal((1, 64, 1, 16)).astype(np.float32))
+np.save("v5.npy", (1e37 * (1 + r.random((1, 64, 1, 16)))).astype(np.float32))  # f32 sums overflow
+np.save("g5.npy", r.standard_normal((1, 64, 1, 16)).astype(np.float32))
+PY
+refuse 2 "V beyond f16 under --dtype f16" check -q q.npy -k k.npy -v v_f16big.npy --out g.npy --dtype f16
+grep -q "v_f16big.npy: element \[1,7,0,3\] = 100000 overflows f16" err.txt || bad "the f16 overflow message names no element"
+refuse 2 "a float32 baseline that overflows" check -q q5.npy -k k5.npy -v v5.npy --out g5.npy
+# NaN in the tested output fails (exit 1), it is not bad input; an LSE's -inf for an empty row is accepted
+python3 -c "import numpy as np; o=np.load('o_sp.npy'); o[0,10,1,3]=np.nan; np.save('o_nan.npy', o)"
+mr 2 check -q q.npy -k k.npy -v v.npy --out o_nan.npy --causal >check.txt 2>err.txt
+rc=$?
+if [ $rc = 1 ] && grep -q "FAIL" check.txt; then ok; else bad "a NaN in the tested output: exit $rc (want 1)"; cat err.txt; fi
+python3 -c "
+import numpy as np; r=np.random.default_rng(6)
+np.save('qe.npy', r.standard_normal((1, 96, 2, 16)).astype(np.float32))
+np.save('ke.npy', r.standard_normal((1, 48, 2, 16)).astype(np.float32))
+np.save('ve.npy', r.standard_normal((1, 48, 2, 16)).astype(np.float32))"
+"$fa" run -q qe.npy -k ke.npy -v ve.npy -o oe.npy --lse le.npy --causal >/dev/null
+python3 -c "import numpy as np,sys; sys.exit(0 if np.isneginf(np.load('le.npy')).any() else 1)" || bad "le.npy has no -inf row"
+if mr 2 check -q qe.npy -k ke.npy -v ve.npy --out oe.npy --lse le.npy --causal >check.txt 2>err.txt; then ok
+else bad "an LSE with -inf for the empty rows (causal, seqlen_q 96 > seqlen_k 48) was not accepted"; cat err.txt; fi
 refuse 2 "dtype-out bf16" run -q q.npy -k k.npy -v v.npy -o out.npy --dtype-out bf16
 refuse 3 "dO of the wrong shape" grad -q q.npy -k k.npy -v v.npy --dout q.npy --dq out.npy --dk dk.npy --dv dv.npy
 refuse 2 "bad layout" run -q q.npy -k k.npy -v v.npy -o out.npy --layout spiral

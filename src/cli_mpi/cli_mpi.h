@@ -72,6 +72,9 @@ typedef struct mpi_check_in {
     const char *row_rule_off; /* bf16/f16 without pv2: why (printed) */
 } mpi_check_in;
 int mpi_check_judge(const mpi_check_in *in);
+/* Rank 0: 0 when every element of `a` (4-d) is finite in dt, else one line naming `path` and the
+ * element (as flashattn check's refusal) and 2. */
+int mpi_check_emulable(const fa_npy *a, const char *path, fa_dtype dt);
 /* A bf16/f16 kernel's view of an input shard: `out` = `in` when it already has dtype dt, else
  * a float32 copy (*buf, to free) rounded to dt. 0, or -1 out of memory. */
 int mpi_check_round_input(const fa_tensor *in, fa_dtype dt, float **buf, fa_tensor *out);

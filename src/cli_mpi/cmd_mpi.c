@@ -41,10 +41,10 @@ static void job_free(job *j)
 
 static int64_t numel4(int64_t a, int64_t b, int64_t c, int64_t d) { return a * b * c * d; }
 
-/* Rank 0: load an array that must have `want` shape (rank n). */
-static int load_shaped(const char *path, const char *role, int n, const int64_t *want, fa_npy *arr)
+/* Rank 0: load an array that must have `want` shape (rank n), finite if `finite`. */
+static int load_shaped(const char *path, const char *role, int n, const int64_t *want, int finite, fa_npy *arr)
 {
-    if (cli_load_array(path, n, 1, role, arr, NULL)) return CLI_EXIT_USAGE;
+    if (cli_load_array(path, n, finite, role, arr, NULL)) return CLI_EXIT_USAGE;
     if (memcmp(arr->shape, want, (size_t)n * sizeof(int64_t)) != 0) {
         char sh[96], ws[96];
         cli_die("%s: shape %s should be %s %s", path, cli_shape(n, arr->shape, sh, sizeof sh), role,
@@ -58,7 +58,8 @@ static int load_shaped(const char *path, const char *role, int n, const int64_t 
 /*
  * Rank 0 loads Q, K, V (and the extra [B][Sq][H][dv] array, and an LSE
  * [B][H][Sq]), refuses what the ring cannot do; the decision and the dims go
- * to every rank, then each rank's rows. Returns 0 or 2 on every rank.
+ * to every rank, then each rank's rows. Returns 0 or 2 on every rank. A dO must
+ * be finite; a tested output and LSE may not be (check fails them, exit 1).
  */
 static int load_and_scatter(job *j, const char *q_path, const char *k_path, const char *v_path, const char *x_path,
                             const char *x_role, const char *xl_path)
@@ -87,11 +88,11 @@ static int load_and_scatter(job *j, const char *q_path, const char *k_path, cons
                 rc = cli_die("%s: %s (layout %s)", k_path, fa_ring_last_error(), fa_ring_layout_name(j->layout));
             if (!rc && x_path) {
                 const int64_t want[4] = {in->batch, in->seqlen_q, in->heads, in->dv};
-                rc = load_shaped(x_path, x_role, 4, want, &j->extra);
+                rc = load_shaped(x_path, x_role, 4, want, !xl_path && !strncmp(x_role, "dO", 2), &j->extra);
             }
             if (!rc && xl_path) {
                 const int64_t want[3] = {in->batch, in->heads, in->seqlen_q};
-                rc = load_shaped(xl_path, "LSE [batch, heads, seqlen_q]", 3, want, &j->extra_lse);
+                rc = load_shaped(xl_path, "LSE [batch, heads, seqlen_q]", 3, want, 0, &j->extra_lse);
                 if (!rc && j->extra_lse.dtype != FA_F32 && j->extra_lse.dtype != FA_F64)
                     rc = cli_die("%s: the LSE must be float32 or float64", xl_path);
             }
@@ -453,6 +454,17 @@ int mpi_check_main(int argc, char **argv, const char *usage)
     if (!dt_text) mpi_check_dtype_default(d, &dt);
     const int64_t n_o = numel4(d->batch, j.cq, d->heads, d->dv), n_l = d->batch * d->heads * j.cq;
     const int use_tol = atol_text != NULL || rtol_text != NULL;
+    if (!use_tol) { /* inputs the tested dtype cannot hold: the default rule's baseline would be inf/NaN */
+        if (mpi_rank == 0)
+            rc = mpi_check_emulable(&j.in.q, q_path, dt) ? CLI_EXIT_USAGE
+                 : mpi_check_emulable(&j.in.k, k_path, dt) ? CLI_EXIT_USAGE
+                 : mpi_check_emulable(&j.in.v, v_path, dt) ? CLI_EXIT_USAGE
+                                                            : 0;
+        if ((rc = mpi_share_rc(rc)) != 0) {
+            job_free(&j);
+            return rc;
+        }
+    }
     const int lowp = !use_tol && (dt == FA_BF16 || dt == FA_F16); /* the bf16/f16 rules */
     double *ref = malloc((size_t)(n_o + 1) * sizeof(double)), *ref_l = malloc((size_t)(n_l + 1) * sizeof(double));
     float *fl = malloc((size_t)(n_o + 1) * sizeof(float)), *fl_l = malloc((size_t)(n_l + 1) * sizeof(float));
@@ -501,10 +513,10 @@ int mpi_check_main(int argc, char **argv, const char *usage)
                              d->batch * d->heads * d->seqlen_q, numel4(d->batch, d->seqlen_q, d->heads, d->dv),
                              row_off};
     rc = mpi_check_judge(&ci);
-    if (mpi_rank == 0)
+    if (mpi_rank == 0 && rc != CLI_EXIT_USAGE)
         printf("  reference (float64%s) and baseline over %d ranks, layout %s: %.1f ms\n",
                pv2 ? ", with the P^2 pass" : "", mpi_size, fa_ring_layout_name(j.layout), secs * 1e3);
-    if (j.ring.stats) mpi_print_stats("check (reference)", &rs);
+    if (j.ring.stats && rc != CLI_EXIT_USAGE) mpi_print_stats("check (reference)", &rs);
 done:
     free(ref), free(ref_l), free(fl), free(fl_l), free(pv2), free(qr), free(kr), free(vr);
     job_free(&j);

@@ -10,11 +10,11 @@
  * the inputs rounded to that dtype, as a kernel of that precision sees them.
  * For bf16/f16 the rest of flashattn check's emulation rule comes too
  * (validate.c, docs/validation.md "The row rule"), with P's rounding — which
- * the float32 baseline does not do — added to the baseline's error rather than
- * taken as the larger (flashattn check's emulation rounds P, so there the two
- * are one draw): each element may pass up to |its baseline error| +
- * 3u sqrt(sum_j P_j^2 v_jc^2) + u |ref_c|, and each row's L2 error must be within
- * K x the baseline's on that row + 3u sqrt(sum_j P_j^2 |v_j|^2) + a |ref row|
+ * the float32 baseline does not do — added to the baseline's error (in
+ * quadrature for rows) rather than taken as the larger (flashattn check's
+ * emulation rounds P, so there the two are one draw): each element may pass up to |its baseline error| +
+ * 3u sqrt(sum_j P_j^2 v_jc^2) + ulp(ref_c), and each row's L2 error must be within
+ * sqrt((K x the baseline's on that row)^2 + 9u^2 sum_j P_j^2 |v_j|^2) + a |ref row|
  * (K = 2 sqrt(max(1, 64/d_v))), so that a long row that lost keys cannot hide
  * under a bound the short rows set. sum_j P_j^2 v_jc^2 comes from a
  * second float64 ring pass: attention with every score doubled (scale and
@@ -69,9 +69,9 @@ static const char check_usage[] =
     "bf16, 2^-12 f16, 2^-18 f32); the baseline is the float32 ring's output rounded to the dtype\n"
     "(bf16/f16: on the inputs rounded to it). For bf16/f16 also, as in flashattn check, P's\n"
     "rounding (which that baseline does not do) is allowed for: an element may pass up to its\n"
-    "baseline error + 3u sqrt(sum_j P_j^2 v_jc^2) + u |ref|, and each row's L2 error must be\n"
-    "within K x the baseline's on that row + 3u sqrt(sum_j P_j^2 |v_j|^2) + a |ref row| (the row\n"
-    "rule, K = 2 sqrt(max(1, 64/d_v))); the sums come from a second float64 pass over the ring.\n"
+    "baseline error + 3u sqrt(sum_j P_j^2 v_jc^2) + ulp(ref), and each row's L2 error must be\n"
+    "within sqrt((K x the baseline's on that row)^2 + 9u^2 sum_j P_j^2 |v_j|^2) + a |ref row| (the\n"
+    "row rule, K = 2 sqrt(max(1, 64/d_v))); the sums come from a second float64 pass over the ring.\n"
     "(flashattn check's baseline rounds P itself and has an allowance for the scores' rounding.)\n"
     "Not here: --sample-rows, --seed, --diagnose, --qkv-format, --kernel-model.\n"
     "\n%s\n%s\n%s"
@@ -84,6 +84,31 @@ static double unit_roundoff(fa_dtype dt) { return dt == FA_BF16 ? 0x1p-8 : dt ==
 
 /* The row rule's factor for rows of dv elements (validate.c's fa_check_row_k). */
 static double row_k(int64_t dv) { return dv >= 64 ? 2.0 : 2.0 * sqrt(64.0 / (double)(dv > 0 ? dv : 1)); }
+
+int mpi_check_emulable(const fa_npy *a, const char *path, fa_dtype dt)
+{
+    const int64_t *sh = a->shape;
+    for (int64_t x = 0; x < a->numel; x++) {
+        const double v = cli_element(a->data, a->dtype, x);
+        if (isfinite(round_to((double)(float)v, dt))) continue;
+        const int64_t e = x % sh[3], c = x / sh[3] % sh[2], b = x / (sh[3] * sh[2]) % sh[1], w = x / (sh[3] * sh[2] * sh[1]);
+        return cli_die("%s: element [%lld,%lld,%lld,%lld] = %g overflows %s (largest finite %s): the %s baseline of the "
+                       "default rule would be inf/NaN; check with --atol/--rtol or a wider --dtype",
+                       path, (long long)w, (long long)b, (long long)c, (long long)e, v, fa_dtype_name(dt),
+                       dt == FA_F16 ? "65504" : dt == FA_BF16 ? "3.39e38" : "3.40e38", fa_dtype_name(dt));
+    }
+    return 0;
+}
+
+/* One unit in the last place of x in dt (bf16 / f16: 2^(exponent - 7 or - 10), at least the
+ * subnormal step). */
+static double ulp_in(double x, fa_dtype dt)
+{
+    const int p = dt == FA_BF16 ? 8 : 11, emin = dt == FA_BF16 ? -126 : -14;
+    int e = emin + 1;
+    if (x != 0.0 && isfinite(x)) frexp(x, &e);
+    return ldexp(1.0, (e - 1 < emin ? emin : e - 1) - (p - 1));
+}
 
 int mpi_check_round_input(const fa_tensor *in, fa_dtype dt, float **buf, fa_tensor *out)
 {
@@ -105,6 +130,8 @@ int mpi_check_p2(fa_ring_layout layout, const fa_tensor *q, const fa_tensor *k, 
     const int64_t B = q->shape[0], cq = q->shape[1], H = q->shape[2], d = q->shape[3], dv = v->shape[3];
     const int64_t nv = fa_tensor_numel(v), n_l = B * H * cq;
     fa_options o = *ref_opt;
+    /* exact only for what the ring accepts: ALiBi's slopes and a sink's logit would have to be
+     * doubled too (the ring refuses both today) */
     o.scale = 2.0 * (o.scale != 0.0 ? o.scale : 1.0 / sqrt((double)d)); /* every score doubled, exactly */
     o.softcap = 2.0 * o.softcap; /* 2c tanh(2 s / 2c) = 2 (c tanh(s / c)) */
     double *v2 = malloc((size_t)nv * sizeof(double) + 1), *l2 = malloc((size_t)n_l * sizeof(double) + 1);
@@ -158,7 +185,11 @@ int mpi_check_judge(const mpi_check_in *in)
         const double r = ref[i], b = round_to(fl[i], dt);
         if (isfinite(r) && fabs(r) > loc[0]) loc[0] = fabs(r);
         const double e = fabs(b - r);
-        if (!(e <= loc[1])) loc[1] = e;
+        if (!isfinite(e)) {
+            loc[4]++; /* the baseline overflowed (float32 sums near FLT_MAX): no bound from it */
+            continue;
+        }
+        if (e > loc[1]) loc[1] = e;
     }
     for (int64_t i = 0; i < n_l; i++) {
         if (isfinite(ref_lse[i]) && fabs(ref_lse[i]) > loc[2]) loc[2] = fabs(ref_lse[i]);
@@ -167,6 +198,14 @@ int mpi_check_judge(const mpi_check_in *in)
     }
     double glob[5];
     MPI_Allreduce(loc, glob, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(loc + 4, glob + 4, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    if (!use_tol && glob[4] > 0) {
+        if (mpi_rank == 0)
+            cli_die("check: the float32 baseline is not finite at %.0f elements (values near float32's range "
+                    "overflow its sums), so the default rule has no bound; check with --atol/--rtol",
+                    glob[4]);
+        return CLI_EXIT_USAGE;
+    }
     const double a = dt == FA_BF16 ? 0x1p-9 : dt == FA_F16 ? 0x1p-12 : 0x1p-18;
     const double bound = use_tol ? in->atol : 2 * glob[1] + a * glob[0];
     const double lse_bound = 2 * glob[3] + 0x1p-18 * glob[2];
@@ -194,7 +233,9 @@ int mpi_check_judge(const mpi_check_in *in)
             if (rows_on) { /* the baseline's error (shared: the inputs' rounding), P's rounding, O's */
                 /* (a V past ~1e154 overflows V^2: no allowance there rather than an infinite one) */
                 const double pv = isfinite(pv2[i]) && pv2[i] > 0.0 ? pv2[i] : 0.0;
-                const double al = fabs(bse) + 3.0 * u * sqrt(pv) + u * fabs(r);
+                /* one ulp of ref, not u |ref|: the kernel and the baseline round values P's rounding
+                 * moved apart, so they may land on neighbouring grid points (a review's point) */
+                const double al = fabs(bse) + 3.0 * u * sqrt(pv) + ulp_in(r, dt);
                 if (al > bound && al > e2[3]) e2[3] = al;
                 if (al > lim) lim = al;
                 aa += al * al;
@@ -207,9 +248,11 @@ int mpi_check_judge(const mpi_check_in *in)
         }
         if (!rows_on || !finite) continue; /* a non-finite row has failed element by element */
         /* K x the baseline's error (what the kernel shares with it: the inputs' rounding, and a draw of
-         * O's) plus the P floor: the baseline does not round P, so the kernel's P-rounding error adds
-         * to the shared part (flashattn check, whose emulation rounds P, takes the larger of the two) */
-        double b_row = kr * sqrt(bb) + 3.0 * u * sqrt(pp) + a * sqrt(rr);
+         * O's) and the P floor, in quadrature: the baseline does not round P, so the kernel's
+         * P-rounding error is an independent part beside the shared one (flashattn check, whose
+         * emulation rounds P, takes the larger of the two; the larger alone reached 0.92 of the
+         * bound on correct models here, the sum 0.64, this 0.63 — docs/distributed.md) */
+        double b_row = sqrt(kr * kr * bb + 9.0 * u * u * pp) + a * sqrt(rr);
         if (sqrt(aa) > b_row) b_row = sqrt(aa);
         const double e_row = sqrt(ee), ratio = b_row > 0.0 ? e_row / b_row : (e_row > 0.0 ? INFINITY : 0.0);
         if (ratio > 1.0) f2[2]++;
@@ -256,7 +299,7 @@ int mpi_check_judge(const mpi_check_in *in)
                    bound);
         if (rows_on && g2[3] > 0)
             printf("  rounding allowance: an element may pass above the bound up to its own allowance, its "
-                   "baseline error + 3u sqrt(sum_j P_j^2 v_jc^2) + u |ref| (largest %.3e)\n",
+                   "baseline error + 3u sqrt(sum_j P_j^2 v_jc^2) + one ulp of ref (largest %.3e)\n",
                    g2[3]);
         printf("  output: max |test - ref| %.3e, mean %.3e over %lld elements (%lld rows); %lld out of tolerance\n",
                g2[0], in->elems_total ? g2[1] / (double)in->elems_total : 0.0, (long long)in->elems_total,
@@ -265,8 +308,8 @@ int mpi_check_judge(const mpi_check_in *in)
             int wr = 0;
             for (int r = 1; all_worst && r < mpi_size; r++)
                 if (all_worst[4 * r] > all_worst[4 * wr]) wr = r;
-            printf("  row rule: %lld of %lld rows over it (each row's L2 error <= %.3g x the baseline's on that "
-                   "row + 3 u sqrt(sum_j P_j^2 |v_j|^2) + a |ref row|)",
+            printf("  row rule: %lld of %lld rows over it (each row's L2 error <= sqrt((%.3g x the baseline's on "
+                   "that row)^2 + (3 u)^2 sum_j P_j^2 |v_j|^2) + a |ref row|)",
                    gf[2], (long long)in->rows_total, kr);
             if (all_worst && all_worst[4 * wr] >= 0)
                 printf("; worst (batch, row, head) = (%.0f, %.0f, %.0f) at %.3g of its bound", all_worst[4 * wr + 1],
