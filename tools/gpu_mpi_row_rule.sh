@@ -1,5 +1,5 @@
 #!/bin/sh
-# tools/gpu_mpi_row_rule.sh OUTDIR — on the GPU machine: `flashattn-mpi check`'s bf16/f16 rules
+# tools/gpu_mpi_row_rule.sh OUTDIR [--long] — on the GPU machine: `flashattn-mpi check`'s bf16/f16 rules
 # (docs/distributed.md, "The command": P's rounding allowance and the row rule over the ring)
 # against real kernels' outputs — PyTorch SDPA's backends on tools/row_rule_sdpa.py's grid and
 # on 8192-16384 keys, and a real kernel run with a window where causal was meant — judged by
@@ -9,6 +9,7 @@
 # Log: OUTDIR/sdpa_mpi.log.
 set -u
 OUT=${1:-build/mpi_row_rule}
+[ $# -gt 0 ] && shift
 mkdir -p "$OUT"
 if ! command -v mpirun >/dev/null; then
     for f in build/ompi-debs/*.deb; do dpkg -x "$f" /tmp/ompi; done
@@ -20,4 +21,4 @@ mpirun --version | head -1
 ldd build/flashattn-mpi | grep "not found"
 make -j"$(nproc)" build/libflashattn.so >"$OUT/build.log" 2>&1 || { echo "gpu_mpi_row_rule: build failed"; tail -20 "$OUT/build.log"; exit 2; }
 FA_MPI_NP=${NP:-4} FA_MPI_THREADS=${THREADS:-4} FA_MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none" \
-    FA_BUILD=build PYTHONUNBUFFERED=1 python3 tools/row_rule_sdpa.py 2>&1 | tee "$OUT/sdpa_mpi.log"
+    FA_BUILD=build PYTHONUNBUFFERED=1 python3 tools/row_rule_sdpa.py "$@" 2>&1 | tee "$OUT/sdpa_mpi.log"

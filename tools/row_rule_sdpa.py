@@ -6,12 +6,12 @@ element rule's ratio, the worst row's fraction of its row bound, the verdict —
 the largest row fraction of the correct outputs. Then two wrong outputs that the row rule is
 for: a window of W - 6 keys where a causal mask was meant, on a real kernel.
 
-    FA_BUILD=build python3 tools/row_rule_sdpa.py [--quick]
+    FA_BUILD=build python3 tools/row_rule_sdpa.py [--quick | --long]
 
 With FA_MPI_NP=P each output is judged by `mpirun -np P build/flashattn-mpi check` instead
 (tools/row_rule_study.py's check_mpi: FA_MPIRUN, FA_MPI_THREADS), on the grid's shapes whose
-lengths split over the ranks plus longer ones (8192 and 16384 keys), and the wrong output's
-window is checked at 8192.
+lengths split over the ranks plus longer ones (8192 to 32768 keys; --long: those alone), and the
+wrong output's window is checked at 8192.
 
 Needs torch with CUDA and build/libflashattn.so. Exit status 1 when a correct output fails or a
 wrong one passes.
@@ -45,7 +45,7 @@ SHAPES = [(2, 4, 4, 256, 256, 64, False, 1.0), (1, 8, 8, 1024, 1024, 128, True, 
           (1, 2, 2, 4096, 4096, 64, True, 1.0)]
 QUICK = SHAPES[:4]
 LONG = [(1, 4, 4, 8192, 8192, 128, True, 1.0), (1, 4, 4, 16384, 16384, 64, True, 1.0),
-        (1, 4, 4, 8192, 8192, 64, False, 3.0)]
+        (1, 4, 4, 8192, 8192, 64, False, 3.0), (1, 2, 2, 32768, 32768, 64, True, 1.0)]
 MPI = int(os.environ.get("FA_MPI_NP", "0"))
 if MPI:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -103,6 +103,8 @@ def main():
             shapes = QUICK if quick else SHAPES
             if MPI:  # lengths the ring splits (2P chunks under causal), then the long ones
                 shapes = [x for x in shapes if x[3] % (2 * MPI) == 0 and x[4] % (2 * MPI) == 0] + LONG
+                if "--long" in sys.argv:
+                    shapes = LONG
             for n, shape in enumerate(shapes):
                 try:
                     q, k, v, o = run(backend, dt, shape, 1000 + n)

@@ -82,7 +82,7 @@ int mpi_check_round_input(const fa_tensor *in, fa_dtype dt, float **buf, fa_tens
  * from a second float64 ring pass with every score doubled over V^2; ref_lse: the reference's
  * LSE [B][H][cq]. Collective; 0, or 2 on every rank (rank 0 printed why). */
 int mpi_check_p2(fa_ring_layout layout, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
-                 const fa_options *ref_opt, const double *ref_lse, double *pv2);
+                 const fa_options *ref_opt, const double *ref_lse, double *pv2, fa_ring_stats *stats);
 int mpi_check_dtype_default(const mpi_dims *d, fa_dtype *dt);
 
 #endif /* FA_CLI_MPI_H */

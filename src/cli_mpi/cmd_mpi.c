@@ -506,7 +506,8 @@ int mpi_check_main(int argc, char **argv, const char *usage)
         rc = mpi_die_ring(st);
         goto done;
     }
-    if (pv2 && (rc = mpi_check_p2(j.layout, &j.qt, &j.kt, &j.vt, &ro, ref_l, pv2)) != 0) goto done;
+    fa_ring_stats ps;
+    if (pv2 && (rc = mpi_check_p2(j.layout, &j.qt, &j.kt, &j.vt, &ro, ref_l, pv2, &ps)) != 0) goto done;
     const double secs = MPI_Wtime() - t0;
     const mpi_check_in ci = {&j.xt, lse_path ? &j.xlt : NULL, ref, ref_l, pv2, fl, fl_l,
                              d->batch, j.cq, d->heads, d->dv, d->seqlen_q, j.layout, dt, use_tol, atol, rtol,
@@ -516,7 +517,10 @@ int mpi_check_main(int argc, char **argv, const char *usage)
     if (mpi_rank == 0 && rc != CLI_EXIT_USAGE)
         printf("  reference (float64%s) and baseline over %d ranks, layout %s: %.1f ms\n",
                pv2 ? ", with the P^2 pass" : "", mpi_size, fa_ring_layout_name(j.layout), secs * 1e3);
-    if (j.ring.stats && rc != CLI_EXIT_USAGE) mpi_print_stats("check (reference)", &rs);
+    if (j.ring.stats && rc != CLI_EXIT_USAGE) {
+        mpi_print_stats("check (reference)", &rs);
+        if (pv2) mpi_print_stats("check (P^2 pass)", &ps);
+    }
 done:
     free(ref), free(ref_l), free(fl), free(fl_l), free(pv2), free(qr), free(kr), free(vr);
     job_free(&j);

@@ -125,7 +125,7 @@ int mpi_check_round_input(const fa_tensor *in, fa_dtype dt, float **buf, fa_tens
 }
 
 int mpi_check_p2(fa_ring_layout layout, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
-                 const fa_options *ref_opt, const double *ref_lse, double *pv2)
+                 const fa_options *ref_opt, const double *ref_lse, double *pv2, fa_ring_stats *stats)
 {
     const int64_t B = q->shape[0], cq = q->shape[1], H = q->shape[2], d = q->shape[3], dv = v->shape[3];
     const int64_t nv = fa_tensor_numel(v), n_l = B * H * cq;
@@ -148,7 +148,7 @@ int mpi_check_p2(fa_ring_layout layout, const fa_tensor *q, const fa_tensor *k, 
         fa_tensor_make(&v2t, v2, FA_F64, 4, v->shape, NULL);
         fa_tensor_make(&o2t, pv2, FA_F64, 4, os, NULL);
         fa_tensor_make(&l2t, l2, FA_F64, 3, ls, NULL);
-        st = fa_ring_forward(MPI_COMM_WORLD, layout, q, k, &v2t, &o2t, &l2t, &o, NULL);
+        st = fa_ring_forward(MPI_COMM_WORLD, layout, q, k, &v2t, &o2t, &l2t, &o, stats);
     }
     int rc = 0;
     if (!all_ok)
