@@ -88,7 +88,7 @@ static int load_and_scatter(job *j, const char *q_path, const char *k_path, cons
                 rc = cli_die("%s: %s (layout %s)", k_path, fa_ring_last_error(), fa_ring_layout_name(j->layout));
             if (!rc && x_path) {
                 const int64_t want[4] = {in->batch, in->seqlen_q, in->heads, in->dv};
-                rc = load_shaped(x_path, x_role, 4, want, !xl_path && !strncmp(x_role, "dO", 2), &j->extra);
+                rc = load_shaped(x_path, x_role, 4, want, !strncmp(x_role, "dO", 2), &j->extra); /* dO: finite */
             }
             if (!rc && xl_path) {
                 const int64_t want[3] = {in->batch, in->heads, in->seqlen_q};
