@@ -84,8 +84,15 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 import row_rule_study as rr
 r = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
-q = rr.round_bf16(1.5 * r.standard_normal((1, 1024, 4, 64)))
+q = 1.5 * r.standard_normal((1, 1024, 4, 64))
 k = rr.round_bf16(r.standard_normal((1, 1024, 2, 64)))
+# rows 1021-1023 lean towards key 0 (its logit ~2.4 above their mean: P ~ 0.4%), the key a
+# window of 1020 takes from them below. On purely random draws 2 of 60 such outputs passed
+# `flashattn check` (the keys left out happened to weigh little): a flaky test. With the lean,
+# 60 of 60 failed it by the row rule (worst row 1.9-6.7x its bound), most by the element rule
+# too, and the correct FA2 model passed 60 of 60.
+q[0, 1021:, :, :] += 0.3 * k[0, 0, [0, 0, 1, 1], :]
+q = rr.round_bf16(q)
 v = r.standard_normal((1, 1024, 2, 64))
 v[..., 5] *= 100  # an outlier channel: P's rounding then dominates the row errors
 v = rr.round_bf16(v)
@@ -100,7 +107,8 @@ then ok; else bad "flashattn-mpi check rejects a correct bf16 FA2-style output (
 rc1=$?
 mr 2 check -q qb.npy -k kb.npy -v vb.npy --out ow.npy --causal >check.txt 2>/dev/null
 rc=$?
-# (the element rule alone passed it before the row rule: rows 1021-1023 lose 1-3 of ~1000 keys)
+# (the element rule alone passed it before the row rule: rows 1021-1023 lose 1-3 of ~1000 keys,
+# key 0 among them)
 if [ $rc = 1 ] && [ $rc1 = 1 ] && grep -q "^  row rule: [1-9][0-9]* of 4096 rows over it" check.txt &&
     grep -q "^row rule: [1-9][0-9]* of 4096 rows over it" check1.txt; then ok
 else bad "a window of 1020 keys for a causal mask at 1024: flashattn-mpi check exit $rc, flashattn check $rc1 (want 1, 1, rows over the row rule in both)"
