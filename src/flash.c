@@ -463,6 +463,7 @@ static void flash_task(const fa_problem *p, const fa_kernels *kern, const flash_
 }
 
 static int region_threads(const fa_problem *p, const flash_dims *g);
+static int pack_overlap(const fa_problem *p, int nthreads);
 
 /*
  * The shared packing: how many (batch, kv head) pairs are packed at once
@@ -477,8 +478,9 @@ static int region_threads(const fa_problem *p, const flash_dims *g);
  * N = 1024, d = 64, 8 heads, 1 thread, one pass of all 8 heads (4 MiB) spent
  * 2.6 ms of a 13 ms causal call packing, one head a pass 1.3 ms.
  */
-static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *heads_per_pass)
+static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *heads_per_pass, int *sets)
 {
+    *sets = 1;
     const size_t nkb = (size_t)((p->seqlen_k + g->bc - 1) / g->bc);
     const size_t per_kb = (size_t)p->d * g->ldk + (size_t)g->bc * g->ldv; /* floats per key block */
     size_t cap = p->pack_max_bytes; /* 0 forces per-tile packing */
@@ -489,8 +491,9 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     *heads_per_pass = 0;
     if (nkb == 0 || nkb > cap / sizeof(float) / per_kb) return 0;
     const size_t slot = nkb * per_kb * sizeof(float) + ((nkb + 63) & ~(size_t)63); /* + v_bad, to 64 B */
+    const int64_t pairs = p->batch * p->heads_k;
     int64_t n = slot <= cap ? (int64_t)(cap / slot) : 0;
-    if (n > p->batch * p->heads_k) n = p->batch * p->heads_k;
+    if (n > pairs) n = pairs;
     if (n > 1) {
         size_t l1, l2, l3, line;
         int src;
@@ -498,8 +501,16 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
         /* K^T and V bytes of one pair (its slot less the flags) against the threads' L2 */
         const size_t kv = nkb * per_kb * sizeof(float), warm = fa_mul_sat((size_t)region_threads(p, g), l2);
         if ((size_t)n * kv > warm) n = warm / kv > 1 ? (int64_t)(warm / kv) : 1;
-        /* the same number of passes, spread evenly (the driver's loop): 4 + 4 pairs, not 7 + 1 */
-        const int64_t pairs = p->batch * p->heads_k, passes = (pairs + n - 1) / n;
+    }
+    /* more than one pass, overlapped (pack_overlap): a second set of slots, so that the
+     * next pass is packed beside this one's tasks; both sets within the cap, with fewer
+     * pairs a pass if need be */
+    if (n >= 1 && n < pairs && pack_overlap(p, region_threads(p, g)) && slot <= cap / 2) {
+        if ((size_t)n > cap / 2 / slot) n = (int64_t)(cap / 2 / slot);
+        *sets = 2;
+    }
+    if (n > 1) { /* the same number of passes, spread evenly (the driver's loop): 4 + 4 pairs, not 7 + 1 */
+        const int64_t passes = (pairs + n - 1) / n;
         n = (pairs + passes - 1) / passes;
     }
     *heads_per_pass = n;
@@ -507,12 +518,13 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
 }
 
 /* Bytes of the two sets of pack_sync counters after the slots (per_pass > 0): each set's
- * claim counter on a cache line of its own, then its done counts, to a whole line. */
+ * claim counter on a cache line of its own, its pass and counts on another, then its slots'
+ * ready counts, to a whole line; then the call's task counter on a line of its own. */
 static size_t sync_set_bytes(int64_t per_pass)
 {
-    return 64 + ((fa_mul_sat((size_t)per_pass, sizeof(_Atomic int64_t)) + 63) & ~(size_t)63);
+    return 128 + ((fa_mul_sat((size_t)per_pass, sizeof(_Atomic int64_t)) + 63) & ~(size_t)63);
 }
-static size_t sync_bytes(int64_t per_pass) { return fa_mul_sat(2, sync_set_bytes(per_pass)); }
+static size_t sync_bytes(int64_t per_pass) { return fa_add_sat(fa_mul_sat(2, sync_set_bytes(per_pass)), 64); }
 
 /* Slot s of the shared packing (see flash_packed). */
 static flash_packed packed_slot(char *base, size_t slot_bytes, int64_t s, const fa_problem *p,
@@ -541,11 +553,14 @@ size_t fa_flash_workspace(const fa_problem *p)
     if (fa_decode_applies(p)) return fa_decode_workspace(p);
     flash_dims g = flash_layout(p);
     int64_t per_pass;
-    size_t slot = shared_plan(p, &g, &per_pass);
+    int sets;
+    size_t slot = shared_plan(p, &g, &per_pass, &sets);
     /* per thread that gets a task: the parallel region's own clamp */
     const size_t threads = (size_t)region_threads(p, &g);
     const size_t own = fa_add_sat(fa_mul_sat(threads, fa_mul_sat(scratch_floats(p, &g), sizeof(float))),
-                                  per_pass > 0 ? fa_add_sat(fa_mul_sat((size_t)per_pass, slot), sync_bytes(per_pass)) : 0);
+                                  per_pass > 0 ? fa_add_sat(fa_mul_sat((size_t)sets, fa_mul_sat((size_t)per_pass, slot)),
+                                                            sync_bytes(per_pass))
+                                               : 0);
     /* FA_AMX=1: the AMX path's buffers, or this path's when it hands over (amx.h) */
     const size_t amx = fa_amx_applies(p) ? fa_amx_workspace(p) : 0;
     return amx > own ? amx : own;
@@ -721,48 +736,71 @@ static void pack_unit(const fa_problem *p, const fa_kernels *kern, const flash_d
 }
 
 /*
- * The packing overlapped with the tasks (pack_overlap). A pass's pack units
- * (slot-major) are claimed from one counter, next, and each slot counts its
- * units done in ready[slot]; the tasks are handed out slot by slot. Before a
- * task of slot s computes, its thread packs its share (pack_pass.ahead) of
- * the units of slots up to s + 1 still unclaimed, so the next slot's packing
- * runs beside this slot's arithmetic; then, while slot s is not complete, it packs
- * unclaimed units of slots up to s, or waits for the ones in flight (a unit is
- * claimed only by a thread that packs it at once, so the wait ends). Two sets
- * of counters alternate by pass: set (pass + 1) % 2, last used by the previous
- * pass, is cleared by thread 0 during this one, after the previous pass's
- * closing barrier and before this pass's.
+ * The packing overlapped with the tasks, in passes without barriers (pack_overlap).
+ * A pass's pack units (slot-major) are claimed from one counter and each slot
+ * counts its units packed in ready[slot]; the tasks are handed out slot by slot,
+ * pass after pass, from one counter for the whole call. Before a task of slot s
+ * computes, its thread packs its share (pack_pass.ahead) of the units of slots up
+ * to s + 1 still unclaimed (after a pass's last slot, the next pass's first), so
+ * the next slot's packing runs beside this slot's arithmetic; then, while slot s is
+ * not complete, it packs unclaimed units of slots up to s, or waits for the ones in
+ * flight (a unit is claimed only by a thread that packs it at once, so the wait
+ * ends).
+ *
+ * Pass q packs into set q % nsets of slots (two sets where they fit the packing's
+ * cap, else one), each set with counters of its own. A set goes on to pass
+ * q + nsets when the last of pass q's task indices is done: the thread that
+ * finishes it closes the claim counter, waits for the units in flight, clears
+ * the counters and hands the set on (gen = q + nsets, release); a task of pass q
+ * first waits for gen == q (acquire). So no thread waits at a pass's end for all
+ * the others, as it did at the barrier that closed every pass before: with two
+ * sets only a pass two behind holds a pass up. The claim counter carries the
+ * pass in its top bits, so a claim read before the set moved on fails.
  */
 typedef struct pack_sync {
-    _Atomic int64_t *next;  /* pack units claimed so far (a line of its own) */
-    _Atomic int64_t *ready; /* [per_pass]: units of each slot packed */
+    _Atomic int64_t *next;   /* pass_tag(pass) | units claimed (a line of its own) */
+    _Atomic int64_t *gen;    /* the pass whose slots the set holds */
+    _Atomic int64_t *done;   /* task indices of that pass finished */
+    _Atomic int64_t *packed; /* units of it packed */
+    _Atomic int64_t *ready;  /* [per_pass]: units of each slot packed */
 } pack_sync;
+
+/* The claim counter: the pass's low 23 bits above 40 bits of count (a set's units are far
+ * fewer than 2^40: each is a whole key block of K^T and V in memory; passes 2^23 apart share
+ * a tag, and a claim that stale would need its thread to sleep through 8 million passes). */
+#define PACK_COUNT_BITS 40
+#define PACK_COUNT_MASK ((INT64_C(1) << PACK_COUNT_BITS) - 1)
+static int64_t pass_tag(int64_t pass) { return (pass & 0x7fffff) << PACK_COUNT_BITS; }
 
 typedef struct pack_pass {
     const fa_problem *p;
     const fa_kernels *kern;
     const flash_dims *g;
-    char *shared;
+    char *shared; /* the pass's set of slots */
     size_t slot;
-    int64_t first, nkb, units;
+    int64_t pass, first, nkb, units;
     int ahead; /* units a task packs for the next slot: nkb over the tasks of a slot, rounded up */
     const pack_sync *sync;
 } pack_pass;
 
-/* Claim the next unit if it lies below `limit` and pack it; 0 when none is left there. */
+/* Claim the next unit of the pass if it lies below `limit` and pack it; 0 when none is left
+ * there or the set is not the pass's yet. */
 static int pack_one_below(const pack_pass *pp, int64_t limit)
 {
     if (limit > pp->units) limit = pp->units;
-    int64_t u = atomic_load_explicit(pp->sync->next, memory_order_relaxed);
+    const int64_t tag = pass_tag(pp->pass);
+    int64_t x = atomic_load_explicit(pp->sync->next, memory_order_acquire);
     for (;;) {
-        if (u >= limit) return 0;
-        if (atomic_compare_exchange_weak_explicit(pp->sync->next, &u, u + 1, memory_order_relaxed,
-                                                  memory_order_relaxed))
+        if ((x & ~PACK_COUNT_MASK) != tag || (x & PACK_COUNT_MASK) >= limit) return 0;
+        if (atomic_compare_exchange_weak_explicit(pp->sync->next, &x, x + 1, memory_order_acquire,
+                                                  memory_order_acquire))
             break;
     }
+    const int64_t u = x & PACK_COUNT_MASK;
     pack_unit(pp->p, pp->kern, pp->g, pp->shared, pp->slot, pp->first, pp->nkb, u);
     if (fa_count_test > 0) atomic_fetch_add_explicit(&fa_count_overlap_units, 1, memory_order_relaxed); /* tests */
     atomic_fetch_add_explicit(&pp->sync->ready[u / pp->nkb], 1, memory_order_release);
+    atomic_fetch_add_explicit(pp->sync->packed, 1, memory_order_release);
     return 1;
 }
 
@@ -784,18 +822,45 @@ static void wait_pause(unsigned spins)
     }
 }
 
-/* Zero a set of counters (before the region, and for the pass after next). */
-static void pack_sync_reset(const pack_sync *ps, int64_t per_pass)
+/* Set k's counters for its first pass, k (before the region). */
+static void pack_sync_reset(const pack_sync *ps, int64_t per_pass, int64_t k)
 {
-    atomic_store_explicit(ps->next, 0, memory_order_relaxed);
+    atomic_store_explicit(ps->next, pass_tag(k), memory_order_relaxed);
+    atomic_store_explicit(ps->done, 0, memory_order_relaxed);
+    atomic_store_explicit(ps->packed, 0, memory_order_relaxed);
     for (int64_t s = 0; s < per_pass; s++) atomic_store_explicit(&ps->ready[s], 0, memory_order_relaxed);
+    atomic_store_explicit(ps->gen, k, memory_order_relaxed);
 }
 
-/* Before a task of slot s: its share of the next slot's units, then slot s whole. */
-static void pack_await(const pack_pass *pp, int64_t s)
+/* Until the set holds pass q. */
+static void set_await(const pack_sync *ps, int64_t q)
 {
-    for (int k = 0; k < pp->ahead && pack_one_below(pp, (s + 2) * pp->nkb); k++) {
-    }
+    for (unsigned spins = 1; atomic_load_explicit(ps->gen, memory_order_acquire) != q; spins++) wait_pause(spins);
+}
+
+/* Pass q's last task index is done: hand its set on to pass q + nsets. */
+static void set_hand_on(const pack_sync *ps, int64_t q, int nsets, int64_t per_pass)
+{
+    /* close the claims (a count no limit reaches), then wait for the units in flight */
+    const int64_t x = atomic_exchange_explicit(ps->next, pass_tag(q) | PACK_COUNT_MASK, memory_order_acq_rel);
+    const int64_t claimed = x & PACK_COUNT_MASK;
+    for (unsigned spins = 1; atomic_load_explicit(ps->packed, memory_order_acquire) < claimed; spins++)
+        wait_pause(spins);
+    atomic_store_explicit(ps->done, 0, memory_order_relaxed);
+    atomic_store_explicit(ps->packed, 0, memory_order_relaxed);
+    for (int64_t s = 0; s < per_pass; s++) atomic_store_explicit(&ps->ready[s], 0, memory_order_relaxed);
+    atomic_store_explicit(ps->next, pass_tag(q + nsets), memory_order_release);
+    atomic_store_explicit(ps->gen, q + nsets, memory_order_release);
+}
+
+/* Before a task of slot s: its share of the next slot's units (`nx`: the next pass, after
+ * this pass's last slot, or NULL), then slot s whole. */
+static void pack_await(const pack_pass *pp, const pack_pass *nx, int64_t s)
+{
+    int k = 0;
+    while (k < pp->ahead && pack_one_below(pp, (s + 2) * pp->nkb)) k++;
+    if (nx && (s + 1) * pp->nkb >= pp->units)
+        while (k < pp->ahead && pack_one_below(nx, nx->nkb)) k++;
     for (unsigned spins = 1; atomic_load_explicit(&pp->sync->ready[s], memory_order_acquire) < pp->nkb; spins++)
         if (!pack_one_below(pp, (s + 1) * pp->nkb)) wait_pause(spins);
 }
@@ -810,6 +875,54 @@ static void pack_await(const pack_pass *pp, int64_t s)
 static int pack_overlap(const fa_problem *p, int nthreads)
 {
     return nthreads >= 2 && p->task_chunk <= 0 && !causal_like(p);
+}
+
+/* One pass of the shared packing: its pairs, its tasks in the order they are handed out
+ * (pass_task), and how many task indices (the tail's pieces counted). */
+typedef struct pass_plan {
+    int64_t first, npass, lead, count;
+    int sub;
+    pass_order ord;
+    int ahead; /* overlapped: units of the next slot a task packs */
+} pass_plan;
+
+static void plan_pass(const fa_problem *p, const flash_dims *g, int64_t pass, int64_t passes, int nthreads,
+                      int chunk, int sub, pass_plan *pl)
+{
+    const int64_t nbhk = p->batch * p->heads_k, group = p->heads / p->heads_k;
+    const int64_t nqb = (p->seqlen_q + g->br - 1) / g->br, nkb = (p->seqlen_k + g->bc - 1) / g->bc;
+    pl->first = pass * nbhk / passes;
+    pl->npass = (pass + 1) * nbhk / passes - pl->first;
+    /* every Q block (or piece of one) of every query head that reads the pass's pairs */
+    const int64_t heads_in_pass = pl->npass * group;
+    const int piece = fa_piece_rows(heads_in_pass * nqb, nthreads, g->br, p->kern->row_block);
+    const int64_t npc = (g->br + piece - 1) / piece; /* pieces per Q block */
+    const int64_t per_head = nqb * npc;
+    const int64_t per_slot = group * per_head > 0 ? group * per_head : 1;
+    pl->ahead = (int)((nkb + per_slot - 1) / per_slot);
+    pl->ord = (pass_order){pl->first, heads_in_pass, group, per_head, npc, chunk, g->br, piece};
+    /* the tasks from `lead` on — the last ones handed out, as many non-empty ones as
+     * threads — in `sub` pieces each (tail_split; one thread has no one to wait for).
+     * Empty tasks (a shorter sequence, pieces past a short last block) are passed over
+     * in the count, wherever the order puts them. */
+    const int64_t ntask = heads_in_pass * per_head;
+    pl->sub = sub > 1 && nthreads > 1 ? sub : 1;
+    pl->lead = ntask;
+    if (pl->sub > 1)
+        for (int k = 0; pl->lead > 0 && k < nthreads;) {
+            int64_t sidx, b, h, i0, rows;
+            if (pass_task(p, &pl->ord, --pl->lead, &sidx, &b, &h, &i0, &rows)) k++;
+        }
+    pl->count = pl->lead + (ntask - pl->lead) * pl->sub;
+}
+
+/* Task index u of a pass: 0 when it is empty, else its slot, sequence, head and rows. */
+static int plan_task(const fa_problem *p, const pass_plan *pl, int64_t u, int64_t *sidx, int64_t *b, int64_t *h,
+                     int64_t *i0, int64_t *rows)
+{
+    const int64_t t = u < pl->lead ? u : pl->lead + (u - pl->lead) / pl->sub;
+    if (!pass_task(p, &pl->ord, t, sidx, b, h, i0, rows)) return 0;
+    return u < pl->lead || tail_part(pl->sub, (int)((u - pl->lead) % pl->sub), p->kern->row_block, i0, rows);
 }
 
 static fa_status flash_forward_tiles(const fa_problem *p);
@@ -858,31 +971,42 @@ static fa_status flash_forward_tiles(const fa_problem *p)
      *    overlap ran those calls 1.08-1.15x faster at 16 threads, 1.07x at
      *    8, 1.01-1.02x at 2 and 4, while the slot-by-slot order alone (a
      *    packing phase first) ran them 0.93-0.97x (docs/performance.md,
-     *    "Nineteenth session"). Not under a causal mask: there the order
-     *    alone cost 4-13% on 2-8 threads, more than the overlap gave back
-     *    below 16. Same bits: a unit's packing is the same whoever does
-     *    it, and a task starts only once its slot is whole. (The counters'
-     *    relaxed claims and release/acquire counts are ordered across
-     *    passes by the task loop's closing barrier, a full fence in libgomp
-     *    and libomp.)
+     *    "Nineteenth session"). Nor do its passes end at a barrier: the
+     *    tasks of all passes come from one counter, and a pass waits only for
+     *    its set of slots (pack_sync: the pass two before it, with two sets).
+     *    Not under a causal mask: there the order alone cost 4-13% on 2-8
+     *    threads, more than the overlap gave back below 16; those passes pack
+     *    in a phase, then compute, with a barrier after each. Same bits: a
+     *    unit's packing is the same whoever does it, and a task starts only
+     *    once its slot is whole (the slot's ready count, release/acquire).
      *  - per tile (long sequences): each task packs each tile it visits into
      *    its own scratch, so memory stays O(threads x block) at any length.
      */
     int64_t per_pass;
-    const size_t slot = shared_plan(p, &g, &per_pass);
+    int nsets; /* sets of slots, planned for the region's thread count (shared_plan; a region
+                * given fewer threads packs in phases, into the first) */
+    const size_t slot = shared_plan(p, &g, &per_pass, &nsets);
+    const size_t set_bytes = (size_t)per_pass * slot;
     char *shared = NULL;
-    pack_sync sync[2] = {{NULL, NULL}, {NULL, NULL}};
+    pack_sync sync[2];
+    _Atomic int64_t *next_task = NULL; /* the overlapped passes' task counter */
+    memset(sync, 0, sizeof sync);
     if (per_pass > 0) {
-        shared = fa_scratch_alloc(p, (size_t)per_pass * slot + sync_bytes(per_pass));
-        if (!shared)
-            return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes for packed K/V",
-                           (size_t)per_pass * slot + sync_bytes(per_pass));
+        const size_t bytes = (size_t)nsets * set_bytes + sync_bytes(per_pass);
+        shared = fa_scratch_alloc(p, bytes);
+        if (!shared) return fa_fail(FA_ERR_NOMEM, "flash: could not allocate %zu bytes for packed K/V", bytes);
+        char *ctr = shared + (size_t)nsets * set_bytes;
         for (int k = 0; k < 2; k++) {
-            char *set = shared + (size_t)per_pass * slot + (size_t)k * sync_set_bytes(per_pass);
+            char *set = ctr + (size_t)k * sync_set_bytes(per_pass);
             sync[k].next = (_Atomic int64_t *)set;
-            sync[k].ready = (_Atomic int64_t *)(set + 64);
-            pack_sync_reset(&sync[k], per_pass);
+            sync[k].gen = (_Atomic int64_t *)(set + 64);
+            sync[k].done = sync[k].gen + 1;
+            sync[k].packed = sync[k].gen + 2;
+            sync[k].ready = (_Atomic int64_t *)(set + 128);
+            pack_sync_reset(&sync[k], per_pass, k);
         }
+        next_task = (_Atomic int64_t *)(ctr + 2 * sync_set_bytes(per_pass));
+        atomic_store_explicit(next_task, 0, memory_order_relaxed);
     }
 
 #ifdef _OPENMP
@@ -906,59 +1030,62 @@ static fa_status flash_forward_tiles(const fa_problem *p)
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-        if (shared) {
-            /* passes of at most per_pass pairs, their sizes differing by one at most
-             * (16 pairs, 3 a pass: 3 3 3 3 2 2, not 3 3 3 3 3 1) */
-            const int64_t nbhk = p->batch * p->heads_k, passes = (nbhk + per_pass - 1) / per_pass;
-            const int overlap = pack_overlap(p, nthreads);
-            for (int64_t pass = 0; pass < passes && !failed; pass++) {
-                const int64_t first = pass * nbhk / passes, npass = (pass + 1) * nbhk / passes - first;
-                if (overlap) {
-#ifdef _OPENMP
-                    if (pass > 0 && omp_get_thread_num() == 0) /* the previous pass's set, for the next */
-                        pack_sync_reset(&sync[(pass + 1) % 2], per_pass);
-#endif
-                } else {
-                    /* pack K^T and V of `npass` (batch, kv head) pairs, all threads together */
+        /* passes of at most per_pass pairs, their sizes differing by one at most
+         * (16 pairs, 3 a pass: 3 3 3 3 2 2, not 3 3 3 3 3 1) */
+        const int64_t nbhk = p->batch * p->heads_k, passes = per_pass > 0 ? (nbhk + per_pass - 1) / per_pass : 0;
+        if (shared && !failed && nqb > 0 && pack_overlap(p, nthreads)) {
+            /* overlapped: slot by slot (pass_task's chunk 1), pass after pass, no barrier
+             * between passes (pack_sync); the tail of the last pass in pieces (of every
+             * pass with one set, where a pass waits for the one before) */
+            pass_plan pl;
+            int64_t q = 0, start = 0;
+            const int sub = tail_split(p);
+            plan_pass(p, &g, 0, passes, nthreads, 1, nsets == 1 || passes == 1 ? sub : 1, &pl);
+            for (;;) {
+                const int64_t u = atomic_fetch_add_explicit(next_task, 1, memory_order_relaxed);
+                while (q < passes && u >= start + pl.count) { /* a thread's indices only grow */
+                    start += pl.count;
+                    if (++q < passes) plan_pass(p, &g, q, passes, nthreads, 1, nsets == 1 || q == passes - 1 ? sub : 1, &pl);
+                }
+                if (q >= passes) break;
+                const pack_sync *ps = &sync[q % nsets];
+                set_await(ps, q);
+                int64_t sidx, b, h, i0, rows;
+                if (plan_task(p, &pl, u - start, &sidx, &b, &h, &i0, &rows)) {
+                    char *base = shared + (size_t)(q % nsets) * set_bytes;
+                    const pack_pass pp = {p, kern, &g, base, slot, q, pl.first, nkb, pl.npass * nkb, pl.ahead, ps};
+                    pack_pass nx = pp;
+                    if (q + 1 < passes) { /* the next pass's first units, after this pass's last slot */
+                        nx.shared = shared + (size_t)((q + 1) % nsets) * set_bytes;
+                        nx.pass = q + 1;
+                        nx.first = (q + 1) * nbhk / passes;
+                        nx.units = ((q + 2) * nbhk / passes - nx.first) * nkb;
+                        nx.sync = &sync[(q + 1) % nsets];
+                    }
+                    pack_await(&pp, q + 1 < passes ? &nx : NULL, sidx);
+                    const flash_packed kv = packed_slot(base, slot, sidx, p, &g);
+                    flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
+                    fa_progress(p);
+                }
+                if (atomic_fetch_add_explicit(ps->done, 1, memory_order_acq_rel) + 1 == pl.count)
+                    set_hand_on(ps, q, nsets, per_pass);
+            }
+        } else if (shared && !failed) {
+            for (int64_t pass = 0; pass < passes; pass++) {
+                pass_plan pl;
+                plan_pass(p, &g, pass, passes, nthreads, task_chunk(p), tail_split(p), &pl);
+                /* pack K^T and V of the pass's pairs, all threads together */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-                    for (int64_t u = 0; u < npass * nkb; u++) pack_unit(p, kern, &g, shared, slot, first, nkb, u);
-                }
+                for (int64_t u = 0; u < pl.npass * nkb; u++) pack_unit(p, kern, &g, shared, slot, pl.first, nkb, u);
                 /* then every Q block (or piece of one) of every query head that reads them */
-                const int64_t heads_in_pass = npass * group;
-                const int piece = fa_piece_rows(heads_in_pass * nqb, nthreads, g.br, kern->row_block);
-                const int64_t npc = (g.br + piece - 1) / piece; /* pieces per Q block */
-                const int64_t per_head = nqb * npc;
-                /* overlapped: slot by slot (pass_task's chunk 1), so a slot's packing can run ahead;
-                 * each task packs its share of the next slot's units (nkb over a slot's tasks) */
-                const int chunk = overlap ? 1 : task_chunk(p);
-                const int64_t per_slot = group * per_head > 0 ? group * per_head : 1;
-                const pack_pass pp = {p, kern, &g, shared, slot, first, nkb, npass * nkb,
-                                      (int)((nkb + per_slot - 1) / per_slot), &sync[pass % 2]};
-                /* the tasks from `lead` on — the last ones handed out, as many non-empty ones
-                 * as threads — in `sub` pieces each (tail_split; one thread has no one to wait
-                 * for). Empty tasks (a shorter sequence, pieces past a short last block) are
-                 * passed over in the count, wherever the order puts them. */
-                const int sub = tail_split(p);
-                const int64_t ntask = heads_in_pass * per_head;
-                const pass_order ord = {first, heads_in_pass, group, per_head, npc, chunk, g.br, piece};
-                int64_t lead = ntask;
-                if (sub > 1 && nthreads > 1)
-                    for (int k = 0; lead > 0 && k < nthreads;) {
-                        int64_t sidx, b, h, i0, rows;
-                        if (pass_task(p, &ord, --lead, &sidx, &b, &h, &i0, &rows)) k++;
-                    }
-                const int64_t tail = ntask - lead;
 #ifdef _OPENMP
-#pragma omp for schedule(dynamic, chunk > 0 ? chunk : 1)
+#pragma omp for schedule(dynamic, pl.ord.chunk > 0 ? pl.ord.chunk : 1)
 #endif
-                for (int64_t u = 0; u < lead + tail * sub; u++) {
-                    const int64_t t = u < lead ? u : lead + (u - lead) / sub;
+                for (int64_t u = 0; u < pl.count; u++) {
                     int64_t sidx, b, h, i0, rows;
-                    if (!pass_task(p, &ord, t, &sidx, &b, &h, &i0, &rows)) continue;
-                    if (u >= lead && !tail_part(sub, (int)((u - lead) % sub), kern->row_block, &i0, &rows)) continue;
-                    if (overlap) pack_await(&pp, sidx);
+                    if (!plan_task(p, &pl, u, &sidx, &b, &h, &i0, &rows)) continue;
                     const flash_packed kv = packed_slot(shared, slot, sidx, p, &g);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
                     fa_progress(p);

@@ -68,8 +68,10 @@ static void test_flash_is_bitwise_deterministic_across_thread_counts(void **stat
         {1, 257, 700, 2, 1, 16, 16, 0, -1, 0.0, 0, 0, "0"}, /* per-tile packing */
         /* 12 (batch, kv head) pairs, about two a packing pass: every slot reused by later passes */
         {3, 300, 600, 8, 4, 32, 32, 1, -1, 0.0, 0, 0, "450000"},
-        /* the same unmasked */
+        /* the same unmasked: two sets of slots, one pair a pass (flash.c, pack_sync) */
         {3, 300, 600, 8, 4, 32, 32, 0, -1, 0.0, 0, 0, "450000"},
+        /* one set (a cap under two slots of ~160 KB): a pass waits for the one before */
+        {3, 300, 600, 8, 4, 32, 32, 0, -1, 0.0, 0, 0, "250000"},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const dcase *c = &cases[ci];
