@@ -1,8 +1,13 @@
 /*
  * phase_times.c — where one flash forward's time goes, per thread and call:
  * the shared packing, the tasks (of which the cut, masked tiles, and the
- * gather of each task's Q rows), the wait at each pass's barrier, and the
- * score elements qk computed against N^2. Needs the library built with
+ * gather of each task's Q rows), the waits, and the score elements qk
+ * computed against N^2. Under a causal mask (passes with a packing phase):
+ * "pack" is the phase with its barrier, "tasks" the task loops, "wait" the
+ * barrier after each. Overlapped (no causal mask, 2+ threads; flash.c,
+ * pack_sync): "pack" is the time in the units a thread packs, inside
+ * "tasks" (the whole loop), and "wait" the waits for a set or a slot.
+ * Needs the library built with
  * tools/phase_times.patch applied (it adds the timers; never commit that):
  *
  *   git apply tools/phase_times.patch && make build/libflashattn.a
