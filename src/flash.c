@@ -476,7 +476,10 @@ static int pack_overlap(const fa_problem *p, int nthreads);
  * pass is not a lone pair whose few tasks leave threads idle). Measured
  * (docs/performance.md, issue 14 item 4, second part; 2 MiB L2): at
  * N = 1024, d = 64, 8 heads, 1 thread, one pass of all 8 heads (4 MiB) spent
- * 2.6 ms of a 13 ms causal call packing, one head a pass 1.3 ms.
+ * 2.6 ms of a 13 ms causal call packing, one head a pass 1.3 ms. Where the
+ * packing runs beside the tasks and there is more than one pass, *sets = 2:
+ * a second set of slots for the next pass (pack_sync), both within the cap,
+ * with fewer pairs a pass if need be (the L2 rule is for one set); else 1.
  */
 static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *heads_per_pass, int *sets)
 {
@@ -517,12 +520,13 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     return slot;
 }
 
-/* Bytes of the two sets of pack_sync counters after the slots (per_pass > 0): each set's
- * claim counter on a cache line of its own, its pass and counts on another, then its slots'
- * ready counts, to a whole line; then the call's task counter on a line of its own. */
+/* Bytes of one set of pack_sync counters (per_pass > 0): its claim counter on a cache line of
+ * its own, its pass (read by every task) on another, its done and packed counts on a third, then
+ * its slots' ready counts, to a whole line. sync_bytes: two sets after the slots, then the call's
+ * task counter on a line of its own. */
 static size_t sync_set_bytes(int64_t per_pass)
 {
-    return 128 + ((fa_mul_sat((size_t)per_pass, sizeof(_Atomic int64_t)) + 63) & ~(size_t)63);
+    return 192 + ((fa_mul_sat((size_t)per_pass, sizeof(_Atomic int64_t)) + 63) & ~(size_t)63);
 }
 static size_t sync_bytes(int64_t per_pass) { return fa_add_sat(fa_mul_sat(2, sync_set_bytes(per_pass)), 64); }
 
@@ -630,7 +634,9 @@ static int task_chunk(const fa_problem *p) { return p->task_chunk > 0 ? p->task_
  * into N pieces of at least 4 row blocks (fewer when the task is too short
  * for N). A dynamic loop ends when its last task does, and each thread's
  * last task starts at a random moment, so the others wait about half a task
- * at the pass's barrier. tools/phase_times.c, 2 threads, N = 4096, d = 64
+ * at the pass's barrier (where the packing runs beside the tasks in two sets
+ * of slots, only the call's last pass ends so: pack_sync; the tail of the
+ * others is left whole). tools/phase_times.c, 2 threads, N = 4096, d = 64
  * (4 passes of 2 heads): with AVX2 (17 blocks of 252 rows a head, ~3.8 ms
  * each) the wait was ~8 ms a call of ~249 ms, ~0.9 ms with the tail in 4;
  * AVX-512 1.8 -> 0.9 ms, at d = 128 2.3 -> 1.05 ms. The small pieces
@@ -755,7 +761,9 @@ static void pack_unit(const fa_problem *p, const fa_kernels *kern, const flash_d
  * first waits for gen == q (acquire). So no thread waits at a pass's end for all
  * the others, as it did at the barrier that closed every pass before: with two
  * sets only a pass two behind holds a pass up. The claim counter carries the
- * pass in its top bits, so a claim read before the set moved on fails.
+ * pass in its top bits, so a claim read before the set moved on fails. The
+ * waits are the driver's own (wait_pause), not OpenMP's: OMP_WAIT_POLICY and
+ * GOMP_SPINCOUNT do not reach them.
  */
 typedef struct pack_sync {
     _Atomic int64_t *next;   /* pass_tag(pass) | units claimed (a line of its own) */
@@ -984,7 +992,7 @@ static fa_status flash_forward_tiles(const fa_problem *p)
      */
     int64_t per_pass;
     int nsets; /* sets of slots, planned for the region's thread count (shared_plan; a region
-                * given fewer threads packs in phases, into the first) */
+                * given one thread packs in phases, into the first) */
     const size_t slot = shared_plan(p, &g, &per_pass, &nsets);
     const size_t set_bytes = (size_t)per_pass * slot;
     char *shared = NULL;
@@ -1000,9 +1008,9 @@ static fa_status flash_forward_tiles(const fa_problem *p)
             char *set = ctr + (size_t)k * sync_set_bytes(per_pass);
             sync[k].next = (_Atomic int64_t *)set;
             sync[k].gen = (_Atomic int64_t *)(set + 64);
-            sync[k].done = sync[k].gen + 1;
-            sync[k].packed = sync[k].gen + 2;
-            sync[k].ready = (_Atomic int64_t *)(set + 128);
+            sync[k].done = (_Atomic int64_t *)(set + 128);
+            sync[k].packed = sync[k].done + 1;
+            sync[k].ready = (_Atomic int64_t *)(set + 192);
             pack_sync_reset(&sync[k], per_pass, k);
         }
         next_task = (_Atomic int64_t *)(ctr + 2 * sync_set_bytes(per_pass));
@@ -1055,20 +1063,22 @@ static fa_status flash_forward_tiles(const fa_problem *p)
                     char *base = shared + (size_t)(q % nsets) * set_bytes;
                     const pack_pass pp = {p, kern, &g, base, slot, q, pl.first, nkb, pl.npass * nkb, pl.ahead, ps};
                     pack_pass nx = pp;
-                    if (q + 1 < passes) { /* the next pass's first units, after this pass's last slot */
+                    const int ahead = nsets == 2 && q + 1 < passes; /* (one set: the next pass's is this) */
+                    if (ahead) { /* the next pass's first units, after this pass's last slot */
                         nx.shared = shared + (size_t)((q + 1) % nsets) * set_bytes;
                         nx.pass = q + 1;
                         nx.first = (q + 1) * nbhk / passes;
                         nx.units = ((q + 2) * nbhk / passes - nx.first) * nkb;
                         nx.sync = &sync[(q + 1) % nsets];
                     }
-                    pack_await(&pp, q + 1 < passes ? &nx : NULL, sidx);
+                    pack_await(&pp, ahead ? &nx : NULL, sidx);
                     const flash_packed kv = packed_slot(base, slot, sidx, p, &g);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
-                    fa_progress(p);
                 }
+                /* (before the caller's progress hook, which would hold the hand-on up) */
                 if (atomic_fetch_add_explicit(ps->done, 1, memory_order_acq_rel) + 1 == pl.count)
                     set_hand_on(ps, q, nsets, per_pass);
+                fa_progress(p);
             }
         } else if (shared && !failed) {
             for (int64_t pass = 0; pass < passes; pass++) {

@@ -72,6 +72,9 @@ static void test_flash_is_bitwise_deterministic_across_thread_counts(void **stat
         {3, 300, 600, 8, 4, 32, 32, 0, -1, 0.0, 0, 0, "450000"},
         /* one set (a cap under two slots of ~160 KB): a pass waits for the one before */
         {3, 300, 600, 8, 4, 32, 32, 0, -1, 0.0, 0, 0, "250000"},
+        /* two sets of two or three pairs a pass: the next pass's first units packed while
+         * other slots of this one are still read */
+        {3, 300, 600, 8, 4, 32, 32, 0, -1, 0.0, 0, 0, "1000000"},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const dcase *c = &cases[ci];
