@@ -507,10 +507,20 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     }
     /* more than one pass, overlapped (pack_overlap): a second set of slots, so that the
      * next pass is packed beside this one's tasks; both sets within the cap, with fewer
-     * pairs a pass if need be */
+     * pairs a pass if need be — but only where one pair's K^T and V fit one L2, so that the
+     * smaller pieces of a smaller pass re-read them from there: on the 16-core device host
+     * (2 MiB L2) halving the passes of N = 4096, d = 128 (8 MiB a pair) ran 0.93x, of
+     * N = 1024, d = 128, H = 32 (1 MiB) 1.07x (docs/performance.md, "Twenty-fourth session") */
     if (n >= 1 && n < pairs && pack_overlap(p, region_threads(p, g)) && slot <= cap / 2) {
-        if ((size_t)n > cap / 2 / slot) n = (int64_t)(cap / 2 / slot);
-        *sets = 2;
+        size_t l1, l2, l3, line;
+        int src;
+        fa_detect_caches(&l1, &l2, &l3, &line, &src);
+        if ((size_t)n <= cap / 2 / slot) {
+            *sets = 2;
+        } else if (slot <= l2) {
+            n = (int64_t)(cap / 2 / slot);
+            *sets = 2;
+        }
     }
     if (n > 1) { /* the same number of passes, spread evenly (the driver's loop): 4 + 4 pairs, not 7 + 1 */
         const int64_t passes = (pairs + n - 1) / n;
