@@ -497,10 +497,10 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
     const int64_t pairs = p->batch * p->heads_k;
     int64_t n = slot <= cap ? (int64_t)(cap / slot) : 0;
     if (n > pairs) n = pairs;
+    size_t l1, l2, l3, line;
+    int src;
+    fa_detect_caches(&l1, &l2, &l3, &line, &src);
     if (n > 1) {
-        size_t l1, l2, l3, line;
-        int src;
-        fa_detect_caches(&l1, &l2, &l3, &line, &src);
         /* K^T and V bytes of one pair (its slot less the flags) against the threads' L2 */
         const size_t kv = nkb * per_kb * sizeof(float), warm = fa_mul_sat((size_t)region_threads(p, g), l2);
         if ((size_t)n * kv > warm) n = warm / kv > 1 ? (int64_t)(warm / kv) : 1;
@@ -512,9 +512,6 @@ static size_t shared_plan(const fa_problem *p, const flash_dims *g, int64_t *hea
      * (2 MiB L2) halving the passes of N = 4096, d = 128 (8 MiB a pair) ran 0.93x, of
      * N = 1024, d = 128, H = 32 (1 MiB) 1.07x (docs/performance.md, "Twenty-fourth session") */
     if (n >= 1 && n < pairs && pack_overlap(p, region_threads(p, g)) && slot <= cap / 2) {
-        size_t l1, l2, l3, line;
-        int src;
-        fa_detect_caches(&l1, &l2, &l3, &line, &src);
         if ((size_t)n <= cap / 2 / slot) {
             *sets = 2;
         } else if (slot <= l2) {
@@ -1056,33 +1053,33 @@ static fa_status flash_forward_tiles(const fa_problem *p)
              * between passes (pack_sync); the tail of the last pass in pieces (of every
              * pass with one set, where a pass waits for the one before) */
             pass_plan pl;
-            int64_t q = 0, start = 0;
+            pack_pass pp, nx; /* pass q's units, and the next pass's (two sets only) */
+            int64_t q = -1, start = 0, end = 0; /* this thread's pass: its task indices [start, end) */
             const int sub = tail_split(p);
-            plan_pass(p, &g, 0, passes, nthreads, 1, nsets == 1 || passes == 1 ? sub : 1, &pl);
             for (;;) {
                 const int64_t u = atomic_fetch_add_explicit(next_task, 1, memory_order_relaxed);
-                while (q < passes && u >= start + pl.count) { /* a thread's indices only grow */
-                    start += pl.count;
-                    if (++q < passes) plan_pass(p, &g, q, passes, nthreads, 1, nsets == 1 || q == passes - 1 ? sub : 1, &pl);
+                while (u >= end && ++q < passes) { /* a thread's indices only grow */
+                    plan_pass(p, &g, q, passes, nthreads, 1, nsets == 1 || q == passes - 1 ? sub : 1, &pl);
+                    start = end;
+                    end += pl.count;
+                    pp = (pack_pass){p, kern, &g, shared + (size_t)(q % nsets) * set_bytes, slot, q, pl.first, nkb,
+                                     pl.npass * nkb, pl.ahead, &sync[q % nsets]};
+                    nx = pp;
+                    nx.shared = shared + (size_t)((q + 1) % nsets) * set_bytes;
+                    nx.pass = q + 1;
+                    nx.first = (q + 1) * nbhk / passes;
+                    nx.units = ((q + 2) * nbhk / passes - nx.first) * nkb;
+                    nx.sync = &sync[(q + 1) % nsets];
                 }
                 if (q >= passes) break;
-                const pack_sync *ps = &sync[q % nsets];
+                const pack_sync *ps = pp.sync;
                 set_await(ps, q);
                 int64_t sidx, b, h, i0, rows;
                 if (plan_task(p, &pl, u - start, &sidx, &b, &h, &i0, &rows)) {
-                    char *base = shared + (size_t)(q % nsets) * set_bytes;
-                    const pack_pass pp = {p, kern, &g, base, slot, q, pl.first, nkb, pl.npass * nkb, pl.ahead, ps};
-                    pack_pass nx = pp;
-                    const int ahead = nsets == 2 && q + 1 < passes; /* (one set: the next pass's is this) */
-                    if (ahead) { /* the next pass's first units, after this pass's last slot */
-                        nx.shared = shared + (size_t)((q + 1) % nsets) * set_bytes;
-                        nx.pass = q + 1;
-                        nx.first = (q + 1) * nbhk / passes;
-                        nx.units = ((q + 2) * nbhk / passes - nx.first) * nkb;
-                        nx.sync = &sync[(q + 1) % nsets];
-                    }
-                    pack_await(&pp, ahead ? &nx : NULL, sidx);
-                    const flash_packed kv = packed_slot(base, slot, sidx, p, &g);
+                    /* after this pass's last slot, the next pass's first units (one set: the
+                     * next pass's set is this one, not handed on yet) */
+                    pack_await(&pp, nsets == 2 && q + 1 < passes ? &nx : NULL, sidx);
+                    const flash_packed kv = packed_slot(pp.shared, slot, sidx, p, &g);
                     flash_task(p, kern, &g, &sc, &kv, b, h, i0, (int)rows);
                 }
                 /* (before the caller's progress hook, which would hold the hand-on up) */
